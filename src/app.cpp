@@ -1,0 +1,255 @@
+#include "app.hpp"
+
+#include <pwd.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include "error.hpp"
+#include "exit_codes.hpp"
+#include "holder.hpp"
+#include "incident.hpp"
+#include "inspect.hpp"
+#include "lock_id.hpp"
+#include "lockfile.hpp"
+#include "nesting.hpp"
+#include "procfs.hpp"
+#include "spawn.hpp"
+#include "sys.hpp"
+
+namespace looplock {
+
+namespace {
+
+std::string lock_display(const std::string& dir) {
+  return dir + (dir.ends_with('/') ? "" : "/") + kLockName;
+}
+
+std::string seconds_text(long long ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f s", static_cast<double>(ns) / 1e9);
+  return buf;
+}
+
+// Reports the wait (-v) naming who blocks.
+class WaitReporter : public AcquireObserver {
+public:
+  WaitReporter(const Options& o, const Logger& log) : o_(o), log_(log) {}
+  void on_wait(const LockFile& file) override {
+    if (!log_.is_verbose()) return;
+    auto kernel = procfs::flock_holders(file.st);
+    log_.verbose("waiting",
+                 "waiting for " + lock_display(o_.dir) + ", held by " + describe_holder(read_holder(file.fd.get()), kernel),
+                 {{"policy", policy_name(o_.policy)}});
+  }
+  void on_replaced(int count) override {
+    log_.warn("lock_file_replaced", lock_display(o_.dir) +
+                                        " was deleted or replaced while looplock waited for it; locking the new file"
+                                        " (never delete the lock file)",
+              {{"count", count}});
+  }
+
+private:
+  const Options& o_;
+  const Logger& log_;
+};
+
+std::string user_name() {
+  if (passwd* pw = getpwuid(getuid()); pw && pw->pw_name) return pw->pw_name;
+  return std::to_string(getuid());
+}
+
+// The environment the command runs with.
+EnvList command_env(const Context& ctx, const Options& o, const std::string& canonical_dir,
+                    const std::string& lock_id, int lock_fd, bool pass_fd) {
+  std::vector<std::pair<std::string_view, std::string>> set = {
+      {env_name::kDir, canonical_dir},
+      {env_name::kLockId, lock_id},
+      {env_name::kPolicy, std::string(policy_name(o.policy))},
+      {env_name::kHolderPid, std::to_string(ctx.pid)},
+      {env_name::kHolderFd, std::to_string(lock_fd)},
+  };
+  std::vector<std::string_view> unset;
+  if (pass_fd) {
+    set.emplace_back(env_name::kFd, std::to_string(lock_fd));
+  } else {
+    unset.push_back(env_name::kFd);
+  }
+  return env_with(ctx.env, set, unset);
+}
+
+Outcome finish(int wait_status) { return {Outcome::Kind::LikeWaitStatus, wait_status}; }
+Outcome exit_status(int status) { return {Outcome::Kind::ExitStatus, status}; }
+
+void report_timeout(const Options& o, const Context& ctx, const LockDir& dir, const AcquireResult& res,
+                    const WaitPlan& plan, const std::string& lock_id, const Logger& log) {
+  HolderRead hr = read_holder(res.file.fd.get());
+  auto kernel = procfs::flock_holders(res.file.st);
+  Incident inc;
+  inc.at = sys::utc_now_iso8601();
+  inc.lock_id = lock_id;
+  inc.policy = std::string(policy_name(o.policy));
+  inc.deadline_ms = plan.deadline_ns / 1'000'000;
+  inc.waited_ms = res.waited_ns / 1'000'000;
+  inc.holder = hr.record;
+  if (hr.record) inc.holder_alive = holder_process_alive(*hr.record);
+  for (const auto& k : kernel) inc.holder_pids.push_back(k.pid);
+  inc.waiter_pid = ctx.pid;
+  inc.waiter_agent = o.agent;
+  inc.waiter_operation = o.operation;
+  inc.operator_action = operator_action(o.policy);
+
+  // The timeout is the result; the incident row is its audit trail, so it is
+  // appended first (one write) and a failure only adds a warning.
+  int err = append_incident(dir.fd.get(), encode_incident(inc));
+  log.error("lock_acquire_timeout",
+            "lock_acquire_timeout: " + lock_display(o.dir) + " still held after " + seconds_text(res.waited_ns) +
+                " by " + describe_holder(hr, kernel) + " (policy " + inc.policy + ", operation " + o.operation + ")",
+            "Run 'looplock --inspect " + o.dir + "' to see the holder; never delete the lock file.",
+            {{"lock_id", lock_id}, {"policy", inc.policy}, {"waited_ms", inc.waited_ms},
+             {"deadline_ms", inc.deadline_ms}, {"holder_pids", inc.holder_pids},
+             {"holder", inc.holder ? holder_to_json(*inc.holder) : Json(nullptr)}});
+  if (err != 0) {
+    log.warn("incident_append_failed",
+             errno_message("cannot append the incident row to " + o.dir + "/" + kIncidentsName, err));
+  }
+}
+
+}  // namespace
+
+Outcome run(const Options& o, const Context& ctx, const Logger& log) {
+  if (o.mode == Mode::Inspect) return exit_status(inspect(o, log));
+
+  const InheritedSignals inherited = take_signal_control();
+  const LockDir dir = open_lock_dir(o.dir);
+  const std::string canonical = canonical_lock_path(o.dir);
+  const std::string canonical_dir = canonical.substr(0, canonical.size() - std::string_view(kLockName).size() - 1);
+  const std::string lock_id = lock_id_for_path(canonical);
+  const LockMode mode = o.shared ? LockMode::Shared : LockMode::Exclusive;
+
+  // Nested inside a looplock that already holds this lock: run at once.
+  if (env_get(ctx.env, env_name::kHolderPid)) {
+    LockFile probe = open_lock_file(dir);
+    if (auto outer = find_outer_holder(ctx.env, probe.st, mode == LockMode::Exclusive, ctx.pid)) {
+      log.verbose("nested", "already held by looplock pid " + std::to_string(outer->pid) +
+                                " (an ancestor); running inside its critical section");
+      CommandSpec spec{o.command, ctx.env, -1, o.kill_after_ns};
+      probe.fd.reset();
+      if (o.no_fork) exec_command(spec, inherited);
+      return finish(run_command(spec, inherited, log));
+    }
+  }
+
+  const WaitPlan plan = wait_plan(o.policy, o.timeout_ns);
+  WaitReporter reporter(o, log);
+  AcquireResult res = acquire_lock(dir, plan, mode, reporter);
+
+  if (res.status == AcquireResult::Status::Busy) {
+    HolderRead hr = read_holder(res.file.fd.get());
+    log.result("noop-locked",
+               "noop-locked: " + lock_display(o.dir) + " is held by " +
+                   describe_holder(hr, procfs::flock_holders(res.file.st)) + "; skipping " + o.operation +
+                   " (policy single_flight)",
+               {{"lock_id", lock_id}, {"policy", policy_name(o.policy)}});
+    return exit_status(o.skip_exit_code);
+  }
+  if (res.status == AcquireResult::Status::TimedOut) {
+    report_timeout(o, ctx, dir, res, plan, lock_id, log);
+    return exit_status(o.conflict_exit_code);
+  }
+
+  LockFile& file = res.file;
+  log.verbose("acquired", std::string(mode == LockMode::Shared ? "shared" : "exclusive") + " lock on " +
+                              lock_display(o.dir) + " acquired after " + seconds_text(res.waited_ns),
+              {{"lock_id", lock_id}, {"waited_ms", res.waited_ns / 1'000'000}});
+
+  std::optional<HolderRecord> record;
+  if (mode == LockMode::Exclusive) {
+    if (file.read_only) {
+      log.warn("read_only_lock_file", lock_display(o.dir) +
+                                          " is read-only for looplock: the lock is held, but no holder record can be written");
+    } else {
+      record = HolderRecord{lock_id, ctx.pid, procfs::pid_start(ctx.pid).value_or(""), o.agent, o.operation,
+                            std::string(policy_name(o.policy)), sys::utc_now_iso8601(), std::nullopt};
+      if (!write_holder(file.fd.get(), *record)) {
+        log.warn("holder_write_failed", errno_message("cannot write the holder record into " + lock_display(o.dir), errno));
+        record.reset();
+      }
+    }
+  }
+
+  CommandSpec spec{o.command, command_env(ctx, o, canonical_dir, lock_id, file.fd.get(), !o.close_fd),
+                   o.close_fd ? -1 : file.fd.get(), o.kill_after_ns};
+  if (o.no_fork) exec_command(spec, inherited);
+
+  int status;
+  try {
+    status = run_command(spec, inherited, log);
+  } catch (const Fatal&) {
+    if (record) {
+      record->released_at = sys::utc_now_iso8601();
+      (void)write_holder(file.fd.get(), *record);
+    }
+    throw;
+  }
+
+  // The command has ended; looplock still holds the lock. Was it protecting
+  // the real file all along?
+  const bool intact = lock_path_intact(dir, file) && dir_intact(dir);
+  if (record && intact) {
+    record->released_at = sys::utc_now_iso8601();
+    if (!write_holder(file.fd.get(), *record)) {
+      log.warn("holder_write_failed", errno_message("cannot write the release into " + lock_display(o.dir), errno));
+    }
+  }
+  file.fd.reset();  // release
+  log.verbose("released", "released " + lock_display(o.dir) + "; the command " +
+                              (WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
+                                                   : "exited with " + std::to_string(shell_status(status))));
+  if (!intact) {
+    const bool command_failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    log.error("loop_dir_vanished",
+              "loop dir vanished mid-lock: " + lock_display(o.dir) +
+                  " was deleted or replaced while the command ran, so the lock no longer protected it",
+              command_failed ? "The command failed too; looplock exits with its status."
+                             : "Check what removed it; never delete the lock file or the loop directory of a running loop.");
+    if (!command_failed) return exit_status(exit_code::kVanished);
+  }
+  return finish(status);
+}
+
+int main_program(int argc, char** argv, char** envp) {
+  std::vector<std::string> args(argv, argv + argc);
+  Context ctx{env_from(envp), getpid()};
+  // Until the options are known, errors are plain text.
+  Logger log(Verbosity::Normal, LogFormat::Text);
+  try {
+    Environment penv{env_get(ctx.env, env_name::kAgent), user_name};
+    Options o = parse_options(args, penv);
+    if (o.mode == Mode::Help) {
+      std::cout << help_text();
+      return std::cout.flush() ? 0 : exit_code::kOsError;
+    }
+    if (o.mode == Mode::Version) {
+      std::cout << version_text();
+      return std::cout.flush() ? 0 : exit_code::kOsError;
+    }
+    log = Logger(o.verbosity, o.log_format);
+    Outcome out = run(o, ctx, log);
+    if (out.kind == Outcome::Kind::LikeWaitStatus) exit_like(out.value);
+    return out.value;
+  } catch (const Fatal& e) {
+    log.error("error", e.what(), e.hint());
+    return e.status();
+  } catch (const std::bad_alloc&) {
+    log.error("error", "out of memory");
+    return exit_code::kOsError;
+  } catch (const std::exception& e) {
+    log.error("error", std::string("internal error: ") + e.what());
+    return exit_code::kOsError;
+  }
+}
+
+}  // namespace looplock

@@ -1,0 +1,33 @@
+// The run of one looplock: main() builds the context and calls run(); run()
+// reads as the tool's script (open DIR, take the lock under the policy,
+// record the holder, run the command, release, leave as the command left).
+#pragma once
+
+#include <sys/types.h>
+
+#include "environment.hpp"
+#include "log.hpp"
+#include "options.hpp"
+
+namespace looplock {
+
+struct Context {
+  EnvList env;  // the environment looplock was started with
+  pid_t pid = 0;
+};
+
+// How looplock ends: with an exit status, or like a wait status (exit N, or
+// die of the signal that killed the command).
+struct Outcome {
+  enum class Kind { ExitStatus, LikeWaitStatus };
+  Kind kind = Kind::ExitStatus;
+  int value = 0;
+};
+
+Outcome run(const Options& options, const Context& context, const Logger& log);
+
+// The whole program: parse, run, map errors to statuses. Returns only with an
+// exit status (it may also exit or die of a signal like the command).
+int main_program(int argc, char** argv, char** envp);
+
+}  // namespace looplock

@@ -1,0 +1,33 @@
+// The variables looplock exports to the command, and reading a copied
+// environment (looplock keeps no global state: main() passes envp down).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace looplock {
+
+namespace env_name {
+inline constexpr std::string_view kFd = "LOOPLOCK_FD";
+inline constexpr std::string_view kDir = "LOOPLOCK_DIR";
+inline constexpr std::string_view kLockId = "LOOPLOCK_LOCK_ID";
+inline constexpr std::string_view kPolicy = "LOOPLOCK_POLICY";
+// For nesting: the looplock process that holds the lock, and its fd number.
+inline constexpr std::string_view kHolderPid = "LOOPLOCK_HOLDER_PID";
+inline constexpr std::string_view kHolderFd = "LOOPLOCK_HOLDER_FD";
+inline constexpr std::string_view kAgent = "LOOPLOCK_AGENT";
+}  // namespace env_name
+
+using EnvList = std::vector<std::string>;  // "NAME=value" entries
+
+EnvList env_from(char** envp);
+std::optional<std::string> env_get(const EnvList& env, std::string_view name);
+// A copy of `env` with each of `set` replacing any entry of the same name,
+// and every name in `unset` removed.
+EnvList env_with(const EnvList& env, const std::vector<std::pair<std::string_view, std::string>>& set,
+                 const std::vector<std::string_view>& unset = {});
+
+}  // namespace looplock

@@ -1,0 +1,34 @@
+// The one error type that ends a run: what failed, why, a hint, and the exit
+// status it maps to. main() catches it once and prints it in the one message
+// style: "looplock: <what failed>: <why>" and, on its own line, the hint.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace looplock {
+
+class Fatal : public std::runtime_error {
+public:
+  Fatal(int exit_status, std::string message, std::string hint = {})
+      : std::runtime_error(std::move(message)), status_(exit_status), hint_(std::move(hint)) {}
+
+  int status() const noexcept { return status_; }
+  const std::string& hint() const noexcept { return hint_; }
+
+private:
+  int status_;
+  std::string hint_;
+};
+
+// "<what>: <strerror(err)>"
+std::string errno_message(const std::string& what, int err);
+
+// Throws Fatal(status, what + ": " + strerror(err), hint).
+[[noreturn]] void fail_errno(int status, const std::string& what, int err, std::string hint = {});
+
+// The status for a failed system call: 71 (EX_OSERR) for resource exhaustion
+// and kernel failures, `otherwise` for everything else.
+int status_for_errno(int err, int otherwise);
+
+}  // namespace looplock

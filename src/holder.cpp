@@ -1,0 +1,138 @@
+#include "holder.hpp"
+
+#include <unistd.h>
+
+#include <ctime>
+
+#include "log.hpp"
+#include "sys.hpp"
+
+namespace looplock {
+
+namespace {
+constexpr size_t kReadLimit = 64 * 1024;
+}
+
+std::string clip_bytes(std::string s, size_t max) {
+  if (s.size() > max) s.resize(max);
+  return s;
+}
+
+Json holder_to_json(const HolderRecord& r) {
+  Json j = Json::object();
+  j["schema"] = kHolderSchema;
+  j["lock_id"] = r.lock_id;
+  j["pid"] = r.pid;
+  j["pid_start"] = r.pid_start;
+  j["agent_id"] = clip_bytes(r.agent_id);
+  j["operation"] = clip_bytes(r.operation);
+  j["policy"] = r.policy;
+  j["acquired_at"] = r.acquired_at;
+  j["released_at"] = r.released_at ? Json(*r.released_at) : Json(nullptr);
+  return j;
+}
+
+std::optional<HolderRecord> holder_from_json(const Json& j) {
+  if (!j.is_object()) return std::nullopt;
+  auto str = [&](const char* k) { return j.contains(k) && j[k].is_string(); };
+  if (!str("schema") || j["schema"] != kHolderSchema) return std::nullopt;
+  if (!str("lock_id") || !str("pid_start") || !str("agent_id") || !str("operation") || !str("policy") ||
+      !str("acquired_at"))
+    return std::nullopt;
+  if (!j.contains("pid") || !j["pid"].is_number_integer()) return std::nullopt;
+  if (!j.contains("released_at") || !(j["released_at"].is_null() || j["released_at"].is_string()))
+    return std::nullopt;
+  long long pid = j["pid"].get<long long>();
+  if (pid <= 0 || pid > 0x7fffffff) return std::nullopt;
+  HolderRecord r;
+  r.lock_id = j["lock_id"].get<std::string>();
+  r.pid = static_cast<pid_t>(pid);
+  r.pid_start = j["pid_start"].get<std::string>();
+  r.agent_id = j["agent_id"].get<std::string>();
+  r.operation = j["operation"].get<std::string>();
+  r.policy = j["policy"].get<std::string>();
+  r.acquired_at = j["acquired_at"].get<std::string>();
+  if (j["released_at"].is_string()) r.released_at = j["released_at"].get<std::string>();
+  return r;
+}
+
+std::string encode_holder(const HolderRecord& r) { return dump_json(holder_to_json(r)) + "\n"; }
+
+std::optional<HolderRecord> parse_holder(std::string_view content) {
+  if (content.empty() || content.back() != '\n') return std::nullopt;  // a record ends with its newline
+  content.remove_suffix(1);
+  if (content.empty() || content.front() != '{' || content.back() != '}') return std::nullopt;
+  auto j = Json::parse(content.begin(), content.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return std::nullopt;
+  return holder_from_json(j);
+}
+
+bool write_holder(int fd, const HolderRecord& r) {
+  const std::string data = encode_holder(r);
+  size_t done = 0;
+  while (done < data.size()) {
+    ssize_t n = sys::retry_eintr(
+        [&] { return pwrite(fd, data.data() + done, data.size() - done, static_cast<off_t>(done)); });
+    if (n < 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return sys::retry_eintr([&] { return ftruncate(fd, static_cast<off_t>(data.size())); }) == 0;
+}
+
+HolderRead read_holder(int fd) {
+  HolderRead out;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    if (attempt > 0) {
+      timespec ts{0, 2'000'000};
+      nanosleep(&ts, nullptr);
+    }
+    auto content = sys::pread_all(fd, kReadLimit);
+    if (!content) {
+      out.state = HolderRead::State::Error;
+      return out;
+    }
+    out.size = content->size();
+    if (content->empty()) {
+      out.state = HolderRead::State::Empty;
+      return out;
+    }
+    if (auto r = parse_holder(*content)) {
+      out.state = HolderRead::State::Valid;
+      out.record = std::move(r);
+      return out;
+    }
+    out.state = HolderRead::State::Unreadable;
+  }
+  return out;
+}
+
+bool holder_process_alive(const HolderRecord& r) {
+  if (!procfs::pid_alive(r.pid)) return false;
+  auto start = procfs::pid_start(r.pid);
+  // Without /proc we cannot tell a reused pid: trust kill(pid, 0).
+  return !start || *start == r.pid_start;
+}
+
+std::string describe_holder(const HolderRead& read, const std::vector<procfs::KernelLock>& kernel) {
+  auto kernel_has = [&](pid_t pid) {
+    for (const auto& k : kernel)
+      if (k.pid == pid) return true;
+    return false;
+  };
+  if (read.record && !read.record->released_at && (kernel.empty() || kernel_has(read.record->pid))) {
+    const auto& r = *read.record;
+    return "pid " + std::to_string(r.pid) + " (agent " + r.agent_id + ", operation " + r.operation +
+           ", policy " + r.policy + ", since " + r.acquired_at + ")";
+  }
+  if (!kernel.empty()) {
+    std::string pids;
+    for (const auto& k : kernel) {
+      if (!pids.empty()) pids += ",";
+      pids += std::to_string(k.pid);
+    }
+    return std::string(kernel.size() > 1 ? "pids " : "pid ") + pids + " (no holder record: flock(1) or another tool)";
+  }
+  return "another process (the kernel does not say which)";
+}
+
+}  // namespace looplock

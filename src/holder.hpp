@@ -1,0 +1,75 @@
+// The holder record: who holds the lock, written into DIR/.state.lock after
+// an exclusive acquisition (schema file_lock_holder_v0). Written in place
+// (pwrite at offset 0, then ftruncate) because the lock lives on the inode
+// and the file must never be replaced; readers validate the whole content
+// (one JSON object, nothing after it) and retry, so a half-written record is
+// never taken for a whole one.
+#pragma once
+
+#include <sys/types.h>
+
+#include <nlohmann/json.hpp>
+
+#include "log.hpp"
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "procfs.hpp"
+
+namespace looplock {
+
+inline constexpr std::string_view kHolderSchema = "file_lock_holder_v0";
+// agent_id and operation are cut to this many bytes in records, so that a
+// record always fits in one page.
+inline constexpr size_t kMaxIdentityBytes = 256;
+
+struct HolderRecord {
+  std::string lock_id;
+  pid_t pid = 0;
+  std::string pid_start;
+  std::string agent_id;
+  std::string operation;
+  std::string policy;
+  std::string acquired_at;
+  std::optional<std::string> released_at;
+};
+
+Json holder_to_json(const HolderRecord& r);
+std::optional<HolderRecord> holder_from_json(const Json& j);
+
+// One JSON object and a newline; invalid UTF-8 replaced by U+FFFD.
+std::string encode_holder(const HolderRecord& r);
+// Strict: exactly one JSON object (optionally followed by one newline) with
+// the schema and every field of the right type; nullopt otherwise.
+std::optional<HolderRecord> parse_holder(std::string_view content);
+
+// Writes the record in place. Returns false with errno set on failure.
+bool write_holder(int fd, const HolderRecord& r);
+
+struct HolderRead {
+  enum class State { Empty, Valid, Unreadable, Error };
+  State state = State::Empty;
+  std::optional<HolderRecord> record;
+  size_t size = 0;  // bytes found in the file (at most the read limit)
+};
+
+// Reads and validates the record, retrying a few times (a few ms apart) while
+// the content does not validate, since a holder may be writing it.
+HolderRead read_holder(int fd);
+
+// Whether the record's pid is alive and is still the process that wrote it.
+bool holder_process_alive(const HolderRecord& r);
+
+// "pid 1234 (agent cron, operation status.py, policy mutation, since
+// 2026-11-30T17:00:00.123Z)" from the record and the kernel's view, for the
+// lines that name who blocks.
+std::string describe_holder(const HolderRead& read, const std::vector<procfs::KernelLock>& kernel);
+
+// Cuts to at most `max` bytes (the JSON encoder then replaces any sequence cut
+// in half).
+std::string clip_bytes(std::string s, size_t max = kMaxIdentityBytes);
+
+}  // namespace looplock

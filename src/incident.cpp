@@ -1,0 +1,113 @@
+#include "incident.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "log.hpp"
+#include "sys.hpp"
+#include "unique_fd.hpp"
+
+namespace looplock {
+
+Json incident_to_json(const Incident& i) {
+  Json j = Json::object();
+  j["schema"] = kIncidentSchema;
+  j["at"] = i.at;
+  j["error_code"] = i.error_code;
+  j["lock_id"] = i.lock_id;
+  j["policy"] = i.policy;
+  j["deadline_ms"] = i.deadline_ms;
+  j["waited_ms"] = i.waited_ms;
+  j["holder"] = i.holder ? holder_to_json(*i.holder) : Json(nullptr);
+  j["holder_alive"] = i.holder_alive ? Json(*i.holder_alive) : Json(nullptr);
+  j["holder_pids"] = i.holder_pids;
+  j["waiter"] = {{"pid", i.waiter_pid},
+                 {"agent_id", clip_bytes(i.waiter_agent)},
+                 {"operation", clip_bytes(i.waiter_operation)}};
+  j["operator_action"] = i.operator_action;
+  return j;
+}
+
+std::string encode_incident(const Incident& i) { return dump_json(incident_to_json(i)) + "\n"; }
+
+std::optional<Json> parse_incident_line(std::string_view line) {
+  if (!line.empty() && line.back() == '\n') line.remove_suffix(1);
+  if (line.empty() || line.front() != '{' || line.back() != '}') return std::nullopt;
+  auto j = Json::parse(line.begin(), line.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  auto str = [&](const char* k) { return j.contains(k) && j[k].is_string(); };
+  auto num = [&](const char* k) { return j.contains(k) && j[k].is_number_integer(); };
+  if (!str("schema") || j["schema"] != kIncidentSchema) return std::nullopt;
+  if (!str("at") || !str("error_code") || !str("lock_id") || !str("policy") || !str("operator_action"))
+    return std::nullopt;
+  if (!num("deadline_ms") || !num("waited_ms")) return std::nullopt;
+  if (!j.contains("holder") || !(j["holder"].is_null() || holder_from_json(j["holder"]))) return std::nullopt;
+  if (!j.contains("holder_alive") || !(j["holder_alive"].is_null() || j["holder_alive"].is_boolean()))
+    return std::nullopt;
+  if (!j.contains("holder_pids") || !j["holder_pids"].is_array()) return std::nullopt;
+  for (const auto& p : j["holder_pids"])
+    if (!p.is_number_integer()) return std::nullopt;
+  if (!j.contains("waiter") || !j["waiter"].is_object()) return std::nullopt;
+  const auto& w = j["waiter"];
+  if (!w.contains("pid") || !w["pid"].is_number_integer() || !w.contains("agent_id") || !w["agent_id"].is_string() ||
+      !w.contains("operation") || !w["operation"].is_string())
+    return std::nullopt;
+  return j;
+}
+
+int append_incident(int dirfd, const std::string& line) {
+  UniqueFd fd(sys::retry_eintr([&] {
+    return openat(dirfd, kIncidentsName, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK,
+                  0644);
+  }));
+  if (!fd) return errno;
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0) return errno;
+  if (!S_ISREG(st.st_mode)) return EINVAL;
+  ssize_t n = sys::retry_eintr([&] { return write(fd.get(), line.data(), line.size()); });
+  if (n < 0) return errno;
+  if (static_cast<size_t>(n) != line.size()) return EIO;
+  return 0;
+}
+
+IncidentSummary summarize_incidents(int dirfd) {
+  IncidentSummary s;
+  UniqueFd fd(sys::retry_eintr(
+      [&] { return openat(dirfd, kIncidentsName, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK); }));
+  if (!fd) return s;
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return s;
+  s.exists = true;
+  std::string carry;
+  char buf[65536];
+  std::optional<std::string> last_line;
+  auto take = [&](std::string_view line) {
+    if (line.empty()) return;
+    ++s.count;
+    if (auto j = parse_incident_line(line)) {
+      s.latest = std::move(j);
+    } else {
+      ++s.malformed;
+    }
+  };
+  for (;;) {
+    ssize_t n = sys::retry_eintr([&] { return read(fd.get(), buf, sizeof buf); });
+    if (n <= 0) break;
+    carry.append(buf, static_cast<size_t>(n));
+    size_t start = 0;
+    for (size_t nl; (nl = carry.find('\n', start)) != std::string::npos; start = nl + 1) {
+      take(std::string_view(carry).substr(start, nl - start));
+    }
+    carry.erase(0, start);
+    if (carry.size() > (1u << 20)) {  // a runaway line: count it, drop it
+      ++s.count;
+      ++s.malformed;
+      carry.clear();
+    }
+  }
+  take(carry);
+  return s;
+}
+
+}  // namespace looplock

@@ -1,0 +1,61 @@
+// Incident rows: one line of JSON (schema file_lock_incident_v0) appended to
+// DIR/.state.lock.incidents.jsonl when a deadline passes. Appended with one
+// write(2) on an O_APPEND descriptor, without taking the blocked lock; a
+// failed append is the caller's warning, never a change of outcome.
+#pragma once
+
+#include <sys/types.h>
+
+#include <nlohmann/json.hpp>
+
+#include "log.hpp"
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "holder.hpp"
+
+namespace looplock {
+
+inline constexpr std::string_view kIncidentSchema = "file_lock_incident_v0";
+inline constexpr const char* kIncidentsName = ".state.lock.incidents.jsonl";
+
+struct Incident {
+  std::string at;
+  std::string error_code = "lock_acquire_timeout";
+  std::string lock_id;
+  std::string policy;
+  long long deadline_ms = 0;
+  long long waited_ms = 0;
+  std::optional<HolderRecord> holder;
+  std::optional<bool> holder_alive;  // about the record's pid; null without a record
+  std::vector<pid_t> holder_pids;
+  pid_t waiter_pid = 0;
+  std::string waiter_agent;
+  std::string waiter_operation;
+  std::string operator_action;
+};
+
+Json incident_to_json(const Incident& i);
+// One line, ending in "\n".
+std::string encode_incident(const Incident& i);
+// Validates one line (without or with its newline); nullopt if malformed.
+std::optional<Json> parse_incident_line(std::string_view line);
+
+// Appends `line` to DIR/.state.lock.incidents.jsonl with one write(2).
+// Returns 0, or the errno of the failure (including EFBIG/ENOSPC, a short
+// write as EIO, a symlink as ELOOP, a non-regular file as EINVAL).
+int append_incident(int dirfd, const std::string& line);
+
+struct IncidentSummary {
+  size_t count = 0;      // lines in the file
+  size_t malformed = 0;  // lines that do not validate
+  std::optional<Json> latest;
+  bool exists = false;
+};
+// Reads the incidents file without following symlinks.
+IncidentSummary summarize_incidents(int dirfd);
+
+}  // namespace looplock

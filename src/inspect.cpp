@@ -1,0 +1,246 @@
+#include "inspect.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+
+#include "error.hpp"
+#include "exit_codes.hpp"
+#include "lock_id.hpp"
+#include "lockfile.hpp"
+#include "sys.hpp"
+#include "unique_fd.hpp"
+
+namespace looplock {
+
+std::optional<long long> parse_utc_ms(const std::string& iso) {
+  int y, mo, d, h, mi, s, ms;
+  char z;
+  if (iso.size() != 24 || std::sscanf(iso.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d.%3d%c", &y, &mo, &d, &h, &mi, &s, &ms, &z) != 8 ||
+      z != 'Z')
+    return std::nullopt;
+  tm t{};
+  t.tm_year = y - 1900;
+  t.tm_mon = mo - 1;
+  t.tm_mday = d;
+  t.tm_hour = h;
+  t.tm_min = mi;
+  t.tm_sec = s;
+  time_t secs = timegm(&t);
+  if (secs == static_cast<time_t>(-1)) return std::nullopt;
+  return static_cast<long long>(secs) * 1000 + ms;
+}
+
+std::string human_duration(long long ms) {
+  char buf[64];
+  if (ms < 0) ms = 0;
+  if (ms < 1000) {
+    std::snprintf(buf, sizeof buf, "%lldms", ms);
+  } else if (ms < 60'000) {
+    std::snprintf(buf, sizeof buf, "%.1fs", static_cast<double>(ms) / 1000.0);
+  } else if (ms < 3'600'000) {
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", ms / 60'000, (ms / 1000) % 60);
+  } else if (ms < 86'400'000) {
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", ms / 3'600'000, (ms / 60'000) % 60);
+  } else {
+    std::snprintf(buf, sizeof buf, "%lldd%02lldh", ms / 86'400'000, (ms / 3'600'000) % 24);
+  }
+  return buf;
+}
+
+namespace {
+
+std::string pid_list(const std::vector<procfs::KernelLock>& kernel) {
+  std::string out;
+  for (const auto& k : kernel) {
+    if (!out.empty()) out += ", ";
+    out += std::to_string(k.pid);
+  }
+  return out;
+}
+
+const char* state_name(HolderRead::State s) {
+  switch (s) {
+    case HolderRead::State::Empty: return "empty";
+    case HolderRead::State::Valid: return "valid";
+    case HolderRead::State::Unreadable: return "unreadable";
+    case HolderRead::State::Error: return "error";
+  }
+  return "error";
+}
+
+}  // namespace
+
+InspectReport build_report(const InspectFacts& f) {
+  std::vector<std::string> warnings;
+  const bool held = !f.kernel.empty();
+  bool exclusive = false;
+  for (const auto& k : f.kernel) exclusive = exclusive || k.exclusive;
+  const HolderRecord* rec = f.holder.record ? &*f.holder.record : nullptr;
+  const bool claims = rec && !rec->released_at;  // the record says "held"
+  auto kernel_has = [&](pid_t pid) {
+    for (const auto& k : f.kernel)
+      if (k.pid == pid) return true;
+    return false;
+  };
+
+  if (f.dir_unsafe) warnings.push_back("the loop directory is world-writable without the sticky bit: looplock refuses to lock it");
+  if (f.not_regular) warnings.push_back("the lock path is " + *f.not_regular + ", not a regular file: looplock refuses to lock it");
+  if (f.holder.state == HolderRead::State::Unreadable) {
+    warnings.push_back("the lock file holds " + std::to_string(f.holder.size) +
+                       " bytes that are not a valid holder record (garbage, or a writer from another tool)");
+  }
+  if (claims && !held) {
+    warnings.push_back("the record says pid " + std::to_string(rec->pid) +
+                       " holds the lock, but the kernel says it is free: the holder crashed or was killed before "
+                       "releasing; the next run overwrites the record");
+  }
+  if (claims && f.pid_alive && !*f.pid_alive) {
+    warnings.push_back("the record's pid " + std::to_string(rec->pid) + " is dead");
+  } else if (claims && f.same_process && !*f.same_process) {
+    warnings.push_back("the record's pid " + std::to_string(rec->pid) +
+                       " now belongs to another process (pid reused): the recorded holder is gone");
+  }
+  if (held && claims && !kernel_has(rec->pid)) {
+    warnings.push_back("the kernel says pid " + pid_list(f.kernel) + " holds the lock, not the record's pid " +
+                       std::to_string(rec->pid));
+  }
+  if (held && !claims && exclusive) {
+    warnings.push_back("held by pid " + pid_list(f.kernel) +
+                       " without a current holder record (flock(1), Python fcntl.flock or another tool)");
+  }
+  if (held && claims && f.age_ms && *f.age_ms > f.stale_after_ms) {
+    warnings.push_back("held for " + human_duration(*f.age_ms) + ", longer than --stale-after " +
+                       human_duration(f.stale_after_ms) + ": check whether pid " + std::to_string(rec->pid) +
+                       " is stalled before terminating it");
+  }
+
+  std::string action;
+  if (!held) {
+    action = "none: the lock is free";
+  } else {
+    action = "if the holder is stuck: confirm that pid " + (claims && kernel_has(rec->pid) ? std::to_string(rec->pid) : pid_list(f.kernel)) +
+             " is alive and stalled (ps, strace) before terminating it; the kernel frees the lock when it exits. "
+             "Never delete the lock file.";
+  }
+
+  Json j = Json::object();
+  j["lock_file"] = f.lock_path;
+  j["lock_id"] = f.lock_id;
+  j["exists"] = f.exists;
+  j["kernel"] = {{"held", held},
+                 {"mode", held ? Json(exclusive ? "exclusive" : "shared") : Json(nullptr)},
+                 {"holder_pids", Json::array()}};
+  for (const auto& k : f.kernel) j["kernel"]["holder_pids"].push_back(k.pid);
+  Json r = Json::object();
+  r["state"] = f.exists ? state_name(f.holder.state) : "missing";
+  r["holder"] = rec ? holder_to_json(*rec) : Json(nullptr);
+  r["released"] = rec ? Json(rec->released_at.has_value()) : Json(nullptr);
+  r["age_ms"] = f.age_ms ? Json(*f.age_ms) : Json(nullptr);
+  r["pid_alive"] = f.pid_alive ? Json(*f.pid_alive) : Json(nullptr);
+  r["same_process"] = f.same_process ? Json(*f.same_process) : Json(nullptr);
+  j["record"] = r;
+  j["incidents"] = {{"count", f.incidents.count},
+                    {"malformed", f.incidents.malformed},
+                    {"latest", f.incidents.latest ? *f.incidents.latest : Json(nullptr)}};
+  j["warnings"] = warnings;
+  j["operator_action"] = action;
+
+  std::string t;
+  auto line = [&](const char* label, const std::string& value) {
+    char head[16];
+    std::snprintf(head, sizeof head, "%-10s", label);
+    t += head + value + "\n";
+  };
+  line("lock", f.lock_path + " (lock_id " + f.lock_id + ")");
+  if (!f.exists) {
+    line("file", "missing: no looplock has run here yet");
+  }
+  line("kernel", held ? std::string("held (") + (exclusive ? "exclusive" : "shared") + ") by pid " + pid_list(f.kernel)
+                      : std::string("free"));
+  if (rec) {
+    line("holder", "pid " + std::to_string(rec->pid) + ", agent " + rec->agent_id + ", operation " + rec->operation +
+                       ", policy " + rec->policy);
+    std::string since = "acquired " + rec->acquired_at;
+    if (f.age_ms) since += " (" + human_duration(*f.age_ms) + " ago)";
+    since += rec->released_at ? ", released " + *rec->released_at : std::string(", not released");
+    line("", since);
+    if (!rec->released_at) {
+      std::string proc = f.pid_alive && *f.pid_alive
+                             ? (f.same_process && !*f.same_process ? "pid reused by another process" : "alive, same process")
+                             : "dead";
+      line("process", proc + " (pid_start " + rec->pid_start + ")");
+    }
+  } else {
+    line("holder", f.exists ? std::string("no record (") + state_name(f.holder.state) + ")" : std::string("no record"));
+  }
+  if (f.incidents.count == 0) {
+    line("incidents", "none");
+  } else {
+    std::string inc = std::to_string(f.incidents.count);
+    if (f.incidents.malformed) inc += " (" + std::to_string(f.incidents.malformed) + " malformed)";
+    if (const auto& l = f.incidents.latest) {
+      inc += "; latest " + l->value("at", std::string("?")) + " " + l->value("error_code", std::string("?")) +
+             ": waiter pid " + std::to_string(l->at("waiter").value("pid", 0)) + " (" +
+             l->at("waiter").value("operation", std::string("?")) + ") waited " +
+             std::to_string(l->value("waited_ms", 0LL)) + " ms";
+    }
+    line("incidents", inc);
+  }
+  for (const auto& w : warnings) line("warning", w);
+  line("action", action);
+  return {std::move(j), std::move(t)};
+}
+
+int inspect(const Options& o, const Logger& log) {
+  (void)log;
+  LockDir dir = open_lock_dir(o.dir, /*check_safety=*/false);
+  InspectFacts f;
+  f.lock_path = o.dir + (o.dir.ends_with('/') ? "" : "/") + kLockName;
+  f.lock_id = lock_id_for_path(canonical_lock_path(o.dir));
+  f.dir_unsafe = dir_mode_unsafe(dir.st.st_mode);
+  f.stale_after_ms = o.stale_after_ns / 1'000'000;
+
+  struct stat st {};
+  if (fstatat(dir.fd.get(), kLockName, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    f.exists = true;
+    if (!S_ISREG(st.st_mode)) {
+      f.not_regular = S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISDIR(st.st_mode) ? "a directory" : "a special file";
+    } else {
+      UniqueFd fd(sys::retry_eintr(
+          [&] { return openat(dir.fd.get(), kLockName, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); }));
+      if (fd) {
+        fstat(fd.get(), &st);
+        f.holder = read_holder(fd.get());
+      } else {
+        f.holder.state = HolderRead::State::Error;
+      }
+      f.kernel = procfs::flock_holders(st);
+    }
+  } else if (errno != ENOENT) {
+    fail_errno(exit_code::kOsError, "cannot stat " + f.lock_path, errno);
+  }
+  if (const auto& rec = f.holder.record) {
+    if (auto at = parse_utc_ms(rec->acquired_at)) f.age_ms = sys::realtime_ms() - *at;
+    f.pid_alive = procfs::pid_alive(rec->pid);
+    if (*f.pid_alive) {
+      auto start = procfs::pid_start(rec->pid);
+      if (start) f.same_process = *start == rec->pid_start;
+    }
+  }
+  f.incidents = summarize_incidents(dir.fd.get());
+
+  InspectReport report = build_report(f);
+  if (o.json) {
+    std::cout << dump_json(report.json) << "\n";
+  } else {
+    std::cout << report.text;
+  }
+  std::cout.flush();
+  return std::cout ? exit_code::kOk : exit_code::kOsError;
+}
+
+}  // namespace looplock

@@ -1,0 +1,55 @@
+// looplock --inspect DIR: who holds the lock, since when, is that process
+// alive, what happened (incidents), and what to do. Reads only: never takes,
+// breaks, creates or deletes anything.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "holder.hpp"
+#include "incident.hpp"
+#include "log.hpp"
+#include "options.hpp"
+#include "procfs.hpp"
+
+namespace looplock {
+
+// Everything the report is built from, gathered once (so that the judgement
+// below is a pure function, unit-tested without processes).
+struct InspectFacts {
+  std::string lock_path;  // DIR/.state.lock as given
+  std::string lock_id;
+  bool dir_unsafe = false;
+  bool exists = false;
+  std::optional<std::string> not_regular;  // "a symbolic link", ... when unsafe
+  std::vector<procfs::KernelLock> kernel;
+  HolderRead holder;
+  std::optional<long long> age_ms;        // now - acquired_at
+  std::optional<bool> pid_alive;          // kill(pid, 0)
+  std::optional<bool> same_process;       // pid_start still matches
+  IncidentSummary incidents;
+  long long stale_after_ms = 0;
+};
+
+struct InspectReport {
+  Json json;  // the --json object
+  std::string text;     // the human report
+};
+
+InspectReport build_report(const InspectFacts& facts);
+
+// Milliseconds since the epoch for "2026-11-30T17:00:00.123Z"; nullopt if not
+// in that form.
+std::optional<long long> parse_utc_ms(const std::string& iso);
+// "3h05m", "12.3s", "450ms"
+std::string human_duration(long long ms);
+
+// Runs --inspect: prints the report to stdout, returns the exit status.
+int inspect(const Options& options, const Logger& log);
+
+}  // namespace looplock

@@ -1,0 +1,41 @@
+#include "lock_id.hpp"
+
+#include <nettle/sha2.h>
+
+#include <climits>
+#include <cstdlib>
+#include <memory>
+
+#include "lockfile.hpp"
+
+namespace looplock {
+
+std::string sha256_hex(std::string_view data) {
+  sha256_ctx ctx;
+  sha256_init(&ctx);
+  sha256_update(&ctx, data.size(), reinterpret_cast<const uint8_t*>(data.data()));
+  uint8_t digest[SHA256_DIGEST_SIZE];
+  sha256_digest(&ctx, sizeof digest, digest);
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(2 * sizeof digest);
+  for (uint8_t b : digest) {
+    out += hex[b >> 4];
+    out += hex[b & 15];
+  }
+  return out;
+}
+
+std::string lock_id_for_path(std::string_view canonical_lock_path) {
+  return sha256_hex(canonical_lock_path).substr(0, 16);
+}
+
+std::string canonical_lock_path(const std::string& dir) {
+  std::unique_ptr<char, decltype(&std::free)> real(realpath(dir.c_str(), nullptr), &std::free);
+  if (!real) return {};
+  std::string p = real.get();
+  if (p.back() != '/') p += '/';
+  return p + kLockName;
+}
+
+}  // namespace looplock

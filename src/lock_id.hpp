@@ -1,0 +1,17 @@
+// The stable identity of a lock: the first 16 hex digits of the SHA-256 of
+// the lock file's canonical absolute path. Any tool can compute it; it never
+// reveals the path.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace looplock {
+
+std::string sha256_hex(std::string_view data);
+std::string lock_id_for_path(std::string_view canonical_lock_path);
+
+// realpath(DIR) + "/.state.lock"; empty if DIR cannot be resolved.
+std::string canonical_lock_path(const std::string& dir);
+
+}  // namespace looplock

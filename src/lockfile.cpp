@@ -1,0 +1,286 @@
+#include "lockfile.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <ctime>
+#include <string>
+
+#include "error.hpp"
+#include "exit_codes.hpp"
+#include "sys.hpp"
+
+namespace looplock {
+
+namespace {
+
+std::string lock_display(const LockDir& dir) {
+  std::string p = dir.path;
+  if (!p.empty() && p.back() != '/') p += '/';
+  return p + kLockName;
+}
+
+std::string file_kind(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISSOCK(m)) return "a socket";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISLNK(m)) return "a symbolic link";
+  return "not a regular file";
+}
+
+[[noreturn]] void unsafe(const LockDir& dir, const std::string& why, const std::string& hint) {
+  throw Fatal(exit_code::kCantCreate, "unsafe lock file " + lock_display(dir) + ": " + why, hint);
+}
+
+// Moves fd to 3 or above, so that a command started with stdin, stdout or
+// stderr closed never finds the lock file there.
+int above_stdio(int fd) {
+  if (fd >= 3) return fd;
+  int moved = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  int err = errno;
+  ::close(fd);
+  errno = err;
+  return moved;
+}
+
+// A monotonic one-shot timer that interrupts a blocking flock(2) with
+// SIGALRM, whatever SIGALRM's inherited disposition and mask. It re-fires
+// every millisecond after the deadline, so a signal that lands between the
+// clock check and the next flock(2) call costs at most 1 ms. The destructor
+// restores SIGALRM's disposition and mask and discards pending timer signals.
+class DeadlineAlarm {
+public:
+  explicit DeadlineAlarm(long long deadline_abs_ns) {
+    struct sigaction sa {};
+    sa.sa_handler = [](int) {};  // only there to make flock(2) return EINTR
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;  // no SA_RESTART
+    sigaction(SIGALRM, &sa, &old_action_);
+
+    sigevent sev{};
+    sev.sigev_notify = SIGEV_SIGNAL;
+    sev.sigev_signo = SIGALRM;
+    if (timer_create(CLOCK_MONOTONIC, &sev, &timer_) != 0) {
+      int err = errno;
+      sigaction(SIGALRM, &old_action_, nullptr);
+      fail_errno(exit_code::kOsError, "cannot create the deadline timer", err);
+    }
+    itimerspec its{};
+    its.it_value.tv_sec = static_cast<time_t>(deadline_abs_ns / 1'000'000'000LL);
+    its.it_value.tv_nsec = static_cast<long>(deadline_abs_ns % 1'000'000'000LL);
+    its.it_interval.tv_nsec = 1'000'000;
+    timer_settime(timer_, TIMER_ABSTIME, &its, nullptr);
+
+    sigset_t alrm;
+    sigemptyset(&alrm);
+    sigaddset(&alrm, SIGALRM);
+    sigprocmask(SIG_UNBLOCK, &alrm, &old_mask_);
+  }
+
+  ~DeadlineAlarm() {
+    sigset_t alrm;
+    sigemptyset(&alrm);
+    sigaddset(&alrm, SIGALRM);
+    sigprocmask(SIG_BLOCK, &alrm, nullptr);
+    timer_delete(timer_);
+    timespec zero{};
+    while (sigtimedwait(&alrm, nullptr, &zero) == SIGALRM) {
+    }
+    sigaction(SIGALRM, &old_action_, nullptr);
+    sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
+  }
+
+  DeadlineAlarm(const DeadlineAlarm&) = delete;
+  DeadlineAlarm& operator=(const DeadlineAlarm&) = delete;
+
+private:
+  timer_t timer_{};
+  struct sigaction old_action_ {};
+  sigset_t old_mask_{};
+};
+
+[[noreturn]] void lock_failed(const LockDir& dir, int err) {
+  fail_errno(exit_code::kOsError, "cannot lock " + lock_display(dir), err,
+             err == ENOLCK ? "The file system may not support flock(2) (network file system?)." : "");
+}
+
+}  // namespace
+
+bool dir_mode_unsafe(mode_t mode) { return (mode & S_IWOTH) && !(mode & S_ISVTX); }
+
+LockDir open_lock_dir(const std::string& path, bool check_safety) {
+  LockDir dir;
+  dir.path = path;
+  dir.fd.reset(sys::retry_eintr([&] { return ::open(path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC); }));
+  if (!dir.fd) {
+    int err = errno;
+    if (err == ENOENT) {
+      throw Fatal(exit_code::kNoInput, "loop directory " + path + " does not exist",
+                  "looplock never creates DIR; create it first, or check the path.");
+    }
+    if (err == ENOTDIR) {
+      throw Fatal(exit_code::kNoInput, "loop directory " + path + " is not a directory",
+                  "Give the loop directory, not a file in it.");
+    }
+    if (err == ELOOP || err == ENAMETOOLONG) {
+      fail_errno(exit_code::kNoInput, "cannot open loop directory " + path, err);
+    }
+    fail_errno(status_for_errno(err, exit_code::kNoInput), "cannot open loop directory " + path, err);
+  }
+  int moved = above_stdio(dir.fd.release());
+  dir.fd.reset(moved);
+  if (!dir.fd) fail_errno(exit_code::kOsError, "cannot open loop directory " + path, errno);
+  if (fstat(dir.fd.get(), &dir.st) != 0) fail_errno(exit_code::kOsError, "cannot stat " + path, errno);
+  if (check_safety && dir_mode_unsafe(dir.st.st_mode)) {
+    throw Fatal(exit_code::kCantCreate,
+                "unsafe loop directory " + path + ": world-writable without the sticky bit",
+                "Any user could replace the lock file there; run 'chmod o-w " + path + "' (or chmod +t).");
+  }
+  return dir;
+}
+
+LockFile open_lock_file(const LockDir& dir) {
+  // A file that vanishes between our steps (nlink 0, ENOENT, EEXIST races)
+  // is retried; a persistent race is reported rather than looping forever.
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    struct stat pre {};
+    bool exists = fstatat(dir.fd.get(), kLockName, &pre, AT_SYMLINK_NOFOLLOW) == 0;
+    if (!exists && errno != ENOENT) {
+      int err = errno;
+      fail_errno(status_for_errno(err, exit_code::kCantCreate), "cannot stat " + lock_display(dir), err);
+    }
+    if (exists && S_ISLNK(pre.st_mode)) {
+      unsafe(dir, "it is a symbolic link (looplock never follows one)",
+             "Replace it with a regular file, or remove the link and let looplock create the file.");
+    }
+    if (exists && !S_ISREG(pre.st_mode)) {
+      unsafe(dir, "it is " + file_kind(pre.st_mode) + ", not a regular file",
+             "Move it away; looplock creates a regular file there.");
+    }
+
+    int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK;
+    bool read_only = false;
+    int fd;
+    if (!exists) {
+      fd = sys::retry_eintr([&] { return openat(dir.fd.get(), kLockName, flags | O_CREAT | O_EXCL, 0644); });
+      if (fd < 0 && errno == EEXIST) continue;  // created meanwhile: look again
+    } else {
+      fd = sys::retry_eintr([&] { return openat(dir.fd.get(), kLockName, flags); });
+      if (fd < 0 && (errno == EACCES || errno == EROFS || errno == EPERM || errno == ETXTBSY)) {
+        read_only = true;
+        fd = sys::retry_eintr([&] { return openat(dir.fd.get(), kLockName, (flags & ~O_RDWR) | O_RDONLY); });
+      }
+      if (fd < 0 && errno == ENOENT) continue;  // deleted meanwhile
+    }
+    if (fd < 0) {
+      int err = errno;
+      if (err == ELOOP) {
+        unsafe(dir, "it is a symbolic link (looplock never follows one)",
+               "Replace it with a regular file, or remove the link and let looplock create the file.");
+      }
+      std::string hint;
+      if (err == EACCES || err == EROFS) {
+        hint = exists ? "Check the lock file's permissions." : "looplock must be able to create the lock file in DIR; check DIR's permissions.";
+      }
+      fail_errno(status_for_errno(err, exit_code::kCantCreate),
+                 std::string(exists ? "cannot open " : "cannot create ") + lock_display(dir), err, hint);
+    }
+    LockFile f;
+    f.fd.reset(above_stdio(fd));
+    if (!f.fd) fail_errno(exit_code::kOsError, "cannot open " + lock_display(dir), errno);
+    f.read_only = read_only;
+    if (fstat(f.fd.get(), &f.st) != 0) fail_errno(exit_code::kOsError, "cannot stat " + lock_display(dir), errno);
+    if (!S_ISREG(f.st.st_mode)) {
+      unsafe(dir, "it is " + file_kind(f.st.st_mode) + ", not a regular file", "Move it away; looplock creates a regular file there.");
+    }
+    if (f.st.st_nlink == 0) continue;  // replaced between open and fstat
+    if (f.st.st_nlink > 1) {
+      unsafe(dir, "it has " + std::to_string(f.st.st_nlink) + " hard links; a lock file must have exactly one",
+             "Another name for the same file could be swapped; replace it with a fresh regular file.");
+    }
+    if (f.st.st_uid != geteuid() && f.st.st_uid != dir.st.st_uid) {
+      unsafe(dir, "it is owned by uid " + std::to_string(f.st.st_uid) + ", neither you nor DIR's owner",
+             "Only the caller or DIR's owner may own the lock file; ask its owner, or run as DIR's owner.");
+    }
+    return f;
+  }
+  throw Fatal(exit_code::kCantCreate, "cannot open " + lock_display(dir) + ": it keeps being replaced",
+              "Something deletes or recreates the lock file in a loop; operators must never delete it.");
+}
+
+bool lock_path_intact(const LockDir& dir, const LockFile& file) {
+  struct stat now {};
+  if (fstatat(dir.fd.get(), kLockName, &now, AT_SYMLINK_NOFOLLOW) != 0) return false;
+  return sys::same_file(now, file.st);
+}
+
+bool dir_intact(const LockDir& dir) {
+  struct stat by_fd {};
+  struct stat by_path {};
+  if (fstat(dir.fd.get(), &by_fd) != 0 || by_fd.st_nlink == 0) return false;
+  if (stat(dir.path.c_str(), &by_path) != 0) return false;
+  return sys::same_file(by_fd, by_path);
+}
+
+AcquireResult acquire_lock(const LockDir& dir, const WaitPlan& plan, LockMode mode, AcquireObserver& observer) {
+  const int op = mode == LockMode::Exclusive ? LOCK_EX : LOCK_SH;
+  const long long start = sys::monotonic_ns();
+  const bool bounded = plan.kind == WaitPlan::Kind::Bounded;
+  const long long deadline = start + plan.deadline_ns;
+  std::optional<DeadlineAlarm> alarm;  // armed only when the first attempt finds the lock held
+  bool told_wait = false;
+
+  AcquireResult result;
+  for (;;) {
+    LockFile file = open_lock_file(dir);
+    if (sys::retry_eintr([&] { return flock(file.fd.get(), op | LOCK_NB); }) != 0) {
+      if (errno != EWOULDBLOCK) lock_failed(dir, errno);
+      bool give_up = plan.kind == WaitPlan::Kind::NoWait || (bounded && sys::monotonic_ns() >= deadline);
+      if (give_up) {
+        result.status = plan.kind == WaitPlan::Kind::NoWait ? AcquireResult::Status::Busy
+                                                            : AcquireResult::Status::TimedOut;
+        result.file = std::move(file);
+        result.waited_ns = sys::monotonic_ns() - start;
+        return result;
+      }
+      if (!told_wait) {
+        told_wait = true;
+        observer.on_wait(file);
+      }
+      if (bounded && !alarm) alarm.emplace(deadline);
+      for (;;) {
+        if (flock(file.fd.get(), op) == 0) break;
+        if (errno != EINTR) lock_failed(dir, errno);
+        if (bounded && sys::monotonic_ns() >= deadline) {
+          // One last non-blocking attempt: a release exactly at the deadline wins.
+          if (sys::retry_eintr([&] { return flock(file.fd.get(), op | LOCK_NB); }) == 0) break;
+          if (errno != EWOULDBLOCK) lock_failed(dir, errno);
+          result.status = AcquireResult::Status::TimedOut;
+          result.file = std::move(file);
+          result.waited_ns = sys::monotonic_ns() - start;
+          return result;
+        }
+      }
+    }
+    // Locked. The path must still name this inode: a lock on a file that was
+    // deleted or replaced meanwhile protects nothing.
+    if (lock_path_intact(dir, file)) {
+      result.status = AcquireResult::Status::Acquired;
+      result.file = std::move(file);
+      result.waited_ns = sys::monotonic_ns() - start;
+      return result;
+    }
+    observer.on_replaced(++result.replaced);
+    if (result.replaced >= 1000) {
+      throw Fatal(exit_code::kCantCreate, "cannot lock " + lock_display(dir) + ": it keeps being replaced",
+                  "Something deletes or recreates the lock file in a loop; operators must never delete it.");
+    }
+    // `file` closes here, releasing the lock on the orphaned inode; retry.
+  }
+}
+
+}  // namespace looplock

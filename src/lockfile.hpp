@@ -1,0 +1,74 @@
+// The lock file DIR/.state.lock: opened safely (no symlinks, regular file,
+// one link, trusted owner, never truncated, never deleted) and locked with
+// flock(2) under a WaitPlan. After locking, the path is checked to still name
+// the locked inode; if it was replaced meanwhile, the lock is retaken on the
+// new file within the same deadline.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <string>
+
+#include "policy.hpp"
+#include "unique_fd.hpp"
+
+namespace looplock {
+
+inline constexpr const char* kLockName = ".state.lock";
+
+struct LockDir {
+  std::string path;  // as the user gave it
+  UniqueFd fd;       // O_PATH | O_DIRECTORY
+  struct stat st {};
+};
+
+// Opens DIR. Throws Fatal 66 if it is missing or not a directory, 73 if it is
+// world-writable without the sticky bit (unless `check_safety` is false, as
+// for --inspect, which only reads), 71 on resource exhaustion.
+LockDir open_lock_dir(const std::string& path, bool check_safety = true);
+// Whether a directory with this mode lets other users swap the lock file.
+bool dir_mode_unsafe(mode_t mode);
+
+struct LockFile {
+  UniqueFd fd;
+  struct stat st {};
+  bool read_only = false;  // opened O_RDONLY: locked, but no record can be written
+};
+
+// Opens DIR/.state.lock, creating it (0644 before umask) if missing. Throws
+// Fatal 73 if it is unsafe (symlink, not a regular file, more than one link,
+// foreign owner) or cannot be opened, 71 on resource exhaustion.
+LockFile open_lock_file(const LockDir& dir);
+
+enum class LockMode { Exclusive, Shared };
+
+// Called by acquire_lock at the moments the caller reports on.
+class AcquireObserver {
+public:
+  virtual ~AcquireObserver() = default;
+  // The first attempt found the lock held and looplock is about to wait.
+  virtual void on_wait(const LockFile& /*file*/) {}
+  // The locked inode was no longer at the path (deleted or replaced); looplock
+  // retries on the new file. `count` is how many times this happened so far.
+  virtual void on_replaced(int /*count*/) {}
+};
+
+struct AcquireResult {
+  enum class Status { Acquired, Busy, TimedOut };
+  Status status = Status::Busy;
+  // Acquired: the locked file. Busy/TimedOut: the file that was found held
+  // (open, not locked), for reading who holds it.
+  LockFile file;
+  long long waited_ns = 0;
+  int replaced = 0;
+};
+
+AcquireResult acquire_lock(const LockDir& dir, const WaitPlan& plan, LockMode mode, AcquireObserver& observer);
+
+// Whether DIR/.state.lock still names the inode of `file`.
+bool lock_path_intact(const LockDir& dir, const LockFile& file);
+// Whether DIR's path still names the directory that was opened, and it has
+// not been removed.
+bool dir_intact(const LockDir& dir);
+
+}  // namespace looplock

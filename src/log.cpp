@@ -1,0 +1,54 @@
+#include "log.hpp"
+
+#include "sys.hpp"
+
+namespace looplock {
+
+std::string dump_json(const Json& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+std::string Logger::format_line(const char* level, const std::string& event, const std::string& message,
+                                const std::string& hint, const Json& fields) const {
+  if (format_ == LogFormat::Json) {
+    Json j = Json::object();
+    j["level"] = level;
+    j["event"] = event;
+    j["message"] = message;
+    if (!hint.empty()) j["hint"] = hint;
+    if (fields.is_object()) {
+      for (auto it = fields.begin(); it != fields.end(); ++it) j[it.key()] = it.value();
+    }
+    return dump_json(j) + "\n";
+  }
+  std::string line = "looplock: " + message + "\n";
+  if (!hint.empty()) line += "looplock: " + hint + "\n";
+  return line;
+}
+
+void Logger::emit(const char* level, const std::string& event, const std::string& message,
+                  const std::string& hint, const Json& fields) const {
+  // One write(2) per message, so that lines from concurrent processes on a
+  // shared stderr do not interleave. A failed write to stderr is ignored: there
+  // is nowhere else to report it.
+  (void)sys::write_all(fd_, format_line(level, event, message, hint, fields));
+}
+
+void Logger::error(const std::string& event, const std::string& message, const std::string& hint,
+                   const Json& fields) const {
+  emit("error", event, message, hint, fields);
+}
+
+void Logger::warn(const std::string& event, const std::string& message, const Json& fields) const {
+  if (verbosity_ != Verbosity::Quiet) emit("warning", event, message, {}, fields);
+}
+
+void Logger::result(const std::string& event, const std::string& message, const Json& fields) const {
+  emit("notice", event, message, {}, fields);
+}
+
+void Logger::verbose(const std::string& event, const std::string& message, const Json& fields) const {
+  if (verbosity_ == Verbosity::Verbose) emit("info", event, message, {}, fields);
+}
+
+}  // namespace looplock

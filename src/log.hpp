@@ -1,0 +1,52 @@
+// Everything looplock says goes to stderr through a Logger: one line per
+// message, "looplock: ..." as text, or one JSON object per line with
+// --log-format json. The Logger is built from Options and passed down.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "options.hpp"
+
+namespace looplock {
+
+// Insertion-ordered JSON, so records read in the order of SPEC.md
+// ({"schema":..., "lock_id":..., ...}).
+using Json = nlohmann::ordered_json;
+
+class Logger {
+public:
+  Logger(Verbosity verbosity, LogFormat format, int fd = 2)
+      : verbosity_(verbosity), format_(format), fd_(fd) {}
+
+  // Errors are always printed. `hint` becomes a second line.
+  void error(const std::string& event, const std::string& message, const std::string& hint = {},
+             const Json& fields = {}) const;
+  // Warnings are printed unless --quiet.
+  void warn(const std::string& event, const std::string& message, const Json& fields = {}) const;
+  // A result line the caller acts on (noop-locked): printed even with --quiet.
+  void result(const std::string& event, const std::string& message, const Json& fields = {}) const;
+  // Progress, printed only with --verbose.
+  void verbose(const std::string& event, const std::string& message, const Json& fields = {}) const;
+
+  bool is_verbose() const { return verbosity_ == Verbosity::Verbose; }
+
+  // The line as it would be written (exposed for unit tests).
+  std::string format_line(const char* level, const std::string& event, const std::string& message,
+                          const std::string& hint, const Json& fields) const;
+
+private:
+  void emit(const char* level, const std::string& event, const std::string& message,
+            const std::string& hint, const Json& fields) const;
+
+  Verbosity verbosity_;
+  LogFormat format_;
+  int fd_;
+};
+
+// Serialises JSON for records and log lines: invalid UTF-8 becomes U+FFFD,
+// never an exception.
+std::string dump_json(const Json& j);
+
+}  // namespace looplock

@@ -1,0 +1,406 @@
+#include "options.hpp"
+
+#include <cxxopts.hpp>
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <string_view>
+
+#include "error.hpp"
+#include "exit_codes.hpp"
+
+#ifndef LOOPLOCK_VERSION
+#define LOOPLOCK_VERSION "unknown"
+#endif
+
+namespace looplock {
+
+namespace {
+
+constexpr std::string_view kTryHelp = "Try 'looplock --help' for more information.";
+
+[[noreturn]] void usage_error(const std::string& message, std::string hint = std::string(kTryHelp)) {
+  throw Fatal(exit_code::kUsage, message, std::move(hint));
+}
+
+// Options that take a value: the splitter must skip their values when it
+// looks for "--" and "-c". Keep in sync with build_parser() (a unit test
+// checks that every option declared there is classified here).
+constexpr std::array kValueShort = {'p', 'w', 'E'};
+constexpr std::array<std::string_view, 9> kValueLong = {
+    "policy", "timeout", "conflict-exit-code", "skip-exit-code", "agent",
+    "operation", "log-format", "kill-after", "stale-after"};
+
+bool long_takes_value(std::string_view arg) {
+  // "--name" (value in the next argument); "--name=value" carries its own.
+  if (!arg.starts_with("--") || arg.find('=') != std::string_view::npos) return false;
+  arg.remove_prefix(2);
+  return std::find(kValueLong.begin(), kValueLong.end(), arg) != kValueLong.end();
+}
+
+// For a group of short options like "-qw": whether its last value-taking
+// option consumes the next argument.
+bool short_group_takes_next(std::string_view arg) {
+  if (arg.size() < 2 || arg[0] != '-' || arg[1] == '-') return false;
+  for (size_t i = 1; i < arg.size(); ++i) {
+    if (std::find(kValueShort.begin(), kValueShort.end(), arg[i]) != kValueShort.end()) {
+      return i + 1 == arg.size();  // "-w5" carries its value
+    }
+  }
+  return false;
+}
+
+struct Split {
+  std::vector<std::string> own;  // argv[0] and looplock's own arguments
+  std::vector<std::string> command;
+  std::optional<std::string> shell_command;
+  bool saw_dashdash = false;
+};
+
+Split split_argv(const std::vector<std::string>& argv) {
+  Split s;
+  if (argv.empty()) {
+    s.own.emplace_back("looplock");
+    return s;
+  }
+  s.own.push_back(argv[0]);
+  for (size_t i = 1; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a == "--") {
+      s.saw_dashdash = true;
+      s.command.assign(argv.begin() + static_cast<long>(i) + 1, argv.end());
+      return s;
+    }
+    if (a == "-c" || a == "--command") {
+      if (i + 1 >= argv.size()) {
+        usage_error("option -c needs a SHELL-COMMAND", "Example: looplock DIR -c 'python3 status.py --tick'");
+      }
+      s.shell_command = argv[i + 1];
+      if (i + 2 < argv.size()) {
+        usage_error("unexpected argument '" + argv[i + 2] + "' after -c SHELL-COMMAND",
+                    "Quote the whole shell command as one argument, or use '--' instead of -c.");
+      }
+      return s;
+    }
+    s.own.push_back(a);
+    if ((long_takes_value(a) || short_group_takes_next(a)) && i + 1 < argv.size()) {
+      s.own.push_back(argv[++i]);
+    }
+  }
+  return s;
+}
+
+cxxopts::Options build_parser() {
+  cxxopts::Options o("looplock", "");
+  o.add_options()
+      ("h,help", "")
+      ("V,version", "")
+      ("p,policy", "", cxxopts::value<std::string>())
+      ("w,timeout", "", cxxopts::value<std::string>())
+      ("E,conflict-exit-code", "", cxxopts::value<std::string>())
+      ("skip-exit-code", "", cxxopts::value<std::string>())
+      ("s,shared", "")
+      ("o,close", "")
+      ("F,no-fork", "")
+      ("agent", "", cxxopts::value<std::string>())
+      ("operation", "", cxxopts::value<std::string>())
+      ("v,verbose", "")
+      ("q,quiet", "")
+      ("log-format", "", cxxopts::value<std::string>())
+      ("kill-after", "", cxxopts::value<std::string>())
+      ("inspect", "")
+      ("json", "")
+      ("stale-after", "", cxxopts::value<std::string>())
+      ("positional", "", cxxopts::value<std::vector<std::string>>());
+  o.parse_positional({"positional"});
+  return o;
+}
+
+std::optional<int> parse_int(std::string_view text) {
+  int v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || p != text.data() + text.size() || text.empty()) return std::nullopt;
+  return v;
+}
+
+int parse_exit_code(const cxxopts::ParseResult& r, const char* name, int lo, int hi) {
+  const auto& text = r[name].as<std::string>();
+  auto v = parse_int(text);
+  if (!v || *v < lo || *v > hi) {
+    usage_error("invalid --" + std::string(name) + " '" + text + "': expected an integer from " +
+                std::to_string(lo) + " to " + std::to_string(hi));
+  }
+  return *v;
+}
+
+std::string base_name(std::string_view path) {
+  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+  auto slash = path.rfind('/');
+  if (slash != std::string_view::npos) path.remove_prefix(slash + 1);
+  return std::string(path);
+}
+
+enum class Family { None, Shell, Python, Node, Perl };
+
+Family interpreter_family(std::string_view base) {
+  auto starts = [&](std::string_view p) { return base.starts_with(p); };
+  if (base == "sh" || base == "bash" || base == "dash" || base == "zsh" || base == "ksh" ||
+      base == "mksh" || base == "ash" || base == "busybox")
+    return Family::Shell;
+  if (starts("python") || starts("pypy")) return Family::Python;
+  if (base == "node" || base == "nodejs" || base == "deno" || base == "bun") return Family::Node;
+  if (starts("perl") || starts("ruby") || starts("php") || starts("lua") || base == "tclsh" ||
+      base == "Rscript")
+    return Family::Perl;
+  return Family::None;
+}
+
+}  // namespace
+
+std::optional<long long> parse_seconds(std::string_view text) {
+  // Strict decimal: digits, optionally "." and digits. Rejects "-1", "nan",
+  // "inf", "1e9", "0x10", "", ".5" (write 0.5) and more than 9 fraction digits.
+  size_t dot = text.find('.');
+  std::string_view whole = text.substr(0, dot);
+  std::string_view frac = dot == std::string_view::npos ? std::string_view{} : text.substr(dot + 1);
+  auto all_digits = [](std::string_view s) {
+    return std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  if (whole.empty() || !all_digits(whole) || !all_digits(frac) || frac.size() > 9) return std::nullopt;
+  if (dot != std::string_view::npos && frac.empty()) return std::nullopt;
+  // Cap at 10^9 s (about 31 years): any larger wait is a mistake, not a plan.
+  while (whole.size() > 1 && whole.front() == '0') whole.remove_prefix(1);
+  if (whole.size() > 10) return std::nullopt;
+  long long secs = 0;
+  for (char c : whole) secs = secs * 10 + (c - '0');
+  if (secs > 1'000'000'000LL) return std::nullopt;
+  long long ns = 0;
+  long long scale = 100'000'000LL;
+  for (char c : frac) {
+    ns += (c - '0') * scale;
+    scale /= 10;
+  }
+  return secs * 1'000'000'000LL + ns;
+}
+
+std::optional<long long> parse_duration(std::string_view text) {
+  long long unit = 1;
+  if (!text.empty()) {
+    switch (text.back()) {
+      case 's': unit = 1; text.remove_suffix(1); break;
+      case 'm': unit = 60; text.remove_suffix(1); break;
+      case 'h': unit = 3600; text.remove_suffix(1); break;
+      case 'd': unit = 86400; text.remove_suffix(1); break;
+      default: break;
+    }
+  }
+  auto ns = parse_seconds(text);
+  if (!ns || *ns > 1'000'000'000LL * 1'000'000'000LL / unit) return std::nullopt;
+  return *ns * unit;
+}
+
+std::string derive_operation(const std::vector<std::string>& command) {
+  if (command.empty()) return "command";
+  std::string base = base_name(command[0]);
+  Family fam = interpreter_family(base);
+  if (fam == Family::None) return base.empty() ? "command" : base;
+  for (size_t i = 1; i < command.size(); ++i) {
+    std::string_view a = command[i];
+    if (a == "--") {
+      if (i + 1 < command.size()) return base_name(command[i + 1]);
+      break;
+    }
+    if (a.empty() || a[0] != '-' || a == "-") {
+      // The first non-option argument is the script.
+      if (a.empty() || a == "-") break;
+      std::string script = base_name(a);
+      return script.empty() ? base : script;
+    }
+    // Options that introduce inline code or a module: no script follows.
+    bool code = false;
+    bool takes_value = false;
+    switch (fam) {
+      case Family::Shell: code = a == "-c"; takes_value = a == "-o" || a == "+o"; break;
+      case Family::Python: code = a == "-c" || a == "-m"; takes_value = a == "-W" || a == "-X"; break;
+      case Family::Node: code = a == "-e" || a == "-p" || a == "--eval" || a == "--print";
+        takes_value = a == "-r" || a == "--require"; break;
+      case Family::Perl: code = a == "-e" || a == "-E"; takes_value = a == "-I"; break;
+      case Family::None: break;
+    }
+    if (code) break;
+    if (takes_value) ++i;
+  }
+  return base;
+}
+
+Options parse_options(const std::vector<std::string>& argv, const Environment& env) {
+  Split split = split_argv(argv);
+
+  cxxopts::Options parser = build_parser();
+  std::vector<const char*> cargv;
+  cargv.reserve(split.own.size());
+  for (const auto& a : split.own) cargv.push_back(a.c_str());
+
+  cxxopts::ParseResult r;
+  try {
+    r = parser.parse(static_cast<int>(cargv.size()), cargv.data());
+  } catch (const cxxopts::exceptions::exception& e) {
+    usage_error(e.what());
+  }
+
+  Options o;
+  if (r.count("help")) {
+    o.mode = Mode::Help;
+    return o;
+  }
+  if (r.count("version")) {
+    o.mode = Mode::Version;
+    return o;
+  }
+  if (r.count("inspect")) o.mode = Mode::Inspect;
+
+  std::vector<std::string> positional;
+  if (r.count("positional")) positional = r["positional"].as<std::vector<std::string>>();
+  if (positional.empty()) {
+    usage_error("missing DIR", "Usage: looplock [OPTIONS] DIR -- COMMAND [ARG]...  (Try 'looplock --help'.)");
+  }
+  o.dir = positional[0];
+  if (o.dir.empty()) usage_error("DIR is an empty string");
+  if (positional.size() > 1) {
+    if (o.mode == Mode::Inspect) usage_error("unexpected argument '" + positional[1] + "' after DIR");
+    usage_error("unexpected argument '" + positional[1] + "' before '--'",
+                "Put the command after '--': looplock DIR -- " + positional[1] + " ...");
+  }
+
+  if (r.count("policy")) {
+    auto p = parse_policy(r["policy"].as<std::string>());
+    if (!p) {
+      usage_error("unknown policy '" + r["policy"].as<std::string>() + "'",
+                  "Policies: mutation (default), monitor, single_flight, blocking.");
+    }
+    o.policy = *p;
+  }
+  if (r.count("timeout")) {
+    const auto& text = r["timeout"].as<std::string>();
+    if (!policy_takes_timeout(o.policy)) {
+      usage_error("-w/--timeout does not apply to policy " + std::string(policy_name(o.policy)),
+                  "single_flight never waits and blocking waits without limit; use -p mutation or -p monitor with -w.");
+    }
+    o.timeout_ns = parse_seconds(text);
+    if (!o.timeout_ns) {
+      usage_error("invalid timeout '" + text + "': expected decimal seconds such as 5 or 0.25");
+    }
+  }
+  if (r.count("conflict-exit-code")) o.conflict_exit_code = parse_exit_code(r, "conflict-exit-code", 1, 255);
+  if (r.count("skip-exit-code")) o.skip_exit_code = parse_exit_code(r, "skip-exit-code", 0, 255);
+  o.shared = r.count("shared") > 0;
+  o.close_fd = r.count("close") > 0;
+  o.no_fork = r.count("no-fork") > 0;
+  if (o.no_fork && o.close_fd) {
+    usage_error("-F/--no-fork and -o/--close cannot be combined",
+                "With -F the command itself holds the lock; drop one of them.");
+  }
+  if (r.count("kill-after")) {
+    const auto& text = r["kill-after"].as<std::string>();
+    o.kill_after_ns = parse_duration(text);
+    if (!o.kill_after_ns) usage_error("invalid --kill-after '" + text + "': expected a duration such as 10, 2.5s or 1m");
+    if (o.no_fork) usage_error("--kill-after needs looplock to stay the command's parent; drop -F/--no-fork");
+  }
+  if (r.count("verbose") && r.count("quiet")) usage_error("-v/--verbose and -q/--quiet cannot be combined");
+  if (r.count("verbose")) o.verbosity = Verbosity::Verbose;
+  if (r.count("quiet")) o.verbosity = Verbosity::Quiet;
+  if (r.count("log-format")) {
+    const auto& f = r["log-format"].as<std::string>();
+    if (f == "text") o.log_format = LogFormat::Text;
+    else if (f == "json") o.log_format = LogFormat::Json;
+    else usage_error("invalid --log-format '" + f + "': expected text or json");
+  }
+
+  if (o.mode == Mode::Inspect) {
+    o.json = r.count("json") > 0;
+    if (r.count("stale-after")) {
+      const auto& text = r["stale-after"].as<std::string>();
+      auto d = parse_duration(text);
+      if (!d) usage_error("invalid --stale-after '" + text + "': expected a duration such as 30m or 2h");
+      o.stale_after_ns = *d;
+    }
+    if (split.saw_dashdash || split.shell_command) {
+      usage_error("--inspect takes no command", "Usage: looplock --inspect [--json] DIR");
+    }
+    return o;
+  }
+  if (r.count("json")) usage_error("--json only applies to --inspect", "Use --log-format json for JSON log lines.");
+  if (r.count("stale-after")) usage_error("--stale-after only applies to --inspect");
+
+  if (split.shell_command) {
+    if (split.shell_command->empty()) {
+      usage_error("option -c needs a non-empty SHELL-COMMAND", "Example: looplock DIR -c 'python3 status.py --tick'");
+    }
+    o.shell_form = true;
+    o.command = {"/bin/sh", "-c", *split.shell_command};
+  } else if (split.saw_dashdash) {
+    if (split.command.empty()) {
+      usage_error("no command after '--'", "Example: looplock DIR -- python3 status.py --tick");
+    }
+    o.command = split.command;
+  } else {
+    usage_error("missing '--' before the command",
+                "Usage: looplock [OPTIONS] DIR -- COMMAND [ARG]...  or  looplock [OPTIONS] DIR -c SHELL-COMMAND");
+  }
+
+  o.agent = r.count("agent") ? r["agent"].as<std::string>()
+                              : (env.looplock_agent ? *env.looplock_agent
+                                                  : (env.user_name ? env.user_name() : std::string("unknown")));
+  o.operation = r.count("operation") ? r["operation"].as<std::string>()
+                                     : (o.shell_form ? std::string("sh") : derive_operation(o.command));
+  return o;
+}
+
+const std::string& help_text() {
+  static const std::string text = R"(Usage: looplock [OPTIONS] DIR -- COMMAND [ARG]...
+       looplock [OPTIONS] DIR -c SHELL-COMMAND
+       looplock --inspect [--json] [--stale-after DURATION] DIR
+
+Run COMMAND while holding the advisory lock on DIR/.state.lock (flock(2)),
+then exit exactly as COMMAND exited.
+
+Policy:
+  -p, --policy NAME           mutation (wait 5 s, default), monitor (1 s),
+                              single_flight (no wait: skip, exit 0),
+                              blocking (wait without limit)
+  -w, --timeout SECONDS       deadline for mutation/monitor (0: one attempt)
+  -E, --conflict-exit-code N  status when the deadline passes (default 75)
+      --skip-exit-code N      status of a single_flight skip (default 0)
+Lock and command:
+  -s, --shared                take a shared (reader) lock
+  -o, --close                 do not pass the lock fd to COMMAND
+  -F, --no-fork               exec COMMAND in place of looplock
+      --kill-after DURATION   send KILL if a forwarded TERM/INT has not
+                              ended COMMAND within DURATION
+      --agent ID              who runs it (default $LOOPLOCK_AGENT or user)
+      --operation NAME        what runs (default: the command or script name)
+Output:
+  -v, --verbose               report waiting, acquiring and releasing
+  -q, --quiet                 errors only (the noop-locked line stays)
+      --log-format FORMAT     stderr lines as text (default) or json
+Inspect:
+      --inspect               report who holds DIR's lock; change nothing
+      --json                  print the report as one JSON object
+      --stale-after DURATION  warn about holds older than this (default 2h)
+  -h, --help                  show this help;  -V, --version  show version
+
+Examples:
+  looplock /srv/loops/nightly -- python3 scripts/status.py --tick
+  looplock -p single_flight /srv/loops/nightly -- ./monitor.sh
+  looplock -w 30 /srv/loops/nightly -c 'status.py --approve && status.py --tick'
+
+Exit status: COMMAND's own; 75 deadline passed; 64 usage; 66 no DIR;
+73 unsafe lock file; 74 DIR vanished mid-lock; 71 OS error; 126/127 exec.
+)";
+  return text;
+}
+
+std::string version_text() { return std::string("looplock ") + LOOPLOCK_VERSION + "\n"; }
+
+}  // namespace looplock

@@ -1,0 +1,69 @@
+// The command line: split at "--" (or "-c") so that cxxopts never sees the
+// command's arguments, parse looplock's own options, validate them, and
+// resolve defaults (agent, operation) into one Options struct that is passed
+// down. Errors are Fatal with exit status 64 and a hint.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "policy.hpp"
+
+namespace looplock {
+
+enum class Mode { Run, Inspect, Help, Version };
+enum class Verbosity { Quiet, Normal, Verbose };
+enum class LogFormat { Text, Json };
+
+struct Options {
+  Mode mode = Mode::Run;
+  std::string dir;
+  // The argv to execute. For -c this is {"/bin/sh", "-c", STRING}.
+  std::vector<std::string> command;
+  bool shell_form = false;
+
+  Policy policy = Policy::Mutation;
+  std::optional<long long> timeout_ns;  // -w
+  int conflict_exit_code = 75;           // -E
+  int skip_exit_code = 0;                // --skip-exit-code
+  bool shared = false;                   // -s
+  bool close_fd = false;                 // -o
+  bool no_fork = false;                  // -F
+  std::optional<long long> kill_after_ns;
+
+  std::string agent;      // resolved: --agent, $LOOPLOCK_AGENT, user name
+  std::string operation;  // resolved: --operation or derived from the command
+
+  Verbosity verbosity = Verbosity::Normal;
+  LogFormat log_format = LogFormat::Text;
+
+  // --inspect
+  bool json = false;
+  long long stale_after_ns = 2LL * 3600 * 1'000'000'000LL;
+};
+
+// What parse_options needs from the process environment, so that parsing is
+// a pure function (and unit-testable).
+struct Environment {
+  std::optional<std::string> looplock_agent;  // $LOOPLOCK_AGENT
+  std::function<std::string()> user_name;     // from the password database, asked only when needed
+};
+
+Options parse_options(const std::vector<std::string>& argv, const Environment& env);
+
+// The default operation name for a command: its base name, or the script's
+// base name when the command is an interpreter followed by a script. Never an
+// absolute path and never any other argument.
+std::string derive_operation(const std::vector<std::string>& command);
+
+// "5", "0.25": non-negative decimal seconds, no exponent, no sign, finite.
+std::optional<long long> parse_seconds(std::string_view text);
+// Seconds with an optional suffix s, m, h or d (like timeout(1)).
+std::optional<long long> parse_duration(std::string_view text);
+
+const std::string& help_text();
+std::string version_text();
+
+}  // namespace looplock

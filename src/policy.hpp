@@ -1,0 +1,42 @@
+// The acquisition policies of SPEC.md: how long to wait and what a conflict
+// means. Pure data and pure functions, no I/O.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace looplock {
+
+enum class Policy { Mutation, Monitor, SingleFlight, Blocking };
+
+std::optional<Policy> parse_policy(std::string_view name);
+std::string_view policy_name(Policy p);
+
+// How the lock is waited for.
+struct WaitPlan {
+  enum class Kind {
+    Bounded,    // retry until deadline_ns has passed (0: one attempt)
+    NoWait,     // one attempt; a conflict is an ordinary skip
+    Unbounded,  // wait as long as it takes
+  };
+  Kind kind = Kind::Bounded;
+  long long deadline_ns = 0;
+};
+
+// The plan for `policy`, with `timeout_ns` (from -w) replacing the default
+// deadline of mutation and monitor. A timeout with single_flight or blocking
+// is rejected earlier, by option validation.
+WaitPlan wait_plan(Policy policy, std::optional<long long> timeout_ns);
+
+// Default deadline of a bounded policy, in nanoseconds.
+long long default_deadline_ns(Policy policy);
+
+// Whether -w/--timeout is allowed with this policy.
+bool policy_takes_timeout(Policy policy);
+
+// What the operator should do after a timeout under this policy (incident
+// rows and the lock_acquire_timeout line's hint).
+std::string operator_action(Policy policy);
+
+}  // namespace looplock

@@ -1,0 +1,175 @@
+#include "procfs.hpp"
+
+#include <sys/sysmacros.h>
+#include <signal.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <sstream>
+
+#include "sys.hpp"
+
+namespace looplock::procfs {
+
+namespace {
+
+// Fields after the command name, which is in parentheses and may itself hold
+// spaces and parentheses: everything after the last ')'.
+std::vector<std::string_view> stat_fields_after_comm(std::string_view stat) {
+  std::vector<std::string_view> fields;
+  auto close = stat.rfind(')');
+  if (close == std::string_view::npos) return fields;
+  std::string_view rest = stat.substr(close + 1);
+  size_t i = 0;
+  while (i < rest.size()) {
+    while (i < rest.size() && (rest[i] == ' ' || rest[i] == '\n')) ++i;
+    size_t j = i;
+    while (j < rest.size() && rest[j] != ' ' && rest[j] != '\n') ++j;
+    if (j > i) fields.push_back(rest.substr(i, j - i));
+    i = j;
+  }
+  return fields;
+}
+
+std::string proc_path(pid_t pid, const char* leaf) {
+  return "/proc/" + std::to_string(pid) + "/" + leaf;
+}
+
+template <typename T>
+std::optional<T> to_number(std::string_view s, int base = 10) {
+  T v{};
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v, base);
+  if (ec != std::errc() || p != s.data() + s.size() || s.empty()) return std::nullopt;
+  return v;
+}
+
+// "fe:00:10952825" -> matches st_dev/st_ino of `file`.
+bool device_inode_matches(std::string_view field, const struct stat& file) {
+  auto c1 = field.find(':');
+  auto c2 = field.find(':', c1 == std::string_view::npos ? c1 : c1 + 1);
+  if (c1 == std::string_view::npos || c2 == std::string_view::npos) return false;
+  auto maj = to_number<unsigned>(field.substr(0, c1), 16);
+  auto min = to_number<unsigned>(field.substr(c1 + 1, c2 - c1 - 1), 16);
+  auto ino = to_number<unsigned long long>(field.substr(c2 + 1));
+  return maj && min && ino && *maj == major(file.st_dev) && *min == minor(file.st_dev) &&
+         *ino == static_cast<unsigned long long>(file.st_ino);
+}
+
+std::vector<std::string_view> words(std::string_view line) {
+  std::vector<std::string_view> out;
+  size_t i = 0;
+  while (i < line.size()) {
+    while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
+    size_t j = i;
+    while (j < line.size() && line[j] != ' ' && line[j] != '\t') ++j;
+    if (j > i) out.push_back(line.substr(i, j - i));
+    i = j;
+  }
+  return out;
+}
+
+// Parses one lock line ("1: FLOCK  ADVISORY  WRITE 2181 fe:00:10952825 0 EOF"),
+// skipping blocked waiters ("1: -> FLOCK ...").
+std::optional<KernelLock> parse_lock_line(std::string_view line, const struct stat& file) {
+  auto w = words(line);
+  if (w.size() < 6 || w[1] == "->" || w[1] != "FLOCK") return std::nullopt;
+  if (!device_inode_matches(w[5], file)) return std::nullopt;
+  auto pid = to_number<long>(w[4]);
+  KernelLock k;
+  k.pid = pid ? static_cast<pid_t>(*pid) : -1;
+  k.exclusive = w[3] == "WRITE";
+  return k;
+}
+
+}  // namespace
+
+std::optional<std::string> parse_stat_start(std::string_view stat) {
+  auto f = stat_fields_after_comm(stat);
+  // After comm: field 3 (state) is index 0, so field 22 (starttime) is index 19.
+  if (f.size() < 20 || !to_number<unsigned long long>(f[19])) return std::nullopt;
+  return std::string(f[19]);
+}
+
+std::optional<pid_t> parse_stat_ppid(std::string_view stat) {
+  auto f = stat_fields_after_comm(stat);
+  if (f.size() < 2) return std::nullopt;
+  auto v = to_number<long>(f[1]);
+  if (!v) return std::nullopt;
+  return static_cast<pid_t>(*v);
+}
+
+std::optional<std::string> pid_start(pid_t pid) {
+  auto s = sys::read_file(proc_path(pid, "stat"), 4096);
+  if (!s) return std::nullopt;
+  return parse_stat_start(*s);
+}
+
+std::optional<pid_t> parent_pid(pid_t pid) {
+  auto s = sys::read_file(proc_path(pid, "stat"), 4096);
+  if (!s) return std::nullopt;
+  return parse_stat_ppid(*s);
+}
+
+bool is_self_or_ancestor(pid_t pid, pid_t self) {
+  if (pid <= 0) return false;
+  pid_t cur = self;
+  for (int depth = 0; depth < 4096 && cur > 0; ++depth) {
+    if (cur == pid) return true;
+    auto pp = parent_pid(cur);
+    if (!pp || *pp == cur) return false;
+    cur = *pp;
+  }
+  return false;
+}
+
+bool pid_alive(pid_t pid) {
+  if (pid <= 0) return false;
+  return kill(pid, 0) == 0 || errno == EPERM;
+}
+
+std::vector<KernelLock> parse_proc_locks(std::string_view content, const struct stat& file) {
+  std::vector<KernelLock> out;
+  size_t i = 0;
+  while (i < content.size()) {
+    size_t nl = content.find('\n', i);
+    if (nl == std::string_view::npos) nl = content.size();
+    if (auto k = parse_lock_line(content.substr(i, nl - i), file)) out.push_back(*k);
+    i = nl + 1;
+  }
+  return out;
+}
+
+std::vector<KernelLock> flock_holders(const struct stat& file) {
+  auto content = sys::read_file("/proc/locks", 64 << 20);
+  if (!content) return {};
+  return parse_proc_locks(*content, file);
+}
+
+bool parse_fdinfo_holds(std::string_view fdinfo, const struct stat& file, bool exclusive) {
+  size_t i = 0;
+  while (i < fdinfo.size()) {
+    size_t nl = fdinfo.find('\n', i);
+    if (nl == std::string_view::npos) nl = fdinfo.size();
+    std::string_view line = fdinfo.substr(i, nl - i);
+    i = nl + 1;
+    if (!line.starts_with("lock:")) continue;
+    line.remove_prefix(5);
+    if (auto k = parse_lock_line(line, file)) {
+      if (!exclusive || k->exclusive) return true;
+    }
+  }
+  return false;
+}
+
+bool fd_holds_flock(pid_t pid, int fd, const struct stat& file, bool exclusive) {
+  if (pid <= 0 || fd < 0) return false;
+  std::string base = "/proc/" + std::to_string(pid);
+  struct stat target {};
+  if (stat((base + "/fd/" + std::to_string(fd)).c_str(), &target) != 0) return false;
+  if (!sys::same_file(target, file)) return false;
+  auto info = sys::read_file(base + "/fdinfo/" + std::to_string(fd), 1 << 20);
+  return info && parse_fdinfo_holds(*info, file, exclusive);
+}
+
+}  // namespace looplock::procfs

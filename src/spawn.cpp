@@ -1,0 +1,199 @@
+#include "spawn.hpp"
+
+#include <fcntl.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "error.hpp"
+#include "exit_codes.hpp"
+#include "sys.hpp"
+#include "unique_fd.hpp"
+
+namespace looplock {
+
+namespace {
+
+constexpr int kFixedForwarded[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2,
+                                   SIGALRM, SIGPIPE, SIGVTALRM, SIGPROF, SIGXCPU, SIGXFSZ};
+
+// Restores what the command must start with. Async-signal-safe calls only
+// (this runs between fork and exec).
+void restore_in_child(const InheritedSignals& inherited) {
+  sigaction(SIGCHLD, &inherited.chld, nullptr);
+  sigprocmask(SIG_SETMASK, &inherited.mask, nullptr);
+}
+
+std::vector<char*> c_strings(const std::vector<std::string>& v) {
+  std::vector<char*> out;
+  out.reserve(v.size() + 1);
+  for (const auto& s : v) out.push_back(const_cast<char*>(s.c_str()));
+  out.push_back(nullptr);
+  return out;
+}
+
+std::string exec_hint(int err, const std::string& name) {
+  if (err == ENOENT) {
+    return name.find('/') == std::string::npos ? "Check the name and PATH, or give the command's full path."
+                                               : "Check the path.";
+  }
+  if (err == EACCES) return "Check that it is a file with execute permission (chmod +x).";
+  return {};
+}
+
+[[noreturn]] void exec_failed(const std::string& name, int err) {
+  throw Fatal(exec_failure_status(err), errno_message("cannot run '" + name + "'", err), exec_hint(err, name));
+}
+
+// The command's own ^C: a tty's INT, QUIT or hangup reaches its whole
+// foreground process group, the command included, with si_code SI_KERNEL.
+bool already_delivered_to_group(const siginfo_t& info) {
+  return info.si_code == SI_KERNEL &&
+         (info.si_signo == SIGINT || info.si_signo == SIGQUIT || info.si_signo == SIGHUP);
+}
+
+}  // namespace
+
+sigset_t forwarded_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : kFixedForwarded) sigaddset(&set, s);
+  for (int s = SIGRTMIN; s <= SIGRTMAX; ++s) sigaddset(&set, s);
+  return set;
+}
+
+InheritedSignals take_signal_control() {
+  InheritedSignals in;
+  sigprocmask(SIG_SETMASK, nullptr, &in.mask);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(SIGCHLD, &dfl, &in.chld);
+  sigset_t ending;
+  sigemptyset(&ending);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&ending, s);
+  sigprocmask(SIG_UNBLOCK, &ending, nullptr);
+  return in;
+}
+
+int exec_failure_status(int err) {
+  return (err == ENOENT || err == ENOTDIR || err == ENAMETOOLONG) ? exit_code::kNotFound
+                                                                  : exit_code::kNotExecutable;
+}
+
+int run_command(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log) {
+  auto argv = c_strings(spec.argv);
+  auto envp = c_strings(spec.env);
+
+  sigset_t waited = forwarded_signals();
+  sigaddset(&waited, SIGCHLD);
+  sigset_t before;
+  sigprocmask(SIG_BLOCK, &waited, &before);
+
+  int pipefd[2];
+  if (pipe2(pipefd, O_CLOEXEC) != 0) fail_errno(exit_code::kOsError, "cannot create a pipe", errno);
+  UniqueFd report_r(pipefd[0]);
+  UniqueFd report_w(pipefd[1]);
+
+  const pid_t parent = getpid();
+  pid_t child = fork();
+  if (child < 0) {
+    int err = errno;
+    sigprocmask(SIG_SETMASK, &before, nullptr);
+    fail_errno(exit_code::kOsError, "cannot start the command (fork)", err);
+  }
+  if (child == 0) {
+    // The command must not outlive looplock: it would run on unprotected.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(exit_code::kOsError);
+    if (spec.pass_fd >= 0) fcntl(spec.pass_fd, F_SETFD, 0);
+    restore_in_child(inherited);
+    execvpe(argv[0], argv.data(), envp.data());
+    int err = errno;
+    (void)!write(report_w.get(), &err, sizeof err);
+    _exit(exec_failure_status(err));
+  }
+  report_w.reset();
+
+  int exec_errno = 0;
+  ssize_t n = sys::retry_eintr([&] { return read(report_r.get(), &exec_errno, sizeof exec_errno); });
+  bool exec_failed_in_child = n == static_cast<ssize_t>(sizeof exec_errno);
+
+  const sigset_t forwarded = forwarded_signals();
+  const pid_t self = getpid();
+  std::optional<long long> kill_at;  // monotonic ns at which KILL is due
+  int status = 0;
+  for (;;) {
+    pid_t r = sys::retry_eintr([&] { return waitpid(child, &status, WNOHANG); });
+    if (r == child) break;
+    if (r < 0) fail_errno(exit_code::kOsError, "cannot wait for the command", errno);
+
+    siginfo_t info{};
+    int sig;
+    if (kill_at) {
+      long long left = *kill_at - sys::monotonic_ns();
+      if (left <= 0) {
+        log.warn("kill_after", "the command did not end within --kill-after of TERM/INT; sending KILL");
+        kill(child, SIGKILL);
+        kill_at.reset();
+        continue;
+      }
+      timespec ts{static_cast<time_t>(left / 1'000'000'000LL), static_cast<long>(left % 1'000'000'000LL)};
+      sig = sigtimedwait(&waited, &info, &ts);
+    } else {
+      sig = sigwaitinfo(&waited, &info);
+    }
+    if (sig < 0 || sig == SIGCHLD) continue;  // EINTR/EAGAIN, or a child changed state
+    if (!sigismember(&forwarded, sig)) continue;
+    bool own = (info.si_code == SI_USER || info.si_code == SI_TKILL) && info.si_pid == self;
+    if (!own && !already_delivered_to_group(info)) kill(child, sig);
+    if ((sig == SIGTERM || sig == SIGINT) && spec.kill_after_ns && !kill_at) {
+      kill_at = sys::monotonic_ns() + *spec.kill_after_ns;
+    }
+  }
+  sigprocmask(SIG_SETMASK, &before, nullptr);
+  if (exec_failed_in_child) exec_failed(spec.argv[0], exec_errno);
+  return status;
+}
+
+void exec_command(const CommandSpec& spec, const InheritedSignals& inherited) {
+  auto argv = c_strings(spec.argv);
+  auto envp = c_strings(spec.env);
+  if (spec.pass_fd >= 0) fcntl(spec.pass_fd, F_SETFD, 0);
+  restore_in_child(inherited);
+  execvpe(argv[0], argv.data(), envp.data());
+  int err = errno;
+  exec_failed(spec.argv[0], err);
+}
+
+int shell_status(int wait_status) {
+  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
+  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
+  return exit_code::kOsError;
+}
+
+void exit_like(int wait_status) {
+  if (WIFSIGNALED(wait_status)) {
+    int sig = WTERMSIG(wait_status);
+    // Die of the same signal, so the caller sees what it would see without
+    // looplock; but never leave a core file of looplock's own.
+    struct rlimit no_core {0, 0};
+    setrlimit(RLIMIT_CORE, &no_core);
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, nullptr);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    sigprocmask(SIG_UNBLOCK, &one, nullptr);
+    raise(sig);
+  }
+  _exit(shell_status(wait_status));
+}
+
+}  // namespace looplock

@@ -1,0 +1,58 @@
+// Running the command: the signal state looplock inherited (restored in the
+// command), fork/exec with the lock fd passed on purpose, signal forwarding in
+// ordinary code (blocked signals + sigtimedwait, as tini and dumb-init do),
+// and leaving the way the command left.
+#pragma once
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "log.hpp"
+
+namespace looplock {
+
+// The signal mask and SIGCHLD disposition looplock was started with.
+struct InheritedSignals {
+  sigset_t mask{};
+  struct sigaction chld {};
+};
+
+// Captures the inherited signal state, then sets looplock's own: SIGCHLD at
+// its default (so the command can be waited for even when the caller ignored
+// it) and INT, TERM, HUP, QUIT unblocked (they end a wait).
+InheritedSignals take_signal_control();
+
+// HUP INT QUIT TERM USR1 USR2 ALRM PIPE VTALRM PROF XCPU XFSZ and SIGRTMIN..SIGRTMAX.
+sigset_t forwarded_signals();
+
+struct CommandSpec {
+  std::vector<std::string> argv;
+  std::vector<std::string> env;  // the whole environment, "NAME=value"
+  int pass_fd = -1;              // an fd to leave open in the command, or -1
+  std::optional<long long> kill_after_ns;
+};
+
+// Forks and execs the command, forwards signals to it until it ends, and
+// returns its wait status. Throws Fatal 71 if it cannot fork, 126/127 if the
+// command cannot be executed (after reaping the child).
+int run_command(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log);
+
+// Replaces looplock with the command (-F). Returns only by throwing Fatal.
+[[noreturn]] void exec_command(const CommandSpec& spec, const InheritedSignals& inherited);
+
+// The exit status looplock reports for a wait status, when it does not die
+// of the signal itself: N, or 128+S.
+int shell_status(int wait_status);
+
+// Exits with the command's status, or dies of the signal that killed it
+// (without a core dump of looplock's own).
+[[noreturn]] void exit_like(int wait_status);
+
+// The status and message for an exec(2) errno: 127 when not found, else 126.
+int exec_failure_status(int err);
+
+}  // namespace looplock

@@ -1,0 +1,45 @@
+// Tiny EINTR-safe wrappers around the system calls looplock repeats. The
+// deadline wait is not here: there EINTR must consult the clock (lockfile.cpp).
+#pragma once
+
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include <cerrno>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace looplock::sys {
+
+template <typename F>
+auto retry_eintr(F&& f) {
+  decltype(f()) r;
+  do {
+    r = f();
+  } while (r == -1 && errno == EINTR);
+  return r;
+}
+
+// Writes all of `data`; returns false (errno set) on failure.
+bool write_all(int fd, std::string_view data);
+
+// Reads up to `limit` bytes from the start of `fd` (pread). nullopt on error.
+std::optional<std::string> pread_all(int fd, size_t limit);
+
+// Reads a whole (small) file such as /proc/PID/stat. nullopt on error, errno set.
+std::optional<std::string> read_file(const std::string& path, size_t limit = 1 << 20);
+
+// Milliseconds on CLOCK_MONOTONIC.
+long long monotonic_ms();
+// Nanoseconds on CLOCK_MONOTONIC.
+long long monotonic_ns();
+
+// "2026-11-30T17:00:00.123Z" for the current time (CLOCK_REALTIME, UTC).
+std::string utc_now_iso8601();
+// Milliseconds since the epoch for the current time.
+long long realtime_ms();
+
+bool same_file(const struct stat& a, const struct stat& b);
+
+}  // namespace looplock::sys
