@@ -1,0 +1,188 @@
+"""Shared fixtures for looplock's integration tests.
+
+The binary under test comes from $LOOPLOCK (meson sets it); every subprocess
+gets a timeout so that a hang fails the test instead of wedging CI, and
+processes that must be in a given state before the test goes on print
+"ready" first (a handshake, never a sleep).
+"""
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+LOOPLOCK = os.environ.get("LOOPLOCK", str(ROOT / "build" / "src" / "looplock"))
+HELPERS = Path(__file__).resolve().parent / "helpers"
+PY = sys.executable
+TIMEOUT = 30  # seconds, for any single subprocess
+
+# Exit statuses of SPEC.md (mirrors src/exit_codes.hpp).
+EX_USAGE = 64
+EX_NOINPUT = 66
+EX_OSERR = 71
+EX_CANTCREAT = 73
+EX_VANISHED = 74
+EX_TEMPFAIL = 75
+EX_NOTEXEC = 126
+EX_NOTFOUND = 127
+
+
+def helper(name):
+    return str(HELPERS / name)
+
+
+@pytest.fixture
+def loop_dir(tmp_path):
+    d = tmp_path / "loop"
+    d.mkdir()
+    return d
+
+
+def run(args, timeout=TIMEOUT, env=None, input=None, **kw):
+    """Runs looplock with args; returns CompletedProcess with text output."""
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    return subprocess.run(
+        [LOOPLOCK, *[str(a) for a in args]],
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=timeout,
+        env=full_env,
+        input=input,
+        **kw,
+    )
+
+
+def start(args, env=None, **kw):
+    """Starts looplock with args (pipes for all three streams)."""
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    return subprocess.Popen(
+        [LOOPLOCK, *[str(a) for a in args]],
+        stdin=kw.pop("stdin", subprocess.PIPE),
+        stdout=kw.pop("stdout", subprocess.PIPE),
+        stderr=kw.pop("stderr", subprocess.PIPE),
+        text=True,
+        env=full_env,
+        **kw,
+    )
+
+
+def expect_line(proc, expected="ready", timeout=TIMEOUT):
+    """Reads proc.stdout until a line equal to `expected` (handshake)."""
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    import time
+
+    end = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < end:
+        if not sel.select(timeout=max(0.0, end - time.monotonic())):
+            break
+        line = proc.stdout.readline()
+        if line == "":
+            break
+        seen.append(line)
+        if line.rstrip("\n") == expected:
+            return seen
+    proc.kill()
+    raise AssertionError(f"no {expected!r} line from pid {proc.pid}; saw {seen!r}")
+
+
+class Holder:
+    """A process that holds the lock until release() (stdin is closed)."""
+
+    def __init__(self, proc):
+        self.proc = proc
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def release(self, timeout=TIMEOUT):
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=TIMEOUT)
+
+
+def hold(loop_dir, tool="looplock", shared=False, extra=()):
+    """Takes DIR/.state.lock with `tool` (looplock, flock or python) and
+    returns a Holder once the lock is visibly held."""
+    lock = Path(loop_dir) / ".state.lock"
+    waiter = [PY, helper("wait_stdin.py")]
+    if tool == "looplock":
+        args = [LOOPLOCK, *extra, *(["-s"] if shared else []), "-p", "blocking", str(loop_dir), "--", *waiter]
+    elif tool == "flock":
+        args = ["flock", *(["-s"] if shared else []), str(lock), *waiter]
+    elif tool == "python":
+        args = [PY, helper("hold.py"), str(lock), *(["--shared"] if shared else [])]
+    else:
+        raise ValueError(tool)
+    proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    expect_line(proc, "ready")
+    return Holder(proc)
+
+
+@pytest.fixture
+def holders():
+    """Collects Holders and makes sure none outlives the test."""
+    made = []
+
+    def make(*a, **kw):
+        h = hold(*a, **kw)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.kill()
+
+
+def lock_is_free(loop_dir):
+    """Whether a non-blocking flock on DIR/.state.lock succeeds right now."""
+    fd = os.open(Path(loop_dir) / ".state.lock", os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def read_record(loop_dir):
+    text = (Path(loop_dir) / ".state.lock").read_text()
+    return json.loads(text) if text else None
+
+
+def incident_rows(loop_dir):
+    p = Path(loop_dir) / ".state.lock.incidents.jsonl"
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines()]
+
+
+def signame(sig):
+    return signal.Signals(sig).name
