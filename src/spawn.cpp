@@ -25,6 +25,7 @@ constexpr int kFixedForwarded[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SI
 // (this runs between fork and exec).
 void restore_in_child(const InheritedSignals& inherited) {
   sigaction(SIGCHLD, &inherited.chld, nullptr);
+  sigaction(SIGPIPE, &inherited.pipe, nullptr);
   sigprocmask(SIG_SETMASK, &inherited.mask, nullptr);
 }
 
@@ -73,6 +74,10 @@ InheritedSignals take_signal_control() {
   dfl.sa_handler = SIG_DFL;
   sigemptyset(&dfl.sa_mask);
   sigaction(SIGCHLD, &dfl, &in.chld);
+  struct sigaction ign {};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  sigaction(SIGPIPE, &ign, &in.pipe);
   sigset_t ending;
   sigemptyset(&ending);
   for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&ending, s);

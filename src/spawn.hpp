@@ -15,15 +15,19 @@
 
 namespace looplock {
 
-// The signal mask and SIGCHLD disposition looplock was started with.
+// The signal mask and the dispositions looplock changes for itself, as it
+// was started with them.
 struct InheritedSignals {
   sigset_t mask{};
   struct sigaction chld {};
+  struct sigaction pipe {};
 };
 
 // Captures the inherited signal state, then sets looplock's own: SIGCHLD at
 // its default (so the command can be waited for even when the caller ignored
-// it) and INT, TERM, HUP, QUIT unblocked (they end a wait).
+// it), SIGPIPE ignored (a closed stderr must not kill looplock while it holds
+// the lock: writes fail with EPIPE instead), and INT, TERM, HUP, QUIT
+// unblocked (they end a wait).
 InheritedSignals take_signal_control();
 
 // HUP INT QUIT TERM USR1 USR2 ALRM PIPE VTALRM PROF XCPU XFSZ and SIGRTMIN..SIGRTMAX.
