@@ -124,6 +124,11 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
 
   const InheritedSignals inherited = take_signal_control();
   const LockDir dir = open_lock_dir(o.dir);
+  if (auto fs = network_file_system(dir.fd.get())) {
+    log.warn("network_file_system", o.dir + " is on a network file system (" + *fs +
+                                        "): flock(2) there may not exclude processes on other hosts; looplock "
+                                        "supports local file systems only");
+  }
   const std::string canonical = canonical_lock_path(o.dir);
   const std::string canonical_dir = canonical.substr(0, canonical.size() - std::string_view(kLockName).size() - 1);
   const std::string lock_id = lock_id_for_path(canonical);
@@ -193,6 +198,20 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
       (void)write_holder(file.fd.get(), *record);
     }
     throw;
+  }
+
+  // A process the command started may still hold the inherited lock fd: then
+  // the lock stays held after looplock exits.
+  if (!o.close_fd) {
+    auto leaked = procfs::pids_holding_flock(procfs::descendants(ctx.pid), file.st);
+    if (!leaked.empty()) {
+      std::string pids;
+      for (pid_t p : leaked) pids += (pids.empty() ? "" : ", ") + std::to_string(p);
+      log.warn("lock_leaked", "the command exited, but pid " + pids + " that it started still holds " +
+                                  lock_display(o.dir) + " through the inherited lock fd; the lock stays held until "
+                                  "it exits. Use -o/--close for commands that start background processes",
+               {{"pids", leaked}});
+    }
   }
 
   // The command has ended; looplock still holds the lock. Was it protecting

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -108,7 +109,41 @@ private:
              err == ENOLCK ? "The file system may not support flock(2) (network file system?)." : "");
 }
 
+// One non-blocking attempt: 0 when locked, EWOULDBLOCK when held elsewhere.
+// EINTR counts as "held, try again later" rather than being retried here, so
+// that an EINTR storm cannot keep looplock past its deadline.
+int try_lock(const LockDir& dir, const LockFile& file, int op) {
+  if (flock(file.fd.get(), op | LOCK_NB) == 0) return 0;
+  if (errno == EWOULDBLOCK || errno == EINTR) return EWOULDBLOCK;
+  lock_failed(dir, errno);
+}
+
 }  // namespace
+
+std::optional<std::string> network_fs_name(unsigned long f_type) {
+  switch (f_type) {
+    case 0x6969: return "nfs";
+    case 0x517b: return "smb";
+    case 0xfe534d42: return "smb2";
+    case 0xff534d42: return "cifs";
+    case 0x00c36400: return "ceph";
+    case 0x5346414f: return "afs";
+    case 0x73757245: return "coda";
+    case 0x01021997: return "9p";
+    case 0x564c: return "ncp";
+    case 0x01161970: return "gfs2";
+    case 0x7461636f: return "ocfs2";
+    case 0x0bd00bd0: return "lustre";
+    case 0x47504653: return "gpfs";
+    default: return std::nullopt;
+  }
+}
+
+std::optional<std::string> network_file_system(int fd) {
+  struct statfs sfs {};
+  if (fstatfs(fd, &sfs) != 0) return std::nullopt;
+  return network_fs_name(static_cast<unsigned long>(sfs.f_type));
+}
 
 bool dir_mode_unsafe(mode_t mode) { return (mode & S_IWOTH) && !(mode & S_ISVTX); }
 
@@ -237,8 +272,7 @@ AcquireResult acquire_lock(const LockDir& dir, const WaitPlan& plan, LockMode mo
   AcquireResult result;
   for (;;) {
     LockFile file = open_lock_file(dir);
-    if (sys::retry_eintr([&] { return flock(file.fd.get(), op | LOCK_NB); }) != 0) {
-      if (errno != EWOULDBLOCK) lock_failed(dir, errno);
+    if (try_lock(dir, file, op) != 0) {
       bool give_up = plan.kind == WaitPlan::Kind::NoWait || (bounded && sys::monotonic_ns() >= deadline);
       if (give_up) {
         result.status = plan.kind == WaitPlan::Kind::NoWait ? AcquireResult::Status::Busy
@@ -257,8 +291,7 @@ AcquireResult acquire_lock(const LockDir& dir, const WaitPlan& plan, LockMode mo
         if (errno != EINTR) lock_failed(dir, errno);
         if (bounded && sys::monotonic_ns() >= deadline) {
           // One last non-blocking attempt: a release exactly at the deadline wins.
-          if (sys::retry_eintr([&] { return flock(file.fd.get(), op | LOCK_NB); }) == 0) break;
-          if (errno != EWOULDBLOCK) lock_failed(dir, errno);
+          if (try_lock(dir, file, op) == 0) break;
           result.status = AcquireResult::Status::TimedOut;
           result.file = std::move(file);
           result.waited_ns = sys::monotonic_ns() - start;

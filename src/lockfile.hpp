@@ -7,6 +7,7 @@
 
 #include <sys/stat.h>
 
+#include <optional>
 #include <string>
 
 #include "policy.hpp"
@@ -64,6 +65,11 @@ struct AcquireResult {
 };
 
 AcquireResult acquire_lock(const LockDir& dir, const WaitPlan& plan, LockMode mode, AcquireObserver& observer);
+
+// The name of the network file system `fd` is on ("nfs", "cifs", ...), or
+// nullopt for a local one. flock(2) there may not exclude other hosts.
+std::optional<std::string> network_file_system(int fd);
+std::optional<std::string> network_fs_name(unsigned long f_type);
 
 // Whether DIR/.state.lock still names the inode of `file`.
 bool lock_path_intact(const LockDir& dir, const LockFile& file);

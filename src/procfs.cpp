@@ -1,5 +1,6 @@
 #include "procfs.hpp"
 
+#include <dirent.h>
 #include <sys/sysmacros.h>
 #include <signal.h>
 
@@ -60,9 +61,9 @@ std::vector<std::string_view> words(std::string_view line) {
   std::vector<std::string_view> out;
   size_t i = 0;
   while (i < line.size()) {
-    while (i < line.size() && (line[i] == ' ' || line[i] == '\t')) ++i;
+    while (i < line.size() && (line[i] == ' ' || line[i] == '\t' || line[i] == '\n')) ++i;
     size_t j = i;
-    while (j < line.size() && line[j] != ' ' && line[j] != '\t') ++j;
+    while (j < line.size() && line[j] != ' ' && line[j] != '\t' && line[j] != '\n') ++j;
     if (j > i) out.push_back(line.substr(i, j - i));
     i = j;
   }
@@ -170,6 +171,56 @@ bool fd_holds_flock(pid_t pid, int fd, const struct stat& file, bool exclusive) 
   if (!sys::same_file(target, file)) return false;
   auto info = sys::read_file(base + "/fdinfo/" + std::to_string(fd), 1 << 20);
   return info && parse_fdinfo_holds(*info, file, exclusive);
+}
+
+namespace {
+
+std::vector<std::string> dir_entries(const std::string& path) {
+  std::vector<std::string> out;
+  DIR* d = opendir(path.c_str());
+  if (!d) return out;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] != '.') out.emplace_back(e->d_name);
+  }
+  closedir(d);
+  return out;
+}
+
+}  // namespace
+
+std::vector<pid_t> descendants(pid_t pid) {
+  std::vector<pid_t> out;
+  std::vector<pid_t> todo{pid};
+  while (!todo.empty() && out.size() < 100000) {
+    pid_t p = todo.back();
+    todo.pop_back();
+    std::string base = "/proc/" + std::to_string(p) + "/task";
+    for (const auto& tid : dir_entries(base)) {
+      auto kids = sys::read_file(base + "/" + tid + "/children", 1 << 20);
+      if (!kids) continue;
+      for (auto w : words(*kids)) {
+        if (auto k = to_number<long>(w)) {
+          out.push_back(static_cast<pid_t>(*k));
+          todo.push_back(static_cast<pid_t>(*k));
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<pid_t> pids_holding_flock(const std::vector<pid_t>& pids, const struct stat& file) {
+  std::vector<pid_t> out;
+  for (pid_t p : pids) {
+    for (const auto& fd : dir_entries("/proc/" + std::to_string(p) + "/fd")) {
+      auto n = to_number<int>(fd);
+      if (n && fd_holds_flock(p, *n, file, /*exclusive=*/false)) {
+        out.push_back(p);
+        break;
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace looplock::procfs

@@ -40,4 +40,12 @@ std::vector<KernelLock> parse_proc_locks(std::string_view content, const struct 
 bool fd_holds_flock(pid_t pid, int fd, const struct stat& file, bool exclusive);
 bool parse_fdinfo_holds(std::string_view fdinfo, const struct stat& file, bool exclusive);
 
+// The descendants of `pid` (children, their children, ...), from
+// /proc/PID/task/TID/children.
+std::vector<pid_t> descendants(pid_t pid);
+
+// Those of `pids` that have an fd on `file` whose open file description
+// holds a flock(2) lock on it.
+std::vector<pid_t> pids_holding_flock(const std::vector<pid_t>& pids, const struct stat& file);
+
 }  // namespace looplock::procfs

@@ -105,6 +105,10 @@ int run_command(const CommandSpec& spec, const InheritedSignals& inherited, cons
   UniqueFd report_w(pipefd[1]);
 
   const pid_t parent = getpid();
+  // When the command gets the lock fd, become the subreaper of its
+  // descendants: a background process it leaves behind is then found (and
+  // reaped) here, so that a lock it keeps holding can be reported.
+  if (spec.pass_fd >= 0) prctl(PR_SET_CHILD_SUBREAPER, 1);
   pid_t child = fork();
   if (child < 0) {
     int err = errno;
@@ -130,21 +134,32 @@ int run_command(const CommandSpec& spec, const InheritedSignals& inherited, cons
 
   const sigset_t forwarded = forwarded_signals();
   const pid_t self = getpid();
-  std::optional<long long> kill_at;  // monotonic ns at which KILL is due
+  long long kill_at = 0;  // monotonic ns at which KILL is due; 0: none
   int status = 0;
-  for (;;) {
-    pid_t r = sys::retry_eintr([&] { return waitpid(child, &status, WNOHANG); });
-    if (r == child) break;
-    if (r < 0) fail_errno(exit_code::kOsError, "cannot wait for the command", errno);
+  for (bool done = false;;) {
+    // Reap the command and any orphaned descendant handed to us.
+    for (;;) {
+      int st = 0;
+      pid_t r = sys::retry_eintr([&] { return waitpid(-1, &st, WNOHANG); });
+      if (r <= 0) {
+        if (r < 0 && errno != ECHILD) fail_errno(exit_code::kOsError, "cannot wait for the command", errno);
+        break;
+      }
+      if (r == child) {
+        status = st;
+        done = true;
+      }
+    }
+    if (done) break;
 
     siginfo_t info{};
     int sig;
-    if (kill_at) {
-      long long left = *kill_at - sys::monotonic_ns();
+    if (kill_at != 0) {
+      long long left = kill_at - sys::monotonic_ns();
       if (left <= 0) {
         log.warn("kill_after", "the command did not end within --kill-after of TERM/INT; sending KILL");
         kill(child, SIGKILL);
-        kill_at.reset();
+        kill_at = 0;
         continue;
       }
       timespec ts{static_cast<time_t>(left / 1'000'000'000LL), static_cast<long>(left % 1'000'000'000LL)};
@@ -156,7 +171,7 @@ int run_command(const CommandSpec& spec, const InheritedSignals& inherited, cons
     if (!sigismember(&forwarded, sig)) continue;
     bool own = (info.si_code == SI_USER || info.si_code == SI_TKILL) && info.si_pid == self;
     if (!own && !already_delivered_to_group(info)) kill(child, sig);
-    if ((sig == SIGTERM || sig == SIGINT) && spec.kill_after_ns && !kill_at) {
+    if ((sig == SIGTERM || sig == SIGINT) && spec.kill_after_ns && kill_at == 0) {
       kill_at = sys::monotonic_ns() + *spec.kill_after_ns;
     }
   }

@@ -1,1 +1,457 @@
+#include "options.hpp"
+
 #include <doctest/doctest.h>
+
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "error.hpp"
+#include "exit_codes.hpp"
+
+using looplock::Environment;
+using looplock::Fatal;
+using looplock::Options;
+using looplock::parse_options;
+
+namespace {
+
+constexpr long long kSec = 1'000'000'000LL;
+
+Environment test_env(std::optional<std::string> agent = std::nullopt) {
+  Environment e;
+  e.looplock_agent = std::move(agent);
+  e.user_name = [] { return std::string("tester"); };
+  return e;
+}
+
+Options parse(std::vector<std::string> args, const Environment& env = test_env()) {
+  args.insert(args.begin(), "looplock");
+  return parse_options(args, env);
+}
+
+// The Fatal a parse throws (its status and message), or nullopt if it parsed.
+struct Failure {
+  int status;
+  std::string message;
+  std::string hint;
+};
+std::optional<Failure> parse_failure(std::vector<std::string> args) {
+  try {
+    parse(std::move(args));
+  } catch (const Fatal& f) {
+    return Failure{f.status(), f.what(), f.hint()};
+  }
+  return std::nullopt;
+}
+
+using Args = std::vector<std::string>;
+
+}  // namespace
+
+TEST_CASE("the command after -- is never parsed") {
+  Options o = parse({"DIR", "--", "cmd", "--help", "-w", "x"});
+  CHECK(o.mode == looplock::Mode::Run);
+  CHECK(o.dir == "DIR");
+  CHECK(o.command == Args{"cmd", "--help", "-w", "x"});
+  CHECK_FALSE(o.shell_form);
+  CHECK_FALSE(o.timeout_ns);
+
+  // Everything looplock would reject is the command's business.
+  o = parse({"DIR", "--", "cmd", "--", "-c", "--bogus", "-p", "nope", "--inspect", "--version"});
+  CHECK(o.mode == looplock::Mode::Run);
+  CHECK(o.command == Args{"cmd", "--", "-c", "--bogus", "-p", "nope", "--inspect", "--version"});
+
+  // -c after -- belongs to the command too.
+  o = parse({"DIR", "--", "sh", "-c", "exit 3"});
+  CHECK(o.command == Args{"sh", "-c", "exit 3"});
+  CHECK_FALSE(o.shell_form);
+  CHECK(o.operation == "sh");
+
+  // An empty argument of the command is kept as is.
+  o = parse({"DIR", "--", "printf", ""});
+  CHECK(o.command == Args{"printf", ""});
+}
+
+TEST_CASE("defaults") {
+  Options o = parse({"DIR", "--", "true"});
+  CHECK(o.policy == looplock::Policy::Mutation);
+  CHECK_FALSE(o.timeout_ns);
+  CHECK(o.conflict_exit_code == 75);
+  CHECK(o.skip_exit_code == 0);
+  CHECK_FALSE(o.shared);
+  CHECK_FALSE(o.close_fd);
+  CHECK_FALSE(o.no_fork);
+  CHECK_FALSE(o.kill_after_ns);
+  CHECK(o.verbosity == looplock::Verbosity::Normal);
+  CHECK(o.log_format == looplock::LogFormat::Text);
+  CHECK_FALSE(o.json);
+  CHECK(o.stale_after_ns == 2 * 3600 * kSec);
+  CHECK(o.agent == "tester");
+  CHECK(o.operation == "true");
+}
+
+TEST_CASE("timeout spellings") {
+  CHECK(parse({"-w", "5", "DIR", "--", "x"}).timeout_ns == 5 * kSec);
+  CHECK(parse({"-w5", "DIR", "--", "x"}).timeout_ns == 5 * kSec);
+  CHECK(parse({"--timeout=5", "DIR", "--", "x"}).timeout_ns == 5 * kSec);
+  CHECK(parse({"--timeout", "0.25", "DIR", "--", "x"}).timeout_ns == kSec / 4);
+  CHECK(parse({"DIR", "-w", "0", "--", "x"}).timeout_ns == 0);  // options after DIR
+  Options o = parse({"-qw", "5", "DIR", "--", "x"});
+  CHECK(o.timeout_ns == 5 * kSec);
+  CHECK(o.verbosity == looplock::Verbosity::Quiet);
+  CHECK(parse({"-p", "monitor", "-w", "2", "DIR", "--", "x"}).timeout_ns == 2 * kSec);
+}
+
+TEST_CASE("an option value that looks like -- or -c is the option's value") {
+  Options o = parse({"--operation", "--", "DIR", "--", "x"});
+  CHECK(o.operation == "--");
+  CHECK(o.dir == "DIR");
+  CHECK(o.command == Args{"x"});
+
+  o = parse({"--agent", "-c", "DIR", "--", "x", "y"});
+  CHECK(o.agent == "-c");
+  CHECK(o.command == Args{"x", "y"});
+  CHECK_FALSE(o.shell_form);
+
+  o = parse({"--agent=--", "DIR", "--", "x"});
+  CHECK(o.agent == "--");
+  CHECK(o.command == Args{"x"});
+}
+
+// Every option that takes a value, read from the help text: "-p, --policy
+// NAME", "--kill-after DURATION", ...
+std::vector<std::pair<std::string, std::string>> value_options_from_help() {
+  std::vector<std::pair<std::string, std::string>> out;  // {short or "", long}
+  std::regex re(R"((?:^|\s)(?:-([A-Za-z]), )?--([a-z][a-z-]*) [A-Z]+)");
+  const std::string& help = looplock::help_text();
+  for (auto it = std::sregex_iterator(help.begin(), help.end(), re); it != std::sregex_iterator(); ++it) {
+    out.emplace_back((*it)[1].str(), (*it)[2].str());
+  }
+  return out;
+}
+
+TEST_CASE("every value-taking option is classified by the splitter") {
+  auto opts = value_options_from_help();
+  std::set<std::string> longs;
+  for (const auto& [s, l] : opts) longs.insert(l);
+  // The help text lists them all (guards the regex above).
+  CHECK(longs == std::set<std::string>{"policy", "timeout", "conflict-exit-code", "skip-exit-code", "agent",
+                                       "operation", "log-format", "kill-after", "stale-after"});
+
+  std::vector<std::string> spellings;
+  for (const auto& [s, l] : opts) {
+    spellings.push_back("--" + l);
+    if (!s.empty()) spellings.push_back("-" + s);
+  }
+  CHECK(spellings.size() == 12);
+  for (const auto& spelling : spellings) {
+    CAPTURE(spelling);
+    // The value is "--": if the splitter did not know that the option takes
+    // a value, it would cut the command line there instead of at the real --.
+    Args args;
+    if (spelling == "--stale-after") {
+      args = {"--inspect", spelling, "--", "DIR"};
+    } else {
+      args = {spelling, "--", "DIR", "--", "x"};
+    }
+    std::optional<Failure> f = parse_failure(args);
+    if (!f) {
+      Options o = parse(args);
+      CHECK(o.dir == "DIR");
+      CHECK(o.command == Args{"x"});
+      CHECK((o.agent == "--" || o.operation == "--"));
+    } else {
+      // The option got "--" as its value and rejected it by name.
+      CHECK(f->status == 64);
+      CHECK(f->message.find("'--'") != std::string::npos);
+    }
+    // The same for "-c" as the value: it must not start a shell command.
+    if (spelling != "--stale-after") {
+      args = {spelling, "-c", "DIR", "--", "x"};
+      f = parse_failure(args);
+      if (!f) {
+        Options o = parse(args);
+        CHECK(o.command == Args{"x"});
+        CHECK_FALSE(o.shell_form);
+      } else {
+        CHECK(f->message.find("'-c'") != std::string::npos);
+      }
+    }
+  }
+  // Short value options grouped after a flag.
+  auto f = parse_failure({"-qp", "--", "DIR", "--", "x"});
+  REQUIRE(f);
+  CHECK(f->message.find("'--'") != std::string::npos);
+}
+
+TEST_CASE("-c SHELL-COMMAND") {
+  Options o = parse({"DIR", "-c", "python3 status.py --tick && echo ok"});
+  CHECK(o.shell_form);
+  CHECK(o.command == Args{"/bin/sh", "-c", "python3 status.py --tick && echo ok"});
+  CHECK(o.operation == "sh");
+  o = parse({"-w", "1", "DIR", "-c", "x"});
+  CHECK(o.timeout_ns == kSec);
+  CHECK(parse({"--operation", "tick", "DIR", "-c", "x"}).operation == "tick");
+}
+
+TEST_CASE("usage errors exit 64") {
+  const std::vector<Args> cases = {
+      {"--", "x"},                                   // missing DIR
+      {},                                            // nothing at all
+      {"DIR"},                                       // missing --
+      {"DIR", "x"},                                  // command without --
+      {"DIR", "x", "--", "y"},                       // extra positional before --
+      {"DIR", "--"},                                 // empty command
+      {"", "--", "x"},                               // empty DIR
+      {"DIR", "-c"},                                 // -c without string
+      {"DIR", "-c", ""},                             // -c ''
+      {"DIR", "-c", "x", "y"},                       // extra after -c
+      {"DIR", "-c", "x", "--", "y"},                 // extra after -c
+      {"--bogus", "DIR", "--", "x"},                 // unknown option
+      {"-Z", "DIR", "--", "x"},                      // unknown short option
+      {"-p", "nope", "DIR", "--", "x"},              // unknown policy
+      {"-p", "", "DIR", "--", "x"},                  // empty policy
+      {"-p", "single_flight", "-w", "1", "DIR", "--", "x"},
+      {"-w", "1", "-p", "single_flight", "DIR", "--", "x"},
+      {"-p", "blocking", "-w", "1", "DIR", "--", "x"},
+      {"-p", "blocking", "-w", "0", "DIR", "--", "x"},
+      {"-F", "-o", "DIR", "--", "x"},
+      {"-Fo", "DIR", "--", "x"},
+      {"-v", "-q", "DIR", "--", "x"},
+      {"--json", "DIR", "--", "x"},                  // --json without --inspect
+      {"--stale-after", "1h", "DIR", "--", "x"},     // --stale-after without --inspect
+      {"--kill-after", "5", "-F", "DIR", "--", "x"},
+      {"--kill-after", "soon", "DIR", "--", "x"},
+      {"-E", "0", "DIR", "--", "x"},
+      {"-E", "256", "DIR", "--", "x"},
+      {"-E", "-1", "DIR", "--", "x"},
+      {"-E", "abc", "DIR", "--", "x"},
+      {"-E", "", "DIR", "--", "x"},
+      {"-E", "7x", "DIR", "--", "x"},
+      {"-E", " 7", "DIR", "--", "x"},
+      {"--skip-exit-code", "256", "DIR", "--", "x"},
+      {"--skip-exit-code", "-1", "DIR", "--", "x"},
+      {"--skip-exit-code=-1", "DIR", "--", "x"},
+      {"-w", "-1", "DIR", "--", "x"},
+      {"-w", "abc", "DIR", "--", "x"},
+      {"-w", "1e9", "DIR", "--", "x"},
+      {"--log-format", "xml", "DIR", "--", "x"},
+      {"--inspect", "DIR", "--", "x"},               // --inspect takes no command
+      {"--inspect", "DIR", "-c", "x"},
+      {"--inspect", "DIR", "OTHER"},
+      {"--inspect"},                                 // --inspect without DIR
+      {"--inspect", "--stale-after", "soon", "DIR"},
+      {"-w"},                                        // value missing at the end
+  };
+  for (const auto& args : cases) {
+    std::string shown;
+    for (const auto& a : args) shown += "[" + a + "] ";
+    CAPTURE(shown);
+    auto f = parse_failure(args);
+    REQUIRE(f);
+    CHECK(f->status == looplock::exit_code::kUsage);
+    CHECK_FALSE(f->message.empty());
+  }
+}
+
+TEST_CASE("usage errors name the cause") {
+  auto msg = [](Args a) { return parse_failure(std::move(a)).value().message; };
+  CHECK(msg({"--", "x"}).find("missing DIR") != std::string::npos);
+  CHECK(msg({"DIR"}).find("missing '--'") != std::string::npos);
+  CHECK(msg({"DIR", "--"}).find("no command") != std::string::npos);
+  CHECK(msg({"-p", "nope", "DIR", "--", "x"}).find("nope") != std::string::npos);
+  CHECK(msg({"-E", "256", "DIR", "--", "x"}).find("1 to 255") != std::string::npos);
+  CHECK(msg({"--skip-exit-code", "256", "DIR", "--", "x"}).find("0 to 255") != std::string::npos);
+  // A hint on its own line, and the command line is shown how to fix.
+  CHECK(parse_failure({"DIR", "x"}).value().hint.find("looplock DIR -- x") != std::string::npos);
+}
+
+TEST_CASE("exit code options accept their whole range") {
+  CHECK(parse({"-E", "1", "DIR", "--", "x"}).conflict_exit_code == 1);
+  CHECK(parse({"-E", "255", "DIR", "--", "x"}).conflict_exit_code == 255);
+  CHECK(parse({"--conflict-exit-code=99", "DIR", "--", "x"}).conflict_exit_code == 99);
+  CHECK(parse({"--skip-exit-code", "0", "DIR", "--", "x"}).skip_exit_code == 0);
+  CHECK(parse({"--skip-exit-code", "255", "DIR", "--", "x"}).skip_exit_code == 255);
+  CHECK(parse({"-p", "single_flight", "--skip-exit-code", "3", "DIR", "--", "x"}).skip_exit_code == 3);
+}
+
+TEST_CASE("flags and policies") {
+  CHECK(parse({"-p", "monitor", "DIR", "--", "x"}).policy == looplock::Policy::Monitor);
+  CHECK(parse({"--policy=single_flight", "DIR", "--", "x"}).policy == looplock::Policy::SingleFlight);
+  CHECK(parse({"--policy", "blocking", "DIR", "--", "x"}).policy == looplock::Policy::Blocking);
+  CHECK(parse({"-p", "mutation", "DIR", "--", "x"}).policy == looplock::Policy::Mutation);
+  Options o = parse({"-s", "-o", "-v", "--log-format", "json", "DIR", "--", "x"});
+  CHECK(o.shared);
+  CHECK(o.close_fd);
+  CHECK(o.verbosity == looplock::Verbosity::Verbose);
+  CHECK(o.log_format == looplock::LogFormat::Json);
+  o = parse({"-sF", "--log-format=text", "DIR", "--", "x"});
+  CHECK(o.shared);
+  CHECK(o.no_fork);
+  CHECK(o.log_format == looplock::LogFormat::Text);
+  CHECK(parse({"--kill-after", "2.5s", "DIR", "--", "x"}).kill_after_ns == 2 * kSec + kSec / 2);
+  CHECK(parse({"--kill-after=1m", "-o", "DIR", "--", "x"}).kill_after_ns == 60 * kSec);
+}
+
+TEST_CASE("help, version and inspect modes") {
+  CHECK(parse({"--help"}).mode == looplock::Mode::Help);
+  CHECK(parse({"-h"}).mode == looplock::Mode::Help);
+  CHECK(parse({"--help", "DIR", "--", "x"}).mode == looplock::Mode::Help);
+  CHECK(parse({"--version"}).mode == looplock::Mode::Version);
+  CHECK(parse({"-V"}).mode == looplock::Mode::Version);
+  CHECK(looplock::version_text().rfind("looplock ", 0) == 0);
+  CHECK(looplock::help_text().find("Usage: looplock") == 0);
+
+  Options o = parse({"--inspect", "DIR"});
+  CHECK(o.mode == looplock::Mode::Inspect);
+  CHECK(o.dir == "DIR");
+  CHECK_FALSE(o.json);
+  CHECK(o.stale_after_ns == 2 * 3600 * kSec);
+  o = parse({"--inspect", "--json", "--stale-after", "30m", "DIR"});
+  CHECK(o.json);
+  CHECK(o.stale_after_ns == 30 * 60 * kSec);
+  CHECK(parse({"DIR", "--inspect"}).mode == looplock::Mode::Inspect);
+}
+
+TEST_CASE("agent default: --agent, then $LOOPLOCK_AGENT, then the user name") {
+  int asked = 0;
+  Environment env;
+  env.user_name = [&] {
+    ++asked;
+    return std::string("alice");
+  };
+  CHECK(parse({"DIR", "--", "x"}, env).agent == "alice");
+  CHECK(asked == 1);
+
+  asked = 0;
+  env.looplock_agent = "cron";
+  CHECK(parse({"DIR", "--", "x"}, env).agent == "cron");
+  CHECK(parse({"--agent", "ci", "DIR", "--", "x"}, env).agent == "ci");
+  CHECK(asked == 0);  // only asked when needed
+
+  env.looplock_agent.reset();
+  CHECK(parse({"--agent", "ci", "DIR", "--", "x"}, env).agent == "ci");
+  CHECK(asked == 0);
+
+  Environment none;  // no user name function at all
+  CHECK_FALSE(parse({"DIR", "--", "x"}, none).agent.empty());
+
+  // Any bytes are accepted.
+  std::string odd("a\"b\\c\nd\xff", 8);
+  CHECK(parse({"--agent", odd, "--operation", odd, "DIR", "--", "x"}).agent == odd);
+}
+
+TEST_CASE("operation default") {
+  CHECK(parse({"DIR", "--", "/usr/bin/python3", "/abs/status.py", "--tick"}).operation == "status.py");
+  CHECK(parse({"DIR", "-c", "python3 /abs/status.py"}).operation == "sh");
+  CHECK(parse({"--operation", "nightly", "DIR", "--", "python3", "x.py"}).operation == "nightly");
+}
+
+TEST_CASE("parse_seconds") {
+  using looplock::parse_seconds;
+  CHECK(parse_seconds("0") == 0);
+  CHECK(parse_seconds("5") == 5 * kSec);
+  CHECK(parse_seconds("0.25") == kSec / 4);
+  CHECK(parse_seconds("1.000000001") == kSec + 1);
+  CHECK(parse_seconds("007") == 7 * kSec);
+  CHECK(parse_seconds("0.5") == kSec / 2);
+  CHECK(parse_seconds("1000000000") == 1'000'000'000LL * kSec);  // the cap itself
+  CHECK(parse_seconds("000000000001") == kSec);                  // leading zeros are not magnitude
+
+  for (const char* bad : {"-1", "abc", "nan", "inf", "1e9", ".5", "5.", "", " 5", "5 ", "0x10", "1000000001",
+                          "1000000000.5", "99999999999999999999", "+5", "1,5", "1.0000000001", "1..2", "."}) {
+    CAPTURE(bad);
+    CHECK_FALSE(parse_seconds(bad));
+  }
+}
+
+TEST_CASE("parse_duration") {
+  using looplock::parse_duration;
+  CHECK(parse_duration("10") == 10 * kSec);
+  CHECK(parse_duration("2.5s") == 2 * kSec + kSec / 2);
+  CHECK(parse_duration("1m") == 60 * kSec);
+  CHECK(parse_duration("0.5m") == 30 * kSec);
+  CHECK(parse_duration("2h") == 7200 * kSec);
+  CHECK(parse_duration("1d") == 86400 * kSec);
+  CHECK(parse_duration("0") == 0);
+  CHECK(parse_duration("0s") == 0);
+  CHECK(parse_duration("11574d") == 11574LL * 86400 * kSec);
+  for (const char* bad : {"", "s", "m", "5x", "-1m", "1ms", "1 m", "1M", "1e3s", "11575d", "1000000001s", "m5"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(parse_duration(bad));
+  }
+}
+
+TEST_CASE("derive_operation") {
+  using looplock::derive_operation;
+  CHECK(derive_operation({"status.py"}) == "status.py");
+  CHECK(derive_operation({"/usr/local/bin/tool", "--secret=x"}) == "tool");
+  CHECK(derive_operation({"./monitor.sh"}) == "monitor.sh");
+  CHECK(derive_operation({"/usr/bin/python3", "/abs/status.py", "--tick"}) == "status.py");
+  CHECK(derive_operation({"python3", "-u", "status.py"}) == "status.py");
+  CHECK(derive_operation({"python3.11", "-W", "ignore", "scripts/s.py"}) == "s.py");
+  CHECK(derive_operation({"python3", "-X", "dev", "s.py"}) == "s.py");
+  CHECK(derive_operation({"python3", "-c", "code"}) == "python3");
+  CHECK(derive_operation({"python3", "-m", "mod"}) == "python3");
+  CHECK(derive_operation({"python3", "--", "/abs/x.py"}) == "x.py");
+  CHECK(derive_operation({"python3"}) == "python3");
+  CHECK(derive_operation({"python3", "-"}) == "python3");
+  CHECK(derive_operation({"pypy3", "run.py"}) == "run.py");
+  CHECK(derive_operation({"sh", "script.sh"}) == "script.sh");
+  CHECK(derive_operation({"sh", "-c", "x"}) == "sh");
+  CHECK(derive_operation({"/bin/bash", "-o", "pipefail", "run.sh"}) == "run.sh");
+  CHECK(derive_operation({"bash", "-e", "run.sh"}) == "run.sh");
+  CHECK(derive_operation({"bash", "-e", "-c", "x"}) == "bash");
+  CHECK(derive_operation({"node", "--require", "x", "app.js"}) == "app.js");
+  CHECK(derive_operation({"node", "-r", "x", "app.js"}) == "app.js");
+  CHECK(derive_operation({"node", "-e", "code"}) == "node");
+  CHECK(derive_operation({"perl", "-I", "lib", "x.pl"}) == "x.pl");
+  CHECK(derive_operation({"ruby", "-e", "code"}) == "ruby");
+  CHECK(derive_operation({"env", "python3", "x.py"}) == "env");
+  CHECK(derive_operation({"dir/"}) == "dir");
+  CHECK(derive_operation({}) == "command");
+  CHECK(derive_operation({""}) == "command");
+}
+
+TEST_CASE("derive_operation never returns a path, another argument or an empty name") {
+  using looplock::derive_operation;
+  const std::vector<Args> commands = {
+      {"/"},
+      {"//"},
+      {"/usr/bin/"},
+      {"python3", "/"},
+      {"python3", "a/"},
+      {"python3", "--", "/"},
+      {"sh", "//"},
+      {"node", "--", "dir/"},
+      {"/opt/x/python3", "-W", "/etc/x", "/srv/a/b/c.py"},
+      {"python3", "-c", "import os; print('/etc/SECRET')"},
+      {"sh", "-c", "curl -u user:SECRET https://example.com/"},
+      {"mysql", "--password=SECRET"},
+      {"node", "-e", "SECRET"},
+      // Short options grouped with the inline-code option: the code is not a script.
+      {"sh", "-ec", "curl -u user:SECRET https://example.com/x"},
+      {"bash", "-xc", "echo SECRET"},
+      {"python3", "-uc", "print('SECRET')"},
+      {"python3", "-Bm", "SECRET"},
+      {"perl", "-we", "print 'SECRET'"},
+  };
+  for (const auto& c : commands) {
+    std::string shown;
+    for (const auto& a : c) shown += "[" + a + "] ";
+    CAPTURE(shown);
+    std::string op = derive_operation(c);
+    CAPTURE(op);
+    CHECK_FALSE(op.empty());
+    CHECK(op.find('/') == std::string::npos);
+    CHECK(op.find("SECRET") == std::string::npos);
+  }
+}
+
+TEST_CASE("derive_operation: shell options with + take their value too") {
+  // sh/bash accept +o NAME (unset an option) and +e like -o NAME and -e.
+  CHECK(looplock::derive_operation({"bash", "+o", "posix", "run.sh"}) == "run.sh");
+  CHECK(looplock::derive_operation({"sh", "+e", "run.sh"}) == "run.sh");
+}

@@ -16,8 +16,17 @@ catchable = [s for s in signal.Signals if s not in (signal.SIGKILL, signal.SIGST
                                                       signal.SIGCONT, signal.SIGWINCH, signal.SIGURG)]
 
 
+def signal_name(sig):
+    """SIGUSR1, ..., SIGRTMIN, SIGRTMIN+3, SIGRTMAX (Python names only the
+    ends of the real-time range)."""
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"SIGRTMIN+{sig - signal.SIGRTMIN}"
+
+
 def handler(sig, frame):
-    name = signal.Signals(sig).name
+    name = signal_name(sig)
     os.write(1, (name + "\n").encode())
     if die and sig in (signal.SIGTERM, signal.SIGINT) and name not in ignored:
         signal.signal(sig, signal.SIG_DFL)
