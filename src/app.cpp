@@ -106,7 +106,7 @@ void report_timeout(const Options& o, const Context& ctx, const LockDir& dir, co
   int err = append_incident(dir.fd.get(), encode_incident(inc));
   log.error("lock_acquire_timeout",
             "lock_acquire_timeout: " + lock_display(o.dir) + " still held after " + seconds_text(res.waited_ns) +
-                " by " + describe_holder(hr, kernel) + " (policy " + inc.policy + ", operation " + o.operation + ")",
+                " by " + describe_holder(hr, kernel) + "; gave up " + o.operation + " (policy " + inc.policy + ")",
             "Run 'looplock --inspect " + o.dir + "' to see the holder; never delete the lock file.",
             {{"lock_id", lock_id}, {"policy", inc.policy}, {"waited_ms", inc.waited_ms},
              {"deadline_ms", inc.deadline_ms}, {"holder_pids", inc.holder_pids},
@@ -155,7 +155,7 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
     HolderRead hr = read_holder(res.file.fd.get());
     log.result("noop-locked",
                "noop-locked: " + lock_display(o.dir) + " is held by " +
-                   describe_holder(hr, procfs::flock_holders(res.file.st)) + "; skipping " + o.operation +
+                   describe_holder(hr, procfs::flock_holders(res.file.st)) + "; skipped " + o.operation +
                    " (policy single_flight)",
                {{"lock_id", lock_id}, {"policy", policy_name(o.policy)}});
     return exit_status(o.skip_exit_code);
@@ -187,10 +187,9 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
 
   CommandSpec spec{o.command, command_env(ctx, o, canonical_dir, lock_id, file.fd.get(), !o.close_fd),
                    o.close_fd ? -1 : file.fd.get(), o.kill_after_ns};
-  if (o.no_fork) exec_command(spec, inherited);
-
   int status;
   try {
+    if (o.no_fork) exec_command(spec, inherited);
     status = run_command(spec, inherited, log);
   } catch (const Fatal&) {
     if (record) {

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <ctime>
 
 #include "log.hpp"
@@ -130,7 +131,9 @@ std::string describe_holder(const HolderRead& read, const std::vector<procfs::Ke
       if (!pids.empty()) pids += ",";
       pids += std::to_string(k.pid);
     }
-    return std::string(kernel.size() > 1 ? "pids " : "pid ") + pids + " (no holder record: flock(1) or another tool)";
+    bool shared = std::none_of(kernel.begin(), kernel.end(), [](const procfs::KernelLock& k) { return k.exclusive; });
+    return std::string(kernel.size() > 1 ? "pids " : "pid ") + pids +
+           (shared ? " (shared lock: readers write no holder record)" : " (no holder record: flock(1) or another tool)");
   }
   return "another process (the kernel does not say which)";
 }

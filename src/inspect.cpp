@@ -87,6 +87,19 @@ InspectReport build_report(const InspectFacts& f) {
     return false;
   };
 
+  if (f.network_fs) {
+    warnings.push_back("the loop directory is on a network file system (" + *f.network_fs +
+                       "): flock(2) there may not exclude processes on other hosts");
+  }
+  if (!f.dead_kernel_pids.empty()) {
+    std::string dead, alive;
+    for (pid_t p : f.dead_kernel_pids) dead += (dead.empty() ? "" : ", ") + std::to_string(p);
+    for (pid_t p : f.fd_holders) alive += (alive.empty() ? "" : ", ") + std::to_string(p);
+    warnings.push_back("the kernel names pid " + dead + ", which has exited: the lock is held through a descriptor it passed on" +
+                       (alive.empty() ? std::string(" (the holding process could not be found: try fuser or lsof on the lock file)")
+                                      : ", by pid " + alive) +
+                       "; a background process started under looplock without -o/--close keeps the lock");
+  }
   if (f.dir_unsafe) warnings.push_back("the loop directory is world-writable without the sticky bit: looplock refuses to lock it");
   if (f.not_regular) warnings.push_back("the lock path is " + *f.not_regular + ", not a regular file: looplock refuses to lock it");
   if (f.holder.state == HolderRead::State::Unreadable) {
@@ -108,7 +121,7 @@ InspectReport build_report(const InspectFacts& f) {
     warnings.push_back("the kernel says pid " + pid_list(f.kernel) + " holds the lock, not the record's pid " +
                        std::to_string(rec->pid));
   }
-  if (held && !claims && exclusive) {
+  if (held && !claims && exclusive && f.dead_kernel_pids.empty()) {
     warnings.push_back("held by pid " + pid_list(f.kernel) +
                        " without a current holder record (flock(1), Python fcntl.flock or another tool)");
   }
@@ -122,7 +135,12 @@ InspectReport build_report(const InspectFacts& f) {
   if (!held) {
     action = "none: the lock is free";
   } else {
-    action = "if the holder is stuck: confirm that pid " + (claims && kernel_has(rec->pid) ? std::to_string(rec->pid) : pid_list(f.kernel)) +
+    std::string who = claims && kernel_has(rec->pid) ? std::to_string(rec->pid) : pid_list(f.kernel);
+    if (!f.fd_holders.empty()) {
+      who.clear();
+      for (pid_t p : f.fd_holders) who += (who.empty() ? "" : ", ") + std::to_string(p);
+    }
+    action = "if the holder is stuck: confirm that pid " + who +
              " is alive and stalled (ps, strace) before terminating it; the kernel frees the lock when it exits. "
              "Never delete the lock file.";
   }
@@ -133,10 +151,12 @@ InspectReport build_report(const InspectFacts& f) {
   j["exists"] = f.exists;
   j["kernel"] = {{"held", held},
                  {"mode", held ? Json(exclusive ? "exclusive" : "shared") : Json(nullptr)},
-                 {"holder_pids", Json::array()}};
+                 {"holder_pids", Json::array()},
+                 {"fd_holder_pids", f.fd_holders}};
   for (const auto& k : f.kernel) j["kernel"]["holder_pids"].push_back(k.pid);
+  j["network_fs"] = f.network_fs ? Json(*f.network_fs) : Json(nullptr);
   Json r = Json::object();
-  r["state"] = f.exists ? state_name(f.holder.state) : "missing";
+  r["state"] = !f.exists ? "missing" : f.not_regular ? "not read" : state_name(f.holder.state);
   r["holder"] = rec ? holder_to_json(*rec) : Json(nullptr);
   r["released"] = rec ? Json(rec->released_at.has_value()) : Json(nullptr);
   r["age_ms"] = f.age_ms ? Json(*f.age_ms) : Json(nullptr);
@@ -175,7 +195,9 @@ InspectReport build_report(const InspectFacts& f) {
       line("process", proc + " (pid_start " + rec->pid_start + ")");
     }
   } else {
-    line("holder", f.exists ? std::string("no record (") + state_name(f.holder.state) + ")" : std::string("no record"));
+    line("holder", !f.exists       ? std::string("no record")
+                   : f.not_regular ? std::string("not read (not a regular file)")
+                                   : std::string("no record (") + state_name(f.holder.state) + ")");
   }
   if (f.incidents.count == 0) {
     line("incidents", "none");
@@ -203,6 +225,7 @@ int inspect(const Options& o, const Logger& log) {
   f.lock_id = lock_id_for_path(canonical_lock_path(o.dir));
   f.dir_unsafe = dir_mode_unsafe(dir.st.st_mode);
   f.stale_after_ms = o.stale_after_ns / 1'000'000;
+  f.network_fs = network_file_system(dir.fd.get());
 
   struct stat st {};
   if (fstatat(dir.fd.get(), kLockName, &st, AT_SYMLINK_NOFOLLOW) == 0) {
@@ -219,6 +242,10 @@ int inspect(const Options& o, const Logger& log) {
         f.holder.state = HolderRead::State::Error;
       }
       f.kernel = procfs::flock_holders(st);
+      for (const auto& k : f.kernel) {
+        if (!procfs::pid_alive(k.pid)) f.dead_kernel_pids.push_back(k.pid);
+      }
+      if (!f.dead_kernel_pids.empty()) f.fd_holders = procfs::pids_holding_flock(procfs::all_pids(), st);
     }
   } else if (errno != ENOENT) {
     fail_errno(exit_code::kOsError, "cannot stat " + f.lock_path, errno);

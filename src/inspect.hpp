@@ -34,6 +34,11 @@ struct InspectFacts {
   std::optional<bool> same_process;       // pid_start still matches
   IncidentSummary incidents;
   long long stale_after_ms = 0;
+  std::optional<std::string> network_fs;  // "nfs", ... when DIR is on one
+  // Kernel holder pids that have exited (the lock lives on in a descriptor
+  // they passed on), and the processes found holding it through an fd.
+  std::vector<pid_t> dead_kernel_pids;
+  std::vector<pid_t> fd_holders;
 };
 
 struct InspectReport {

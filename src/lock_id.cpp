@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <memory>
 
+#include <unistd.h>
+
 #include "lockfile.hpp"
 
 namespace looplock {
@@ -32,8 +34,19 @@ std::string lock_id_for_path(std::string_view canonical_lock_path) {
 
 std::string canonical_lock_path(const std::string& dir) {
   std::unique_ptr<char, decltype(&std::free)> real(realpath(dir.c_str(), nullptr), &std::free);
-  if (!real) return {};
-  std::string p = real.get();
+  std::string p;
+  if (real) {
+    p = real.get();
+  } else {
+    // DIR was opened but cannot be resolved (a parent lost its search
+    // permission?): fall back to its absolute spelling.
+    if (!dir.starts_with('/')) {
+      std::unique_ptr<char, decltype(&std::free)> cwd(getcwd(nullptr, 0), &std::free);
+      if (cwd) p = std::string(cwd.get()) + "/";
+    }
+    p += dir;
+    while (p.size() > 1 && p.back() == '/') p.pop_back();
+  }
   if (p.back() != '/') p += '/';
   return p + kLockName;
 }

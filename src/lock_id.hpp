@@ -11,7 +11,8 @@ namespace looplock {
 std::string sha256_hex(std::string_view data);
 std::string lock_id_for_path(std::string_view canonical_lock_path);
 
-// realpath(DIR) + "/.state.lock"; empty if DIR cannot be resolved.
+// realpath(DIR) + "/.state.lock" (DIR's absolute spelling if it cannot be
+// resolved).
 std::string canonical_lock_path(const std::string& dir);
 
 }  // namespace looplock

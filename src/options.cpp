@@ -72,7 +72,7 @@ Split split_argv(const std::vector<std::string>& argv) {
       s.command.assign(argv.begin() + static_cast<long>(i) + 1, argv.end());
       return s;
     }
-    if (a == "-c" || a == "--command") {
+    if (a == "-c") {
       if (i + 1 >= argv.size()) {
         usage_error("option -c needs a SHELL-COMMAND", "Example: looplock DIR -c 'python3 status.py --tick'");
       }
@@ -350,7 +350,7 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
   }
 
   o.agent = r.count("agent") ? r["agent"].as<std::string>()
-                              : (env.looplock_agent ? *env.looplock_agent
+                              : (env.looplock_agent && !env.looplock_agent->empty() ? *env.looplock_agent
                                                   : (env.user_name ? env.user_name() : std::string("unknown")));
   o.operation = r.count("operation") ? r["operation"].as<std::string>()
                                      : (o.shell_form ? std::string("sh") : derive_operation(o.command));

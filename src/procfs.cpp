@@ -209,6 +209,14 @@ std::vector<pid_t> descendants(pid_t pid) {
   return out;
 }
 
+std::vector<pid_t> all_pids() {
+  std::vector<pid_t> out;
+  for (const auto& e : dir_entries("/proc")) {
+    if (auto n = to_number<long>(e)) out.push_back(static_cast<pid_t>(*n));
+  }
+  return out;
+}
+
 std::vector<pid_t> pids_holding_flock(const std::vector<pid_t>& pids, const struct stat& file) {
   std::vector<pid_t> out;
   for (pid_t p : pids) {

@@ -44,6 +44,9 @@ bool parse_fdinfo_holds(std::string_view fdinfo, const struct stat& file, bool e
 // /proc/PID/task/TID/children.
 std::vector<pid_t> descendants(pid_t pid);
 
+// Every pid in /proc.
+std::vector<pid_t> all_pids();
+
 // Those of `pids` that have an fd on `file` whose open file description
 // holds a flock(2) lock on it.
 std::vector<pid_t> pids_holding_flock(const std::vector<pid_t>& pids, const struct stat& file);
