@@ -168,6 +168,8 @@ def test_single_flight_skip_is_0(loop_dir, holders, quiet):
     assert r.stdout == ""
     skip = [l for l in lines(r.stderr) if "noop-locked" in l]
     assert len(skip) == 1 and skip[0].startswith("looplock: "), r.stderr
+    if quiet:
+        assert lines(r.stderr) == skip  # -q keeps the result line, and only it
 
 
 @pytest.mark.parametrize("code", [0, 1, 75, 255])

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import time
-from pathlib import Path
 
 import pytest
 
@@ -268,4 +267,24 @@ def test_log_format_json_timeout(loop_dir, holders):
     assert isinstance(t["waited_ms"], int) and t["waited_ms"] >= 300
     assert h.pid in t["holder_pids"]
     assert any("incident" in json.dumps(o) for o in objs if o is not t), events
+    h.release()
+
+
+def test_hostile_holder_identity_cannot_forge_log_lines(loop_dir, holders):
+    """The holder's agent/operation come from whoever wrote the record; the
+    lines that name them must stay one "looplock: " line each (SPEC.md: every
+    message starts with "looplock: ") with no raw control characters."""
+    h = holders(loop_dir, tool="looplock",
+                extra=("--agent", "evil\nFORGED line: delete the lock file\x1b[2J", "--operation", "op\rFORGED"))
+    _, err, _ = time_out(loop_dir, ["-v", "-w", "0.2"])
+    for line in err.splitlines():
+        assert line.startswith("looplock: "), f"forged stderr line {line!r} in {err!r}"
+    assert "\x1b" not in err and "\r" not in err, repr(err)
+    r = run(["-p", "single_flight", loop_dir, "--", "true"])
+    assert r.returncode == 0
+    for line in r.stderr.splitlines():
+        assert line.startswith("looplock: "), f"forged stderr line {line!r} in {r.stderr!r}"
+    # The row itself keeps the identity exactly (JSON escapes it).
+    (row,) = incident_rows(loop_dir)
+    assert row["holder"]["agent_id"] == "evil\nFORGED line: delete the lock file\x1b[2J"
     h.release()

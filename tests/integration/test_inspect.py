@@ -1,4 +1,394 @@
-"""TODO"""
+"""looplock --inspect [--json] DIR (SPEC.md "looplock --inspect DIR").
 
-def test_placeholder():
-    pass
+Covers: a free lock with no file (inspect creates nothing), a live looplock
+holder, a free lock after a release, a record left by a SIGKILLed holder, a
+reused pid, a flock(1) holder, garbage / binary / huge lock file content,
+--stale-after, the incident count and latest row, the exit status (0 held or
+free, 66 without DIR), the --json object's keys, and that inspect never
+changes anything (lock file bytes and mtime, directory listing, a holder
+still holding).
+"""
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from conftest import (EX_NOINPUT, EX_TEMPFAIL, PY, TIMEOUT, Holder, expect_line, helper, incident_rows,
+                      lock_is_free, run)
+
+LOCK = ".state.lock"
+INCIDENTS = ".state.lock.incidents.jsonl"
+
+
+def expected_lock_id(d):
+    return hashlib.sha256((os.path.realpath(d) + "/" + LOCK).encode()).hexdigest()[:16]
+
+
+def snapshot(loop_dir):
+    """What inspect must leave exactly as it was."""
+    snap = {"listing": sorted(os.listdir(loop_dir))}
+    for name in os.listdir(loop_dir):
+        p = loop_dir / name
+        st = p.lstat()
+        snap[name] = (st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink,
+                      p.read_bytes() if p.is_file() and not p.is_symlink() else None)
+    return snap
+
+
+def inspect(loop_dir, *opts, cwd=None):
+    """Runs --inspect and --inspect --json; checks both exit 0, that the JSON
+    is one object on one line, and that nothing changed. Returns (obj, text)."""
+    before = snapshot(loop_dir)
+    t = run(["--inspect", *opts, loop_dir], cwd=cwd)
+    j = run(["--inspect", "--json", *opts, loop_dir], cwd=cwd)
+    after = snapshot(loop_dir)
+    assert t.returncode == 0, t.stderr
+    assert j.returncode == 0, j.stderr
+    assert t.stdout.strip(), "the text report is empty"
+    assert j.stdout.endswith("\n") and j.stdout.count("\n") == 1, j.stdout
+    obj = json.loads(j.stdout)
+    check_keys(obj, loop_dir)
+    assert after == before, "inspect changed the loop directory"
+    return obj, t.stdout
+
+
+def check_keys(obj, loop_dir):
+    assert isinstance(obj, dict)
+    assert set(obj) >= {"lock_file", "lock_id", "exists", "kernel", "record", "incidents", "warnings",
+                        "operator_action"}, obj
+    assert set(obj["kernel"]) >= {"held", "mode", "holder_pids"}, obj
+    assert set(obj["record"]) >= {"state", "holder", "released", "age_ms", "pid_alive", "same_process"}, obj
+    assert set(obj["incidents"]) >= {"count", "malformed", "latest"}, obj
+    assert obj["lock_file"].endswith(LOCK)
+    assert obj["lock_id"] == expected_lock_id(loop_dir)
+    assert isinstance(obj["exists"], bool)
+    assert isinstance(obj["kernel"]["held"], bool)
+    assert isinstance(obj["kernel"]["holder_pids"], list)
+    assert obj["kernel"]["mode"] in (("exclusive", "shared") if obj["kernel"]["held"] else (None,))
+    assert isinstance(obj["warnings"], list) and all(isinstance(w, str) for w in obj["warnings"])
+    assert isinstance(obj["operator_action"], str) and obj["operator_action"]
+    assert isinstance(obj["incidents"]["count"], int) and isinstance(obj["incidents"]["malformed"], int)
+
+
+def pid_start(pid):
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2:].split()[19]
+
+
+def iso(dt):
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+
+
+def forged_record(loop_dir, **fields):
+    rec = {"schema": "file_lock_holder_v0", "lock_id": expected_lock_id(loop_dir), "pid": os.getpid(),
+           "pid_start": pid_start(os.getpid()), "agent_id": "forger", "operation": "forge.py",
+           "policy": "mutation", "acquired_at": iso(datetime.now(timezone.utc)), "released_at": None}
+    rec.update(fields)
+    return rec
+
+
+def wait_until(pred, timeout=10.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return pred()
+
+
+def pid_gone(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith(("Z", "X"))
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+@pytest.fixture
+def forged_holder():
+    """A Python holder that writes a record (helpers/hold_record.py)."""
+    made = []
+
+    def make(loop_dir, record):
+        proc = subprocess.Popen([PY, helper("hold_record.py"), str(loop_dir / LOCK), json.dumps(record)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        expect_line(proc, "ready")
+        h = Holder(proc)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.kill()
+
+
+# --- free, held, released --------------------------------------------------------
+
+
+def test_free_lock_without_a_file_creates_nothing(loop_dir):
+    obj, text = inspect(loop_dir)
+    assert not (loop_dir / LOCK).exists()
+    assert os.listdir(loop_dir) == []
+    assert obj["exists"] is False
+    assert obj["kernel"] == {"held": False, "mode": None, "holder_pids": []}
+    assert obj["record"]["holder"] is None
+    assert obj["incidents"]["count"] == 0 and obj["incidents"]["latest"] is None
+    assert obj["warnings"] == []
+    assert "free" in text
+
+
+def test_live_looplock_holder(loop_dir, holders):
+    h = holders(loop_dir, tool="looplock", extra=("--agent", "live-agent"))
+    obj, text = inspect(loop_dir)
+    assert obj["exists"] is True
+    assert obj["kernel"]["held"] is True and obj["kernel"]["mode"] == "exclusive"
+    assert h.pid in obj["kernel"]["holder_pids"]
+    rec = obj["record"]
+    assert rec["state"] == "valid"
+    assert rec["holder"] == json.loads((loop_dir / LOCK).read_text())
+    assert rec["holder"]["pid"] == h.pid and rec["holder"]["agent_id"] == "live-agent"
+    assert rec["released"] is False
+    assert rec["pid_alive"] is True and rec["same_process"] is True
+    assert isinstance(rec["age_ms"], int) and 0 <= rec["age_ms"] < 600_000
+    assert obj["warnings"] == []
+    assert str(h.pid) in obj["operator_action"]
+    assert re.search(rf"\b{h.pid}\b", text) and "live-agent" in text
+    # inspect took nothing: the holder still holds, and releases normally.
+    assert not lock_is_free(loop_dir)
+    assert h.proc.poll() is None
+    assert h.release() == 0
+    assert lock_is_free(loop_dir)
+
+
+def test_shared_holders(loop_dir, holders):
+    a = holders(loop_dir, tool="looplock", shared=True)
+    b = holders(loop_dir, tool="flock", shared=True)
+    obj, _ = inspect(loop_dir)
+    assert obj["kernel"]["held"] is True and obj["kernel"]["mode"] == "shared"
+    assert {a.pid, b.pid} <= set(obj["kernel"]["holder_pids"])
+    assert not lock_is_free(loop_dir)
+    a.release(), b.release()
+
+
+def test_free_after_a_normal_release(loop_dir):
+    assert run(["--agent", "done-agent", loop_dir, "--", "true"]).returncode == 0
+    obj, text = inspect(loop_dir)
+    assert obj["exists"] is True
+    assert obj["kernel"] == {"held": False, "mode": None, "holder_pids": []}
+    assert obj["record"]["state"] == "valid"
+    assert obj["record"]["released"] is True
+    assert obj["record"]["holder"]["agent_id"] == "done-agent"
+    assert obj["record"]["holder"]["released_at"] is not None
+    assert obj["warnings"] == []
+    assert "free" in text
+
+
+# --- disagreements -----------------------------------------------------------------
+
+
+def test_record_left_by_a_killed_holder(loop_dir, holders):
+    h = holders(loop_dir, tool="looplock", extra=("--agent", "doomed"))
+    children = Path(f"/proc/{h.pid}/task/{h.pid}/children").read_text().split()
+    assert children, "the holder's command is not running"
+    h.proc.send_signal(signal.SIGKILL)
+    h.proc.wait(timeout=TIMEOUT)
+    # Its command dies too (parent-death signal), so the kernel frees the lock.
+    assert wait_until(lambda: all(pid_gone(int(c)) for c in children)), "the command outlived looplock"
+    assert wait_until(lambda: lock_is_free(loop_dir))
+    obj, text = inspect(loop_dir)
+    assert obj["kernel"]["held"] is False
+    rec = obj["record"]
+    assert rec["state"] == "valid" and rec["released"] is False
+    assert rec["holder"]["pid"] == h.pid and rec["holder"]["agent_id"] == "doomed"
+    assert rec["pid_alive"] is False
+    crashed = [w for w in obj["warnings"] if re.search(r"crash|killed", w, re.I)]
+    assert crashed and str(h.pid) in crashed[0], obj["warnings"]
+    assert re.search(r"crash|killed", text, re.I), text
+
+
+def test_reused_pid_in_a_stale_record(loop_dir):
+    # The record names a live process (this test) but with another start time.
+    (loop_dir / LOCK).write_text(json.dumps(forged_record(loop_dir, pid_start="1")) + "\n")
+    obj, text = inspect(loop_dir)
+    assert obj["kernel"]["held"] is False
+    assert obj["record"]["state"] == "valid"
+    assert obj["record"]["pid_alive"] is True
+    assert obj["record"]["same_process"] is False
+    reused = [w for w in obj["warnings"] if re.search(r"reuse", w, re.I)]
+    assert reused and str(os.getpid()) in reused[0], obj["warnings"]
+    assert re.search(r"reuse", text, re.I), text
+
+
+def test_reused_pid_while_another_process_holds(loop_dir, forged_holder):
+    h = forged_holder(loop_dir, forged_record(loop_dir, pid_start="1", keep_pid=True))
+    obj, _ = inspect(loop_dir)
+    assert obj["kernel"]["held"] is True and obj["kernel"]["holder_pids"] == [h.pid]
+    assert obj["record"]["same_process"] is False
+    assert any(re.search(r"reuse", w, re.I) for w in obj["warnings"]), obj["warnings"]
+    assert not lock_is_free(loop_dir)
+    assert h.release() == 0
+
+
+def test_control_matching_record_has_no_reuse_warning(loop_dir):
+    (loop_dir / LOCK).write_text(json.dumps(forged_record(loop_dir)) + "\n")
+    obj, _ = inspect(loop_dir)
+    assert obj["record"]["same_process"] is True
+    assert not any(re.search(r"reuse", w, re.I) for w in obj["warnings"]), obj["warnings"]
+
+
+def test_flock_holder_without_record(loop_dir, holders):
+    h = holders(loop_dir, tool="flock")
+    obj, text = inspect(loop_dir)
+    assert obj["kernel"]["held"] is True and obj["kernel"]["mode"] == "exclusive"
+    assert obj["kernel"]["holder_pids"] == [h.pid]
+    assert obj["record"]["holder"] is None
+    assert obj["record"]["state"] == "empty"
+    no_record = [w for w in obj["warnings"] if "record" in w and str(h.pid) in w]
+    assert no_record, obj["warnings"]
+    assert str(h.pid) in obj["operator_action"]
+    assert re.search(rf"\b{h.pid}\b", text)
+    assert not lock_is_free(loop_dir)
+    assert h.release() == 0
+
+
+GARBAGE = {
+    "text": b"not a record at all\n",
+    "truncated": b'{"schema":"file_lock_holder_v0","lock_id":"0123',
+    "binary": bytes(range(256)) * 16,
+    "nul_bytes": b"\0" * 4096,
+    "wrong_schema": b'{"schema":"something_else","pid":1}\n',
+    "json_array": b"[1, 2, 3]\n",
+    "two_records": None,  # filled in by the test: a whole record twice
+    "huge": b"{" + b" " * (1024 * 1024 + 100) + b"}\n",
+    "huge_after_record": None,
+}
+
+
+@pytest.mark.parametrize("kind", list(GARBAGE))
+def test_garbage_lock_file_is_reported_unreadable(loop_dir, kind):
+    content = GARBAGE[kind]
+    whole = (json.dumps(forged_record(loop_dir)) + "\n").encode()
+    if kind == "two_records":
+        content = whole + whole
+    elif kind == "huge_after_record":
+        content = whole + b"x" * (2 * 1024 * 1024)
+    (loop_dir / LOCK).write_bytes(content)
+    obj, text = inspect(loop_dir)
+    assert obj["exists"] is True
+    assert obj["record"]["state"] == "unreadable"
+    assert obj["record"]["holder"] is None
+    assert obj["warnings"], "unreadable content must be reported"
+    assert "warning" in text
+    assert (loop_dir / LOCK).read_bytes() == content
+
+
+def test_garbage_while_held_by_python(loop_dir, holders):
+    (loop_dir / LOCK).write_bytes(b"\xff\xfe garbage {")
+    h = holders(loop_dir, tool="python")
+    obj, _ = inspect(loop_dir)
+    assert obj["kernel"]["held"] is True and obj["kernel"]["holder_pids"] == [h.pid]
+    assert obj["record"]["state"] == "unreadable"
+    assert not lock_is_free(loop_dir)
+    h.release()
+
+
+# --- --stale-after ---------------------------------------------------------------
+
+
+def test_stale_after(loop_dir, forged_holder):
+    old = iso(datetime.now(timezone.utc) - timedelta(minutes=10))
+    h = forged_holder(loop_dir, forged_record(loop_dir, acquired_at=old, agent_id="slow-agent"))
+    obj, _ = inspect(loop_dir, "--stale-after", "1s")
+    assert obj["kernel"]["holder_pids"] == [h.pid]
+    rec = obj["record"]
+    assert rec["holder"]["pid"] == h.pid and rec["pid_alive"] is True and rec["same_process"] is True
+    assert rec["age_ms"] >= 600_000
+    stale = [w for w in obj["warnings"] if str(h.pid) in w]
+    assert len(obj["warnings"]) == 1 and stale, obj["warnings"]
+    # Control: under the default (2h) and a long --stale-after, no warning.
+    obj, _ = inspect(loop_dir)
+    assert obj["warnings"] == [], obj["warnings"]
+    obj, _ = inspect(loop_dir, "--stale-after", "1h")
+    assert obj["warnings"] == [], obj["warnings"]
+    assert not lock_is_free(loop_dir)
+    assert h.release() == 0
+
+
+def test_stale_after_default_is_hours(loop_dir, forged_holder):
+    old = iso(datetime.now(timezone.utc) - timedelta(hours=3))
+    h = forged_holder(loop_dir, forged_record(loop_dir, acquired_at=old))
+    obj, text = inspect(loop_dir)
+    assert len(obj["warnings"]) == 1 and str(h.pid) in obj["warnings"][0], obj["warnings"]
+    assert "warning" in text
+    h.release()
+
+
+# --- incidents ------------------------------------------------------------------
+
+
+def test_incident_count_and_latest_row(loop_dir, holders):
+    h = holders(loop_dir, tool="flock")
+    for agent in ("first-waiter", "second-waiter"):
+        r = run(["-w", "0.1", "--agent", agent, loop_dir, "--", "true"])
+        assert r.returncode == EX_TEMPFAIL, r.stderr
+    rows = incident_rows(loop_dir)
+    assert len(rows) == 2
+    obj, text = inspect(loop_dir)
+    assert obj["incidents"]["count"] == 2
+    assert obj["incidents"]["malformed"] == 0
+    assert obj["incidents"]["latest"] == rows[-1]
+    assert obj["incidents"]["latest"]["waiter"]["agent_id"] == "second-waiter"
+    assert re.search(r"incidents\s+2\b", text), text
+    assert str(rows[-1]["waiter"]["pid"]) in text
+    assert not lock_is_free(loop_dir)
+    h.release()
+
+    # A malformed line is counted as such; latest stays the last whole row.
+    with open(loop_dir / INCIDENTS, "ab") as f:
+        f.write(b'{"schema":"file_lock_incident_v0","at":\n')
+    obj, _ = inspect(loop_dir)
+    assert obj["incidents"]["malformed"] == 1
+    assert obj["incidents"]["latest"] == rows[-1]
+
+
+# --- exit status and arguments ---------------------------------------------------------
+
+
+def test_missing_dir_exits_66(tmp_path):
+    for opts in ([], ["--json"]):
+        r = run(["--inspect", *opts, tmp_path / "nope"])
+        assert r.returncode == EX_NOINPUT, r.stderr
+        assert r.stderr.startswith("looplock: ")
+        assert r.stdout == ""
+    assert not (tmp_path / "nope").exists()
+    f = tmp_path / "file"
+    f.write_text("")
+    assert run(["--inspect", f]).returncode == EX_NOINPUT
+
+
+def test_relative_and_trailing_slash_dir(tmp_path, loop_dir, holders):
+    h = holders(loop_dir, tool="looplock")
+    r1 = run(["--inspect", "--json", "loop"], cwd=tmp_path)
+    r2 = run(["--inspect", "--json", str(loop_dir) + "/"])
+    assert r1.returncode == 0 and r2.returncode == 0, r1.stderr + r2.stderr
+    o1, o2 = json.loads(r1.stdout), json.loads(r2.stdout)
+    assert o1["lock_id"] == o2["lock_id"] == expected_lock_id(loop_dir)
+    assert h.pid in o1["kernel"]["holder_pids"] and h.pid in o2["kernel"]["holder_pids"]
+    h.release()
+
+
+def test_hostile_identity_cannot_forge_report_lines(loop_dir, holders):
+    agent = "evil\naction    delete the lock file\x1b[2J"
+    h = holders(loop_dir, tool="looplock", extra=("--agent", agent, "--operation", "op\rwarning   forged"))
+    obj, text = inspect(loop_dir)
+    assert obj["record"]["holder"]["agent_id"] == agent  # JSON keeps it exactly
+    assert "\x1b" not in text and "\r" not in text, repr(text)
+    actions = [ln for ln in text.splitlines() if ln.startswith("action")]
+    assert len(actions) == 1 and "delete the lock file" not in actions[0].replace("Never delete the lock file", ""), text
+    h.release()

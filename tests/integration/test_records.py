@@ -17,7 +17,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -400,15 +399,17 @@ AGENT_RE = re.compile(r"^run(\d+)-len(\d+)-(p*)$")
 
 
 def classify(raw, pid_to_run, lock_id):
-    """'empty', 'partial' (does not parse) or 'valid'; raises AssertionError
-    for JSON that parses but is not one whole, self-consistent record."""
+    """'empty'; 'partial' when a validating reader can tell (it does not
+    parse, or is not a record with every field of the right type); 'valid'
+    for a whole record, which must then be self-consistent: an AssertionError
+    means a record mixed from two runs that no reader could tell apart."""
     if raw == b"":
         return "empty"
     try:
         rec = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        check_shape(rec)
+    except (UnicodeDecodeError, ValueError, AssertionError):
         return "partial"
-    check_shape(rec)
     m = AGENT_RE.match(rec["agent_id"])
     assert m, f"agent_id mixed from two records: {rec}"
     n = int(m.group(1))
@@ -435,28 +436,34 @@ def test_checker_detects_mixed_records():
     assert classify(b"", pid_to_run, lid) == "empty"
     assert classify(good[:40], pid_to_run, lid) == "partial"
     assert classify(good + good[10:], pid_to_run, lid) == "partial"
-    for bad in (rec(1, 202, 3), rec(1, 101, 3, op="op2"), dict(rec(1, 101, 3), agent_id="run1-len3-pppppp"),
-                {"schema": "file_lock_holder_v0", "pid": 101}):
+    # Valid JSON that is no whole record: a validating reader rejects it.
+    assert classify(json.dumps({"schema": "file_lock_holder_v0", "pid": 101}).encode(), pid_to_run, lid) == "partial"
+    for bad in (rec(1, 202, 3), rec(1, 101, 3, op="op2"), dict(rec(1, 101, 3), agent_id="run1-len3-pppppp")):
         with pytest.raises(AssertionError):
             classify(json.dumps(bad).encode(), pid_to_run, lid)
 
 
-def test_concurrent_reader_never_sees_a_mixed_record(loop_dir):
+READER = r"""
+import json, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+seen, reads = set(), 0
+print("ready", flush=True)
+while not os.path.exists(sys.argv[2]):
+    for _ in range(100):
+        seen.add(os.pread(fd, 65536, 0))
+    reads += 100
+json.dump({"reads": reads, "seen": [s.hex() for s in seen]}, sys.stdout)
+"""
+
+
+def test_concurrent_reader_never_sees_a_mixed_record(tmp_path, loop_dir):
+    """A reader process reads the lock file as fast as it can while 500 short
+    runs (4 at a time, agent ids of different lengths) write and release their
+    records. Every distinct content it saw must be empty, unparseable
+    (partial), or one whole record whose fields all come from one run."""
     lock = loop_dir / ".state.lock"
     lid = expected_lock_id(loop_dir)
     pid_to_run = {}
-    seen = set()
-    reads = [0]
-    stop = threading.Event()
-
-    def reader():
-        fd = os.open(lock, os.O_RDONLY)
-        try:
-            while not stop.is_set():
-                seen.add(os.pread(fd, 65536, 0))
-                reads[0] += 1
-        finally:
-            os.close(fd)
 
     def one(i):
         pad = (i * 37) % 150
@@ -468,24 +475,26 @@ def test_concurrent_reader_never_sees_a_mixed_record(loop_dir):
         return p.returncode, err
 
     assert one(0)[0] == 0  # the file exists and holds a record before reading starts
-    t = threading.Thread(target=reader)
-    t.start()
+    stop = tmp_path / "stop-reading"
+    reader = subprocess.Popen([PY, "-c", READER, str(lock), str(stop)], stdout=subprocess.PIPE, text=True)
     try:
+        expect_line(reader, "ready")
         with ThreadPoolExecutor(4) as pool:
-            results = list(pool.map(one, range(1, 201)))
+            results = list(pool.map(one, range(1, 501)))
     finally:
-        stop.set()
-        t.join(timeout=TIMEOUT)
+        stop.touch()
+        out, _ = reader.communicate(timeout=TIMEOUT)
     assert all(rc == 0 for rc, _ in results), [e for rc, e in results if rc != 0][:3]
+    report = json.loads(out)
     kinds = {"empty": 0, "partial": 0, "valid": 0}
     runs_seen = set()
-    for raw in seen:
+    for raw in map(bytes.fromhex, report["seen"]):
         k = classify(raw, pid_to_run, lid)
         kinds[k] += 1
         if k == "valid":
             runs_seen.add(json.loads(raw)["operation"])
     # The check is only meaningful if the reader really raced the writers.
-    assert reads[0] > 200, reads
+    assert report["reads"] > 1000, report["reads"]
     assert len(runs_seen) >= 20, (kinds, len(runs_seen))
     final = read_record(loop_dir)
     assert final["released_at"] is not None and AGENT_RE.match(final["agent_id"])

@@ -1,1 +1,60 @@
+#include "environment.hpp"
+
 #include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+using looplock::EnvList;
+
+TEST_CASE("env_from copies a NULL-terminated environment") {
+  char a[] = "A=1";
+  char b[] = "B=two=2";
+  char c[] = "EMPTY=";
+  char* envp[] = {a, b, c, nullptr};
+  CHECK(looplock::env_from(envp) == EnvList{"A=1", "B=two=2", "EMPTY="});
+  char* none[] = {nullptr};
+  CHECK(looplock::env_from(none).empty());
+  CHECK(looplock::env_from(nullptr).empty());
+}
+
+TEST_CASE("env_get matches the whole name") {
+  EnvList env = {"LOOPLOCK_FDX=9", "LOOPLOCK_FD=3", "XLOOPLOCK_DIR=/x", "EMPTY=", "NOEQUALS", "DUP=first",
+                 "DUP=second", "EQ==v"};
+  CHECK(looplock::env_get(env, "LOOPLOCK_FD") == "3");
+  CHECK(looplock::env_get(env, "LOOPLOCK_FDX") == "9");
+  CHECK_FALSE(looplock::env_get(env, "LOOPLOCK_F"));
+  CHECK_FALSE(looplock::env_get(env, "LOOPLOCK_DIR"));
+  CHECK(looplock::env_get(env, "EMPTY") == "");
+  CHECK_FALSE(looplock::env_get(env, "NOEQUALS"));
+  CHECK(looplock::env_get(env, "DUP") == "first");
+  CHECK(looplock::env_get(env, "EQ") == "=v");
+  CHECK_FALSE(looplock::env_get(env, "MISSING"));
+  CHECK_FALSE(looplock::env_get({}, "A"));
+}
+
+TEST_CASE("env_with replaces, adds and removes") {
+  EnvList env = {"PATH=/bin", "LOOPLOCK_FD=7", "LOOPLOCK_FDX=keep", "LOOPLOCK_HOLDER_PID=1", "HOME=/root",
+                 "LOOPLOCK_FD=8"};
+  EnvList out = looplock::env_with(env, {{looplock::env_name::kFd, "3"}, {looplock::env_name::kDir, "/srv/loop"}},
+                                   {looplock::env_name::kHolderPid, "NOT_THERE"});
+  CHECK(out == EnvList{"PATH=/bin", "LOOPLOCK_FDX=keep", "HOME=/root", "LOOPLOCK_FD=3", "LOOPLOCK_DIR=/srv/loop"});
+  CHECK(looplock::env_get(out, "LOOPLOCK_FD") == "3");
+  // The input is not changed.
+  CHECK(env.size() == 6);
+  // Nothing to do.
+  CHECK(looplock::env_with(env, {}) == env);
+  // A value with '=' and an empty value.
+  out = looplock::env_with({}, {{"A", "x=y"}, {"B", ""}});
+  CHECK(out == EnvList{"A=x=y", "B="});
+}
+
+TEST_CASE("the exported names") {
+  CHECK(looplock::env_name::kFd == "LOOPLOCK_FD");
+  CHECK(looplock::env_name::kDir == "LOOPLOCK_DIR");
+  CHECK(looplock::env_name::kLockId == "LOOPLOCK_LOCK_ID");
+  CHECK(looplock::env_name::kPolicy == "LOOPLOCK_POLICY");
+  CHECK(looplock::env_name::kAgent == "LOOPLOCK_AGENT");
+  CHECK(looplock::env_name::kHolderPid == "LOOPLOCK_HOLDER_PID");
+  CHECK(looplock::env_name::kHolderFd == "LOOPLOCK_HOLDER_FD");
+}

@@ -1,1 +1,340 @@
+#include "holder.hpp"
+
 #include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "procfs.hpp"
+#include "testutil.hpp"
+#include "unique_fd.hpp"
+
+using looplock::HolderRead;
+using looplock::HolderRecord;
+using looplock::Json;
+using looplock::UniqueFd;
+using testutil::TempDir;
+
+namespace {
+
+const std::string kFffd = "\xEF\xBF\xBD";  // U+FFFD in UTF-8
+
+HolderRecord sample(std::optional<std::string> released = std::nullopt) {
+  HolderRecord r;
+  r.lock_id = "0123456789abcdef";
+  r.pid = 1234;
+  r.pid_start = "987654";
+  r.agent_id = "cron";
+  r.operation = "status.py";
+  r.policy = "mutation";
+  r.acquired_at = "2026-11-30T17:00:00.123Z";
+  r.released_at = std::move(released);
+  return r;
+}
+
+void check_same(const HolderRecord& a, const HolderRecord& b) {
+  CHECK(a.lock_id == b.lock_id);
+  CHECK(a.pid == b.pid);
+  CHECK(a.pid_start == b.pid_start);
+  CHECK(a.agent_id == b.agent_id);
+  CHECK(a.operation == b.operation);
+  CHECK(a.policy == b.policy);
+  CHECK(a.acquired_at == b.acquired_at);
+  CHECK(a.released_at == b.released_at);
+}
+
+size_t count_char(const std::string& s, char c) {
+  size_t n = 0;
+  for (char x : s) n += x == c;
+  return n;
+}
+
+// The encoded record with one field changed (or removed when `value` is
+// discarded), re-serialised in the same form.
+std::string with_field(const std::string& key, const Json& value, bool remove = false) {
+  Json j = looplock::holder_to_json(sample());
+  if (remove) {
+    j.erase(key);
+  } else {
+    j[key] = value;
+  }
+  return looplock::dump_json(j) + "\n";
+}
+
+UniqueFd open_rw(const std::string& path) {
+  return UniqueFd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+}
+
+}  // namespace
+
+TEST_CASE("encode and parse round trip") {
+  for (const auto& r : {sample(), sample("2026-11-30T17:00:05.000Z")}) {
+    std::string text = looplock::encode_holder(r);
+    CAPTURE(text);
+    CHECK(text.back() == '\n');
+    CHECK(count_char(text, '\n') == 1);
+    auto back = looplock::parse_holder(text);
+    REQUIRE(back);
+    check_same(*back, r);
+  }
+  CHECK(looplock::encode_holder(sample()) ==
+        R"({"schema":"file_lock_holder_v0","lock_id":"0123456789abcdef","pid":1234,"pid_start":"987654",)"
+        R"("agent_id":"cron","operation":"status.py","policy":"mutation",)"
+        R"("acquired_at":"2026-11-30T17:00:00.123Z","released_at":null})"
+        "\n");
+}
+
+TEST_CASE("every truncation of a record is rejected") {
+  for (const auto& r : {sample(), sample("2026-11-30T17:00:05.000Z")}) {
+    std::string text = looplock::encode_holder(r);
+    for (size_t n = 0; n < text.size(); ++n) {
+      CAPTURE(n);
+      CHECK_FALSE(looplock::parse_holder(std::string_view(text).substr(0, n)));
+    }
+    CHECK(looplock::parse_holder(text));
+  }
+}
+
+TEST_CASE("anything after the record is rejected") {
+  const std::string text = looplock::encode_holder(sample());
+  const std::string body = text.substr(0, text.size() - 1);
+  for (const std::string& bad : {text + "x", text + "\n", text + "{}\n", text + text, body + " \n", body + "}\n",
+                                 body + "\n\n", text + std::string(1, '\0'), body + "x\n"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(looplock::parse_holder(bad));
+  }
+  // What a writer that forgot to truncate would leave: a shorter record over
+  // the tail of a longer one.
+  HolderRecord longer = sample();
+  longer.agent_id = std::string(100, 'a');
+  std::string old = looplock::encode_holder(longer);
+  std::string mixed = old;
+  mixed.replace(0, text.size(), text);
+  REQUIRE(mixed.size() > text.size());
+  CHECK_FALSE(looplock::parse_holder(mixed));
+}
+
+TEST_CASE("missing fields, wrong types and wrong schema are rejected") {
+  const std::vector<std::string> keys = {"schema", "lock_id",  "pid",         "pid_start",  "agent_id",
+                                         "operation", "policy", "acquired_at", "released_at"};
+  for (const auto& k : keys) {
+    CAPTURE(k);
+    CHECK_FALSE(looplock::parse_holder(with_field(k, nullptr, /*remove=*/true)));
+    CHECK_FALSE(looplock::parse_holder(with_field(k, Json::array())));
+    CHECK_FALSE(looplock::parse_holder(with_field(k, Json::object())));
+    CHECK_FALSE(looplock::parse_holder(with_field(k, true)));
+    if (k != "pid") CHECK_FALSE(looplock::parse_holder(with_field(k, 123)));
+    if (k != "released_at") CHECK_FALSE(looplock::parse_holder(with_field(k, nullptr)));
+  }
+  CHECK_FALSE(looplock::parse_holder(with_field("pid", "1234")));
+  CHECK_FALSE(looplock::parse_holder(with_field("pid", 1234.5)));
+  CHECK_FALSE(looplock::parse_holder(with_field("pid", 0)));
+  CHECK_FALSE(looplock::parse_holder(with_field("pid", -1)));
+  CHECK_FALSE(looplock::parse_holder(with_field("pid", 2147483648LL)));
+  CHECK(looplock::parse_holder(with_field("pid", 2147483647LL)));
+  CHECK(looplock::parse_holder(with_field("pid", 1)));
+  CHECK_FALSE(looplock::parse_holder(with_field("schema", "file_lock_holder_v1")));
+  CHECK_FALSE(looplock::parse_holder(with_field("schema", "")));
+  CHECK(looplock::parse_holder(with_field("released_at", "2026-11-30T17:00:05.000Z")));
+
+  for (const char* bad : {"", "\n", "{}\n", "[]\n", "null\n", "\"x\"\n", "{\n", "garbage\n"}) {
+    std::string shown = bad;
+    CAPTURE(shown);
+    CHECK_FALSE(looplock::parse_holder(bad));
+  }
+}
+
+TEST_CASE("hostile agent and operation names stay one valid JSON line") {
+  const std::vector<std::string> hostile = {
+      "a\"b",
+      "line1\nline2",
+      "back\\slash",
+      std::string("nul\0byte", 8),
+      "\r\t\x01\x1f\x7f",
+      "\"}\n{\"schema\":\"file_lock_holder_v0\"",
+      "h\xC3\xA9llo \xE2\x9C\x93",  // valid UTF-8
+  };
+  for (const auto& s : hostile) {
+    CAPTURE(s);
+    HolderRecord r = sample();
+    r.agent_id = s;
+    r.operation = s;
+    std::string text = looplock::encode_holder(r);
+    CHECK(count_char(text, '\n') == 1);
+    CHECK(text.find('\0') == std::string::npos);
+    auto back = looplock::parse_holder(text);
+    REQUIRE(back);
+    CHECK(back->agent_id == s);
+    CHECK(back->operation == s);
+  }
+}
+
+TEST_CASE("invalid UTF-8 becomes U+FFFD and the record stays parseable") {
+  HolderRecord r = sample();
+  r.agent_id = "\xff\xfe abc";
+  r.operation = "op\xC3";  // a sequence cut in half
+  std::string text = looplock::encode_holder(r);
+  CHECK(text.find(kFffd) != std::string::npos);
+  CHECK(text.find('\xff') == std::string::npos);
+  auto back = looplock::parse_holder(text);
+  REQUIRE(back);
+  CHECK(back->agent_id.find(kFffd) == 0);
+  CHECK(back->agent_id.find(" abc") != std::string::npos);
+  CHECK(back->agent_id.find('\xff') == std::string::npos);
+  CHECK(back->operation == "op" + kFffd);
+}
+
+TEST_CASE("clip_bytes and the one-page bound") {
+  CHECK(looplock::clip_bytes(std::string(300, 'a')) == std::string(256, 'a'));
+  CHECK(looplock::clip_bytes(std::string(256, 'a')) == std::string(256, 'a'));
+  CHECK(looplock::clip_bytes("short") == "short");
+  CHECK(looplock::clip_bytes("abcdef", 3) == "abc");
+  CHECK(looplock::kMaxIdentityBytes == 256);
+
+  // Cut inside a multi-byte character: the encoder replaces the half.
+  HolderRecord r = sample();
+  r.agent_id = std::string(255, 'a') + "\xC3\xA9";
+  auto back = looplock::parse_holder(looplock::encode_holder(r));
+  REQUIRE(back);
+  CHECK(back->agent_id == std::string(255, 'a') + kFffd);
+
+  // The worst case: every byte of both names escaped as \u00XX.
+  r = sample();
+  r.pid = 2147483647;
+  r.pid_start = "18446744073709551615";
+  r.policy = "single_flight";
+  r.released_at = "2026-11-30T17:00:05.000Z";
+  r.agent_id = std::string(1000, '\x01');
+  r.operation = std::string(1000, '\x1f');
+  std::string text = looplock::encode_holder(r);
+  CHECK(text.size() < 4096);
+  back = looplock::parse_holder(text);
+  REQUIRE(back);
+  CHECK(back->agent_id == std::string(256, '\x01'));
+  CHECK(back->operation == std::string(256, '\x1f'));
+
+  // Invalid bytes (3-byte U+FFFD each) stay within the page too.
+  r.agent_id = std::string(1000, '\xff');
+  r.operation = std::string(1000, '\xfe');
+  text = looplock::encode_holder(r);
+  CHECK(text.size() < 4096);
+  CHECK(looplock::parse_holder(text));
+}
+
+TEST_CASE("write_holder then read_holder on a file") {
+  TempDir dir;
+  UniqueFd fd = open_rw(dir / ".state.lock");
+  REQUIRE(fd);
+
+  HolderRead empty = looplock::read_holder(fd.get());
+  CHECK(empty.state == HolderRead::State::Empty);
+  CHECK(empty.size == 0);
+  CHECK_FALSE(empty.record);
+
+  HolderRecord longer = sample();
+  longer.agent_id = std::string(200, 'x');
+  longer.operation = "a-rather-long-operation-name.py";
+  REQUIRE(looplock::write_holder(fd.get(), longer));
+  HolderRead got = looplock::read_holder(fd.get());
+  REQUIRE(got.state == HolderRead::State::Valid);
+  REQUIRE(got.record);
+  check_same(*got.record, longer);
+  CHECK(got.size == looplock::encode_holder(longer).size());
+
+  // A shorter record over a longer one: the file is cut to the new record.
+  HolderRecord shorter = sample("2026-11-30T17:00:05.000Z");
+  REQUIRE(looplock::write_holder(fd.get(), shorter));
+  struct stat st {};
+  REQUIRE(fstat(fd.get(), &st) == 0);
+  CHECK(static_cast<size_t>(st.st_size) == looplock::encode_holder(shorter).size());
+  got = looplock::read_holder(fd.get());
+  REQUIRE(got.state == HolderRead::State::Valid);
+  check_same(*got.record, shorter);
+  CHECK(testutil::slurp(dir / ".state.lock") == looplock::encode_holder(shorter));
+
+  // The file position does not matter: records are written and read at offset 0.
+  REQUIRE(lseek(fd.get(), 0, SEEK_END) > 0);
+  REQUIRE(looplock::write_holder(fd.get(), longer));
+  CHECK(testutil::slurp(dir / ".state.lock") == looplock::encode_holder(longer));
+}
+
+TEST_CASE("read_holder on garbage, partial and unreadable content") {
+  TempDir dir;
+  const std::string path = dir / ".state.lock";
+
+  testutil::write_file(path, "hello");
+  UniqueFd fd = open_rw(path);
+  HolderRead got = looplock::read_holder(fd.get());
+  CHECK(got.state == HolderRead::State::Unreadable);
+  CHECK(got.size == 5);
+  CHECK_FALSE(got.record);
+
+  std::string text = looplock::encode_holder(sample());
+  testutil::write_file(path, text.substr(0, text.size() / 2));
+  got = looplock::read_holder(fd.get());
+  CHECK(got.state == HolderRead::State::Unreadable);
+  CHECK_FALSE(got.record);
+
+  testutil::write_file(path, std::string(100 * 1024, '{'));  // larger than the read limit
+  got = looplock::read_holder(fd.get());
+  CHECK(got.state == HolderRead::State::Unreadable);
+  CHECK_FALSE(got.record);
+
+  // A write-only descriptor cannot be read: an error, not a crash.
+  UniqueFd wfd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
+  REQUIRE(wfd);
+  CHECK(looplock::read_holder(wfd.get()).state == HolderRead::State::Error);
+  // And a read-only one cannot be written.
+  UniqueFd rfd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  REQUIRE(rfd);
+  errno = 0;
+  CHECK_FALSE(looplock::write_holder(rfd.get(), sample()));
+  CHECK(errno == EBADF);
+}
+
+TEST_CASE("describe_holder") {
+  HolderRead read;
+  read.state = HolderRead::State::Valid;
+  read.record = sample();
+  const std::string full =
+      "pid 1234 (agent cron, operation status.py, policy mutation, since 2026-11-30T17:00:00.123Z)";
+  CHECK(looplock::describe_holder(read, {}) == full);
+  CHECK(looplock::describe_holder(read, {{1234, true}}) == full);
+  // The kernel names someone else: the record is not about the holder.
+  CHECK(looplock::describe_holder(read, {{99, true}}) == "pid 99 (no holder record: flock(1) or another tool)");
+
+  read.record = sample("2026-11-30T17:00:05.000Z");  // released
+  CHECK(looplock::describe_holder(read, {{5, true}, {6, false}}) ==
+        "pids 5,6 (no holder record: flock(1) or another tool)");
+  CHECK(looplock::describe_holder(read, {}) == "another process (the kernel does not say which)");
+  // Shared holders write no record, and that is said.
+  CHECK(looplock::describe_holder(read, {{5, false}, {6, false}}) ==
+        "pids 5,6 (shared lock: readers write no holder record)");
+
+  HolderRead none;
+  CHECK(looplock::describe_holder(none, {}) == "another process (the kernel does not say which)");
+  CHECK(looplock::describe_holder(none, {{42, true}}) == "pid 42 (no holder record: flock(1) or another tool)");
+}
+
+TEST_CASE("holder_process_alive") {
+  HolderRecord r = sample();
+  r.pid = getpid();
+  auto start = looplock::procfs::pid_start(getpid());
+  REQUIRE(start);
+  r.pid_start = *start;
+  CHECK(looplock::holder_process_alive(r));
+  r.pid_start = "1";  // the pid was reused by another process
+  CHECK_FALSE(looplock::holder_process_alive(r));
+
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) _exit(0);
+  REQUIRE(testutil::wait_child(child));
+  r.pid = child;
+  CHECK_FALSE(looplock::holder_process_alive(r));
+}

@@ -1,1 +1,75 @@
+#include "policy.hpp"
+
 #include <doctest/doctest.h>
+
+#include <string>
+
+using looplock::Policy;
+using looplock::WaitPlan;
+
+namespace {
+constexpr long long kSec = 1'000'000'000LL;
+bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
+}  // namespace
+
+TEST_CASE("parse_policy and policy_name") {
+  for (Policy p : {Policy::Mutation, Policy::Monitor, Policy::SingleFlight, Policy::Blocking}) {
+    CHECK(looplock::parse_policy(looplock::policy_name(p)) == p);
+  }
+  CHECK(looplock::policy_name(Policy::Mutation) == "mutation");
+  CHECK(looplock::policy_name(Policy::Monitor) == "monitor");
+  CHECK(looplock::policy_name(Policy::SingleFlight) == "single_flight");
+  CHECK(looplock::policy_name(Policy::Blocking) == "blocking");
+  for (const char* bad : {"", "Mutation", "single-flight", "singleflight", "block", " mutation", "mutation "}) {
+    std::string shown = bad;
+    CAPTURE(shown);
+    CHECK_FALSE(looplock::parse_policy(bad));
+  }
+}
+
+TEST_CASE("wait_plan for each policy") {
+  WaitPlan p = looplock::wait_plan(Policy::Mutation, std::nullopt);
+  CHECK(p.kind == WaitPlan::Kind::Bounded);
+  CHECK(p.deadline_ns == 5 * kSec);
+  p = looplock::wait_plan(Policy::Monitor, std::nullopt);
+  CHECK(p.kind == WaitPlan::Kind::Bounded);
+  CHECK(p.deadline_ns == 1 * kSec);
+  p = looplock::wait_plan(Policy::SingleFlight, std::nullopt);
+  CHECK(p.kind == WaitPlan::Kind::NoWait);
+  p = looplock::wait_plan(Policy::Blocking, std::nullopt);
+  CHECK(p.kind == WaitPlan::Kind::Unbounded);
+
+  // -w replaces the deadline of mutation and monitor; 0 means one attempt.
+  p = looplock::wait_plan(Policy::Mutation, 0);
+  CHECK(p.kind == WaitPlan::Kind::Bounded);
+  CHECK(p.deadline_ns == 0);
+  p = looplock::wait_plan(Policy::Monitor, 30 * kSec + 1);
+  CHECK(p.kind == WaitPlan::Kind::Bounded);
+  CHECK(p.deadline_ns == 30 * kSec + 1);
+
+  CHECK(looplock::default_deadline_ns(Policy::Mutation) == 5 * kSec);
+  CHECK(looplock::default_deadline_ns(Policy::Monitor) == kSec);
+  CHECK(looplock::policy_takes_timeout(Policy::Mutation));
+  CHECK(looplock::policy_takes_timeout(Policy::Monitor));
+  CHECK_FALSE(looplock::policy_takes_timeout(Policy::SingleFlight));
+  CHECK_FALSE(looplock::policy_takes_timeout(Policy::Blocking));
+}
+
+TEST_CASE("operator_action tells what to do, per policy") {
+  for (Policy p : {Policy::Mutation, Policy::Monitor, Policy::SingleFlight, Policy::Blocking}) {
+    std::string a = looplock::operator_action(p);
+    CAPTURE(a);
+    CHECK(contains(a, "inspect the holder pid"));
+    CHECK(contains(a, "looplock --inspect"));
+    CHECK(contains(a, "stalled before terminating"));
+    CHECK(contains(a, "never delete the lock file"));
+    CHECK(a.find('/') == std::string::npos);  // no path in incident rows
+  }
+  std::string monitor = looplock::operator_action(Policy::Monitor);
+  CHECK(contains(monitor, "next scheduled poll"));
+  CHECK(contains(monitor, "not in a tight loop"));
+  std::string mutation = looplock::operator_action(Policy::Mutation);
+  CHECK(contains(mutation, "retry"));
+  CHECK_FALSE(contains(mutation, "poll"));
+  CHECK(mutation != monitor);
+}

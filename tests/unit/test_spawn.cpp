@@ -1,1 +1,479 @@
+#include "spawn.hpp"
+
 #include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "error.hpp"
+#include "log.hpp"
+#include "testutil.hpp"
+#include "unique_fd.hpp"
+
+using looplock::CommandSpec;
+using looplock::Fatal;
+using looplock::InheritedSignals;
+using looplock::Logger;
+using looplock::UniqueFd;
+using testutil::TempDir;
+
+namespace {
+
+std::vector<std::string> base_env() {
+  const char* path = std::getenv("PATH");
+  return {std::string("PATH=") + (path ? path : "/usr/bin:/bin")};
+}
+
+CommandSpec sh(const std::string& script, std::vector<std::string> env = base_env()) {
+  CommandSpec spec;
+  spec.argv = {"/bin/sh", "-c", script};
+  spec.env = std::move(env);
+  return spec;
+}
+
+// The signal state of the test process, put back after a test that changes
+// it in-process, so that doctest is left as it was found.
+struct SignalStateGuard {
+  sigset_t mask{};
+  struct sigaction chld {};
+  struct sigaction pipe {};
+  SignalStateGuard() {
+    sigprocmask(SIG_BLOCK, nullptr, &mask);
+    sigaction(SIGCHLD, nullptr, &chld);
+    sigaction(SIGPIPE, nullptr, &pipe);
+  }
+  ~SignalStateGuard() {
+    sigaction(SIGCHLD, &chld, nullptr);
+    sigaction(SIGPIPE, &pipe, nullptr);
+    sigprocmask(SIG_SETMASK, &mask, nullptr);
+  }
+};
+
+// What one run_command in a child "looplock" process came to.
+struct Result {
+  int status = -1;        // the wait status run_command returned
+  int fatal = -1;         // or the status of the Fatal it threw
+  std::string message;    // and its message
+  bool zombies = false;   // a child was left unreaped afterwards
+  std::string log;        // what the Logger wrote
+};
+
+// run_command runs in a forked child, as it would in looplock: it takes
+// over SIGCHLD, reaps every child and may become a subreaper, which must not
+// leak into the test process. `stdout_path` redirects the command's stdout.
+class Looplock {
+public:
+  Looplock(const CommandSpec& spec, std::optional<InheritedSignals> inherited = std::nullopt,
+           const std::string& stdout_path = {}) {
+    int p[2];
+    REQUIRE(pipe2(p, O_CLOEXEC) == 0);
+    pid_ = fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      close(p[0]);
+      child(spec, inherited, stdout_path, p[1]);
+    }
+    close(p[1]);
+    result_fd_ = p[0];
+  }
+  ~Looplock() {
+    if (result_fd_ >= 0) close(result_fd_);
+    if (pid_ > 0 && !reaped_) testutil::wait_child(pid_, std::chrono::seconds(1));
+  }
+  pid_t pid() const { return pid_; }
+
+  Result finish() {
+    auto st = testutil::wait_child(pid_);
+    reaped_ = true;
+    REQUIRE(st);
+    REQUIRE(WIFEXITED(*st));
+    REQUIRE(WEXITSTATUS(*st) == 0);
+    std::string out;
+    char buf[4096];
+    for (ssize_t n; (n = read(result_fd_, buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
+    // "status fatal zombies\nmessage\n--log--\nlog"
+    Result r;
+    auto nl = out.find('\n');
+    REQUIRE(nl != std::string::npos);
+    int z = 0;
+    REQUIRE(sscanf(out.c_str(), "%d %d %d", &r.status, &r.fatal, &z) == 3);
+    r.zombies = z != 0;
+    auto sep = out.find("\n--log--\n", nl);
+    REQUIRE(sep != std::string::npos);
+    r.message = out.substr(nl + 1, sep - nl - 1);
+    r.log = out.substr(sep + 9);
+    return r;
+  }
+
+private:
+  [[noreturn]] static void child(const CommandSpec& spec, const std::optional<InheritedSignals>& inherited,
+                                 const std::string& stdout_path, int result_fd) {
+    char logname[] = "/tmp/looplock-unit-log-XXXXXX";
+    int logfd = mkstemp(logname);
+    if (logfd < 0) _exit(90);
+    unlink(logname);
+    if (!stdout_path.empty()) {
+      int out = ::open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (out < 0 || dup2(out, 1) < 0) _exit(91);
+      close(out);
+    }
+    Logger log(looplock::Verbosity::Normal, looplock::LogFormat::Text, logfd);
+    InheritedSignals taken = looplock::take_signal_control();
+    int status = -1, fatal = -1;
+    std::string message;
+    try {
+      status = looplock::run_command(spec, inherited ? *inherited : taken, log);
+    } catch (const Fatal& f) {
+      fatal = f.status();
+      message = f.what();
+    }
+    bool zombies = waitpid(-1, nullptr, WNOHANG) > 0;
+    std::string logged;
+    char buf[4096];
+    for (ssize_t n; (n = pread(logfd, buf, sizeof buf, static_cast<off_t>(logged.size()))) > 0;)
+      logged.append(buf, static_cast<size_t>(n));
+    std::string out = std::to_string(status) + " " + std::to_string(fatal) + " " + std::to_string(zombies) + "\n" +
+                      message + "\n--log--\n" + logged;
+    (void)!write(result_fd, out.data(), out.size());
+    _exit(0);
+  }
+
+  pid_t pid_ = -1;
+  int result_fd_ = -1;
+  bool reaped_ = false;
+};
+
+Result run(const CommandSpec& spec, std::optional<InheritedSignals> inherited = std::nullopt,
+           const std::string& stdout_path = {}) {
+  Looplock l(spec, inherited, stdout_path);
+  return l.finish();
+}
+
+// SigBlk/SigIgn/... of /proc/PID/status as a bit set.
+unsigned long long status_mask(const std::string& status, const std::string& field) {
+  auto at = status.find(field + ":");
+  REQUIRE(at != std::string::npos);
+  return std::stoull(status.substr(at + field.size() + 1), nullptr, 16);
+}
+bool has_sig(unsigned long long mask, int sig) { return (mask >> (sig - 1)) & 1; }
+
+}  // namespace
+
+TEST_CASE("shell_status") {
+  CHECK(looplock::shell_status(W_EXITCODE(0, 0)) == 0);
+  CHECK(looplock::shell_status(W_EXITCODE(7, 0)) == 7);
+  CHECK(looplock::shell_status(W_EXITCODE(255, 0)) == 255);
+  CHECK(looplock::shell_status(W_EXITCODE(0, SIGTERM)) == 128 + SIGTERM);
+  CHECK(looplock::shell_status(W_EXITCODE(0, SIGKILL)) == 137);
+  CHECK(looplock::shell_status(W_EXITCODE(0, SIGSEGV) | 0x80) == 128 + SIGSEGV);  // with a core dump
+  CHECK(looplock::shell_status(W_STOPCODE(SIGSTOP)) == 71);  // not an ending
+
+  // Real wait statuses.
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) _exit(42);
+  auto st = testutil::wait_child(child);
+  REQUIRE(st);
+  CHECK(looplock::shell_status(*st) == 42);
+  child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    signal(SIGTERM, SIG_DFL);
+    raise(SIGTERM);
+    _exit(0);
+  }
+  st = testutil::wait_child(child);
+  REQUIRE(st);
+  CHECK(looplock::shell_status(*st) == 143);
+}
+
+TEST_CASE("exec_failure_status") {
+  CHECK(looplock::exec_failure_status(ENOENT) == 127);
+  CHECK(looplock::exec_failure_status(ENOTDIR) == 127);
+  CHECK(looplock::exec_failure_status(EACCES) == 126);
+  CHECK(looplock::exec_failure_status(ENOEXEC) == 126);
+  CHECK(looplock::exec_failure_status(EPERM) == 126);
+}
+
+TEST_CASE("forwarded_signals") {
+  sigset_t set = looplock::forwarded_signals();
+  for (int s : {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGALRM, SIGPIPE, SIGVTALRM, SIGPROF, SIGXCPU,
+                SIGXFSZ}) {
+    CAPTURE(s);
+    CHECK(sigismember(&set, s) == 1);
+  }
+  for (int s = SIGRTMIN; s <= SIGRTMAX; ++s) {
+    CAPTURE(s);
+    CHECK(sigismember(&set, s) == 1);
+  }
+  for (int s : {SIGCHLD, SIGKILL, SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU, SIGCONT, SIGSEGV, SIGBUS, SIGFPE, SIGILL,
+                SIGABRT, SIGTRAP, SIGSYS}) {
+    CAPTURE(s);
+    CHECK(sigismember(&set, s) == 0);
+  }
+}
+
+TEST_CASE("take_signal_control captures the inherited state and sets looplock's own") {
+  SignalStateGuard guard;
+  struct sigaction ign {};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  sigaction(SIGCHLD, &ign, nullptr);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(SIGPIPE, &dfl, nullptr);
+  sigset_t blocked;
+  sigemptyset(&blocked);
+  sigaddset(&blocked, SIGTERM);
+  sigaddset(&blocked, SIGUSR2);
+  sigprocmask(SIG_BLOCK, &blocked, nullptr);
+
+  InheritedSignals in = looplock::take_signal_control();
+  CHECK((in.chld.sa_handler == SIG_IGN));
+  CHECK((in.pipe.sa_handler == SIG_DFL));
+  CHECK(sigismember(&in.mask, SIGTERM));
+  CHECK(sigismember(&in.mask, SIGUSR2));
+
+  struct sigaction now {};
+  sigaction(SIGCHLD, nullptr, &now);
+  CHECK((now.sa_handler == SIG_DFL));  // so that the command can be waited for
+  sigaction(SIGPIPE, nullptr, &now);
+  CHECK((now.sa_handler == SIG_IGN));  // a closed stderr must not kill looplock
+  sigset_t mask;
+  sigprocmask(SIG_BLOCK, nullptr, &mask);
+  CHECK_FALSE(sigismember(&mask, SIGTERM));  // INT, TERM, HUP, QUIT end a wait
+  CHECK(sigismember(&mask, SIGUSR2));        // others stay as they were
+}
+
+TEST_CASE("run_command returns the command's wait status") {
+  Result r = run(sh("exit 7"));
+  CHECK(r.fatal == -1);
+  CHECK(WIFEXITED(r.status));
+  CHECK(WEXITSTATUS(r.status) == 7);
+  CHECK(looplock::shell_status(r.status) == 7);
+  CHECK_FALSE(r.zombies);
+
+  r = run(sh("exit 0"));
+  CHECK(WIFEXITED(r.status));
+  CHECK(WEXITSTATUS(r.status) == 0);
+
+  r = run(sh("kill -TERM $$"));
+  CHECK(WIFSIGNALED(r.status));
+  CHECK(WTERMSIG(r.status) == SIGTERM);
+
+  // Found on PATH, with arguments passed untouched.
+  CommandSpec spec;
+  spec.argv = {"sh", "-c", "test \"$1\" = '--help -w x' && test $# = 1", "argv0", "--help -w x"};
+  spec.env = base_env();
+  r = run(spec);
+  CHECK(WIFEXITED(r.status));
+  CHECK(WEXITSTATUS(r.status) == 0);
+}
+
+TEST_CASE("run_command passes exactly the given environment") {
+  std::vector<std::string> env = base_env();
+  env.push_back("LOOPLOCK_TEST=bar baz");
+  CHECK(run(sh("test \"$LOOPLOCK_TEST\" = 'bar baz'", env)).status == W_EXITCODE(0, 0));
+  CHECK(run(sh("test -z \"${LOOPLOCK_TEST+set}\"")).status == W_EXITCODE(0, 0));
+  CHECK(run(sh("test -z \"${HOME+set}\"")).status == W_EXITCODE(0, 0));  // nothing else leaks in
+}
+
+TEST_CASE("run_command leaves only pass_fd open in the command") {
+  TempDir dir;
+  UniqueFd fd(::open((dir / "f").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  REQUIRE(fd);
+  const std::string n = std::to_string(fd.get());
+  CommandSpec spec = sh("test -e /proc/$$/fd/" + n);
+  CHECK(run(spec).status == W_EXITCODE(1, 0));  // close-on-exec: not inherited
+  spec.pass_fd = fd.get();
+  CHECK(run(spec).status == W_EXITCODE(0, 0));
+}
+
+TEST_CASE("the command starts with the inherited signal mask and dispositions") {
+  TempDir dir;
+  const std::string out = dir / "status";
+  // cat reads its own status (a shell would reset its mask and SIGCHLD).
+  CommandSpec spec;
+  spec.argv = {"/bin/cat", "/proc/self/status"};
+  spec.env = base_env();
+
+  InheritedSignals plain{};
+  sigemptyset(&plain.mask);
+  plain.chld.sa_handler = SIG_DFL;
+  sigemptyset(&plain.chld.sa_mask);
+  plain.pipe.sa_handler = SIG_DFL;
+  sigemptyset(&plain.pipe.sa_mask);
+  REQUIRE(run(spec, plain, out).status == W_EXITCODE(0, 0));
+  auto status = testutil::slurp(out);
+  REQUIRE(status);
+  unsigned long long blk = status_mask(*status, "SigBlk");
+  unsigned long long ign = status_mask(*status, "SigIgn");
+  // looplock blocks the forwarded signals and ignores SIGPIPE for itself:
+  // none of that reaches the command.
+  CHECK_FALSE(has_sig(blk, SIGTERM));
+  CHECK_FALSE(has_sig(blk, SIGCHLD));
+  CHECK_FALSE(has_sig(blk, SIGUSR1));
+  CHECK_FALSE(has_sig(blk, SIGRTMIN));
+  CHECK_FALSE(has_sig(ign, SIGCHLD));
+  CHECK_FALSE(has_sig(ign, SIGPIPE));
+
+  InheritedSignals odd = plain;
+  sigaddset(&odd.mask, SIGUSR2);
+  odd.chld.sa_handler = SIG_IGN;
+  odd.pipe.sa_handler = SIG_IGN;
+  REQUIRE(run(spec, odd, out).status == W_EXITCODE(0, 0));
+  status = testutil::slurp(out);
+  REQUIRE(status);
+  blk = status_mask(*status, "SigBlk");
+  ign = status_mask(*status, "SigIgn");
+  CHECK(has_sig(blk, SIGUSR2));
+  CHECK_FALSE(has_sig(blk, SIGTERM));
+  CHECK(has_sig(ign, SIGCHLD));
+  CHECK(has_sig(ign, SIGPIPE));
+}
+
+TEST_CASE("exec failures: 127 not found, 126 not executable") {
+  TempDir dir;
+  auto fatal_of = [&](std::vector<std::string> argv) {
+    CommandSpec spec;
+    spec.argv = std::move(argv);
+    spec.env = base_env();
+    return run(spec);
+  };
+  Result r = fatal_of({"/nonexistent/looplock-cmd"});
+  CHECK(r.fatal == 127);
+  CHECK(r.message.find("/nonexistent/looplock-cmd") != std::string::npos);
+  CHECK(r.message.find("No such file") != std::string::npos);
+  CHECK_FALSE(r.zombies);  // the failed child was reaped
+  CHECK(fatal_of({"looplock-no-such-command-on-path"}).fatal == 127);
+  testutil::write_file(dir / "not-executable", "#!/bin/sh\nexit 0\n", 0644);
+  CHECK(fatal_of({dir / "not-executable"}).fatal == 126);
+  CHECK(fatal_of({dir.path()}).fatal == 126);  // a directory
+}
+
+namespace {
+// A command that prints "ready" on `ready_fd` (then closes it), and then
+// waits; it gives up with 3 after ~10 s. `trap` sets what the signals do.
+CommandSpec ready_then_wait(int ready_fd, const std::string& trap) {
+  const std::string n = std::to_string(ready_fd);
+  CommandSpec spec = sh(trap + "; echo ready >&" + n + "; exec " + n +
+                        ">&-; i=0; while [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; exit 3");
+  spec.pass_fd = ready_fd;
+  return spec;
+}
+}  // namespace
+
+TEST_CASE("a signal sent to looplock reaches the command") {
+  for (int sig : {SIGUSR1, SIGTERM, SIGHUP, SIGALRM, SIGRTMIN + 1}) {
+    CAPTURE(sig);
+    int p[2];
+    REQUIRE(pipe2(p, O_CLOEXEC) == 0);
+    UniqueFd ready_r(p[0]), ready_w(p[1]);
+    Looplock l(ready_then_wait(ready_w.get(), "trap 'exit 42' " + std::to_string(sig)));
+    ready_w.reset();
+    REQUIRE(testutil::read_until(ready_r.get(), "ready"));
+    REQUIRE(kill(l.pid(), sig) == 0);
+    Result r = l.finish();
+    CHECK(r.fatal == -1);
+    CHECK(WIFEXITED(r.status));
+    CHECK(WEXITSTATUS(r.status) == 42);
+  }
+}
+
+TEST_CASE("--kill-after: KILL follows a TERM the command ignores") {
+  int p[2];
+  REQUIRE(pipe2(p, O_CLOEXEC) == 0);
+  UniqueFd ready_r(p[0]), ready_w(p[1]);
+  CommandSpec spec = ready_then_wait(ready_w.get(), "trap '' TERM");
+  spec.kill_after_ns = 200'000'000;
+  Looplock l(spec);
+  ready_w.reset();
+  REQUIRE(testutil::read_until(ready_r.get(), "ready"));
+  auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(kill(l.pid(), SIGTERM) == 0);
+  Result r = l.finish();
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(WIFSIGNALED(r.status));
+  CHECK(WTERMSIG(r.status) == SIGKILL);
+  CHECK(took >= 0.15);
+  CHECK(took < 8.0);
+  CHECK(r.log.find("KILL") != std::string::npos);
+}
+
+TEST_CASE("exec_command replaces the process; a failure throws") {
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    InheritedSignals in = looplock::take_signal_control();
+    try {
+      looplock::exec_command(sh("exit 9"), in);
+    } catch (const Fatal& f) {
+      _exit(100);
+    }
+    _exit(101);
+  }
+  auto st = testutil::wait_child(child);
+  REQUIRE(st);
+  CHECK(WIFEXITED(*st));
+  CHECK(WEXITSTATUS(*st) == 9);
+
+  child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    InheritedSignals in = looplock::take_signal_control();
+    CommandSpec spec;
+    spec.argv = {"/nonexistent/looplock-cmd"};
+    try {
+      looplock::exec_command(spec, in);
+    } catch (const Fatal& f) {
+      _exit(f.status());
+    }
+    _exit(101);
+  }
+  st = testutil::wait_child(child);
+  REQUIRE(st);
+  CHECK(WEXITSTATUS(*st) == 127);
+}
+
+TEST_CASE("exit_like exits with the status or dies of the signal, without a core") {
+  auto outcome = [](int wait_status) {
+    pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) looplock::exit_like(wait_status);
+    auto st = testutil::wait_child(child);
+    REQUIRE(st);
+    return *st;
+  };
+  int st = outcome(W_EXITCODE(5, 0));
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 5);
+  st = outcome(W_EXITCODE(0, SIGTERM));
+  CHECK(WIFSIGNALED(st));
+  CHECK(WTERMSIG(st) == SIGTERM);
+  st = outcome(W_EXITCODE(0, SIGSEGV) | 0x80);  // doctest handles SIGSEGV: exit_like must reset it
+  CHECK(WIFSIGNALED(st));
+  CHECK(WTERMSIG(st) == SIGSEGV);
+  CHECK_FALSE(WCOREDUMP(st));
+  // A signal the caller ignored or blocked is still the one looplock dies of.
+  {
+    SignalStateGuard guard;
+    signal(SIGUSR1, SIG_IGN);
+    sigset_t b;
+    sigemptyset(&b);
+    sigaddset(&b, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &b, nullptr);
+    st = outcome(W_EXITCODE(0, SIGUSR1));
+    signal(SIGUSR1, SIG_DFL);
+  }
+  CHECK(WIFSIGNALED(st));
+  CHECK(WTERMSIG(st) == SIGUSR1);
+}

@@ -1,1 +1,135 @@
+#include "sys.hpp"
+
 #include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <regex>
+#include <string>
+#include <thread>
+
+#include "inspect.hpp"
+#include "testutil.hpp"
+#include "unique_fd.hpp"
+
+namespace sys = looplock::sys;
+using looplock::UniqueFd;
+using testutil::TempDir;
+
+TEST_CASE("retry_eintr repeats only on EINTR") {
+  int calls = 0;
+  int r = sys::retry_eintr([&] {
+    ++calls;
+    if (calls < 3) {
+      errno = EINTR;
+      return -1;
+    }
+    return 5;
+  });
+  CHECK(r == 5);
+  CHECK(calls == 3);
+
+  calls = 0;
+  r = sys::retry_eintr([&] {
+    ++calls;
+    errno = EAGAIN;
+    return -1;
+  });
+  CHECK(r == -1);
+  CHECK(errno == EAGAIN);
+  CHECK(calls == 1);
+}
+
+TEST_CASE("write_all and pread_all") {
+  TempDir dir;
+  UniqueFd fd(::open((dir / "f").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  REQUIRE(fd);
+  std::string data(100'000, 'x');
+  data[0] = 'a';
+  data.back() = 'z';
+  REQUIRE(sys::write_all(fd.get(), data));
+  // pread_all reads from the start whatever the file position.
+  CHECK(sys::pread_all(fd.get(), 1 << 20) == data);
+  CHECK(sys::pread_all(fd.get(), 10) == data.substr(0, 10));
+  CHECK(sys::pread_all(fd.get(), 0) == "");
+  CHECK(sys::write_all(fd.get(), ""));
+
+  errno = 0;
+  CHECK_FALSE(sys::write_all(-1, "x"));
+  CHECK(errno == EBADF);
+  CHECK_FALSE(sys::pread_all(-1, 10));
+  // A pipe cannot be pread: an error, not a crash.
+  int p[2];
+  REQUIRE(pipe(p) == 0);
+  UniqueFd r(p[0]), w(p[1]);
+  CHECK_FALSE(sys::pread_all(r.get(), 10));
+}
+
+TEST_CASE("write_all writes everything through a pipe") {
+  int p[2];
+  REQUIRE(pipe(p) == 0);
+  UniqueFd r(p[0]), w(p[1]);
+  const std::string data(1 << 20, 'q');  // far more than the pipe buffer
+  std::string got;
+  std::thread reader([&] {
+    char buf[65536];
+    for (ssize_t n; (n = read(r.get(), buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(n));
+  });
+  bool ok = sys::write_all(w.get(), data);
+  w.reset();
+  reader.join();
+  CHECK(ok);
+  CHECK(got == data);
+}
+
+TEST_CASE("read_file") {
+  TempDir dir;
+  testutil::write_file(dir / "f", "hello\nworld\n");
+  CHECK(sys::read_file(dir / "f") == "hello\nworld\n");
+  // The limit caps what a runaway file costs (it is not an exact length).
+  testutil::write_file(dir / "big", std::string(1 << 20, 'b'));
+  auto capped = sys::read_file(dir / "big", 10);
+  REQUIRE(capped);
+  CHECK(capped->size() >= 10);
+  CHECK(capped->size() < 65536);
+  errno = 0;
+  CHECK_FALSE(sys::read_file(dir / "missing"));
+  CHECK(errno == ENOENT);
+  // /proc files report size 0 but have content.
+  auto stat = sys::read_file("/proc/self/stat");
+  REQUIRE(stat);
+  CHECK(stat->rfind(std::to_string(getpid()) + " (", 0) == 0);
+  CHECK_FALSE(sys::read_file(dir.path()));  // a directory cannot be read
+}
+
+TEST_CASE("clocks and the ISO 8601 time") {
+  std::string now = sys::utc_now_iso8601();
+  CAPTURE(now);
+  CHECK(now.size() == 24);
+  CHECK(std::regex_match(now, std::regex(R"(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z)")));
+  auto ms = looplock::parse_utc_ms(now);
+  REQUIRE(ms);
+  CHECK(std::llabs(*ms - sys::realtime_ms()) < 5000);
+
+  long long a = sys::monotonic_ns();
+  long long b = sys::monotonic_ns();
+  CHECK(b >= a);
+  long long ms1 = sys::monotonic_ms();
+  CHECK(std::llabs(ms1 - sys::monotonic_ns() / 1'000'000) <= 1000);
+  CHECK(sys::realtime_ms() > 1'600'000'000'000LL);  // after 2020
+}
+
+TEST_CASE("same_file compares device and inode") {
+  TempDir dir;
+  testutil::write_file(dir / "a", "");
+  testutil::write_file(dir / "b", "");
+  REQUIRE(link((dir / "a").c_str(), (dir / "a2").c_str()) == 0);
+  struct stat a {}, a2 {}, b {};
+  REQUIRE(stat((dir / "a").c_str(), &a) == 0);
+  REQUIRE(stat((dir / "a2").c_str(), &a2) == 0);
+  REQUIRE(stat((dir / "b").c_str(), &b) == 0);
+  CHECK(sys::same_file(a, a2));
+  CHECK_FALSE(sys::same_file(a, b));
+}
