@@ -338,7 +338,7 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
       usage_error("option -c needs a non-empty SHELL-COMMAND", "Example: looplock DIR -c 'python3 status.py --tick'");
     }
     o.shell_form = true;
-    o.command = {"/bin/sh", "-c", *split.shell_command};
+    o.command = {"/bin/sh", "-c", "--", *split.shell_command};  // "--": a string may start with "-"
   } else if (split.saw_dashdash) {
     if (split.command.empty()) {
       usage_error("no command after '--'", "Example: looplock DIR -- python3 status.py --tick");

@@ -20,7 +20,7 @@ enum class LogFormat { Text, Json };
 struct Options {
   Mode mode = Mode::Run;
   std::string dir;
-  // The argv to execute. For -c this is {"/bin/sh", "-c", STRING}.
+  // The argv to execute. For -c this is {"/bin/sh", "-c", "--", STRING}.
   std::vector<std::string> command;
   bool shell_form = false;
 
