@@ -129,7 +129,7 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
                                         "): flock(2) there may not exclude processes on other hosts; looplock "
                                         "supports local file systems only");
   }
-  const std::string canonical = canonical_lock_path(o.dir);
+  const std::string canonical = canonical_lock_path(dir.fd.get(), o.dir);
   const std::string canonical_dir = canonical.substr(0, canonical.size() - std::string_view(kLockName).size() - 1);
   const std::string lock_id = lock_id_for_path(canonical);
   const LockMode mode = o.shared ? LockMode::Shared : LockMode::Exclusive;

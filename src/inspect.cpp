@@ -222,7 +222,7 @@ int inspect(const Options& o, const Logger& log) {
   LockDir dir = open_lock_dir(o.dir, /*check_safety=*/false);
   InspectFacts f;
   f.lock_path = o.dir + (o.dir.ends_with('/') ? "" : "/") + kLockName;
-  f.lock_id = lock_id_for_path(canonical_lock_path(o.dir));
+  f.lock_id = lock_id_for_path(canonical_lock_path(dir.fd.get(), o.dir));
   f.dir_unsafe = dir_mode_unsafe(dir.st.st_mode);
   f.stale_after_ms = o.stale_after_ns / 1'000'000;
   f.network_fs = network_file_system(dir.fd.get());

@@ -32,6 +32,22 @@ std::string lock_id_for_path(std::string_view canonical_lock_path) {
   return sha256_hex(canonical_lock_path).substr(0, 16);
 }
 
+std::string canonical_lock_path(int dirfd, const std::string& dir) {
+  char buf[PATH_MAX + 1];
+  std::string link = "/proc/self/fd/" + std::to_string(dirfd);
+  ssize_t n = readlink(link.c_str(), buf, sizeof buf - 1);
+  // The kernel's name for a removed directory ends in " (deleted)"; anything
+  // not absolute is not a path.
+  if (n > 0 && n < static_cast<ssize_t>(sizeof buf) - 1 && buf[0] == '/') {
+    std::string p(buf, static_cast<size_t>(n));
+    if (!p.ends_with(" (deleted)")) {
+      if (p.back() != '/') p += '/';
+      return p + kLockName;
+    }
+  }
+  return canonical_lock_path(dir);
+}
+
 std::string canonical_lock_path(const std::string& dir) {
   std::unique_ptr<char, decltype(&std::free)> real(realpath(dir.c_str(), nullptr), &std::free);
   std::string p;

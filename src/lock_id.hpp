@@ -14,5 +14,8 @@ std::string lock_id_for_path(std::string_view canonical_lock_path);
 // realpath(DIR) + "/.state.lock" (DIR's absolute spelling if it cannot be
 // resolved).
 std::string canonical_lock_path(const std::string& dir);
+// The same for a DIR already open as `dirfd`: one readlink(2) of
+// /proc/self/fd/N, falling back to canonical_lock_path(dir).
+std::string canonical_lock_path(int dirfd, const std::string& dir);
 
 }  // namespace looplock

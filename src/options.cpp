@@ -51,6 +51,18 @@ bool short_group_takes_next(std::string_view arg) {
   return false;
 }
 
+// For "-w0.5" or "-qw0.5": the offset where the attached value starts.
+std::optional<size_t> attached_short_value(std::string_view arg) {
+  if (arg.size() < 3 || arg[0] != '-' || arg[1] == '-') return std::nullopt;
+  for (size_t i = 1; i < arg.size(); ++i) {
+    if (std::find(kValueShort.begin(), kValueShort.end(), arg[i]) != kValueShort.end()) {
+      if (i + 1 < arg.size()) return i + 1;
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
 struct Split {
   std::vector<std::string> own;  // argv[0] and looplock's own arguments
   std::vector<std::string> command;
@@ -82,6 +94,12 @@ Split split_argv(const std::vector<std::string>& argv) {
                     "Quote the whole shell command as one argument, or use '--' instead of -c.");
       }
       return s;
+    }
+    if (auto at = attached_short_value(a)) {
+      // "-w0.5" and "-qw0.5": hand cxxopts the option and its value apart.
+      s.own.push_back(a.substr(0, *at));
+      s.own.push_back(a.substr(*at));
+      continue;
     }
     s.own.push_back(a);
     if ((long_takes_value(a) || short_group_takes_next(a)) && i + 1 < argv.size()) {

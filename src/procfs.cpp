@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <sys/sysmacros.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <charconv>
@@ -195,7 +196,11 @@ std::vector<pid_t> descendants(pid_t pid) {
     pid_t p = todo.back();
     todo.pop_back();
     std::string base = "/proc/" + std::to_string(p) + "/task";
-    for (const auto& tid : dir_entries(base)) {
+    // Children are listed per thread; a single-threaded process has one,
+    // whose tid is its pid (no directory listing needed).
+    std::vector<std::string> tids{std::to_string(p)};
+    if (p != getpid()) tids = dir_entries(base);
+    for (const auto& tid : tids) {
       auto kids = sys::read_file(base + "/" + tid + "/children", 1 << 20);
       if (!kids) continue;
       for (auto w : words(*kids)) {

@@ -12,7 +12,6 @@
 #include "error.hpp"
 #include "exit_codes.hpp"
 #include "sys.hpp"
-#include "unique_fd.hpp"
 
 namespace looplock {
 
@@ -99,21 +98,23 @@ int run_command(const CommandSpec& spec, const InheritedSignals& inherited, cons
   sigset_t before;
   sigprocmask(SIG_BLOCK, &waited, &before);
 
-  int pipefd[2];
-  if (pipe2(pipefd, O_CLOEXEC) != 0) fail_errno(exit_code::kOsError, "cannot create a pipe", errno);
-  UniqueFd report_r(pipefd[0]);
-  UniqueFd report_w(pipefd[1]);
-
   const pid_t parent = getpid();
   // When the command gets the lock fd, become the subreaper of its
   // descendants: a background process it leaves behind is then found (and
   // reaped) here, so that a lock it keeps holding can be reported.
   if (spec.pass_fd >= 0) prctl(PR_SET_CHILD_SUBREAPER, 1);
-  pid_t child = fork();
+
+  // vfork: the child borrows looplock's memory until it has exec'd (or
+  // failed to), which is cheaper than copying it, and lets it hand back the
+  // exec errno through this variable instead of a pipe. Between vfork and
+  // exec the child only makes system calls (no allocation, no locks), and
+  // looplock is suspended meanwhile.
+  volatile int exec_errno = 0;
+  pid_t child = vfork();
   if (child < 0) {
     int err = errno;
     sigprocmask(SIG_SETMASK, &before, nullptr);
-    fail_errno(exit_code::kOsError, "cannot start the command (fork)", err);
+    fail_errno(exit_code::kOsError, "cannot start the command (vfork)", err);
   }
   if (child == 0) {
     // The command must not outlive looplock: it would run on unprotected.
@@ -122,15 +123,10 @@ int run_command(const CommandSpec& spec, const InheritedSignals& inherited, cons
     if (spec.pass_fd >= 0) fcntl(spec.pass_fd, F_SETFD, 0);
     restore_in_child(inherited);
     execvpe(argv[0], argv.data(), envp.data());
-    int err = errno;
-    (void)!write(report_w.get(), &err, sizeof err);
-    _exit(exec_failure_status(err));
+    exec_errno = errno;
+    _exit(exec_failure_status(errno));
   }
-  report_w.reset();
-
-  int exec_errno = 0;
-  ssize_t n = sys::retry_eintr([&] { return read(report_r.get(), &exec_errno, sizeof exec_errno); });
-  bool exec_failed_in_child = n == static_cast<ssize_t>(sizeof exec_errno);
+  const bool exec_failed_in_child = exec_errno != 0;
 
   const sigset_t forwarded = forwarded_signals();
   const pid_t self = getpid();
