@@ -4,6 +4,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -84,6 +85,15 @@ InheritedSignals take_signal_control() {
   return in;
 }
 
+bool in_terminal_foreground() {
+  const pid_t group = getpgrp();
+  for (int fd : {0, 1, 2}) {
+    pid_t fg = tcgetpgrp(fd);  // fails unless fd is our controlling terminal
+    if (fg >= 0) return fg == group;
+  }
+  return false;
+}
+
 int exec_failure_status(int err) {
   return (err == ENOENT || err == ENOTDIR || err == ENAMETOOLONG) ? exit_code::kNotFound
                                                                   : exit_code::kNotExecutable;
@@ -109,6 +119,7 @@ int run_command(const CommandSpec& spec, const InheritedSignals& inherited, cons
   // exec errno through this variable instead of a pipe. Between vfork and
   // exec the child only makes system calls (no allocation, no locks), and
   // looplock is suspended meanwhile.
+  const bool own_group = !in_terminal_foreground();
   volatile int exec_errno = 0;
   pid_t child = vfork();
   if (child < 0) {
@@ -120,6 +131,7 @@ int run_command(const CommandSpec& spec, const InheritedSignals& inherited, cons
     // The command must not outlive looplock: it would run on unprotected.
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(exit_code::kOsError);
+    if (own_group) setpgid(0, 0);
     if (spec.pass_fd >= 0) fcntl(spec.pass_fd, F_SETFD, 0);
     restore_in_child(inherited);
     execvpe(argv[0], argv.data(), envp.data());
@@ -166,7 +178,7 @@ int run_command(const CommandSpec& spec, const InheritedSignals& inherited, cons
     if (sig < 0 || sig == SIGCHLD) continue;  // EINTR/EAGAIN, or a child changed state
     if (!sigismember(&forwarded, sig)) continue;
     bool own = (info.si_code == SI_USER || info.si_code == SI_TKILL) && info.si_pid == self;
-    if (!own && !already_delivered_to_group(info)) kill(child, sig);
+    if (!own && !(!own_group && already_delivered_to_group(info))) kill(child, sig);
     if ((sig == SIGTERM || sig == SIGINT) && spec.kill_after_ns && kill_at == 0) {
       kill_at = sys::monotonic_ns() + *spec.kill_after_ns;
     }

@@ -40,6 +40,13 @@ struct CommandSpec {
   std::optional<long long> kill_after_ns;
 };
 
+// Whether looplock is the foreground job of its controlling terminal. Only
+// then does the command share looplock's process group (so that ^C and ^Z
+// reach both, and job control works); otherwise it gets a process group of
+// its own, so that a signal sent to looplock's whole group (timeout(1),
+// `kill -- -PGID`) reaches it once, through looplock, not twice.
+bool in_terminal_foreground();
+
 // Forks and execs the command, forwards signals to it until it ends, and
 // returns its wait status. Throws Fatal 71 if it cannot fork, 126/127 if the
 // command cannot be executed (after reaping the child).

@@ -37,10 +37,12 @@ if pid == 0:
     os.setpgid(0, 0)
     os.read(go_r, 1)  # until the shell made this group the foreground job
     os.close(go_r)
-    # A fresh process, as a shell would start it: default dispositions
-    # (Python ignores PIPE and XFSZ) and nothing blocked.
-    for s in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTTOU):
-        signal.signal(s, signal.SIG_DFL)
+    # A fresh process, as an interactive shell starts a job: default
+    # dispositions and nothing blocked (Python ignores PIPE and XFSZ, and a
+    # background job inherits INT and QUIT ignored).
+    for s in signal.Signals:
+        if s not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(s, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     try:
         os.execvp(sys.argv[1], sys.argv[1:])
