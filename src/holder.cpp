@@ -70,6 +70,7 @@ std::optional<HolderRecord> parse_holder(std::string_view content) {
 
 bool write_holder(int fd, const HolderRecord& r) {
   const std::string data = encode_holder(r);
+  if (!r.released_at && sys::retry_eintr([&] { return ftruncate(fd, 0); }) != 0) return false;
   size_t done = 0;
   while (done < data.size()) {
     ssize_t n = sys::retry_eintr(

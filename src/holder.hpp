@@ -46,7 +46,13 @@ std::string encode_holder(const HolderRecord& r);
 // the schema and every field of the right type; nullopt otherwise.
 std::optional<HolderRecord> parse_holder(std::string_view content);
 
-// Writes the record in place. Returns false with errno set on failure.
+// Writes the record in place. A new holder's record (released_at null)
+// replaces another run's record: the file is emptied first, so that a reader
+// sees the old record, nothing, or the whole new one (a record is far below a
+// page, and a read never sees part of one write to an empty file), never a
+// mix of the two. The release rewrite only grows the same record (null
+// becomes a time), so it is written over it: a read racing it sees the old
+// record or text that does not parse. Returns false with errno set on failure.
 bool write_holder(int fd, const HolderRecord& r);
 
 struct HolderRead {

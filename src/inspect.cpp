@@ -17,11 +17,21 @@
 namespace looplock {
 
 std::optional<long long> parse_utc_ms(const std::string& iso) {
-  int y, mo, d, h, mi, s, ms;
-  char z;
-  if (iso.size() != 24 || std::sscanf(iso.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d.%3d%c", &y, &mo, &d, &h, &mi, &s, &ms, &z) != 8 ||
-      z != 'Z')
-    return std::nullopt;
+  // Exactly "YYYY-MM-DDTHH:MM:SS.mmmZ": fixed digits, no signs or spaces.
+  static constexpr std::string_view kShape = "dddd-dd-ddTdd:dd:dd.dddZ";
+  if (iso.size() != kShape.size()) return std::nullopt;
+  for (size_t i = 0; i < kShape.size(); ++i) {
+    bool ok = kShape[i] == 'd' ? (iso[i] >= '0' && iso[i] <= '9') : iso[i] == kShape[i];
+    if (!ok) return std::nullopt;
+  }
+  auto num = [&](size_t pos, size_t len) {
+    int v = 0;
+    for (size_t i = pos; i < pos + len; ++i) v = v * 10 + (iso[i] - '0');
+    return v;
+  };
+  const int y = num(0, 4), mo = num(5, 2), d = num(8, 2), h = num(11, 2), mi = num(14, 2), s = num(17, 2),
+            ms = num(20, 3);
+  if (mo < 1 || mo > 12 || d < 1 || h > 23 || mi > 59 || s > 59) return std::nullopt;
   tm t{};
   t.tm_year = y - 1900;
   t.tm_mon = mo - 1;
@@ -29,8 +39,8 @@ std::optional<long long> parse_utc_ms(const std::string& iso) {
   t.tm_hour = h;
   t.tm_min = mi;
   t.tm_sec = s;
-  time_t secs = timegm(&t);
-  if (secs == static_cast<time_t>(-1)) return std::nullopt;
+  const time_t secs = timegm(&t);
+  if (t.tm_mday != d || t.tm_mon != mo - 1) return std::nullopt;  // "11-31" was normalised to 12-01
   return static_cast<long long>(secs) * 1000 + ms;
 }
 
@@ -173,7 +183,7 @@ InspectReport build_report(const InspectFacts& f) {
   auto line = [&](const char* label, const std::string& value) {
     char head[16];
     std::snprintf(head, sizeof head, "%-10s", label);
-    t += head + value + "\n";
+    t += head + printable(value) + "\n";
   };
   line("lock", f.lock_path + " (lock_id " + f.lock_id + ")");
   if (!f.exists) {

@@ -8,6 +8,28 @@ std::string dump_json(const Json& j) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
+std::string printable(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (unsigned char c : text) {
+    if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c < 0x20 || c == 0x7f) {
+      static constexpr char hex[] = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 std::string Logger::format_line(const char* level, const std::string& event, const std::string& message,
                                 const std::string& hint, const Json& fields) const {
   if (format_ == LogFormat::Json) {
@@ -21,8 +43,8 @@ std::string Logger::format_line(const char* level, const std::string& event, con
     }
     return dump_json(j) + "\n";
   }
-  std::string line = "looplock: " + message + "\n";
-  if (!hint.empty()) line += "looplock: " + hint + "\n";
+  std::string line = "looplock: " + printable(message) + "\n";
+  if (!hint.empty()) line += "looplock: " + printable(hint) + "\n";
   return line;
 }
 

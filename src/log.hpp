@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <string>
+#include <string_view>
 
 #include "options.hpp"
 
@@ -44,6 +45,11 @@ private:
   LogFormat format_;
   int fd_;
 };
+
+// `text` with control characters shown as \n, \r, \t or \xNN, so that an
+// agent id or operation from a holder record can never start a line of its
+// own or drive the terminal.
+std::string printable(std::string_view text);
 
 // Serialises JSON for records and log lines: invalid UTF-8 becomes U+FFFD,
 // never an exception.

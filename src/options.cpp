@@ -223,31 +223,60 @@ std::string derive_operation(const std::vector<std::string>& command) {
   std::string base = base_name(command[0]);
   Family fam = interpreter_family(base);
   if (fam == Family::None) return base.empty() ? "command" : base;
+  auto script_name = [&](std::string_view a) {
+    std::string script = base_name(a);
+    return script.empty() ? base : script;
+  };
+  // Short option letters that introduce inline code or a module (no script
+  // follows), and those that take a value.
+  auto code_letter = [&](char c) {
+    switch (fam) {
+      case Family::Shell: return c == 'c';
+      case Family::Python: return c == 'c' || c == 'm';
+      case Family::Node: return c == 'e' || c == 'p';
+      case Family::Perl: return c == 'e' || c == 'E';
+      case Family::None: break;
+    }
+    return false;
+  };
+  auto value_letter = [&](char c) {
+    switch (fam) {
+      case Family::Shell: return c == 'o';
+      case Family::Python: return c == 'W' || c == 'X';
+      case Family::Node: return c == 'r';
+      case Family::Perl: return c == 'I';
+      case Family::None: break;
+    }
+    return false;
+  };
   for (size_t i = 1; i < command.size(); ++i) {
     std::string_view a = command[i];
     if (a == "--") {
-      if (i + 1 < command.size()) return base_name(command[i + 1]);
+      if (i + 1 < command.size()) return script_name(command[i + 1]);
       break;
     }
-    if (a.empty() || a[0] != '-' || a == "-") {
-      // The first non-option argument is the script.
-      if (a.empty() || a == "-") break;
-      std::string script = base_name(a);
-      return script.empty() ? base : script;
+    if (a.empty() || a == "-") break;
+    const bool option = a[0] == '-' || (fam == Family::Shell && a[0] == '+' && a.size() > 1);
+    if (!option) return script_name(a);  // the first non-option argument is the script
+    if (a[1] == '-') {  // a long option
+      if (fam == Family::Node && (a == "--eval" || a == "--print")) break;
+      if (fam == Family::Node && a == "--require") ++i;
+      continue;
     }
-    // Options that introduce inline code or a module: no script follows.
+    // A cluster of short options ("-ec", "-uc", "-Wignore", "+o"): its letters
+    // up to the first that takes a value (the rest of the cluster is the value).
     bool code = false;
-    bool takes_value = false;
-    switch (fam) {
-      case Family::Shell: code = a == "-c"; takes_value = a == "-o" || a == "+o"; break;
-      case Family::Python: code = a == "-c" || a == "-m"; takes_value = a == "-W" || a == "-X"; break;
-      case Family::Node: code = a == "-e" || a == "-p" || a == "--eval" || a == "--print";
-        takes_value = a == "-r" || a == "--require"; break;
-      case Family::Perl: code = a == "-e" || a == "-E"; takes_value = a == "-I"; break;
-      case Family::None: break;
+    for (size_t k = 1; k < a.size(); ++k) {
+      if (code_letter(a[k])) {
+        code = true;
+        break;
+      }
+      if (value_letter(a[k])) {
+        if (k + 1 == a.size()) ++i;  // the value is the next argument
+        break;
+      }
     }
     if (code) break;
-    if (takes_value) ++i;
   }
   return base;
 }

@@ -294,7 +294,7 @@ TEST_CASE("read_holder on garbage, partial and unreadable content") {
   REQUIRE(rfd);
   errno = 0;
   CHECK_FALSE(looplock::write_holder(rfd.get(), sample()));
-  CHECK(errno == EBADF);
+  CHECK((errno == EBADF || errno == EINVAL));  // ftruncate(2) says EINVAL, write(2) EBADF
 }
 
 TEST_CASE("describe_holder") {

@@ -189,8 +189,10 @@ TEST_CASE("every value-taking option is classified by the splitter") {
 TEST_CASE("-c SHELL-COMMAND") {
   Options o = parse({"DIR", "-c", "python3 status.py --tick && echo ok"});
   CHECK(o.shell_form);
-  CHECK(o.command == Args{"/bin/sh", "-c", "python3 status.py --tick && echo ok"});
+  // "--" before the string, so that a string starting with "-" is not an option of sh.
+  CHECK(o.command == Args{"/bin/sh", "-c", "--", "python3 status.py --tick && echo ok"});
   CHECK(o.operation == "sh");
+  CHECK(parse({"DIR", "-c", "-x"}).command == Args{"/bin/sh", "-c", "--", "-x"});
   o = parse({"-w", "1", "DIR", "-c", "x"});
   CHECK(o.timeout_ns == kSec);
   CHECK(parse({"--operation", "tick", "DIR", "-c", "x"}).operation == "tick");

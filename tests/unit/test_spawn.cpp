@@ -4,6 +4,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -116,10 +117,8 @@ public:
 private:
   [[noreturn]] static void child(const CommandSpec& spec, const std::optional<InheritedSignals>& inherited,
                                  const std::string& stdout_path, int result_fd) {
-    char logname[] = "/tmp/looplock-unit-log-XXXXXX";
-    int logfd = mkstemp(logname);
+    int logfd = memfd_create("looplock-unit-log", MFD_CLOEXEC);
     if (logfd < 0) _exit(90);
-    unlink(logname);
     if (!stdout_path.empty()) {
       int out = ::open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (out < 0 || dup2(out, 1) < 0) _exit(91);
