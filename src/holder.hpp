@@ -42,8 +42,9 @@ std::optional<HolderRecord> holder_from_json(const Json& j);
 
 // One JSON object and a newline; invalid UTF-8 replaced by U+FFFD.
 std::string encode_holder(const HolderRecord& r);
-// Strict: exactly one JSON object (optionally followed by one newline) with
-// the schema and every field of the right type; nullopt otherwise.
+// Strict: exactly one JSON object followed by its newline, with the schema
+// and every field of the right type; nullopt otherwise (a record without its
+// newline may be one still being written).
 std::optional<HolderRecord> parse_holder(std::string_view content);
 
 // Writes the record in place. A new holder's record (released_at null)

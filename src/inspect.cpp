@@ -50,7 +50,7 @@ std::string human_duration(long long ms) {
   if (ms < 1000) {
     std::snprintf(buf, sizeof buf, "%lldms", ms);
   } else if (ms < 60'000) {
-    std::snprintf(buf, sizeof buf, "%.1fs", static_cast<double>(ms) / 1000.0);
+    std::snprintf(buf, sizeof buf, "%lld.%llds", ms / 1000, (ms / 100) % 10);  // truncated, never "60.0s"
   } else if (ms < 3'600'000) {
     std::snprintf(buf, sizeof buf, "%lldm%02llds", ms / 60'000, (ms / 1000) % 60);
   } else if (ms < 86'400'000) {

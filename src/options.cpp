@@ -199,6 +199,7 @@ std::optional<long long> parse_seconds(std::string_view text) {
     ns += (c - '0') * scale;
     scale /= 10;
   }
+  if (secs == 1'000'000'000LL && ns > 0) return std::nullopt;
   return secs * 1'000'000'000LL + ns;
 }
 
