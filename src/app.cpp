@@ -1,5 +1,6 @@
 #include "app.hpp"
 
+#include <fcntl.h>
 #include <pwd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -56,9 +57,27 @@ private:
   const Logger& log_;
 };
 
+// The user's name: from /etc/passwd when it is there (one read, no NSS
+// machinery on the hot path), else from getpwuid(3) (LDAP and other NSS
+// sources), else the uid.
 std::string user_name() {
+  const std::string uid = std::to_string(getuid());
+  if (auto passwd = sys::read_file("/etc/passwd", 4 << 20)) {
+    std::string_view all = *passwd;
+    while (!all.empty()) {
+      auto nl = all.find('\n');
+      std::string_view line = all.substr(0, nl);
+      all = nl == std::string_view::npos ? std::string_view{} : all.substr(nl + 1);
+      auto c1 = line.find(':');
+      auto c2 = c1 == std::string_view::npos ? c1 : line.find(':', c1 + 1);
+      auto c3 = c2 == std::string_view::npos ? c2 : line.find(':', c2 + 1);
+      if (c3 != std::string_view::npos && line.substr(c2 + 1, c3 - c2 - 1) == uid && c1 > 0) {
+        return std::string(line.substr(0, c1));
+      }
+    }
+  }
   if (passwd* pw = getpwuid(getuid()); pw && pw->pw_name) return pw->pw_name;
-  return std::to_string(getuid());
+  return uid;
 }
 
 // The environment the command runs with.
@@ -141,6 +160,11 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
       log.verbose("nested", "already held by looplock pid " + std::to_string(outer->pid) +
                                 " (an ancestor); running inside its critical section");
       CommandSpec spec{o.command, ctx.env, -1, o.kill_after_ns};
+      if (o.close_fd) {
+        // -o holds inside a nested run too: the command gets no lock fd.
+        if (auto fd = inherited_lock_fd(ctx.env, probe.st)) fcntl(*fd, F_SETFD, FD_CLOEXEC);
+        spec.env = env_with(ctx.env, {}, {env_name::kFd});
+      }
       probe.fd.reset();
       if (o.no_fork) exec_command(spec, inherited);
       return finish(run_command(spec, inherited, log));
@@ -149,7 +173,7 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
 
   const WaitPlan plan = wait_plan(o.policy, o.timeout_ns);
   WaitReporter reporter(o, log);
-  AcquireResult res = acquire_lock(dir, plan, mode, reporter);
+  AcquireResult res = acquire_lock(dir, plan, mode, reporter, ctx.start_ns);
 
   if (res.status == AcquireResult::Status::Busy) {
     HolderRead hr = read_holder(res.file.fd.get());
@@ -239,8 +263,9 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
 }
 
 int main_program(int argc, char** argv, char** envp) {
+  const long long start_ns = sys::monotonic_ns();
   std::vector<std::string> args(argv, argv + argc);
-  Context ctx{env_from(envp), getpid()};
+  Context ctx{env_from(envp), getpid(), start_ns};
   // Until the options are known, errors are plain text.
   Logger log(Verbosity::Normal, LogFormat::Text);
   try {

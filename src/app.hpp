@@ -14,6 +14,7 @@ namespace looplock {
 struct Context {
   EnvList env;  // the environment looplock was started with
   pid_t pid = 0;
+  long long start_ns = 0;  // CLOCK_MONOTONIC when looplock started
 };
 
 // How looplock ends: with an exit status, or like a wait status (exit N, or

@@ -261,9 +261,10 @@ bool dir_intact(const LockDir& dir) {
   return sys::same_file(by_fd, by_path);
 }
 
-AcquireResult acquire_lock(const LockDir& dir, const WaitPlan& plan, LockMode mode, AcquireObserver& observer) {
+AcquireResult acquire_lock(const LockDir& dir, const WaitPlan& plan, LockMode mode, AcquireObserver& observer,
+                           long long start_ns) {
   const int op = mode == LockMode::Exclusive ? LOCK_EX : LOCK_SH;
-  const long long start = sys::monotonic_ns();
+  const long long start = start_ns;
   const bool bounded = plan.kind == WaitPlan::Kind::Bounded;
   const long long deadline = start + plan.deadline_ns;
   std::optional<DeadlineAlarm> alarm;  // armed only when the first attempt finds the lock held

@@ -3,6 +3,7 @@
 #include <charconv>
 
 #include "procfs.hpp"
+#include "sys.hpp"
 
 namespace looplock {
 
@@ -25,6 +26,15 @@ std::optional<OuterHolder> find_outer_holder(const EnvList& env, const struct st
   if (!procfs::is_self_or_ancestor(h.pid, self)) return std::nullopt;
   if (!procfs::fd_holds_flock(h.pid, h.fd, lock_file, exclusive)) return std::nullopt;
   return h;
+}
+
+std::optional<int> inherited_lock_fd(const EnvList& env, const struct stat& lock_file) {
+  auto fd = to_long(env_get(env, env_name::kFd));
+  struct stat st {};
+  if (!fd || *fd > 0x7fffffff || fstat(static_cast<int>(*fd), &st) != 0 || !sys::same_file(st, lock_file)) {
+    return std::nullopt;
+  }
+  return static_cast<int>(*fd);
 }
 
 }  // namespace looplock

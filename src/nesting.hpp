@@ -25,4 +25,7 @@ struct OuterHolder {
 std::optional<OuterHolder> find_outer_holder(const EnvList& env, const struct stat& lock_file, bool exclusive,
                                              pid_t self);
 
+// The fd named by $LOOPLOCK_FD, if this process has it open on `lock_file`.
+std::optional<int> inherited_lock_fd(const EnvList& env, const struct stat& lock_file);
+
 }  // namespace looplock

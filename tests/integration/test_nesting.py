@@ -321,3 +321,17 @@ def test_live_ancestor_that_no_longer_holds_the_lock(loop_dir, holders):
     assert p.returncode == 0, err
     assert out.split() == ["result", str(EX_TEMPFAIL), "-"]
     assert h.release() == 0
+
+
+def test_close_holds_inside_a_nested_run(loop_dir):
+    """-o on a nested looplock: its command gets no lock fd and no LOOPLOCK_FD,
+    although the nested looplock itself inherited both from the outer one."""
+    probe = "echo ${LOOPLOCK_FD-unset}; ls -l /proc/self/fd | grep -c state.lock || true"
+    r = run([loop_dir, "--", LOOPLOCK, "-o", "-w", "1", loop_dir, "--", "sh", "-c", probe])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["unset", "0"]
+    # Control: without -o the nested command does get the fd.
+    r = run([loop_dir, "--", LOOPLOCK, "-w", "1", loop_dir, "--", "sh", "-c", probe])
+    assert r.returncode == 0, r.stderr
+    fd, count = r.stdout.split()
+    assert fd != "unset" and count == "1"

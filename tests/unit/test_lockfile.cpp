@@ -1,4 +1,5 @@
 #include "lockfile.hpp"
+#include "sys.hpp"
 
 #include <doctest/doctest.h>
 
@@ -236,7 +237,7 @@ TEST_CASE("acquire_lock on a free lock") {
   for (WaitPlan plan : {WaitPlan{WaitPlan::Kind::Bounded, 0}, WaitPlan{WaitPlan::Kind::Bounded, 5000 * kMs},
                         WaitPlan{WaitPlan::Kind::NoWait, 0}, WaitPlan{WaitPlan::Kind::Unbounded, 0}}) {
     CountingObserver obs;
-    AcquireResult r = looplock::acquire_lock(d, plan, LockMode::Exclusive, obs);
+    AcquireResult r = looplock::acquire_lock(d, plan, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
     REQUIRE(r.status == AcquireResult::Status::Acquired);
     CHECK(r.file.fd);
     CHECK(r.replaced == 0);
@@ -259,7 +260,7 @@ TEST_CASE("acquire_lock while another open file description holds the lock") {
   SUBCASE("NoWait: Busy at once, the file is returned for reading the holder") {
     CountingObserver obs;
     auto t0 = std::chrono::steady_clock::now();
-    AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::NoWait, 0}, LockMode::Exclusive, obs);
+    AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::NoWait, 0}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
     CHECK(r.status == AcquireResult::Status::Busy);
     CHECK(seconds_since(t0) < 1.0);
     CHECK(r.file.fd);
@@ -271,7 +272,7 @@ TEST_CASE("acquire_lock while another open file description holds the lock") {
   SUBCASE("Bounded 0: one attempt, TimedOut at once") {
     CountingObserver obs;
     auto t0 = std::chrono::steady_clock::now();
-    AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 0}, LockMode::Exclusive, obs);
+    AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 0}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
     CHECK(r.status == AcquireResult::Status::TimedOut);
     CHECK(seconds_since(t0) < 1.0);
     CHECK(obs.waits == 0);
@@ -280,7 +281,7 @@ TEST_CASE("acquire_lock while another open file description holds the lock") {
   SUBCASE("Bounded 100 ms: TimedOut after the deadline, on_wait once") {
     CountingObserver obs;
     auto t0 = std::chrono::steady_clock::now();
-    AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 100 * kMs}, LockMode::Exclusive, obs);
+    AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 100 * kMs}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
     double took = seconds_since(t0);
     CHECK(r.status == AcquireResult::Status::TimedOut);
     CHECK(took >= 0.09);
@@ -292,7 +293,7 @@ TEST_CASE("acquire_lock while another open file description holds the lock") {
   }
   SUBCASE("Shared against an exclusive holder: Busy") {
     CountingObserver obs;
-    AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::NoWait, 0}, LockMode::Shared, obs);
+    AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::NoWait, 0}, LockMode::Shared, obs, looplock::sys::monotonic_ns());
     CHECK(r.status == AcquireResult::Status::Busy);
   }
   CHECK(lock_taken(path));  // the holder still holds it
@@ -304,9 +305,9 @@ TEST_CASE("shared locks coexist; exclusive waits for them") {
   const std::string path = dir / ".state.lock";
   UniqueFd reader = hold(path, LOCK_SH);
   CountingObserver obs;
-  AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 0}, LockMode::Shared, obs);
+  AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 0}, LockMode::Shared, obs, looplock::sys::monotonic_ns());
   CHECK(r.status == AcquireResult::Status::Acquired);
-  AcquireResult x = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 0}, LockMode::Exclusive, obs);
+  AcquireResult x = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 0}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
   CHECK(x.status == AcquireResult::Status::TimedOut);
 }
 
@@ -327,7 +328,7 @@ TEST_CASE("a waiter takes the lock as soon as it is released") {
       });
     };
     auto t0 = std::chrono::steady_clock::now();
-    AcquireResult r = looplock::acquire_lock(d, plan, LockMode::Exclusive, obs);
+    AcquireResult r = looplock::acquire_lock(d, plan, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
     double took = seconds_since(t0);
     if (releaser.joinable()) releaser.join();
     CHECK(r.status == AcquireResult::Status::Acquired);
@@ -355,7 +356,7 @@ TEST_CASE("the deadline holds with SIGALRM blocked or ignored, and the signal st
 
   CountingObserver obs;
   auto t0 = std::chrono::steady_clock::now();
-  AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 150 * kMs}, LockMode::Exclusive, obs);
+  AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 150 * kMs}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
   double took = seconds_since(t0);
 
   struct sigaction after {};
@@ -390,7 +391,7 @@ TEST_CASE("the deadline holds with a SA_RESTART SIGALRM handler installed") {
   REQUIRE(sigaction(SIGALRM, &restart, &saved) == 0);
   CountingObserver obs;
   auto t0 = std::chrono::steady_clock::now();
-  AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 150 * kMs}, LockMode::Exclusive, obs);
+  AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 150 * kMs}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
   double took = seconds_since(t0);
   struct sigaction after {};
   sigaction(SIGALRM, &saved, &after);
@@ -405,7 +406,7 @@ TEST_CASE("lock_path_intact and dir_intact") {
   LockDir d = looplock::open_lock_dir(dir / "loop");
   const std::string path = dir / "loop/.state.lock";
   CountingObserver obs;
-  AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 0}, LockMode::Exclusive, obs);
+  AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 0}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
   REQUIRE(r.status == AcquireResult::Status::Acquired);
   CHECK(looplock::lock_path_intact(d, r.file));
   CHECK(looplock::dir_intact(d));
@@ -451,7 +452,7 @@ TEST_CASE("a lock file replaced while waited for is retaken on the new file") {
       holder.reset();
     });
   };
-  AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 5000 * kMs}, LockMode::Exclusive, obs);
+  AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 5000 * kMs}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
   if (replacer.joinable()) replacer.join();
   REQUIRE(r.status == AcquireResult::Status::Acquired);
   CHECK(r.replaced == 1);
@@ -488,7 +489,7 @@ TEST_CASE("an EINTR storm does not stretch the deadline") {
   }
   CountingObserver obs;
   auto t0 = std::chrono::steady_clock::now();
-  AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 300 * kMs}, LockMode::Exclusive, obs);
+  AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 300 * kMs}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
   double took = seconds_since(t0);
   kill(storm, SIGKILL);
   testutil::wait_child(storm);

@@ -1,0 +1,86 @@
+# fish completion for looplock(1): options, the values of -p/--policy and
+# --log-format, DIR as a directory, and after "--" the command and its
+# arguments.
+
+# Whether the command line (before the cursor) has a "--" or "-c": then
+# looplock's own options are over.
+function __looplock_options_over
+    set -l tokens (commandline -opc)
+    contains -- -- $tokens; or contains -- -c $tokens
+end
+
+function __looplock_after_dashdash
+    contains -- -- (commandline -opc)
+end
+
+# Whether DIR is still to come: no positional argument yet, skipping the
+# values of the options that take one.
+function __looplock_needs_dir
+    set -l tokens (commandline -opc)
+    set -e tokens[1]
+    set -l skip 0
+    for t in $tokens
+        if test $skip -eq 1
+            set skip 0
+            continue
+        end
+        switch $t
+            case -- -- -c
+                return 1
+            case '--*=*'
+            case -p --policy -w --timeout -E --conflict-exit-code --skip-exit-code --agent --operation --log-format --kill-after --stale-after
+                set skip 1
+            case '-*'
+            case '*'
+                return 1
+        end
+    end
+    return 0
+end
+
+# Completes the command after "--" as a command line of its own.
+function __looplock_complete_command
+    set -l tokens (commandline -opc)
+    set -l i (contains -i -- -- $tokens)
+    set -l cmd
+    if test $i -lt (count $tokens)
+        set cmd (string escape -- $tokens[(math $i + 1)..-1])
+    end
+    complete -C (string join -- ' ' $cmd (commandline -ct))
+end
+
+complete -c looplock -f
+set -l opts 'not __looplock_options_over'
+
+complete -c looplock -n $opts -s h -l help -d 'Show help'
+complete -c looplock -n $opts -s V -l version -d 'Show version'
+complete -c looplock -n $opts -s p -l policy -x -d 'How to wait for the lock' -a '
+    mutation\t"wait up to 5 s, else exit 75 (default)"
+    monitor\t"wait up to 1 s, else exit 75"
+    single_flight\t"do not wait: skip the command and exit 0"
+    blocking\t"wait without limit"'
+complete -c looplock -n $opts -s w -l timeout -x -d 'Deadline for mutation/monitor (seconds)'
+complete -c looplock -n $opts -s E -l conflict-exit-code -x -d 'Status when the deadline passes (default 75)'
+complete -c looplock -n $opts -l skip-exit-code -x -d 'Status of a single_flight skip (default 0)'
+complete -c looplock -n $opts -s s -l shared -d 'Take a shared (reader) lock'
+complete -c looplock -n $opts -s o -l close -d 'Do not pass the lock fd to COMMAND'
+complete -c looplock -n $opts -s F -l no-fork -d 'Exec COMMAND in place of looplock'
+complete -c looplock -n $opts -l kill-after -x -d 'Send KILL if a forwarded TERM/INT has not ended COMMAND'
+complete -c looplock -n $opts -l agent -x -d 'Who runs it'
+complete -c looplock -n $opts -l operation -x -d 'What runs'
+complete -c looplock -n $opts -s v -l verbose -d 'Report waiting, acquiring and releasing'
+complete -c looplock -n $opts -s q -l quiet -d 'Errors only'
+complete -c looplock -n $opts -l log-format -x -d 'Format of the stderr lines' -a '
+    text\t"looplock: ... lines (default)"
+    json\t"one JSON object per line"'
+complete -c looplock -n $opts -l inspect -d 'Report who holds the lock of DIR; change nothing'
+complete -c looplock -n $opts -l json -d 'With --inspect: print the report as JSON'
+complete -c looplock -n $opts -l stale-after -x -d 'With --inspect: warn about holds older than this'
+complete -c looplock -n $opts -s c -x -d 'Run SHELL-COMMAND with /bin/sh -c'
+
+# DIR, then "--" or -c, then the command.
+complete -c looplock -n '__looplock_needs_dir' -x -a '(__fish_complete_directories (commandline -ct) "loop directory")'
+complete -c looplock -n 'not __looplock_needs_dir; and not __looplock_options_over' -x -a '
+    --\t"end of options: COMMAND follows"
+    -c\t"SHELL-COMMAND follows"'
+complete -c looplock -n '__looplock_after_dashdash' -x -a '(__looplock_complete_command)'

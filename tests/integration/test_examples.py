@@ -1,0 +1,405 @@
+"""The recipes in examples/ do what they say, run against the built looplock.
+
+Their placeholders are replaced for the test: /usr/local/bin/looplock (or a
+bare `looplock`) by $LOOPLOCK, /srv/loops/nightly by a temporary loop dir, and
+the loop's status.py by helpers/fake_status.py, which logs each call with
+whether the loop's lock was held while it ran.
+"""
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import LOOPLOCK, PY, ROOT, TIMEOUT, expect_line, lock_is_free, read_record
+
+EXAMPLES = ROOT / "examples"
+FAKE_STATUS = ROOT / "tests" / "integration" / "helpers" / "fake_status.py"
+LOOP_PLACEHOLDER = "/srv/loops/nightly"
+
+
+@pytest.fixture
+def site(tmp_path):
+    """A loop dir, a log for fake_status.py, a bin dir whose `looplock` is
+    the built one, and a work dir with scripts/status.py (the fake)."""
+
+    class Site:
+        loop = tmp_path / "nightly"
+        log = tmp_path / "status.log"
+        bin = tmp_path / "bin"
+        work = tmp_path / "work"
+
+        def env(self, **extra):
+            env = {
+                "PATH": f"{self.bin}:/usr/bin:/bin",
+                "HOME": str(tmp_path),
+                "FAKE_STATUS_LOOP": str(self.loop),
+                "FAKE_STATUS_LOG": str(self.log),
+                "PYTHONDONTWRITEBYTECODE": "1",
+            }
+            env.update(extra)
+            return env
+
+        def substitute(self, text):
+            text = text.replace("/usr/local/bin/looplock", LOOPLOCK)
+            text = text.replace("/srv/loops/scripts/status.py", str(FAKE_STATUS))
+            return text.replace(LOOP_PLACEHOLDER, str(self.loop))
+
+        def calls(self):
+            if not self.log.exists():
+                return []
+            return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+        def iterations(self):
+            p = self.loop / ".state.loop"
+            return json.loads(p.read_text())["iteration_count"] if p.exists() else 0
+
+    s = Site()
+    s.loop.mkdir()
+    s.bin.mkdir()
+    (s.bin / "looplock").symlink_to(LOOPLOCK)
+    (s.work / "scripts").mkdir(parents=True)
+    (s.work / "scripts" / "status.py").symlink_to(FAKE_STATUS)
+    return s
+
+
+def sh_c(command, env, cwd=None, timeout=TIMEOUT):
+    return subprocess.run(["sh", "-c", command], env=env, cwd=cwd, capture_output=True, text=True,
+                          errors="replace", timeout=timeout)
+
+
+def assert_under_lock(call, site):
+    """fake_status.py ran as the command of a looplock holding site.loop."""
+    assert call["lock_held"] is True, call
+    assert call.get("LOOPLOCK_FD"), call
+    assert call["LOOPLOCK_DIR"] == os.path.realpath(site.loop), call
+
+
+def test_fake_status_sees_an_unlocked_loop(site):
+    """The control: run bare, fake_status.py reports the lock free (so the
+    lock_held checks below can fail)."""
+    r = subprocess.run([PY, str(FAKE_STATUS), "--tick"], env=site.env(), capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    [call] = site.calls()
+    assert call["lock_held"] is False
+    assert "LOOPLOCK_FD" not in call
+
+
+# -- crontab -------------------------------------------------------------------
+
+
+def crontab_entries():
+    """(environment, [(time fields, command)]) of examples/crontab."""
+    env, jobs = {}, []
+    for line in (EXAMPLES / "crontab").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*)", line)
+        if m:
+            env[m.group(1)] = m.group(2)
+            continue
+        fields = line.split(None, 5)
+        assert len(fields) == 6, f"not a crontab line: {line!r}"
+        for f in fields[:5]:
+            assert re.fullmatch(r"[0-9*/,-]+", f), f"bad time field {f!r} in {line!r}"
+        jobs.append((fields[:5], fields[5]))
+    return env, jobs
+
+
+def test_crontab_jobs_run_under_the_lock(site, holders):
+    cron_env, jobs = crontab_entries()
+    assert cron_env.get("PATH") == "/usr/bin:/bin"
+    tick = [cmd for _, cmd in jobs if "--tick" in cmd]
+    monitor = [cmd for _, cmd in jobs if "single_flight" in cmd]
+    assert len(tick) == 1 and len(monitor) == 1, jobs
+    # cron's environment: only what the crontab sets (plus HOME and the fake's).
+    env = site.env(**cron_env)
+    assert env["PATH"] == "/usr/bin:/bin"  # looplock must be called by its full path
+
+    r = sh_c(site.substitute(tick[0]), env)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    r = sh_c(site.substitute(monitor[0]), env)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    tick_call, monitor_call = site.calls()
+    assert tick_call["argv"] == ["--tick"] and monitor_call["argv"] == ["--check-gate"]
+    for call in (tick_call, monitor_call):
+        assert_under_lock(call, site)
+    assert site.iterations() == 1
+    assert read_record(site.loop)["agent_id"] == "cron"
+    assert lock_is_free(site.loop)
+
+    # While something else holds the lock, the monitor is an ordinary skip.
+    h = holders(site.loop, tool="flock")
+    r = sh_c(site.substitute(monitor[0]), env)
+    assert r.returncode == 0, r.stderr
+    assert "noop-locked" in r.stderr
+    assert len(site.calls()) == 2  # the monitor's command did not run
+    h.release()
+
+
+# -- systemd -------------------------------------------------------------------
+
+
+def unit_values(path, key):
+    return [line.split("=", 1)[1] for line in path.read_text().splitlines() if line.startswith(key + "=")]
+
+
+def test_systemd_units_verify(site, tmp_path):
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed (Debian package systemd)")
+    units = tmp_path / "units"
+    units.mkdir()
+    for name in ("looplock-nightly.service", "looplock-nightly.timer"):
+        (units / name).write_text(site.substitute((EXAMPLES / "systemd" / name).read_text()))
+    r = subprocess.run(["systemd-analyze", "verify", "--man=no", *sorted(map(str, units.iterdir()))],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # The check can fail: a unit whose ExecStart is not executable does.
+    broken = units / "looplock-nightly.service"
+    broken.write_text(broken.read_text().replace(LOOPLOCK, str(tmp_path / "no-such-looplock")))
+    r = subprocess.run(["systemd-analyze", "verify", "--man=no", str(broken)],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode != 0
+
+
+def test_systemd_service_execstart_ticks_under_the_lock(site):
+    service = EXAMPLES / "systemd" / "looplock-nightly.service"
+    [exec_start] = unit_values(service, "ExecStart")
+    assert exec_start.startswith("/usr/local/bin/looplock ")
+    env = site.env()
+    for value in unit_values(service, "Environment"):
+        for assignment in shlex.split(value):
+            k, v = assignment.split("=", 1)
+            env[k] = v
+    assert "OnCalendar" in (EXAMPLES / "systemd" / "looplock-nightly.timer").read_text()
+    r = subprocess.run(shlex.split(site.substitute(exec_start)), env=env, capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    [call] = site.calls()
+    assert call["argv"] == ["--tick"]
+    assert_under_lock(call, site)
+    assert site.iterations() == 1
+    assert read_record(site.loop)["agent_id"] == "systemd-nightly"
+
+
+# -- wrap-status.sh --------------------------------------------------------------
+
+
+def test_wrap_status_runs_each_group_in_one_critical_section(site):
+    script = EXAMPLES / "wrap-status.sh"
+    assert os.access(script, os.X_OK)
+    r = subprocess.run(["sh", str(script), str(site.loop)], env=site.env(STATUS_PY=str(FAKE_STATUS)),
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    calls = site.calls()
+    assert [c["argv"] for c in calls] == [
+        ["--approve", "--loop", "nightly"], ["--tick"], ["--check-gate"], ["--report"]]
+    for call in calls:
+        assert_under_lock(call, site)
+    # Each pair ran inside one hold (the same looplock), the two pairs in two.
+    assert calls[0]["LOOPLOCK_HOLDER_PID"] == calls[1]["LOOPLOCK_HOLDER_PID"]
+    assert calls[2]["LOOPLOCK_HOLDER_PID"] == calls[3]["LOOPLOCK_HOLDER_PID"]
+    assert calls[0]["LOOPLOCK_HOLDER_PID"] != calls[2]["LOOPLOCK_HOLDER_PID"]
+    assert calls[0]["LOOPLOCK_POLICY"] == "mutation" and calls[2]["LOOPLOCK_POLICY"] == "monitor"
+    assert site.iterations() == 1
+    assert read_record(site.loop)["operation"] == "check-gate"
+
+
+def blocked_waiters(lock_path):
+    """How many flock waiters /proc/locks lists as blocked on lock_path."""
+    ino = os.stat(lock_path).st_ino
+    return sum(1 for line in Path("/proc/locks").read_text().splitlines()
+               if "->" in line and "FLOCK" in line and line.split()[-3].endswith(f":{ino}"))
+
+
+def test_wrap_status_waits_for_another_holder(site, holders):
+    """While another process holds the lock, no status.py call runs; once it
+    lets go, the script's critical sections run."""
+    h = holders(site.loop, tool="flock")
+    proc = subprocess.Popen(["sh", str(EXAMPLES / "wrap-status.sh"), str(site.loop)],
+                            env=site.env(STATUS_PY=str(FAKE_STATUS)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 10
+        while blocked_waiters(site.loop / ".state.lock") == 0:  # looplock is waiting
+            assert time.monotonic() < end, "wrap-status.sh never waited for the lock"
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+        assert site.calls() == []
+        h.release()
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=TIMEOUT)
+    assert proc.returncode == 0, err
+    assert len(site.calls()) == 4
+    for call in site.calls():
+        assert_under_lock(call, site)
+
+
+# -- CI snippets ---------------------------------------------------------------------
+
+
+def ci_commands(doc, kind):
+    """The run:/script: commands of a workflow or a .gitlab-ci.yml."""
+    out = []
+    if kind == "github":
+        for job in doc["jobs"].values():
+            out += [step["run"] for step in job["steps"] if "run" in step]
+    else:
+        for name, job in doc.items():
+            if isinstance(job, dict) and "script" in job:
+                out += list(job["script"]) + list(job.get("after_script", []))
+    return out
+
+
+@pytest.mark.parametrize("name,kind", [("github-actions.yml", "github"), ("gitlab-ci.yml", "gitlab")])
+def test_ci_snippet_is_valid_and_runs(site, name, kind):
+    yaml = pytest.importorskip("yaml", reason="python3-yaml is not installed")
+    doc = yaml.safe_load((EXAMPLES / "ci" / name).read_text())
+    commands = ci_commands(doc, kind)
+    wrapped = [c for c in commands if re.search(r"\blooplock\b", c) and "--inspect" not in c]
+    assert wrapped, f"no looplock command in {name}"
+    for c in wrapped:
+        assert re.search(r"\blooplock\b.* -- ", c, re.S), f"looplock without '--' in {name}: {c!r}"
+    for c in commands:
+        text = site.substitute(c).replace("${{ github.run_id }}", "4242")
+        r = sh_c(text, site.env(CI_JOB_ID="4242"), cwd=site.work)
+        assert r.returncode == 0, (c, r.stderr)
+    calls = site.calls()
+    assert calls, "the job ran no status.py"
+    for call in calls:
+        assert_under_lock(call, site)
+    assert site.iterations() == 1
+    assert read_record(site.loop)["agent_id"] in ("gha-4242", "gitlab-4242")
+
+
+# -- python/loop_lock.py --------------------------------------------------------------
+
+LOOP_LOCK_DIR = EXAMPLES / "python"
+
+
+def python_code(body):
+    return f"import sys; sys.path.insert(0, {str(LOOP_LOCK_DIR)!r})\nfrom loop_lock import _loop_lock\n{body}"
+
+
+def run_py(code, args=(), timeout=TIMEOUT, under=None):
+    """Runs Python `code` (under looplock ARGS... -- when `under` is given)."""
+    cmd = [PY, "-c", code, *args]
+    if under is not None:
+        cmd = [LOOPLOCK, *under, "--", *cmd]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def test_loop_lock_excludes_other_holders(loop_dir, holders):
+    code = python_code(
+        "import os\n"
+        "try:\n"
+        "    with _loop_lock(sys.argv[1], timeout=0.3):\n"
+        "        print('got it')\n"
+        "except TimeoutError:\n"
+        "    print('timeout')\n")
+    for tool in ("looplock", "flock", "python"):
+        h = holders(loop_dir, tool=tool)
+        r = run_py(code, [loop_dir])
+        assert r.stdout == "timeout\n", (tool, r.stdout, r.stderr)
+        h.release()
+        r = run_py(code, [loop_dir])
+        assert r.stdout == "got it\n", (tool, r.stdout, r.stderr)
+    # And it excludes looplock while it holds the lock.
+    holder = subprocess.Popen(
+        [PY, "-c", python_code("with _loop_lock(sys.argv[1]):\n print('ready', flush=True); sys.stdin.read()"),
+         str(loop_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        expect_line(holder)
+        r = subprocess.run([LOOPLOCK, "-p", "single_flight", str(loop_dir), "--", "true"],
+                           capture_output=True, text=True, timeout=TIMEOUT)
+        assert r.returncode == 0 and "noop-locked" in r.stderr, r.stderr
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=TIMEOUT)
+    assert lock_is_free(loop_dir)
+
+
+def test_loop_lock_under_looplock_uses_the_inherited_fd(loop_dir):
+    """Nested under looplock for the same dir it runs at once (a deadlock
+    would hit the timeout), inside looplock's hold, and leaves the lock to
+    looplock (the fd stays open and locked after the block)."""
+    code = python_code(
+        "import fcntl, os\n"
+        "fd_env = int(os.environ['LOOPLOCK_FD'])\n"
+        "with _loop_lock(sys.argv[1]) as fd:\n"
+        "    print('inside', fd == fd_env)\n"
+        "fd = os.open(os.path.join(sys.argv[1], '.state.lock'), os.O_RDONLY)\n"
+        "try:\n"
+        "    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB); print('released')\n"
+        "except BlockingIOError:\n"
+        "    print('still held')\n")
+    r = run_py(code, [loop_dir], timeout=10, under=["-p", "blocking", str(loop_dir)])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "inside True\nstill held\n"
+    # Through a symlink to the loop dir too (LOOPLOCK_DIR is canonical).
+    link = loop_dir.parent / "link"
+    link.symlink_to(loop_dir)
+    r = run_py(code, [link], timeout=10, under=["-p", "blocking", str(link)])
+    assert r.stdout == "inside True\nstill held\n", r.stderr
+    # The script form says which way it took the lock.
+    script = [PY, str(LOOP_LOCK_DIR / "loop_lock.py"), str(loop_dir)]
+    r = subprocess.run([LOOPLOCK, str(loop_dir), "--", *script], capture_output=True, text=True, timeout=10)
+    assert r.returncode == 0 and r.stdout.startswith("inherited fd "), r.stdout + r.stderr
+    r = subprocess.run(script, capture_output=True, text=True, timeout=10)
+    assert r.returncode == 0 and r.stdout.startswith("opened fd "), r.stdout + r.stderr
+
+
+def test_loop_lock_ignores_looplock_env_for_another_loop(tmp_path):
+    """Under looplock for loop A, _loop_lock(B) takes B's lock itself, and a
+    copied LOOPLOCK_FD that does not hold the lock is not trusted."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    code = python_code(
+        "import fcntl, os\n"
+        "with _loop_lock(sys.argv[1]) as fd:\n"
+        "    print('own fd', fd != int(os.environ.get('LOOPLOCK_FD', -1)))\n")
+    r = run_py(code, [b], timeout=10, under=[str(a)])
+    assert r.stdout == "own fd True\n", r.stderr
+    # A forged environment naming an fd of the right file that holds no lock.
+    forged = python_code(
+        "import os\n"
+        "fd = os.open(os.path.join(sys.argv[1], '.state.lock'), os.O_RDONLY | os.O_CREAT)\n"
+        "os.environ.update(LOOPLOCK_FD=str(fd), LOOPLOCK_DIR=os.path.realpath(sys.argv[1]))\n"
+        "with _loop_lock(sys.argv[1]) as lock_fd:\n"
+        "    print('own fd', lock_fd != fd)\n")
+    r = run_py(forged, [a], timeout=10)
+    assert r.stdout == "own fd True\n", r.stderr
+
+
+def test_naive_loop_lock_deadlocks_under_looplock(loop_dir):
+    """The reason for the inherited-fd check: a _loop_lock that opens the
+    lock file again waits for its own parent looplock, forever."""
+    naive = (
+        "import fcntl, os, sys\n"
+        "fd = os.open(os.path.join(sys.argv[1], '.state.lock'), os.O_RDWR | os.O_CREAT)\n"
+        "print('locking', flush=True)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "print('got it', flush=True)\n")
+    proc = subprocess.Popen([LOOPLOCK, "-p", "blocking", str(loop_dir), "--", PY, "-c", naive, str(loop_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        expect_line(proc, "locking")
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.5)  # the correct version finishes at once (above)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate(timeout=TIMEOUT)
+    assert "got it" not in out
