@@ -1,10 +1,12 @@
 #include "holder.hpp"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <ctime>
 
+#include "lock_id.hpp"
 #include "log.hpp"
 #include "sys.hpp"
 
@@ -57,20 +59,53 @@ std::optional<HolderRecord> holder_from_json(const Json& j) {
   return r;
 }
 
-std::string encode_holder(const HolderRecord& r) { return dump_json(holder_to_json(r)) + "\n"; }
+namespace {
+constexpr std::string_view kCheckKey = ",\"check\":\"";
+constexpr size_t kCheckDigits = 16;
+// Beyond this size a lock file holds something else (garbage): the record
+// then cuts it off rather than padding over it.
+constexpr off_t kMaxPaddedSize = 4096;
+}  // namespace
+
+std::string holder_check(std::string_view body) { return sha256_hex(body).substr(0, kCheckDigits); }
+
+std::string encode_holder(const HolderRecord& r) {
+  std::string body = dump_json(holder_to_json(r));
+  body.pop_back();  // the closing brace: "check" goes last
+  return body + std::string(kCheckKey) + holder_check(body) + "\"}\n";
+}
 
 std::optional<HolderRecord> parse_holder(std::string_view content) {
   if (content.empty() || content.back() != '\n') return std::nullopt;  // a record ends with its newline
   content.remove_suffix(1);
+  while (!content.empty() && content.back() == ' ') content.remove_suffix(1);  // padding
   if (content.empty() || content.front() != '{' || content.back() != '}') return std::nullopt;
+  // A record with a check must match it: a read that overlapped a rewrite
+  // mixes two records and fails here. (Records without one, from other
+  // tools, are taken as they are.)
+  if (auto at = content.rfind(kCheckKey); at != std::string_view::npos) {
+    std::string_view digits = content.substr(at + kCheckKey.size());
+    if (digits.size() != kCheckDigits + 2 || digits.substr(kCheckDigits) != "\"}" ||
+        digits.substr(0, kCheckDigits) != holder_check(content.substr(0, at)))
+      return std::nullopt;
+  }
   auto j = Json::parse(content.begin(), content.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return std::nullopt;
   return holder_from_json(j);
 }
 
 bool write_holder(int fd, const HolderRecord& r) {
-  const std::string data = encode_holder(r);
-  if (!r.released_at && sys::retry_eintr([&] { return ftruncate(fd, 0); }) != 0) return false;
+  std::string data = encode_holder(r);
+  // Written over the previous content in one pwrite(2), padded with spaces to
+  // at least its length, so that the file never has to shrink (ftruncate(2)
+  // costs ext4 a journal transaction on every run).
+  struct stat st {};
+  if (fstat(fd, &st) != 0) return false;
+  if (st.st_size > kMaxPaddedSize) {
+    if (sys::retry_eintr([&] { return ftruncate(fd, 0); }) != 0) return false;
+  } else if (static_cast<size_t>(st.st_size) > data.size()) {
+    data.insert(data.size() - 1, static_cast<size_t>(st.st_size) - data.size(), ' ');
+  }
   size_t done = 0;
   while (done < data.size()) {
     ssize_t n = sys::retry_eintr(
@@ -78,7 +113,7 @@ bool write_holder(int fd, const HolderRecord& r) {
     if (n < 0) return false;
     done += static_cast<size_t>(n);
   }
-  return sys::retry_eintr([&] { return ftruncate(fd, static_cast<off_t>(data.size())); }) == 0;
+  return true;
 }
 
 HolderRead read_holder(int fd) {

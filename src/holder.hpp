@@ -40,20 +40,20 @@ struct HolderRecord {
 Json holder_to_json(const HolderRecord& r);
 std::optional<HolderRecord> holder_from_json(const Json& j);
 
-// One JSON object and a newline; invalid UTF-8 replaced by U+FFFD.
+// One JSON object and a newline; invalid UTF-8 replaced by U+FFFD. Its last
+// field, "check", is the first 16 hex digits of the SHA-256 of the text
+// before ',"check":"', so that a reader can tell a record it read while the
+// record was being rewritten (part old, part new) from a whole one.
 std::string encode_holder(const HolderRecord& r);
-// Strict: exactly one JSON object followed by its newline, with the schema
-// and every field of the right type; nullopt otherwise (a record without its
-// newline may be one still being written).
+std::string holder_check(std::string_view body);
+// Strict: exactly one JSON object (then optional space padding) followed by
+// its newline, with the schema and every field of the right type, and a
+// matching "check" when there is one; nullopt otherwise.
 std::optional<HolderRecord> parse_holder(std::string_view content);
 
-// Writes the record in place. A new holder's record (released_at null)
-// replaces another run's record: the file is emptied first, so that a reader
-// sees the old record, nothing, or the whole new one (a record is far below a
-// page, and a read never sees part of one write to an empty file), never a
-// mix of the two. The release rewrite only grows the same record (null
-// becomes a time), so it is written over it: a read racing it sees the old
-// record or text that does not parse. Returns false with errno set on failure.
+// Writes the record over the file's content in place (the lock lives on the
+// inode: the file is never replaced), padded with spaces to the old length so
+// that it never has to shrink. Returns false with errno set on failure.
 bool write_holder(int fd, const HolderRecord& r);
 
 struct HolderRead {

@@ -75,17 +75,30 @@ long long realtime_ms() {
   return static_cast<long long>(ts.tv_sec) * 1000LL + ts.tv_nsec / 1000000LL;
 }
 
-std::string utc_now_iso8601() {
-  timespec ts{};
-  clock_gettime(CLOCK_REALTIME, &ts);
-  tm utc{};
-  gmtime_r(&ts.tv_sec, &utc);
+std::string utc_iso8601(long long ms) {
+  // The civil date of a day count (Howard Hinnant's days_from_civil
+  // inverse): UTC needs no time zone, so gmtime(3)'s reading of
+  // /etc/localtime is avoided on every run.
+  long long secs = ms >= 0 ? ms / 1000 : (ms - 999) / 1000;
+  long long millis = ms - secs * 1000;
+  long long days = secs >= 0 ? secs / 86400 : (secs - 86399) / 86400;
+  long long rem = secs - days * 86400;
+  days += 719468;
+  long long era = (days >= 0 ? days : days - 146096) / 146097;
+  long long doe = days - era * 146097;
+  long long yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+  long long doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+  long long mp = (5 * doy + 2) / 153;
+  long long day = doy - (153 * mp + 2) / 5 + 1;
+  long long month = mp < 10 ? mp + 3 : mp - 9;
+  long long year = yoe + era * 400 + (month <= 2 ? 1 : 0);
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", utc.tm_year + 1900,
-                utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec,
-                ts.tv_nsec / 1000000L);
+  std::snprintf(buf, sizeof buf, "%04lld-%02lld-%02lldT%02lld:%02lld:%02lld.%03lldZ", year, month, day, rem / 3600,
+                (rem / 60) % 60, rem % 60, millis);
   return buf;
 }
+
+std::string utc_now_iso8601() { return utc_iso8601(realtime_ms()); }
 
 bool same_file(const struct stat& a, const struct stat& b) {
   return a.st_dev == b.st_dev && a.st_ino == b.st_ino;

@@ -37,6 +37,8 @@ long long monotonic_ns();
 
 // "2026-11-30T17:00:00.123Z" for the current time (CLOCK_REALTIME, UTC).
 std::string utc_now_iso8601();
+// The same for `ms` milliseconds since the epoch.
+std::string utc_iso8601(long long ms);
 // Milliseconds since the epoch for the current time.
 long long realtime_ms();
 

@@ -139,9 +139,11 @@ def test_record_read_from_inside_the_command(loop_dir, status_py, monkeypatch):
     check_shape(after_rec)
     assert after_rec["released_at"] is not None
     assert after_rec["released_at"] >= after_rec["acquired_at"]
-    assert {k: v for k, v in after_rec.items() if k != "released_at"} == {
-        k: v for k, v in rec.items() if k != "released_at"
+    assert {k: v for k, v in after_rec.items() if k not in ("released_at", "check")} == {
+        k: v for k, v in rec.items() if k not in ("released_at", "check")
     }
+    # Both versions carry a matching check (SPEC: readers can validate).
+    assert check_matches(raw.encode()) and check_matches((loop_dir / ".state.lock").read_bytes())
 
 
 def test_record_read_from_outside_while_held(loop_dir, holders):
@@ -398,17 +400,40 @@ def test_no_fork_record_is_never_released(loop_dir):
 AGENT_RE = re.compile(r"^run(\d+)-len(\d+)-(p*)$")
 
 
+CHECK_KEY = b',"check":"'
+
+
+def with_check(rec):
+    """The record as looplock writes it: compact JSON whose last field,
+    "check", is the first 16 hex digits of the SHA-256 of the text before it."""
+    body = json.dumps(rec, separators=(",", ":"), ensure_ascii=False).encode()[:-1]
+    return body + CHECK_KEY + hashlib.sha256(body).hexdigest()[:16].encode() + b'"}\n'
+
+
+def check_matches(raw):
+    """What a validating reader does first (SPEC: readers validate): the
+    record's check must match the text before it."""
+    text = raw.rstrip(b"\n").rstrip(b" ")
+    at = text.rfind(CHECK_KEY)
+    if at < 0 or not text.endswith(b'"}'):
+        return False
+    return text[at + len(CHECK_KEY):-2] == hashlib.sha256(text[:at]).hexdigest()[:16].encode()
+
+
 def classify(raw, pid_to_run, lock_id):
     """'empty'; 'partial' when a validating reader can tell (it does not
-    parse, or is not a record with every field of the right type); 'valid'
-    for a whole record, which must then be self-consistent: an AssertionError
-    means a record mixed from two runs that no reader could tell apart."""
+    parse, its check does not match, or it is not a record with every field
+    of the right type); 'valid' for a whole record, which must then be
+    self-consistent: an AssertionError means a record mixed from two runs
+    that no reader could tell apart."""
     if raw == b"":
         return "empty"
     try:
         rec = json.loads(raw.decode("utf-8"))
         check_shape(rec)
     except (UnicodeDecodeError, ValueError, AssertionError):
+        return "partial"
+    if not check_matches(raw):
         return "partial"
     m = AGENT_RE.match(rec["agent_id"])
     assert m, f"agent_id mixed from two records: {rec}"
@@ -431,7 +456,7 @@ def test_checker_detects_mixed_records():
                 "agent_id": f"run{n}-len{pad}-" + "p" * pad, "operation": op or f"op{n}",
                 "policy": "blocking", "acquired_at": "2026-01-01T00:00:00.000Z", "released_at": None}
 
-    good = json.dumps(rec(1, 101, 3)).encode() + b"\n"
+    good = with_check(rec(1, 101, 3))
     assert classify(good, pid_to_run, lid) == "valid"
     assert classify(b"", pid_to_run, lid) == "empty"
     assert classify(good[:40], pid_to_run, lid) == "partial"
@@ -440,7 +465,14 @@ def test_checker_detects_mixed_records():
     assert classify(json.dumps({"schema": "file_lock_holder_v0", "pid": 101}).encode(), pid_to_run, lid) == "partial"
     for bad in (rec(1, 202, 3), rec(1, 101, 3, op="op2"), dict(rec(1, 101, 3), agent_id="run1-len3-pppppp")):
         with pytest.raises(AssertionError):
-            classify(json.dumps(bad).encode(), pid_to_run, lid)
+            classify(with_check(bad), pid_to_run, lid)
+    # A torn read: run 2's record started over run 1's, equal lengths, so it
+    # is valid JSON with every field; the check gives it away.
+    one, two = with_check(rec(1, 101, 3)), with_check(rec(2, 202, 3))
+    cut = two.index(b"op2")
+    torn = two[:cut] + one[cut:]
+    assert json.loads(torn)["operation"] == "op1" and json.loads(torn)["pid"] == 202
+    assert classify(torn, pid_to_run, lid) == "partial"
 
 
 READER = r"""

@@ -1,4 +1,5 @@
 #include "holder.hpp"
+#include "lock_id.hpp"
 
 #include <doctest/doctest.h>
 
@@ -82,11 +83,42 @@ TEST_CASE("encode and parse round trip") {
     REQUIRE(back);
     check_same(*back, r);
   }
+  const std::string body =
+      R"({"schema":"file_lock_holder_v0","lock_id":"0123456789abcdef","pid":1234,"pid_start":"987654",)"
+      R"("agent_id":"cron","operation":"status.py","policy":"mutation",)"
+      R"("acquired_at":"2026-11-30T17:00:00.123Z","released_at":null)";
   CHECK(looplock::encode_holder(sample()) ==
-        R"({"schema":"file_lock_holder_v0","lock_id":"0123456789abcdef","pid":1234,"pid_start":"987654",)"
-        R"("agent_id":"cron","operation":"status.py","policy":"mutation",)"
-        R"("acquired_at":"2026-11-30T17:00:00.123Z","released_at":null})"
-        "\n");
+        body + R"(,"check":")" + looplock::sha256_hex(body).substr(0, 16) + "\"}\n");
+}
+
+TEST_CASE("a record read while it was being rewritten fails its check") {
+  // A reader racing a pwrite(2) can see the new record's start over the old
+  // record's end. When the changed fields have equal lengths, that mix is
+  // valid JSON with every field: only the check tells it apart.
+  HolderRecord a = sample();
+  a.agent_id = "run-000001";
+  a.operation = "op-000001";
+  HolderRecord b = sample();
+  b.agent_id = "run-000002";
+  b.operation = "op-000002";
+  const std::string old_text = looplock::encode_holder(a);
+  const std::string new_text = looplock::encode_holder(b);
+  REQUIRE(old_text.size() == new_text.size());
+  for (size_t k = 1; k < new_text.size(); ++k) {
+    std::string torn = new_text.substr(0, k) + old_text.substr(k);
+    if (torn == old_text || torn == new_text) continue;
+    CAPTURE(torn);
+    CHECK_FALSE(looplock::parse_holder(torn));
+  }
+  // Without the check the same mix would have passed as a record.
+  std::string torn = new_text.substr(0, new_text.find("op-")) + old_text.substr(new_text.find("op-"));
+  std::string unchecked = torn.substr(0, torn.find(R"(,"check")")) + "}\n";
+  CHECK(looplock::parse_holder(unchecked));
+}
+
+TEST_CASE("space padding before the newline is allowed") {
+  std::string text = looplock::encode_holder(sample());
+  CHECK(looplock::parse_holder(text.substr(0, text.size() - 1) + "      \n"));
 }
 
 TEST_CASE("every truncation of a record is rejected") {
@@ -103,7 +135,7 @@ TEST_CASE("every truncation of a record is rejected") {
 TEST_CASE("anything after the record is rejected") {
   const std::string text = looplock::encode_holder(sample());
   const std::string body = text.substr(0, text.size() - 1);
-  for (const std::string& bad : {text + "x", text + "\n", text + "{}\n", text + text, body + " \n", body + "}\n",
+  for (const std::string& bad : {text + "x", text + "\n", text + "{}\n", text + text, body + "\t\n", body + "}\n",
                                  body + "\n\n", text + std::string(1, '\0'), body + "x\n"}) {
     CAPTURE(bad);
     CHECK_FALSE(looplock::parse_holder(bad));
@@ -246,16 +278,31 @@ TEST_CASE("write_holder then read_holder on a file") {
   check_same(*got.record, longer);
   CHECK(got.size == looplock::encode_holder(longer).size());
 
-  // A shorter record over a longer one: the file is cut to the new record.
+  // A shorter record over a longer one: padded with spaces to the old length
+  // (the file never shrinks, so no ftruncate(2) is needed).
   HolderRecord shorter = sample("2026-11-30T17:00:05.000Z");
+  const std::string longer_text = looplock::encode_holder(longer);
   REQUIRE(looplock::write_holder(fd.get(), shorter));
   struct stat st {};
   REQUIRE(fstat(fd.get(), &st) == 0);
-  CHECK(static_cast<size_t>(st.st_size) == looplock::encode_holder(shorter).size());
+  CHECK(static_cast<size_t>(st.st_size) == longer_text.size());
   got = looplock::read_holder(fd.get());
   REQUIRE(got.state == HolderRead::State::Valid);
   check_same(*got.record, shorter);
-  CHECK(testutil::slurp(dir / ".state.lock") == looplock::encode_holder(shorter));
+  std::string shorter_text = looplock::encode_holder(shorter);
+  CHECK(testutil::slurp(dir / ".state.lock") ==
+        shorter_text.substr(0, shorter_text.size() - 1) + std::string(longer_text.size() - shorter_text.size(), ' ') +
+            "\n");
+
+  // Garbage larger than any record is cut off rather than padded over.
+  {
+    UniqueFd big(::open((dir / "big").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+    REQUIRE(big);
+    std::string junk(100000, 'j');
+    REQUIRE(::write(big.get(), junk.data(), junk.size()) == static_cast<ssize_t>(junk.size()));
+    REQUIRE(looplock::write_holder(big.get(), shorter));
+    CHECK(testutil::slurp(dir / "big") == shorter_text);
+  }
 
   // The file position does not matter: records are written and read at offset 0.
   REQUIRE(lseek(fd.get(), 0, SEEK_END) > 0);

@@ -133,3 +133,26 @@ TEST_CASE("same_file compares device and inode") {
   CHECK(sys::same_file(a, a2));
   CHECK_FALSE(sys::same_file(a, b));
 }
+
+TEST_CASE("utc_iso8601 agrees with gmtime(3) across centuries, leap days and negative times") {
+  for (long long ms : {0LL, 1LL, 999LL, 86'399'999LL, 951'782'400'000LL /* 2000-02-29 */, 1'796'062'414'123LL,
+                       4'102'444'799'999LL /* 2099-12-31 */, 253'402'300'799'999LL /* 9999-12-31 */, -1LL,
+                       -86'400'000LL, -2'208'988'800'000LL /* 1900-01-01 */}) {
+    time_t secs = static_cast<time_t>(ms >= 0 ? ms / 1000 : (ms - 999) / 1000);
+    tm utc{};
+    gmtime_r(&secs, &utc);
+    char want[64];
+    std::snprintf(want, sizeof want, "%04d-%02d-%02dT%02d:%02d:%02d.%03lldZ", utc.tm_year + 1900, utc.tm_mon + 1,
+                  utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, ms - static_cast<long long>(secs) * 1000);
+    CHECK(looplock::sys::utc_iso8601(ms) == std::string(want));
+  }
+  for (long long ms = 0; ms < 200LL * 366 * 86'400'000LL; ms += 7'777'777'777LL) {
+    time_t secs = static_cast<time_t>(ms / 1000);
+    tm utc{};
+    gmtime_r(&secs, &utc);
+    char want[64];
+    std::snprintf(want, sizeof want, "%04d-%02d-%02dT%02d:%02d:%02d.%03lldZ", utc.tm_year + 1900, utc.tm_mon + 1,
+                  utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, ms % 1000);
+    CHECK(looplock::sys::utc_iso8601(ms) == std::string(want));
+  }
+}
