@@ -142,7 +142,7 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
   if (o.mode == Mode::Inspect) return exit_status(inspect(o, log));
 
   const InheritedSignals inherited = take_signal_control();
-  const LockDir dir = open_lock_dir(o.dir);
+  LockDir dir = open_lock_dir(o.dir);
   if (auto fs = network_file_system(dir.fd.get())) {
     log.warn("network_file_system", o.dir + " is on a network file system (" + *fs +
                                         "): flock(2) there may not exclude processes on other hosts; looplock "

@@ -65,6 +65,7 @@ int append_incident(int dirfd, const std::string& line) {
   struct stat st {};
   if (fstat(fd.get(), &st) != 0) return errno;
   if (!S_ISREG(st.st_mode)) return EINVAL;
+  if (st.st_nlink != 1) return EMLINK;
   ssize_t n = sys::retry_eintr([&] { return write(fd.get(), line.data(), line.size()); });
   if (n < 0) return errno;
   if (static_cast<size_t>(n) != line.size()) return EIO;

@@ -261,7 +261,7 @@ bool dir_intact(const LockDir& dir) {
   return sys::same_file(by_fd, by_path);
 }
 
-AcquireResult acquire_lock(const LockDir& dir, const WaitPlan& plan, LockMode mode, AcquireObserver& observer,
+AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, AcquireObserver& observer,
                            long long start_ns) {
   const int op = mode == LockMode::Exclusive ? LOCK_EX : LOCK_SH;
   const long long start = start_ns;
@@ -302,7 +302,8 @@ AcquireResult acquire_lock(const LockDir& dir, const WaitPlan& plan, LockMode mo
     }
     // Locked. The path must still name this inode: a lock on a file that was
     // deleted or replaced meanwhile protects nothing.
-    if (lock_path_intact(dir, file)) {
+    const bool dir_ok = dir_intact(dir);
+    if (dir_ok && lock_path_intact(dir, file)) {
       result.status = AcquireResult::Status::Acquired;
       result.file = std::move(file);
       result.waited_ns = sys::monotonic_ns() - start;
@@ -312,6 +313,12 @@ AcquireResult acquire_lock(const LockDir& dir, const WaitPlan& plan, LockMode mo
     if (result.replaced >= 1000) {
       throw Fatal(exit_code::kCantCreate, "cannot lock " + lock_display(dir) + ": it keeps being replaced",
                   "Something deletes or recreates the lock file in a loop; operators must never delete it.");
+    }
+    // DIR itself was removed or replaced: look it up again by its path (66 if
+    // it is gone, as for a run started now).
+    if (!dir_ok) {
+      file.fd.reset();
+      dir = open_lock_dir(dir.path);
     }
     // `file` closes here, releasing the lock on the orphaned inode; retry.
   }

@@ -66,7 +66,7 @@ struct AcquireResult {
 
 // The deadline counts from `start_ns` (CLOCK_MONOTONIC; looplock passes the
 // moment it started, so its own start-up is inside the deadline).
-AcquireResult acquire_lock(const LockDir& dir, const WaitPlan& plan, LockMode mode, AcquireObserver& observer,
+AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, AcquireObserver& observer,
                            long long start_ns);
 
 // The name of the network file system `fd` is on ("nfs", "cifs", ...), or

@@ -26,6 +26,7 @@ constexpr int kFixedForwarded[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SI
 void restore_in_child(const InheritedSignals& inherited) {
   sigaction(SIGCHLD, &inherited.chld, nullptr);
   sigaction(SIGPIPE, &inherited.pipe, nullptr);
+  sigaction(SIGXFSZ, &inherited.xfsz, nullptr);
   sigprocmask(SIG_SETMASK, &inherited.mask, nullptr);
 }
 
@@ -78,6 +79,7 @@ InheritedSignals take_signal_control() {
   ign.sa_handler = SIG_IGN;
   sigemptyset(&ign.sa_mask);
   sigaction(SIGPIPE, &ign, &in.pipe);
+  sigaction(SIGXFSZ, &ign, &in.xfsz);
   sigset_t ending;
   sigemptyset(&ending);
   for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&ending, s);

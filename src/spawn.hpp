@@ -21,6 +21,7 @@ struct InheritedSignals {
   sigset_t mask{};
   struct sigaction chld {};
   struct sigaction pipe {};
+  struct sigaction xfsz {};
 };
 
 // Captures the inherited signal state, then sets looplock's own: SIGCHLD at
