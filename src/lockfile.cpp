@@ -218,7 +218,10 @@ LockFile open_lock_file(const LockDir& dir) {
                "Replace it with a regular file, or remove the link and let looplock create the file.");
       }
       std::string hint;
-      if (err == EACCES || err == EROFS) {
+      if (err == EROFS) {
+        hint = "DIR is on a read-only file system: create " + std::string(kLockName) +
+               " there while it is writable (an existing lock file is locked read-only).";
+      } else if (err == EACCES) {
         hint = exists ? "Check the lock file's permissions." : "looplock must be able to create the lock file in DIR; check DIR's permissions.";
       }
       fail_errno(status_for_errno(err, exit_code::kCantCreate),
