@@ -92,7 +92,7 @@ std::string utc_iso8601(long long ms) {
   long long day = doy - (153 * mp + 2) / 5 + 1;
   long long month = mp < 10 ? mp + 3 : mp - 9;
   long long year = yoe + era * 400 + (month <= 2 ? 1 : 0);
-  char buf[64];
+  char buf[96];
   std::snprintf(buf, sizeof buf, "%04lld-%02lld-%02lldT%02lld:%02lld:%02lld.%03lldZ", year, month, day, rem / 3600,
                 (rem / 60) % 60, rem % 60, millis);
   return buf;
