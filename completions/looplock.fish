@@ -28,7 +28,7 @@ function __looplock_needs_dir
             case -- -- -c
                 return 1
             case '--*=*'
-            case -p --policy -w --timeout -E --conflict-exit-code --skip-exit-code --agent --operation --log-format --kill-after --stale-after
+            case -p --policy -w --timeout -E --conflict-exit-code --skip-exit-code --agent --operation --log-format --kill-after --stale-after --etcd --lock-name --ttl
                 set skip 1
             case '-*'
             case '*'
@@ -76,6 +76,9 @@ complete -c looplock -n $opts -l log-format -x -d 'Format of the stderr lines' -
 complete -c looplock -n $opts -l inspect -d 'Report who holds the lock of DIR; change nothing'
 complete -c looplock -n $opts -l json -d 'With --inspect: print the report as JSON'
 complete -c looplock -n $opts -l stale-after -x -d 'With --inspect: warn about holds older than this'
+complete -c looplock -n $opts -l etcd -x -d 'Also lock across hosts on etcd (http://HOST:PORT,...)'
+complete -c looplock -n $opts -l lock-name -x -d 'Cluster lock name (default: the base name of DIR)'
+complete -c looplock -n $opts -l ttl -x -d 'etcd lease time to live in seconds (default 10)'
 complete -c looplock -n $opts -s c -x -d 'Run SHELL-COMMAND with /bin/sh -c'
 
 # DIR, then "--" or -c, then the command.

@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <iostream>
 
+#include "cluster.hpp"
 #include "error.hpp"
+#include "etcd.hpp"
 #include "exit_codes.hpp"
 #include "holder.hpp"
 #include "incident.hpp"
@@ -82,7 +84,7 @@ std::string user_name() {
 
 // The environment the command runs with.
 EnvList command_env(const Context& ctx, const Options& o, const std::string& canonical_dir,
-                    const std::string& lock_id, int lock_fd, bool pass_fd) {
+                    const std::string& lock_id, int lock_fd, bool pass_fd, const ClusterLock* cluster) {
   std::vector<std::pair<std::string_view, std::string>> set = {
       {env_name::kDir, canonical_dir},
       {env_name::kLockId, lock_id},
@@ -90,6 +92,11 @@ EnvList command_env(const Context& ctx, const Options& o, const std::string& can
       {env_name::kHolderPid, std::to_string(ctx.pid)},
       {env_name::kHolderFd, std::to_string(lock_fd)},
   };
+  if (cluster) {
+    set.emplace_back(env_name::kFencingToken, std::to_string(cluster->fencing_token()));
+    set.emplace_back(env_name::kEtcdKey, cluster->key());
+    set.emplace_back(env_name::kEtcdLease, etcd::lease_hex(cluster->lease()));
+  }
   std::vector<std::string_view> unset;
   if (pass_fd) {
     set.emplace_back(env_name::kFd, std::to_string(lock_fd));
@@ -136,6 +143,88 @@ void report_timeout(const Options& o, const Context& ctx, const LockDir& dir, co
   }
 }
 
+
+std::string host_name() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "unknown";
+  return buf;
+}
+
+// The cluster lock's name: --lock-name, else the loop dir's base name.
+std::string cluster_lock_name(const Options& o, const std::string& canonical_dir) {
+  if (!o.lock_name.empty()) return o.lock_name;
+  auto slash = canonical_dir.rfind('/');
+  std::string base = slash == std::string::npos ? canonical_dir : canonical_dir.substr(slash + 1);
+  if (!valid_lock_name(base)) {
+    throw Fatal(exit_code::kUsage, "the loop directory's base name cannot name a cluster lock",
+                "Give one with --lock-name NAME.");
+  }
+  return base;
+}
+
+Incident cluster_incident(const Options& o, const Context& ctx, const std::string& lock_id, const ClusterLock& c,
+                          const std::optional<Json>& holder) {
+  Incident inc;
+  inc.at = sys::utc_now_iso8601();
+  inc.lock_id = lock_id;
+  inc.policy = std::string(policy_name(o.policy));
+  inc.waiter_pid = ctx.pid;
+  inc.waiter_agent = o.agent;
+  inc.waiter_operation = o.operation;
+  inc.cluster = Json{{"lock_name", c.name()}, {"endpoint", c.endpoint()}, {"holder", holder ? *holder : Json(nullptr)}};
+  return inc;
+}
+
+void report_cluster_timeout(const Options& o, const Context& ctx, const LockDir& dir, const ClusterLock& c,
+                            const WaitPlan& plan, const std::string& lock_id, const Logger& log) {
+  Incident inc = cluster_incident(o, ctx, lock_id, c, c.blocker());
+  inc.deadline_ms = plan.deadline_ns / 1'000'000;
+  inc.waited_ms = (sys::monotonic_ns() - ctx.start_ns) / 1'000'000;
+  inc.operator_action = operator_action(o.policy) +
+                        "; the lock is held on another host (cluster lock " + c.name() +
+                        "): inspect it with 'looplock --inspect --etcd ENDPOINTS DIR' on any host.";
+  int err = append_incident(dir.fd.get(), encode_incident(inc));
+  log.error("lock_acquire_timeout",
+            "lock_acquire_timeout: cluster lock " + printable(c.name()) + " (etcd) still held after " +
+                seconds_text(inc.waited_ms * 1'000'000) + " by " + describe_cluster_holder(c.blocker()) + "; gave up " +
+                o.operation + " (policy " + inc.policy + ")",
+            "Run 'looplock --inspect --etcd ENDPOINTS " + o.dir + "' to see the holder.",
+            {{"lock_id", lock_id}, {"policy", inc.policy}, {"waited_ms", inc.waited_ms},
+             {"deadline_ms", inc.deadline_ms}, {"cluster", inc.cluster}});
+  if (err != 0) {
+    log.warn("incident_append_failed",
+             errno_message("cannot append the incident row to " + o.dir + "/" + kIncidentsName, err));
+  }
+}
+
+void report_lease_lost(const Options& o, const Context& ctx, const LockDir& dir, const ClusterLock& c,
+                       const std::optional<HolderRecord>& record, const std::string& lock_id, const Logger& log) {
+  Incident inc = cluster_incident(o, ctx, lock_id, c, std::nullopt);
+  inc.error_code = "lease_lost";
+  inc.deadline_ms = static_cast<long long>(c.ttl_s()) * 1000;
+  inc.waited_ms = c.since_last_keepalive_ns() / 1'000'000;
+  inc.holder = record;
+  if (record) inc.holder_alive = true;
+  inc.holder_pids = {ctx.pid};
+  inc.cluster["fencing_token"] = c.fencing_token();
+  inc.cluster["lease"] = etcd::lease_hex(c.lease());
+  inc.cluster["why"] = c.lost_why();
+  inc.operator_action =
+      "The etcd lease was lost while the command ran (" + c.lost_why() +
+      "), so another host may have taken the lock: the command was terminated. Check etcd's health and the network "
+      "between this host and etcd; make writers check LOOPLOCK_FENCING_TOKEN so a stale holder is refused.";
+  int err = append_incident(dir.fd.get(), encode_incident(inc));
+  log.error("lease_lost",
+            "lease_lost: the etcd lease of cluster lock " + printable(c.name()) + " was lost while " + o.operation +
+                " ran: " + printable(c.lost_why()) + "; terminating the command",
+            "Another host may hold the lock now. Check etcd (" + c.endpoint() + ") and the network.",
+            {{"lock_id", lock_id}, {"cluster", inc.cluster}});
+  if (err != 0) {
+    log.warn("incident_append_failed",
+             errno_message("cannot append the incident row to " + o.dir + "/" + kIncidentsName, err));
+  }
+}
+
 }  // namespace
 
 Outcome run(const Options& o, const Context& ctx, const Logger& log) {
@@ -172,6 +261,31 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
   }
 
   const WaitPlan plan = wait_plan(o.policy, o.timeout_ns);
+
+  // The cluster lock first, the local one second, always in that order (so
+  // that two hosts never wait for each other crosswise); the deadline counts
+  // from looplock's start and covers both.
+  std::optional<ClusterLock> cluster;
+  if (!o.etcd.empty()) {
+    cluster.emplace(etcd::parse_endpoints(o.etcd).endpoints, cluster_lock_name(o, canonical_dir), o.ttl_s, log);
+    auto got = cluster->acquire(plan, ctx.start_ns);
+    if (got == ClusterLock::Outcome::Busy) {
+      log.result("noop-locked",
+                 "noop-locked: cluster lock " + printable(cluster->name()) + " (etcd) is held by " +
+                     describe_cluster_holder(cluster->blocker()) + "; skipped " + o.operation + " (policy single_flight)",
+                 {{"lock_id", lock_id}, {"policy", policy_name(o.policy)}, {"lock_name", cluster->name()}});
+      return exit_status(o.skip_exit_code);
+    }
+    if (got == ClusterLock::Outcome::TimedOut) {
+      report_cluster_timeout(o, ctx, dir, *cluster, plan, lock_id, log);
+      return exit_status(o.conflict_exit_code);
+    }
+    log.verbose("acquired", "cluster lock " + printable(cluster->name()) + " acquired on etcd after " +
+                                seconds_text(sys::monotonic_ns() - ctx.start_ns) + " (fencing token " +
+                                std::to_string(cluster->fencing_token()) + ")",
+                {{"lock_name", cluster->name()}, {"fencing_token", cluster->fencing_token()}});
+  }
+
   WaitReporter reporter(o, log);
   AcquireResult res = acquire_lock(dir, plan, mode, reporter, ctx.start_ns);
 
@@ -209,8 +323,22 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
     }
   }
 
-  CommandSpec spec{o.command, command_env(ctx, o, canonical_dir, lock_id, file.fd.get(), !o.close_fd),
+  if (cluster) {
+    cluster->write_holder(ClusterHolder{host_name(), ctx.pid, o.agent, o.operation, sys::utc_now_iso8601(), {}, 0});
+  }
+
+  CommandSpec spec{o.command,
+                   command_env(ctx, o, canonical_dir, lock_id, file.fd.get(), !o.close_fd, cluster ? &*cluster : nullptr),
                    o.close_fd ? -1 : file.fd.get(), o.kill_after_ns};
+  if (cluster) {
+    spec.tick = [&] {
+      if (cluster->keep_alive()) return true;
+      report_lease_lost(o, ctx, dir, *cluster, record, lock_id, log);
+      return false;
+    };
+    spec.tick_interval_ns = cluster->tick_interval_ns();
+    spec.tick_kill_after_ns = o.kill_after_ns.value_or(5'000'000'000LL);
+  }
   int status;
   try {
     if (o.no_fork) exec_command(spec, inherited);
@@ -250,6 +378,11 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
   log.verbose("released", "released " + lock_display(o.dir) + "; the command " +
                               (WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
                                                    : "exited with " + std::to_string(shell_status(status))));
+  if (cluster) {
+    cluster->release();  // after the local lock, as promised
+    log.verbose("released", "released cluster lock " + printable(cluster->name()) + " on etcd");
+    if (cluster->lost()) return exit_status(exit_code::kLeaseLost);
+  }
   if (!intact) {
     const bool command_failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     log.error("loop_dir_vanished",
@@ -269,7 +402,7 @@ int main_program(int argc, char** argv, char** envp) {
   // Until the options are known, errors are plain text.
   Logger log(Verbosity::Normal, LogFormat::Text);
   try {
-    Environment penv{env_get(ctx.env, env_name::kAgent), user_name};
+    Environment penv{env_get(ctx.env, env_name::kAgent), env_get(ctx.env, env_name::kEtcd), user_name};
     Options o = parse_options(args, penv);
     if (o.mode == Mode::Help) {
       std::cout << help_text();

@@ -19,6 +19,11 @@ inline constexpr std::string_view kPolicy = "LOOPLOCK_POLICY";
 inline constexpr std::string_view kHolderPid = "LOOPLOCK_HOLDER_PID";
 inline constexpr std::string_view kHolderFd = "LOOPLOCK_HOLDER_FD";
 inline constexpr std::string_view kAgent = "LOOPLOCK_AGENT";
+// The cluster lock (--etcd): the default endpoints, and what the command gets.
+inline constexpr std::string_view kEtcd = "LOOPLOCK_ETCD";
+inline constexpr std::string_view kEtcdKey = "LOOPLOCK_ETCD_KEY";
+inline constexpr std::string_view kEtcdLease = "LOOPLOCK_ETCD_LEASE";
+inline constexpr std::string_view kFencingToken = "LOOPLOCK_FENCING_TOKEN";
 }  // namespace env_name
 
 using EnvList = std::vector<std::string>;  // "NAME=value" entries

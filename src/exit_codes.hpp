@@ -9,10 +9,12 @@ namespace looplock::exit_code {
 inline constexpr int kOk = 0;
 inline constexpr int kUsage = 64;        // EX_USAGE: bad command line
 inline constexpr int kNoInput = 66;      // EX_NOINPUT: DIR missing or not a directory
+inline constexpr int kClusterUnavailable = 69;  // EX_UNAVAILABLE: no etcd endpoint answered at acquisition
 inline constexpr int kOsError = 71;      // EX_OSERR: fork, ENOLCK, EMFILE, ...
 inline constexpr int kCantCreate = 73;   // EX_CANTCREAT: lock file cannot be opened, or is unsafe
 inline constexpr int kVanished = 74;     // EX_IOERR: lock file or DIR vanished mid-lock
 inline constexpr int kTimeout = 75;      // EX_TEMPFAIL: deadline passed (default of -E)
+inline constexpr int kLeaseLost = 76;    // EX_PROTOCOL: the etcd lease was lost while the command ran
 inline constexpr int kNotExecutable = 126;
 inline constexpr int kNotFound = 127;
 

@@ -25,6 +25,7 @@ Json incident_to_json(const Incident& i) {
   j["waiter"] = {{"pid", i.waiter_pid},
                  {"agent_id", clip_bytes(i.waiter_agent)},
                  {"operation", clip_bytes(i.waiter_operation)}};
+  if (!i.cluster.is_null()) j["cluster"] = i.cluster;
   j["operator_action"] = i.operator_action;
   return j;
 }

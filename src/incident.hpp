@@ -36,6 +36,8 @@ struct Incident {
   std::string waiter_agent;
   std::string waiter_operation;
   std::string operator_action;
+  // The cluster lock (--etcd), when the row is about it: {"lock_name", "holder"}.
+  Json cluster = nullptr;
 };
 
 Json incident_to_json(const Incident& i);

@@ -7,7 +7,9 @@
 #include <ctime>
 #include <iostream>
 
+#include "cluster.hpp"
 #include "error.hpp"
+#include "etcd.hpp"
 #include "exit_codes.hpp"
 #include "lock_id.hpp"
 #include "lockfile.hpp"
@@ -271,13 +273,46 @@ int inspect(const Options& o, const Logger& log) {
   f.incidents = summarize_incidents(dir.fd.get());
 
   InspectReport report = build_report(f);
+
+  // --etcd: the cluster lock too (who holds it, who waits), read only.
+  int status = exit_code::kOk;
+  if (!o.etcd.empty()) {
+    std::string name = o.lock_name;
+    if (name.empty()) {
+      std::string canonical = canonical_lock_path(dir.fd.get(), o.dir);
+      canonical.resize(canonical.size() - std::string_view(kLockName).size() - 1);
+      name = canonical.substr(canonical.rfind('/') + 1);
+    }
+    etcd::Client client(etcd::parse_endpoints(o.etcd).endpoints);
+    const long long deadline = sys::monotonic_ns() + 5'000'000'000LL;
+    auto keys = client.range(etcd::lock_service_name(name) + "/", true, deadline);
+    Json c = {{"lock_name", name}};
+    std::string text;
+    if (!keys.ok()) {
+      c["error"] = keys.error;
+      text = "cannot read from etcd: " + keys.error;
+      status = exit_code::kClusterUnavailable;
+    } else {
+      std::optional<Json> holder;
+      auto h = client.range(etcd::holder_key(name), false, deadline);
+      if (h.ok() && !h.value.empty()) holder = parse_cluster_holder(h.value.front().value);
+      c["held"] = !keys.value.empty();
+      c["contenders"] = keys.value.size();
+      c["holder"] = holder && !keys.value.empty() ? *holder : Json(nullptr);
+      text = keys.value.empty() ? "free (lock name " + name + ")"
+                                : "held by " + describe_cluster_holder(holder) + "; " +
+                                      std::to_string(keys.value.size() - 1) + " waiting (lock name " + name + ")";
+    }
+    report.json["cluster"] = c;
+    report.text += "cluster   " + printable(text) + "\n";
+  }
   if (o.json) {
     std::cout << dump_json(report.json) << "\n";
   } else {
     std::cout << report.text;
   }
   std::cout.flush();
-  return std::cout ? exit_code::kOk : exit_code::kOsError;
+  return std::cout ? status : exit_code::kOsError;
 }
 
 }  // namespace looplock

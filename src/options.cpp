@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "error.hpp"
+#include "etcd.hpp"
 #include "exit_codes.hpp"
 
 #ifndef LOOPLOCK_VERSION
@@ -28,9 +29,9 @@ constexpr std::string_view kTryHelp = "Try 'looplock --help' for more informatio
 // looks for "--" and "-c". Keep in sync with build_parser() (a unit test
 // checks that every option declared there is classified here).
 constexpr std::array kValueShort = {'p', 'w', 'E'};
-constexpr std::array<std::string_view, 9> kValueLong = {
+constexpr std::array<std::string_view, 12> kValueLong = {
     "policy", "timeout", "conflict-exit-code", "skip-exit-code", "agent",
-    "operation", "log-format", "kill-after", "stale-after"};
+    "operation", "log-format", "kill-after", "stale-after", "etcd", "lock-name", "ttl"};
 
 bool long_takes_value(std::string_view arg) {
   // "--name" (value in the next argument); "--name=value" carries its own.
@@ -130,6 +131,9 @@ cxxopts::Options build_parser() {
       ("inspect", "")
       ("json", "")
       ("stale-after", "", cxxopts::value<std::string>())
+      ("etcd", "", cxxopts::value<std::string>())
+      ("lock-name", "", cxxopts::value<std::string>())
+      ("ttl", "", cxxopts::value<std::string>())
       ("positional", "", cxxopts::value<std::vector<std::string>>());
   o.parse_positional({"positional"});
   return o;
@@ -175,6 +179,12 @@ Family interpreter_family(std::string_view base) {
 }
 
 }  // namespace
+
+bool valid_lock_name(std::string_view name) {
+  if (name.empty() || name.size() > 255) return false;
+  return std::none_of(name.begin(), name.end(),
+                      [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
+}
 
 std::optional<long long> parse_seconds(std::string_view text) {
   // Strict decimal: digits, optionally "." and digits. Rejects "-1", "nan",
@@ -365,6 +375,45 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
     else usage_error("invalid --log-format '" + f + "': expected text or json");
   }
 
+  // Cluster lock.
+  if (r.count("etcd")) {
+    o.etcd = r["etcd"].as<std::string>();
+    if (o.etcd.empty()) usage_error("invalid --etcd '': expected endpoints such as http://127.0.0.1:2379");
+  } else if (env.looplock_etcd && !env.looplock_etcd->empty()) {
+    o.etcd = *env.looplock_etcd;
+  }
+  if (!o.etcd.empty()) {
+    if (auto parsed = etcd::parse_endpoints(o.etcd); !parsed.error.empty()) {
+      usage_error("invalid --etcd '" + o.etcd + "' (or $LOOPLOCK_ETCD): " + parsed.error,
+                  "Give comma-separated http://HOST:PORT endpoints of the etcd cluster (etcd 3.4+).");
+    }
+  }
+  if (r.count("lock-name")) {
+    o.lock_name = r["lock-name"].as<std::string>();
+    if (o.etcd.empty()) usage_error("--lock-name '" + o.lock_name + "' applies only with --etcd ENDPOINTS");
+    if (!valid_lock_name(o.lock_name)) {
+      usage_error("invalid --lock-name '" + o.lock_name + "': expected 1 to 255 bytes without control characters");
+    }
+  }
+  if (r.count("ttl")) {
+    const auto& text = r["ttl"].as<std::string>();
+    if (o.etcd.empty()) usage_error("--ttl '" + text + "' applies only with --etcd ENDPOINTS");
+    auto v = parse_int(text);
+    if (!v || *v < 2 || *v > 86400) usage_error("invalid --ttl '" + text + "': expected whole seconds from 2 to 86400");
+    if (o.mode == Mode::Inspect) usage_error("--ttl does not apply to --inspect");
+    o.ttl_s = *v;
+  }
+  if (!o.etcd.empty() && o.mode == Mode::Run) {
+    if (o.shared) {
+      usage_error("--etcd cannot be combined with -s/--shared: shared cluster locks are not supported",
+                  "Drop -s, or run without --etcd (and without $LOOPLOCK_ETCD) for a shared local lock.");
+    }
+    if (o.no_fork) {
+      usage_error("--etcd cannot be combined with -F/--no-fork: looplock must stay to keep the etcd lease alive",
+                  "Drop -F; the command then runs as looplock's child.");
+    }
+  }
+
   if (o.mode == Mode::Inspect) {
     o.json = r.count("json") > 0;
     if (r.count("stale-after")) {
@@ -436,6 +485,11 @@ Inspect:
       --inspect               report who holds DIR's lock; change nothing
       --json                  print the report as one JSON object
       --stale-after DURATION  warn about holds older than this (default 2h)
+Cluster:
+      --etcd ENDPOINTS        also lock across hosts on etcd (comma-separated
+                              http://HOST:PORT; default $LOOPLOCK_ETCD)
+      --lock-name NAME        cluster lock name (default: DIR's base name)
+      --ttl SECONDS           etcd lease time to live (default 10, >= 2)
   -h, --help                  show this help;  -V, --version  show version
 
 Examples:
@@ -444,7 +498,8 @@ Examples:
   looplock -w 30 /srv/loops/nightly -c 'status.py --approve && status.py --tick'
 
 Exit status: COMMAND's own; 75 deadline passed; 64 usage; 66 no DIR;
-73 unsafe lock file; 74 DIR vanished mid-lock; 71 OS error; 126/127 exec.
+73 unsafe lock file; 74 DIR vanished mid-lock; 71 OS error; 126/127 exec;
+69 etcd unreachable; 76 etcd lease lost while COMMAND ran.
 )";
   return text;
 }

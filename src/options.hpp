@@ -39,6 +39,11 @@ struct Options {
   Verbosity verbosity = Verbosity::Normal;
   LogFormat log_format = LogFormat::Text;
 
+  // Cluster (--etcd): a lock on etcd taken before the local one.
+  std::string etcd;                  // the endpoints as given; empty: no cluster lock
+  std::string lock_name;             // --lock-name; empty: the loop dir's base name
+  int ttl_s = 10;                    // --ttl: the lease's time to live
+
   // --inspect
   bool json = false;
   long long stale_after_ns = 2LL * 3600 * 1'000'000'000LL;
@@ -48,6 +53,7 @@ struct Options {
 // a pure function (and unit-testable).
 struct Environment {
   std::optional<std::string> looplock_agent;  // $LOOPLOCK_AGENT
+  std::optional<std::string> looplock_etcd;   // $LOOPLOCK_ETCD: default of --etcd
   std::function<std::string()> user_name;     // from the password database, asked only when needed
 };
 
@@ -62,6 +68,9 @@ std::string derive_operation(const std::vector<std::string>& command);
 std::optional<long long> parse_seconds(std::string_view text);
 // Seconds with an optional suffix s, m, h or d (like timeout(1)).
 std::optional<long long> parse_duration(std::string_view text);
+
+// A cluster lock name: 1 to 255 bytes without control characters.
+bool valid_lock_name(std::string_view name);
 
 const std::string& help_text();
 std::string version_text();

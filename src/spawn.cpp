@@ -7,6 +7,7 @@
 #include <termios.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -145,6 +146,10 @@ int run_command(const CommandSpec& spec, const InheritedSignals& inherited, cons
   const sigset_t forwarded = forwarded_signals();
   const pid_t self = getpid();
   long long kill_at = 0;  // monotonic ns at which KILL is due; 0: none
+  bool kill_group = false;
+  bool lost = false;
+  bool ticking = spec.tick && spec.tick_interval_ns > 0;
+  long long next_tick = sys::monotonic_ns() + spec.tick_interval_ns;
   int status = 0;
   for (bool done = false;;) {
     // Reap the command and any orphaned descendant handed to us.
@@ -162,16 +167,39 @@ int run_command(const CommandSpec& spec, const InheritedSignals& inherited, cons
     }
     if (done) break;
 
+    if (ticking && sys::monotonic_ns() >= next_tick) {
+      if (spec.tick()) {
+        next_tick = sys::monotonic_ns() + spec.tick_interval_ns;
+      } else {
+        // Lost: the command no longer runs under the lock. Its own process
+        // group when it has one (what it started goes too), else itself.
+        ticking = false;
+        lost = true;
+        if (own_group) kill(-child, SIGTERM);
+        kill(child, SIGTERM);
+        const long long at = sys::monotonic_ns() + spec.tick_kill_after_ns;
+        if (kill_at == 0 || at < kill_at) kill_at = at;
+        kill_group = own_group;
+      }
+      continue;
+    }
+
     siginfo_t info{};
     int sig;
-    if (kill_at != 0) {
-      long long left = kill_at - sys::monotonic_ns();
-      if (left <= 0) {
-        log.warn("kill_after", "the command did not end within --kill-after of TERM/INT; sending KILL");
+    if (kill_at != 0 || ticking) {
+      const long long now = sys::monotonic_ns();
+      if (kill_at != 0 && kill_at - now <= 0) {
+        log.warn("kill_after", lost ? "the command did not end within --kill-after (default 5s) of the TERM sent when "
+                                      "the lease was lost; sending KILL"
+                                    : "the command did not end within --kill-after of TERM/INT; sending KILL");
+        if (kill_group) kill(-child, SIGKILL);
         kill(child, SIGKILL);
         kill_at = 0;
         continue;
       }
+      long long until = kill_at != 0 ? kill_at : next_tick;
+      if (ticking && next_tick < until) until = next_tick;
+      long long left = std::max(until - now, 1LL);
       timespec ts{static_cast<time_t>(left / 1'000'000'000LL), static_cast<long>(left % 1'000'000'000LL)};
       sig = sigtimedwait(&waited, &info, &ts);
     } else {

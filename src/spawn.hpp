@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/types.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,6 +40,14 @@ struct CommandSpec {
   std::vector<std::string> env;  // the whole environment, "NAME=value"
   int pass_fd = -1;              // an fd to leave open in the command, or -1
   std::optional<long long> kill_after_ns;
+  // Called every tick_interval_ns while the command runs (from the signal
+  // loop: signals that arrive meanwhile wait until it returns). When it
+  // returns false (the etcd lease was lost), the command is sent TERM (its
+  // process group when it has one of its own), then KILL after
+  // tick_kill_after_ns, and tick is not called again.
+  std::function<bool()> tick;
+  long long tick_interval_ns = 0;
+  long long tick_kill_after_ns = 5'000'000'000LL;
 };
 
 // Whether looplock is the foreground job of its controlling terminal. Only

@@ -37,6 +37,11 @@ Inspect:
       --inspect               report who holds DIR's lock; change nothing
       --json                  print the report as one JSON object
       --stale-after DURATION  warn about holds older than this (default 2h)
+Cluster:
+      --etcd ENDPOINTS        also lock across hosts on etcd (comma-separated
+                              http://HOST:PORT; default $LOOPLOCK_ETCD)
+      --lock-name NAME        cluster lock name (default: DIR's base name)
+      --ttl SECONDS           etcd lease time to live (default 10, >= 2)
   -h, --help                  show this help;  -V, --version  show version
 
 Examples:
@@ -45,7 +50,8 @@ Examples:
   looplock -w 30 /srv/loops/nightly -c 'status.py --approve && status.py --tick'
 
 Exit status: COMMAND's own; 75 deadline passed; 64 usage; 66 no DIR;
-73 unsafe lock file; 74 DIR vanished mid-lock; 71 OS error; 126/127 exec.
+73 unsafe lock file; 74 DIR vanished mid-lock; 71 OS error; 126/127 exec;
+69 etcd unreachable; 76 etcd lease lost while COMMAND ran.
 """
 
 

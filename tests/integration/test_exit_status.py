@@ -387,6 +387,8 @@ def test_intact_lock_is_not_vanished(loop_dir):
 
 # --- operating-system failure: 71 ---------------------------------------------
 
+@pytest.mark.skipif(os.environ.get("LOOPLOCK_SANITIZED") == "1",
+                    reason="the sanitizer runtime itself needs file descriptors (UBSan's vptr check fails first)")
 @pytest.mark.parametrize("limit", [4])
 def test_fd_exhaustion_is_71(loop_dir, limit):
     # 0-2 are stdio and the loop directory takes 3: the lock file cannot be

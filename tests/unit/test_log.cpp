@@ -89,7 +89,7 @@ TEST_CASE("JSON lines") {
 
 TEST_CASE("JSON lines escape newlines and replace invalid UTF-8") {
   Logger log(Verbosity::Normal, LogFormat::Json);
-  std::string msg = std::string("agent \"x\"\nline2\\ \xff\xfe end", 26);
+  std::string msg = "agent \"x\"\nline2\\ \xff\xfe end";
   std::string line = log.format_line("warning", "ev", msg, "", Json{{"agent_id", std::string("a\xc3", 2)}});
   CHECK(line.find('\n') == line.size() - 1);
   CHECK(line.find('\xff') == std::string::npos);

@@ -37,9 +37,9 @@ struct Failure {
   std::string message;
   std::string hint;
 };
-std::optional<Failure> parse_failure(std::vector<std::string> args) {
+std::optional<Failure> parse_failure(std::vector<std::string> args, const Environment& env = test_env()) {
   try {
-    parse(std::move(args));
+    parse(std::move(args), env);
   } catch (const Fatal& f) {
     return Failure{f.status(), f.what(), f.hint()};
   }
@@ -138,14 +138,15 @@ TEST_CASE("every value-taking option is classified by the splitter") {
   for (const auto& [s, l] : opts) longs.insert(l);
   // The help text lists them all (guards the regex above).
   CHECK(longs == std::set<std::string>{"policy", "timeout", "conflict-exit-code", "skip-exit-code", "agent",
-                                       "operation", "log-format", "kill-after", "stale-after"});
+                                       "operation", "log-format", "kill-after", "stale-after", "etcd",
+                                       "lock-name", "ttl"});
 
   std::vector<std::string> spellings;
   for (const auto& [s, l] : opts) {
     spellings.push_back("--" + l);
     if (!s.empty()) spellings.push_back("-" + s);
   }
-  CHECK(spellings.size() == 12);
+  CHECK(spellings.size() == 15);
   for (const auto& spelling : spellings) {
     CAPTURE(spelling);
     // The value is "--": if the splitter did not know that the option takes
@@ -464,4 +465,40 @@ TEST_CASE("derive_operation: shell options with + take their value too") {
   // sh/bash accept +o NAME (unset an option) and +e like -o NAME and -e.
   CHECK(looplock::derive_operation({"bash", "+o", "posix", "run.sh"}) == "run.sh");
   CHECK(looplock::derive_operation({"sh", "+e", "run.sh"}) == "run.sh");
+}
+
+TEST_CASE("cluster options: --etcd, --lock-name, --ttl") {
+  const std::string E = "http://127.0.0.1:2379";
+  Options o = parse({"--etcd", E, "DIR", "--", "x"});
+  CHECK(o.etcd == E);
+  CHECK(o.lock_name.empty());  // the loop dir's base name, resolved at run time
+  CHECK(o.ttl_s == 10);
+  o = parse({"--etcd", E, "--lock-name", "nightly", "--ttl", "3", "DIR", "--", "x"});
+  CHECK(o.lock_name == "nightly");
+  CHECK(o.ttl_s == 3);
+  // The default endpoints come from $LOOPLOCK_ETCD.
+  Environment env = test_env();
+  env.looplock_etcd = E;
+  CHECK(parse({"DIR", "--", "x"}, env).etcd == E);
+  CHECK(parse({"--etcd", "http://h:1", "DIR", "--", "x"}, env).etcd == "http://h:1");
+  CHECK(parse({"DIR", "--", "x"}).etcd.empty());
+
+  for (Args bad : {Args{"--etcd", "127.0.0.1:2379", "DIR", "--", "x"}, Args{"--etcd", "", "DIR", "--", "x"},
+                   Args{"--etcd", "https://h:1", "DIR", "--", "x"}, Args{"--lock-name", "n", "DIR", "--", "x"},
+                   Args{"--ttl", "5", "DIR", "--", "x"}, Args{"--etcd", E, "--ttl", "1", "DIR", "--", "x"},
+                   Args{"--etcd", E, "--ttl", "2.5", "DIR", "--", "x"}, Args{"--etcd", E, "--lock-name", "", "DIR", "--", "x"},
+                   Args{"--etcd", E, "--lock-name", "a\nb", "DIR", "--", "x"}, Args{"--etcd", E, "-s", "DIR", "--", "x"},
+                   Args{"--etcd", E, "-F", "DIR", "--", "x"}}) {
+    CAPTURE(bad);
+    auto f = parse_failure(bad);
+    REQUIRE(f);
+    CHECK(f->status == 64);
+  }
+  auto f = parse_failure({"--etcd", E, "-s", "DIR", "--", "x"});
+  CHECK(f->message.find("shared cluster locks are not supported") != std::string::npos);
+  // -s without --etcd, and $LOOPLOCK_ETCD with -s, as told.
+  CHECK(parse({"-s", "DIR", "--", "x"}).shared);
+  CHECK(parse_failure({"-s", "DIR", "--", "x"}, env));
+  // --inspect takes --etcd (to name the cluster holder).
+  CHECK(parse({"--inspect", "--etcd", E, "DIR"}).etcd == E);
 }

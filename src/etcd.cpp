@@ -1,0 +1,612 @@
+#include "etcd.hpp"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstring>
+
+#include "sys.hpp"
+#include "unique_fd.hpp"
+
+namespace looplock::etcd {
+
+namespace {
+
+constexpr char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+constexpr size_t kMaxResponse = 4 << 20;
+
+std::optional<int> parse_port(std::string_view text) {
+  int v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || p != text.data() + text.size() || v < 1 || v > 65535) return std::nullopt;
+  return v;
+}
+
+std::optional<long long> parse_ll(std::string_view text) {
+  long long v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || p != text.data() + text.size()) return std::nullopt;
+  return v;
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+}  // namespace
+
+ParsedEndpoints parse_endpoints(std::string_view text) {
+  ParsedEndpoints out;
+  auto fail = [&](std::string why) {
+    out.endpoints.clear();
+    out.error = std::move(why);
+    return out;
+  };
+  if (text.empty()) return fail("no endpoint");
+  size_t start = 0;
+  for (;;) {
+    size_t comma = text.find(',', start);
+    std::string_view item = text.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    std::string shown(item);
+    if (item.starts_with("https://")) return fail("'" + shown + "': https is not supported; use http://");
+    if (!item.starts_with("http://")) return fail("'" + shown + "' does not start with http://");
+    item.remove_prefix(7);
+    if (item.ends_with('/')) item.remove_suffix(1);
+    Endpoint e;
+    e.text = "http://" + std::string(item);
+    size_t colon;
+    if (item.starts_with('[')) {
+      size_t close = item.find(']');
+      if (close == std::string_view::npos || close + 1 >= item.size() || item[close + 1] != ':') {
+        return fail("'" + shown + "': expected http://[IPV6]:PORT");
+      }
+      e.host = std::string(item.substr(1, close - 1));
+      colon = close + 1;
+    } else {
+      colon = item.rfind(':');
+      if (colon == std::string_view::npos) return fail("'" + shown + "' has no :PORT");
+      e.host = std::string(item.substr(0, colon));
+    }
+    auto port = parse_port(item.substr(colon + 1));
+    if (!port) return fail("'" + shown + "' has no valid port (1-65535)");
+    e.port = *port;
+    if (e.host.empty() || e.host.find_first_of("/?#@ \t") != std::string::npos) {
+      return fail("'" + shown + "' has no valid host");
+    }
+    out.endpoints.push_back(std::move(e));
+    if (comma == std::string_view::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+std::string base64_encode(std::string_view bytes) {
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 3 <= bytes.size(); i += 3) {
+    unsigned v = static_cast<unsigned char>(bytes[i]) << 16 | static_cast<unsigned char>(bytes[i + 1]) << 8 |
+                 static_cast<unsigned char>(bytes[i + 2]);
+    out += kB64[v >> 18 & 63];
+    out += kB64[v >> 12 & 63];
+    out += kB64[v >> 6 & 63];
+    out += kB64[v & 63];
+  }
+  if (size_t rest = bytes.size() - i; rest > 0) {
+    unsigned v = static_cast<unsigned char>(bytes[i]) << 16;
+    if (rest == 2) v |= static_cast<unsigned char>(bytes[i + 1]) << 8;
+    out += kB64[v >> 18 & 63];
+    out += kB64[v >> 12 & 63];
+    out += rest == 2 ? kB64[v >> 6 & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+std::optional<std::string> base64_decode(std::string_view text) {
+  auto value = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+' || c == '-') return 62;
+    if (c == '/' || c == '_') return 63;
+    return -1;
+  };
+  while (!text.empty() && text.back() == '=') text.remove_suffix(1);
+  if (text.size() % 4 == 1) return std::nullopt;
+  std::string out;
+  out.reserve(text.size() * 3 / 4);
+  unsigned acc = 0;
+  int bits = 0;
+  for (char c : text) {
+    int v = value(c);
+    if (v < 0) return std::nullopt;
+    acc = acc << 6 | static_cast<unsigned>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out += static_cast<char>(acc >> bits & 0xff);
+    }
+  }
+  return out;
+}
+
+std::string prefix_range_end(std::string_view prefix) {
+  std::string end(prefix);
+  while (!end.empty()) {
+    auto& c = reinterpret_cast<unsigned char&>(end.back());
+    if (c < 0xff) {
+      ++c;
+      return end;
+    }
+    end.pop_back();
+  }
+  return std::string(1, '\0');
+}
+
+std::string lock_service_name(std::string_view name) { return std::string(kKeyRoot) + std::string(name) + "/lock"; }
+std::string holder_key(std::string_view name) { return std::string(kKeyRoot) + std::string(name) + "/holder"; }
+
+std::string lease_hex(long long id) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%llx", static_cast<unsigned long long>(id));
+  return buf;
+}
+
+std::string lease_grant_body(int ttl_s) { return dump_json(Json{{"TTL", ttl_s}}); }
+std::string lease_id_body(long long id) { return dump_json(Json{{"ID", std::to_string(id)}}); }
+std::string lock_body(std::string_view name, long long lease) {
+  return dump_json(Json{{"name", base64_encode(name)}, {"lease", std::to_string(lease)}});
+}
+std::string unlock_body(std::string_view key) { return dump_json(Json{{"key", base64_encode(key)}}); }
+std::string range_body(std::string_view key, bool prefix) {
+  Json j{{"key", base64_encode(key)}};
+  if (prefix) j["range_end"] = base64_encode(prefix_range_end(key));
+  return dump_json(j);
+}
+std::string put_body(std::string_view key, std::string_view value, long long lease) {
+  Json j{{"key", base64_encode(key)}, {"value", base64_encode(value)}};
+  if (lease != 0) j["lease"] = std::to_string(lease);
+  return dump_json(j);
+}
+
+std::optional<Json> parse_answer(std::string_view body) {
+  // A streaming answer holds one object per line: the first one counts.
+  if (auto nl = body.find('\n'); nl != std::string_view::npos) {
+    std::string_view rest = body.substr(nl);
+    if (rest.find_first_not_of(" \r\n\t") != std::string_view::npos) body = body.substr(0, nl);
+  }
+  auto j = Json::parse(body.begin(), body.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  if (j.contains("result") && j["result"].is_object()) return j["result"];
+  return j;
+}
+
+std::optional<long long> int64_field(const Json& j, const char* name) {
+  if (!j.contains(name)) return 0;
+  const Json& v = j[name];
+  if (v.is_number_integer()) return v.get<long long>();
+  if (v.is_string()) return parse_ll(v.get<std::string>());
+  return std::nullopt;
+}
+
+std::optional<long long> parse_lease_grant(const Json& answer) {
+  if (answer.contains("error") && answer["error"].is_string() && !answer["error"].get<std::string>().empty()) {
+    return std::nullopt;
+  }
+  auto id = int64_field(answer, "ID");
+  if (!id || *id == 0) return std::nullopt;
+  return id;
+}
+
+long long parse_keepalive_ttl(const Json& answer) {
+  auto ttl = int64_field(answer, "TTL");
+  return ttl && *ttl > 0 ? *ttl : 0;
+}
+
+std::optional<std::string> parse_lock_key(const Json& answer) {
+  if (!answer.contains("key") || !answer["key"].is_string()) return std::nullopt;
+  auto key = base64_decode(answer["key"].get<std::string>());
+  if (!key || key->empty()) return std::nullopt;
+  return key;
+}
+
+std::optional<std::vector<KeyValue>> parse_range(const Json& answer) {
+  std::vector<KeyValue> out;
+  if (!answer.contains("kvs")) return out;
+  if (!answer["kvs"].is_array()) return std::nullopt;
+  for (const auto& kv : answer["kvs"]) {
+    if (!kv.is_object() || !kv.contains("key") || !kv["key"].is_string()) return std::nullopt;
+    KeyValue v;
+    auto key = base64_decode(kv["key"].get<std::string>());
+    if (!key) return std::nullopt;
+    v.key = std::move(*key);
+    if (kv.contains("value")) {
+      if (!kv["value"].is_string()) return std::nullopt;
+      auto value = base64_decode(kv["value"].get<std::string>());
+      if (!value) return std::nullopt;
+      v.value = std::move(*value);
+    }
+    auto cr = int64_field(kv, "create_revision");
+    auto mr = int64_field(kv, "mod_revision");
+    auto lease = int64_field(kv, "lease");
+    if (!cr || !mr || !lease) return std::nullopt;
+    v.create_revision = *cr;
+    v.mod_revision = *mr;
+    v.lease = *lease;
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+std::string_view status_name(Status s) {
+  switch (s) {
+    case Status::Ok: return "ok";
+    case Status::Unavailable: return "unavailable";
+    case Status::Timeout: return "timeout";
+    case Status::Failed: return "failed";
+  }
+  return "?";
+}
+
+std::optional<HttpResponse> parse_http_response(std::string_view raw, bool eof, bool first_line_enough, bool& bad) {
+  bad = false;
+  size_t head_end = raw.find("\r\n\r\n");
+  if (head_end == std::string_view::npos) {
+    if (eof || raw.size() > 65536) bad = true;
+    return std::nullopt;
+  }
+  std::string_view head = raw.substr(0, head_end);
+  std::string_view rest = raw.substr(head_end + 4);
+  // "HTTP/1.1 200 OK"
+  if (!head.starts_with("HTTP/1.") || head.size() < 12) {
+    bad = true;
+    return std::nullopt;
+  }
+  HttpResponse resp;
+  auto code = parse_ll(head.substr(9, 3));
+  if (!code) {
+    bad = true;
+    return std::nullopt;
+  }
+  resp.status = static_cast<int>(*code);
+  bool chunked = false;
+  std::optional<long long> length;
+  size_t pos = head.find("\r\n");
+  while (pos != std::string_view::npos) {
+    size_t next = head.find("\r\n", pos + 2);
+    std::string_view line = head.substr(pos + 2, next == std::string_view::npos ? std::string_view::npos : next - pos - 2);
+    pos = next;
+    size_t colon = line.find(':');
+    if (colon == std::string_view::npos) continue;
+    std::string name = lower(line.substr(0, colon));
+    std::string_view value = line.substr(colon + 1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+    while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
+    if (name == "transfer-encoding" && lower(value).find("chunked") != std::string::npos) chunked = true;
+    if (name == "content-length") {
+      length = parse_ll(value);
+      if (!length || *length < 0) {
+        bad = true;
+        return std::nullopt;
+      }
+    }
+  }
+  auto enough = [&](const std::string& body) { return first_line_enough && body.find('\n') != std::string::npos; };
+  if (chunked) {
+    std::string body;
+    for (;;) {
+      size_t eol = rest.find("\r\n");
+      if (eol == std::string_view::npos) break;
+      std::string_view size_text = rest.substr(0, eol);
+      if (auto semi = size_text.find(';'); semi != std::string_view::npos) size_text = size_text.substr(0, semi);
+      unsigned long long size = 0;
+      auto [p, ec] = std::from_chars(size_text.data(), size_text.data() + size_text.size(), size, 16);
+      if (size_text.empty() || ec != std::errc() || p != size_text.data() + size_text.size() || size > kMaxResponse) {
+        bad = true;
+        return std::nullopt;
+      }
+      if (size == 0) {
+        resp.body = std::move(body);
+        return resp;
+      }
+      if (rest.size() < eol + 2 + size + 2) break;
+      body.append(rest.substr(eol + 2, size));
+      rest.remove_prefix(eol + 2 + size + 2);
+    }
+    if (enough(body)) {
+      resp.body = std::move(body);
+      return resp;
+    }
+    if (eof) bad = true;
+    return std::nullopt;
+  }
+  if (length) {
+    if (rest.size() >= static_cast<size_t>(*length)) {
+      resp.body = std::string(rest.substr(0, static_cast<size_t>(*length)));
+      return resp;
+    }
+    if (enough(std::string(rest))) {
+      resp.body = std::string(rest);
+      return resp;
+    }
+    if (eof) bad = true;
+    return std::nullopt;
+  }
+  // Neither: the body ends with the connection.
+  if (eof || enough(std::string(rest))) {
+    resp.body = std::string(rest);
+    return resp;
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+// How one exchange with one endpoint ended.
+enum class Exchange { Ok, ConnectFailed, TimedOut, Broken };
+
+int poll_until(int fd, short events, long long until_ns) {
+  for (;;) {
+    long long left = until_ns - sys::monotonic_ns();
+    if (left <= 0) return 0;
+    pollfd p{fd, events, 0};
+    int ms = static_cast<int>(std::min<long long>((left + 999'999) / 1'000'000, 60'000));
+    int r = poll(&p, 1, ms);
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) continue;  // re-check the clock
+    return r;
+  }
+}
+
+Exchange exchange(const Endpoint& ep, std::string_view path, const std::string& body, long long deadline_ns,
+                  long long connect_timeout_ns, bool first_line_enough, HttpResponse& out, std::string& error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string port = std::to_string(ep.port);
+  if (int rc = getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &found); rc != 0) {
+    error = ep.text + ": cannot resolve " + ep.host + ": " + gai_strerror(rc);
+    return Exchange::ConnectFailed;
+  }
+  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(found, freeaddrinfo);
+  UniqueFd sock;
+  for (addrinfo* a = found; a; a = a->ai_next) {
+    UniqueFd s(socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol));
+    if (!s) {
+      error = ep.text + ": " + std::strerror(errno);
+      continue;
+    }
+    int one = 1;
+    setsockopt(s.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (connect(s.get(), a->ai_addr, a->ai_addrlen) != 0) {
+      if (errno != EINPROGRESS) {
+        error = ep.text + ": " + std::strerror(errno);
+        continue;
+      }
+      const long long until = std::min(deadline_ns, sys::monotonic_ns() + connect_timeout_ns);
+      if (poll_until(s.get(), POLLOUT, until) <= 0) {
+        error = ep.text + ": connection timed out";
+        continue;
+      }
+      int err = 0;
+      socklen_t len = sizeof err;
+      getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err != 0) {
+        error = ep.text + ": " + std::strerror(err);
+        continue;
+      }
+    }
+    sock = std::move(s);
+    break;
+  }
+  if (!sock) return Exchange::ConnectFailed;
+
+  std::string host = ep.host.find(':') != std::string::npos ? "[" + ep.host + "]" : ep.host;
+  std::string request = "POST " + std::string(path) + " HTTP/1.1\r\nHost: " + host + ":" + port +
+                        "\r\nContent-Type: application/json\r\nAccept: application/json\r\nContent-Length: " +
+                        std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
+  size_t sent = 0;
+  while (sent < request.size()) {
+    ssize_t n = send(sock.get(), request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      if (poll_until(sock.get(), POLLOUT, deadline_ns) <= 0) {
+        error = ep.text + ": no answer before the deadline";
+        return Exchange::TimedOut;
+      }
+      continue;
+    }
+    error = ep.text + ": " + std::strerror(errno);
+    return sent == 0 ? Exchange::ConnectFailed : Exchange::Broken;
+  }
+  std::string raw;
+  char buf[16384];
+  for (;;) {
+    if (poll_until(sock.get(), POLLIN, deadline_ns) <= 0) {
+      error = ep.text + ": no answer before the deadline";
+      return Exchange::TimedOut;
+    }
+    ssize_t n = recv(sock.get(), buf, sizeof buf, 0);
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+      error = ep.text + ": " + std::strerror(errno);
+      return raw.empty() ? Exchange::ConnectFailed : Exchange::Broken;
+    }
+    if (n > 0) raw.append(buf, static_cast<size_t>(n));
+    if (raw.size() > kMaxResponse) {
+      error = ep.text + ": answer too large";
+      return Exchange::Broken;
+    }
+    bool bad = false;
+    auto resp = parse_http_response(raw, n == 0, first_line_enough, bad);
+    if (resp) {
+      out = std::move(*resp);
+      return Exchange::Ok;
+    }
+    if (bad) {
+      error = ep.text + (raw.empty() ? ": closed the connection without an answer" : ": malformed HTTP answer");
+      return raw.empty() ? Exchange::ConnectFailed : Exchange::Broken;
+    }
+  }
+}
+
+}  // namespace
+
+Result<Json> Client::call(std::string_view path, const std::string& body, long long deadline_ns) {
+  Result<Json> r;
+  const bool stream = path == "/v3/lease/keepalive";
+  std::string errors;
+  for (size_t k = 0; k < endpoints_.size(); ++k) {
+    const size_t i = (first_ + k) % endpoints_.size();
+    if (sys::monotonic_ns() >= deadline_ns) {
+      r.status = errors.empty() ? Status::Timeout : Status::Unavailable;
+      r.error = errors.empty() ? "deadline passed" : errors;
+      return r;
+    }
+    HttpResponse resp;
+    std::string error;
+    Exchange ex = exchange(endpoints_[i], path, body, deadline_ns, connect_timeout_ns_, stream, resp, error);
+    if (ex == Exchange::ConnectFailed) {
+      errors += (errors.empty() ? "" : "; ") + error;
+      continue;
+    }
+    first_ = i;
+    if (ex == Exchange::TimedOut) {
+      r.status = Status::Timeout;
+      r.error = error;
+      return r;
+    }
+    if (ex == Exchange::Broken) {
+      r.status = Status::Failed;
+      r.error = error;
+      return r;
+    }
+    auto answer = parse_answer(resp.body);
+    if (resp.status != 200 || !answer) {
+      r.status = Status::Failed;
+      std::string what = answer && answer->contains("message") && (*answer)["message"].is_string()
+                             ? (*answer)["message"].get<std::string>()
+                         : answer && answer->contains("error") && (*answer)["error"].is_string()
+                             ? (*answer)["error"].get<std::string>()
+                             : resp.body.substr(0, 200);
+      r.error = endpoints_[i].text + ": HTTP " + std::to_string(resp.status) + ": " + what;
+      return r;
+    }
+    if (answer->contains("error") && answer->at("error").is_object()) {  // a stream's error frame
+      r.status = Status::Failed;
+      r.error = endpoints_[i].text + ": " + answer->at("error").value("message", std::string("error"));
+      return r;
+    }
+    r.status = Status::Ok;
+    r.value = std::move(*answer);
+    return r;
+  }
+  r.status = Status::Unavailable;
+  r.error = errors.empty() ? "no endpoint" : errors;
+  return r;
+}
+
+namespace {
+template <typename T>
+Result<T> carry(const Result<Json>& from) {
+  Result<T> r;
+  r.status = from.status;
+  r.error = from.error;
+  return r;
+}
+template <typename T>
+Result<T> malformed(const Result<Json>& from, const char* what) {
+  Result<T> r;
+  r.status = Status::Failed;
+  r.error = std::string("unexpected answer to ") + what + ": " + dump_json(from.value).substr(0, 200);
+  return r;
+}
+}  // namespace
+
+Result<long long> Client::lease_grant(int ttl_s, long long deadline_ns) {
+  auto a = call("/v3/lease/grant", lease_grant_body(ttl_s), deadline_ns);
+  if (!a.ok()) return carry<long long>(a);
+  auto id = parse_lease_grant(a.value);
+  if (!id) return malformed<long long>(a, "lease grant");
+  Result<long long> r;
+  r.status = Status::Ok;
+  r.value = *id;
+  return r;
+}
+
+Result<long long> Client::lease_keepalive(long long id, long long deadline_ns) {
+  auto a = call("/v3/lease/keepalive", lease_id_body(id), deadline_ns);
+  if (!a.ok()) return carry<long long>(a);
+  Result<long long> r;
+  r.status = Status::Ok;
+  r.value = parse_keepalive_ttl(a.value);
+  return r;
+}
+
+Result<bool> Client::lease_revoke(long long id, long long deadline_ns) {
+  auto a = call("/v3/lease/revoke", lease_id_body(id), deadline_ns);
+  if (!a.ok()) return carry<bool>(a);
+  Result<bool> r;
+  r.status = Status::Ok;
+  r.value = true;
+  return r;
+}
+
+Result<std::string> Client::lock(std::string_view name, long long lease, long long deadline_ns) {
+  auto a = call("/v3/lock/lock", lock_body(name, lease), deadline_ns);
+  if (!a.ok()) return carry<std::string>(a);
+  auto key = parse_lock_key(a.value);
+  if (!key) return malformed<std::string>(a, "lock");
+  Result<std::string> r;
+  r.status = Status::Ok;
+  r.value = std::move(*key);
+  return r;
+}
+
+Result<bool> Client::unlock(std::string_view key, long long deadline_ns) {
+  auto a = call("/v3/lock/unlock", unlock_body(key), deadline_ns);
+  if (!a.ok()) return carry<bool>(a);
+  Result<bool> r;
+  r.status = Status::Ok;
+  r.value = true;
+  return r;
+}
+
+Result<std::vector<KeyValue>> Client::range(std::string_view key, bool prefix, long long deadline_ns) {
+  auto a = call("/v3/kv/range", range_body(key, prefix), deadline_ns);
+  if (!a.ok()) return carry<std::vector<KeyValue>>(a);
+  auto kvs = parse_range(a.value);
+  if (!kvs) return malformed<std::vector<KeyValue>>(a, "range");
+  Result<std::vector<KeyValue>> r;
+  r.status = Status::Ok;
+  r.value = std::move(*kvs);
+  return r;
+}
+
+Result<bool> Client::put(std::string_view key, std::string_view value, long long lease, long long deadline_ns) {
+  auto a = call("/v3/kv/put", put_body(key, value, lease), deadline_ns);
+  if (!a.ok()) return carry<bool>(a);
+  Result<bool> r;
+  r.status = Status::Ok;
+  r.value = true;
+  return r;
+}
+
+}  // namespace looplock::etcd

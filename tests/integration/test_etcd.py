@@ -1,0 +1,366 @@
+"""The cluster lock (--etcd) against a real etcd on loopback: several loop
+dirs standing in for several hosts, serialised by one lock name; deadlines,
+single_flight, lease loss (revoked, etcd frozen), unreachable endpoints,
+fencing tokens, and a small multi-host simulation with a fenced counter."""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import EX_TEMPFAIL, EX_USAGE, LOOPLOCK, PY, TIMEOUT, expect_line, helper, incident_rows, run, start
+
+ETCD = "/usr/bin/etcd"
+ETCDCTL = "/usr/bin/etcdctl"
+EX_UNAVAILABLE = 69
+EX_LEASE_LOST = 76
+
+pytestmark = pytest.mark.skipif(not os.access(ETCD, os.X_OK), reason=f"{ETCD} is missing (Debian package etcd-server)")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Etcd:
+    def __init__(self):
+        self.data = tempfile.mkdtemp(prefix="looplock-etcd-")
+        self.client_port, self.peer_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        self.log = open(os.path.join(self.data, "etcd.log"), "w")
+        self.proc = subprocess.Popen(
+            [ETCD, "--name", "default", "--data-dir", os.path.join(self.data, "data"),
+             "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"default={peer}"],
+            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        end = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
+                    if json.load(r).get("health") == "true":
+                        break
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > end:
+                self.stop()
+                pytest.fail(f"etcd did not become healthy; see {self.data}/etcd.log")
+            time.sleep(0.1)
+
+    def ctl(self, *args):
+        env = dict(os.environ, ETCDCTL_API="3")
+        return subprocess.run([ETCDCTL, "--endpoints", self.url, *args], capture_output=True, text=True,
+                              timeout=TIMEOUT, env=env)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            self.proc.kill()
+        self.proc.wait(timeout=TIMEOUT)
+        self.log.close()
+        shutil.rmtree(self.data, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def etcd():
+    e = Etcd()
+    yield e
+    e.stop()
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    """Three loop dirs: three 'hosts' that share one cluster lock name."""
+    dirs = []
+    for i in range(3):
+        d = tmp_path / f"host{i}"
+        d.mkdir()
+        dirs.append(d)
+    return dirs
+
+
+_names = iter(range(1_000_000))
+
+
+@pytest.fixture
+def name(request):
+    return f"t{os.getpid()}-{next(_names)}"
+
+
+def cluster(etcd, name, *extra):
+    return ["--etcd", etcd.url, "--lock-name", name, *extra]
+
+
+class ClusterHolder:
+    """looplock holding the cluster lock (and its dir's local lock) with a
+    command that prints ready and waits for its stdin to close."""
+
+    def __init__(self, etcd, name, loop_dir, *extra):
+        self.proc = start([*cluster(etcd, name, *extra), "-p", "blocking", loop_dir, "--", PY, helper("wait_stdin.py")])
+        expect_line(self.proc, "ready")
+
+    def release(self):
+        self.proc.stdin.close()
+        return self.proc.wait(timeout=TIMEOUT)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=TIMEOUT)
+
+
+@pytest.fixture
+def cluster_holders():
+    made = []
+
+    def make(*a):
+        h = ClusterHolder(*a)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.kill()
+
+
+def test_same_name_from_different_dirs_serialises_and_status_passes_through(etcd, name, hosts, cluster_holders):
+    a = cluster_holders(etcd, name, hosts[0])
+    b = start(["-v", *cluster(etcd, name), "-w", "20", hosts[1], "--", "sh", "-c", "echo ran; exit 7"])
+    try:
+        # B names A (another loop dir, the same cluster lock) as the holder and waits.
+        line = b.stderr.readline()
+        assert "waiting for cluster lock" in line and f"pid {a.proc.pid}" in line, line
+        assert b.poll() is None
+        assert a.release() == 0
+        out, err = b.communicate(timeout=TIMEOUT)
+    finally:
+        if b.poll() is None:
+            b.kill()
+    assert b.returncode == 7, err
+    assert out == "ran\n"
+    # Without the cluster lock the two dirs would not exclude each other.
+    r = run([hosts[1], "--", "true"])
+    assert r.returncode == 0
+
+
+def test_deadline_and_single_flight_while_another_host_holds(etcd, name, hosts, cluster_holders):
+    a = cluster_holders(etcd, name, hosts[0])
+    t0 = time.monotonic()
+    r = run([*cluster(etcd, name), "-w", "0.5", hosts[1], "--", "echo", "must not run"])
+    elapsed = time.monotonic() - t0
+    assert r.returncode == EX_TEMPFAIL, r.stderr
+    assert r.stdout == ""
+    assert 0.4 <= elapsed < 3, elapsed
+    assert "lock_acquire_timeout" in r.stderr and f"pid {a.proc.pid}" in r.stderr
+    rows = incident_rows(hosts[1])
+    assert len(rows) == 1
+    assert rows[0]["error_code"] == "lock_acquire_timeout"
+    assert rows[0]["deadline_ms"] == 500
+    assert rows[0]["cluster"]["lock_name"] == name
+    assert rows[0]["cluster"]["holder"]["pid"] == a.proc.pid
+
+    assert run([*cluster(etcd, name), "-w", "0", "-E", "9", hosts[1], "--", "true"]).returncode == 9
+
+    r = run([*cluster(etcd, name), "-p", "single_flight", hosts[2], "--", "echo", "must not run"])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ""
+    assert "noop-locked" in r.stderr and f"pid {a.proc.pid}" in r.stderr
+    r = run([*cluster(etcd, name), "-p", "single_flight", "--skip-exit-code", "5", hosts[2], "--", "true"])
+    assert r.returncode == 5
+    assert incident_rows(hosts[2]) == []  # a skip writes no row
+
+    assert a.release() == 0
+    # Free again: single_flight runs.
+    r = run([*cluster(etcd, name), "-p", "single_flight", hosts[2], "--", "echo", "ran"])
+    assert (r.returncode, r.stdout) == (0, "ran\n"), r.stderr
+
+
+LEASED = r"""
+import os, signal, sys, time
+def term(*_):
+    print("term", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, term)
+with open(sys.argv[1], "w") as f:
+    f.write(os.environ["LOOPLOCK_ETCD_LEASE"])
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_revoked_lease_terminates_the_command_and_exits_76(etcd, name, hosts):
+    lease_file = hosts[0] / "lease"
+    p = start([*cluster(etcd, name), hosts[0], "--", PY, "-c", LEASED, lease_file])
+    try:
+        expect_line(p, "ready")
+        lease = lease_file.read_text()
+        r = etcd.ctl("lease", "revoke", lease)
+        assert r.returncode == 0, r.stderr
+        t0 = time.monotonic()
+        out, err = p.communicate(timeout=TIMEOUT)
+        elapsed = time.monotonic() - t0
+    finally:
+        if p.poll() is None:
+            p.kill()
+    # The command exited 0 after TERM, but the lock was lost: 76, not 0.
+    assert p.returncode == EX_LEASE_LOST, err
+    assert out == "term\n"
+    assert "looplock: lease_lost:" in err
+    assert elapsed < 10  # noticed at the next keepalive (TTL/3 = 3.3 s)
+    rows = incident_rows(hosts[0])
+    assert [row["error_code"] for row in rows] == ["lease_lost"]
+    assert rows[0]["cluster"]["lease"] == lease
+    # Both locks are free afterwards.
+    assert run([*cluster(etcd, name), "-w", "2", hosts[1], "--", "true"]).returncode == 0
+
+
+def test_frozen_etcd_is_detected_within_ttl(etcd, name, hosts):
+    p = start([*cluster(etcd, name, "--ttl", "2", "--kill-after", "1"), hosts[0], "--", PY, "-c", LEASED,
+               hosts[0] / "lease"])
+    stopped = False
+    try:
+        expect_line(p, "ready")
+        os.kill(etcd.proc.pid, signal.SIGSTOP)
+        stopped = True
+        t0 = time.monotonic()
+        out, err = p.communicate(timeout=TIMEOUT)
+        elapsed = time.monotonic() - t0
+    finally:
+        if stopped:
+            os.kill(etcd.proc.pid, signal.SIGCONT)
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == EX_LEASE_LOST, err
+    assert out == "term\n"
+    assert "lease_lost" in err and "TTL" in err
+    # Lost no later than the TTL (2 s) after the last answered keepalive,
+    # plus the revoke attempt's bound (1 s) and slack.
+    assert elapsed < 6, elapsed
+    assert incident_rows(hosts[0])[-1]["error_code"] == "lease_lost"
+
+
+def test_unreachable_endpoint_fails_on_time_with_69(hosts):
+    t0 = time.monotonic()
+    r = run(["--etcd", "http://127.0.0.1:1", "-w", "0.5", hosts[0], "--", "echo", "must not run"])
+    assert r.returncode == EX_UNAVAILABLE, r.stderr
+    assert time.monotonic() - t0 < 3
+    assert r.stdout == ""
+    assert "etcd unavailable" in r.stderr
+    # The next endpoint is tried when the first refuses.
+
+
+def test_endpoints_are_tried_in_order(etcd, name, hosts):
+    r = run(["--etcd", f"http://127.0.0.1:1,{etcd.url}", "--lock-name", name, hosts[0], "--", "echo", "ok"])
+    assert (r.returncode, r.stdout) == (0, "ok\n"), r.stderr
+
+
+def test_fencing_tokens_increase_across_holders(etcd, name, hosts):
+    tokens = []
+    for i in range(4):
+        r = run([*cluster(etcd, name), hosts[i % 3], "--", "sh", "-c", 'echo "$LOOPLOCK_FENCING_TOKEN $LOOPLOCK_ETCD_KEY"'])
+        assert r.returncode == 0, r.stderr
+        token, key = r.stdout.split()
+        assert key.startswith(f"looplock/{name}/lock/")
+        tokens.append(int(token))
+    assert tokens == sorted(set(tokens)), tokens
+
+
+def test_cluster_options_usage_errors(etcd, hosts):
+    for extra in (["-s"], ["-F"], ["--ttl", "1"], ["--etcd", "etcd.invalid:2379"]):
+        r = run(["--etcd", etcd.url, *extra, hosts[0], "--", "true"])
+        assert r.returncode == EX_USAGE, (extra, r.stderr)
+    assert run(["--lock-name", "x", hosts[0], "--", "true"]).returncode == EX_USAGE
+    assert "shared cluster locks are not supported" in run(["--etcd", etcd.url, "-s", hosts[0], "--", "true"]).stderr
+
+
+# A tick on a shared resource that refuses a holder whose fencing token is
+# lower than the last one it saw, and detects overlap with a marker.
+FENCED = r"""
+import json, os, sys, time
+shared = sys.argv[1]
+state, marker = os.path.join(shared, "state.json"), os.path.join(shared, "occupied")
+token = int(os.environ.get("LOOPLOCK_FENCING_TOKEN", "0"))
+try:
+    os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    owned = True
+except FileExistsError:
+    owned = False
+try:
+    try:
+        with open(state) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        data = {"count": 0, "token": 0}
+    if token < data["token"]:
+        sys.exit(4)  # a stale holder: refused
+    time.sleep(0.02)
+    data["count"] += 1
+    data["token"] = token
+    tmp = state + ".tmp.%d" % os.getpid()
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, state)
+finally:
+    if owned:
+        os.unlink(marker)
+sys.exit(0 if owned else 3)
+"""
+
+
+def simulate(hosts, shared, prefix, iterations=5, per_host=3):
+    script = shared / "fenced.py"
+    script.write_text(FENCED)
+    loop = (f"for i in $(seq {iterations}); do {' '.join(prefix)} \"$1\" -- {PY} {script} {shared} || echo \"fail $?\"; "
+            "done")
+    procs = [subprocess.Popen(["sh", "-c", loop, "sh", str(d)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for d in hosts for _ in range(per_host)]
+    failures = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        failures += [line for line in out.splitlines() if line.startswith("fail")]
+    data = json.loads((shared / "state.json").read_text())
+    return data["count"], failures
+
+
+def test_multi_host_simulation_loses_no_update(etcd, name, hosts, tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    count, failures = simulate(hosts, shared, [LOOPLOCK, "--etcd", etcd.url, "--lock-name", name, "-w", "60", "-q"])
+    assert failures == []
+    assert count == 3 * 3 * 5
+
+    # Control: each "host" with only its own local lock loses updates.
+    control = tmp_path / "control"
+    control.mkdir()
+    count, failures = simulate(hosts, control, [LOOPLOCK, "-w", "60", "-q"])
+    assert count < 45 or failures, (count, failures)
+
+
+def test_inspect_names_the_cluster_holder(etcd, name, hosts, cluster_holders):
+    r = subprocess.run([LOOPLOCK, "--inspect", "--json", *cluster(etcd, name), hosts[1]], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["cluster"]["held"] is False
+    a = cluster_holders(etcd, name, hosts[0])
+    r = subprocess.run([LOOPLOCK, "--inspect", "--json", *cluster(etcd, name), hosts[1]], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    c = json.loads(r.stdout)["cluster"]
+    assert c["held"] is True and c["holder"]["pid"] == a.proc.pid
+    r = subprocess.run([LOOPLOCK, "--inspect", *cluster(etcd, name), hosts[1]], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert f"cluster   held by host {socket.gethostname()} pid {a.proc.pid}" in r.stdout
+    a.release()
+    r = subprocess.run([LOOPLOCK, "--inspect", "--etcd", "http://127.0.0.1:1", hosts[1]], capture_output=True,
+                       text=True, timeout=TIMEOUT)
+    assert r.returncode == EX_UNAVAILABLE
