@@ -109,6 +109,15 @@ EnvList command_env(const Context& ctx, const Options& o, const std::string& can
 Outcome finish(int wait_status) { return {Outcome::Kind::LikeWaitStatus, wait_status}; }
 Outcome exit_status(int status) { return {Outcome::Kind::ExitStatus, status}; }
 
+// The timeout is the result; its incident row is the audit trail, appended
+// first (one write), and a failure to append only adds a warning.
+void warn_if_not_appended(int err, const Options& o, const Logger& log) {
+  if (err != 0) {
+    log.warn("incident_append_failed",
+             errno_message("cannot append the incident row to " + o.dir + "/" + kIncidentsName, err));
+  }
+}
+
 void report_timeout(const Options& o, const Context& ctx, const LockDir& dir, const AcquireResult& res,
                     const WaitPlan& plan, const std::string& lock_id, const Logger& log) {
   HolderRead hr = read_holder(res.file.fd.get());
@@ -137,10 +146,7 @@ void report_timeout(const Options& o, const Context& ctx, const LockDir& dir, co
             {{"lock_id", lock_id}, {"policy", inc.policy}, {"waited_ms", inc.waited_ms},
              {"deadline_ms", inc.deadline_ms}, {"holder_pids", inc.holder_pids},
              {"holder", inc.holder ? holder_to_json(*inc.holder) : Json(nullptr)}});
-  if (err != 0) {
-    log.warn("incident_append_failed",
-             errno_message("cannot append the incident row to " + o.dir + "/" + kIncidentsName, err));
-  }
+  warn_if_not_appended(err, o, log);
 }
 
 
@@ -191,10 +197,7 @@ void report_cluster_timeout(const Options& o, const Context& ctx, const LockDir&
             "Run 'looplock --inspect --etcd ENDPOINTS " + o.dir + "' to see the holder.",
             {{"lock_id", lock_id}, {"policy", inc.policy}, {"waited_ms", inc.waited_ms},
              {"deadline_ms", inc.deadline_ms}, {"cluster", inc.cluster}});
-  if (err != 0) {
-    log.warn("incident_append_failed",
-             errno_message("cannot append the incident row to " + o.dir + "/" + kIncidentsName, err));
-  }
+  warn_if_not_appended(err, o, log);
 }
 
 void report_lease_lost(const Options& o, const Context& ctx, const LockDir& dir, const ClusterLock& c,
@@ -219,10 +222,7 @@ void report_lease_lost(const Options& o, const Context& ctx, const LockDir& dir,
                 " ran: " + printable(c.lost_why()) + "; terminating the command",
             "Another host may hold the lock now. Check etcd (" + c.endpoint() + ") and the network.",
             {{"lock_id", lock_id}, {"cluster", inc.cluster}});
-  if (err != 0) {
-    log.warn("incident_append_failed",
-             errno_message("cannot append the incident row to " + o.dir + "/" + kIncidentsName, err));
-  }
+  warn_if_not_appended(err, o, log);
 }
 
 }  // namespace
