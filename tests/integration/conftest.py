@@ -9,8 +9,10 @@ import fcntl
 import json
 import os
 import signal
+import selectors
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -186,3 +188,35 @@ def incident_rows(loop_dir):
 
 def signame(sig):
     return signal.Signals(sig).name
+
+
+def expect_stderr(proc, needle, timeout=TIMEOUT):
+    """Reads proc.stderr until a line containing `needle` (handshake)."""
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stderr, selectors.EVENT_READ)
+    end = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < end:
+        if not sel.select(timeout=max(0.0, end - time.monotonic())):
+            break
+        line = proc.stderr.readline()
+        if line == "":
+            break
+        seen.append(line)
+        if needle in line:
+            return seen
+    proc.kill()
+    raise AssertionError(f"no {needle!r} on stderr of pid {proc.pid}; saw {seen!r}")
+
+
+def blocked_waiters(path):
+    """Pids that /proc/locks shows blocked in flock(2) on `path`'s inode."""
+    ino = os.stat(path).st_ino
+    pids = set()
+    with open("/proc/locks") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 6 and parts[1] == "->" and parts[2] == "FLOCK":
+                if int(parts[6].rsplit(":", 1)[1]) == ino:
+                    pids.add(int(parts[5]))
+    return pids

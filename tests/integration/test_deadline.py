@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import EX_TEMPFAIL, LOOPLOCK, PY, TIMEOUT, expect_line, helper, incident_rows, run, start
+from conftest import EX_TEMPFAIL, LOOPLOCK, PY, TIMEOUT, expect_line, helper, incident_rows, run, start, blocked_waiters, expect_stderr
 
 LOCK = ".state.lock"
 
@@ -33,37 +33,6 @@ def assert_timed_out(r, marker=None):
     assert "lock_acquire_timeout" in r.stderr
     if marker is not None:
         assert not marker.exists(), "the command ran without the lock"
-
-
-def expect_stderr(proc, needle, timeout=TIMEOUT):
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stderr, selectors.EVENT_READ)
-    end = time.monotonic() + timeout
-    seen = []
-    while time.monotonic() < end:
-        if not sel.select(timeout=max(0.0, end - time.monotonic())):
-            break
-        line = proc.stderr.readline()
-        if line == "":
-            break
-        seen.append(line)
-        if needle in line:
-            return seen
-    proc.kill()
-    raise AssertionError(f"no {needle!r} on stderr of pid {proc.pid}; saw {seen!r}")
-
-
-def blocked_waiters(path):
-    """Pids that /proc/locks shows blocked in flock(2) on `path`'s inode."""
-    ino = os.stat(path).st_ino
-    pids = set()
-    with open("/proc/locks") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) > 6 and parts[1] == "->" and parts[2] == "FLOCK":
-                if int(parts[6].rsplit(":", 1)[1]) == ino:
-                    pids.add(int(parts[5]))
-    return pids
 
 
 def proc_state(pid):

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from conftest import (
+    blocked_waiters,
+    expect_stderr,
     EX_TEMPFAIL,
     LOOPLOCK,
     PY,
@@ -27,38 +29,6 @@ from conftest import (
 
 LOCK = ".state.lock"
 EXTERNAL = ["flock", "python"]
-
-
-def expect_stderr(proc, needle, timeout=TIMEOUT):
-    """Reads proc.stderr until a line containing `needle` (handshake)."""
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stderr, selectors.EVENT_READ)
-    end = time.monotonic() + timeout
-    seen = []
-    while time.monotonic() < end:
-        if not sel.select(timeout=max(0.0, end - time.monotonic())):
-            break
-        line = proc.stderr.readline()
-        if line == "":
-            break
-        seen.append(line)
-        if needle in line:
-            return seen
-    proc.kill()
-    raise AssertionError(f"no {needle!r} on stderr of pid {proc.pid}; saw {seen!r}")
-
-
-def blocked_waiters(path):
-    """Pids that /proc/locks shows blocked in flock(2) on `path`'s inode."""
-    ino = os.stat(path).st_ino
-    pids = set()
-    with open("/proc/locks") as f:
-        for line in f:
-            parts = line.split()
-            if len(parts) > 6 and parts[1] == "->" and parts[2] == "FLOCK":
-                if int(parts[6].rsplit(":", 1)[1]) == ino:
-                    pids.add(int(parts[5]))
-    return pids
 
 
 def wait_until(pred, what, timeout=10):
