@@ -5,6 +5,7 @@
 #include <climits>
 #include <cstdlib>
 #include <memory>
+#include <vector>
 
 #include <unistd.h>
 
@@ -30,6 +31,27 @@ std::string sha256_hex(std::string_view data) {
 
 std::string lock_id_for_path(std::string_view canonical_lock_path) {
   return sha256_hex(canonical_lock_path).substr(0, 16);
+}
+
+std::string lexically_normal(std::string_view path) {
+  std::vector<std::string_view> parts;
+  while (!path.empty()) {
+    auto slash = path.find('/');
+    std::string_view part = path.substr(0, slash);
+    path = slash == std::string_view::npos ? std::string_view{} : path.substr(slash + 1);
+    if (part.empty() || part == ".") continue;
+    if (part == "..") {
+      if (!parts.empty()) parts.pop_back();
+      continue;
+    }
+    parts.push_back(part);
+  }
+  std::string out;
+  for (auto part : parts) {
+    out += '/';
+    out += part;
+  }
+  return out.empty() ? "/" : out;
 }
 
 std::string canonical_lock_path(int dirfd, const std::string& dir) {
@@ -61,7 +83,7 @@ std::string canonical_lock_path(const std::string& dir) {
       if (cwd) p = std::string(cwd.get()) + "/";
     }
     p += dir;
-    while (p.size() > 1 && p.back() == '/') p.pop_back();
+    p = lexically_normal(p);
   }
   if (p.back() != '/') p += '/';
   return p + kLockName;

@@ -11,8 +11,12 @@ namespace looplock {
 std::string sha256_hex(std::string_view data);
 std::string lock_id_for_path(std::string_view canonical_lock_path);
 
-// realpath(DIR) + "/.state.lock" (DIR's absolute spelling if it cannot be
-// resolved).
+// "/a/b/../c/." -> "/a/c": "." and ".." removed without asking the file
+// system (for a path it cannot resolve).
+std::string lexically_normal(std::string_view absolute_path);
+
+// realpath(DIR) + "/.state.lock" (DIR's absolute spelling, lexically
+// normalised, if it cannot be resolved).
 std::string canonical_lock_path(const std::string& dir);
 // The same for a DIR already open as `dirfd`: one readlink(2) of
 // /proc/self/fd/N, falling back to canonical_lock_path(dir).

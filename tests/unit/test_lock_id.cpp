@@ -85,3 +85,11 @@ TEST_CASE("canonical_lock_path falls back to the absolute spelling when DIR cann
   CHECK(rel == real(dir.path()) + "/missing/.state.lock");
   CHECK(rel.front() == '/');
 }
+
+TEST_CASE("lexically_normal drops . and .. without asking the file system") {
+  CHECK(looplock::lexically_normal("/a/b/../c/.") == "/a/c");
+  CHECK(looplock::lexically_normal("/a//b/./") == "/a/b");
+  CHECK(looplock::lexically_normal("/..") == "/");
+  CHECK(looplock::lexically_normal("/") == "/");
+  CHECK(looplock::lexically_normal("/x/y/z/../../w") == "/x/w");
+}
