@@ -150,6 +150,20 @@ bool holder_process_alive(const HolderRecord& r) {
   return !start || *start == r.pid_start;
 }
 
+std::vector<procfs::KernelLock> kernel_holders(const HolderRead& read, const struct stat& file,
+                                               const std::vector<procfs::KernelLock>& hint) {
+  if (!hint.empty()) {
+    std::vector<pid_t> pids;
+    for (const auto& k : hint) pids.push_back(k.pid);
+    if (procfs::pids_holding_flock(pids, file).size() == pids.size()) return hint;
+  }
+  if (read.record && !read.record->released_at &&
+      !procfs::pids_holding_flock({read.record->pid}, file).empty()) {
+    return {procfs::KernelLock{read.record->pid, true}};
+  }
+  return procfs::flock_holders(file);
+}
+
 std::string describe_holder(const HolderRead& read, const std::vector<procfs::KernelLock>& kernel) {
   auto kernel_has = [&](pid_t pid) {
     for (const auto& k : kernel)

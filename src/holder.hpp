@@ -70,6 +70,15 @@ HolderRead read_holder(int fd);
 // Whether the record's pid is alive and is still the process that wrote it.
 bool holder_process_alive(const HolderRecord& r);
 
+// The processes holding the lock on `file`, as the kernel reports them, found
+// the cheap way when possible: the pids of `hint` (an earlier answer) or the
+// record's pid, each confirmed through /proc/PID/fdinfo; otherwise
+// /proc/locks, whose every read takes the kernel's file-lock rwsem for
+// writing (an RCU grace period: up to tens of milliseconds, and it stalls
+// every flock(2) on the machine meanwhile).
+std::vector<procfs::KernelLock> kernel_holders(const HolderRead& read, const struct stat& file,
+                                               const std::vector<procfs::KernelLock>& hint = {});
+
 // "pid 1234 (agent cron, operation status.py, policy mutation, since
 // 2026-11-30T17:00:00.123Z)" from the record and the kernel's view, for the
 // lines that name who blocks.
