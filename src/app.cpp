@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <iostream>
 
 #include "cluster.hpp"
 #include "error.hpp"
@@ -413,12 +412,10 @@ int main_program(int argc, char** argv, char** envp) {
     Environment penv{env_get(ctx.env, env_name::kAgent), env_get(ctx.env, env_name::kEtcd), user_name};
     Options o = parse_options(args, penv);
     if (o.mode == Mode::Help) {
-      std::cout << help_text();
-      return std::cout.flush() ? 0 : exit_code::kOsError;
+      return sys::write_all(1, help_text()) ? 0 : exit_code::kOsError;
     }
     if (o.mode == Mode::Version) {
-      std::cout << version_text();
-      return std::cout.flush() ? 0 : exit_code::kOsError;
+      return sys::write_all(1, version_text()) ? 0 : exit_code::kOsError;
     }
     log = Logger(o.verbosity, o.log_format);
     Outcome out = run(o, ctx, log);

@@ -5,7 +5,6 @@
 
 #include <cstdio>
 #include <ctime>
-#include <iostream>
 
 #include "cluster.hpp"
 #include "error.hpp"
@@ -306,13 +305,8 @@ int inspect(const Options& o, const Logger& log) {
     report.json["cluster"] = c;
     report.text += "cluster   " + printable(text) + "\n";
   }
-  if (o.json) {
-    std::cout << dump_json(report.json) << "\n";
-  } else {
-    std::cout << report.text;
-  }
-  std::cout.flush();
-  return std::cout ? status : exit_code::kOsError;
+  const std::string out = o.json ? dump_json(report.json) + "\n" : report.text;
+  return sys::write_all(1, out) ? status : exit_code::kOsError;
 }
 
 }  // namespace looplock

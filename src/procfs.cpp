@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
-#include <sstream>
 
 #include "sys.hpp"
 
