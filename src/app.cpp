@@ -89,27 +89,28 @@ std::string user_name() {
 }
 
 // The environment the command runs with.
+// The command's environment but for the lock descriptor's number, which is
+// known once the lock is taken (add_lock_fd): built before waiting, so that
+// the hand-off from the previous holder does not wait for it.
 EnvList command_env(const Context& ctx, const Options& o, const std::string& canonical_dir,
-                    const std::string& lock_id, int lock_fd, bool pass_fd, const ClusterLock* cluster) {
+                    const std::string& lock_id, const ClusterLock* cluster) {
   std::vector<std::pair<std::string_view, std::string>> set = {
       {env_name::kDir, canonical_dir},
       {env_name::kLockId, lock_id},
       {env_name::kPolicy, std::string(policy_name(o.policy))},
       {env_name::kHolderPid, std::to_string(ctx.pid)},
-      {env_name::kHolderFd, std::to_string(lock_fd)},
   };
   if (cluster) {
     set.emplace_back(env_name::kFencingToken, std::to_string(cluster->fencing_token()));
     set.emplace_back(env_name::kEtcdKey, cluster->key());
     set.emplace_back(env_name::kEtcdLease, etcd::lease_hex(cluster->lease()));
   }
-  std::vector<std::string_view> unset;
-  if (pass_fd) {
-    set.emplace_back(env_name::kFd, std::to_string(lock_fd));
-  } else {
-    unset.push_back(env_name::kFd);
-  }
-  return env_with(ctx.env, set, unset);
+  return env_with(ctx.env, set, {env_name::kFd, env_name::kHolderFd});
+}
+
+void add_lock_fd(EnvList& env, int lock_fd, bool pass_fd) {
+  env.push_back(std::string(env_name::kHolderFd) + "=" + std::to_string(lock_fd));
+  if (pass_fd) env.push_back(std::string(env_name::kFd) + "=" + std::to_string(lock_fd));
 }
 
 Outcome finish(int wait_status) { return {Outcome::Kind::LikeWaitStatus, wait_status}; }
@@ -293,6 +294,10 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
                 {{"lock_name", cluster->name()}, {"fencing_token", cluster->fencing_token()}});
   }
 
+  // Work that does not need the lock is done before waiting for it.
+  EnvList env = command_env(ctx, o, canonical_dir, lock_id, cluster ? &*cluster : nullptr);
+  const std::string pid_start = mode == LockMode::Exclusive ? procfs::pid_start(ctx.pid).value_or("") : "";
+
   WaitReporter reporter(o, log, plan.kind == WaitPlan::Kind::Bounded);
   AcquireResult res = acquire_lock(dir, plan, mode, reporter, ctx.start_ns);
 
@@ -321,7 +326,7 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
       log.warn("read_only_lock_file", lock_display(o.dir) +
                                           " is read-only for looplock: the lock is held, but no holder record can be written");
     } else {
-      record = HolderRecord{lock_id, ctx.pid, procfs::pid_start(ctx.pid).value_or(""), o.agent, o.operation,
+      record = HolderRecord{lock_id, ctx.pid, pid_start, o.agent, o.operation,
                             std::string(policy_name(o.policy)), sys::utc_now_iso8601(), std::nullopt};
       if (!write_holder(file.fd.get(), *record)) {
         log.warn("holder_write_failed", errno_message("cannot write the holder record into " + lock_display(o.dir), errno));
@@ -334,9 +339,8 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
     cluster->write_holder(ClusterHolder{host_name(), ctx.pid, o.agent, o.operation, sys::utc_now_iso8601(), {}, 0});
   }
 
-  CommandSpec spec{o.command,
-                   command_env(ctx, o, canonical_dir, lock_id, file.fd.get(), !o.close_fd, cluster ? &*cluster : nullptr),
-                   o.close_fd ? -1 : file.fd.get(), o.kill_after_ns};
+  add_lock_fd(env, file.fd.get(), !o.close_fd);
+  CommandSpec spec{o.command, std::move(env), o.close_fd ? -1 : file.fd.get(), o.kill_after_ns};
   if (cluster) {
     spec.tick = [&] {
       if (cluster->keep_alive()) return true;
@@ -358,8 +362,20 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
     throw;
   }
 
+  // The command has ended; looplock still holds the lock. Was it protecting
+  // the real file all along?
+  const bool intact = lock_path_intact(dir, file) && dir_intact(dir);
+  if (record && intact) {
+    record->released_at = sys::utc_now_iso8601();
+    if (!write_holder(file.fd.get(), *record)) {
+      log.warn("holder_write_failed", errno_message("cannot write the release into " + lock_display(o.dir), errno));
+    }
+  }
+  file.fd.reset();  // release
+
   // A process the command started may still hold the inherited lock fd: then
-  // the lock stays held after looplock exits.
+  // the lock stays held after looplock exits. (Checked after the release, so
+  // that the next holder does not wait for it.)
   if (!o.close_fd) {
     auto leaked = procfs::pids_holding_flock(procfs::descendants(ctx.pid), file.st);
     if (!leaked.empty()) {
@@ -372,16 +388,6 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
     }
   }
 
-  // The command has ended; looplock still holds the lock. Was it protecting
-  // the real file all along?
-  const bool intact = lock_path_intact(dir, file) && dir_intact(dir);
-  if (record && intact) {
-    record->released_at = sys::utc_now_iso8601();
-    if (!write_holder(file.fd.get(), *record)) {
-      log.warn("holder_write_failed", errno_message("cannot write the release into " + lock_display(o.dir), errno));
-    }
-  }
-  file.fd.reset();  // release
   log.verbose("released", "released " + lock_display(o.dir) + "; the command " +
                               (WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
                                                    : "exited with " + std::to_string(shell_status(status))));
