@@ -385,3 +385,16 @@ TEST_CASE("holder_process_alive") {
   r.pid = child;
   CHECK_FALSE(looplock::holder_process_alive(r));
 }
+
+TEST_CASE("encode_holder writes exactly what nlohmann-json makes of holder_to_json") {
+  std::vector<HolderRecord> records = {sample(), sample("2026-11-30T17:00:05.000Z")};
+  HolderRecord hostile = sample();
+  hostile.agent_id = std::string("a\"b\\c\n\x01\xff\xfe", 9) + std::string(300, 'x');
+  hostile.operation = std::string("\xc3\x28 op \x7f", 7);
+  records.push_back(hostile);
+  for (const auto& r : records) {
+    std::string body = looplock::dump_json(looplock::holder_to_json(r));
+    body.pop_back();
+    CHECK(looplock::encode_holder(r) == body + R"(,"check":")" + looplock::holder_check(body) + "\"}\n");
+  }
+}
