@@ -1,9 +1,10 @@
 // The holder record: who holds the lock, written into DIR/.state.lock after
 // an exclusive acquisition (schema file_lock_holder_v0). Written in place
-// (pwrite at offset 0, then ftruncate) because the lock lives on the inode
-// and the file must never be replaced; readers validate the whole content
-// (one JSON object, nothing after it) and retry, so a half-written record is
-// never taken for a whole one.
+// (one pwrite at offset 0, padded to the old length) because the lock lives
+// on the inode and the file must never be replaced; readers validate the
+// whole content (one JSON object, nothing after it but padding, a matching
+// "check") and retry, so a half-written or torn record is never taken for a
+// whole one.
 #pragma once
 
 #include <sys/types.h>

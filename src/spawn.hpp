@@ -27,9 +27,9 @@ struct InheritedSignals {
 
 // Captures the inherited signal state, then sets looplock's own: SIGCHLD at
 // its default (so the command can be waited for even when the caller ignored
-// it), SIGPIPE ignored (a closed stderr must not kill looplock while it holds
-// the lock: writes fail with EPIPE instead), and INT, TERM, HUP, QUIT
-// unblocked (they end a wait).
+// it), SIGPIPE and SIGXFSZ ignored (a closed stderr or a file-size limit
+// must not kill looplock while it holds the lock: writes fail with EPIPE or
+// EFBIG instead), and INT, TERM, HUP, QUIT unblocked (they end a wait).
 InheritedSignals take_signal_control();
 
 // HUP INT QUIT TERM USR1 USR2 ALRM PIPE VTALRM PROF XCPU XFSZ and SIGRTMIN..SIGRTMAX.
