@@ -220,3 +220,40 @@ def blocked_waiters(path):
                 if int(parts[6].rsplit(":", 1)[1]) == ino:
                     pids.add(int(parts[5]))
     return pids
+
+
+def fds_on(pid, path):
+    """The fd numbers of process PID that refer to the file at `path`."""
+    st = os.stat(path)
+    out = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            s = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino):
+            out.append(int(fd))
+    return out
+
+
+def flock_holder(lock_path):
+    """flock(1) holding lock_path until stdin closes (prints ready); the
+    returned Popen is released with release()."""
+    p = subprocess.Popen(["flock", str(lock_path), "sh", "-c", "echo ready; read x"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    expect_line(p, "ready")
+    return p
+
+
+def release(p):
+    """Ends a flock_holder(): closes its stdin and waits (kills it if it hangs)."""
+    if p.poll() is None:
+        try:
+            p.stdin.close()
+        except OSError:
+            pass
+    try:
+        p.wait(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait(timeout=TIMEOUT)

@@ -40,34 +40,13 @@ from pathlib import Path
 import pytest
 
 from conftest import (EX_CANTCREAT, EX_NOINPUT, EX_TEMPFAIL, EX_VANISHED, LOOPLOCK, PY, TIMEOUT, expect_line,
-                      helper, incident_rows, lock_is_free, read_record, run)
+                      flock_holder, helper, incident_rows, lock_is_free, read_record, release, run)
 
 LOCK = ".state.lock"
 INCIDENTS = ".state.lock.incidents.jsonl"
 
 
 # --- helpers -------------------------------------------------------------------
-
-
-def flock_holder(lock_path):
-    """flock(1) holding lock_path until stdin closes (prints ready)."""
-    p = subprocess.Popen(["flock", str(lock_path), "sh", "-c", "echo ready; read x"], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    expect_line(p, "ready")
-    return p
-
-
-def release(p):
-    if p.poll() is None:
-        try:
-            p.stdin.close()
-        except OSError:
-            pass
-    try:
-        p.wait(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait(timeout=TIMEOUT)
 
 
 def looplock_lines(stderr):

@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (EX_CANTCREAT, EX_NOINPUT, EX_OSERR, EX_TEMPFAIL, LOOPLOCK, PY, TIMEOUT, expect_line,
-                      incident_rows, lock_is_free, run)
+                      flock_holder, incident_rows, lock_is_free, release, run)
 
 LOCK = ".state.lock"
 INCIDENTS = ".state.lock.incidents.jsonl"
@@ -164,24 +164,6 @@ def tmpfs(tmp_path):
     for mnt in reversed(mounted):
         if subprocess.run(["umount", str(mnt)], capture_output=True, timeout=TIMEOUT).returncode != 0:
             subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=TIMEOUT)
-
-
-def flock_holder(lock_path):
-    """flock(1) holding lock_path until stdin closes (prints ready)."""
-    p = subprocess.Popen(["flock", str(lock_path), "sh", "-c", "echo ready; read x"], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    expect_line(p, "ready")
-    return p
-
-
-def release(p):
-    if p.poll() is None:
-        p.stdin.close()
-    try:
-        p.wait(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        p.wait(timeout=TIMEOUT)
 
 
 def bytes_run(argv, env=None, **kw):

@@ -20,6 +20,7 @@ import time
 import pytest
 
 from conftest import (
+    fds_on,
     EX_TEMPFAIL,
     LOOPLOCK,
     PY,
@@ -184,19 +185,6 @@ def test_exclusive_outer_satisfies_a_shared_inner(loop_dir):
 
 
 # --- forged and stale environments ------------------------------------------
-
-def fds_on(pid, path):
-    st = os.stat(path)
-    out = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            s = os.stat(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino):
-            out.append(int(fd))
-    return out
-
 
 def dead_pid():
     p = subprocess.Popen(["true"])

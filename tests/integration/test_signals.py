@@ -20,6 +20,7 @@ import time
 import pytest
 
 from conftest import (
+    fds_on,
     LOOPLOCK,
     PY,
     TIMEOUT,
@@ -184,20 +185,6 @@ def eventually(pred, timeout=5.0):
             return True
         time.sleep(0.01)
     return pred()
-
-
-def fds_on(pid, path):
-    """The fd numbers of process PID that refer to the file at `path`."""
-    st = os.stat(path)
-    out = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            s = os.stat(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if (s.st_dev, s.st_ino) == (st.st_dev, st.st_ino):
-            out.append(int(fd))
-    return out
 
 
 def fd_holds_flock(pid, fd):

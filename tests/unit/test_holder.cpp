@@ -26,16 +26,7 @@ namespace {
 const std::string kFffd = "\xEF\xBF\xBD";  // U+FFFD in UTF-8
 
 HolderRecord sample(std::optional<std::string> released = std::nullopt) {
-  HolderRecord r;
-  r.lock_id = "0123456789abcdef";
-  r.pid = 1234;
-  r.pid_start = "987654";
-  r.agent_id = "cron";
-  r.operation = "status.py";
-  r.policy = "mutation";
-  r.acquired_at = "2026-11-30T17:00:00.123Z";
-  r.released_at = std::move(released);
-  return r;
+  return testutil::sample_record(std::move(released));
 }
 
 void check_same(const HolderRecord& a, const HolderRecord& b) {

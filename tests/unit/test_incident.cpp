@@ -19,17 +19,7 @@ using testutil::TempDir;
 
 namespace {
 
-looplock::HolderRecord holder() {
-  looplock::HolderRecord r;
-  r.lock_id = "0123456789abcdef";
-  r.pid = 1234;
-  r.pid_start = "987654";
-  r.agent_id = "cron";
-  r.operation = "status.py";
-  r.policy = "mutation";
-  r.acquired_at = "2026-11-30T17:00:00.123Z";
-  return r;
-}
+looplock::HolderRecord holder() { return testutil::sample_record(); }
 
 Incident sample(bool with_holder = true, std::string at = "2026-11-30T17:00:05.126Z") {
   Incident i;

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "testutil.hpp"
+
 using looplock::HolderRead;
 using looplock::HolderRecord;
 using looplock::InspectFacts;
@@ -16,16 +18,7 @@ namespace {
 constexpr long long kHourMs = 3'600'000;
 
 HolderRecord record(std::optional<std::string> released = std::nullopt) {
-  HolderRecord r;
-  r.lock_id = "0123456789abcdef";
-  r.pid = 1234;
-  r.pid_start = "987654";
-  r.agent_id = "cron";
-  r.operation = "status.py";
-  r.policy = "mutation";
-  r.acquired_at = "2026-11-30T17:00:00.123Z";
-  r.released_at = std::move(released);
-  return r;
+  return testutil::sample_record(std::move(released));
 }
 
 InspectFacts base() {

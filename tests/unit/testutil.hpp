@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+#include "holder.hpp"
+
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/stat.h>
@@ -12,6 +14,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <optional>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -22,6 +25,20 @@
 #include <vector>
 
 namespace testutil {
+
+// The holder record the record, incident and inspect tests start from.
+inline looplock::HolderRecord sample_record(std::optional<std::string> released = std::nullopt) {
+  looplock::HolderRecord r;
+  r.lock_id = "0123456789abcdef";
+  r.pid = 1234;
+  r.pid_start = "987654";
+  r.agent_id = "cron";
+  r.operation = "status.py";
+  r.policy = "mutation";
+  r.acquired_at = "2026-11-30T17:00:00.123Z";
+  r.released_at = std::move(released);
+  return r;
+}
 
 // Set by the listener below when an assertion of the current test case fails.
 inline bool g_current_test_failed = false;
