@@ -91,28 +91,6 @@ def kill_pid(pid):
     assert eventually(lambda: gone(pid)), f"pid {pid} survived SIGKILL"
 
 
-@pytest.fixture
-def tmpfs(tmp_path):
-    """mount(size): a fresh tmpfs at tmp_path/mntN; skips when mounting is not
-    permitted; unmounts at the end."""
-    mounted = []
-
-    def mount(size="1m"):
-        mnt = tmp_path / f"mnt{len(mounted)}"
-        mnt.mkdir()
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(mnt)],
-                           capture_output=True, text=True, timeout=TIMEOUT)
-        if r.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-        mounted.append(mnt)
-        return mnt
-
-    yield mount
-    for mnt in reversed(mounted):
-        if subprocess.run(["umount", str(mnt)], capture_output=True, timeout=TIMEOUT).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=TIMEOUT)
-
-
 def need_strace():
     if not shutil.which("strace"):
         pytest.skip("strace is not installed (scripts/packages.txt lists it)")

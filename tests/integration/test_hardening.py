@@ -136,36 +136,6 @@ def run_as_nobody(args, **kw):
                           timeout=TIMEOUT, cwd="/", **kw)
 
 
-@pytest.fixture
-def tmpfs(tmp_path):
-    """mount(dir, ro=False): a fresh small tmpfs at tmp_path/mnt (remounted
-    read-only after `prepare` ran, when ro). Skips when mounting is not
-    permitted; unmounts at the end."""
-    mounted = []
-
-    def mount(size="1m", prepare=None, ro=False):
-        mnt = tmp_path / f"mnt{len(mounted)}"
-        mnt.mkdir()
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(mnt)],
-                           capture_output=True, text=True, timeout=TIMEOUT)
-        if r.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-        mounted.append(mnt)
-        if prepare:
-            prepare(mnt)
-        if ro:
-            r = subprocess.run(["mount", "-o", "remount,ro", str(mnt)], capture_output=True, text=True,
-                               timeout=TIMEOUT)
-            if r.returncode != 0:
-                pytest.skip(f"cannot remount the tmpfs read-only: {r.stderr.strip()}")
-        return mnt
-
-    yield mount
-    for mnt in reversed(mounted):
-        if subprocess.run(["umount", str(mnt)], capture_output=True, timeout=TIMEOUT).returncode != 0:
-            subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=TIMEOUT)
-
-
 def bytes_run(argv, env=None, **kw):
     full = {k.encode(): v.encode() for k, v in os.environ.items()}
     if env:
