@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "cluster.hpp"
+#include "cluster_exec.hpp"
 #include "error.hpp"
 #include "etcd.hpp"
 #include "exit_codes.hpp"
@@ -236,7 +237,7 @@ void report_lease_lost(const Options& o, const Context& ctx, const LockDir& dir,
 }  // namespace
 
 Outcome run(const Options& o, const Context& ctx, const Logger& log) {
-  if (o.mode == Mode::Inspect) return exit_status(inspect(o, log));
+  if (o.mode == Mode::Inspect) return exit_status(inspect(o, log, ctx.etcd));
 
   const InheritedSignals inherited = take_signal_control();
   LockDir dir = open_lock_dir(o.dir);
@@ -256,7 +257,8 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
     if (auto outer = find_outer_holder(ctx.env, probe.st, mode == LockMode::Exclusive, ctx.pid)) {
       log.verbose("nested", "already held by looplock pid " + std::to_string(outer->pid) +
                                 " (an ancestor); running inside its critical section");
-      CommandSpec spec{o.command, ctx.env, -1, o.kill_after_ns};
+      CommandSpec spec{.argv = o.command, .env = ctx.env, .pass_fd = -1, .kill_after_ns = o.kill_after_ns,
+                   .tick = {}};
       if (o.close_fd) {
         // -o holds inside a nested run too: the command gets no lock fd.
         if (auto fd = inherited_lock_fd(ctx.env, probe.st)) fcntl(*fd, F_SETFD, FD_CLOEXEC);
@@ -275,7 +277,8 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
   // from looplock's start and covers both.
   std::optional<ClusterLock> cluster;
   if (!o.etcd.empty()) {
-    cluster.emplace(etcd::parse_endpoints(o.etcd).endpoints, cluster_lock_name(o, canonical_dir), o.ttl_s, log);
+    cluster.emplace(*ctx.etcd, etcd::parse_endpoints(o.etcd).endpoints, cluster_lock_name(o, canonical_dir), o.ttl_s,
+                    log);
     auto got = cluster->acquire(plan, ctx.start_ns);
     if (got == ClusterLock::Outcome::Busy) {
       log.result("noop-locked",
@@ -340,7 +343,11 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
   }
 
   add_lock_fd(env, file.fd.get(), !o.close_fd);
-  CommandSpec spec{o.command, std::move(env), o.close_fd ? -1 : file.fd.get(), o.kill_after_ns};
+  CommandSpec spec{.argv = o.command,
+                   .env = std::move(env),
+                   .pass_fd = o.close_fd ? -1 : file.fd.get(),
+                   .kill_after_ns = o.kill_after_ns,
+                   .tick = {}};
   if (cluster) {
     spec.tick = [&] {
       if (cluster->keep_alive()) return true;
@@ -408,10 +415,12 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
   return finish(status);
 }
 
-int main_program(int argc, char** argv, char** envp) {
-  const long long start_ns = sys::monotonic_ns();
+int main_program(int argc, char** argv, char** envp, etcd::Transport* etcd) {
+  const long long now_ns = sys::monotonic_ns();
   std::vector<std::string> args(argv, argv + argc);
-  Context ctx{env_from(envp), getpid(), start_ns};
+  Context ctx{env_from(envp), getpid(), now_ns, etcd};
+  // looplock-etcd: the deadline counts from when looplock started.
+  if (auto handed = take_handed_start(ctx.env, now_ns); handed && etcd) ctx.start_ns = *handed;
   // Until the options are known, errors are plain text.
   Logger log(Verbosity::Normal, LogFormat::Text);
   try {
@@ -424,6 +433,7 @@ int main_program(int argc, char** argv, char** envp) {
       return sys::write_all(1, version_text()) ? 0 : exit_code::kOsError;
     }
     log = Logger(o.verbosity, o.log_format);
+    if (!o.etcd.empty() && !ctx.etcd) exec_cluster_helper(argv, ctx.env, ctx.start_ns);
     Outcome out = run(o, ctx, log);
     if (out.kind == Outcome::Kind::LikeWaitStatus) exit_like(out.value);
     return out.value;

@@ -11,10 +11,17 @@
 
 namespace looplock {
 
+namespace etcd {
+class Transport;
+}
+
 struct Context {
   EnvList env;  // the environment looplock was started with
   pid_t pid = 0;
   long long start_ns = 0;  // CLOCK_MONOTONIC when looplock started
+  // The cluster lock's HTTP exchange: libcurl's in looplock-etcd, null in
+  // looplock, which hands runs with --etcd to looplock-etcd (cluster_exec.hpp).
+  etcd::Transport* etcd = nullptr;
 };
 
 // How looplock ends: with an exit status, or like a wait status (exit N, or
@@ -28,7 +35,8 @@ struct Outcome {
 Outcome run(const Options& options, const Context& context, const Logger& log);
 
 // The whole program: parse, run, map errors to statuses. Returns only with an
-// exit status (it may also exit or die of a signal like the command).
-int main_program(int argc, char** argv, char** envp);
+// exit status (it may also exit or die of a signal like the command, or exec
+// looplock-etcd when `etcd` is null and the cluster lock is asked for).
+int main_program(int argc, char** argv, char** envp, etcd::Transport* etcd = nullptr);
 
 }  // namespace looplock

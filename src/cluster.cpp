@@ -54,8 +54,9 @@ std::string describe_cluster_holder(const std::optional<Json>& holder) {
                    ", operation " + text_field(h, "operation") + ", since " + text_field(h, "acquired_at") + ")");
 }
 
-ClusterLock::ClusterLock(std::vector<etcd::Endpoint> endpoints, std::string name, int ttl_s, const Logger& log)
-    : client_(std::move(endpoints)), name_(std::move(name)), ttl_s_(ttl_s), log_(log) {}
+ClusterLock::ClusterLock(etcd::Transport& transport, std::vector<etcd::Endpoint> endpoints, std::string name,
+                         int ttl_s, const Logger& log)
+    : client_(transport, std::move(endpoints)), name_(std::move(name)), ttl_s_(ttl_s), log_(log) {}
 
 ClusterLock::~ClusterLock() { release(); }
 

@@ -43,7 +43,8 @@ class ClusterLock {
 public:
   enum class Outcome { Acquired, Busy, TimedOut };
 
-  ClusterLock(std::vector<etcd::Endpoint> endpoints, std::string name, int ttl_s, const Logger& log);
+  ClusterLock(etcd::Transport& transport, std::vector<etcd::Endpoint> endpoints, std::string name, int ttl_s,
+              const Logger& log);
   ~ClusterLock();  // release(), if still held
   ClusterLock(const ClusterLock&) = delete;
   ClusterLock& operator=(const ClusterLock&) = delete;

@@ -24,6 +24,9 @@ inline constexpr std::string_view kEtcd = "LOOPLOCK_ETCD";
 inline constexpr std::string_view kEtcdKey = "LOOPLOCK_ETCD_KEY";
 inline constexpr std::string_view kEtcdLease = "LOOPLOCK_ETCD_LEASE";
 inline constexpr std::string_view kFencingToken = "LOOPLOCK_FENCING_TOKEN";
+// looplock's start time (CLOCK_MONOTONIC ns), from looplock to looplock-etcd
+// only (cluster_exec.hpp); never passed on.
+inline constexpr std::string_view kStartNs = "LOOPLOCK_START_NS";
 }  // namespace env_name
 
 using EnvList = std::vector<std::string>;  // "NAME=value" entries

@@ -1,28 +1,15 @@
 #include "etcd.hpp"
 
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
-#include <cstdio>
-#include <cstring>
 
 #include "sys.hpp"
-#include "unique_fd.hpp"
 
 namespace looplock::etcd {
 
 namespace {
 
 constexpr char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-constexpr size_t kMaxResponse = 4 << 20;
 
 std::optional<int> parse_port(std::string_view text) {
   int v = 0;
@@ -36,12 +23,6 @@ std::optional<long long> parse_ll(std::string_view text) {
   auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (text.empty() || ec != std::errc() || p != text.data() + text.size()) return std::nullopt;
   return v;
-}
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
 }
 
 }  // namespace
@@ -260,215 +241,6 @@ std::string_view status_name(Status s) {
   return "?";
 }
 
-std::optional<HttpResponse> parse_http_response(std::string_view raw, bool eof, bool first_line_enough, bool& bad) {
-  bad = false;
-  size_t head_end = raw.find("\r\n\r\n");
-  if (head_end == std::string_view::npos) {
-    if (eof || raw.size() > 65536) bad = true;
-    return std::nullopt;
-  }
-  std::string_view head = raw.substr(0, head_end);
-  std::string_view rest = raw.substr(head_end + 4);
-  // "HTTP/1.1 200 OK"
-  if (!head.starts_with("HTTP/1.") || head.size() < 12) {
-    bad = true;
-    return std::nullopt;
-  }
-  HttpResponse resp;
-  auto code = parse_ll(head.substr(9, 3));
-  if (!code) {
-    bad = true;
-    return std::nullopt;
-  }
-  resp.status = static_cast<int>(*code);
-  bool chunked = false;
-  std::optional<long long> length;
-  size_t pos = head.find("\r\n");
-  while (pos != std::string_view::npos) {
-    size_t next = head.find("\r\n", pos + 2);
-    std::string_view line = head.substr(pos + 2, next == std::string_view::npos ? std::string_view::npos : next - pos - 2);
-    pos = next;
-    size_t colon = line.find(':');
-    if (colon == std::string_view::npos) continue;
-    std::string name = lower(line.substr(0, colon));
-    std::string_view value = line.substr(colon + 1);
-    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
-    while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
-    if (name == "transfer-encoding" && lower(value).find("chunked") != std::string::npos) chunked = true;
-    if (name == "content-length") {
-      length = parse_ll(value);
-      if (!length || *length < 0) {
-        bad = true;
-        return std::nullopt;
-      }
-    }
-  }
-  auto enough = [&](const std::string& body) { return first_line_enough && body.find('\n') != std::string::npos; };
-  if (chunked) {
-    std::string body;
-    for (;;) {
-      size_t eol = rest.find("\r\n");
-      if (eol == std::string_view::npos) break;
-      std::string_view size_text = rest.substr(0, eol);
-      if (auto semi = size_text.find(';'); semi != std::string_view::npos) size_text = size_text.substr(0, semi);
-      unsigned long long size = 0;
-      auto [p, ec] = std::from_chars(size_text.data(), size_text.data() + size_text.size(), size, 16);
-      if (size_text.empty() || ec != std::errc() || p != size_text.data() + size_text.size() || size > kMaxResponse) {
-        bad = true;
-        return std::nullopt;
-      }
-      if (size == 0) {
-        resp.body = std::move(body);
-        return resp;
-      }
-      if (rest.size() < eol + 2 + size + 2) break;
-      body.append(rest.substr(eol + 2, size));
-      rest.remove_prefix(eol + 2 + size + 2);
-    }
-    if (enough(body)) {
-      resp.body = std::move(body);
-      return resp;
-    }
-    if (eof) bad = true;
-    return std::nullopt;
-  }
-  if (length) {
-    if (rest.size() >= static_cast<size_t>(*length)) {
-      resp.body = std::string(rest.substr(0, static_cast<size_t>(*length)));
-      return resp;
-    }
-    if (enough(std::string(rest))) {
-      resp.body = std::string(rest);
-      return resp;
-    }
-    if (eof) bad = true;
-    return std::nullopt;
-  }
-  // Neither: the body ends with the connection.
-  if (eof || enough(std::string(rest))) {
-    resp.body = std::string(rest);
-    return resp;
-  }
-  return std::nullopt;
-}
-
-namespace {
-
-// How one exchange with one endpoint ended.
-enum class Exchange { Ok, ConnectFailed, TimedOut, Broken };
-
-int poll_until(int fd, short events, long long until_ns) {
-  for (;;) {
-    long long left = until_ns - sys::monotonic_ns();
-    if (left <= 0) return 0;
-    pollfd p{fd, events, 0};
-    int ms = static_cast<int>(std::min<long long>((left + 999'999) / 1'000'000, 60'000));
-    int r = poll(&p, 1, ms);
-    if (r < 0 && errno == EINTR) continue;
-    if (r == 0) continue;  // re-check the clock
-    return r;
-  }
-}
-
-Exchange exchange(const Endpoint& ep, std::string_view path, const std::string& body, long long deadline_ns,
-                  long long connect_timeout_ns, bool first_line_enough, HttpResponse& out, std::string& error) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  const std::string port = std::to_string(ep.port);
-  if (int rc = getaddrinfo(ep.host.c_str(), port.c_str(), &hints, &found); rc != 0) {
-    error = ep.text + ": cannot resolve " + ep.host + ": " + gai_strerror(rc);
-    return Exchange::ConnectFailed;
-  }
-  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> guard(found, freeaddrinfo);
-  UniqueFd sock;
-  for (addrinfo* a = found; a; a = a->ai_next) {
-    UniqueFd s(socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol));
-    if (!s) {
-      error = ep.text + ": " + std::strerror(errno);
-      continue;
-    }
-    int one = 1;
-    setsockopt(s.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (connect(s.get(), a->ai_addr, a->ai_addrlen) != 0) {
-      if (errno != EINPROGRESS) {
-        error = ep.text + ": " + std::strerror(errno);
-        continue;
-      }
-      const long long until = std::min(deadline_ns, sys::monotonic_ns() + connect_timeout_ns);
-      if (poll_until(s.get(), POLLOUT, until) <= 0) {
-        error = ep.text + ": connection timed out";
-        continue;
-      }
-      int err = 0;
-      socklen_t len = sizeof err;
-      getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-      if (err != 0) {
-        error = ep.text + ": " + std::strerror(err);
-        continue;
-      }
-    }
-    sock = std::move(s);
-    break;
-  }
-  if (!sock) return Exchange::ConnectFailed;
-
-  std::string host = ep.host.find(':') != std::string::npos ? "[" + ep.host + "]" : ep.host;
-  std::string request = "POST " + std::string(path) + " HTTP/1.1\r\nHost: " + host + ":" + port +
-                        "\r\nContent-Type: application/json\r\nAccept: application/json\r\nContent-Length: " +
-                        std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
-  size_t sent = 0;
-  while (sent < request.size()) {
-    ssize_t n = send(sock.get(), request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
-    if (n > 0) {
-      sent += static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      if (poll_until(sock.get(), POLLOUT, deadline_ns) <= 0) {
-        error = ep.text + ": no answer before the deadline";
-        return Exchange::TimedOut;
-      }
-      continue;
-    }
-    error = ep.text + ": " + std::strerror(errno);
-    return sent == 0 ? Exchange::ConnectFailed : Exchange::Broken;
-  }
-  std::string raw;
-  char buf[16384];
-  for (;;) {
-    if (poll_until(sock.get(), POLLIN, deadline_ns) <= 0) {
-      error = ep.text + ": no answer before the deadline";
-      return Exchange::TimedOut;
-    }
-    ssize_t n = recv(sock.get(), buf, sizeof buf, 0);
-    if (n < 0) {
-      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
-      error = ep.text + ": " + std::strerror(errno);
-      return raw.empty() ? Exchange::ConnectFailed : Exchange::Broken;
-    }
-    if (n > 0) raw.append(buf, static_cast<size_t>(n));
-    if (raw.size() > kMaxResponse) {
-      error = ep.text + ": answer too large";
-      return Exchange::Broken;
-    }
-    bool bad = false;
-    auto resp = parse_http_response(raw, n == 0, first_line_enough, bad);
-    if (resp) {
-      out = std::move(*resp);
-      return Exchange::Ok;
-    }
-    if (bad) {
-      error = ep.text + (raw.empty() ? ": closed the connection without an answer" : ": malformed HTTP answer");
-      return raw.empty() ? Exchange::ConnectFailed : Exchange::Broken;
-    }
-  }
-}
-
-}  // namespace
-
 Result<Json> Client::call(std::string_view path, const std::string& body, long long deadline_ns) {
   Result<Json> r;
   const bool stream = path == "/v3/lease/keepalive";
@@ -482,7 +254,8 @@ Result<Json> Client::call(std::string_view path, const std::string& body, long l
     }
     HttpResponse resp;
     std::string error;
-    Exchange ex = exchange(endpoints_[i], path, body, deadline_ns, connect_timeout_ns_, stream, resp, error);
+    const long long connect_deadline = std::min(deadline_ns, sys::monotonic_ns() + connect_timeout_ns_);
+    Exchange ex = transport_.post(endpoints_[i], path, body, connect_deadline, deadline_ns, stream, resp, error);
     if (ex == Exchange::ConnectFailed) {
       errors += (errors.empty() ? "" : "; ") + error;
       continue;

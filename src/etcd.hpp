@@ -1,13 +1,7 @@
 // A small etcd v3 client for the cluster lock (--etcd): the HTTP/JSON gateway
 // of etcd 3.4+ (POST /v3/..., bytes fields in base64, int64 fields as
-// strings), spoken over plain HTTP/1.1 on a socket of its own.
-//
-// Why not libcurl: looplock is linked statically for its start-up time, and
-// Debian's libcurl cannot be linked statically (libldap, libgssapi, libssh2,
-// libpsl, libnghttp2, librtmp ship no static archives); linking it
-// dynamically costs every run, cluster lock or not, about 3 ms of dynamic
-// loading (measured: 0.64 ms for a static exec, 3.8 ms with libcurl). The
-// gateway needs no more than one POST per call over plain HTTP.
+// strings). This file is the protocol; the HTTP exchange itself is a
+// Transport, libcurl's in looplock-etcd (etcd_curl.hpp).
 //
 // Every call has a deadline (CLOCK_MONOTONIC ns): connecting to an endpoint is
 // bounded by a connect timeout and the deadline, and the whole exchange by the
@@ -104,10 +98,34 @@ struct Result {
   bool ok() const { return status == Status::Ok; }
 };
 
+// One HTTP POST to one endpoint, and how it ended.
+struct HttpResponse {
+  int status = 0;
+  std::string body;
+};
+enum class Exchange {
+  Ok,
+  ConnectFailed,  // no connection (refused, unresolvable, connect timeout) or closed before any answer
+  TimedOut,       // connected and sent, but no whole answer before the deadline
+  Broken,         // a broken or unreadable answer
+};
+class Transport {
+public:
+  virtual ~Transport() = default;
+  // POSTs `body` (JSON) to `ep.text + path`. Connecting must end by
+  // `connect_deadline_ns`, the whole exchange by `deadline_ns`. With
+  // `first_line_enough`, the answer is complete as soon as its body holds one
+  // whole line (a streaming answer, such as a keepalive's, never ends by
+  // itself). `error` describes anything but Ok.
+  virtual Exchange post(const Endpoint& ep, std::string_view path, const std::string& body,
+                        long long connect_deadline_ns, long long deadline_ns, bool first_line_enough,
+                        HttpResponse& out, std::string& error) = 0;
+};
+
 class Client {
 public:
-  explicit Client(std::vector<Endpoint> endpoints, long long connect_timeout_ns = 1'000'000'000LL)
-      : endpoints_(std::move(endpoints)), connect_timeout_ns_(connect_timeout_ns) {}
+  Client(Transport& transport, std::vector<Endpoint> endpoints, long long connect_timeout_ns = 1'000'000'000LL)
+      : transport_(transport), endpoints_(std::move(endpoints)), connect_timeout_ns_(connect_timeout_ns) {}
 
   Result<long long> lease_grant(int ttl_s, long long deadline_ns);
   // The lease's remaining TTL in seconds; 0 when etcd says the lease is gone.
@@ -126,20 +144,10 @@ public:
 private:
   Result<Json> call(std::string_view path, const std::string& body, long long deadline_ns);
 
+  Transport& transport_;
   std::vector<Endpoint> endpoints_;
   long long connect_timeout_ns_;
   size_t first_ = 0;
 };
-
-// One HTTP/1.1 POST of a JSON body. Exposed for the unit tests' parsers.
-struct HttpResponse {
-  int status = 0;
-  std::string body;  // decoded (chunked transfer coding removed)
-};
-// Parses what has been read so far: the response when it is complete (or,
-// with `first_line_enough`, when the body already holds one whole line, as a
-// streaming answer does); nullopt while more is needed; `bad` set when it can
-// never be a response.
-std::optional<HttpResponse> parse_http_response(std::string_view raw, bool eof, bool first_line_enough, bool& bad);
 
 }  // namespace looplock::etcd

@@ -9,7 +9,7 @@ namespace looplock::exit_code {
 inline constexpr int kOk = 0;
 inline constexpr int kUsage = 64;        // EX_USAGE: bad command line
 inline constexpr int kNoInput = 66;      // EX_NOINPUT: DIR missing or not a directory
-inline constexpr int kClusterUnavailable = 69;  // EX_UNAVAILABLE: no etcd endpoint answered at acquisition
+inline constexpr int kClusterUnavailable = 69;  // EX_UNAVAILABLE: no etcd endpoint answered at acquisition, or looplock-etcd is missing
 inline constexpr int kOsError = 71;      // EX_OSERR: fork, ENOLCK, EMFILE, ...
 inline constexpr int kCantCreate = 73;   // EX_CANTCREAT: lock file cannot be opened, or is unsafe
 inline constexpr int kVanished = 74;     // EX_IOERR: lock file or DIR vanished mid-lock

@@ -228,7 +228,7 @@ InspectReport build_report(const InspectFacts& f) {
   return {std::move(j), std::move(t)};
 }
 
-int inspect(const Options& o, const Logger& log) {
+int inspect(const Options& o, const Logger& log, etcd::Transport* etcd) {
   (void)log;
   LockDir dir = open_lock_dir(o.dir, /*check_safety=*/false);
   InspectFacts f;
@@ -282,7 +282,8 @@ int inspect(const Options& o, const Logger& log) {
       canonical.resize(canonical.size() - std::string_view(kLockName).size() - 1);
       name = canonical.substr(canonical.rfind('/') + 1);
     }
-    etcd::Client client(etcd::parse_endpoints(o.etcd).endpoints);
+    if (!etcd) throw Fatal(exit_code::kOsError, "internal error: --inspect --etcd without an HTTP client");
+    etcd::Client client(*etcd, etcd::parse_endpoints(o.etcd).endpoints);
     const long long deadline = sys::monotonic_ns() + 5'000'000'000LL;
     auto keys = client.range(etcd::lock_service_name(name) + "/", true, deadline);
     Json c = {{"lock_name", name}};

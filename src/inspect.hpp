@@ -17,6 +17,10 @@
 #include "options.hpp"
 #include "procfs.hpp"
 
+namespace looplock::etcd {
+class Transport;
+}
+
 namespace looplock {
 
 // Everything the report is built from, gathered once (so that the judgement
@@ -55,6 +59,7 @@ std::optional<long long> parse_utc_ms(const std::string& iso);
 std::string human_duration(long long ms);
 
 // Runs --inspect: prints the report to stdout, returns the exit status.
-int inspect(const Options& options, const Logger& log);
+// `etcd` reads the cluster lock for --etcd (looplock-etcd's libcurl transport).
+int inspect(const Options& options, const Logger& log, etcd::Transport* etcd);
 
 }  // namespace looplock

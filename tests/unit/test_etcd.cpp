@@ -1,10 +1,12 @@
-// The pure parts of the etcd client: endpoints, base64, request bodies,
-// gateway answers and HTTP responses. The network exchange itself is covered
+// The etcd client without a network: endpoints, base64, request bodies,
+// gateway answers, and Client over a scripted Transport (failover, timeouts,
+// errors). libcurl's transport is tested in test_etcd_curl.cpp, and the whole
 // against a real etcd by tests/integration/test_etcd.py.
 #include <doctest/doctest.h>
 
 #include "cluster.hpp"
 #include "etcd.hpp"
+#include "sys.hpp"
 
 using namespace looplock;
 using namespace looplock::etcd;
@@ -101,37 +103,134 @@ TEST_CASE("gateway answers") {
   CHECK(int64_field(Json::parse(R"({"a":"x"})"), "a") == std::nullopt);
 }
 
-TEST_CASE("HTTP responses: length, chunked, first line of a stream") {
-  bool bad = false;
-  std::string head = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 7\r\n\r\n";
-  CHECK_FALSE(parse_http_response(head + "{\"a\":", false, false, bad));
-  CHECK_FALSE(bad);
-  auto r = parse_http_response(head + "{\"a\":1}", false, false, bad);
-  REQUIRE(r);
-  CHECK(r->status == 200);
-  CHECK(r->body == "{\"a\":1}");
+namespace {
 
-  std::string chunked = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
-  std::string part = chunked + "4\r\n{\"a\"\r\n4\r\n:1}\n\r\n";
-  CHECK_FALSE(parse_http_response(part, false, false, bad));
-  r = parse_http_response(part, false, true, bad);  // a stream's first line is enough
-  REQUIRE(r);
-  CHECK(r->body == "{\"a\":1}\n");
-  r = parse_http_response(part + "0\r\n\r\n", false, false, bad);
-  REQUIRE(r);
-  CHECK(r->body == "{\"a\":1}\n");
+// A scripted Transport: each call takes the next scripted exchange and
+// records what was asked.
+struct FakeTransport : Transport {
+  struct Step {
+    Exchange ex = Exchange::Ok;
+    int status = 200;
+    std::string body;
+  };
+  struct Call {
+    std::string url;
+    std::string body;
+    long long connect_deadline_ns = 0;
+    long long deadline_ns = 0;
+    bool first_line_enough = false;
+  };
+  std::vector<Step> script;
+  std::vector<Call> calls;
 
-  r = parse_http_response("HTTP/1.1 404 Not Found\r\nConnection: close\r\n\r\nnope", true, false, bad);
-  REQUIRE(r);
-  CHECK(r->status == 404);
-  CHECK(r->body == "nope");
+  Exchange post(const Endpoint& ep, std::string_view path, const std::string& body, long long connect_deadline_ns,
+                long long deadline_ns, bool first_line_enough, HttpResponse& out, std::string& error) override {
+    calls.push_back({ep.text + std::string(path), body, connect_deadline_ns, deadline_ns, first_line_enough});
+    REQUIRE(calls.size() <= script.size());
+    const Step& s = script[calls.size() - 1];
+    if (s.ex != Exchange::Ok) {
+      error = ep.text + ": scripted failure";
+      return s.ex;
+    }
+    out.status = s.status;
+    out.body = s.body;
+    return Exchange::Ok;
+  }
+};
 
-  CHECK_FALSE(parse_http_response("garbage\r\n\r\n", true, false, bad));
-  CHECK(bad);
-  CHECK_FALSE(parse_http_response(chunked + "zz\r\n", false, false, bad));
-  CHECK(bad);
-  CHECK_FALSE(parse_http_response(head + "{", true, false, bad));  // cut short
-  CHECK(bad);
+std::vector<Endpoint> two_endpoints() { return parse_endpoints("http://10.0.0.1:2379,http://10.0.0.2:2379").endpoints; }
+
+constexpr long long kFar = 1LL << 62;
+
+}  // namespace
+
+TEST_CASE("client: the next endpoint when one refuses, and it is tried first afterwards") {
+  FakeTransport t;
+  t.script = {{Exchange::ConnectFailed, 0, ""}, {Exchange::Ok, 200, R"({"ID":"7","TTL":"10"})"},
+              {Exchange::Ok, 200, R"({"header":{}})"}};
+  Client c(t, two_endpoints());
+  auto r = c.lease_grant(10, kFar);
+  REQUIRE(r.ok());
+  CHECK(r.value == 7);
+  CHECK(c.current_endpoint() == "http://10.0.0.2:2379");
+  CHECK(c.lease_revoke(7, kFar).ok());
+  REQUIRE(t.calls.size() == 3);
+  CHECK(t.calls[0].url == "http://10.0.0.1:2379/v3/lease/grant");
+  CHECK(t.calls[1].url == "http://10.0.0.2:2379/v3/lease/grant");
+  CHECK(t.calls[1].body == R"({"TTL":10})");
+  CHECK(t.calls[2].url == "http://10.0.0.2:2379/v3/lease/revoke");
+}
+
+TEST_CASE("client: none reachable is Unavailable, naming each endpoint") {
+  FakeTransport t;
+  t.script = {{Exchange::ConnectFailed, 0, ""}, {Exchange::ConnectFailed, 0, ""}};
+  Client c(t, two_endpoints());
+  auto r = c.range("k", false, kFar);
+  CHECK(r.status == Status::Unavailable);
+  CHECK(r.error.find("10.0.0.1") != std::string::npos);
+  CHECK(r.error.find("10.0.0.2") != std::string::npos);
+}
+
+TEST_CASE("client: a timeout is not retried elsewhere (the request may be queued there)") {
+  FakeTransport t;
+  t.script = {{Exchange::TimedOut, 0, ""}};
+  Client c(t, two_endpoints());
+  auto r = c.lock("looplock/x/lock", 7, kFar);
+  CHECK(r.status == Status::Timeout);
+  CHECK(t.calls.size() == 1);
+}
+
+TEST_CASE("client: server errors, broken answers and stream error frames are Failed") {
+  FakeTransport t;
+  t.script = {{Exchange::Ok, 404, R"({"message":"Not Found"})"},
+              {Exchange::Broken, 0, ""},
+              {Exchange::Ok, 200, R"({"error":{"grpc_code":5,"message":"requested lease not found"}})"},
+              {Exchange::Ok, 200, "not json"}};
+  Client c(t, two_endpoints());
+  auto a = c.put("k", "v", 0, kFar);
+  CHECK(a.status == Status::Failed);
+  CHECK(a.error.find("HTTP 404: Not Found") != std::string::npos);
+  CHECK(c.put("k", "v", 0, kFar).status == Status::Failed);
+  auto b = c.lease_keepalive(7, kFar);
+  CHECK(b.status == Status::Failed);
+  CHECK(b.error.find("requested lease not found") != std::string::npos);
+  CHECK(c.unlock("k", kFar).status == Status::Failed);
+}
+
+TEST_CASE("client: keepalive reads the first line of its stream; TTL 0 means the lease is gone") {
+  FakeTransport t;
+  t.script = {{Exchange::Ok, 200, "{\"result\":{\"ID\":\"7\",\"TTL\":\"10\"}}\n"},
+              {Exchange::Ok, 200, "{\"result\":{\"ID\":\"7\"}}\n"}};
+  Client c(t, two_endpoints());
+  auto alive = c.lease_keepalive(7, kFar);
+  REQUIRE(alive.ok());
+  CHECK(alive.value == 10);
+  auto gone = c.lease_keepalive(7, kFar);
+  REQUIRE(gone.ok());
+  CHECK(gone.value == 0);
+  CHECK(t.calls[0].first_line_enough);
+  CHECK(t.calls[0].body == R"({"ID":"7"})");
+}
+
+TEST_CASE("client: connecting is bounded by the connect timeout and the deadline") {
+  FakeTransport t;
+  t.script = {{Exchange::Ok, 200, R"({"header":{}})"}, {Exchange::Ok, 200, R"({"header":{}})"}};
+  Client c(t, two_endpoints(), 1'000'000'000LL);
+  const long long now = sys::monotonic_ns();
+  REQUIRE(c.range("k", false, now + 60'000'000'000LL).ok());
+  CHECK(t.calls[0].deadline_ns == now + 60'000'000'000LL);
+  CHECK(t.calls[0].connect_deadline_ns <= sys::monotonic_ns() + 1'000'000'000LL);
+  CHECK_FALSE(t.calls[0].first_line_enough);
+  REQUIRE(c.range("k", false, now + 200'000'000LL).ok());
+  CHECK(t.calls[1].connect_deadline_ns == now + 200'000'000LL);
+}
+
+TEST_CASE("client: a deadline already passed sends nothing") {
+  FakeTransport t;
+  Client c(t, two_endpoints());
+  auto r = c.range("k", false, sys::monotonic_ns() - 1);
+  CHECK(r.status == Status::Timeout);
+  CHECK(t.calls.empty());
 }
 
 TEST_CASE("cluster holder value") {

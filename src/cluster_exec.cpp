@@ -1,0 +1,72 @@
+#include "cluster_exec.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <climits>
+
+#include "error.hpp"
+#include "exit_codes.hpp"
+
+#ifndef LOOPLOCK_HELPER_DIR
+#define LOOPLOCK_HELPER_DIR "/usr/local/libexec/looplock"
+#endif
+
+namespace looplock {
+
+namespace {
+constexpr long long kMaxHandOverNs = 60'000'000'000LL;
+}  // namespace
+
+std::vector<std::string> cluster_helper_paths(std::string_view self_exe, std::string_view libexec_dir) {
+  std::vector<std::string> out;
+  if (auto slash = self_exe.rfind('/'); slash != std::string_view::npos && self_exe.starts_with('/')) {
+    out.push_back(std::string(self_exe.substr(0, slash + 1)) + std::string(kClusterHelperName));
+  }
+  if (!libexec_dir.empty()) {
+    std::string p = std::string(libexec_dir) + (libexec_dir.ends_with('/') ? "" : "/") + std::string(kClusterHelperName);
+    if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(std::move(p));
+  }
+  return out;
+}
+
+void exec_cluster_helper(char** argv, const EnvList& env, long long start_ns) {
+  char self[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  const std::string_view self_exe(self, n > 0 ? static_cast<size_t>(n) : 0);
+
+  EnvList handed = env_with(env, {{env_name::kStartNs, std::to_string(start_ns)}});
+  std::vector<char*> envp;
+  envp.reserve(handed.size() + 1);
+  for (auto& e : handed) envp.push_back(e.data());
+  envp.push_back(nullptr);
+
+  const auto paths = cluster_helper_paths(self_exe, LOOPLOCK_HELPER_DIR);
+  std::string tried;
+  for (const auto& path : paths) {
+    execve(path.c_str(), argv, envp.data());
+    if (errno != ENOENT) fail_errno(exit_code::kOsError, "cannot run " + path + " for --etcd", errno);
+    tried += (tried.empty() ? "" : ", ") + path;
+  }
+  throw Fatal(exit_code::kClusterUnavailable,
+              "cluster locking (--etcd or $LOOPLOCK_ETCD) needs " + std::string(kClusterHelperName) +
+                  ", which is not installed (looked for " + tried + ")",
+              "Build looplock with libcurl (meson setup -Detcd=enabled) and install it, or run without --etcd "
+              "and without $LOOPLOCK_ETCD; the command did not run.");
+}
+
+std::optional<long long> take_handed_start(EnvList& env, long long now_ns) {
+  auto text = env_get(env, env_name::kStartNs);
+  if (!text) return std::nullopt;
+  env = env_with(env, {}, {env_name::kStartNs});
+  long long v = 0;
+  auto [p, ec] = std::from_chars(text->data(), text->data() + text->size(), v);
+  if (ec != std::errc() || p != text->data() + text->size() || v <= 0 || v > now_ns || now_ns - v > kMaxHandOverNs) {
+    return std::nullopt;
+  }
+  return v;
+}
+
+}  // namespace looplock

@@ -1,0 +1,36 @@
+// Handing a run with --etcd to looplock-etcd. The looplock executable is
+// linked statically and has no HTTP client (see etcd_curl.hpp for why); a run
+// that needs the cluster lock (or --inspect --etcd) execs looplock-etcd, the
+// same program linked with libcurl, with the same arguments and environment,
+// the same pid (so nesting and the holder record are unchanged), and the start
+// time in LOOPLOCK_START_NS so that the deadline still counts from when
+// looplock started. looplock-etcd removes that variable before anything else
+// sees the environment.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "environment.hpp"
+
+namespace looplock {
+
+inline constexpr std::string_view kClusterHelperName = "looplock-etcd";
+
+// Where looplock-etcd is looked for, in order: beside the running executable
+// (`self_exe`, the build tree or one directory for both), then `libexec_dir`
+// (where meson installs it). Duplicates are dropped.
+std::vector<std::string> cluster_helper_paths(std::string_view self_exe, std::string_view libexec_dir);
+
+// Execs looplock-etcd; returns only by throwing Fatal 69 (not installed) or
+// 71 (cannot be executed).
+[[noreturn]] void exec_cluster_helper(char** argv, const EnvList& env, long long start_ns);
+
+// The start time handed over in `env` when it is believable (not in the
+// future, less than a minute ago on CLOCK_MONOTONIC); `env` loses the
+// variable either way.
+std::optional<long long> take_handed_start(EnvList& env, long long now_ns);
+
+}  // namespace looplock

@@ -1,0 +1,169 @@
+// libcurl's Transport against small loopback servers: how each way an
+// exchange can end is reported (answer, stream, refused, silent, closed), and
+// that its sockets are close-on-exec and proxies from the environment unused.
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include "etcd_curl.hpp"
+#include "sys.hpp"
+#include "unique_fd.hpp"
+
+using namespace looplock;
+using namespace looplock::etcd;
+
+namespace {
+
+constexpr long long kMs = 1'000'000LL;
+
+// A loopback listening socket on a free port.
+struct Listener {
+  UniqueFd fd;
+  int port = 0;
+  Listener() : fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+    REQUIRE(fd);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(bind(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    socklen_t len = sizeof a;
+    REQUIRE(getsockname(fd.get(), reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    port = ntohs(a.sin_port);
+    REQUIRE(listen(fd.get(), 4) == 0);
+  }
+  Endpoint endpoint() const { return parse_endpoints("http://127.0.0.1:" + std::to_string(port)).endpoints.at(0); }
+};
+
+// Serves one connection: reads one request (head and Content-Length body)
+// into `request`, writes `answer`, then closes unless `hold_ms` asks to keep
+// the connection open that long (a stream that does not end).
+std::thread serve_once(const Listener& l, std::string answer, std::string& request, int hold_ms = 0) {
+  return std::thread([fd = l.fd.get(), answer = std::move(answer), &request, hold_ms] {
+    UniqueFd c(accept4(fd, nullptr, nullptr, SOCK_CLOEXEC));
+    if (!c) return;
+    char buf[4096];
+    for (;;) {
+      auto head_end = request.find("\r\n\r\n");
+      if (head_end != std::string::npos) {
+        auto cl = request.find("Content-Length: ");
+        size_t length = cl == std::string::npos ? 0 : std::stoul(request.substr(cl + 16));
+        if (request.size() >= head_end + 4 + length) break;
+      }
+      ssize_t n = read(c.get(), buf, sizeof buf);
+      if (n <= 0) return;
+      request.append(buf, static_cast<size_t>(n));
+    }
+    if (!answer.empty()) REQUIRE(sys::write_all(c.get(), answer));
+    if (hold_ms > 0) usleep(static_cast<useconds_t>(hold_ms) * 1000);
+  });
+}
+
+int sockets_without_cloexec() {
+  int count = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    auto target = std::filesystem::read_symlink(e.path(), ec);
+    if (ec || !target.string().starts_with("socket:")) continue;
+    int fd = std::stoi(e.path().filename().string());
+    if (!(fcntl(fd, F_GETFD) & FD_CLOEXEC)) ++count;
+  }
+  return count;
+}
+
+}  // namespace
+
+TEST_CASE("an answer: the POST as sent, the status and body as received") {
+  setenv("http_proxy", "http://127.0.0.1:1", 1);  // must not be used
+  CurlTransport t;
+  Listener l;
+  std::string request;
+  auto server = serve_once(l, "HTTP/1.1 404 Not Found\r\nContent-Length: 4\r\n\r\nnope", request);
+  HttpResponse out;
+  std::string error;
+  const long long now = sys::monotonic_ns();
+  auto ex = t.post(l.endpoint(), "/v3/kv/range", R"({"key":"aw=="})", now + 1000 * kMs, now + 5000 * kMs, false, out,
+                   error);
+  server.join();
+  unsetenv("http_proxy");
+  CHECK(ex == Exchange::Ok);
+  CHECK(out.status == 404);
+  CHECK(out.body == "nope");
+  CHECK(request.starts_with("POST /v3/kv/range HTTP/1.1\r\n"));
+  CHECK(request.find("Content-Type: application/json\r\n") != std::string::npos);
+  CHECK(request.ends_with("\r\n\r\n{\"key\":\"aw==\"}"));
+  CHECK(sockets_without_cloexec() == 0);
+}
+
+TEST_CASE("a stream that does not end: its first line is the answer") {
+  CurlTransport t;
+  Listener l;
+  std::string request;
+  auto server = serve_once(l,
+                           "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                           "20\r\n{\"result\":{\"ID\":\"7\",\"TTL\":\"9\"}}\n\r\n",
+                           request, 3000);
+  HttpResponse out;
+  std::string error;
+  const long long start = sys::monotonic_ns();
+  auto ex = t.post(l.endpoint(), "/v3/lease/keepalive", R"({"ID":"7"})", start + 1000 * kMs, start + 2000 * kMs, true,
+                   out, error);
+  const long long took = sys::monotonic_ns() - start;
+  server.join();
+  CHECK(ex == Exchange::Ok);
+  CHECK(out.status == 200);
+  CHECK(out.body == "{\"result\":{\"ID\":\"7\",\"TTL\":\"9\"}}\n");
+  CHECK(took < 1500 * kMs);  // did not wait for the stream's end
+}
+
+TEST_CASE("a refused connection is ConnectFailed") {
+  int port = 0;
+  {
+    Listener l;  // bound, then closed: nothing listens there now
+    port = l.port;
+  }
+  CurlTransport t;
+  HttpResponse out;
+  std::string error;
+  const long long now = sys::monotonic_ns();
+  auto ep = parse_endpoints("http://127.0.0.1:" + std::to_string(port)).endpoints.at(0);
+  CHECK(t.post(ep, "/v3/kv/range", "{}", now + 1000 * kMs, now + 2000 * kMs, false, out, error) ==
+        Exchange::ConnectFailed);
+  CHECK(error.starts_with(ep.text + ": "));
+}
+
+TEST_CASE("a server that takes the request and never answers is TimedOut, on time") {
+  CurlTransport t;
+  Listener l;  // the kernel completes the connection; nobody reads or answers
+  HttpResponse out;
+  std::string error;
+  const long long start = sys::monotonic_ns();
+  auto ex = t.post(l.endpoint(), "/v3/lock/lock", "{}", start + 1000 * kMs, start + 300 * kMs, false, out, error);
+  const long long took = sys::monotonic_ns() - start;
+  CHECK(ex == Exchange::TimedOut);
+  CHECK(error.find("no answer before the deadline") != std::string::npos);
+  CHECK(took >= 250 * kMs);
+  CHECK(took < 2000 * kMs);
+}
+
+TEST_CASE("a connection closed without an answer is ConnectFailed (the next endpoint is tried)") {
+  CurlTransport t;
+  Listener l;
+  std::string request;
+  auto server = serve_once(l, "", request);
+  HttpResponse out;
+  std::string error;
+  const long long now = sys::monotonic_ns();
+  auto ex = t.post(l.endpoint(), "/v3/kv/put", "{}", now + 1000 * kMs, now + 2000 * kMs, false, out, error);
+  server.join();
+  CHECK(ex == Exchange::ConnectFailed);
+  CHECK(error.find("without an answer") != std::string::npos);
+}
