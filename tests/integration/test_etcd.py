@@ -1,7 +1,11 @@
 """The cluster lock (--etcd) against a real etcd on loopback: several loop
 dirs standing in for several hosts, serialised by one lock name; deadlines,
 single_flight, lease loss (revoked, etcd frozen), unreachable endpoints,
-fencing tokens, and a small multi-host simulation with a fenced counter."""
+fencing tokens, and a small multi-host simulation with a fenced counter.
+
+looplock itself is static and has no HTTP client: it execs looplock-etcd (the
+same program with libcurl, built beside it) for these runs; the hand-over is
+tested here too."""
 import json
 import os
 import shutil
@@ -23,7 +27,14 @@ ETCDCTL = "/usr/bin/etcdctl"
 EX_UNAVAILABLE = 69
 EX_LEASE_LOST = 76
 
-pytestmark = pytest.mark.skipif(not os.access(ETCD, os.X_OK), reason=f"{ETCD} is missing (Debian package etcd-server)")
+# Where meson built looplock-etcd ('' when libcurl was not found).
+HELPER = os.environ.get("LOOPLOCK_ETCD_HELPER", str(Path(LOOPLOCK).parent / "looplock-etcd"))
+
+pytestmark = [
+    pytest.mark.skipif(not os.access(ETCD, os.X_OK), reason=f"{ETCD} is missing (Debian package etcd-server)"),
+    pytest.mark.skipif(not HELPER or not os.access(HELPER, os.X_OK),
+                       reason="looplock-etcd was not built (libcurl missing: install libcurl4-openssl-dev)"),
+]
 
 
 def free_port():
@@ -364,3 +375,54 @@ def test_inspect_names_the_cluster_holder(etcd, name, hosts, cluster_holders):
     r = subprocess.run([LOOPLOCK, "--inspect", "--etcd", "http://127.0.0.1:1", hosts[1]], capture_output=True,
                        text=True, timeout=TIMEOUT)
     assert r.returncode == EX_UNAVAILABLE
+
+
+# -- the hand-over from the static looplock to looplock-etcd -----------------
+
+
+def ldd(path):
+    r = subprocess.run(["ldd", path], capture_output=True, text=True, timeout=TIMEOUT)
+    return r.stdout + r.stderr
+
+
+def test_only_the_helper_loads_libcurl():
+    assert "libcurl" not in ldd(LOOPLOCK)
+    assert "libcurl" in ldd(HELPER)
+
+
+REPORT = ("import os\n"
+          "fds = os.listdir('/proc/self/fd')\n"  # one of them was listdir's own, closed by now
+          "targets = [os.readlink('/proc/self/fd/' + f) for f in fds if os.path.exists('/proc/self/fd/' + f)]\n"
+          "print(os.environ['LOOPLOCK_HOLDER_PID'], os.getppid(), 'LOOPLOCK_START_NS' in os.environ)\n"
+          "print(sorted(t for t in targets if t.startswith('socket:')))\n")
+
+
+def test_the_helper_runs_as_looplock_itself_and_leaks_no_socket(etcd, name, hosts):
+    p = start([*cluster(etcd, name), hosts[0], "--", PY, "-c", REPORT],
+              env={"LOOPLOCK_START_NS": "1"}, stdin=subprocess.DEVNULL)
+    out, err = p.communicate(timeout=TIMEOUT)
+    assert p.returncode == 0, err
+    ids, sockets = out.splitlines()
+    holder, parent, start_ns_seen = ids.split()
+    # The same process (exec, not a child): nesting and records name it.
+    assert int(holder) == int(parent) == p.pid
+    assert start_ns_seen == "False"
+    # libcurl's connections and its internal socketpair stay in looplock.
+    assert sockets == "[]"
+
+
+def test_a_missing_helper_is_reported_with_69(tmp_path, hosts):
+    if os.path.exists("/usr/local/libexec/looplock/looplock-etcd"):
+        pytest.skip("an installed looplock-etcd would be found")
+    alone = tmp_path / "bin" / "looplock"
+    alone.parent.mkdir()
+    shutil.copy(LOOPLOCK, alone)
+    r = subprocess.run([str(alone), "--etcd", "http://127.0.0.1:1", hosts[0], "--", "echo", "must not run"],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == EX_UNAVAILABLE, r.stderr
+    assert r.stdout == ""
+    assert "needs looplock-etcd, which is not installed" in r.stderr
+    assert str(alone.parent / "looplock-etcd") in r.stderr
+    # Without the cluster lock the same copy works on its own.
+    r = subprocess.run([str(alone), hosts[0], "--", "echo", "ok"], capture_output=True, text=True, timeout=TIMEOUT)
+    assert (r.returncode, r.stdout) == (0, "ok\n"), r.stderr

@@ -85,6 +85,20 @@ def test_installed_binary_runs(installed):
     assert re.fullmatch(r"looplock \S+\n", r.stdout), r.stdout
 
 
+def test_cluster_helper_is_installed_where_looplock_looks(installed, build_options):
+    """looplock-etcd goes to LIBEXECDIR/looplock/, the directory compiled
+    into looplock (cluster_exec.cpp), and runs from there."""
+    helper = installed("libexecdir", "looplock", "looplock-etcd")
+    if not helper.exists() and build_options.get("etcd") != "enabled":
+        pytest.skip("the build has no looplock-etcd (libcurl not found, -Detcd not enabled)")
+    assert helper.is_file(), f"no {helper}"
+    r = sh([str(helper), "--version"])
+    assert r.returncode == 0, r.stderr
+    assert re.fullmatch(r"looplock \S+\n", r.stdout), r.stdout
+    compiled_in = str(Path(build_options["prefix"]) / build_options["libexecdir"] / "looplock").encode()
+    assert compiled_in in Path(LOOPLOCK).read_bytes()
+
+
 def test_man_page_is_installed(installed, build_options):
     page = installed("mandir", "man1", "looplock.1")
     if not page.exists():
