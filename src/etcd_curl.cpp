@@ -2,6 +2,9 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -17,6 +20,8 @@ namespace looplock::etcd {
 namespace {
 
 constexpr size_t kMaxResponse = 4 << 20;
+// Without /proc: how many descriptors to look at for libcurl's sockets.
+constexpr long kMaxFdScan = 65536;
 
 // What the write callback collects.
 struct Sink {
@@ -41,23 +46,62 @@ size_t on_data(char* data, size_t size, size_t count, void* user) {
   return len;
 }
 
+// Whether a signal's default action ends the process (not one that is
+// ignored, stops or continues it by default).
+bool ends_process(int sig) {
+  switch (sig) {
+    case SIGCHLD: case SIGCONT: case SIGURG: case SIGWINCH:
+    case SIGSTOP: case SIGTSTP: case SIGTTIN: case SIGTTOU:
+      return false;
+    default:
+      return true;
+  }
+}
+
+// Called by libcurl about once a second at least while a request is in
+// flight (every signal blocked, see post()): aborts the request when a signal
+// is pending that the caller had not blocked and that would end looplock, so
+// that it does as soon as post() restores the caller's mask.
+int on_progress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
+  const auto* caller_mask = static_cast<const sigset_t*>(user);
+  sigset_t pending;
+  if (sigpending(&pending) != 0) return 0;
+  for (int s = 1; s < NSIG; ++s) {
+    if (sigismember(&pending, s) == 1 && sigismember(caller_mask, s) == 0 && ends_process(s)) return 1;
+  }
+  return 0;
+}
+
 curl_socket_t open_socket(void*, curlsocktype, curl_sockaddr* a) {
   const int fd = socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
   return fd < 0 ? CURL_SOCKET_BAD : fd;
 }
 
-// The descriptors that are sockets, from /proc/self/fd.
+bool is_socket(int fd) {
+  struct stat st {};
+  return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+// The descriptors that are sockets: from /proc/self/fd, or without /proc by
+// trying each number below the descriptor limit.
 std::set<int> open_sockets() {
   std::set<int> out;
-  DIR* d = opendir("/proc/self/fd");
-  if (!d) return out;
-  while (dirent* e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    const int fd = std::atoi(e->d_name);
-    struct stat st {};
-    if (fd != dirfd(d) && fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) out.insert(fd);
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      const int fd = std::atoi(e->d_name);
+      if (fd != dirfd(d) && is_socket(fd)) out.insert(fd);
+    }
+    closedir(d);
+    return out;
   }
-  closedir(d);
+  rlimit lim{};
+  const long limit = getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY
+                         ? static_cast<long>(std::min<rlim_t>(lim.rlim_cur, kMaxFdScan))
+                         : kMaxFdScan;
+  for (int fd = 0; fd < limit; ++fd) {
+    if (is_socket(fd)) out.insert(fd);
+  }
   return out;
 }
 
@@ -74,18 +118,19 @@ void set(CURL* easy, CURLoption option, T value) {
 
 }  // namespace
 
-CurlTransport::CurlTransport() : sockets_before_(open_sockets()) {
-  if (curl_global_init(CURL_GLOBAL_NOTHING) != CURLE_OK || !(easy_ = curl_easy_init())) {
+CurlTransport::CurlTransport() : sockets_before_(open_sockets()) {}
+
+void CurlTransport::set_up() {
+  if (curl_global_init(CURL_GLOBAL_NOTHING) != CURLE_OK) {
     throw Fatal(exit_code::kOsError, "cannot set up libcurl for the etcd client");
   }
-  headers_ = curl_slist_append(nullptr, "Content-Type: application/json");
-  curl_slist* more = headers_ ? curl_slist_append(headers_, "Expect:") : nullptr;  // no 100-continue round trip
-  if (!more) {
-    curl_slist_free_all(headers_);
-    curl_easy_cleanup(easy_);
-    throw std::bad_alloc();
+  global_ = true;
+  if (!(easy_ = curl_easy_init())) throw Fatal(exit_code::kOsError, "cannot set up libcurl for the etcd client");
+  for (const char* h : {"Content-Type: application/json", "Expect:"}) {  // "Expect:": no 100-continue round trip
+    curl_slist* more = curl_slist_append(headers_, h);
+    if (!more) throw std::bad_alloc();
+    headers_ = more;
   }
-  headers_ = more;
   set(easy_, CURLOPT_NOSIGNAL, 1L);
   set(easy_, CURLOPT_PROTOCOLS_STR, "http");
   set(easy_, CURLOPT_PROXY, "");  // never the environment's http_proxy
@@ -93,6 +138,15 @@ CurlTransport::CurlTransport() : sockets_before_(open_sockets()) {
   set(easy_, CURLOPT_WRITEFUNCTION, on_data);
   set(easy_, CURLOPT_OPENSOCKETFUNCTION, open_socket);
   set(easy_, CURLOPT_TCP_NODELAY, 1L);
+  // A connection per request, like "Connection: close": a kept connection to
+  // a host that died silently would turn the next request into a timeout
+  // instead of a failed connect, and the next endpoint would not be tried.
+  set(easy_, CURLOPT_FORBID_REUSE, 1L);
+  // Do not wait for a name lookup that outlives its timeout (libcurl would
+  // otherwise join the resolver thread before returning).
+  set(easy_, CURLOPT_QUICK_EXIT, 1L);
+  set(easy_, CURLOPT_NOPROGRESS, 0L);
+  set(easy_, CURLOPT_XFERINFOFUNCTION, on_progress);
 }
 
 void CurlTransport::close_new_sockets_on_exec() const {
@@ -104,14 +158,15 @@ void CurlTransport::close_new_sockets_on_exec() const {
 }
 
 CurlTransport::~CurlTransport() {
-  curl_easy_cleanup(easy_);
+  if (easy_) curl_easy_cleanup(easy_);
   curl_slist_free_all(headers_);
-  curl_global_cleanup();
+  if (global_) curl_global_cleanup();
 }
 
 Exchange CurlTransport::post(const Endpoint& ep, std::string_view path, const std::string& body,
                              long long connect_deadline_ns, long long deadline_ns, bool first_line_enough,
                              HttpResponse& out, std::string& error) {
+  if (!easy_) set_up();
   const std::string url = ep.text + std::string(path);
   Sink sink;
   sink.first_line_enough = first_line_enough;
@@ -123,9 +178,19 @@ Exchange CurlTransport::post(const Endpoint& ep, std::string_view path, const st
   set(easy_, CURLOPT_ERRORBUFFER, message);
   set(easy_, CURLOPT_CONNECTTIMEOUT_MS, ms_until(std::min(connect_deadline_ns, deadline_ns)));
   set(easy_, CURLOPT_TIMEOUT_MS, ms_until(deadline_ns));
+
+  // Every signal is blocked while libcurl works, so that a resolver thread it
+  // starts (and may leave behind, CURLOPT_QUICK_EXIT) can never take a signal
+  // meant for looplock; on_progress ends the request early for one that
+  // would end looplock, and restoring the mask lets it take effect.
+  sigset_t all, caller_mask;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &caller_mask);
+  set(easy_, CURLOPT_XFERINFODATA, &caller_mask);
   const CURLcode rc = curl_easy_perform(easy_);
   close_new_sockets_on_exec();
   set(easy_, CURLOPT_ERRORBUFFER, static_cast<char*>(nullptr));  // `message` ends here
+  pthread_sigmask(SIG_SETMASK, &caller_mask, nullptr);
 
   long status = 0;
   curl_easy_getinfo(easy_, CURLINFO_RESPONSE_CODE, &status);
@@ -162,6 +227,9 @@ Exchange CurlTransport::post(const Endpoint& ep, std::string_view path, const st
         return Exchange::ConnectFailed;
       }
       error = why;
+      return Exchange::Broken;
+    case CURLE_ABORTED_BY_CALLBACK:
+      error = ep.text + ": interrupted by a signal";
       return Exchange::Broken;
     default:
       error = why;
