@@ -34,8 +34,9 @@ std::vector<std::string> cluster_helper_paths(std::string_view self_exe, std::st
 
 void exec_cluster_helper(char** argv, const EnvList& env, long long start_ns) {
   char self[PATH_MAX];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  const std::string_view self_exe(self, n > 0 ? static_cast<size_t>(n) : 0);
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self);
+  // Unknown (no /proc) or cut short: only the install's directory is tried.
+  const std::string_view self_exe(self, n > 0 && static_cast<size_t>(n) < sizeof self ? static_cast<size_t>(n) : 0);
 
   EnvList handed = env_with(env, {{env_name::kStartNs, std::to_string(start_ns)}});
   std::vector<char*> envp;
@@ -45,10 +46,19 @@ void exec_cluster_helper(char** argv, const EnvList& env, long long start_ns) {
 
   const auto paths = cluster_helper_paths(self_exe, LOOPLOCK_HELPER_DIR);
   std::string tried;
+  std::string failed;  // the first that exists but cannot be executed
+  int failed_errno = 0;
   for (const auto& path : paths) {
     execve(path.c_str(), argv, envp.data());
-    if (errno != ENOENT) fail_errno(exit_code::kOsError, "cannot run " + path + " for --etcd", errno);
+    if (errno != ENOENT && failed.empty()) {
+      failed = path;
+      failed_errno = errno;
+    }
     tried += (tried.empty() ? "" : ", ") + path;
+  }
+  if (!failed.empty()) {
+    fail_errno(exit_code::kOsError, "cannot run " + failed + " for --etcd", failed_errno,
+               "Check that looplock-etcd is installed whole (the file and its mode).");
   }
   throw Fatal(exit_code::kClusterUnavailable,
               "cluster locking (--etcd or $LOOPLOCK_ETCD) needs " + std::string(kClusterHelperName) +

@@ -24,8 +24,10 @@ inline constexpr std::string_view kClusterHelperName = "looplock-etcd";
 // (where meson installs it). Duplicates are dropped.
 std::vector<std::string> cluster_helper_paths(std::string_view self_exe, std::string_view libexec_dir);
 
-// Execs looplock-etcd; returns only by throwing Fatal 69 (not installed) or
-// 71 (cannot be executed).
+// Execs looplock-etcd, trying each of cluster_helper_paths; returns only by
+// throwing Fatal 69 (none exists) or 71 (one exists but cannot be executed).
+// Once exec'd, a helper that cannot start (its libcurl missing) ends with the
+// dynamic loader's status, 127.
 [[noreturn]] void exec_cluster_helper(char** argv, const EnvList& env, long long start_ns);
 
 // The start time handed over in `env` when it is believable (not in the
