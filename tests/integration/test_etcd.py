@@ -8,6 +8,7 @@ same program with libcurl, built beside it) for these runs; the hand-over is
 tested here too."""
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -20,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EX_TEMPFAIL, EX_USAGE, LOOPLOCK, PY, TIMEOUT, expect_line, helper, incident_rows, run, start
+from conftest import (EX_TEMPFAIL, EX_USAGE, LOOPLOCK, PY, TIMEOUT, expect_line, expect_stderr, helper, incident_rows,
+                      run, start)
 
 ETCD = "/usr/bin/etcd"
 ETCDCTL = "/usr/bin/etcdctl"
@@ -412,8 +414,9 @@ def test_the_helper_runs_as_looplock_itself_and_leaks_no_socket(etcd, name, host
 
 
 def test_a_missing_helper_is_reported_with_69(tmp_path, hosts):
-    if os.path.exists("/usr/local/libexec/looplock/looplock-etcd"):
-        pytest.skip("an installed looplock-etcd would be found")
+    installed = Path(os.environ.get("LOOPLOCK_HELPER_DIR", "/usr/local/libexec/looplock")) / "looplock-etcd"
+    if installed.exists():
+        pytest.skip(f"the installed {installed} would be found")
     alone = tmp_path / "bin" / "looplock"
     alone.parent.mkdir()
     shutil.copy(LOOPLOCK, alone)
@@ -426,3 +429,76 @@ def test_a_missing_helper_is_reported_with_69(tmp_path, hosts):
     # Without the cluster lock the same copy works on its own.
     r = subprocess.run([str(alone), hosts[0], "--", "echo", "ok"], capture_output=True, text=True, timeout=TIMEOUT)
     assert (r.returncode, r.stdout) == (0, "ok\n"), r.stderr
+
+
+def test_the_deadline_counts_from_looplocks_start(etcd, name, hosts, cluster_holders):
+    """looplock hands its start time to looplock-etcd: a helper told that
+    looplock started 1 s ago gives up 1 s early (and the control, without
+    it, waits the whole deadline)."""
+    cluster_holders(etcd, name, hosts[0])
+    args = [HELPER, *cluster(etcd, name), "-w", "1.5", str(hosts[1]), "--", "echo", "must not run"]
+
+    def waited(extra_env):
+        t0 = time.monotonic()
+        r = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT, env=dict(os.environ, **extra_env))
+        assert r.returncode == EX_TEMPFAIL, r.stderr
+        return time.monotonic() - t0
+
+    assert waited({"LOOPLOCK_START_NS": str(time.monotonic_ns() - 1_000_000_000)}) < 1.2
+    assert waited({}) >= 1.45
+
+
+@pytest.fixture
+def slow_dns():
+    so = os.environ.get("SLOW_GAI_SO", "")
+    if not so or not os.path.exists(so):
+        pytest.skip("the slow_getaddrinfo shim was not built ($SLOW_GAI_SO)")
+    return {"LD_PRELOAD": so, "SLOW_GETADDRINFO_MS": "5000"}
+
+
+def test_a_hanging_name_lookup_does_not_outlast_the_deadline(hosts, slow_dns):
+    t0 = time.monotonic()
+    r = run(["--etcd", "http://etcd.slow.test:2379", "-w", "0.3", hosts[0], "--", "echo", "must not run"],
+            env=slow_dns)
+    elapsed = time.monotonic() - t0
+    assert r.returncode == EX_UNAVAILABLE, r.stderr
+    assert r.stdout == ""
+    assert "etcd unavailable" in r.stderr
+    assert elapsed < 2.5, elapsed  # the lookup alone takes 5 s
+
+
+def test_a_hanging_name_lookup_fails_over_to_the_next_endpoint(etcd, name, hosts, slow_dns):
+    t0 = time.monotonic()
+    r = run(["--etcd", f"http://etcd.slow.test:2379,{etcd.url}", "--lock-name", name, hosts[0], "--", "echo", "ok"],
+            env=slow_dns)
+    assert (r.returncode, r.stdout) == (0, "ok\n"), r.stderr
+    assert time.monotonic() - t0 < 4.5  # one connect timeout (1 s), not the 5 s lookup
+
+
+def wait_until_in_request(pid):
+    """Until looplock is inside a libcurl request: its main thread then has
+    every signal blocked (SigBlk in /proc/PID/status), TERM included."""
+    end = time.monotonic() + TIMEOUT
+    while time.monotonic() < end:
+        with open(f"/proc/{pid}/status") as f:
+            blocked = int(re.search(r"^SigBlk:\s*([0-9a-f]+)", f.read(), re.M).group(1), 16)
+        if blocked & (1 << (signal.SIGTERM - 1)):
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"pid {pid} never entered an etcd request")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_ends_a_cluster_wait_promptly(etcd, name, hosts, cluster_holders, sig):
+    a = cluster_holders(etcd, name, hosts[0])
+    w = start([*cluster(etcd, name), "-v", "-p", "blocking", hosts[1], "--", "echo", "must not run"])
+    expect_stderr(w, "waiting for cluster lock")
+    wait_until_in_request(w.pid)
+    t0 = time.monotonic()
+    w.send_signal(sig)
+    out, _ = w.communicate(timeout=TIMEOUT)
+    assert w.returncode == -sig
+    assert time.monotonic() - t0 < 2.5  # libcurl checks about once a second
+    assert out == ""
+    assert a.proc.poll() is None  # the holder is untouched
+    assert a.release() == 0

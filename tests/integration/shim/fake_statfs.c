@@ -28,7 +28,10 @@ static int fake_nfs(void) {
 
 int fstatfs(int fd, struct statfs *buf) {
   static int (*real)(int, struct statfs *);
-  if (real == NULL) real = (int (*)(int, struct statfs *))dlsym(RTLD_NEXT, "fstatfs");
+  if (real == NULL) {
+    void *sym = dlsym(RTLD_NEXT, "fstatfs");
+    memcpy(&real, &sym, sizeof real); /* POSIX: a data pointer to a function pointer */
+  }
   if (real == NULL) {
     errno = ENOSYS;
     return -1;
@@ -40,7 +43,10 @@ int fstatfs(int fd, struct statfs *buf) {
 
 int fstatfs64(int fd, struct statfs64 *buf) {
   static int (*real)(int, struct statfs64 *);
-  if (real == NULL) real = (int (*)(int, struct statfs64 *))dlsym(RTLD_NEXT, "fstatfs64");
+  if (real == NULL) {
+    void *sym = dlsym(RTLD_NEXT, "fstatfs64");
+    memcpy(&real, &sym, sizeof real);
+  }
   if (real == NULL) {
     errno = ENOSYS;
     return -1;
