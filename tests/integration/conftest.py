@@ -78,27 +78,33 @@ def start(args, env=None, **kw):
     )
 
 
-def expect_line(proc, expected="ready", timeout=TIMEOUT):
-    """Reads proc.stdout until a line equal to `expected` (handshake)."""
-    import selectors
-
+def read_until(proc, stream, matches, timeout=TIMEOUT):
+    """Reads lines from `stream` (proc.stdout or proc.stderr) until one for
+    which matches(line) holds: returns (True, the lines read). When the stream
+    ends or `timeout` passes first, kills proc and returns (False, lines)."""
     sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    import time
-
+    sel.register(stream, selectors.EVENT_READ)
     end = time.monotonic() + timeout
     seen = []
     while time.monotonic() < end:
         if not sel.select(timeout=max(0.0, end - time.monotonic())):
             break
-        line = proc.stdout.readline()
+        line = stream.readline()
         if line == "":
             break
         seen.append(line)
-        if line.rstrip("\n") == expected:
-            return seen
+        if matches(line):
+            return True, seen
     proc.kill()
-    raise AssertionError(f"no {expected!r} line from pid {proc.pid}; saw {seen!r}")
+    return False, seen
+
+
+def expect_line(proc, expected="ready", timeout=TIMEOUT):
+    """Reads proc.stdout until a line equal to `expected` (handshake)."""
+    found, seen = read_until(proc, proc.stdout, lambda line: line.rstrip("\n") == expected, timeout)
+    if not found:
+        raise AssertionError(f"no {expected!r} line from pid {proc.pid}; saw {seen!r}")
+    return seen
 
 
 class Holder:
@@ -192,21 +198,52 @@ def signame(sig):
 
 def expect_stderr(proc, needle, timeout=TIMEOUT):
     """Reads proc.stderr until a line containing `needle` (handshake)."""
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stderr, selectors.EVENT_READ)
+    found, seen = read_until(proc, proc.stderr, lambda line: needle in line, timeout)
+    if not found:
+        raise AssertionError(f"no {needle!r} on stderr of pid {proc.pid}; saw {seen!r}")
+    return seen
+
+
+def eventually(pred, timeout=10.0):
+    """Polls pred until it holds or `timeout` passes (a bounded wait for a
+    state change that has no handshake); returns pred's last value."""
     end = time.monotonic() + timeout
-    seen = []
     while time.monotonic() < end:
-        if not sel.select(timeout=max(0.0, end - time.monotonic())):
-            break
-        line = proc.stderr.readline()
-        if line == "":
-            break
-        seen.append(line)
-        if needle in line:
-            return seen
-    proc.kill()
-    raise AssertionError(f"no {needle!r} on stderr of pid {proc.pid}; saw {seen!r}")
+        if pred():
+            return True
+        time.sleep(0.005)
+    return pred()
+
+
+def wait_until(pred, what, timeout=10.0):
+    """eventually(pred), failing the test, naming `what`, if it never holds."""
+    if not eventually(pred, timeout):
+        raise AssertionError(f"timed out waiting for {what}")
+
+
+def proc_state(pid):
+    """The state letter of /proc/PID/stat, or None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return stat[stat.rindex(")") + 2]
+
+
+def running(pid):
+    """Alive and not a zombie waiting to be reaped."""
+    return proc_state(pid) not in (None, "Z", "X")
+
+
+def kill_and_wait_gone(pid):
+    """SIGKILL to pid (when it is still there), then wait until it is gone or
+    a zombie."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    wait_until(lambda: not running(pid), f"pid {pid} to die")
 
 
 def blocked_waiters(path):

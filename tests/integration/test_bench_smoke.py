@@ -6,7 +6,6 @@ smoke run mean nothing."""
 import importlib.util
 import shutil
 import subprocess
-from pathlib import Path
 
 from conftest import LOOPLOCK, ROOT
 

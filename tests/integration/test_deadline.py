@@ -4,14 +4,14 @@ when the lock is released and retaken meanwhile; a waiter gets the lock as
 soon as it is released. Bounds are behavioural with generous slack, never
 speed claims."""
 import os
-import selectors
 import signal
 import subprocess
 import time
 
 import pytest
 
-from conftest import EX_TEMPFAIL, LOOPLOCK, PY, TIMEOUT, expect_line, helper, incident_rows, run, start, blocked_waiters, expect_stderr
+from conftest import (EX_TEMPFAIL, LOOPLOCK, PY, TIMEOUT, blocked_waiters, expect_line, expect_stderr, helper,
+                      incident_rows, run, start, wait_until)
 
 LOCK = ".state.lock"
 
@@ -38,15 +38,6 @@ def assert_timed_out(r, marker=None):
 def proc_state(pid):
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(") ", 1)[1][0]
-
-
-def wait_until(pred, what, timeout=10):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.005)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def expect_blocked(proc, loop_dir):

@@ -13,7 +13,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (EX_TEMPFAIL, EX_USAGE, LOOPLOCK, PY, TIMEOUT, expect_line, expect_stderr, helper, incident_rows,
-                      run, start)
+                      run, start, wait_until)
 
 ETCD = "/usr/bin/etcd"
 ETCDCTL = "/usr/bin/etcdctl"
@@ -478,14 +477,12 @@ def test_a_hanging_name_lookup_fails_over_to_the_next_endpoint(etcd, name, hosts
 def wait_until_in_request(pid):
     """Until looplock is inside a libcurl request: its main thread then has
     every signal blocked (SigBlk in /proc/PID/status), TERM included."""
-    end = time.monotonic() + TIMEOUT
-    while time.monotonic() < end:
+    def term_blocked():
         with open(f"/proc/{pid}/status") as f:
             blocked = int(re.search(r"^SigBlk:\s*([0-9a-f]+)", f.read(), re.M).group(1), 16)
-        if blocked & (1 << (signal.SIGTERM - 1)):
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"pid {pid} never entered an etcd request")
+        return bool(blocked & (1 << (signal.SIGTERM - 1)))
+
+    wait_until(term_blocked, f"pid {pid} to enter an etcd request", TIMEOUT)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

@@ -104,7 +104,7 @@ def test_killed_by_signal_no_fork(loop_dir, sig):
 
 
 def test_shell_sees_128_plus_signal(loop_dir):
-    script = f'"$0" "$1" -- sh -c \'kill -TERM $$; sleep 5\'; echo "status $?"'
+    script = '"$0" "$1" -- sh -c \'kill -TERM $$; sleep 5\'; echo "status $?"'
     r = subprocess.run(["sh", "-c", script, LOOPLOCK, str(loop_dir)], capture_output=True, text=True,
                        timeout=TIMEOUT)
     assert r.stdout == "status 143\n"

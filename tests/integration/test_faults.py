@@ -39,8 +39,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (EX_CANTCREAT, EX_NOINPUT, EX_TEMPFAIL, EX_VANISHED, LOOPLOCK, PY, TIMEOUT, expect_line,
-                      flock_holder, helper, incident_rows, lock_is_free, read_record, release, run)
+from conftest import (EX_CANTCREAT, EX_NOINPUT, EX_TEMPFAIL, EX_VANISHED, LOOPLOCK, PY, TIMEOUT, eventually,
+                      expect_line, flock_holder, helper, incident_rows, kill_and_wait_gone, lock_is_free, read_record,
+                      release, run)
 
 LOCK = ".state.lock"
 INCIDENTS = ".state.lock.incidents.jsonl"
@@ -64,31 +65,6 @@ def read_line(stream, timeout=TIMEOUT):
     if not sel.select(timeout=timeout):
         return ""
     return stream.readline()
-
-
-def eventually(pred, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.005)
-    return pred()
-
-
-def gone(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(") ", 1)[1].startswith(("Z", "X"))
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-
-
-def kill_pid(pid):
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    assert eventually(lambda: gone(pid)), f"pid {pid} survived SIGKILL"
 
 
 def need_strace():
@@ -637,7 +613,7 @@ def daemons():
     pids = []
     yield pids
     for pid in pids:
-        kill_pid(pid)
+        kill_and_wait_gone(pid)
 
 
 def test_leaked_lock_is_reported_and_inspect_names_the_real_holder(loop_dir, daemons):
@@ -662,7 +638,7 @@ def test_leaked_lock_is_reported_and_inspect_names_the_real_holder(loop_dir, dae
     assert obj["kernel"]["fd_holder_pids"] == [daemon]
     assert obj["kernel"]["holder_pids"] and daemon not in obj["kernel"]["holder_pids"]
 
-    kill_pid(daemon)
+    kill_and_wait_gone(daemon)
     assert eventually(lambda: lock_is_free(loop_dir))
     obj = json.loads(run(["--inspect", "--json", loop_dir]).stdout)
     assert obj["kernel"]["held"] is False and obj["kernel"]["fd_holder_pids"] == []

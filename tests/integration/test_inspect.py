@@ -14,14 +14,13 @@ import os
 import re
 import signal
 import subprocess
-import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
-from conftest import (EX_NOINPUT, EX_TEMPFAIL, PY, TIMEOUT, Holder, expect_line, helper, incident_rows,
-                      lock_is_free, run)
+from conftest import (EX_NOINPUT, EX_TEMPFAIL, PY, TIMEOUT, Holder, eventually, expect_line, helper, incident_rows,
+                      lock_is_free, run, running)
 
 LOCK = ".state.lock"
 INCIDENTS = ".state.lock.incidents.jsonl"
@@ -92,22 +91,6 @@ def forged_record(loop_dir, **fields):
            "policy": "mutation", "acquired_at": iso(datetime.now(timezone.utc)), "released_at": None}
     rec.update(fields)
     return rec
-
-
-def wait_until(pred, timeout=10.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return pred()
-
-
-def pid_gone(pid):
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith(("Z", "X"))
-    except (FileNotFoundError, ProcessLookupError):
-        return True
 
 
 @pytest.fixture
@@ -201,8 +184,8 @@ def test_record_left_by_a_killed_holder(loop_dir, holders):
     h.proc.send_signal(signal.SIGKILL)
     h.proc.wait(timeout=TIMEOUT)
     # Its command dies too (parent-death signal), so the kernel frees the lock.
-    assert wait_until(lambda: all(pid_gone(int(c)) for c in children)), "the command outlived looplock"
-    assert wait_until(lambda: lock_is_free(loop_dir))
+    assert eventually(lambda: not any(running(int(c)) for c in children)), "the command outlived looplock"
+    assert eventually(lambda: lock_is_free(loop_dir))
     obj, text = inspect(loop_dir)
     assert obj["kernel"]["held"] is False
     rec = obj["record"]

@@ -5,19 +5,17 @@ import fcntl
 import hashlib
 import json
 import os
-import selectors
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import (
+    kill_and_wait_gone,
+    wait_until,
     blocked_waiters,
     expect_stderr,
     EX_TEMPFAIL,
-    LOOPLOCK,
     PY,
     TIMEOUT,
     helper,
@@ -29,15 +27,6 @@ from conftest import (
 
 LOCK = ".state.lock"
 EXTERNAL = ["flock", "python"]
-
-
-def wait_until(pred, what, timeout=10):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def try_flock(path, op):
@@ -278,22 +267,6 @@ def test_close_still_holds_the_lock_while_command_runs(loop_dir):
     r = run(["-o", loop_dir, "--", PY, "-c", code, loop_dir / LOCK])
     assert r.returncode == 0, r.stderr
     assert r.stdout == "held\n"
-
-
-def kill_and_wait_gone(pid):
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-
-    def gone():
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().split(") ")[-1].startswith("Z")
-        except FileNotFoundError:
-            return True
-
-    wait_until(gone, f"pid {pid} to die")
 
 
 @pytest.mark.parametrize("close", [False, True])

@@ -25,7 +25,7 @@ import time
 import pytest
 
 from conftest import (EX_TEMPFAIL, EX_VANISHED, LOOPLOCK, TIMEOUT, hold, incident_rows, lock_is_free, read_record,
-                      run)
+                      read_until, run)
 
 LOCK = ".state.lock"
 LOAD = os.environ.get("LOOPLOCK_LOAD", "ci")
@@ -310,18 +310,7 @@ def test_kill_9_mid_hold_never_lets_a_second_holder_in(loop_dir):
 
 
 def expect_line_prefix(proc, prefixes, timeout=TIMEOUT):
-    import selectors
-
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if not sel.select(timeout=max(0.0, end - time.monotonic())):
-            break
-        line = proc.stdout.readline()
-        if line == "":
-            break
-        if line.startswith(prefixes):
-            return line
-    proc.kill()
-    raise AssertionError(f"no line starting with {prefixes} from pid {proc.pid}")
+    found, seen = read_until(proc, proc.stdout, lambda line: line.startswith(prefixes), timeout)
+    if not found:
+        raise AssertionError(f"no line starting with {prefixes} from pid {proc.pid}")
+    return seen[-1]

@@ -20,6 +20,9 @@ import time
 import pytest
 
 from conftest import (
+    eventually,
+    proc_state,
+    running,
     fds_on,
     LOOPLOCK,
     PY,
@@ -138,21 +141,6 @@ def fresh_signal_state():
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def proc_state(pid):
-    """The state letter of /proc/PID/stat, or None if there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return stat[stat.rindex(")") + 2]
-
-
-def running(pid):
-    """Alive and not a zombie waiting to be reaped."""
-    return proc_state(pid) not in (None, "Z", "X")
-
-
 def children(pid):
     out = []
     for entry in os.listdir("/proc"):
@@ -175,16 +163,6 @@ def only_child(pid):
 
 
 FRESH = [S.SIGHUP, S.SIGINT, S.SIGQUIT, S.SIGTERM, S.SIGUSR1, S.SIGUSR2, S.SIGALRM, S.SIGPIPE, S.SIGXFSZ]
-
-
-def eventually(pred, timeout=5.0):
-    """Bounded poll for a state change."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return pred()
 
 
 def fd_holds_flock(pid, fd):
