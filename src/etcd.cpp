@@ -297,89 +297,58 @@ Result<Json> Client::call(std::string_view path, const std::string& body, long l
 }
 
 namespace {
-template <typename T>
-Result<T> carry(const Result<Json>& from) {
+// A call's answer as a typed result: `parse` gives the value (nullopt: the
+// answer is malformed); a failed call's status and error carry over.
+template <typename T, typename Parse>
+Result<T> interpret(const Result<Json>& answer, const char* what, Parse parse) {
   Result<T> r;
-  r.status = from.status;
-  r.error = from.error;
+  r.status = answer.status;
+  r.error = answer.error;
+  if (!answer.ok()) return r;
+  std::optional<T> value = parse(answer.value);
+  if (!value) {
+    r.status = Status::Failed;
+    r.error = std::string("unexpected answer to ") + what + ": " + dump_json(answer.value).substr(0, 200);
+    return r;
+  }
+  r.value = std::move(*value);
   return r;
 }
-template <typename T>
-Result<T> malformed(const Result<Json>& from, const char* what) {
-  Result<T> r;
-  r.status = Status::Failed;
-  r.error = std::string("unexpected answer to ") + what + ": " + dump_json(from.value).substr(0, 200);
-  return r;
-}
+
+std::optional<bool> any_answer(const Json&) { return true; }
+std::optional<long long> keepalive_ttl(const Json& answer) { return parse_keepalive_ttl(answer); }
+
 }  // namespace
 
 Result<long long> Client::lease_grant(int ttl_s, long long deadline_ns) {
-  auto a = call("/v3/lease/grant", lease_grant_body(ttl_s), deadline_ns);
-  if (!a.ok()) return carry<long long>(a);
-  auto id = parse_lease_grant(a.value);
-  if (!id) return malformed<long long>(a, "lease grant");
-  Result<long long> r;
-  r.status = Status::Ok;
-  r.value = *id;
-  return r;
+  return interpret<long long>(call("/v3/lease/grant", lease_grant_body(ttl_s), deadline_ns), "lease grant",
+                              parse_lease_grant);
 }
 
 Result<long long> Client::lease_keepalive(long long id, long long deadline_ns) {
-  auto a = call("/v3/lease/keepalive", lease_id_body(id), deadline_ns);
-  if (!a.ok()) return carry<long long>(a);
-  Result<long long> r;
-  r.status = Status::Ok;
-  r.value = parse_keepalive_ttl(a.value);
-  return r;
+  return interpret<long long>(call("/v3/lease/keepalive", lease_id_body(id), deadline_ns), "keepalive",
+                              keepalive_ttl);
 }
 
 Result<bool> Client::lease_revoke(long long id, long long deadline_ns) {
-  auto a = call("/v3/lease/revoke", lease_id_body(id), deadline_ns);
-  if (!a.ok()) return carry<bool>(a);
-  Result<bool> r;
-  r.status = Status::Ok;
-  r.value = true;
-  return r;
+  return interpret<bool>(call("/v3/lease/revoke", lease_id_body(id), deadline_ns), "revoke", any_answer);
 }
 
 Result<std::string> Client::lock(std::string_view name, long long lease, long long deadline_ns) {
-  auto a = call("/v3/lock/lock", lock_body(name, lease), deadline_ns);
-  if (!a.ok()) return carry<std::string>(a);
-  auto key = parse_lock_key(a.value);
-  if (!key) return malformed<std::string>(a, "lock");
-  Result<std::string> r;
-  r.status = Status::Ok;
-  r.value = std::move(*key);
-  return r;
+  return interpret<std::string>(call("/v3/lock/lock", lock_body(name, lease), deadline_ns), "lock", parse_lock_key);
 }
 
 Result<bool> Client::unlock(std::string_view key, long long deadline_ns) {
-  auto a = call("/v3/lock/unlock", unlock_body(key), deadline_ns);
-  if (!a.ok()) return carry<bool>(a);
-  Result<bool> r;
-  r.status = Status::Ok;
-  r.value = true;
-  return r;
+  return interpret<bool>(call("/v3/lock/unlock", unlock_body(key), deadline_ns), "unlock", any_answer);
 }
 
 Result<std::vector<KeyValue>> Client::range(std::string_view key, bool prefix, long long deadline_ns) {
-  auto a = call("/v3/kv/range", range_body(key, prefix), deadline_ns);
-  if (!a.ok()) return carry<std::vector<KeyValue>>(a);
-  auto kvs = parse_range(a.value);
-  if (!kvs) return malformed<std::vector<KeyValue>>(a, "range");
-  Result<std::vector<KeyValue>> r;
-  r.status = Status::Ok;
-  r.value = std::move(*kvs);
-  return r;
+  return interpret<std::vector<KeyValue>>(call("/v3/kv/range", range_body(key, prefix), deadline_ns), "range",
+                                          parse_range);
 }
 
 Result<bool> Client::put(std::string_view key, std::string_view value, long long lease, long long deadline_ns) {
-  auto a = call("/v3/kv/put", put_body(key, value, lease), deadline_ns);
-  if (!a.ok()) return carry<bool>(a);
-  Result<bool> r;
-  r.status = Status::Ok;
-  r.value = true;
-  return r;
+  return interpret<bool>(call("/v3/kv/put", put_body(key, value, lease), deadline_ns), "put", any_answer);
 }
 
 }  // namespace looplock::etcd
