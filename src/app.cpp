@@ -211,6 +211,9 @@ void report_cluster_timeout(const Options& o, const Context& ctx, const LockDir&
 
 void report_lease_lost(const Options& o, const Context& ctx, const LockDir& dir, const ClusterLock& c,
                        const std::optional<HolderRecord>& record, const std::string& lock_id, const Logger& log) {
+  const std::string why = c.lost() ? c.lost_why()
+                                   : "no keepalive was answered in time to end the command before the lease's TTL (" +
+                                         std::to_string(c.ttl_s()) + " s) could pass";
   Incident inc = cluster_incident(o, ctx, lock_id, c, std::nullopt);
   inc.error_code = "lease_lost";
   inc.deadline_ms = static_cast<long long>(c.ttl_s()) * 1000;
@@ -220,19 +223,40 @@ void report_lease_lost(const Options& o, const Context& ctx, const LockDir& dir,
   inc.holder_pids = {ctx.pid};
   inc.cluster["fencing_token"] = c.fencing_token();
   inc.cluster["lease"] = etcd::lease_hex(c.lease());
-  inc.cluster["why"] = c.lost_why();
+  inc.cluster["why"] = why;
   inc.operator_action =
-      "The etcd lease was lost while the command ran (" + c.lost_why() +
+      "The etcd lease was lost while the command ran (" + why +
       "), so another host may have taken the lock: the command was terminated. Check etcd's health and the network "
       "between this host and etcd; make writers check LOOPLOCK_FENCING_TOKEN so a stale holder is refused.";
   int err = append_incident(dir.fd.get(), encode_incident(inc));
   log.error("lease_lost",
             "lease_lost: the etcd lease of cluster lock " + printable(c.name()) + " was lost while " + o.operation +
-                " ran: " + printable(c.lost_why()) + "; terminating the command",
+                " ran: " + printable(why) + "; the command was terminated",
             "Another host may hold the lock now. Check etcd (" + c.endpoint() + ") and the network.",
             {{"lock_id", lock_id}, {"cluster", inc.cluster}});
   warn_if_not_appended(err, o, log);
 }
+
+// The cluster lock's lease as the job loop sees it.
+class ClusterLease final : public Lease {
+public:
+  ClusterLease(ClusterLock& c, long long kill_after_ns) : c_(c), kill_after_ns_(kill_after_ns) {}
+  long long next_renewal_ns() const override { return next_; }
+  bool renew(long long /*return_by_ns*/) override {
+    const bool ok = c_.keep_alive();
+    next_ = sys::monotonic_ns() + c_.tick_interval_ns();
+    return ok;
+  }
+  long long kill_by_ns() const override {
+    return sys::monotonic_ns() - c_.since_last_keepalive_ns() + static_cast<long long>(c_.ttl_s()) * 1'000'000'000LL;
+  }
+  long long term_by_ns() const override { return kill_by_ns() - kill_after_ns_; }
+
+private:
+  ClusterLock& c_;
+  long long kill_after_ns_;
+  long long next_ = sys::monotonic_ns() + c_.tick_interval_ns();
+};
 
 }  // namespace
 
@@ -257,16 +281,20 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
     if (auto outer = find_outer_holder(ctx.env, probe.st, mode == LockMode::Exclusive, ctx.pid)) {
       log.verbose("nested", "already held by looplock pid " + std::to_string(outer->pid) +
                                 " (an ancestor); running inside its critical section");
-      CommandSpec spec{.argv = o.command, .env = ctx.env, .pass_fd = -1, .kill_after_ns = o.kill_after_ns,
-                   .tick = {}};
+      CommandSpec spec;
+      spec.argv = o.command;
+      spec.env = ctx.env;
+      spec.kill_after_ns = o.kill_after_ns;
       if (o.close_fd) {
         // -o holds inside a nested run too: the command gets no lock fd.
-        if (auto fd = inherited_lock_fd(ctx.env, probe.st)) fcntl(*fd, F_SETFD, FD_CLOEXEC);
+        if (auto fd = inherited_lock_fd(ctx.env, probe.st); fd && fcntl(*fd, F_SETFD, FD_CLOEXEC) != 0) {
+          fail_errno(exit_code::kOsError, "cannot keep the lock descriptor from the command (-o)", errno);
+        }
         spec.env = env_with(ctx.env, {}, {env_name::kFd});
       }
       probe.fd.reset();
       if (o.no_fork) exec_command(spec, inherited);
-      return finish(run_command(spec, inherited, log));
+      return finish(run_command(spec, inherited, log).status);
     }
   }
 
@@ -343,24 +371,19 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
   }
 
   add_lock_fd(env, file.fd.get(), !o.close_fd);
-  CommandSpec spec{.argv = o.command,
-                   .env = std::move(env),
-                   .pass_fd = o.close_fd ? -1 : file.fd.get(),
-                   .kill_after_ns = o.kill_after_ns,
-                   .tick = {}};
-  if (cluster) {
-    spec.tick = [&] {
-      if (cluster->keep_alive()) return true;
-      report_lease_lost(o, ctx, dir, *cluster, record, lock_id, log);
-      return false;
-    };
-    spec.tick_interval_ns = cluster->tick_interval_ns();
-    spec.tick_kill_after_ns = o.kill_after_ns.value_or(5'000'000'000LL);
-  }
+  CommandSpec spec;
+  spec.argv = o.command;
+  spec.env = std::move(env);
+  spec.pass_fd = o.close_fd ? -1 : file.fd.get();
+  spec.kill_after_ns = o.kill_after_ns;
+  std::optional<ClusterLease> lease;
+  if (cluster) spec.lease = &lease.emplace(*cluster, o.kill_after_ns.value_or(5'000'000'000LL));
   int status;
+  JobEnd job;
   try {
     if (o.no_fork) exec_command(spec, inherited);
-    status = run_command(spec, inherited, log);
+    job = run_command(spec, inherited, log);
+    status = job.status;
   } catch (const Fatal&) {
     if (record) {
       record->released_at = sys::utc_now_iso8601();
@@ -399,9 +422,11 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
                               (WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
                                                    : "exited with " + std::to_string(shell_status(status))));
   if (cluster) {
+    // The row is written once the job has ended, so that it can say how.
+    if (job.lease_lost) report_lease_lost(o, ctx, dir, *cluster, record, lock_id, log);
     cluster->release();  // after the local lock, as promised
     log.verbose("released", "released cluster lock " + printable(cluster->name()) + " on etcd");
-    if (cluster->lost()) return exit_status(exit_code::kLeaseLost);
+    if (job.lease_lost) return exit_status(exit_code::kLeaseLost);
   }
   if (!intact) {
     const bool command_failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);

@@ -139,6 +139,13 @@ cxxopts::Options build_parser() {
   return o;
 }
 
+long long duration_option(const char* name, const std::string& text) {
+  std::string why;
+  auto d = parse_duration(text, &why);
+  if (!d) usage_error("invalid --" + std::string(name) + " '" + text + "': " + why);
+  return *d;
+}
+
 std::optional<int> parse_int(std::string_view text) {
   int v = 0;
   auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
@@ -186,47 +193,92 @@ bool valid_lock_name(std::string_view name) {
                       [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
 }
 
-std::optional<long long> parse_seconds(std::string_view text) {
-  // Strict decimal: digits, optionally "." and digits. Rejects "-1", "nan",
-  // "inf", "1e9", "0x10", "", ".5" (write 0.5) and more than 9 fraction digits.
-  size_t dot = text.find('.');
-  std::string_view whole = text.substr(0, dot);
-  std::string_view frac = dot == std::string_view::npos ? std::string_view{} : text.substr(dot + 1);
-  auto all_digits = [](std::string_view s) {
-    return std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+std::optional<long long> parse_duration(std::string_view text, std::string* why) {
+  auto fail = [&](const char* rule) -> std::optional<long long> {
+    if (why) *why = rule;
+    return std::nullopt;
   };
-  if (whole.empty() || !all_digits(whole) || !all_digits(frac) || frac.size() > 9) return std::nullopt;
-  if (dot != std::string_view::npos && frac.empty()) return std::nullopt;
-  // Cap at 10^9 s (about 31 years): any larger wait is a mistake, not a plan.
-  while (whole.size() > 1 && whole.front() == '0') whole.remove_prefix(1);
-  if (whole.size() > 10) return std::nullopt;
-  long long secs = 0;
-  for (char c : whole) secs = secs * 10 + (c - '0');
-  if (secs > 1'000'000'000LL) return std::nullopt;
-  long long ns = 0;
-  long long scale = 100'000'000LL;
-  for (char c : frac) {
-    ns += (c - '0') * scale;
-    scale /= 10;
-  }
-  if (secs == 1'000'000'000LL && ns > 0) return std::nullopt;
-  return secs * 1'000'000'000LL + ns;
-}
-
-std::optional<long long> parse_duration(std::string_view text) {
+  constexpr const char* kRule =
+      "expected a non-negative number of seconds such as 10, 2.5, .5 or 1e3 (or inf), with an optional suffix "
+      "s, m, h or d, as in timeout(1)";
+  if (text.empty()) return fail(kRule);
   long long unit = 1;
-  if (!text.empty()) {
-    switch (text.back()) {
-      case 's': unit = 1; text.remove_suffix(1); break;
-      case 'm': unit = 60; text.remove_suffix(1); break;
-      case 'h': unit = 3600; text.remove_suffix(1); break;
-      case 'd': unit = 86400; text.remove_suffix(1); break;
-      default: break;
+  switch (text.back()) {
+    case 's': text.remove_suffix(1); break;
+    case 'm': unit = 60; text.remove_suffix(1); break;
+    case 'h': unit = 3600; text.remove_suffix(1); break;
+    case 'd': unit = 86400; text.remove_suffix(1); break;
+    default: break;
+  }
+  if (!text.empty() && text.front() == '+') text.remove_prefix(1);
+  if (text.starts_with('-')) return fail("a duration cannot be negative");
+  auto lower = [](std::string_view t) {
+    std::string out(t);
+    for (char& c : out) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    return out;
+  };
+  if (const std::string l = lower(text); l == "inf" || l == "infinity") return kForever;
+  if (text.size() > 1 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X')) {
+    return fail("hexadecimal numbers are not accepted");
+  }
+  // Mantissa digits (without leading zeros) and the power of ten they are
+  // scaled by: value = digits * 10^exp10 seconds.
+  std::string digits;
+  long long exp10 = 0;
+  size_t i = 0;
+  bool any = false, dot = false;
+  for (; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '.' && !dot) {
+      dot = true;
+    } else if (c >= '0' && c <= '9') {
+      any = true;
+      if (!(digits.empty() && c == '0')) digits += c;
+      if (dot) --exp10;
+    } else {
+      break;
     }
   }
-  auto ns = parse_seconds(text);
-  if (!ns || *ns > 1'000'000'000LL * 1'000'000'000LL / unit) return std::nullopt;
-  return *ns * unit;
+  if (!any) return fail(kRule);
+  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    bool negative = false;
+    if (i < text.size() && (text[i] == '+' || text[i] == '-')) negative = text[i++] == '-';
+    long long e = 0;
+    bool edigits = false;
+    for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
+      edigits = true;
+      if (e < 100000) e = e * 10 + (text[i] - '0');
+    }
+    if (!edigits) return fail(kRule);
+    exp10 += negative ? -e : e;
+  }
+  if (i != text.size()) return fail(kRule);
+  if (digits.empty()) return 0;
+  // In nanoseconds: digits * 10^(exp10 + 9) * unit, saturating at kForever
+  // (some 292 years: "no limit" in practice), and never rounded down to 0.
+  const long long shift = exp10 + 9;
+  if (static_cast<long long>(digits.size()) + shift > 19) return kForever;
+  long long value = 0;
+  bool remainder = false;
+  const long long keep = static_cast<long long>(digits.size()) + std::min(shift, 0LL);
+  auto scale = [&](long long by, long long add) {  // value = value * by + add, false on overflow
+    return !__builtin_mul_overflow(value, by, &value) && !__builtin_add_overflow(value, add, &value);
+  };
+  for (long long k = 0; k < static_cast<long long>(digits.size()); ++k) {
+    const int d = digits[static_cast<size_t>(k)] - '0';
+    if (k >= keep) {
+      remainder = remainder || d != 0;
+    } else if (!scale(10, d)) {
+      return kForever;
+    }
+  }
+  for (long long k = 0; k < shift; ++k) {
+    if (!scale(10, 0)) return kForever;
+  }
+  if (remainder && !scale(1, 1)) return kForever;  // 1e-10 s is not 0 ("never")
+  if (!scale(unit, 0)) return kForever;
+  return value;
 }
 
 std::string derive_operation(const std::vector<std::string>& command) {
@@ -345,10 +397,7 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
       usage_error("-w/--timeout does not apply to policy " + std::string(policy_name(o.policy)),
                   "single_flight never waits and blocking waits without limit; use -p mutation or -p monitor with -w.");
     }
-    o.timeout_ns = parse_seconds(text);
-    if (!o.timeout_ns) {
-      usage_error("invalid timeout '" + text + "': expected decimal seconds such as 5 or 0.25");
-    }
+    o.timeout_ns = duration_option("timeout", text);
   }
   if (r.count("conflict-exit-code")) o.conflict_exit_code = parse_exit_code(r, "conflict-exit-code", 1, 255);
   if (r.count("skip-exit-code")) o.skip_exit_code = parse_exit_code(r, "skip-exit-code", 0, 255);
@@ -361,8 +410,8 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
   }
   if (r.count("kill-after")) {
     const auto& text = r["kill-after"].as<std::string>();
-    o.kill_after_ns = parse_duration(text);
-    if (!o.kill_after_ns) usage_error("invalid --kill-after '" + text + "': expected a duration such as 10, 2.5s or 1m");
+    // 0 means never, as in timeout(1); so does inf.
+    if (const long long d = duration_option("kill-after", text); d != 0 && d != kForever) o.kill_after_ns = d;
     if (o.no_fork) usage_error("--kill-after needs looplock to stay the command's parent; drop -F/--no-fork");
   }
   if (r.count("verbose") && r.count("quiet")) usage_error("-v/--verbose and -q/--quiet cannot be combined");
@@ -418,9 +467,7 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
     o.json = r.count("json") > 0;
     if (r.count("stale-after")) {
       const auto& text = r["stale-after"].as<std::string>();
-      auto d = parse_duration(text);
-      if (!d) usage_error("invalid --stale-after '" + text + "': expected a duration such as 30m or 2h");
-      o.stale_after_ns = *d;
+      o.stale_after_ns = duration_option("stale-after", text);
     }
     if (split.saw_dashdash || split.shell_command) {
       usage_error("--inspect takes no command", "Usage: looplock --inspect [--json] DIR");

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -64,10 +65,13 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
 // absolute path and never any other argument.
 std::string derive_operation(const std::vector<std::string>& command);
 
-// "5", "0.25": non-negative decimal seconds, no exponent, no sign, finite.
-std::optional<long long> parse_seconds(std::string_view text);
-// Seconds with an optional suffix s, m, h or d (like timeout(1)).
-std::optional<long long> parse_duration(std::string_view text);
+// A duration, in nanoseconds, as timeout(1) reads one: a non-negative
+// decimal number (digits with an optional fraction and exponent: "10",
+// "2.5", ".5", "5.", "1e3"; "inf" or "infinity") with an optional suffix s,
+// m, h or d. Anything beyond some 292 years is kForever. nullopt, with the
+// rule it broke in `why`, when it is not one.
+inline constexpr long long kForever = std::numeric_limits<long long>::max();
+std::optional<long long> parse_duration(std::string_view text, std::string* why = nullptr);
 
 // A cluster lock name: 1 to 255 bytes without control characters.
 bool valid_lock_name(std::string_view name);

@@ -36,7 +36,10 @@ WaitPlan wait_plan(Policy policy, std::optional<long long> timeout_ns) {
   switch (policy) {
     case Policy::SingleFlight: return {WaitPlan::Kind::NoWait, 0};
     case Policy::Blocking: return {WaitPlan::Kind::Unbounded, 0};
-    default: return {WaitPlan::Kind::Bounded, timeout_ns.value_or(default_deadline_ns(policy))};
+    default:
+      // -w inf: no deadline at all (and no overflow of start + deadline).
+      if (timeout_ns && *timeout_ns >= kNoDeadlineNs) return {WaitPlan::Kind::Unbounded, 0};
+      return {WaitPlan::Kind::Bounded, timeout_ns.value_or(default_deadline_ns(policy))};
   }
 }
 

@@ -27,6 +27,8 @@ struct WaitPlan {
 // The plan for `policy`, with `timeout_ns` (from -w) replacing the default
 // deadline of mutation and monitor. A timeout with single_flight or blocking
 // is rejected earlier, by option validation.
+// A timeout of kNoDeadlineNs or more (-w inf) waits without limit.
+inline constexpr long long kNoDeadlineNs = 1LL << 62;
 WaitPlan wait_plan(Policy policy, std::optional<long long> timeout_ns);
 
 // Default deadline of a bounded policy, in nanoseconds.

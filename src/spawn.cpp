@@ -2,9 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/wait.h>
-#include <termios.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,22 +12,16 @@
 #include "error.hpp"
 #include "exit_codes.hpp"
 #include "sys.hpp"
+#include "terminal.hpp"
 
 namespace looplock {
 
 namespace {
 
-constexpr int kFixedForwarded[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2,
-                                   SIGALRM, SIGPIPE, SIGVTALRM, SIGPROF, SIGXCPU, SIGXFSZ};
-
-// Restores what the command must start with. Async-signal-safe calls only
-// (this runs between fork and exec).
-void restore_in_child(const InheritedSignals& inherited) {
-  sigaction(SIGCHLD, &inherited.chld, nullptr);
-  sigaction(SIGPIPE, &inherited.pipe, nullptr);
-  sigaction(SIGXFSZ, &inherited.xfsz, nullptr);
-  sigprocmask(SIG_SETMASK, &inherited.mask, nullptr);
-}
+constexpr long long kSec = 1'000'000'000LL;
+// While looplock waits for the rest of a job it ended (members that are not
+// its children send it no SIGCHLD), how often it looks.
+constexpr long long kGroupPollNs = 20'000'000LL;
 
 std::vector<char*> c_strings(const std::vector<std::string>& v) {
   std::vector<char*> out;
@@ -52,206 +44,272 @@ std::string exec_hint(int err, const std::string& name) {
   throw Fatal(exec_failure_status(err), errno_message("cannot run '" + name + "'", err), exec_hint(err, name));
 }
 
-// The command's own ^C: a tty's INT, QUIT or hangup reaches its whole
-// foreground process group, the command included, with si_code SI_KERNEL.
-bool already_delivered_to_group(const siginfo_t& info) {
-  return info.si_code == SI_KERNEL &&
-         (info.si_signo == SIGINT || info.si_signo == SIGQUIT || info.si_signo == SIGHUP);
+// What the child reports back through the memory it shares with looplock
+// until it has exec'd (vfork): the step that failed and its errno.
+enum class ChildStep { None, DeathSignal, Group, PassFd, SignalMask, Exec };
+struct ChildReport {
+  ChildStep failed = ChildStep::None;
+  int err = 0;
+  int terminal_err = 0;  // giving it the terminal failed (not fatal)
+};
+
+[[noreturn]] void child_failed(const ChildStep step, const std::string& name, int err) {
+  switch (step) {
+    case ChildStep::DeathSignal:
+      fail_errno(exit_code::kOsError, "cannot start the command: cannot tie it to looplock's life (prctl)", err);
+    case ChildStep::Group:
+      fail_errno(exit_code::kOsError, "cannot start the command in a process group of its own (setpgid)", err);
+    case ChildStep::PassFd:
+      fail_errno(exit_code::kOsError, "cannot pass the lock descriptor to the command (fcntl)", err,
+                 "The command was not run: without the descriptor it would run without the lock.");
+    case ChildStep::SignalMask:
+      fail_errno(exit_code::kOsError, "cannot give the command its inherited signal mask (sigprocmask)", err);
+    case ChildStep::Exec:
+    case ChildStep::None:
+      break;
+  }
+  exec_failed(name, err);
 }
+
+// The job: its process group, and what looplock does to it.
+class Job {
+public:
+  Job(pid_t leader, const Terminal& tty) : pgid_(leader), tty_(tty) {}
+  pid_t pgid() const { return pgid_; }
+
+  void signal(int sig) const { (void)kill(-pgid_, sig); }
+  // Whether no process of the group is left (zombies still count).
+  bool gone() const { return kill(-pgid_, 0) != 0 && errno == ESRCH; }
+
+  // The job's first process was stopped (^Z, a read from the terminal in the
+  // background, a STOP): do what a shell would see, stop looplock the same
+  // way; once looplock is continued, continue the job. A STOP that looplock
+  // cannot pass upwards (no job control above it) leaves the job stopped, as
+  // whoever sent it meant; a terminal stop is then undone, as the kernel
+  // discards it for a process group without job control.
+  void stopped(int sig) const {
+    tty_.take_back_from(pgid_);
+    const bool explicit_stop = sig == SIGSTOP;
+    const bool continued = stop_self(explicit_stop ? SIGTSTP : sig);
+    if (continued || !explicit_stop) resume();
+  }
+
+  // SIGCONT for the job (looplock was continued, or a CONT was sent to it):
+  // the terminal goes with it while looplock is in the foreground.
+  void resume() const {
+    (void)tty_.give_to(pgid_);
+    signal(SIGCONT);
+  }
+
+  void ended() const { tty_.take_back_from(pgid_); }
+
+private:
+  pid_t pgid_;
+  const Terminal& tty_;
+};
+
+// Once looplock has decided to end the job (a forwarded TERM/INT with
+// --kill-after, --max-time, the lease): whether TERM went out, the KILL
+// deadline, and that the whole process group is then waited for, not only
+// the command's first process.
+struct Ending {
+  bool term_sent = false;
+  long long kill_at = 0;  // 0: no KILL planned
+  bool whole_group = false;
+  bool killed = false;
+};
+
+long long min_deadline(long long a, long long b) { return a == 0 ? b : (b == 0 ? a : std::min(a, b)); }
 
 }  // namespace
-
-sigset_t forwarded_signals() {
-  sigset_t set;
-  sigemptyset(&set);
-  for (int s : kFixedForwarded) sigaddset(&set, s);
-  for (int s = SIGRTMIN; s <= SIGRTMAX; ++s) sigaddset(&set, s);
-  return set;
-}
-
-InheritedSignals take_signal_control() {
-  InheritedSignals in;
-  sigprocmask(SIG_SETMASK, nullptr, &in.mask);
-  struct sigaction dfl {};
-  dfl.sa_handler = SIG_DFL;
-  sigemptyset(&dfl.sa_mask);
-  sigaction(SIGCHLD, &dfl, &in.chld);
-  struct sigaction ign {};
-  ign.sa_handler = SIG_IGN;
-  sigemptyset(&ign.sa_mask);
-  sigaction(SIGPIPE, &ign, &in.pipe);
-  sigaction(SIGXFSZ, &ign, &in.xfsz);
-  sigset_t ending;
-  sigemptyset(&ending);
-  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&ending, s);
-  sigprocmask(SIG_UNBLOCK, &ending, nullptr);
-  return in;
-}
-
-bool in_terminal_foreground() {
-  const pid_t group = getpgrp();
-  for (int fd : {0, 1, 2}) {
-    pid_t fg = tcgetpgrp(fd);  // fails unless fd is our controlling terminal
-    if (fg >= 0) return fg == group;
-  }
-  return false;
-}
 
 int exec_failure_status(int err) {
   return (err == ENOENT || err == ENOTDIR || err == ENAMETOOLONG) ? exit_code::kNotFound
                                                                   : exit_code::kNotExecutable;
 }
 
-int run_command(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log) {
+JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log) {
   auto argv = c_strings(spec.argv);
   auto envp = c_strings(spec.env);
 
-  sigset_t waited = forwarded_signals();
-  sigaddset(&waited, SIGCHLD);
-  sigset_t before;
-  sigprocmask(SIG_BLOCK, &waited, &before);
+  // Every signal is blocked from here on and taken in the loop below; they
+  // stay blocked after the command has ended, until looplock exits (there is
+  // nobody to pass them to any more).
+  const sigset_t supervised = supervised_signals();
+  if (sigprocmask(SIG_BLOCK, &supervised, nullptr) != 0) {
+    fail_errno(exit_code::kOsError, "cannot block signals to run the command", errno);
+  }
+  // Orphans of the job are reparented to looplock and reaped here: that
+  // keeps the job's processes findable (a lock they keep is reported) and,
+  // as PID 1 of a pid namespace, reaps what would otherwise pile up.
+  (void)prctl(PR_SET_CHILD_SUBREAPER, 1);
 
+  const Terminal tty = Terminal::find();
+  const bool give_terminal = tty.looplock_in_foreground();
   const pid_t parent = getpid();
-  // When the command gets the lock fd, become the subreaper of its
-  // descendants: a background process it leaves behind is then found (and
-  // reaped) here, so that a lock it keeps holding can be reported.
-  if (spec.pass_fd >= 0) prctl(PR_SET_CHILD_SUBREAPER, 1);
 
   // vfork: the child borrows looplock's memory until it has exec'd (or
-  // failed to), which is cheaper than copying it, and lets it hand back the
-  // exec errno through this variable instead of a pipe. Between vfork and
-  // exec the child only makes system calls (no allocation, no locks), and
-  // looplock is suspended meanwhile.
-  const bool own_group = !in_terminal_foreground();
-  volatile int exec_errno = 0;
-  pid_t child = vfork();
-  if (child < 0) {
-    int err = errno;
-    sigprocmask(SIG_SETMASK, &before, nullptr);
-    fail_errno(exit_code::kOsError, "cannot start the command (vfork)", err);
-  }
+  // failed to), which is cheaper than copying it, and reports a failure
+  // through `report`. Between vfork and exec the child only makes system
+  // calls (no allocation, no locks), and looplock is suspended meanwhile.
+  volatile ChildReport report;
+  const pid_t child = vfork();
+  if (child < 0) fail_errno(exit_code::kOsError, "cannot start the command (vfork)", errno);
   if (child == 0) {
+    auto fail = [&](ChildStep step) {
+      report.err = errno;
+      report.failed = step;
+      _exit(exit_code::kOsError);
+    };
     // The command must not outlive looplock: it would run on unprotected.
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) fail(ChildStep::DeathSignal);
     if (getppid() != parent) _exit(exit_code::kOsError);
-    if (own_group) setpgid(0, 0);
-    if (spec.pass_fd >= 0) fcntl(spec.pass_fd, F_SETFD, 0);
-    restore_in_child(inherited);
+    if (setpgid(0, 0) != 0) fail(ChildStep::Group);
+    // Before exec, so that the command never finds itself in the background
+    // of its own terminal. SIGTTOU is blocked here, as tcsetpgrp needs.
+    if (give_terminal && !tty.give_to(getpid())) report.terminal_err = errno;
+    if (spec.pass_fd >= 0 && fcntl(spec.pass_fd, F_SETFD, 0) != 0) fail(ChildStep::PassFd);
+    if (!restore_in_child(inherited)) fail(ChildStep::SignalMask);
     execvpe(argv[0], argv.data(), envp.data());
-    exec_errno = errno;
+    report.err = errno;
+    report.failed = ChildStep::Exec;
     _exit(exec_failure_status(errno));
   }
-  const bool exec_failed_in_child = exec_errno != 0;
+  JobEnd end;
+  end.started_ns = sys::monotonic_ns();
+  if (report.failed != ChildStep::None) {
+    int st = 0;
+    (void)sys::retry_eintr([&] { return waitpid(child, &st, 0); });
+    tty.take_back_from(child);
+    child_failed(report.failed, spec.argv[0], report.err);
+  }
+  if (report.terminal_err != 0) {
+    log.warn("terminal", errno_message("cannot give the terminal to the command", report.terminal_err));
+  }
 
-  const sigset_t forwarded = forwarded_signals();
-  const pid_t self = getpid();
-  long long kill_at = 0;  // monotonic ns at which KILL is due; 0: none
-  bool kill_group = false;
-  bool lost = false;
-  bool ticking = spec.tick && spec.tick_interval_ns > 0;
-  long long next_tick = sys::monotonic_ns() + spec.tick_interval_ns;
-  int status = 0;
-  for (bool done = false;;) {
-    // Reap the command and any orphaned descendant handed to us.
+  const Job job(child, tty);
+  const int wait_flags = WNOHANG | (tty.present() ? WUNTRACED : 0);
+  Ending ending;
+  long long max_time_at = spec.max_time_ns && *spec.max_time_ns > 0 ? end.started_ns + *spec.max_time_ns : 0;
+  bool lease_live = spec.lease != nullptr;
+  bool leader_done = false;
+
+  // looplock ends the job: TERM (and CONT, for a stopped job) to the group,
+  // once; KILL by `kill_at` (0: never); and the whole group is waited for.
+  auto terminate = [&](JobEnd::EndedBy by, long long kill_at) {
+    if (!ending.term_sent) {
+      job.signal(SIGTERM);
+      job.signal(SIGCONT);
+      ending.term_sent = true;
+      end.term_sent_ns = sys::monotonic_ns();
+    }
+    if (end.ended_by == JobEnd::EndedBy::Command) end.ended_by = by;
+    ending.whole_group = true;
+    ending.kill_at = min_deadline(ending.kill_at, kill_at);
+  };
+
+  for (;;) {
+    // Reap the command and any orphan of the job handed to looplock.
     for (;;) {
       int st = 0;
-      pid_t r = sys::retry_eintr([&] { return waitpid(-1, &st, WNOHANG); });
-      if (r <= 0) {
-        if (r < 0 && errno != ECHILD) fail_errno(exit_code::kOsError, "cannot wait for the command", errno);
+      const pid_t r = waitpid(-1, &st, wait_flags);
+      if (r == 0) break;
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        if (errno == ECHILD && !leader_done) {
+          fail_errno(exit_code::kOsError, "lost track of the command: wait(2) says looplock has no child", errno);
+        }
+        if (errno != ECHILD) fail_errno(exit_code::kOsError, "cannot wait for the command", errno);
         break;
       }
-      if (r == child) {
-        status = st;
-        done = true;
+      if (r != child) continue;  // an orphan, reaped
+      if (WIFSTOPPED(st)) {
+        job.stopped(WSTOPSIG(st));
+        continue;
       }
+      end.status = st;
+      leader_done = true;
+      job.ended();
     }
-    if (done) break;
+    const long long now = sys::monotonic_ns();
+    if (leader_done && (!ending.whole_group || job.gone())) break;
 
-    if (ticking && sys::monotonic_ns() >= next_tick) {
-      if (spec.tick()) {
-        next_tick = sys::monotonic_ns() + spec.tick_interval_ns;
-      } else {
-        // Lost: the command no longer runs under the lock. Its own process
-        // group when it has one (what it started goes too), else itself.
-        ticking = false;
-        lost = true;
-        if (own_group) kill(-child, SIGTERM);
-        kill(child, SIGTERM);
-        const long long at = sys::monotonic_ns() + spec.tick_kill_after_ns;
-        if (kill_at == 0 || at < kill_at) kill_at = at;
-        kill_group = own_group;
+    // Deadlines: KILL, --max-time, the lease (renewed for as long as any of
+    // the job runs).
+    if (ending.kill_at != 0 && now >= ending.kill_at) {
+      log.warn("kill_after", end.ended_by == JobEnd::EndedBy::Command
+                                 ? "the command did not end within --kill-after of the TERM/INT it was sent; sending KILL"
+                             : end.ended_by == JobEnd::EndedBy::MaxTime
+                                 ? "the command did not end within --kill-after of the TERM sent at --max-time; sending KILL"
+                                 : "the command did not end before the lease could expire; sending KILL");
+      job.signal(SIGKILL);
+      ending.kill_at = 0;
+      ending.killed = true;
+      continue;
+    }
+    if (max_time_at != 0 && now >= max_time_at) {
+      max_time_at = 0;
+      const auto& k = spec.max_time_kill_after_ns;
+      terminate(JobEnd::EndedBy::MaxTime, k && *k > 0 ? now + *k : 0);
+      continue;
+    }
+    if (lease_live && now >= spec.lease->term_by_ns()) {
+      lease_live = false;
+      end.lease_lost = true;
+      terminate(JobEnd::EndedBy::Lease, spec.lease->kill_by_ns());
+      continue;
+    }
+    if (lease_live && now >= spec.lease->next_renewal_ns()) {
+      if (!spec.lease->renew(spec.lease->term_by_ns())) {
+        // Gone for good: another host may hold the lock already, so KILL
+        // comes no later than the lease's kill-after from now.
+        lease_live = false;
+        end.lease_lost = true;
+        const long long kill_after = std::max(spec.lease->kill_by_ns() - spec.lease->term_by_ns(), 0LL);
+        terminate(JobEnd::EndedBy::Lease, std::min(spec.lease->kill_by_ns(), sys::monotonic_ns() + kill_after));
       }
       continue;
     }
 
+    long long until = min_deadline(ending.kill_at, max_time_at);
+    if (lease_live) until = min_deadline(until, std::min(spec.lease->term_by_ns(), spec.lease->next_renewal_ns()));
+    if (leader_done) until = min_deadline(until, now + kGroupPollNs);
+
     siginfo_t info{};
     int sig;
-    if (kill_at != 0 || ticking) {
-      const long long now = sys::monotonic_ns();
-      if (kill_at != 0 && kill_at - now <= 0) {
-        log.warn("kill_after", lost ? "the command did not end within --kill-after (default 5s) of the TERM sent when "
-                                      "the lease was lost; sending KILL"
-                                    : "the command did not end within --kill-after of TERM/INT; sending KILL");
-        if (kill_group) kill(-child, SIGKILL);
-        kill(child, SIGKILL);
-        kill_at = 0;
-        continue;
-      }
-      long long until = kill_at != 0 ? kill_at : next_tick;
-      if (ticking && next_tick < until) until = next_tick;
-      long long left = std::max(until - now, 1LL);
-      timespec ts{static_cast<time_t>(left / 1'000'000'000LL), static_cast<long>(left % 1'000'000'000LL)};
-      sig = sigtimedwait(&waited, &info, &ts);
+    if (until != 0) {
+      const long long left = std::max(until - now, 1LL);
+      const timespec ts{static_cast<time_t>(left / kSec), static_cast<long>(left % kSec)};
+      sig = sigtimedwait(&supervised, &info, &ts);
     } else {
-      sig = sigwaitinfo(&waited, &info);
+      sig = sigwaitinfo(&supervised, &info);
     }
-    if (sig < 0 || sig == SIGCHLD) continue;  // EINTR/EAGAIN, or a child changed state
-    if (!sigismember(&forwarded, sig)) continue;
-    bool own = (info.si_code == SI_USER || info.si_code == SI_TKILL) && info.si_pid == self;
-    if (!own && !(!own_group && already_delivered_to_group(info))) kill(child, sig);
-    if ((sig == SIGTERM || sig == SIGINT) && spec.kill_after_ns && kill_at == 0) {
-      kill_at = sys::monotonic_ns() + *spec.kill_after_ns;
+    if (sig < 0) continue;  // EINTR, or EAGAIN: a deadline came
+    const bool sent = info.si_code == SI_USER || info.si_code == SI_QUEUE || info.si_code == SI_TKILL;
+    if (sig == SIGCHLD && !sent) continue;  // a child changed state: reaped above
+    if (sig == SIGCONT) {
+      job.resume();
+      continue;
+    }
+    job.signal(sig);
+    if ((sig == SIGTERM || sig == SIGINT) && spec.kill_after_ns && !ending.term_sent) {
+      ending.term_sent = true;
+      ending.whole_group = true;
+      ending.kill_at = sys::monotonic_ns() + *spec.kill_after_ns;
     }
   }
-  sigprocmask(SIG_SETMASK, &before, nullptr);
-  if (exec_failed_in_child) exec_failed(spec.argv[0], exec_errno);
-  return status;
+  end.killed = ending.killed;
+  end.ended_ns = sys::monotonic_ns();
+  return end;
 }
 
 void exec_command(const CommandSpec& spec, const InheritedSignals& inherited) {
   auto argv = c_strings(spec.argv);
   auto envp = c_strings(spec.env);
-  if (spec.pass_fd >= 0) fcntl(spec.pass_fd, F_SETFD, 0);
-  restore_in_child(inherited);
+  if (spec.pass_fd >= 0 && fcntl(spec.pass_fd, F_SETFD, 0) != 0) child_failed(ChildStep::PassFd, spec.argv[0], errno);
+  if (!restore_in_child(inherited)) child_failed(ChildStep::SignalMask, spec.argv[0], errno);
   execvpe(argv[0], argv.data(), envp.data());
-  int err = errno;
-  exec_failed(spec.argv[0], err);
-}
-
-int shell_status(int wait_status) {
-  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
-  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
-  return exit_code::kOsError;
-}
-
-void exit_like(int wait_status) {
-  if (WIFSIGNALED(wait_status)) {
-    int sig = WTERMSIG(wait_status);
-    // Die of the same signal, so the caller sees what it would see without
-    // looplock; but never leave a core file of looplock's own.
-    struct rlimit no_core {0, 0};
-    setrlimit(RLIMIT_CORE, &no_core);
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    sigaction(sig, &dfl, nullptr);
-    sigset_t one;
-    sigemptyset(&one);
-    sigaddset(&one, sig);
-    sigprocmask(SIG_UNBLOCK, &one, nullptr);
-    raise(sig);
-  }
-  _exit(shell_status(wait_status));
+  exec_failed(spec.argv[0], errno);
 }
 
 }  // namespace looplock

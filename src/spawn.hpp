@@ -1,77 +1,76 @@
-// Running the command: the signal state looplock inherited (restored in the
-// command), fork/exec with the lock fd passed on purpose, signal forwarding in
-// ordinary code (blocked signals + sigtimedwait, as tini and dumb-init do),
-// and leaving the way the command left.
+// Running the command as a job: fork/exec with the lock fd passed on purpose
+// and the inherited signal state restored; the job leads a process group of
+// its own (and gets the terminal, see terminal.hpp); then a loop in ordinary
+// code (every signal blocked, taken with sigtimedwait, as tini and dumb-init
+// do) forwards each signal to the job's group once, reaps what the job
+// leaves behind, renews a lease, and ends the job when --kill-after,
+// --max-time or the lease says so.
 #pragma once
 
-#include <signal.h>
 #include <sys/types.h>
 
-#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "log.hpp"
+#include "signals.hpp"
 
 namespace looplock {
 
-// The signal mask and the dispositions looplock changes for itself, as it
-// was started with them.
-struct InheritedSignals {
-  sigset_t mask{};
-  struct sigaction chld {};
-  struct sigaction pipe {};
-  struct sigaction xfsz {};
+// A lease the command runs under (the cluster lock, --etcd). The job loop
+// renews it and ends the job before it can expire: TERM by term_by_ns(), KILL
+// by kill_by_ns(), unless a renewal moved them on. All times CLOCK_MONOTONIC.
+class Lease {
+public:
+  virtual ~Lease() = default;
+  // When renew() is next due.
+  virtual long long next_renewal_ns() const = 0;
+  // One renewal; must return by `return_by_ns`. False once the lease is
+  // known to be gone (no renewal can help).
+  virtual bool renew(long long return_by_ns) = 0;
+  virtual long long term_by_ns() const = 0;
+  virtual long long kill_by_ns() const = 0;
 };
-
-// Captures the inherited signal state, then sets looplock's own: SIGCHLD at
-// its default (so the command can be waited for even when the caller ignored
-// it), SIGPIPE and SIGXFSZ ignored (a closed stderr or a file-size limit
-// must not kill looplock while it holds the lock: writes fail with EPIPE or
-// EFBIG instead), and INT, TERM, HUP, QUIT unblocked (they end a wait).
-InheritedSignals take_signal_control();
-
-// HUP INT QUIT TERM USR1 USR2 ALRM PIPE VTALRM PROF XCPU XFSZ and SIGRTMIN..SIGRTMAX.
-sigset_t forwarded_signals();
 
 struct CommandSpec {
   std::vector<std::string> argv;
   std::vector<std::string> env;  // the whole environment, "NAME=value"
   int pass_fd = -1;              // an fd to leave open in the command, or -1
+  // KILL the job this long after looplock forwarded it a TERM or INT
+  // (nullopt: never, as timeout(1) without -k).
   std::optional<long long> kill_after_ns;
-  // Called every tick_interval_ns while the command runs (from the signal
-  // loop: signals that arrive meanwhile wait until it returns). When it
-  // returns false (the etcd lease was lost), the command is sent TERM (its
-  // process group when it has one of its own), then KILL after
-  // tick_kill_after_ns, and tick is not called again.
-  std::function<bool()> tick;
-  long long tick_interval_ns = 0;
-  long long tick_kill_after_ns = 5'000'000'000LL;
+  // --max-time: TERM the job once it has run this long, then KILL it
+  // max_time_kill_after_ns later (nullopt: never KILL).
+  std::optional<long long> max_time_ns;
+  std::optional<long long> max_time_kill_after_ns;
+  Lease* lease = nullptr;
 };
 
-// Whether looplock is the foreground job of its controlling terminal. Only
-// then does the command share looplock's process group (so that ^C and ^Z
-// reach both, and job control works); otherwise it gets a process group of
-// its own, so that a signal sent to looplock's whole group (timeout(1),
-// `kill -- -PGID`) reaches it once, through looplock, not twice.
-bool in_terminal_foreground();
+// How the job ended.
+struct JobEnd {
+  enum class EndedBy {
+    Command,  // by itself, or by a signal someone sent it
+    MaxTime,  // looplock ended it: --max-time
+    Lease,    // looplock ended it: the lease was lost or about to expire
+  };
+  int status = 0;  // the wait status of the command (the job's first process)
+  EndedBy ended_by = EndedBy::Command;
+  bool killed = false;          // looplock had to send KILL
+  bool lease_lost = false;      // the lease was lost, or about to expire, while the job ran
+  long long started_ns = 0;     // when the command was started
+  long long term_sent_ns = 0;   // when looplock sent TERM (MaxTime, Lease)
+  long long ended_ns = 0;       // when the whole job had ended
+};
 
-// Forks and execs the command, forwards signals to it until it ends, and
-// returns its wait status. Throws Fatal 71 if it cannot fork, 126/127 if the
+// Starts the command and supervises it until it has ended (and, when
+// looplock ended it, until its whole process group has), leaving every signal
+// blocked. Throws Fatal 71 if it cannot be started safely, 126/127 if the
 // command cannot be executed (after reaping the child).
-int run_command(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log);
+JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log);
 
 // Replaces looplock with the command (-F). Returns only by throwing Fatal.
 [[noreturn]] void exec_command(const CommandSpec& spec, const InheritedSignals& inherited);
-
-// The exit status looplock reports for a wait status, when it does not die
-// of the signal itself: N, or 128+S.
-int shell_status(int wait_status);
-
-// Exits with the command's status, or dies of the signal that killed it
-// (without a core dump of looplock's own).
-[[noreturn]] void exit_like(int wait_status);
 
 // The status and message for an exec(2) errno: 127 when not found, else 126.
 int exec_failure_status(int err);

@@ -8,6 +8,8 @@ processes that must be in a given state before the test goes on print
 import fcntl
 import json
 import os
+import resource
+import select
 import signal
 import selectors
 import subprocess
@@ -324,3 +326,201 @@ def tmpfs(tmp_path):
     for mnt in reversed(mounted):
         if subprocess.run(["umount", str(mnt)], capture_output=True, timeout=TIMEOUT).returncode != 0:
             subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=TIMEOUT)
+
+
+# --- signals, jobs and terminals (test_signals.py, test_jobs.py) ---------------
+
+SIGWAIT = helper("sigwait_print.py")  # counts each delivery (see its docstring)
+PRINT_SIGNALS = helper("print_signals.py")
+READ_TIMEOUT = 10  # for one line that a signal just sent should produce
+S = signal.Signals
+
+
+def sig_name(sig):
+    """The line print_signals.py prints for `sig`."""
+    try:
+        return S(sig).name
+    except ValueError:
+        return f"SIGRTMIN+{sig - signal.SIGRTMIN}"
+
+
+class Lines:
+    """Line reader over a pipe's raw fd, with a timeout on every read (the
+    buffered file objects of Popen cannot be combined with select)."""
+
+    def __init__(self, stream):
+        self.fd = stream.fileno()
+        self.buf = b""
+        self.eof = False
+        self.seen = []
+
+    def next(self, timeout=READ_TIMEOUT):
+        end = time.monotonic() + timeout
+        while b"\n" not in self.buf and not self.eof:
+            left = end - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no line within {timeout} s; saw {self.seen!r}, pending {self.buf!r}")
+            ready, _, _ = select.select([self.fd], [], [], left)
+            if ready:
+                chunk = os.read(self.fd, 4096)
+                if chunk:
+                    self.buf += chunk
+                else:
+                    self.eof = True
+        if not self.buf:
+            return None  # end of file
+        line, sep, rest = self.buf.partition(b"\n")
+        self.buf = rest
+        text = line.decode(errors="replace")
+        self.seen.append(text)
+        return text
+
+    def until(self, pred, timeout=READ_TIMEOUT):
+        """Reads lines until one satisfies pred; returns it."""
+        end = time.monotonic() + timeout
+        while True:
+            line = self.next(max(0.01, end - time.monotonic()))
+            if line is None:
+                raise AssertionError(f"end of output before the expected line; saw {self.seen!r}")
+            if pred(line):
+                return line
+
+    def expect(self, text, timeout=READ_TIMEOUT):
+        return self.until(lambda line: line == text, timeout)
+
+    def rest(self, timeout=READ_TIMEOUT):
+        """All remaining lines, up to end of file."""
+        out = []
+        while (line := self.next(timeout)) is not None:
+            out.append(line)
+        return out
+
+
+@pytest.fixture
+def procs():
+    """Starts looplock (conftest.start) and makes sure nothing outlives the test."""
+    made = []
+
+    class Starter:
+        def start(self, args, **kw):
+            kw.setdefault("preexec_fn", fresh_signal_state)
+            p = start(args, **kw)
+            made.append(p)
+            return p
+
+        def popen(self, argv, **kw):
+            p = subprocess.Popen(argv, **kw)
+            made.append(p)
+            return p
+
+        def __init__(self):
+            self.extra_pids = []
+
+    s = Starter()
+    yield s
+    for pid in s.extra_pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for p in made:
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=TIMEOUT)
+
+
+def fresh_signals():
+    """What a process started by an ordinary caller has: default dispositions
+    (the test itself may run in a background job, whose shell ignored INT and
+    QUIT, or under nohup)."""
+    for s in FRESH:
+        signal.signal(s, signal.SIG_DFL)
+
+
+def fresh_signal_state():
+    """fresh_signals(), and no core files (looplock may die of QUIT)."""
+    fresh_signals()
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def children(pid):
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
+            out.append(int(entry))
+    return out
+
+
+def only_child(pid):
+    kids = children(pid)
+    assert len(kids) == 1, f"pid {pid} has children {kids}"
+    return kids[0]
+
+
+FRESH = [S.SIGHUP, S.SIGINT, S.SIGQUIT, S.SIGTERM, S.SIGUSR1, S.SIGUSR2, S.SIGALRM, S.SIGPIPE, S.SIGXFSZ]
+
+
+class PtyJob:
+    def __init__(self, shell, master):
+        self.shell = shell
+        self.master = master
+        self.out = Lines(shell.stdout)  # the command's stdout
+        self.err = Lines(shell.stderr)  # pty_job.py's reports (and looplock's stderr)
+        self.pid = None
+
+    def started(self):
+        self.pid = int(self.err.until(lambda line: line.startswith("pty_job: job ")).split()[-1])
+        return self
+
+    def type(self, data):
+        os.write(self.master, data)
+
+    def status(self):
+        return self.err.until(lambda line: line.startswith(("pty_job: exit", "pty_job: signal")))
+
+
+@pytest.fixture
+def pty_job(procs):
+    """Runs looplock as the foreground job of a fresh pseudo-terminal
+    (helpers/pty_job.py plays the interactive shell)."""
+    masters = []
+    jobs = []
+
+    def make(args, looplock=True):
+        """Runs looplock ARGS (or, with looplock=False, the command ARGS) as the job."""
+        try:
+            master, slave = os.openpty()
+        except OSError as e:
+            pytest.skip(f"no pseudo-terminal available: {e}")
+        masters.append(master)
+        try:
+            shell = procs.popen([PY, helper("pty_job.py"), *([LOOPLOCK] if looplock else []), *map(str, args)],
+                                stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        finally:
+            os.close(slave)
+        job = PtyJob(shell, master)
+        try:
+            job.started()
+        except AssertionError:
+            said = "\n".join(job.err.seen) + job.err.buf.decode(errors="replace")
+            if "TIOCSCTTY" in said or "tcsetpgrp" in said:
+                pytest.skip(f"cannot make the pseudo-terminal a controlling terminal here: {said}")
+            raise
+        jobs.append(job)
+        return job
+
+    yield make
+    for job in jobs:
+        try:
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for m in masters:
+        os.close(m)

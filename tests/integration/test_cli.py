@@ -209,18 +209,23 @@ def test_inspect_with_a_command(loop_dir):
 
 # --- -w values ----------------------------------------------------------------
 
-@pytest.mark.parametrize("value", ["-1", "abc", "nan", "inf", "1e9", ".5", "", "1.", "+1", "0x10",
-                                   " 1", "1.0000000001", "1,5", "-0"])
-def test_timeout_rejected(loop_dir, value):
-    usage_case(loop_dir, ["-w", value, "DIR", "--", "sh", "-c", "CMD"], "timeout", repr(value)[1:-1])
+@pytest.mark.parametrize("value,rule", [("-1", "cannot be negative"), ("-0", "cannot be negative"),
+                                        ("abc", "timeout(1)"), ("nan", "timeout(1)"), ("", "timeout(1)"),
+                                        ("0x10", "hexadecimal"), (" 1", "timeout(1)"), ("1,5", "timeout(1)"),
+                                        ("1ms", "timeout(1)")])
+def test_timeout_rejected(loop_dir, value, rule):
+    """The error names the rule that was broken."""
+    usage_case(loop_dir, ["-w", value, "DIR", "--", "sh", "-c", "CMD"], "timeout", repr(value)[1:-1], rule)
 
 
-@pytest.mark.parametrize("value", ["-1", "nan", ".5"])
+@pytest.mark.parametrize("value", ["-1", "nan", "x"])
 def test_timeout_rejected_long_form(loop_dir, value):
     usage_case(loop_dir, [f"--timeout={value}", "DIR", "--", "sh", "-c", "CMD"], "timeout")
 
 
-@pytest.mark.parametrize("value", ["0", "0.25", "5", "1.5", "0.000000001"])
+# What timeout(1) accepts as a DURATION, looplock accepts too.
+@pytest.mark.parametrize("value", ["0", "0.25", "5", "1.5", "0.000000001", ".5", "1.", "+1", "1e0", "1.0000000001",
+                                   "0.01m", "inf"])
 def test_timeout_accepted(loop_dir, value):
     r = run(["-w", value, loop_dir, "--", "echo", "ran"])
     assert r.returncode == 0, r.stderr

@@ -11,8 +11,6 @@ change must be awaited (a process disappearing, a lock being freed, a stop),
 a bounded poll is used.
 """
 import os
-import resource
-import select
 import signal
 import subprocess
 import time
@@ -20,149 +18,24 @@ import time
 import pytest
 
 from conftest import (
+    PRINT_SIGNALS,
+    S,
+    SIGWAIT,
+    Lines,
+    children,
     eventually,
+    only_child,
     proc_state,
     running,
     fds_on,
     LOOPLOCK,
     PY,
     TIMEOUT,
-    helper,
     incident_rows,
     lock_is_free,
     read_record,
-    start,
+    sig_name,
 )
-
-PRINT_SIGNALS = helper("print_signals.py")
-SIGWAIT = helper("sigwait_print.py")  # counts each delivery (see its docstring)
-READ_TIMEOUT = 10  # for one line that a signal just sent should produce
-S = signal.Signals
-
-
-def sig_name(sig):
-    """The line print_signals.py prints for `sig`."""
-    try:
-        return S(sig).name
-    except ValueError:
-        return f"SIGRTMIN+{sig - signal.SIGRTMIN}"
-
-
-class Lines:
-    """Line reader over a pipe's raw fd, with a timeout on every read (the
-    buffered file objects of Popen cannot be combined with select)."""
-
-    def __init__(self, stream):
-        self.fd = stream.fileno()
-        self.buf = b""
-        self.eof = False
-        self.seen = []
-
-    def next(self, timeout=READ_TIMEOUT):
-        end = time.monotonic() + timeout
-        while b"\n" not in self.buf and not self.eof:
-            left = end - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"no line within {timeout} s; saw {self.seen!r}, pending {self.buf!r}")
-            ready, _, _ = select.select([self.fd], [], [], left)
-            if ready:
-                chunk = os.read(self.fd, 4096)
-                if chunk:
-                    self.buf += chunk
-                else:
-                    self.eof = True
-        if not self.buf:
-            return None  # end of file
-        line, sep, rest = self.buf.partition(b"\n")
-        self.buf = rest
-        text = line.decode(errors="replace")
-        self.seen.append(text)
-        return text
-
-    def until(self, pred, timeout=READ_TIMEOUT):
-        """Reads lines until one satisfies pred; returns it."""
-        end = time.monotonic() + timeout
-        while True:
-            line = self.next(max(0.01, end - time.monotonic()))
-            if line is None:
-                raise AssertionError(f"end of output before the expected line; saw {self.seen!r}")
-            if pred(line):
-                return line
-
-    def expect(self, text, timeout=READ_TIMEOUT):
-        return self.until(lambda line: line == text, timeout)
-
-    def rest(self, timeout=READ_TIMEOUT):
-        """All remaining lines, up to end of file."""
-        out = []
-        while (line := self.next(timeout)) is not None:
-            out.append(line)
-        return out
-
-
-@pytest.fixture
-def procs():
-    """Starts looplock (conftest.start) and makes sure nothing outlives the test."""
-    made = []
-
-    class Starter:
-        def start(self, args, **kw):
-            kw.setdefault("preexec_fn", fresh_signal_state)
-            p = start(args, **kw)
-            made.append(p)
-            return p
-
-        def popen(self, argv, **kw):
-            p = subprocess.Popen(argv, **kw)
-            made.append(p)
-            return p
-
-        extra_pids = []
-
-    s = Starter()
-    yield s
-    for pid in s.extra_pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    for p in made:
-        if p.poll() is None:
-            p.kill()
-        p.wait(timeout=TIMEOUT)
-
-
-def fresh_signal_state():
-    """What a process started by an ordinary caller has: default dispositions
-    (the test itself may run in a background job, whose shell ignored INT and
-    QUIT, or under nohup) and no core files (looplock may die of QUIT)."""
-    for s in FRESH:
-        signal.signal(s, signal.SIG_DFL)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-
-def children(pid):
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid:
-            out.append(int(entry))
-    return out
-
-
-def only_child(pid):
-    kids = children(pid)
-    assert len(kids) == 1, f"pid {pid} has children {kids}"
-    return kids[0]
-
-
-FRESH = [S.SIGHUP, S.SIGINT, S.SIGQUIT, S.SIGTERM, S.SIGUSR1, S.SIGUSR2, S.SIGALRM, S.SIGPIPE, S.SIGXFSZ]
 
 
 def fd_holds_flock(pid, fd):
@@ -174,6 +47,9 @@ def fd_holds_flock(pid, fd):
 
 FORWARDED = [S.SIGHUP, S.SIGINT, S.SIGQUIT, S.SIGTERM, S.SIGUSR1, S.SIGUSR2, S.SIGALRM, S.SIGPIPE,
              S.SIGVTALRM, S.SIGPROF, S.SIGXCPU, S.SIGXFSZ,
+             # Signals whose default action dumps core: looplock must neither die of them nor keep them.
+             S.SIGABRT, S.SIGBUS, S.SIGFPE, S.SIGILL, S.SIGSEGV, S.SIGTRAP, S.SIGSYS, S.SIGIO, S.SIGPWR,
+             S.SIGSTKFLT,
              signal.SIGRTMIN, signal.SIGRTMIN + 3, signal.SIGRTMAX]
 
 
@@ -210,6 +86,25 @@ def test_signal_to_looplocks_process_group_reaches_the_command_once(loop_dir, pr
     assert out.next() == f"{sig_name(sig)} user {p.pid}"  # forwarded by looplock
     os.kill(p.pid, S.SIGUSR2)  # marker: a duplicate would show up before it
     assert out.next() == f"SIGUSR2 user {p.pid}"
+    p.stdin.close()
+    assert out.rest() == []
+    assert p.wait(timeout=TIMEOUT) == 0
+
+
+@pytest.mark.parametrize("sig", [S.SIGTSTP, S.SIGTTIN, S.SIGTTOU, S.SIGCONT, S.SIGWINCH, S.SIGURG],
+                         ids=sig_name)
+def test_job_control_signal_without_a_terminal_reaches_the_command_once(loop_dir, procs, sig):
+    """Without a terminal there is no job control for looplock to mirror:
+    these too are passed to the job (whose command here takes them instead of
+    stopping), and looplock itself neither stops nor drops them."""
+    p = procs.start(["-p", "blocking", loop_dir, "--", PY, SIGWAIT, "--origin", "--job-control"])
+    out = Lines(p.stdout)
+    out.expect("ready")
+    os.kill(p.pid, sig)
+    assert out.next() == f"{sig_name(sig)} user {p.pid}"
+    os.kill(p.pid, S.SIGUSR2)
+    assert out.next() == f"SIGUSR2 user {p.pid}"
+    assert proc_state(p.pid) != "T"
     p.stdin.close()
     assert out.rest() == []
     assert p.wait(timeout=TIMEOUT) == 0
@@ -452,64 +347,6 @@ def test_looplocks_own_signal_handling_does_not_leak_into_the_command(loop_dir, 
 
 
 # --- a terminal: ^C, ^\ and ^Z --------------------------------------------
-
-class PtyJob:
-    def __init__(self, shell, master):
-        self.shell = shell
-        self.master = master
-        self.out = Lines(shell.stdout)  # the command's stdout
-        self.err = Lines(shell.stderr)  # pty_job.py's reports (and looplock's stderr)
-        self.pid = None
-
-    def started(self):
-        self.pid = int(self.err.until(lambda line: line.startswith("pty_job: job ")).split()[-1])
-        return self
-
-    def type(self, data):
-        os.write(self.master, data)
-
-    def status(self):
-        return self.err.until(lambda line: line.startswith(("pty_job: exit", "pty_job: signal")))
-
-
-@pytest.fixture
-def pty_job(procs):
-    """Runs looplock as the foreground job of a fresh pseudo-terminal
-    (helpers/pty_job.py plays the interactive shell)."""
-    masters = []
-    jobs = []
-
-    def make(args):
-        try:
-            master, slave = os.openpty()
-        except OSError as e:
-            pytest.skip(f"no pseudo-terminal available: {e}")
-        masters.append(master)
-        try:
-            shell = procs.popen([PY, helper("pty_job.py"), LOOPLOCK, *map(str, args)],
-                                stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        finally:
-            os.close(slave)
-        job = PtyJob(shell, master)
-        try:
-            job.started()
-        except AssertionError:
-            said = "\n".join(job.err.seen) + job.err.buf.decode(errors="replace")
-            if "TIOCSCTTY" in said or "tcsetpgrp" in said:
-                pytest.skip(f"cannot make the pseudo-terminal a controlling terminal here: {said}")
-            raise
-        jobs.append(job)
-        return job
-
-    yield make
-    for job in jobs:
-        try:
-            os.killpg(job.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    for m in masters:
-        os.close(m)
-
 
 @pytest.mark.parametrize("key,sig", [(b"\x03", S.SIGINT), (b"\x1c", S.SIGQUIT)], ids=["ctrl-c", "ctrl-backslash"])
 def test_terminal_signal_reaches_the_command_once(loop_dir, pty_job, key, sig):

@@ -240,7 +240,7 @@ TEST_CASE("usage errors exit 64") {
       {"--skip-exit-code=-1", "DIR", "--", "x"},
       {"-w", "-1", "DIR", "--", "x"},
       {"-w", "abc", "DIR", "--", "x"},
-      {"-w", "1e9", "DIR", "--", "x"},
+      {"-w", "0x10", "DIR", "--", "x"},
       {"--log-format", "xml", "DIR", "--", "x"},
       {"--inspect", "DIR", "--", "x"},               // --inspect takes no command
       {"--inspect", "DIR", "-c", "x"},
@@ -358,41 +358,67 @@ TEST_CASE("operation default") {
   CHECK(parse({"--operation", "nightly", "DIR", "--", "python3", "x.py"}).operation == "nightly");
 }
 
-TEST_CASE("parse_seconds") {
-  using looplock::parse_seconds;
-  CHECK(parse_seconds("0") == 0);
-  CHECK(parse_seconds("5") == 5 * kSec);
-  CHECK(parse_seconds("0.25") == kSec / 4);
-  CHECK(parse_seconds("1.000000001") == kSec + 1);
-  CHECK(parse_seconds("007") == 7 * kSec);
-  CHECK(parse_seconds("0.5") == kSec / 2);
-  CHECK(parse_seconds("1000000000") == 1'000'000'000LL * kSec);  // the cap itself
-  CHECK(parse_seconds("000000000001") == kSec);                  // leading zeros are not magnitude
-
-  for (const char* bad : {"-1", "abc", "nan", "inf", "1e9", ".5", "5.", "", " 5", "5 ", "0x10", "1000000001",
-                          "99999999999999999999", "+5", "1,5", "1.0000000001", "1..2", "."}) {
-    std::string shown = bad;
-    CAPTURE(shown);
-    CHECK_FALSE(parse_seconds(bad));
-  }
-}
-
-TEST_CASE("parse_duration") {
+TEST_CASE("parse_duration reads what timeout(1) reads") {
+  using looplock::kForever;
   using looplock::parse_duration;
+  CHECK(parse_duration("0") == 0);
+  CHECK(parse_duration("5") == 5 * kSec);
+  CHECK(parse_duration("0.25") == kSec / 4);
+  CHECK(parse_duration("1.000000001") == kSec + 1);
+  CHECK(parse_duration("007") == 7 * kSec);
+  CHECK(parse_duration("000000000001") == kSec);  // leading zeros are not magnitude
+  CHECK(parse_duration(".5") == kSec / 2);
+  CHECK(parse_duration("5.") == 5 * kSec);
+  CHECK(parse_duration("+5") == 5 * kSec);
+  CHECK(parse_duration("1e3") == 1000 * kSec);
+  CHECK(parse_duration("2.5E-1") == kSec / 4);
+  CHECK(parse_duration("1e-9") == 1);
+  CHECK(parse_duration("1e-10") == 1);  // a tiny duration is not 0 ("never")
+  CHECK(parse_duration("0e5") == 0);
   CHECK(parse_duration("10") == 10 * kSec);
   CHECK(parse_duration("2.5s") == 2 * kSec + kSec / 2);
   CHECK(parse_duration("1m") == 60 * kSec);
   CHECK(parse_duration("0.5m") == 30 * kSec);
   CHECK(parse_duration("2h") == 7200 * kSec);
   CHECK(parse_duration("1d") == 86400 * kSec);
-  CHECK(parse_duration("0") == 0);
   CHECK(parse_duration("0s") == 0);
+  CHECK(parse_duration("1e3s") == 1000 * kSec);
   CHECK(parse_duration("11574d") == 11574LL * 86400 * kSec);
-  for (const char* bad : {"", "s", "m", "5x", "-1m", "1ms", "1 m", "1M", "1e3s", "11575d", "1000000001s", "m5"}) {
+  CHECK(parse_duration("inf") == kForever);
+  CHECK(parse_duration("Infinity") == kForever);
+  CHECK(parse_duration("infd") == kForever);
+  CHECK(parse_duration("1e30") == kForever);                // saturates, as timeout(1) does
+  CHECK(parse_duration("99999999999999999999") == kForever);
+  CHECK(parse_duration("106752d") == kForever);
+  CHECK(parse_duration("9223372036.854775807") == kForever);
+  CHECK(parse_duration("9223372036.854775806") == kForever - 1);
+
+  for (const char* bad : {"", "s", "m", "5x", "1ms", "1 m", "1M", "m5", "abc", "nan", " 5", "5 ", "1,5", "1..2",
+                          ".", "e3", "1e", "1e+", "++1", "1e3x"}) {
     std::string shown = bad;
     CAPTURE(shown);
-    CHECK_FALSE(parse_duration(bad));
+    std::string why;
+    CHECK_FALSE(parse_duration(bad, &why));
+    CHECK(why.find("timeout(1)") != std::string::npos);
   }
+  std::string why;
+  CHECK_FALSE(parse_duration("-1", &why));
+  CHECK(why == "a duration cannot be negative");
+  CHECK_FALSE(parse_duration("-0.5m", &why));
+  CHECK(why == "a duration cannot be negative");
+  CHECK_FALSE(parse_duration("0x10", &why));
+  CHECK(why == "hexadecimal numbers are not accepted");
+}
+
+TEST_CASE("--kill-after 0 and inf mean never; -w inf waits without limit") {
+  CHECK_FALSE(parse({"--kill-after", "0", "DIR", "--", "x"}).kill_after_ns);
+  CHECK_FALSE(parse({"--kill-after", "inf", "DIR", "--", "x"}).kill_after_ns);
+  CHECK(parse({"--kill-after", "1e-3", "DIR", "--", "x"}).kill_after_ns == kSec / 1000);
+  auto o = parse({"-w", "inf", "DIR", "--", "x"});
+  CHECK(looplock::wait_plan(o.policy, o.timeout_ns).kind == looplock::WaitPlan::Kind::Unbounded);
+  o = parse({"-w", ".5", "DIR", "--", "x"});
+  CHECK(looplock::wait_plan(o.policy, o.timeout_ns).kind == looplock::WaitPlan::Kind::Bounded);
+  CHECK(looplock::wait_plan(o.policy, o.timeout_ns).deadline_ns == kSec / 2);
 }
 
 TEST_CASE("derive_operation") {

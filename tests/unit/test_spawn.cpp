@@ -5,9 +5,11 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <functional>
@@ -64,6 +66,10 @@ struct Result {
   int fatal = -1;         // or the status of the Fatal it threw
   std::string message;    // and its message
   bool zombies = false;   // a child was left unreaped afterwards
+  int ended_by = -1;      // JobEnd::EndedBy
+  bool killed = false;
+  bool lease_lost = false;
+  long long ran_ms = -1;  // from the command's start to the end of its job
   std::string log;        // what the Logger wrote
 };
 
@@ -100,13 +106,16 @@ public:
     std::string out;
     char buf[4096];
     for (ssize_t n; (n = read(result_fd_, buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
-    // "status fatal zombies\nmessage\n--log--\nlog"
+    // "status fatal zombies ended_by killed lease_lost ran_ms\nmessage\n--log--\nlog"
     Result r;
     auto nl = out.find('\n');
     REQUIRE(nl != std::string::npos);
-    int z = 0;
-    REQUIRE(sscanf(out.c_str(), "%d %d %d", &r.status, &r.fatal, &z) == 3);
+    int z = 0, killed = 0, lost = 0;
+    REQUIRE(sscanf(out.c_str(), "%d %d %d %d %d %d %lld", &r.status, &r.fatal, &z, &r.ended_by, &killed, &lost,
+                   &r.ran_ms) == 7);
     r.zombies = z != 0;
+    r.killed = killed != 0;
+    r.lease_lost = lost != 0;
     auto sep = out.find("\n--log--\n", nl);
     REQUIRE(sep != std::string::npos);
     r.message = out.substr(nl + 1, sep - nl - 1);
@@ -126,10 +135,17 @@ private:
     }
     Logger log(looplock::Verbosity::Normal, looplock::LogFormat::Text, logfd);
     InheritedSignals taken = looplock::take_signal_control();
-    int status = -1, fatal = -1;
+    int status = -1, fatal = -1, ended_by = -1;
+    bool killed = false, lease_lost = false;
+    long long ran_ms = -1;
     std::string message;
     try {
-      status = looplock::run_command(spec, inherited ? *inherited : taken, log);
+      looplock::JobEnd end = looplock::run_command(spec, inherited ? *inherited : taken, log);
+      status = end.status;
+      ended_by = static_cast<int>(end.ended_by);
+      killed = end.killed;
+      lease_lost = end.lease_lost;
+      ran_ms = (end.ended_ns - end.started_ns) / 1'000'000;
     } catch (const Fatal& f) {
       fatal = f.status();
       message = f.what();
@@ -139,8 +155,9 @@ private:
     char buf[4096];
     for (ssize_t n; (n = pread(logfd, buf, sizeof buf, static_cast<off_t>(logged.size()))) > 0;)
       logged.append(buf, static_cast<size_t>(n));
-    std::string out = std::to_string(status) + " " + std::to_string(fatal) + " " + std::to_string(zombies) + "\n" +
-                      message + "\n--log--\n" + logged;
+    std::string out = std::to_string(status) + " " + std::to_string(fatal) + " " + std::to_string(zombies) + " " +
+                      std::to_string(ended_by) + " " + std::to_string(killed) + " " + std::to_string(lease_lost) +
+                      " " + std::to_string(ran_ms) + "\n" + message + "\n--log--\n" + logged;
     (void)!write(result_fd, out.data(), out.size());
     _exit(0);
   }
@@ -202,10 +219,11 @@ TEST_CASE("exec_failure_status") {
   CHECK(looplock::exec_failure_status(EPERM) == 126);
 }
 
-TEST_CASE("forwarded_signals") {
-  sigset_t set = looplock::forwarded_signals();
+TEST_CASE("supervised_signals: every signal but KILL and STOP") {
+  sigset_t set = looplock::supervised_signals();
   for (int s : {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGALRM, SIGPIPE, SIGVTALRM, SIGPROF, SIGXCPU,
-                SIGXFSZ}) {
+                SIGXFSZ, SIGCHLD, SIGTSTP, SIGTTIN, SIGTTOU, SIGCONT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT,
+                SIGTRAP, SIGSYS, SIGIO, SIGPWR, SIGSTKFLT, SIGWINCH, SIGURG}) {
     CAPTURE(s);
     CHECK(sigismember(&set, s) == 1);
   }
@@ -213,11 +231,11 @@ TEST_CASE("forwarded_signals") {
     CAPTURE(s);
     CHECK(sigismember(&set, s) == 1);
   }
-  for (int s : {SIGCHLD, SIGKILL, SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU, SIGCONT, SIGSEGV, SIGBUS, SIGFPE, SIGILL,
-                SIGABRT, SIGTRAP, SIGSYS}) {
-    CAPTURE(s);
-    CHECK(sigismember(&set, s) == 0);
-  }
+  CHECK(sigismember(&set, SIGKILL) == 0);
+  CHECK(sigismember(&set, SIGSTOP) == 0);
+  CHECK(looplock::ends_wait(SIGINT));
+  CHECK(looplock::ends_wait(SIGQUIT));
+  CHECK_FALSE(looplock::ends_wait(SIGUSR1));
 }
 
 TEST_CASE("take_signal_control captures the inherited state and sets looplock's own") {
@@ -236,9 +254,25 @@ TEST_CASE("take_signal_control captures the inherited state and sets looplock's 
   sigaddset(&blocked, SIGUSR2);
   sigprocmask(SIG_BLOCK, &blocked, nullptr);
 
+  struct rlimit core_before {};
+  REQUIRE(getrlimit(RLIMIT_CORE, &core_before) == 0);
+
   InheritedSignals in = looplock::take_signal_control();
-  CHECK((in.chld.sa_handler == SIG_IGN));
-  CHECK((in.pipe.sa_handler == SIG_DFL));
+  auto inherited = [&](int sig) {
+    for (const auto& [s, act] : in.actions)
+      if (s == sig) return act.sa_handler;
+    FAIL("signal " << sig << " not recorded");
+    return SIG_ERR;
+  };
+  CHECK((inherited(SIGCHLD) == SIG_IGN));
+  CHECK((inherited(SIGPIPE) == SIG_DFL));
+  CHECK(in.core_known);
+  CHECK(in.core.rlim_cur == core_before.rlim_cur);
+  struct rlimit core_now {};
+  REQUIRE(getrlimit(RLIMIT_CORE, &core_now) == 0);
+  CHECK(core_now.rlim_cur == 0);  // no core file of looplock's own
+  CHECK(core_now.rlim_max == core_before.rlim_max);
+  setrlimit(RLIMIT_CORE, &core_before);
   CHECK(sigismember(&in.mask, SIGTERM));
   CHECK(sigismember(&in.mask, SIGUSR2));
 
@@ -305,12 +339,18 @@ TEST_CASE("the command starts with the inherited signal mask and dispositions") 
   spec.argv = {"/bin/cat", "/proc/self/status"};
   spec.env = base_env();
 
-  InheritedSignals plain{};
-  sigemptyset(&plain.mask);
-  plain.chld.sa_handler = SIG_DFL;
-  sigemptyset(&plain.chld.sa_mask);
-  plain.pipe.sa_handler = SIG_DFL;
-  sigemptyset(&plain.pipe.sa_mask);
+  auto with = [](void (*chld)(int), void (*pipe)(int)) {
+    InheritedSignals in{};
+    sigemptyset(&in.mask);
+    struct sigaction a {};
+    sigemptyset(&a.sa_mask);
+    a.sa_handler = chld;
+    in.actions.emplace_back(SIGCHLD, a);
+    a.sa_handler = pipe;
+    in.actions.emplace_back(SIGPIPE, a);
+    return in;
+  };
+  InheritedSignals plain = with(SIG_DFL, SIG_DFL);
   REQUIRE(run(spec, plain, out).status == W_EXITCODE(0, 0));
   auto status = testutil::slurp(out);
   REQUIRE(status);
@@ -325,10 +365,8 @@ TEST_CASE("the command starts with the inherited signal mask and dispositions") 
   CHECK_FALSE(has_sig(ign, SIGCHLD));
   CHECK_FALSE(has_sig(ign, SIGPIPE));
 
-  InheritedSignals odd = plain;
+  InheritedSignals odd = with(SIG_IGN, SIG_IGN);
   sigaddset(&odd.mask, SIGUSR2);
-  odd.chld.sa_handler = SIG_IGN;
-  odd.pipe.sa_handler = SIG_IGN;
   REQUIRE(run(spec, odd, out).status == W_EXITCODE(0, 0));
   status = testutil::slurp(out);
   REQUIRE(status);
@@ -406,6 +444,238 @@ TEST_CASE("--kill-after: KILL follows a TERM the command ignores") {
   CHECK(took >= 0.15);
   CHECK(took < 8.0);
   CHECK(r.log.find("KILL") != std::string::npos);
+}
+
+namespace {
+bool process_exists(pid_t pid) { return kill(pid, 0) == 0 || errno == EPERM; }
+
+std::optional<pid_t> read_pid(const std::string& path) {
+  for (int i = 0; i < 2000; ++i) {  // up to 10 s
+    if (auto text = testutil::slurp(path); text && !text->empty() && text->back() == '\n') {
+      return static_cast<pid_t>(std::stol(*text));
+    }
+    usleep(5000);
+  }
+  return std::nullopt;
+}
+
+// A job of two processes: the command (sh, which `trap`s as given) and a
+// child of it that ignores TERM and writes its pid to `pid_file`, then says
+// ready on `ready_fd`.
+CommandSpec job_with_stubborn_child(int ready_fd, const std::string& pid_file, const std::string& trap = "") {
+  const std::string n = std::to_string(ready_fd);
+  CommandSpec spec = sh(trap + (trap.empty() ? "" : "; ") + "sh -c \"trap '' TERM; echo \\$\\$ > " + pid_file +
+                        "; echo ready >&" + n + "; exec " + n + ">&-; exec sleep 30\" & wait; wait");
+  spec.pass_fd = ready_fd;
+  return spec;
+}
+}  // namespace
+
+TEST_CASE("a signal sent to looplock reaches every process of the job once") {
+  TempDir dir;
+  const std::string seen = dir / "seen";
+  int p[2];
+  REQUIRE(pipe2(p, O_CLOEXEC) == 0);
+  UniqueFd ready_r(p[0]), ready_w(p[1]);
+  const std::string n = std::to_string(ready_w.get());
+  CommandSpec spec = sh("trap 'echo leader >> " + seen + "' USR1; sh -c \"trap 'echo child >> " + seen +
+                        "; exit 0' USR1; echo ready >&" + n + "; exec " + n +
+                        ">&-; while :; do sleep 0.05; done\" & wait; wait");
+  spec.pass_fd = ready_w.get();
+  Looplock l(spec);
+  ready_w.reset();
+  REQUIRE(testutil::read_until(ready_r.get(), "ready"));
+  REQUIRE(kill(l.pid(), SIGUSR1) == 0);
+  Result r = l.finish();
+  CHECK(r.fatal == -1);
+  CHECK(r.status == W_EXITCODE(0, 0));
+  auto text = testutil::slurp(seen);
+  REQUIRE(text);
+  std::vector<std::string> lines;
+  for (size_t i = 0, nl; (nl = text->find('\n', i)) != std::string::npos; i = nl + 1) lines.push_back(text->substr(i, nl - i));
+  std::sort(lines.begin(), lines.end());
+  CHECK(lines == std::vector<std::string>{"child", "leader"});
+}
+
+TEST_CASE("--kill-after: KILL reaches a process of the job that outlives the command") {
+  TempDir dir;
+  const std::string pid_file = dir / "pid";
+  int p[2];
+  REQUIRE(pipe2(p, O_CLOEXEC) == 0);
+  UniqueFd ready_r(p[0]), ready_w(p[1]);
+  CommandSpec spec = job_with_stubborn_child(ready_w.get(), pid_file);
+  spec.kill_after_ns = 300'000'000;
+  Looplock l(spec);
+  ready_w.reset();
+  REQUIRE(testutil::read_until(ready_r.get(), "ready"));
+  auto stubborn = read_pid(pid_file);
+  REQUIRE(stubborn);
+  REQUIRE(kill(l.pid(), SIGTERM) == 0);
+  Result r = l.finish();
+  // The command (sh) died of TERM at once; its child ignored it and was
+  // killed --kill-after later, before looplock ended.
+  CHECK(WIFSIGNALED(r.status));
+  CHECK(WTERMSIG(r.status) == SIGTERM);
+  CHECK(r.killed);
+  CHECK(r.ran_ms >= 250);
+  CHECK_FALSE(process_exists(*stubborn));
+  CHECK(r.log.find("KILL") != std::string::npos);
+}
+
+TEST_CASE("without --kill-after a forwarded TERM waits for the command only") {
+  TempDir dir;
+  const std::string pid_file = dir / "pid";
+  int p[2];
+  REQUIRE(pipe2(p, O_CLOEXEC) == 0);
+  UniqueFd ready_r(p[0]), ready_w(p[1]);
+  Looplock l(job_with_stubborn_child(ready_w.get(), pid_file));
+  ready_w.reset();
+  REQUIRE(testutil::read_until(ready_r.get(), "ready"));
+  auto stubborn = read_pid(pid_file);
+  REQUIRE(stubborn);
+  REQUIRE(kill(l.pid(), SIGTERM) == 0);
+  Result r = l.finish();
+  CHECK(WIFSIGNALED(r.status));
+  CHECK(WTERMSIG(r.status) == SIGTERM);
+  CHECK_FALSE(r.killed);
+  CHECK(process_exists(*stubborn));  // as timeout(1) without -k leaves it
+  kill(*stubborn, SIGKILL);
+}
+
+TEST_CASE("--max-time ends the whole job: TERM, then KILL after kill-after") {
+  TempDir dir;
+  const std::string pid_file = dir / "pid";
+  for (bool obeys : {true, false}) {
+    CAPTURE(obeys);
+    int p[2];
+    REQUIRE(pipe2(p, O_CLOEXEC) == 0);
+    UniqueFd ready_r(p[0]), ready_w(p[1]);
+    unlink(pid_file.c_str());
+    CommandSpec spec = job_with_stubborn_child(ready_w.get(), pid_file, obeys ? "" : "trap '' TERM");
+    if (obeys) {  // a plain job: everything dies of TERM
+      const std::string n = std::to_string(ready_w.get());
+      spec = sh("echo $$ > " + pid_file + "; echo ready >&" + n + "; exec " + n + ">&-; sleep 30 & wait");
+      spec.pass_fd = ready_w.get();
+    }
+    spec.max_time_ns = 300'000'000;
+    spec.max_time_kill_after_ns = 300'000'000;
+    Looplock l(spec);
+    ready_w.reset();
+    REQUIRE(testutil::read_until(ready_r.get(), "ready"));
+    auto pid = read_pid(pid_file);
+    REQUIRE(pid);
+    Result r = l.finish();
+    CHECK(r.ended_by == static_cast<int>(looplock::JobEnd::EndedBy::MaxTime));
+    CHECK(r.killed == !obeys);
+    CHECK(r.ran_ms >= (obeys ? 250 : 550));
+    CHECK(r.ran_ms < 8000);
+    CHECK_FALSE(process_exists(*pid));
+  }
+}
+
+namespace {
+// A lease whose deadlines are fixed from the start unless renew() moves
+// them; it counts renewals in a file (the run happens in a forked child).
+class FakeLease final : public looplock::Lease {
+public:
+  FakeLease(long long term_in_ns, long long kill_in_ns, bool extends, bool gone, std::string counter)
+      : start_(now()), term_(start_ + term_in_ns), kill_(start_ + kill_in_ns), extends_(extends), gone_(gone),
+        counter_(std::move(counter)) {}
+  long long next_renewal_ns() const override { return next_; }
+  bool renew(long long return_by) override {
+    CHECK(return_by <= term_);
+    testutil::write_file(counter_, std::to_string(++renewals_) + "\n", 0644);
+    next_ = now() + 50'000'000;
+    if (gone_) return false;
+    if (extends_) {
+      term_ = now() + 300'000'000;
+      kill_ = term_ + 300'000'000;
+    }
+    return true;
+  }
+  long long term_by_ns() const override { return term_; }
+  long long kill_by_ns() const override { return kill_; }
+
+private:
+  static long long now() {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1'000'000'000LL + ts.tv_nsec;
+  }
+  long long start_, term_, kill_;
+  long long next_ = now() + 50'000'000;
+  bool extends_, gone_;
+  std::string counter_;
+  int renewals_ = 0;
+};
+}  // namespace
+
+TEST_CASE("a lease that is not renewed ends the job before it expires") {
+  TempDir dir;
+  FakeLease lease(300'000'000, 700'000'000, /*extends=*/false, /*gone=*/false, dir / "renewals");
+  CommandSpec spec = sh("trap '' TERM; sleep 5; exit 3");
+  spec.lease = &lease;
+  Result r = run(spec);
+  CHECK(r.lease_lost);
+  CHECK(r.ended_by == static_cast<int>(looplock::JobEnd::EndedBy::Lease));
+  CHECK(r.killed);
+  CHECK(r.ran_ms >= 650);
+  CHECK(r.ran_ms < 4000);
+  CHECK(WIFSIGNALED(r.status));
+}
+
+TEST_CASE("a renewed lease keeps the job running") {
+  TempDir dir;
+  const std::string counter = dir / "renewals";
+  FakeLease lease(300'000'000, 600'000'000, /*extends=*/true, /*gone=*/false, counter);
+  CommandSpec spec = sh("sleep 1; exit 4");
+  spec.lease = &lease;
+  Result r = run(spec);
+  CHECK_FALSE(r.lease_lost);
+  CHECK(r.status == W_EXITCODE(4, 0));
+  auto count = testutil::slurp(counter);
+  REQUIRE(count);
+  CHECK(std::stoi(*count) >= 5);
+}
+
+TEST_CASE("a lease known gone ends the job at once") {
+  TempDir dir;
+  FakeLease lease(5'000'000'000LL, 10'000'000'000LL, /*extends=*/false, /*gone=*/true, dir / "renewals");
+  CommandSpec spec = sh("sleep 5; exit 3");
+  spec.lease = &lease;
+  Result r = run(spec);
+  CHECK(r.lease_lost);
+  CHECK(WIFSIGNALED(r.status));
+  CHECK(WTERMSIG(r.status) == SIGTERM);
+  CHECK(r.ran_ms < 3000);
+}
+
+TEST_CASE("a lock descriptor that cannot be passed: 71, and the command does not run") {
+  TempDir dir;
+  const std::string marker = dir / "ran";
+  CommandSpec spec = sh("touch " + marker);
+  spec.pass_fd = 987;  // not open: F_SETFD fails
+  Result r = run(spec);
+  CHECK(r.fatal == 71);
+  CHECK(r.message.find("lock descriptor") != std::string::npos);
+  CHECK_FALSE(r.zombies);
+  CHECK_FALSE(testutil::slurp(marker));
+
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    InheritedSignals in = looplock::take_signal_control();
+    try {
+      looplock::exec_command(spec, in);
+    } catch (const Fatal& f) {
+      _exit(f.status());
+    }
+    _exit(101);
+  }
+  auto st = testutil::wait_child(child);
+  REQUIRE(st);
+  CHECK(WEXITSTATUS(*st) == 71);
+  CHECK_FALSE(testutil::slurp(marker));
 }
 
 TEST_CASE("exec_command replaces the process; a failure throws") {

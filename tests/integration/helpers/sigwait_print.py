@@ -11,8 +11,11 @@ one was taken.
 
 With --origin each line also says where the signal came from:
 "SIGINT kernel" (e.g. a terminal's ^C) or "SIGINT user PID" (kill(2) by PID).
+With --job-control it also takes the job-control and ignored-by-default
+signals (TSTP, TTIN, TTOU, CONT, WINCH, URG), which it otherwise leaves
+alone: blocked, a TSTP does not stop it and is reported instead.
 
-usage: sigwait_print.py [--origin]
+usage: sigwait_print.py [--origin] [--job-control]
 """
 import os
 import signal
@@ -21,8 +24,9 @@ import threading
 
 origin = "--origin" in sys.argv[1:]
 
-never = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU,
-         signal.SIGCONT, signal.SIGWINCH, signal.SIGURG}
+never = {signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD}
+if "--job-control" not in sys.argv[1:]:
+    never |= {signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCONT, signal.SIGWINCH, signal.SIGURG}
 waited = {s for s in signal.Signals if s not in never} | set(range(signal.SIGRTMIN, signal.SIGRTMAX + 1))
 # Block before any thread exists, so that every thread has them blocked.
 signal.pthread_sigmask(signal.SIG_BLOCK, waited)
