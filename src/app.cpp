@@ -275,24 +275,28 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
   const std::string lock_id = lock_id_for_path(canonical);
   const LockMode mode = o.shared ? LockMode::Shared : LockMode::Exclusive;
 
-  // Nested inside a looplock that already holds this lock: run at once.
-  if (env_get(ctx.env, env_name::kHolderPid)) {
-    LockFile probe = open_lock_file(dir);
-    if (auto outer = find_outer_holder(ctx.env, probe.st, mode == LockMode::Exclusive, ctx.pid)) {
-      log.verbose("nested", "already held by looplock pid " + std::to_string(outer->pid) +
-                                " (an ancestor); running inside its critical section");
+  // Nested inside a looplock that already holds this lock: run at once. (No
+  // open, so no ownership check: the outer looplock made it; the command may
+  // run as another user, under su or runuser, with the descriptor kept.)
+  struct stat lock_st {};
+  if (env_get(ctx.env, env_name::kHolderFd) &&
+      fstatat(dir.fd.get(), kLockName, &lock_st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(lock_st.st_mode)) {
+    if (auto outer = find_outer_holder(ctx.env, dir.fd.get(), lock_st, mode == LockMode::Exclusive, ctx.pid)) {
+      log.verbose("nested", std::string("already held ") +
+                                (outer->inherited ? "through the lock descriptor this run inherited"
+                                                  : "by looplock pid " + std::to_string(outer->pid) + " (an ancestor)") +
+                                "; running inside its critical section");
       CommandSpec spec;
       spec.argv = o.command;
       spec.env = ctx.env;
       spec.kill_after_ns = o.kill_after_ns;
       if (o.close_fd) {
         // -o holds inside a nested run too: the command gets no lock fd.
-        if (auto fd = inherited_lock_fd(ctx.env, probe.st); fd && fcntl(*fd, F_SETFD, FD_CLOEXEC) != 0) {
+        if (auto fd = inherited_lock_fd(ctx.env, lock_st); fd && fcntl(*fd, F_SETFD, FD_CLOEXEC) != 0) {
           fail_errno(exit_code::kOsError, "cannot keep the lock descriptor from the command (-o)", errno);
         }
         spec.env = env_with(ctx.env, {}, {env_name::kFd});
       }
-      probe.fd.reset();
       if (o.no_fork) exec_command(spec, inherited);
       return finish(run_command(spec, inherited, log).status);
     }
@@ -327,7 +331,7 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
 
   // Work that does not need the lock is done before waiting for it.
   EnvList env = command_env(ctx, o, canonical_dir, lock_id, cluster ? &*cluster : nullptr);
-  const std::string pid_start = mode == LockMode::Exclusive ? procfs::pid_start(ctx.pid).value_or("") : "";
+  const std::string pid_start = mode == LockMode::Exclusive ? procfs::own_start().value_or("") : "";
 
   WaitReporter reporter(o, log, plan.kind == WaitPlan::Kind::Bounded);
   AcquireResult res = acquire_lock(dir, plan, mode, reporter, ctx.start_ns);
@@ -394,7 +398,13 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
 
   // The command has ended; looplock still holds the lock. Was it protecting
   // the real file all along?
-  const bool intact = lock_path_intact(dir, file) && dir_intact(dir);
+  const IntactCheck check = lock_intact(dir, file);
+  if (!check.intact) {
+    log.warn("intact_unknown",
+             errno_message("cannot check whether " + lock_display(o.dir) + " is still the file that was locked", check.err) +
+                 "; not reporting it as vanished");
+  }
+  const bool intact = check.intact.value_or(true);
   if (record && intact) {
     record->released_at = sys::utc_now_iso8601();
     if (!write_holder(file.fd.get(), *record)) {
@@ -411,7 +421,7 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
     if (!leaked.empty()) {
       std::string pids;
       for (pid_t p : leaked) pids += (pids.empty() ? "" : ", ") + std::to_string(p);
-      log.warn("lock_leaked", "the command exited, but pid " + pids + " that it started still holds " +
+      log.warn_always("lock_leaked", "the command exited, but pid " + pids + " that it started still holds " +
                                   lock_display(o.dir) + " through the inherited lock fd; the lock stays held until "
                                   "it exits. Use -o/--close for commands that start background processes",
                {{"pids", leaked}});
@@ -442,20 +452,22 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
 
 int main_program(int argc, char** argv, char** envp, etcd::Transport* etcd) {
   const long long now_ns = sys::monotonic_ns();
-  std::vector<std::string> args(argv, argv + argc);
-  Context ctx{env_from(envp), getpid(), now_ns, etcd};
-  // looplock-etcd: the deadline counts from when looplock started.
-  if (auto handed = take_handed_start(ctx.env, now_ns); handed && etcd) ctx.start_ns = *handed;
   // Until the options are known, errors are plain text.
   Logger log(Verbosity::Normal, LogFormat::Text);
   try {
+    std::vector<std::string> args(argv, argv + argc);
+    Context ctx{env_from(envp), getpid(), now_ns, etcd};
+    // looplock-etcd: the deadline counts from when looplock started.
+    if (auto handed = take_handed_start(ctx.env, now_ns); handed && etcd) ctx.start_ns = *handed;
     Environment penv{env_get(ctx.env, env_name::kAgent), env_get(ctx.env, env_name::kEtcd), user_name};
     Options o = parse_options(args, penv);
     if (o.mode == Mode::Help) {
-      return sys::write_all(1, help_text()) ? 0 : exit_code::kOsError;
+      write_stdout(help_text());
+      return exit_code::kOk;
     }
     if (o.mode == Mode::Version) {
-      return sys::write_all(1, version_text()) ? 0 : exit_code::kOsError;
+      write_stdout(version_text());
+      return exit_code::kOk;
     }
     log = Logger(o.verbosity, o.log_format);
     if (!o.etcd.empty() && !ctx.etcd) exec_cluster_helper(argv, ctx.env, ctx.start_ns);
@@ -466,7 +478,8 @@ int main_program(int argc, char** argv, char** envp, etcd::Transport* etcd) {
     log.error("error", e.what(), e.hint());
     return e.status();
   } catch (const std::bad_alloc&) {
-    log.error("error", "out of memory");
+    // No allocation here: there may be nothing left to allocate.
+    (void)sys::write_all(2, "looplock: out of memory\n");
     return exit_code::kOsError;
   } catch (const std::exception& e) {
     log.error("error", std::string("internal error: ") + e.what());

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "exit_codes.hpp"
+#include "sys.hpp"
 
 namespace looplock {
 
@@ -13,6 +14,13 @@ std::string errno_message(const std::string& what, int err) {
 
 void fail_errno(int status, const std::string& what, int err, std::string hint) {
   throw Fatal(status, errno_message(what, err), std::move(hint));
+}
+
+void write_stdout(std::string_view text) {
+  if (!sys::write_all(1, text)) {
+    fail_errno(exit_code::kOsError, "cannot write to standard output", errno,
+               "Check where standard output goes (a full disk, a closed descriptor).");
+  }
 }
 
 int status_for_errno(int err, int otherwise) {

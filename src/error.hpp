@@ -5,6 +5,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace looplock {
 
@@ -26,6 +27,11 @@ std::string errno_message(const std::string& what, int err);
 
 // Throws Fatal(status, what + ": " + strerror(err), hint).
 [[noreturn]] void fail_errno(int status, const std::string& what, int err, std::string hint = {});
+
+// Writes `text` to standard output; throws Fatal 71 naming the failure
+// (a closed stdout, a full disk, /dev/full). A closed pipe (EPIPE) kills
+// looplock with SIGPIPE first, as it kills any filter.
+void write_stdout(std::string_view text);
 
 // The status for a failed system call: 71 (EX_OSERR) for resource exhaustion
 // and kernel failures, `otherwise` for everything else.

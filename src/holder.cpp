@@ -173,9 +173,34 @@ HolderRead read_holder(int fd) {
 
 bool holder_process_alive(const HolderRecord& r) {
   if (!procfs::pid_alive(r.pid)) return false;
+  // Without a recorded start time, or without /proc, a reused pid cannot be
+  // told: trust kill(pid, 0).
+  if (r.pid_start.empty()) return true;
   auto start = procfs::pid_start(r.pid);
-  // Without /proc we cannot tell a reused pid: trust kill(pid, 0).
   return !start || *start == r.pid_start;
+}
+
+std::vector<procfs::KernelLock> live_holders(const struct stat& file) {
+  auto locks = procfs::flock_holders(file);
+  if (!locks || locks->empty()) return {};
+  std::vector<pid_t> pids;
+  for (const auto& k : *locks) pids.push_back(k.pid);
+  auto confirmed = procfs::fd_holders(pids, file);
+  if (confirmed.size() == locks->size()) return confirmed;
+  // A pid /proc/locks names no longer holds the lock itself: it exited (or
+  // closed its descriptor) after passing the descriptor on, and the kernel
+  // still names it. Whoever has the descriptor now holds the lock.
+  auto found = procfs::fd_holders(procfs::all_pids(), file);
+  if (found.empty()) return *locks;
+  for (auto& k : found) {
+    for (const auto& l : *locks) {
+      if (l.pid != k.pid && std::none_of(confirmed.begin(), confirmed.end(),
+                                         [&](const procfs::KernelLock& c) { return c.pid == l.pid; })) {
+        k.locked_by = l.pid;
+      }
+    }
+  }
+  return found;
 }
 
 std::vector<procfs::KernelLock> kernel_holders(const HolderRead& read, const struct stat& file,
@@ -185,35 +210,51 @@ std::vector<procfs::KernelLock> kernel_holders(const HolderRead& read, const str
     for (const auto& k : hint) pids.push_back(k.pid);
     if (procfs::pids_holding_flock(pids, file).size() == pids.size()) return hint;
   }
-  if (read.record && !read.record->released_at &&
-      !procfs::pids_holding_flock({read.record->pid}, file).empty()) {
-    return {procfs::KernelLock{read.record->pid, true}};
+  if (read.record && !read.record->released_at) {
+    if (auto h = procfs::fd_holders({read.record->pid}, file); !h.empty()) return h;
   }
-  return procfs::flock_holders(file);
+  return live_holders(file);
 }
+
+namespace {
+
+std::string record_holder(const HolderRecord& r) {
+  return "pid " + std::to_string(r.pid) + " (agent " + r.agent_id + ", operation " + r.operation + ", policy " +
+         r.policy + ", since " + r.acquired_at + ")";
+}
+
+}  // namespace
 
 std::string describe_holder(const HolderRead& read, const std::vector<procfs::KernelLock>& kernel) {
   auto kernel_has = [&](pid_t pid) {
-    for (const auto& k : kernel)
-      if (k.pid == pid) return true;
-    return false;
+    return std::any_of(kernel.begin(), kernel.end(), [&](const procfs::KernelLock& k) { return k.pid == pid; });
   };
-  if (read.record && !read.record->released_at && (kernel.empty() || kernel_has(read.record->pid))) {
-    const auto& r = *read.record;
-    return "pid " + std::to_string(r.pid) + " (agent " + r.agent_id + ", operation " + r.operation +
-           ", policy " + r.policy + ", since " + r.acquired_at + ")";
+  const HolderRecord* current = read.record && !read.record->released_at ? &*read.record : nullptr;
+  if (current && (kernel.empty() || kernel_has(current->pid))) return record_holder(*current);
+  // A looplock that released normally while what its command started kept
+  // the descriptor: the kernel still names that looplock as the locker.
+  if (!current && read.record &&
+      std::any_of(kernel.begin(), kernel.end(), [&](const procfs::KernelLock& k) { return k.locked_by == read.record->pid; })) {
+    current = &*read.record;
   }
-  if (!kernel.empty()) {
-    std::string pids;
-    for (const auto& k : kernel) {
-      if (!pids.empty()) pids += ",";
-      pids += std::to_string(k.pid);
-    }
-    bool shared = std::none_of(kernel.begin(), kernel.end(), [](const procfs::KernelLock& k) { return k.exclusive; });
-    return std::string(kernel.size() > 1 ? "pids " : "pid ") + pids +
-           (shared ? " (shared lock: readers write no holder record)" : " (no holder record: flock(1) or another tool)");
+  if (kernel.empty()) return "another process (the kernel does not say which)";
+  std::string pids;
+  for (const auto& k : kernel) {
+    if (!pids.empty()) pids += ", ";
+    pids += std::to_string(k.pid);
+    if (auto name = procfs::comm(k.pid)) pids += " (" + *name + ")";
   }
-  return "another process (the kernel does not say which)";
+  const std::string who = std::string(kernel.size() > 1 ? "pids " : "pid ") + pids;
+  if (current) {
+    // The record's looplock has gone (or lets go), and what it started holds
+    // the lock through the descriptor it inherited.
+    return who + ", left holding the lock by looplock " + record_holder(*current) +
+           (procfs::pid_alive(current->pid) ? "" : ", which has exited");
+  }
+  const bool shared =
+      std::none_of(kernel.begin(), kernel.end(), [](const procfs::KernelLock& k) { return k.exclusive; });
+  return who + (shared ? " (shared lock: readers write no holder record)"
+                       : " (no holder record: flock(1) or another tool)");
 }
 
 }  // namespace looplock

@@ -68,15 +68,24 @@ struct HolderRead {
 // the content does not validate, since a holder may be writing it.
 HolderRead read_holder(int fd);
 
-// Whether the record's pid is alive and is still the process that wrote it.
+// Whether the record's pid is alive and is still the process that wrote it
+// (when its start time was recorded and can be read).
 bool holder_process_alive(const HolderRecord& r);
 
-// The processes holding the lock on `file`, as the kernel reports them, found
-// the cheap way when possible: the pids of `hint` (an earlier answer) or the
-// record's pid, each confirmed through /proc/PID/fdinfo; otherwise
-// /proc/locks, whose every read takes the kernel's file-lock rwsem for
-// writing (an RCU grace period: up to tens of milliseconds, and it stalls
-// every flock(2) on the machine meanwhile).
+// The processes that hold the lock on `file` now, with the mode: the pids
+// /proc/locks names, each confirmed through its descriptors; when one no
+// longer holds it (it exited after passing the descriptor on: the kernel
+// keeps naming the process that took the lock), whoever has the descriptor
+// now, found among all processes. Empty when /proc/locks cannot be read or
+// shows no holder.
+std::vector<procfs::KernelLock> live_holders(const struct stat& file);
+
+// The processes holding the lock on `file`, found the cheap way when
+// possible: the pids of `hint` (an earlier answer) or the record's pid, each
+// confirmed through /proc/PID/fdinfo; otherwise live_holders(), whose read
+// of /proc/locks takes the kernel's file-lock rwsem for writing (an RCU
+// grace period: up to tens of milliseconds, and it stalls every flock(2) on
+// the machine meanwhile).
 std::vector<procfs::KernelLock> kernel_holders(const HolderRead& read, const struct stat& file,
                                                const std::vector<procfs::KernelLock>& hint = {});
 

@@ -59,7 +59,7 @@ std::optional<Json> parse_incident_line(std::string_view line) {
 
 int append_incident(int dirfd, const std::string& line) {
   UniqueFd fd(sys::retry_eintr([&] {
-    return openat(dirfd, kIncidentsName, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK,
+    return openat(dirfd, kIncidentsName, O_RDWR | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK,
                   0644);
   }));
   if (!fd) return errno;
@@ -67,9 +67,21 @@ int append_incident(int dirfd, const std::string& line) {
   if (fstat(fd.get(), &st) != 0) return errno;
   if (!S_ISREG(st.st_mode)) return EINVAL;
   if (st.st_nlink != 1) return EMLINK;
-  ssize_t n = sys::retry_eintr([&] { return write(fd.get(), line.data(), line.size()); });
+  // A row cut short earlier (a full disk, a file-size limit) ends without a
+  // newline: this one then starts on a line of its own instead of being
+  // glued to it (readers count the damaged line and skip it). Two writers
+  // racing here leave at most an empty line, which readers skip too.
+  char last = '\n';
+  const bool cut = st.st_size > 0 && pread(fd.get(), &last, 1, st.st_size - 1) == 1 && last != '\n';
+  std::string row(cut ? 1 : 0, '\n');
+  row += line;
+  ssize_t n = sys::retry_eintr([&] { return write(fd.get(), row.data(), row.size()); });
   if (n < 0) return errno;
-  if (static_cast<size_t>(n) != line.size()) return EIO;
+  if (static_cast<size_t>(n) != row.size()) {
+    // Cut short: end the damaged line now if the file takes one more byte.
+    (void)sys::retry_eintr([&] { return write(fd.get(), "\n", 1); });
+    return EIO;
+  }
   return 0;
 }
 

@@ -117,7 +117,9 @@ InspectReport build_report(const InspectFacts& f) {
     warnings.push_back("the lock file holds " + std::to_string(f.holder.size) +
                        " bytes that are not a valid holder record (garbage, or a writer from another tool)");
   }
-  if (claims && !held) {
+  const bool known = f.kernel_unknown.empty();
+  if (!known) warnings.push_back("the kernel's view is unknown: " + f.kernel_unknown);
+  if (claims && !held && known) {
     warnings.push_back("the record says pid " + std::to_string(rec->pid) +
                        " holds the lock, but the kernel says it is free: the holder crashed or was killed before "
                        "releasing; the next run overwrites the record");
@@ -143,7 +145,11 @@ InspectReport build_report(const InspectFacts& f) {
   }
 
   std::string action;
-  if (!held) {
+  if (!held && !known) {
+    action = "unknown: looplock cannot see whether the lock is held (" + f.kernel_unknown +
+             "); look from where the holder is visible (the host, another pid namespace), or with fuser or lsof on "
+             "the lock file. Never delete the lock file.";
+  } else if (!held) {
     action = "none: the lock is free";
   } else {
     std::string who = claims && kernel_has(rec->pid) ? std::to_string(rec->pid) : pid_list(f.kernel);
@@ -160,7 +166,8 @@ InspectReport build_report(const InspectFacts& f) {
   j["lock_file"] = f.lock_path;
   j["lock_id"] = f.lock_id;
   j["exists"] = f.exists;
-  j["kernel"] = {{"held", held},
+  j["kernel"] = {{"held", held || known ? Json(held) : Json(nullptr)},
+                 {"unknown", known ? Json(nullptr) : Json(f.kernel_unknown)},
                  {"mode", held ? Json(exclusive ? "exclusive" : "shared") : Json(nullptr)},
                  {"holder_pids", Json::array()},
                  {"fd_holder_pids", f.fd_holders}};
@@ -173,6 +180,7 @@ InspectReport build_report(const InspectFacts& f) {
   r["age_ms"] = f.age_ms ? Json(*f.age_ms) : Json(nullptr);
   r["pid_alive"] = f.pid_alive ? Json(*f.pid_alive) : Json(nullptr);
   r["same_process"] = f.same_process ? Json(*f.same_process) : Json(nullptr);
+  r["pid_note"] = f.pid_note.empty() ? Json(nullptr) : Json(f.pid_note);
   j["record"] = r;
   j["incidents"] = {{"count", f.incidents.count},
                     {"malformed", f.incidents.malformed},
@@ -190,8 +198,9 @@ InspectReport build_report(const InspectFacts& f) {
   if (!f.exists) {
     line("file", "missing: no looplock has run here yet");
   }
-  line("kernel", held ? std::string("held (") + (exclusive ? "exclusive" : "shared") + ") by pid " + pid_list(f.kernel)
-                      : std::string("free"));
+  line("kernel", held    ? std::string("held (") + (exclusive ? "exclusive" : "shared") + ") by pid " + pid_list(f.kernel)
+                : known ? std::string("free")
+                        : "unknown (" + f.kernel_unknown + ")");
   if (rec) {
     line("holder", "pid " + std::to_string(rec->pid) + ", agent " + rec->agent_id + ", operation " + rec->operation +
                        ", policy " + rec->policy);
@@ -200,10 +209,13 @@ InspectReport build_report(const InspectFacts& f) {
     since += rec->released_at ? ", released " + *rec->released_at : std::string(", not released");
     line("", since);
     if (!rec->released_at) {
-      std::string proc = f.pid_alive && *f.pid_alive
-                             ? (f.same_process && !*f.same_process ? "pid reused by another process" : "alive, same process")
-                             : "dead";
-      line("process", proc + " (pid_start " + rec->pid_start + ")");
+      std::string proc = !f.pid_alive              ? "unknown"
+                         : !*f.pid_alive           ? "dead"
+                         : !f.same_process         ? "alive (its start time cannot be compared)"
+                         : !*f.same_process        ? "pid reused by another process"
+                                                   : "alive, same process";
+      if (!f.pid_note.empty()) proc += ", " + f.pid_note;
+      line("process", proc + " (pid_start " + (rec->pid_start.empty() ? std::string("unknown") : rec->pid_start) + ")");
     }
   } else {
     line("holder", !f.exists       ? std::string("no record")
@@ -227,6 +239,72 @@ InspectReport build_report(const InspectFacts& f) {
   line("action", action);
   return {std::move(j), std::move(t)};
 }
+
+namespace {
+
+// Whether this process is in a pid namespace other than the initial one:
+// there /proc/locks (of its own /proc) does not list a lock held from outside.
+bool in_child_pid_namespace() {
+  char buf[64];
+  const ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
+  if (n <= 0) return false;  // cannot tell: assume the usual
+  return std::string_view(buf, static_cast<size_t>(n)) != "pid:[4026531836]";  // PROC_PID_INIT_INO
+}
+
+void gather_kernel(InspectFacts& f, const struct stat& st) {
+  errno = 0;
+  auto locks = procfs::flock_holders(st);
+  if (!locks) {
+    f.kernel_unknown = errno_message("cannot read /proc/locks", errno ? errno : EIO);
+    return;
+  }
+  f.kernel = *locks;
+  if (f.kernel.empty()) {
+    if (in_child_pid_namespace() && procfs::ns_pids(0).size() <= 1) {
+      f.kernel_unknown = "no holder is listed, but this runs in a pid namespace of its own, whose /proc/locks does "
+                         "not list a holder outside it";
+    }
+    return;
+  }
+  for (const auto& k : f.kernel) {
+    if (!procfs::pid_alive(k.pid)) f.dead_kernel_pids.push_back(k.pid);
+  }
+  if (!f.dead_kernel_pids.empty()) f.fd_holders = procfs::pids_holding_flock(procfs::all_pids(), st);
+}
+
+// Whether the record's pid is alive, is the process that wrote it, and how
+// it is seen from here: a holder that wrote its record inside a pid namespace
+// of its own appears here under another pid (NSpid), with the same start
+// time.
+void gather_record_process(InspectFacts& f, const HolderRecord& rec) {
+  for (const auto& k : f.kernel) {
+    if (k.pid == rec.pid) continue;
+    auto nspids = procfs::ns_pids(k.pid);
+    if (nspids.size() > 1 && std::find(nspids.begin() + 1, nspids.end(), rec.pid) != nspids.end()) {
+      auto start = procfs::pid_start(k.pid);
+      if (!rec.pid_start.empty() && start && *start == rec.pid_start) {
+        f.pid_alive = true;
+        f.same_process = true;
+        f.pid_note = "pid " + std::to_string(rec.pid) + " in its own pid namespace, pid " + std::to_string(k.pid) +
+                     " here";
+        return;
+      }
+    }
+  }
+  f.pid_alive = procfs::pid_alive(rec.pid);
+  if (!*f.pid_alive) {
+    if (in_child_pid_namespace()) {
+      f.pid_alive.reset();
+      f.pid_note = "not visible from this pid namespace (the record may come from outside it)";
+    }
+    return;
+  }
+  auto start = procfs::pid_start(rec.pid);
+  if (start && !rec.pid_start.empty()) f.same_process = *start == rec.pid_start;
+  if (!f.same_process) f.pid_note = rec.pid_start.empty() ? "no start time was recorded" : "its start time cannot be read";
+}
+
+}  // namespace
 
 int inspect(const Options& o, const Logger& log, etcd::Transport* etcd) {
   (void)log;
@@ -252,22 +330,14 @@ int inspect(const Options& o, const Logger& log, etcd::Transport* etcd) {
       } else {
         f.holder.state = HolderRead::State::Error;
       }
-      f.kernel = procfs::flock_holders(st);
-      for (const auto& k : f.kernel) {
-        if (!procfs::pid_alive(k.pid)) f.dead_kernel_pids.push_back(k.pid);
-      }
-      if (!f.dead_kernel_pids.empty()) f.fd_holders = procfs::pids_holding_flock(procfs::all_pids(), st);
+      gather_kernel(f, st);
     }
   } else if (errno != ENOENT) {
     fail_errno(exit_code::kOsError, "cannot stat " + f.lock_path, errno);
   }
   if (const auto& rec = f.holder.record) {
     if (auto at = parse_utc_ms(rec->acquired_at)) f.age_ms = sys::realtime_ms() - *at;
-    f.pid_alive = procfs::pid_alive(rec->pid);
-    if (*f.pid_alive) {
-      auto start = procfs::pid_start(rec->pid);
-      if (start) f.same_process = *start == rec->pid_start;
-    }
+    gather_record_process(f, *rec);
   }
   f.incidents = summarize_incidents(dir.fd.get());
 
@@ -307,7 +377,8 @@ int inspect(const Options& o, const Logger& log, etcd::Transport* etcd) {
     report.text += "cluster   " + printable(text) + "\n";
   }
   const std::string out = o.json ? dump_json(report.json) + "\n" : report.text;
-  return sys::write_all(1, out) ? status : exit_code::kOsError;
+  write_stdout(out);
+  return status;
 }
 
 }  // namespace looplock

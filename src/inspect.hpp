@@ -32,10 +32,19 @@ struct InspectFacts {
   bool exists = false;
   std::optional<std::string> not_regular;  // "a symbolic link", ... when unsafe
   std::vector<procfs::KernelLock> kernel;
+  // Set when the kernel's view cannot be seen whole (/proc/locks unreadable,
+  // or nothing listed from inside a pid namespace of its own, where a holder
+  // outside it is not listed): why. The report then says "unknown", never
+  // "free".
+  std::string kernel_unknown;
   HolderRead holder;
   std::optional<long long> age_ms;        // now - acquired_at
-  std::optional<bool> pid_alive;          // kill(pid, 0)
-  std::optional<bool> same_process;       // pid_start still matches
+  std::optional<bool> pid_alive;          // kill(pid, 0); null when it cannot be told
+  std::optional<bool> same_process;       // pid_start still matches; null when it cannot be read
+  // How the record's pid is seen from here when that is not plain: "pid 1
+  // in its own pid namespace, pid 4321 here", "not visible from this pid
+  // namespace", ...
+  std::string pid_note;
   IncidentSummary incidents;
   long long stale_after_ms = 0;
   std::optional<std::string> network_fs;  // "nfs", ... when DIR is on one

@@ -51,8 +51,11 @@ int above_stdio(int fd) {
 // A monotonic one-shot timer that interrupts a blocking flock(2) with
 // SIGALRM, whatever SIGALRM's inherited disposition and mask. It re-fires
 // every millisecond after the deadline, so a signal that lands between the
-// clock check and the next flock(2) call costs at most 1 ms. The destructor
-// restores SIGALRM's disposition and mask and discards pending timer signals.
+// clock check and the next flock(2) call costs at most 1 ms. disarm() (also
+// run by the destructor, which cannot report) stops it, discards pending
+// timer signals and restores SIGALRM's disposition and mask. Every step is
+// checked: a timer that cannot be armed would make the wait unbounded, one
+// that cannot be stopped would go on firing at looplock and the command.
 class DeadlineAlarm {
 public:
   explicit DeadlineAlarm(long long deadline_abs_ns) {
@@ -60,8 +63,9 @@ public:
     sa.sa_handler = [](int) {};  // only there to make flock(2) return EINTR
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = 0;  // no SA_RESTART
-    sigaction(SIGALRM, &sa, &old_action_);
-
+    if (sigaction(SIGALRM, &sa, &old_action_) != 0) {
+      fail_errno(exit_code::kOsError, "cannot set up the deadline timer's signal", errno);
+    }
     sigevent sev{};
     sev.sigev_notify = SIGEV_SIGNAL;
     sev.sigev_signo = SIGALRM;
@@ -74,25 +78,50 @@ public:
     its.it_value.tv_sec = static_cast<time_t>(deadline_abs_ns / 1'000'000'000LL);
     its.it_value.tv_nsec = static_cast<long>(deadline_abs_ns % 1'000'000'000LL);
     its.it_interval.tv_nsec = 1'000'000;
-    timer_settime(timer_, TIMER_ABSTIME, &its, nullptr);
-
+    if (timer_settime(timer_, TIMER_ABSTIME, &its, nullptr) != 0) {
+      int err = errno;
+      timer_delete(timer_);
+      sigaction(SIGALRM, &old_action_, nullptr);
+      fail_errno(exit_code::kOsError, "cannot arm the deadline timer", err, "Without it the wait would have no bound.");
+    }
+    armed_ = true;
     sigset_t alrm;
     sigemptyset(&alrm);
     sigaddset(&alrm, SIGALRM);
     sigprocmask(SIG_UNBLOCK, &alrm, &old_mask_);
   }
 
-  ~DeadlineAlarm() {
+  // Stops the timer for good. Throws Fatal 71 if it cannot be stopped.
+  void disarm() {
+    if (!armed_) return;
+    armed_ = false;
     sigset_t alrm;
     sigemptyset(&alrm);
     sigaddset(&alrm, SIGALRM);
     sigprocmask(SIG_BLOCK, &alrm, nullptr);
-    timer_delete(timer_);
+    if (timer_delete(timer_) != 0) {
+      const int err = errno;
+      itimerspec stop{};
+      if (timer_settime(timer_, 0, &stop, nullptr) != 0) {
+        // SIGALRM stays blocked: the timer cannot reach anyone now.
+        fail_errno(exit_code::kOsError, "cannot stop the deadline timer", err);
+      }
+    }
     timespec zero{};
     while (sigtimedwait(&alrm, nullptr, &zero) == SIGALRM) {
     }
+    // Restoring can only fail where nothing is lost: looplock's handler does
+    // nothing, and the command gets the inherited state from spawn anyway.
     sigaction(SIGALRM, &old_action_, nullptr);
     sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
+  }
+
+  ~DeadlineAlarm() {
+    try {
+      disarm();
+    } catch (const Fatal&) {
+      // Unwinding already, for another reason; SIGALRM stays blocked.
+    }
   }
 
   DeadlineAlarm(const DeadlineAlarm&) = delete;
@@ -100,6 +129,7 @@ public:
 
 private:
   timer_t timer_{};
+  bool armed_ = false;
   struct sigaction old_action_ {};
   sigset_t old_mask_{};
 };
@@ -250,18 +280,40 @@ LockFile open_lock_file(const LockDir& dir) {
               "Something deletes or recreates the lock file in a loop; operators must never delete it.");
 }
 
-bool lock_path_intact(const LockDir& dir, const LockFile& file) {
+namespace {
+// A failed stat: gone (false), or it could not be told (nullopt).
+std::optional<bool> stat_failed() {
+  if (errno == ENOENT || errno == ENOTDIR) return false;
+  return std::nullopt;
+}
+}  // namespace
+
+std::optional<bool> lock_path_intact(const LockDir& dir, const LockFile& file) {
   struct stat now {};
-  if (fstatat(dir.fd.get(), kLockName, &now, AT_SYMLINK_NOFOLLOW) != 0) return false;
+  if (fstatat(dir.fd.get(), kLockName, &now, AT_SYMLINK_NOFOLLOW) != 0) return stat_failed();
   return sys::same_file(now, file.st);
 }
 
-bool dir_intact(const LockDir& dir) {
+std::optional<bool> dir_intact(const LockDir& dir) {
   struct stat by_fd {};
   struct stat by_path {};
-  if (fstat(dir.fd.get(), &by_fd) != 0 || by_fd.st_nlink == 0) return false;
-  if (stat(dir.path.c_str(), &by_path) != 0) return false;
+  if (fstat(dir.fd.get(), &by_fd) != 0) return std::nullopt;
+  if (by_fd.st_nlink == 0) return false;
+  if (stat(dir.path.c_str(), &by_path) != 0) return stat_failed();
   return sys::same_file(by_fd, by_path);
+}
+
+IntactCheck lock_intact(const LockDir& dir, const LockFile& file) {
+  IntactCheck c;
+  for (auto check : {+[](const LockDir& d, const LockFile&) { return dir_intact(d); },
+                     +[](const LockDir& d, const LockFile& f) { return lock_path_intact(d, f); }}) {
+    errno = 0;
+    auto r = check(dir, file);
+    if (r && !*r) return {false, 0};
+    if (!r) c.err = errno;
+  }
+  c.intact = c.err == 0 ? std::optional<bool>(true) : std::nullopt;
+  return c;
 }
 
 AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, AcquireObserver& observer,
@@ -283,6 +335,7 @@ AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, Ac
                                                             : AcquireResult::Status::TimedOut;
         result.file = std::move(file);
         result.waited_ns = sys::monotonic_ns() - start;
+        if (alarm) alarm->disarm();
         return result;
       }
       if (!told_wait) {
@@ -299,17 +352,23 @@ AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, Ac
           result.status = AcquireResult::Status::TimedOut;
           result.file = std::move(file);
           result.waited_ns = sys::monotonic_ns() - start;
+          alarm->disarm();
           return result;
         }
       }
     }
     // Locked. The path must still name this inode: a lock on a file that was
     // deleted or replaced meanwhile protects nothing.
-    const bool dir_ok = dir_intact(dir);
-    if (dir_ok && lock_path_intact(dir, file)) {
+    const IntactCheck check = lock_intact(dir, file);
+    if (!check.intact && check.err != 0) {
+      fail_errno(exit_code::kOsError, "cannot check that " + lock_display(dir) + " is still the file locked", check.err,
+                 "The command was not run.");
+    }
+    if (*check.intact) {
       result.status = AcquireResult::Status::Acquired;
       result.file = std::move(file);
       result.waited_ns = sys::monotonic_ns() - start;
+      if (alarm) alarm->disarm();
       return result;
     }
     observer.on_replaced(++result.replaced);
@@ -319,7 +378,7 @@ AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, Ac
     }
     // DIR itself was removed or replaced: look it up again by its path (66 if
     // it is gone, as for a run started now).
-    if (!dir_ok) {
+    if (!dir_intact(dir).value_or(false)) {
       file.fd.reset();
       dir = open_lock_dir(dir.path);
     }

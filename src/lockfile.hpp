@@ -74,10 +74,17 @@ AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, Ac
 std::optional<std::string> network_file_system(int fd);
 std::optional<std::string> network_fs_name(unsigned long f_type);
 
-// Whether DIR/.state.lock still names the inode of `file`.
-bool lock_path_intact(const LockDir& dir, const LockFile& file);
+// Whether DIR/.state.lock still names the inode of `file`: nullopt (errno
+// set) when that cannot be told (a failed stat other than ENOENT/ENOTDIR).
+std::optional<bool> lock_path_intact(const LockDir& dir, const LockFile& file);
 // Whether DIR's path still names the directory that was opened, and it has
-// not been removed.
-bool dir_intact(const LockDir& dir);
+// not been removed; nullopt (errno set) when that cannot be told.
+std::optional<bool> dir_intact(const LockDir& dir);
+// Both, and the errno of a check that could not be made (0 when none).
+struct IntactCheck {
+  std::optional<bool> intact;
+  int err = 0;
+};
+IntactCheck lock_intact(const LockDir& dir, const LockFile& file);
 
 }  // namespace looplock

@@ -65,6 +65,10 @@ void Logger::warn(const std::string& event, const std::string& message, const Js
   if (verbosity_ != Verbosity::Quiet) emit("warning", event, message, {}, fields);
 }
 
+void Logger::warn_always(const std::string& event, const std::string& message, const Json& fields) const {
+  emit("warning", event, message, {}, fields);
+}
+
 void Logger::result(const std::string& event, const std::string& message, const Json& fields) const {
   emit("notice", event, message, {}, fields);
 }

@@ -26,6 +26,9 @@ public:
              const Json& fields = {}) const;
   // Warnings are printed unless --quiet.
   void warn(const std::string& event, const std::string& message, const Json& fields = {}) const;
+  // A warning that --quiet does not hide (a lock left held by what the
+  // command started).
+  void warn_always(const std::string& event, const std::string& message, const Json& fields = {}) const;
   // A result line the caller acts on (noop-locked): printed even with --quiet.
   void result(const std::string& event, const std::string& message, const Json& fields = {}) const;
   // Progress, printed only with --verbose.

@@ -1,9 +1,18 @@
 // Nesting: a looplock whose command (directly or further down) starts another
 // looplock on the same lock must not wait for itself. The outer looplock
-// exports LOOPLOCK_HOLDER_PID and LOOPLOCK_HOLDER_FD; the inner one trusts
-// them only when that pid is itself or a live ancestor whose fd is this very
-// lock file and holds the flock(2) lock on it (/proc/PID/fdinfo), so a forged
-// or stale environment never bypasses the lock.
+// exports LOOPLOCK_HOLDER_PID and LOOPLOCK_HOLDER_FD (and, without -o,
+// LOOPLOCK_FD); the inner one runs at once only when the kernel confirms that
+// it is inside the critical section, so a forged or stale environment never
+// bypasses the lock:
+// - its own descriptor (the number in LOOPLOCK_HOLDER_FD or LOOPLOCK_FD),
+//   inherited from the outer looplock, is this very lock file and the lock is
+//   held through it: then this process is a holder already. Checked through
+//   /proc/self/fdinfo, or, where /proc cannot be read (a mount namespace
+//   without it, a pid namespace without its own), with non-blocking flock(2)
+//   calls that change nothing when the lock is held (see holds_through());
+// - or, for a command that closed the descriptor (Python's subprocess does),
+//   LOOPLOCK_HOLDER_PID is a live ancestor whose descriptor holds the lock,
+//   as /proc/PID/fdinfo reports: this needs /proc of this pid namespace.
 #pragma once
 
 #include <sys/stat.h>
@@ -16,14 +25,26 @@
 namespace looplock {
 
 struct OuterHolder {
-  pid_t pid;
-  int fd;
+  pid_t pid;  // the outer looplock, as the environment names it (0 if it does not)
+  int fd;     // the descriptor through which the lock is held
+  bool inherited;  // the descriptor is this process's own
 };
 
-// The holder named by the environment, if it really holds `lock_file`'s lock
-// (exclusively, when `exclusive`) and is `self` or an ancestor of it.
-std::optional<OuterHolder> find_outer_holder(const EnvList& env, const struct stat& lock_file, bool exclusive,
-                                             pid_t self);
+// The outer holder of the lock file `lock_file` (found in DIR, open as
+// `dirfd`), if the environment names one that really holds it (exclusively,
+// when `exclusive`) on behalf of this process `self`.
+std::optional<OuterHolder> find_outer_holder(const EnvList& env, int dirfd, const struct stat& lock_file,
+                                             bool exclusive, pid_t self);
+
+// Whether the lock on `lock_file` is held through this process's descriptor
+// `fd` (exclusively, when `exclusive`): from /proc/self/fdinfo, else by
+// probing (a fresh shared attempt on a new descriptor from `dirfd`, then an
+// exclusive attempt on `fd`, which is a no-op when `fd` holds the lock and
+// fails without effect when another does).
+bool holds_through(int fd, int dirfd, const struct stat& lock_file, bool exclusive);
+// The probe alone (exposed for tests): true only when `fd` holds the lock
+// exclusively.
+bool probe_holds_through(int fd, int dirfd, const struct stat& lock_file);
 
 // The fd named by $LOOPLOCK_FD, if this process has it open on `lock_file`.
 std::optional<int> inherited_lock_fd(const EnvList& env, const struct stat& lock_file);

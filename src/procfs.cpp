@@ -106,6 +106,50 @@ std::optional<std::string> pid_start(pid_t pid) {
   return parse_stat_start(*s);
 }
 
+std::optional<std::string> own_start() {
+  auto s = sys::read_file("/proc/self/stat", 4096);
+  if (!s) return std::nullopt;
+  return parse_stat_start(*s);
+}
+
+bool proc_is_ours() {
+  char buf[32];
+  const ssize_t n = readlink("/proc/self", buf, sizeof buf - 1);
+  if (n <= 0) return false;
+  return std::string_view(buf, static_cast<size_t>(n)) == std::to_string(getpid());
+}
+
+std::vector<pid_t> parse_ns_pids(std::string_view status) {
+  std::vector<pid_t> out;
+  size_t at = 0;
+  while (at < status.size()) {
+    size_t nl = status.find('\n', at);
+    if (nl == std::string_view::npos) nl = status.size();
+    std::string_view line = status.substr(at, nl - at);
+    at = nl + 1;
+    if (!line.starts_with("NSpid:")) continue;
+    for (auto w : words(line.substr(6))) {
+      auto v = to_number<long>(w);
+      if (!v) return {};
+      out.push_back(static_cast<pid_t>(*v));
+    }
+    break;
+  }
+  return out;
+}
+
+std::vector<pid_t> ns_pids(pid_t pid) {
+  auto s = sys::read_file(pid == 0 ? std::string("/proc/self/status") : proc_path(pid, "status"), 1 << 16);
+  return s ? parse_ns_pids(*s) : std::vector<pid_t>{};
+}
+
+std::optional<std::string> comm(pid_t pid) {
+  auto s = sys::read_file(proc_path(pid, "comm"), 256);
+  if (!s) return std::nullopt;
+  while (!s->empty() && s->back() == '\n') s->pop_back();
+  return s;
+}
+
 std::optional<pid_t> parent_pid(pid_t pid) {
   auto s = sys::read_file(proc_path(pid, "stat"), 4096);
   if (!s) return std::nullopt;
@@ -141,9 +185,9 @@ std::vector<KernelLock> parse_proc_locks(std::string_view content, const struct 
   return out;
 }
 
-std::vector<KernelLock> flock_holders(const struct stat& file) {
+std::optional<std::vector<KernelLock>> flock_holders(const struct stat& file) {
   auto content = sys::read_file("/proc/locks", 64 << 20);
-  if (!content) return {};
+  if (!content) return std::nullopt;
   return parse_proc_locks(*content, file);
 }
 
@@ -163,14 +207,28 @@ bool parse_fdinfo_holds(std::string_view fdinfo, const struct stat& file, bool e
   return false;
 }
 
-bool fd_holds_flock(pid_t pid, int fd, const struct stat& file, bool exclusive) {
-  if (pid <= 0 || fd < 0) return false;
+namespace {
+
+// The lock held through /proc/PID/fd/FD on `file`, if any.
+std::optional<KernelLock> fd_lock(pid_t pid, int fd, const struct stat& file) {
+  if (pid <= 0 || fd < 0) return std::nullopt;
   std::string base = "/proc/" + std::to_string(pid);
   struct stat target {};
-  if (stat((base + "/fd/" + std::to_string(fd)).c_str(), &target) != 0) return false;
-  if (!sys::same_file(target, file)) return false;
+  if (stat((base + "/fd/" + std::to_string(fd)).c_str(), &target) != 0) return std::nullopt;
+  if (!sys::same_file(target, file)) return std::nullopt;
   auto info = sys::read_file(base + "/fdinfo/" + std::to_string(fd), 1 << 20);
-  return info && parse_fdinfo_holds(*info, file, exclusive);
+  if (!info) return std::nullopt;
+  for (const auto exclusive : {true, false}) {
+    if (parse_fdinfo_holds(*info, file, exclusive)) return KernelLock{pid, exclusive};
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+bool fd_holds_flock(pid_t pid, int fd, const struct stat& file, bool exclusive) {
+  auto k = fd_lock(pid, fd, file);
+  return k && (!exclusive || k->exclusive);
 }
 
 namespace {
@@ -221,17 +279,24 @@ std::vector<pid_t> all_pids() {
   return out;
 }
 
-std::vector<pid_t> pids_holding_flock(const std::vector<pid_t>& pids, const struct stat& file) {
-  std::vector<pid_t> out;
+std::vector<KernelLock> fd_holders(const std::vector<pid_t>& pids, const struct stat& file) {
+  std::vector<KernelLock> out;
   for (pid_t p : pids) {
     for (const auto& fd : dir_entries("/proc/" + std::to_string(p) + "/fd")) {
       auto n = to_number<int>(fd);
-      if (n && fd_holds_flock(p, *n, file, /*exclusive=*/false)) {
-        out.push_back(p);
+      if (!n) continue;
+      if (auto k = fd_lock(p, *n, file)) {
+        out.push_back(*k);
         break;
       }
     }
   }
+  return out;
+}
+
+std::vector<pid_t> pids_holding_flock(const std::vector<pid_t>& pids, const struct stat& file) {
+  std::vector<pid_t> out;
+  for (const auto& k : fd_holders(pids, file)) out.push_back(k.pid);
   return out;
 }
 

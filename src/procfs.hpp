@@ -15,6 +15,9 @@ namespace looplock::procfs {
 
 // Field 22 of /proc/PID/stat (start time in clock ticks after boot), as text.
 std::optional<std::string> pid_start(pid_t pid);
+// The same for this process, from /proc/self/stat (right even when /proc
+// belongs to another pid namespace, where /proc/PID names someone else).
+std::optional<std::string> own_start();
 // Parses the start time out of /proc/PID/stat content (exposed for tests).
 std::optional<std::string> parse_stat_start(std::string_view stat);
 // Parent pid from /proc/PID/stat.
@@ -27,12 +30,34 @@ bool is_self_or_ancestor(pid_t pid, pid_t self);
 // Whether a process with this pid exists (kill(pid, 0); EPERM counts as alive).
 bool pid_alive(pid_t pid);
 
+// Whether /proc shows this process's own pid namespace (/proc/self is its
+// pid): only then do pids from /proc and from getpid() name the same
+// processes.
+bool proc_is_ours();
+
+// The pid of `pid` in each pid namespace from /proc's down to its own
+// (NSpid in /proc/PID/status: one entry outside any child namespace); pid
+// 0 is this process (/proc/self).
+std::vector<pid_t> ns_pids(pid_t pid);
+std::vector<pid_t> parse_ns_pids(std::string_view status);
+
+// The process's name (/proc/PID/comm: the executable's base name, at most
+// 15 bytes), or nullopt.
+std::optional<std::string> comm(pid_t pid);
+
 struct KernelLock {
   pid_t pid = 0;
   bool exclusive = true;
+  // When `pid` holds the lock through a descriptor another process took it
+  // on (and passed on): that process, as /proc/locks still names it; else 0.
+  pid_t locked_by = 0;
 };
-// The flock(2) locks that /proc/locks reports on this inode (waiters excluded).
-std::vector<KernelLock> flock_holders(const struct stat& file);
+// The flock(2) locks that /proc/locks reports on this inode (waiters
+// excluded); nullopt, with errno set, when /proc/locks cannot be read. Its
+// pid is the process that took the lock, which may have exited since,
+// passing the descriptor on; a holder outside /proc's pid namespace is not
+// listed at all.
+std::optional<std::vector<KernelLock>> flock_holders(const struct stat& file);
 std::vector<KernelLock> parse_proc_locks(std::string_view content, const struct stat& file);
 
 // Whether the open file description behind /proc/PID/fd/FD is `file` and holds a
@@ -48,7 +73,9 @@ std::vector<pid_t> descendants(pid_t pid);
 std::vector<pid_t> all_pids();
 
 // Those of `pids` that have an fd on `file` whose open file description
-// holds a flock(2) lock on it.
+// holds a flock(2) lock on it, with the lock's mode.
+std::vector<KernelLock> fd_holders(const std::vector<pid_t>& pids, const struct stat& file);
+// The same, pids only.
 std::vector<pid_t> pids_holding_flock(const std::vector<pid_t>& pids, const struct stat& file);
 
 }  // namespace looplock::procfs

@@ -191,7 +191,7 @@ def incident_rows(loop_dir):
     p = Path(loop_dir) / ".state.lock.incidents.jsonl"
     if not p.exists():
         return []
-    return [json.loads(line) for line in p.read_text().splitlines()]
+    return [json.loads(line) for line in p.read_text().splitlines() if line]
 
 
 def signame(sig):
@@ -524,3 +524,42 @@ def pty_job(procs):
             pass
     for m in masters:
         os.close(m)
+
+
+# --- namespaces (test_nesting.py, test_inspect.py, test_jobs.py) ----------------------
+
+# Runs a command in a mount namespace of its own where /proc is an empty
+# tmpfs: as in a container without /proc.
+NO_PROC = ["unshare", "--mount", "--propagation", "private", "sh", "-c", 'mount -t tmpfs none /proc && exec "$@"', "sh"]
+# Runs a command as PID 1 of a new pid namespace with its own /proc.
+PID_NS = ["unshare", "--pid", "--fork", "--mount-proc"]
+
+
+def need_no_proc():
+    probe = subprocess.run([*NO_PROC, "sh", "-c", "test ! -e /proc/self"], capture_output=True, text=True,
+                           timeout=TIMEOUT)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot hide /proc in a mount namespace here: {probe.stderr.strip()}")
+
+
+def need_pid_namespace():
+    probe = subprocess.run([*PID_NS, "true"], capture_output=True, text=True, timeout=TIMEOUT)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a pid namespace here: {probe.stderr.strip()}")
+
+
+@pytest.fixture
+def world_dir():
+    """A fresh 0755 directory under /tmp (whose parents other users can
+    search), with a loop dir in it; removed at the end."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="looplock-world-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    d = base / "loop"
+    d.mkdir(mode=0o755)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

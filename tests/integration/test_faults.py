@@ -39,9 +39,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (EX_CANTCREAT, EX_NOINPUT, EX_TEMPFAIL, EX_VANISHED, LOOPLOCK, PY, TIMEOUT, eventually,
-                      expect_line, flock_holder, helper, incident_rows, kill_and_wait_gone, lock_is_free, read_record,
-                      release, run)
+from conftest import (EX_CANTCREAT, EX_NOINPUT, EX_OSERR, EX_TEMPFAIL, EX_VANISHED, LOOPLOCK, PY, TIMEOUT, eventually,
+                      expect_line, expect_stderr, flock_holder, helper, incident_rows, kill_and_wait_gone, lock_is_free,
+                      read_record, release, run, start)
+
+SIGWAIT_HELPER = helper("sigwait_print.py")
 
 LOCK = ".state.lock"
 INCIDENTS = ".state.lock.incidents.jsonl"
@@ -678,3 +680,209 @@ def test_background_process_without_the_fd_is_no_leak(loop_dir, daemons):
     assert r.returncode == 0, r.stderr
     assert r.stderr == ""
     assert lock_is_free(loop_dir)
+
+
+def test_leaked_lock_warning_is_not_hidden_by_quiet(loop_dir, daemons):
+    """-q hides warnings, not this one: the lock stays held after looplock."""
+    r = run(["-q", loop_dir, "--", PY, helper("spawn_daemon.py"), str(TIMEOUT)])
+    daemon = int(r.stdout)
+    daemons.append(daemon)
+    assert r.returncode == 0, r.stderr
+    (line,) = looplock_lines(r.stderr)
+    assert f"pid {daemon}" in line and "still holds" in line, line
+
+
+def test_next_run_names_the_process_that_really_holds_the_lock(loop_dir, daemons):
+    """looplock released normally, but a daemon its command started keeps
+    the descriptor: the kernel still names looplock (which has exited); the
+    next run's timeout line and incident row name the daemon."""
+    first = start([loop_dir, "--", PY, helper("spawn_daemon.py"), str(TIMEOUT)], stdin=subprocess.DEVNULL)
+    out, err = first.communicate(timeout=TIMEOUT)
+    daemon = int(out)
+    daemons.append(daemon)
+    r = run(["-w", "0.2", loop_dir, "--", "true"])
+    assert r.returncode == EX_TEMPFAIL, r.stderr
+    assert f"by pid {daemon} (sleep), left holding the lock by looplock pid {first.pid}" in r.stderr, r.stderr
+    (row,) = incident_rows(loop_dir)
+    assert row["holder_pids"] == [daemon]
+    assert row["holder"]["pid"] == first.pid
+
+
+def test_next_run_names_what_a_killed_looplock_left_holding_the_lock(loop_dir, daemons):
+    """looplock killed with KILL: its command (sh) dies with it (parent-death
+    signal), but the sleep that sh started keeps the lock through the
+    inherited descriptor. The record still says looplock holds it."""
+    p = start(["-p", "blocking", loop_dir, "-c", "sleep 30 & echo $!; wait"], stdin=subprocess.DEVNULL)
+    sleeper = int(read_line(p.stdout))
+    daemons.append(sleeper)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(timeout=TIMEOUT)
+    r = run(["-w", "0.2", loop_dir, "--", "true"])
+    assert r.returncode == EX_TEMPFAIL, r.stderr
+    assert (f"by pid {sleeper} (sleep), left holding the lock by looplock pid {p.pid} " in r.stderr
+            and "which has exited" in r.stderr), r.stderr
+    (row,) = incident_rows(loop_dir)
+    assert row["holder_pids"] == [sleeper]
+    assert row["holder"]["pid"] == p.pid and row["holder_alive"] is False
+
+
+# --- a short incident write ---------------------------------------------------------
+
+
+def test_a_row_cut_short_never_corrupts_the_next_one(loop_dir, holders):
+    """RLIMIT_FSIZE cuts one row short (no newline); the next timeout's row
+    still starts on a line of its own, and readers count the damaged line."""
+    holders(loop_dir, tool="flock")
+    incidents = loop_dir / INCIDENTS
+    incidents.write_text("")
+    limit = 60  # bytes: in the middle of the first row
+
+    def small_files():
+        import resource
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    r = subprocess.run([LOOPLOCK, "-w", "0.1", str(loop_dir), "--", "true"], capture_output=True, text=True,
+                       timeout=TIMEOUT, preexec_fn=small_files)
+    assert r.returncode == EX_TEMPFAIL, r.stderr
+    assert "cannot append the incident row" in r.stderr
+    assert incidents.stat().st_size == limit and not incidents.read_bytes().endswith(b"\n")
+    r = run(["-w", "0.1", loop_dir, "--", "true"])
+    assert r.returncode == EX_TEMPFAIL, r.stderr
+    lines = incidents.read_text().split("\n")
+    assert len(lines[0]) == limit and lines[2] == ""
+    row = json.loads(lines[1])
+    assert row["error_code"] == "lock_acquire_timeout"
+    obj = json.loads(run(["--inspect", "--json", loop_dir]).stdout)
+    assert obj["incidents"]["count"] == 2 and obj["incidents"]["malformed"] == 1
+    assert obj["incidents"]["latest"]["at"] == row["at"]
+
+
+# --- calls whose failure must not go unnoticed (strace injects the failure) --------
+
+
+def strace_inject(*injects, trace_children=False):
+    """strace's command line that fails the given calls ("fcntl:error=EIO");
+    strace tampers only with calls it traces."""
+    names = ",".join(sorted({i.split(":")[0] for i in injects}))
+    return ["strace", *(["-f"] if trace_children else []), "-qq", "-o", "/dev/null", "-e", f"trace={names}",
+            *[a for i in injects for a in ("-e", f"inject={i}")]]
+
+
+def strace_run(inject, args, trace_children=False, **kw):
+    return subprocess.run([*strace_inject(inject, trace_children=trace_children), LOOPLOCK, *map(str, args)],
+                          capture_output=True, text=True, timeout=TIMEOUT, **kw)
+
+
+@pytest.mark.parametrize("mode", [["-F"], []], ids=["no-fork", "fork"])
+def test_failing_f_setfd_never_runs_the_command_without_the_lock(loop_dir, mode):
+    """Without F_SETFD the lock descriptor would close on exec: the command
+    would run without the lock."""
+    need_strace()
+    marker = loop_dir / "ran"
+    r = strace_run("fcntl:error=EIO", [*mode, loop_dir, "--", "touch", marker], trace_children=not mode)
+    assert r.returncode == EX_OSERR, r.stderr
+    assert "cannot pass the lock descriptor to the command" in r.stderr
+    assert not marker.exists()
+
+
+def test_failing_timer_settime_never_makes_the_wait_unbounded(loop_dir):
+    need_strace()
+    h = flock_holder(loop_dir / LOCK)
+    try:
+        r = strace_run("timer_settime:error=EINVAL", ["-w", "2", loop_dir, "--", "true"])
+    finally:
+        release(h)
+    assert r.returncode == EX_OSERR, r.stderr
+    assert "cannot arm the deadline timer" in r.stderr
+
+
+def test_failing_timer_delete_leaves_no_timer_firing(loop_dir, tmp_path):
+    """The timer is disarmed instead; looplock neither dies of SIGALRM nor
+    passes the timer's SIGALRMs to the command."""
+    need_strace()
+    h = flock_holder(loop_dir / LOCK)
+    out = tmp_path / "signals"
+    p = subprocess.Popen([*strace_inject("timer_delete:error=EINVAL"), LOOPLOCK, "-v", "-w", "20", str(loop_dir), "--", PY, SIGWAIT_HELPER], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        expect_stderr(p, "waiting for")
+        release(h)
+        assert read_line(p.stdout).strip() == "ready"
+        time.sleep(0.3)  # a timer still firing every millisecond would show up here
+        p.stdin.close()
+        p.wait(timeout=TIMEOUT)
+        got, err = p.stdout.read(), p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=TIMEOUT)
+        release(h)
+    assert p.returncode == 0, err
+    assert "SIGALRM" not in got
+
+
+def test_failing_timer_delete_and_disarm_is_71(loop_dir):
+    need_strace()
+    h = flock_holder(loop_dir / LOCK)
+    p = subprocess.Popen([*strace_inject("timer_delete:error=EINVAL", "timer_settime:error=EINVAL:when=2+"),
+                          LOOPLOCK, "-v", "-w", "20", str(loop_dir),
+                          "--", "touch", str(loop_dir / "ran")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        expect_stderr(p, "waiting for")
+        release(h)
+        _, err = p.communicate(timeout=TIMEOUT)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=TIMEOUT)
+        release(h)
+    assert p.returncode == EX_OSERR, err
+    assert "cannot stop the deadline timer" in err
+    assert not (loop_dir / "ran").exists()
+
+
+def test_wait_answering_echild_does_not_hang_looplock(loop_dir):
+    """wait(2) saying "no child" while the command runs: looplock stops (71)
+    rather than wait forever holding the lock; the command goes with it."""
+    need_strace()
+    t0 = time.monotonic()
+    r = strace_run("wait4:error=ECHILD", [loop_dir, "--", "sleep", "20"])
+    assert r.returncode == EX_OSERR, r.stderr
+    assert "lost track of the command" in r.stderr
+    assert time.monotonic() - t0 < 15
+    assert eventually(lambda: lock_is_free(loop_dir))
+
+
+def test_a_failed_stat_after_the_command_is_not_a_vanished_dir(loop_dir, tmp_path):
+    """The check after the command cannot stat DIR by its path (EIO): a
+    warning, and the command's status, not "loop dir vanished mid-lock" (74)."""
+    need_strace()
+    trace = tmp_path / "trace"
+    base = subprocess.run(["strace", "-qq", "-o", str(trace), "-e", "trace=newfstatat", LOOPLOCK, str(loop_dir),
+                           "--", "true"], capture_output=True, text=True, timeout=TIMEOUT)
+    assert base.returncode == 0, base.stderr
+    calls = [l for l in trace.read_text().splitlines() if l.startswith("newfstatat(")]
+    by_path = [i for i, l in enumerate(calls, 1) if l.startswith(f'newfstatat(AT_FDCWD, "{loop_dir}"')]
+    assert len(by_path) == 2, calls  # after taking the lock, and after the command
+    r = strace_run(f"newfstatat:error=EIO:when={by_path[1]}", [loop_dir, "--", "true"])
+    assert r.returncode == 0, r.stderr
+    assert "vanished mid-lock" not in r.stderr
+    assert "cannot check whether" in r.stderr and "Input/output error" in r.stderr
+
+
+def test_allocation_failure_is_a_message_and_71_not_an_abort(loop_dir):
+    """Copying a big command line fails under RLIMIT_DATA: before main's
+    catch, that aborted (and could leave a core file)."""
+    big = ["x" * 100_000] * 15
+
+    def small_heap():
+        import resource
+        resource.setrlimit(resource.RLIMIT_DATA, (512 * 1024, 512 * 1024))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    r = subprocess.run([LOOPLOCK, str(loop_dir), "--", "true", *big], capture_output=True, text=True,
+                       timeout=TIMEOUT, preexec_fn=small_heap)
+    assert r.returncode == EX_OSERR, (r.returncode, r.stderr[-500:])
+    assert r.stderr == "looplock: out of memory\n"
+    # The control: the same command line with room runs.
+    assert run([loop_dir, "--", "true", *big]).returncode == 0

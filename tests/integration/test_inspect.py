@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (EX_NOINPUT, EX_TEMPFAIL, PY, TIMEOUT, Holder, eventually, expect_line, helper, incident_rows,
-                      lock_is_free, run, running)
+from conftest import (EX_NOINPUT, EX_TEMPFAIL, LOOPLOCK, NO_PROC, PID_NS, PY, TIMEOUT, Holder, eventually, expect_line,
+                      helper, incident_rows, lock_is_free, need_no_proc, need_pid_namespace, run, running)
 
 LOCK = ".state.lock"
 INCIDENTS = ".state.lock.incidents.jsonl"
@@ -68,7 +68,8 @@ def check_keys(obj, loop_dir):
     assert obj["lock_file"].endswith(LOCK)
     assert obj["lock_id"] == expected_lock_id(loop_dir)
     assert isinstance(obj["exists"], bool)
-    assert isinstance(obj["kernel"]["held"], bool)
+    # held is null exactly when the kernel's view is unknown (never "free" then).
+    assert isinstance(obj["kernel"]["held"], bool) or (obj["kernel"]["held"] is None and obj["kernel"]["unknown"])
     assert isinstance(obj["kernel"]["holder_pids"], list)
     assert obj["kernel"]["mode"] in (("exclusive", "shared") if obj["kernel"]["held"] else (None,))
     assert isinstance(obj["warnings"], list) and all(isinstance(w, str) for w in obj["warnings"])
@@ -377,3 +378,84 @@ def test_hostile_identity_cannot_forge_report_lines(loop_dir, holders):
     actions = [ln for ln in text.splitlines() if ln.startswith("action")]
     assert len(actions) == 1 and "delete the lock file" not in actions[0].replace("Never delete the lock file", ""), text
     h.release()
+
+
+# --- what inspect cannot see ---------------------------------------------------------
+#
+# It says "unknown", never "free", and names why; a live holder seen from
+# another pid namespace, or without a readable start time, is described as
+# such, not as gone.
+
+
+def inspect_json_via(prefix, loop_dir):
+    r = subprocess.run([*prefix, LOOPLOCK, "--inspect", "--json", str(loop_dir)], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    obj = json.loads(r.stdout)
+    check_keys(obj, loop_dir)
+    return obj
+
+
+def assert_unknown(obj, why):
+    assert obj["kernel"]["held"] is None, obj["kernel"]
+    assert why in obj["kernel"]["unknown"], obj["kernel"]
+    assert obj["operator_action"].startswith("unknown"), obj["operator_action"]
+    assert any("unknown" in w for w in obj["warnings"]), obj["warnings"]
+
+
+def test_unreadable_proc_locks_is_unknown_not_free(loop_dir, holders):
+    """Five descriptors: stdio, DIR and the lock file; /proc/locks cannot be opened."""
+    holders(loop_dir, tool="flock")
+    obj = inspect_json_via(["prlimit", "--nofile=5"], loop_dir)
+    assert_unknown(obj, "cannot read /proc/locks: Too many open files")
+    r = subprocess.run(["prlimit", "--nofile=5", LOOPLOCK, "--inspect", str(loop_dir)], capture_output=True,
+                       text=True, timeout=TIMEOUT)
+    assert "kernel    unknown (cannot read /proc/locks: Too many open files)" in r.stdout, r.stdout
+    assert "free" not in r.stdout, r.stdout
+
+
+def test_no_proc_is_unknown_not_free(loop_dir, holders):
+    need_no_proc()
+    holders(loop_dir, tool="flock")
+    assert_unknown(inspect_json_via(NO_PROC, loop_dir), "cannot read /proc/locks")
+
+
+def test_a_holder_outside_the_pid_namespace_is_unknown_not_free(loop_dir, holders):
+    need_pid_namespace()
+    holders(loop_dir, tool="flock")
+    assert_unknown(inspect_json_via(PID_NS, loop_dir), "pid namespace of its own")
+    # The control: from here the same lock is seen held.
+    assert inspect(loop_dir)[0]["kernel"]["held"] is True
+
+
+def test_a_holder_whose_record_was_written_in_a_pid_namespace_is_alive(loop_dir, holders):
+    """A containerised looplock writes its pid as seen inside (1); from here
+    that holder has another pid, found through NSpid and the start time."""
+    need_pid_namespace()
+    p = subprocess.Popen([*PID_NS, LOOPLOCK, "-p", "blocking", str(loop_dir), "--", PY, helper("wait_stdin.py")],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        expect_line(p, "ready")
+        obj, text = inspect(loop_dir)
+        assert obj["record"]["holder"]["pid"] == 1
+        assert obj["record"]["pid_alive"] is True and obj["record"]["same_process"] is True
+        assert "in its own pid namespace" in obj["record"]["pid_note"]
+        assert not any(re.search(r"reuse|dead", w) for w in obj["warnings"]), obj["warnings"]
+        assert "alive, same process, pid 1 in its own pid namespace" in text, text
+    finally:
+        Holder(p).release()
+
+
+def test_a_record_without_a_start_time_is_not_a_reused_pid(loop_dir, forged_holder):
+    """Written where /proc could not be read: the start time is empty. The
+    holder is alive and holds the lock: no "pid reused" warning."""
+    h = forged_holder(loop_dir, forged_record(loop_dir, blank_start=True))
+    obj, text = inspect(loop_dir)
+    assert obj["record"]["holder"]["pid"] == h.pid and obj["record"]["holder"]["pid_start"] == ""
+    assert obj["record"]["pid_alive"] is True and obj["record"]["same_process"] is None
+    assert obj["warnings"] == [], obj["warnings"]
+    assert "alive (its start time cannot be compared)" in text, text
+    # A timeout behind it names it as the live holder, too.
+    r = run(["-w", "0.1", loop_dir, "--", "true"])
+    assert r.returncode == EX_TEMPFAIL
+    assert incident_rows(loop_dir)[-1]["holder_alive"] is True

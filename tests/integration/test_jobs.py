@@ -22,6 +22,7 @@ import pytest
 
 from conftest import (
     LOOPLOCK,
+    PID_NS,
     PY,
     S,
     SIGWAIT,
@@ -33,6 +34,7 @@ from conftest import (
     fresh_signals,
     incident_rows,
     lock_is_free,
+    need_pid_namespace,
     run,
     running,
     wait_until,
@@ -166,14 +168,7 @@ def test_hangup_reaches_the_job_of_a_session_leader(loop_dir, procs):
 # --- PID 1 of a pid namespace ----------------------------------------------------
 
 
-def need_pid_namespace():
-    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, text=True,
-                           timeout=TIMEOUT)
-    if probe.returncode != 0:
-        pytest.skip(f"cannot make a pid namespace here: {probe.stderr.strip()}")
-
-
-PID1 = ["unshare", "--pid", "--fork", "--mount-proc", LOOPLOCK]
+PID1 = [*PID_NS, LOOPLOCK]
 
 
 def pid1_of(unshare_pid):

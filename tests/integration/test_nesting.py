@@ -20,10 +20,14 @@ import time
 import pytest
 
 from conftest import (
+    NO_PROC,
+    PID_NS,
     fds_on,
     EX_TEMPFAIL,
     LOOPLOCK,
     PY,
+    need_no_proc,
+    need_pid_namespace,
     TIMEOUT,
     helper,
     incident_rows,
@@ -323,3 +327,84 @@ def test_close_holds_inside_a_nested_run(loop_dir):
     assert r.returncode == 0, r.stderr
     fd, count = r.stdout.split()
     assert fd != "unset" and count == "1"
+
+
+# --- without /proc, in pid namespaces, as another user ------------------------------
+#
+# The inner looplock recognises the outer one through the lock descriptor it
+# inherited, which the kernel confirms (/proc/self/fdinfo, or, without /proc,
+# flock(2) probes that change nothing): no pid needs to mean the same thing on
+# both sides, and no other process's /proc entries need to be readable.
+
+INNER_SH = "echo inner-ran; exit 7"
+
+
+def inner_plain(loop_dir, wait="1"):
+    return [LOOPLOCK, "-w", wait, str(loop_dir), "--", "sh", "-c", INNER_SH]
+
+
+@pytest.mark.parametrize("chain", ["direct", "sh"])
+def test_nesting_without_proc(loop_dir, chain):
+    need_no_proc()
+    r = subprocess.run([*NO_PROC, LOOPLOCK, "-p", "blocking", str(loop_dir), "--", *CHAINS[chain](inner_plain(loop_dir))],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == STATUS, r.stderr
+    assert r.stdout == "inner-ran\n"
+    assert lock_is_free(loop_dir)
+
+
+def test_nesting_without_proc_and_a_blocking_inner_run(loop_dir):
+    """-p blocking inside: before, it waited for its own parent forever."""
+    need_no_proc()
+    inner = [LOOPLOCK, "-p", "blocking", str(loop_dir), "--", "sh", "-c", INNER_SH]
+    r = subprocess.run([*NO_PROC, LOOPLOCK, "-p", "blocking", str(loop_dir), "--", *inner], capture_output=True,
+                       text=True, timeout=TIMEOUT)
+    assert r.returncode == STATUS, r.stderr
+
+
+def test_without_proc_an_fd_that_does_not_hold_the_lock_never_bypasses_it(loop_dir, holders):
+    """A forged environment naming a descriptor that is open on the lock file
+    but does not hold the lock (flock(1) holds it) still waits, and times out."""
+    need_no_proc()
+    holders(loop_dir, tool="flock")
+    lock = loop_dir / ".state.lock"
+    script = (f'exec 9<{lock}; LOOPLOCK_HOLDER_PID=$$ LOOPLOCK_HOLDER_FD=9 LOOPLOCK_FD=9 '
+              f'exec {LOOPLOCK} -w 0.3 {loop_dir} -- echo ran')
+    r = subprocess.run([*NO_PROC, "sh", "-c", script], capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == EX_TEMPFAIL, r.stderr
+    assert "ran" not in r.stdout
+    assert len(incident_rows(loop_dir)) == 1
+
+
+def test_without_proc_a_shared_inner_run_inside_a_shared_outer_one(loop_dir):
+    need_no_proc()
+    inner = [LOOPLOCK, "-s", "-w", "1", str(loop_dir), "--", "sh", "-c", INNER_SH]
+    r = subprocess.run([*NO_PROC, LOOPLOCK, "-s", "-p", "blocking", str(loop_dir), "--", *inner], capture_output=True,
+                       text=True, timeout=TIMEOUT)
+    assert r.returncode == STATUS, r.stderr
+
+
+@pytest.mark.parametrize("own_proc", [True, False], ids=["own-proc", "host-proc"])
+def test_nesting_into_a_pid_namespace(loop_dir, own_proc):
+    """The inner looplock is PID 1 of a pid namespace (with its own /proc, or
+    seeing the host's): pids mean nothing across the boundary."""
+    need_pid_namespace()
+    ns = PID_NS if own_proc else [a for a in PID_NS if a != "--mount-proc"]
+    r = run(["-p", "blocking", loop_dir, "--", *ns, *inner_plain(loop_dir)])
+    assert r.returncode == STATUS, r.stderr
+    assert r.stdout == "inner-ran\n"
+
+
+@pytest.mark.parametrize("switch", [["runuser", "-u", "nobody", "--"], ["su", "-s", "/bin/sh", "nobody", "-c",
+                                                                       '"$0" "$@"', "--"]], ids=["runuser", "su"])
+def test_nesting_as_another_user_that_kept_the_descriptor(world_dir, switch):
+    """su and runuser keep the inherited descriptor: the inner looplock,
+    running as nobody, can read its own /proc entries but not the outer
+    looplock's, and is not the lock file's owner."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to switch users")
+    inner = [LOOPLOCK, "-w", "1", str(world_dir), "--", "sh", "-c", "id -u; exit 7"]
+    r = run(["-p", "blocking", world_dir, "--", *switch, *inner])
+    assert r.returncode == STATUS, r.stderr
+    assert r.stdout == "65534\n"
+    assert lock_is_free(world_dir)

@@ -81,11 +81,13 @@ TEST_CASE("JSON keys") {
   InspectReport r = looplock::build_report(held_by_record());
   CHECK(keys(r.json) == std::vector<std::string>{"lock_file", "lock_id", "exists", "kernel", "network_fs", "record",
                                                  "incidents", "warnings", "operator_action"});
-  CHECK(keys(r.json["kernel"]) == std::vector<std::string>{"held", "mode", "holder_pids", "fd_holder_pids"});
+  CHECK(keys(r.json["kernel"]) ==
+        std::vector<std::string>{"held", "unknown", "mode", "holder_pids", "fd_holder_pids"});
+  CHECK(r.json["kernel"]["unknown"].is_null());
   CHECK(r.json["kernel"]["fd_holder_pids"] == Json::array());
   CHECK(r.json["network_fs"].is_null());
   CHECK(keys(r.json["record"]) ==
-        std::vector<std::string>{"state", "holder", "released", "age_ms", "pid_alive", "same_process"});
+        std::vector<std::string>{"state", "holder", "released", "age_ms", "pid_alive", "same_process", "pid_note"});
   CHECK(keys(r.json["incidents"]) == std::vector<std::string>{"count", "malformed", "latest"});
   CHECK(r.json["lock_file"] == "loops/nightly/.state.lock");
   CHECK(r.json["lock_id"] == "0123456789abcdef");

@@ -154,7 +154,7 @@ TEST_CASE("open_lock_file creates a 0644 regular file and never truncates") {
   LockFile again = looplock::open_lock_file(d);
   CHECK(again.st.st_ino == st.st_ino);
   CHECK(testutil::slurp(path) == "previous record\n");
-  CHECK(looplock::lock_path_intact(d, again));
+  CHECK(looplock::lock_path_intact(d, again) == true);
 }
 
 TEST_CASE("open_lock_file refuses unsafe lock paths with 73") {
@@ -245,7 +245,7 @@ TEST_CASE("acquire_lock on a free lock") {
     CHECK(r.waited_ns >= 0);
     CHECK(r.waited_ns < 2000 * kMs);
     CHECK(lock_taken(path));
-    CHECK(looplock::lock_path_intact(d, r.file));
+    CHECK(looplock::lock_path_intact(d, r.file) == true);
     r.file.fd.reset();
     CHECK_FALSE(lock_taken(path));
   }
@@ -408,31 +408,31 @@ TEST_CASE("lock_path_intact and dir_intact") {
   CountingObserver obs;
   AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 0}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
   REQUIRE(r.status == AcquireResult::Status::Acquired);
-  CHECK(looplock::lock_path_intact(d, r.file));
-  CHECK(looplock::dir_intact(d));
+  CHECK(looplock::lock_path_intact(d, r.file) == true);
+  CHECK(looplock::dir_intact(d) == true);
 
   SUBCASE("unlinked") {
     REQUIRE(unlink(path.c_str()) == 0);
-    CHECK_FALSE(looplock::lock_path_intact(d, r.file));
+    CHECK(looplock::lock_path_intact(d, r.file) == false);
     testutil::write_file(path, "");  // recreated: another inode
-    CHECK_FALSE(looplock::lock_path_intact(d, r.file));
+    CHECK(looplock::lock_path_intact(d, r.file) == false);
   }
   SUBCASE("replaced by rename") {
     testutil::write_file(dir / "loop/new", "");
     REQUIRE(rename((dir / "loop/new").c_str(), path.c_str()) == 0);
-    CHECK_FALSE(looplock::lock_path_intact(d, r.file));
+    CHECK(looplock::lock_path_intact(d, r.file) == false);
   }
   SUBCASE("directory renamed") {
     REQUIRE(rename((dir / "loop").c_str(), (dir / "moved").c_str()) == 0);
-    CHECK_FALSE(looplock::dir_intact(d));
+    CHECK(looplock::dir_intact(d) == false);
     REQUIRE(mkdir((dir / "loop").c_str(), 0755) == 0);  // another directory at the path
-    CHECK_FALSE(looplock::dir_intact(d));
+    CHECK(looplock::dir_intact(d) == false);
   }
   SUBCASE("directory removed") {
     r.file.fd.reset();
     REQUIRE(unlink(path.c_str()) == 0);
     REQUIRE(rmdir((dir / "loop").c_str()) == 0);
-    CHECK_FALSE(looplock::dir_intact(d));
+    CHECK(looplock::dir_intact(d) == false);
   }
 }
 
@@ -460,7 +460,7 @@ TEST_CASE("a lock file replaced while waited for is retaken on the new file") {
   struct stat st {};
   REQUIRE(stat(path.c_str(), &st) == 0);
   CHECK(r.file.st.st_ino == st.st_ino);
-  CHECK(looplock::lock_path_intact(d, r.file));
+  CHECK(looplock::lock_path_intact(d, r.file) == true);
   CHECK(lock_taken(path));
 }
 

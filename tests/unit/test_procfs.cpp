@@ -214,11 +214,11 @@ TEST_CASE("flock_holders and fd_holds_flock on a real lock") {
   struct stat st {};
   REQUIRE(fstat(fd.get(), &st) == 0);
 
-  CHECK(procfs::flock_holders(st).empty());
+  CHECK(procfs::flock_holders(st).value().empty());
   CHECK_FALSE(procfs::fd_holds_flock(getpid(), fd.get(), st, false));
 
   REQUIRE(flock(fd.get(), LOCK_EX) == 0);
-  auto holders = procfs::flock_holders(st);
+  auto holders = procfs::flock_holders(st).value();
   REQUIRE(holders.size() == 1);
   CHECK(holders[0].pid == getpid());
   CHECK(holders[0].exclusive);
@@ -234,7 +234,7 @@ TEST_CASE("flock_holders and fd_holds_flock on a real lock") {
   struct stat st2 {};
   REQUIRE(stat((dir / "second").c_str(), &st2) == 0);
   CHECK_FALSE(procfs::fd_holds_flock(getpid(), fd.get(), st2, false));
-  CHECK(procfs::flock_holders(st2).empty());
+  CHECK(procfs::flock_holders(st2).value().empty());
   // Bad pid or fd.
   CHECK_FALSE(procfs::fd_holds_flock(getpid(), -1, st, false));
   CHECK_FALSE(procfs::fd_holds_flock(0, fd.get(), st, false));
@@ -244,13 +244,31 @@ TEST_CASE("flock_holders and fd_holds_flock on a real lock") {
   REQUIRE(flock(fd.get(), LOCK_SH) == 0);
   CHECK_FALSE(procfs::fd_holds_flock(getpid(), fd.get(), st, true));
   CHECK(procfs::fd_holds_flock(getpid(), fd.get(), st, false));
-  holders = procfs::flock_holders(st);
+  holders = procfs::flock_holders(st).value();
   REQUIRE(holders.size() == 1);
   CHECK_FALSE(holders[0].exclusive);
+  auto by_fd = procfs::fd_holders({getpid()}, st);
+  REQUIRE(by_fd.size() == 1);
+  CHECK_FALSE(by_fd[0].exclusive);
 
   REQUIRE(flock(fd.get(), LOCK_UN) == 0);
   CHECK_FALSE(procfs::fd_holds_flock(getpid(), fd.get(), st, false));
-  CHECK(procfs::flock_holders(st).empty());
+  CHECK(procfs::flock_holders(st).value().empty());
+}
+
+TEST_CASE("own_start, proc_is_ours, comm and ns_pids") {
+  CHECK(procfs::own_start() == procfs::pid_start(getpid()));
+  CHECK(procfs::proc_is_ours());
+  auto name = procfs::comm(getpid());
+  REQUIRE(name);
+  CHECK(name->starts_with("test_procfs"));
+  auto mine = procfs::ns_pids(0);
+  REQUIRE_FALSE(mine.empty());
+  CHECK(mine.back() == getpid());
+  CHECK(procfs::ns_pids(getpid()) == mine);
+  CHECK(procfs::parse_ns_pids("Name:\tx\nNSpid:\t4321\t1\nNSpgid:\t4321\t1\n") == std::vector<pid_t>{4321, 1});
+  CHECK(procfs::parse_ns_pids("Name:\tx\n").empty());
+  CHECK(procfs::parse_ns_pids("NSpid:\t12\tx\n").empty());
 }
 
 TEST_CASE("descendants and pids_holding_flock") {

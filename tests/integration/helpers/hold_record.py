@@ -6,7 +6,8 @@ acquired_at, another agent, ...).
 
 usage: hold_record.py LOCKFILE RECORD_JSON
   RECORD_JSON is a JSON object; its "pid" and "pid_start" are replaced by this
-  process's own unless it sets "keep_pid": true (which is then removed).
+  process's own unless it sets "keep_pid": true (which is then removed);
+  "blank_start": true leaves pid_start empty.
 """
 import fcntl
 import json
@@ -23,9 +24,12 @@ def pid_start(pid):
 path, record = sys.argv[1], json.loads(sys.argv[2])
 fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
 fcntl.flock(fd, fcntl.LOCK_EX)
+blank_start = record.pop("blank_start", False)
 if not record.pop("keep_pid", False):
     record["pid"] = os.getpid()
     record["pid_start"] = pid_start(os.getpid())
+if blank_start:  # as a writer without /proc leaves it
+    record["pid_start"] = ""
 data = (json.dumps(record, separators=(",", ":")) + "\n").encode()
 os.pwrite(fd, data, 0)
 os.ftruncate(fd, len(data))
