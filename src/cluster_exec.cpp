@@ -63,8 +63,9 @@ void exec_cluster_helper(char** argv, const EnvList& env, long long start_ns) {
   throw Fatal(exit_code::kClusterUnavailable,
               "cluster locking (--etcd or $LOOPLOCK_ETCD) needs " + std::string(kClusterHelperName) +
                   ", which is not installed (looked for " + tried + ")",
-              "Build looplock with libcurl (meson setup -Detcd=enabled) and install it, or run without --etcd "
-              "and without $LOOPLOCK_ETCD; the command did not run.");
+              "Install the looplock-etcd package (apt-get install looplock-etcd), or from source build with "
+              "libcurl (meson setup -Detcd=enabled) and install it; or run without --etcd and without "
+              "$LOOPLOCK_ETCD. The command did not run.");
 }
 
 std::optional<long long> take_handed_start(EnvList& env, long long now_ns) {
