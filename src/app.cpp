@@ -21,6 +21,7 @@
 #include "procfs.hpp"
 #include "spawn.hpp"
 #include "sys.hpp"
+#include "version.hpp"
 
 namespace looplock {
 
@@ -430,7 +431,9 @@ int main_program(int argc, char** argv, char** envp, etcd::Transport* etcd) {
       return sys::write_all(1, help_text()) ? 0 : exit_code::kOsError;
     }
     if (o.mode == Mode::Version) {
-      return sys::write_all(1, version_text()) ? 0 : exit_code::kOsError;
+      const bool helper = ctx.etcd != nullptr;  // this is looplock-etcd
+      const std::string etcd = helper ? "available, built in (this is looplock-etcd)" : cluster_helper_status();
+      return sys::write_all(1, version_text(build_info(helper), etcd)) ? 0 : exit_code::kOsError;
     }
     log = Logger(o.verbosity, o.log_format);
     if (!o.etcd.empty() && !ctx.etcd) exec_cluster_helper(argv, ctx.env, ctx.start_ns);
