@@ -124,7 +124,8 @@ def needed_libraries(binary):
 
 def test_version_says_how_it_is_linked():
     """The claim holds for the binary: "static" has no shared library,
-    "static except libc" needs libc alone."""
+    "static except libc" needs glibc's alone (libc, and the dynamic loader
+    for the thread-local storage of the libstdc++ linked in)."""
     if shutil.which("readelf") is None:
         pytest.skip("readelf is not installed (binutils)")
     linked = version_of(LOOPLOCK)["linked"]
@@ -132,7 +133,8 @@ def test_version_says_how_it_is_linked():
     if linked == "static":
         assert needed == []
     elif linked == "static except libc":
-        assert needed == ["libc.so.6"]
+        assert "libc.so.6" in needed, needed
+        assert [n for n in needed if not re.fullmatch(r"lib[cm]\.so\.6|ld-linux[\w.-]*\.so\.\d", n)] == [], needed
     else:
         assert linked.startswith("dynamic") and needed, (linked, needed)
 

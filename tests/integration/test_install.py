@@ -209,6 +209,32 @@ def test_fish_searches_the_install_dir(completion_paths, build_options, tmp_path
     require_searched("fish", completion_paths["fish"].parent, [Path(d) for d in r.stdout.splitlines()], build_options)
 
 
+BASH_COMPLETION = Path("/usr/share/bash-completion/bash_completion")
+
+
+def test_bash_completion_loads_it_from_the_install_dir(installed, completion_paths, build_options, tmp_path):
+    """bash-completion loads completions on demand from DATADIR/
+    bash-completion/completions of every XDG_DATA_DIRS entry, by default
+    /usr/local/share and /usr/share: its loader finds the installed file
+    (here through XDG_DATA_DIRS naming the destdir's copy)."""
+    if not BASH_COMPLETION.exists():
+        pytest.skip("bash-completion is not installed (scripts/packages.txt lists it)")
+    directory = completion_paths["bash"].parent
+    assert directory.parts[-2:] == ("bash-completion", "completions"), directory
+    if directory.parent.parent not in (Path("/usr/local/share"), Path("/usr/share")):
+        require_searched("bash-completion", directory, [Path("/usr/local/share/bash-completion/completions"),
+                                                        Path("/usr/share/bash-completion/completions")],
+                         build_options)
+    # The loader's default when XDG_DATA_DIRS is unset (as on a server login).
+    r = sh(["bash", "--norc", "--noprofile", "-c", f". {BASH_COMPLETION}; declare -f __load_completion"],
+           env=shell_env(tmp_path))
+    assert "${XDG_DATA_DIRS:-/usr/local/share:/usr/share}" in r.stdout, r.stdout
+    data_dir = installed.dest / directory.parent.parent.relative_to("/")
+    prog = f". {BASH_COMPLETION}; __load_completion looplock && complete -p looplock"
+    r = sh(["bash", "--norc", "--noprofile", "-c", prog], env=shell_env(tmp_path, XDG_DATA_DIRS=str(data_dir)))
+    assert (r.returncode, r.stdout) == (0, "complete -F _looplock looplock\n"), r.stderr
+
+
 def zsh_complete(fpath_dir, line, home, timeout=TIMEOUT):
     """What zsh's completion system offers for `line` (TAB at its end), in an
     interactive zsh on a pseudo-terminal, with `fpath_dir` first in $fpath and
