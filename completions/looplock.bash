@@ -1,9 +1,49 @@
 # bash completion for looplock(1)                          -*- shell-script -*-
 #
-# Completes looplock's options, the values of -p/--policy and --log-format,
-# DIR as a directory, and after "--" the command and its arguments (through
-# bash-completion's _command_offset when it is loaded, else command names and
-# file names). Needs no other part of bash-completion.
+# Completes looplock's options, the values of -p/--policy and --log-format
+# (also after a group of short options such as -qp), files and directories
+# where an option takes one, DIR as a directory (several with --inspect),
+# and after "--" the command and its arguments (through bash-completion's
+# _command_offset when it is loaded, else command names and file names).
+# Needs no other part of bash-completion.
+
+# Options that take a value (the next word, or "--opt=value"), and the short
+# options among them (a group like -qp ends with one).
+_looplock_value_opts='-p --policy -w --timeout -E --conflict-exit-code --skip-exit-code --agent --operation
+    --log-format --kill-after --max-time --metrics-dir --stale-after --etcd --lock-name --ttl
+    --etcd-cacert --etcd-cert --etcd-key --etcd-user --etcd-password-file'
+_looplock_value_shorts=pwE
+
+# The option whose value a word is, for a word "-qp" (a group of short
+# options ending in one that takes a value): "-p"; for "--policy": itself;
+# else nothing.
+_looplock_value_opt()
+{
+    local word=$1
+    case $word in
+        --*=* | -) return 1 ;;
+        --*)
+            case " ${_looplock_value_opts//$'\n'/ } " in
+                *" $word "*) printf '%s\n' "$word" ;;
+                *) return 1 ;;
+            esac
+            ;;
+        -*)
+            # The first value-taking letter of the group decides: it takes the
+            # rest of the word, or (when it is last) the next word.
+            local i c
+            for ((i = 1; i < ${#word}; i++)); do
+                c=${word:i:1}
+                if [[ $_looplock_value_shorts == *"$c"* ]]; then
+                    ((i == ${#word} - 1)) && printf -- '-%s\n' "$c" && return 0
+                    return 1
+                fi
+            done
+            return 1
+            ;;
+        *) return 1 ;;
+    esac
+}
 
 _looplock()
 {
@@ -12,11 +52,10 @@ _looplock()
     prev=
     ((COMP_CWORD > 0)) && prev=${COMP_WORDS[COMP_CWORD - 1]}
 
-    local value_opts='-p --policy -w --timeout -E --conflict-exit-code --skip-exit-code --agent --operation --log-format --kill-after --stale-after --etcd --lock-name --ttl'
-
-    # Find "--" (the command follows), "-c" (a shell command follows) and
-    # whether DIR has been given, skipping the values of value options.
-    local have_dir=0 skip=0
+    # Find "--" (the command follows), "-c" (a shell command follows),
+    # --inspect, and whether DIR has been given, skipping the values of value
+    # options.
+    local have_dir=0 skip=0 inspect=0
     for ((i = 1; i < COMP_CWORD; i++)); do
         word=${COMP_WORDS[i]}
         if ((skip)); then
@@ -25,6 +64,7 @@ _looplock()
         fi
         case $word in
             --)
+                ((inspect)) && return 0  # --inspect takes no command
                 _looplock_command $((i + 1))
                 return 0
                 ;;
@@ -32,11 +72,10 @@ _looplock()
                 # The shell command is one quoted word: nothing to offer.
                 return 0
                 ;;
+            --inspect) inspect=1 ;;
             --*=*) ;;
             -*)
-                case " $value_opts " in
-                    *" $word "*) skip=1 ;;
-                esac
+                _looplock_value_opt "$word" >/dev/null && skip=1
                 ;;
             =)  # "--policy=x" split at "=" by COMP_WORDBREAKS
                 ;;
@@ -49,51 +88,74 @@ _looplock()
         esac
     done
 
-    # The value of an option ("-p x", "--policy x", "--policy=x").
-    local opt=$prev val=$cur
+    # The value of an option ("-p x", "-qp x", "--policy x", "--policy=x").
+    local opt= val=$cur prefix=
     if [[ $cur == --*=* ]]; then
         opt=${cur%%=*}
         val=${cur#*=}
+        prefix="$opt="
     elif [[ $prev == = ]] && ((COMP_CWORD >= 2)); then
         opt=${COMP_WORDS[COMP_CWORD - 2]}
     elif [[ $cur == = ]]; then
         opt=$prev
         val=
-    fi
-    local values=
-    case $opt in
-        -p | --policy) values='mutation monitor single_flight blocking' ;;
-        --log-format) values='text json' ;;
-        -w | --timeout | -E | --conflict-exit-code | --skip-exit-code | --agent | --operation | --kill-after | --stale-after | --etcd | --lock-name | --ttl)
-            if [[ $opt == "$prev" || $cur == --*=* || $prev == = || $cur == = ]]; then
-                COMPREPLY=()
-                return 0
+    elif [[ $cur == -[!-]* ]] && ! _looplock_value_opt "$cur" >/dev/null; then
+        # "-pmon", "-qpmon": a short option's value attached to it.
+        local j
+        for ((j = 1; j < ${#cur}; j++)); do
+            if [[ $_looplock_value_shorts == *"${cur:j:1}"* ]]; then
+                opt=-${cur:j:1}
+                prefix=${cur:0:j+1}
+                val=${cur:j+1}
+                break
             fi
-            ;;
-    esac
-    if [[ -n $values && ( $opt == "$prev" || $cur == --*=* || $prev == = || $cur == = ) ]]; then
-        local prefix=
-        [[ $cur == --*=* ]] && prefix="$opt="
-        mapfile -t COMPREPLY < <(compgen -P "$prefix" -W "$values" -- "$val")
+        done
+    else
+        opt=$(_looplock_value_opt "$prev")
+    fi
+    if [[ -n $opt ]]; then
+        case $opt in
+            -p | --policy)
+                mapfile -t COMPREPLY < <(compgen -P "$prefix" -W 'mutation monitor single_flight blocking' -- "$val")
+                ;;
+            --log-format)
+                mapfile -t COMPREPLY < <(compgen -P "$prefix" -W 'text json' -- "$val")
+                ;;
+            --metrics-dir)
+                compopt -o filenames 2>/dev/null
+                mapfile -t COMPREPLY < <(compgen -P "$prefix" -d -- "$val")
+                ;;
+            --etcd-cacert | --etcd-cert | --etcd-key | --etcd-password-file)
+                compopt -o filenames 2>/dev/null
+                mapfile -t COMPREPLY < <(compgen -P "$prefix" -f -- "$val")
+                ;;
+            *)
+                # a number, a duration, a name or endpoints: nothing to offer
+                COMPREPLY=()
+                ;;
+        esac
         return 0
     fi
 
     if [[ $cur == -* ]]; then
         local opts='-h --help -V --version -p --policy -w --timeout -E --conflict-exit-code
-            --skip-exit-code -s --shared -o --close -F --no-fork --kill-after --agent
-            --operation -v --verbose -q --quiet --log-format --inspect --json
-            --stale-after --etcd --lock-name --ttl -c --'
+            --skip-exit-code -s --shared -o --close -F --no-fork --kill-after --max-time --agent
+            --operation --metrics-dir -v --verbose -q --quiet --log-format --inspect --json --check
+            --stale-after --etcd --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key --etcd-user
+            --etcd-password-file'
+        # --inspect takes no command: neither "--" nor -c.
+        ((inspect)) || opts+=' -c --'
         mapfile -t COMPREPLY < <(compgen -W "$opts" -- "$cur")
         return 0
     fi
 
-    if ((have_dir)); then
+    if ((have_dir && !inspect)); then
         # After DIR: the command goes after "--", or a shell command after -c.
         mapfile -t COMPREPLY < <(compgen -W '-- -c' -- "$cur")
         return 0
     fi
 
-    # DIR: a directory.
+    # DIR (with --inspect, one more DIR): a directory.
     compopt -o filenames 2>/dev/null
     mapfile -t COMPREPLY < <(compgen -d -- "$cur")
     return 0

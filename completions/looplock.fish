@@ -1,6 +1,12 @@
 # fish completion for looplock(1): options, the values of -p/--policy and
-# --log-format, DIR as a directory, and after "--" the command and its
+# --log-format, files and directories where an option takes one, DIR as a
+# directory (several with --inspect), and after "--" the command and its
 # arguments.
+
+# Options that take a value (skipped when looking for DIR).
+set -g __looplock_value_opts -p --policy -w --timeout -E --conflict-exit-code --skip-exit-code \
+    --agent --operation --log-format --kill-after --max-time --metrics-dir --stale-after --etcd \
+    --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key --etcd-user --etcd-password-file
 
 # Whether the command line (before the cursor) has a "--" or "-c": then
 # looplock's own options are over.
@@ -13,9 +19,13 @@ function __looplock_after_dashdash
     contains -- -- (commandline -opc)
 end
 
-# Whether DIR is still to come: no positional argument yet, skipping the
-# values of the options that take one.
-function __looplock_needs_dir
+function __looplock_inspect
+    contains -- --inspect (commandline -opc)
+end
+
+# Whether a positional argument (DIR) has been given, skipping the values of
+# the options that take one (also after a group such as -qp).
+function __looplock_have_dir
     set -l tokens (commandline -opc)
     set -e tokens[1]
     set -l skip 0
@@ -28,14 +38,24 @@ function __looplock_needs_dir
             case -- -- -c
                 return 1
             case '--*=*'
-            case -p --policy -w --timeout -E --conflict-exit-code --skip-exit-code --agent --operation --log-format --kill-after --stale-after --etcd --lock-name --ttl
-                set skip 1
+            case '--*'
+                contains -- $t $__looplock_value_opts; and set skip 1
             case '-*'
+                # -qp: the group's first value-taking letter is its last
+                if string match -qr -- '^-[^pwE]*[pwE]$' $t
+                    set skip 1
+                end
             case '*'
-                return 1
+                return 0
         end
     end
-    return 0
+    return 1
+end
+
+# DIR is to be completed: none given yet, or one more for --inspect.
+function __looplock_needs_dir
+    not __looplock_options_over; or return 1
+    __looplock_inspect; or not __looplock_have_dir
 end
 
 # Completes the command after "--" as a command line of its own.
@@ -66,8 +86,10 @@ complete -c looplock -n $opts -s s -l shared -d 'Take a shared (reader) lock'
 complete -c looplock -n $opts -s o -l close -d 'Do not pass the lock fd to COMMAND'
 complete -c looplock -n $opts -s F -l no-fork -d 'Exec COMMAND in place of looplock'
 complete -c looplock -n $opts -l kill-after -x -d 'Send KILL if a forwarded TERM/INT has not ended COMMAND'
+complete -c looplock -n $opts -l max-time -x -d 'Terminate COMMAND once it has run this long (exit 124)'
 complete -c looplock -n $opts -l agent -x -d 'Who runs it'
 complete -c looplock -n $opts -l operation -x -d 'What runs'
+complete -c looplock -n $opts -l metrics-dir -x -a '(__fish_complete_directories (commandline -ct) "metrics directory")' -d 'Write a node_exporter textfile per lock into DIR'
 complete -c looplock -n $opts -s v -l verbose -d 'Report waiting, acquiring and releasing'
 complete -c looplock -n $opts -s q -l quiet -d 'Errors only'
 complete -c looplock -n $opts -l log-format -x -d 'Format of the stderr lines' -a '
@@ -75,15 +97,22 @@ complete -c looplock -n $opts -l log-format -x -d 'Format of the stderr lines' -
     json\t"one JSON object per line"'
 complete -c looplock -n $opts -l inspect -d 'Report who holds the lock of DIR; change nothing'
 complete -c looplock -n $opts -l json -d 'With --inspect: print the report as JSON'
+complete -c looplock -n $opts -l check -d 'With --inspect: exit 1 when a report carries a warning'
 complete -c looplock -n $opts -l stale-after -x -d 'With --inspect: warn about holds older than this'
 complete -c looplock -n $opts -l etcd -x -d 'Also lock across hosts on etcd (http://HOST:PORT,...)'
 complete -c looplock -n $opts -l lock-name -x -d 'Cluster lock name (default: the base name of DIR)'
 complete -c looplock -n $opts -l ttl -x -d 'etcd lease time to live in seconds (default 10)'
-complete -c looplock -n $opts -s c -x -d 'Run SHELL-COMMAND with /bin/sh -c'
+complete -c looplock -n $opts -l etcd-cacert -r -F -d 'CA certificates of the etcd servers'
+complete -c looplock -n $opts -l etcd-cert -r -F -d 'Client certificate for etcd'
+complete -c looplock -n $opts -l etcd-key -r -F -d 'Private key of the client certificate'
+complete -c looplock -n $opts -l etcd-user -x -d 'etcd user name'
+complete -c looplock -n $opts -l etcd-password-file -r -F -d "File holding the etcd user's password"
+# --inspect takes no command, so no -c with it.
+complete -c looplock -n "$opts; and not __looplock_inspect" -s c -x -d 'Run SHELL-COMMAND with /bin/sh -c'
 
-# DIR, then "--" or -c, then the command.
+# DIR (several with --inspect), then "--" or -c, then the command.
 complete -c looplock -n '__looplock_needs_dir' -x -a '(__fish_complete_directories (commandline -ct) "loop directory")'
-complete -c looplock -n 'not __looplock_needs_dir; and not __looplock_options_over' -x -a '
+complete -c looplock -n 'not __looplock_needs_dir; and not __looplock_options_over; and not __looplock_inspect' -x -a '
     --\t"end of options: COMMAND follows"
     -c\t"SHELL-COMMAND follows"'
-complete -c looplock -n '__looplock_after_dashdash' -x -a '(__looplock_complete_command)'
+complete -c looplock -n '__looplock_after_dashdash; and not __looplock_inspect' -x -a '(__looplock_complete_command)'

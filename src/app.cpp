@@ -21,6 +21,7 @@
 #include "procfs.hpp"
 #include "spawn.hpp"
 #include "sys.hpp"
+#include "version.hpp"
 
 namespace looplock {
 
@@ -466,7 +467,9 @@ int main_program(int argc, char** argv, char** envp, etcd::Transport* etcd) {
       return exit_code::kOk;
     }
     if (o.mode == Mode::Version) {
-      write_stdout(version_text());
+      const bool helper = ctx.etcd != nullptr;  // this is looplock-etcd
+      const std::string etcd = helper ? "available, built in (this is looplock-etcd)" : cluster_helper_status();
+      write_stdout(version_text(build_info(helper), etcd));
       return exit_code::kOk;
     }
     log = Logger(o.verbosity, o.log_format);

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <charconv>
 #include <climits>
+#include <cstring>
 
 #include "error.hpp"
 #include "exit_codes.hpp"
@@ -18,6 +19,22 @@ namespace looplock {
 
 namespace {
 constexpr long long kMaxHandOverNs = 60'000'000'000LL;
+constexpr std::string_view kInstallHint = "install the looplock-etcd package";
+
+// Where this executable looks for looplock-etcd.
+std::vector<std::string> installed_helper_paths() {
+  char self[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self);
+  // Unknown (no /proc) or cut short: only the install's directory is tried.
+  const std::string_view self_exe(self, n > 0 && static_cast<size_t>(n) < sizeof self ? static_cast<size_t>(n) : 0);
+  return cluster_helper_paths(self_exe, LOOPLOCK_HELPER_DIR);
+}
+
+std::string joined(const std::vector<std::string>& paths) {
+  std::string out;
+  for (const auto& p : paths) out += (out.empty() ? "" : ", ") + p;
+  return out;
+}
 }  // namespace
 
 std::vector<std::string> cluster_helper_paths(std::string_view self_exe, std::string_view libexec_dir) {
@@ -32,20 +49,27 @@ std::vector<std::string> cluster_helper_paths(std::string_view self_exe, std::st
   return out;
 }
 
-void exec_cluster_helper(char** argv, const EnvList& env, long long start_ns) {
-  char self[PATH_MAX];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof self);
-  // Unknown (no /proc) or cut short: only the install's directory is tried.
-  const std::string_view self_exe(self, n > 0 && static_cast<size_t>(n) < sizeof self ? static_cast<size_t>(n) : 0);
+std::string cluster_helper_status() {
+  const auto paths = installed_helper_paths();
+  for (const auto& path : paths) {
+    if (access(path.c_str(), F_OK) != 0) continue;
+    if (access(path.c_str(), X_OK) != 0) {
+      return "not available: " + path + " cannot be executed (" + std::string(std::strerror(errno)) + ")";
+    }
+    return "available, through " + path;
+  }
+  return "not available: " + std::string(kClusterHelperName) + " is not installed (looked for " + joined(paths) +
+         "); " + std::string(kInstallHint);
+}
 
+void exec_cluster_helper(char** argv, const EnvList& env, long long start_ns) {
   EnvList handed = env_with(env, {{env_name::kStartNs, std::to_string(start_ns)}});
   std::vector<char*> envp;
   envp.reserve(handed.size() + 1);
   for (auto& e : handed) envp.push_back(e.data());
   envp.push_back(nullptr);
 
-  const auto paths = cluster_helper_paths(self_exe, LOOPLOCK_HELPER_DIR);
-  std::string tried;
+  const auto paths = installed_helper_paths();
   std::string failed;  // the first that exists but cannot be executed
   int failed_errno = 0;
   for (const auto& path : paths) {
@@ -54,7 +78,6 @@ void exec_cluster_helper(char** argv, const EnvList& env, long long start_ns) {
       failed = path;
       failed_errno = errno;
     }
-    tried += (tried.empty() ? "" : ", ") + path;
   }
   if (!failed.empty()) {
     fail_errno(exit_code::kOsError, "cannot run " + failed + " for --etcd", failed_errno,
@@ -62,9 +85,10 @@ void exec_cluster_helper(char** argv, const EnvList& env, long long start_ns) {
   }
   throw Fatal(exit_code::kClusterUnavailable,
               "cluster locking (--etcd or $LOOPLOCK_ETCD) needs " + std::string(kClusterHelperName) +
-                  ", which is not installed (looked for " + tried + ")",
-              "Build looplock with libcurl (meson setup -Detcd=enabled) and install it, or run without --etcd "
-              "and without $LOOPLOCK_ETCD; the command did not run.");
+                  ", which is not installed (looked for " + joined(paths) + ")",
+              "Install the looplock-etcd package (apt-get install looplock-etcd), or from source build with "
+              "libcurl (meson setup -Detcd=enabled) and install it; or run without --etcd and without "
+              "$LOOPLOCK_ETCD. The command did not run.");
 }
 
 std::optional<long long> take_handed_start(EnvList& env, long long now_ns) {

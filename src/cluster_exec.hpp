@@ -24,6 +24,12 @@ inline constexpr std::string_view kClusterHelperName = "looplock-etcd";
 // (where meson installs it). Duplicates are dropped.
 std::vector<std::string> cluster_helper_paths(std::string_view self_exe, std::string_view libexec_dir);
 
+// What --version says about --etcd in looplock: the path of the
+// looplock-etcd that exec_cluster_helper would run (the first of
+// cluster_helper_paths that exists), or that none is installed, where it was
+// looked for and what to install.
+std::string cluster_helper_status();
+
 // Execs looplock-etcd, trying each of cluster_helper_paths; returns only by
 // throwing Fatal 69 (none exists) or 71 (one exists but cannot be executed).
 // Once exec'd, a helper that cannot start (its libcurl missing) ends with the

@@ -11,10 +11,6 @@
 #include "etcd.hpp"
 #include "exit_codes.hpp"
 
-#ifndef LOOPLOCK_VERSION
-#define LOOPLOCK_VERSION "unknown"
-#endif
-
 namespace looplock {
 
 namespace {
@@ -550,7 +546,5 @@ Exit status: COMMAND's own; 75 deadline passed; 64 usage; 66 no DIR;
 )";
   return text;
 }
-
-std::string version_text() { return std::string("looplock ") + LOOPLOCK_VERSION + "\n"; }
 
 }  // namespace looplock

@@ -77,6 +77,5 @@ std::optional<long long> parse_duration(std::string_view text, std::string* why 
 bool valid_lock_name(std::string_view name);
 
 const std::string& help_text();
-std::string version_text();
 
 }  // namespace looplock

@@ -1,8 +1,14 @@
 """Command-line behaviour: help, version, usage errors (exit 64), option
 values, and the rule that the command's own arguments are never parsed."""
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
 import pytest
 
-from conftest import EX_USAGE, read_record, run
+from conftest import EX_USAGE, LOOPLOCK, ROOT, TIMEOUT, read_record, run
 
 # The exact --help text (mirrors help_text() in src/options.cpp). A change to
 # the help must be made in both places on purpose.
@@ -73,16 +79,110 @@ def test_help_wins_over_a_run(loop_dir):
     assert not marker.exists()
 
 
+HELPER_DIR = os.environ.get("LOOPLOCK_HELPER_DIR", "/usr/local/libexec/looplock")
+VERSION_LINES = ["looplock ", "commit: ", "linked: ", "--etcd: "]
+
+
+def version_of(binary):
+    r = subprocess.run([str(binary), "--version"], capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    lines = r.stdout.splitlines()
+    assert [line[:len(k)] for line, k in zip(lines, VERSION_LINES)] == VERSION_LINES and len(lines) == 4, r.stdout
+    return {k.rstrip(": "): line[len(k):] for line, k in zip(lines, VERSION_LINES)}
+
+
 @pytest.mark.parametrize("flag", ["--version", "-V"])
 def test_version(flag):
+    """Line 1 is "looplock VERSION" (scripts read it); then the commit, the
+    linking and what --etcd would run, one per line."""
     r = run([flag])
-    assert r.returncode == 0
-    lines = r.stdout.splitlines()
-    assert len(lines) == 1
-    name, _, version = lines[0].partition(" ")
-    assert name == "looplock"
-    assert version and version[0].isdigit() and "." in version
-    assert r.stderr == ""
+    assert r.returncode == 0 and r.stderr == ""
+    assert re.fullmatch(r"looplock \d+\.\d+\.\d+\ncommit: .+\nlinked: .+\n--etcd: .+\n", r.stdout), r.stdout
+    assert version_of(LOOPLOCK)["looplock"] == r.stdout.splitlines()[0].split()[1]
+
+
+def test_version_names_the_commit_built_from():
+    commit = version_of(LOOPLOCK)["commit"]
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          timeout=TIMEOUT) if shutil.which("git") else None
+    if head is None or head.returncode != 0:
+        assert commit == "unknown" or re.fullmatch(r"[0-9a-f]{12}", commit), commit
+        return
+    # The build may be older than the last commit, but it is one of the tree's.
+    m = re.fullmatch(r"([0-9a-f]{12})(-dirty)?", commit)
+    assert m, commit
+    r = subprocess.run(["git", "-C", str(ROOT), "cat-file", "-t", m.group(1)], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.stdout.strip() == "commit", (commit, r.stderr)
+
+
+def needed_libraries(binary):
+    r = subprocess.run(["readelf", "-d", str(binary)], capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    return re.findall(r"\(NEEDED\).*\[(.+)\]", r.stdout)
+
+
+def test_version_says_how_it_is_linked():
+    """The claim holds for the binary: "static" has no shared library,
+    "static except libc" needs glibc's alone (libc, and the dynamic loader
+    for the thread-local storage of the libstdc++ linked in)."""
+    if shutil.which("readelf") is None:
+        pytest.skip("readelf is not installed (binutils)")
+    linked = version_of(LOOPLOCK)["linked"]
+    needed = needed_libraries(LOOPLOCK)
+    if linked == "static":
+        assert needed == []
+    elif linked == "static except libc":
+        assert "libc.so.6" in needed, needed
+        assert [n for n in needed if not re.fullmatch(r"lib[cm]\.so\.6|ld-linux[\w.-]*\.so\.\d", n)] == [], needed
+    else:
+        assert linked.startswith("dynamic") and needed, (linked, needed)
+
+
+def test_version_names_the_helper_etcd_would_run(tmp_path):
+    """--etcd: the first looplock-etcd of the paths the hand-over tries
+    (beside looplock, then LIBEXECDIR/looplock), or "not installed" with the
+    paths and the package to install."""
+    installed = Path(HELPER_DIR) / "looplock-etcd"
+    beside = Path(LOOPLOCK).parent / "looplock-etcd"
+    if beside.exists():
+        assert version_of(LOOPLOCK)["--etcd"] == f"available, through {beside}"
+    if installed.exists():
+        pytest.skip(f"the installed {installed} would be found by a copy of looplock")
+    alone = tmp_path / "looplock"
+    shutil.copy(LOOPLOCK, alone)
+    assert version_of(alone)["--etcd"] == (
+        f"not available: looplock-etcd is not installed (looked for {tmp_path}/looplock-etcd, {installed}); "
+        "install the looplock-etcd package")
+    (tmp_path / "looplock-etcd").write_text("")  # there, but mode 0644
+    assert version_of(alone)["--etcd"] == (
+        f"not available: {tmp_path}/looplock-etcd cannot be executed (Permission denied)")
+
+
+def test_helper_version_says_it_is_the_helper():
+    helper = Path(os.environ.get("LOOPLOCK_ETCD_HELPER") or Path(LOOPLOCK).parent / "looplock-etcd")
+    if not helper.exists():
+        pytest.skip(f"no looplock-etcd in this build ({helper})")
+    v, main = version_of(helper), version_of(LOOPLOCK)
+    assert (v["looplock"], v["commit"]) == (main["looplock"], main["commit"])
+    assert v["linked"] == "dynamic" and v["--etcd"] == "available, built in (this is looplock-etcd)"
+
+
+def test_an_ordinary_run_does_not_look_for_the_helper(loop_dir, tmp_path):
+    """Only --version (and --etcd) look for looplock-etcd: a run does not
+    pay for it."""
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed (scripts/packages.txt lists it)")
+    trace = tmp_path / "trace"
+    r = subprocess.run(["strace", "-f", "-qq", "-o", str(trace), "-e", "trace=file", LOOPLOCK, str(loop_dir), "--",
+                        "true"], capture_output=True, text=True, timeout=TIMEOUT)
+    if r.returncode != 0 and not trace.exists():
+        pytest.skip(f"strace cannot trace here: {r.stderr.strip()}")
+    assert r.returncode == 0, r.stderr
+    assert "looplock-etcd" not in trace.read_text()
+    r = subprocess.run(["strace", "-f", "-qq", "-o", str(trace), "-e", "trace=file", LOOPLOCK, "--version"],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0 and "looplock-etcd" in trace.read_text()  # the control
 
 
 # --- usage errors: exit 64, one cause line, one hint line --------------------

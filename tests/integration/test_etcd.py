@@ -425,6 +425,8 @@ def test_a_missing_helper_is_reported_with_69(tmp_path, hosts):
     assert r.stdout == ""
     assert "needs looplock-etcd, which is not installed" in r.stderr
     assert str(alone.parent / "looplock-etcd") in r.stderr
+    cause, hint = r.stderr.splitlines()
+    assert hint.startswith("looplock: Install the looplock-etcd package"), hint  # what to install
     # Without the cluster lock the same copy works on its own.
     r = subprocess.run([str(alone), hosts[0], "--", "echo", "ok"], capture_output=True, text=True, timeout=TIMEOUT)
     assert (r.returncode, r.stdout) == (0, "ok\n"), r.stderr

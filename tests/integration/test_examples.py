@@ -1,9 +1,11 @@
 """The recipes in examples/ do what they say, run against the built looplock.
 
-Their placeholders are replaced for the test: /usr/local/bin/looplock (or a
-bare `looplock`) by $LOOPLOCK, /srv/loops/nightly by a temporary loop dir, and
-the loop's status.py by helpers/fake_status.py, which logs each call with
-whether the loop's lock was held while it ran.
+Their placeholders are replaced for the test: /usr/bin/looplock (where the
+Debian package installs it; /usr/local/bin/looplock or a bare `looplock` too)
+by $LOOPLOCK, /srv/loops/nightly by a temporary loop dir, and the loop's
+status.py by helpers/fake_status.py, which logs each call with whether the
+loop's lock was held while it ran. scripts/deb verifies the systemd units as
+shipped, against the installed package.
 """
 import json
 import os
@@ -17,11 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LOOPLOCK, PY, ROOT, TIMEOUT, expect_line, lock_is_free, read_record
+from conftest import LOOPLOCK, PY, ROOT, TIMEOUT, expect_line, lock_is_free, read_record, running
 
 EXAMPLES = ROOT / "examples"
 FAKE_STATUS = ROOT / "tests" / "integration" / "helpers" / "fake_status.py"
 LOOP_PLACEHOLDER = "/srv/loops/nightly"
+PACKAGE_LOOPLOCK = "/usr/bin/looplock"  # the Debian package's path, used by the examples
 
 
 @pytest.fixture
@@ -47,7 +50,7 @@ def site(tmp_path):
             return env
 
         def substitute(self, text):
-            text = text.replace("/usr/local/bin/looplock", LOOPLOCK)
+            text = text.replace("/usr/local/bin/looplock", LOOPLOCK).replace(PACKAGE_LOOPLOCK, LOOPLOCK)
             text = text.replace("/srv/loops/scripts/status.py", str(FAKE_STATUS))
             return text.replace(LOOP_PLACEHOLDER, str(self.loop))
 
@@ -120,6 +123,8 @@ def test_crontab_jobs_run_under_the_lock(site, holders):
     tick = [cmd for _, cmd in jobs if "--tick" in cmd]
     monitor = [cmd for _, cmd in jobs if "single_flight" in cmd]
     assert len(tick) == 1 and len(monitor) == 1, jobs
+    for cmd in tick + monitor:  # the package's looplock, by its full path
+        assert cmd.startswith(PACKAGE_LOOPLOCK + " "), cmd
     # cron's environment: only what the crontab sets (plus HOME and the fake's).
     env = site.env(**cron_env)
     assert env["PATH"] == "/usr/bin:/bin"  # looplock must be called by its full path
@@ -148,8 +153,37 @@ def test_crontab_jobs_run_under_the_lock(site, holders):
 # -- systemd -------------------------------------------------------------------
 
 
+SERVICE = EXAMPLES / "systemd" / "looplock-nightly.service"
+TIMER = EXAMPLES / "systemd" / "looplock-nightly.timer"
+
+
 def unit_values(path, key):
     return [line.split("=", 1)[1] for line in path.read_text().splitlines() if line.startswith(key + "=")]
+
+
+def unit_seconds(span):
+    """A systemd time span ("4min", "1min 30s", "60") in seconds."""
+    units = {"": 1, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hr": 3600}
+    parts = re.findall(r"(\d+)\s*([a-z]*)", span)
+    assert parts and re.fullmatch(r"(\s*\d+\s*[a-z]*)+\s*", span), f"not a time span: {span!r}"
+    return sum(int(n) * units[u] for n, u in parts)
+
+
+def timer_period_seconds():
+    """The period of the timer's OnCalendar=*:0/N (every N minutes)."""
+    [calendar] = unit_values(TIMER, "OnCalendar")
+    m = re.fullmatch(r"\*:0/(\d+)", calendar)
+    assert m, f"unexpected OnCalendar={calendar}"
+    return int(m.group(1)) * 60
+
+
+def service_env(site):
+    env = site.env()
+    for value in unit_values(SERVICE, "Environment"):
+        for assignment in shlex.split(value):
+            k, v = assignment.split("=", 1)
+            env[k] = v
+    return env
 
 
 def test_systemd_units_verify(site, tmp_path):
@@ -171,15 +205,9 @@ def test_systemd_units_verify(site, tmp_path):
 
 
 def test_systemd_service_execstart_ticks_under_the_lock(site):
-    service = EXAMPLES / "systemd" / "looplock-nightly.service"
-    [exec_start] = unit_values(service, "ExecStart")
-    assert exec_start.startswith("/usr/local/bin/looplock ")
-    env = site.env()
-    for value in unit_values(service, "Environment"):
-        for assignment in shlex.split(value):
-            k, v = assignment.split("=", 1)
-            env[k] = v
-    assert "OnCalendar" in (EXAMPLES / "systemd" / "looplock-nightly.timer").read_text()
+    [exec_start] = unit_values(SERVICE, "ExecStart")
+    assert exec_start.startswith(PACKAGE_LOOPLOCK + " ")
+    env = service_env(site)
     r = subprocess.run(shlex.split(site.substitute(exec_start)), env=env, capture_output=True, text=True,
                        timeout=TIMEOUT)
     assert r.returncode == 0 and r.stderr == "", r.stderr
@@ -188,6 +216,41 @@ def test_systemd_service_execstart_ticks_under_the_lock(site):
     assert_under_lock(call, site)
     assert site.iterations() == 1
     assert read_record(site.loop)["agent_id"] == "systemd-nightly"
+
+
+def test_systemd_service_bounds_a_tick_below_the_timer_period():
+    """Type=oneshot runs until ExecStart exits: TimeoutStartSec bounds it
+    (the lock wait included), below the timer's period so that a hung tick
+    fails instead of holding up every later one."""
+    assert unit_values(SERVICE, "Type") == ["oneshot"]
+    [bound] = unit_values(SERVICE, "TimeoutStartSec")
+    [exec_start] = unit_values(SERVICE, "ExecStart")
+    wait = float(re.search(r" -w (\S+) ", exec_start).group(1))
+    assert wait < unit_seconds(bound) < timer_period_seconds(), (bound, wait)
+
+
+def test_systemd_stop_at_the_bound_ends_the_ticks_job(site):
+    """What systemd does when TimeoutStartSec passes (KillMode=mixed: TERM to
+    looplock alone, in the service's own session) ends the tick's command
+    within TimeoutStopSec, and the lock is free again."""
+    assert unit_values(SERVICE, "KillMode") == ["mixed"]
+    [stop] = unit_values(SERVICE, "TimeoutStopSec")
+    [exec_start] = unit_values(SERVICE, "ExecStart")
+    proc = subprocess.Popen(shlex.split(site.substitute(exec_start)), env=service_env(site) | {"FAKE_STATUS_HANG": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        expect_line(proc)
+        [call] = site.calls()
+        assert_under_lock(call, site)
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=min(unit_seconds(stop), TIMEOUT))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=TIMEOUT)
+    assert proc.returncode == -signal.SIGTERM, proc.stderr.read()
+    assert not running(call["pid"])
+    assert lock_is_free(site.loop)
 
 
 # -- wrap-status.sh --------------------------------------------------------------
@@ -269,8 +332,12 @@ def test_ci_snippet_is_valid_and_runs(site, name, kind):
     commands = ci_commands(doc, kind)
     wrapped = [c for c in commands if re.search(r"\blooplock\b", c) and "--inspect" not in c]
     assert wrapped, f"no looplock command in {name}"
+    operations = []
     for c in wrapped:
         assert re.search(r"\blooplock\b.* -- ", c, re.S), f"looplock without '--' in {name}: {c!r}"
+        m = re.search(r"\blooplock\b.* --operation (\S+) .* -- ", c, re.S)
+        assert m, f"looplock without --operation in {name}: {c!r}"
+        operations.append(m.group(1))
     for c in commands:
         text = site.substitute(c).replace("${{ github.run_id }}", "4242")
         r = sh_c(text, site.env(CI_JOB_ID="4242"), cwd=site.work)
@@ -280,7 +347,9 @@ def test_ci_snippet_is_valid_and_runs(site, name, kind):
     for call in calls:
         assert_under_lock(call, site)
     assert site.iterations() == 1
-    assert read_record(site.loop)["agent_id"] in ("gha-4242", "gitlab-4242")
+    record = read_record(site.loop)
+    assert record["agent_id"] in ("gha-4242", "gitlab-4242")
+    assert record["operation"] == operations[-1] != "sh"
 
 
 # -- python/loop_lock.py --------------------------------------------------------------

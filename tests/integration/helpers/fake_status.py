@@ -6,7 +6,9 @@ runs (it opens DIR/.state.lock anew and tries a non-blocking flock: that fails
 while looplock, or anyone else, holds the lock). With --tick it also does a
 read-modify-write of DIR/.state.loop (iteration_count += 1).
 
-The loop dir is $FAKE_STATUS_LOOP, else $LOOPLOCK_DIR.
+The loop dir is $FAKE_STATUS_LOOP, else $LOOPLOCK_DIR. With $FAKE_STATUS_HANG
+set it then prints "ready" and hangs (a tick that never ends) until a signal
+ends it.
 
 usage: fake_status.py [--tick | --approve --loop NAME | --check-gate | ...]
 """
@@ -15,6 +17,7 @@ import fcntl
 import json
 import os
 import sys
+import time
 
 loop = os.environ.get("FAKE_STATUS_LOOP") or os.environ.get("LOOPLOCK_DIR")
 log = os.environ["FAKE_STATUS_LOG"]
@@ -57,3 +60,8 @@ if "--tick" in sys.argv[1:]:
 
 with open(log, "a") as f:
     f.write(json.dumps(entry) + "\n")
+
+if os.environ.get("FAKE_STATUS_HANG"):
+    print("ready", flush=True)
+    while True:
+        time.sleep(3600)
