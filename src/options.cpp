@@ -516,8 +516,8 @@ Lock and command:
   -s, --shared                take a shared (reader) lock
   -o, --close                 do not pass the lock fd to COMMAND
   -F, --no-fork               exec COMMAND in place of looplock
-      --kill-after DURATION   send KILL if a forwarded TERM/INT has not
-                              ended COMMAND within DURATION
+      --kill-after DURATION   send KILL to the job if a forwarded TERM/INT
+                              has not ended it within DURATION (0: never)
       --agent ID              who runs it (default $LOOPLOCK_AGENT or user)
       --operation NAME        what runs (default: the command or script name)
 Output:
