@@ -1,7 +1,7 @@
 #include "app.hpp"
 
 #include <fcntl.h>
-#include <pwd.h>
+#include <sys/ioctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,6 +27,9 @@ namespace looplock {
 
 namespace {
 
+constexpr long long kMs = 1'000'000LL;
+constexpr long long kSec = 1'000'000'000LL;
+
 std::string lock_display(const std::string& dir) {
   return dir + (dir.ends_with('/') ? "" : "/") + kLockName;
 }
@@ -37,19 +40,146 @@ std::string seconds_text(long long ns) {
   return buf;
 }
 
-// Reports the wait (-v) naming who blocks. For a wait that may time out, it
-// also notes who holds the lock when the wait starts, so that the timeout's
-// report only has to confirm it (cheaply) instead of reading /proc/locks
-// after the deadline.
+Outcome finish(int wait_status) { return {Outcome::Kind::LikeWaitStatus, wait_status}; }
+Outcome exit_status(int status) { return {Outcome::Kind::ExitStatus, status}; }
+
+// --- the lock, as this run names it -------------------------------------------
+
+struct Target {
+  std::string canonical_dir;
+  std::string lock_id;
+  std::string loop;  // DIR's base name
+};
+
+Target target_of(const LockDir& dir, const std::string& given) {
+  const std::string canonical = canonical_lock_path(dir.fd.get(), given);
+  Target t;
+  t.canonical_dir = canonical.substr(0, canonical.size() - std::string_view(kLockName).size() - 1);
+  t.lock_id = lock_id_for_path(canonical);
+  auto slash = t.canonical_dir.rfind('/');
+  t.loop = slash == std::string::npos ? t.canonical_dir : t.canonical_dir.substr(slash + 1);
+  if (t.loop.empty()) t.loop = "/";
+  return t;
+}
+
+// --- who is in the way -------------------------------------------------------------
+//
+// The local lock and the cluster lock are reported the same way: a skip line,
+// or a timeout line with its incident row, naming what is held and by whom.
+
+struct Blocker {
+  std::string what;          // "DIR/.state.lock", or "cluster lock NAME (etcd)"
+  std::string who;           // "pid 1234 (agent cron, operation tick.py, ...)"
+  std::string inspect_hint;  // the command that shows more
+  std::optional<HolderRecord> holder;
+  std::optional<bool> holder_alive;
+  std::vector<pid_t> holder_pids;
+  Json cluster = nullptr;    // the incident row's "cluster" object
+  std::string action_extra;  // added to the policy's operator_action
+};
+
+Blocker local_blocker(const Options& o, const LockFile& file, const std::vector<procfs::KernelLock>& hint) {
+  HolderRead hr = read_holder(file.fd.get());
+  auto kernel = kernel_holders(hr, file.st, hint);
+  Blocker b;
+  b.what = lock_display(o.dir);
+  b.who = describe_holder(hr, kernel);
+  b.inspect_hint = "looplock --inspect " + o.dir;
+  b.holder = hr.record;
+  if (hr.record) b.holder_alive = holder_process_alive(*hr.record);
+  for (const auto& k : kernel) b.holder_pids.push_back(k.pid);
+  return b;
+}
+
+Blocker cluster_blocker(const Options& o, const ClusterLock& c) {
+  Blocker b;
+  b.what = "cluster lock " + printable(c.name()) + " (etcd)";
+  b.who = describe_cluster_holder(c.blocker());
+  b.inspect_hint = "looplock --inspect --etcd ENDPOINTS " + o.dir;
+  b.cluster = Json{{"lock_name", c.name()}, {"endpoint", c.endpoint()},
+                   {"holder", c.blocker() ? *c.blocker() : Json(nullptr)}};
+  b.action_extra = "; the lock is held on another host (cluster lock " + c.name() +
+                   "): inspect it with 'looplock --inspect --etcd ENDPOINTS DIR' on any host.";
+  return b;
+}
+
+Json blocker_fields(const Options& o, const Blocker& b, const std::string& lock_id) {
+  Json j = {{"lock_id", lock_id},
+            {"policy", policy_name(o.policy)},
+            {"holder_pids", b.holder_pids},
+            {"holder", b.holder ? holder_to_json(*b.holder) : Json(nullptr)}};
+  if (!b.cluster.is_null()) j["cluster"] = b.cluster;
+  return j;
+}
+
+void report_skip(const Options& o, const Blocker& b, const std::string& lock_id, const Logger& log) {
+  log.result("noop-locked",
+             "noop-locked: " + b.what + " is held by " + b.who + "; skipped " + o.operation + " (policy single_flight)",
+             blocker_fields(o, b, lock_id));
+}
+
+Incident incident_of(const Options& o, const Context& ctx, const std::string& lock_id, std::string error_code) {
+  Incident inc;
+  inc.at = sys::utc_now_iso8601();
+  inc.error_code = std::move(error_code);
+  inc.lock_id = lock_id;
+  inc.policy = std::string(policy_name(o.policy));
+  inc.waiter_pid = ctx.pid;
+  inc.waiter_agent = o.agent;
+  inc.waiter_operation = o.operation;
+  return inc;
+}
+
+// The row is the audit trail of what looplock did: appended first (one
+// write), and a failure to append only adds a warning.
+void append_row(const Options& o, const LockDir& dir, const Incident& inc, const Logger& log) {
+  if (int err = append_incident(dir.fd.get(), encode_incident(inc)); err != 0) {
+    log.warn("incident_append_failed",
+             errno_message("cannot append the incident row to " + o.dir + "/" + kIncidentsName, err));
+  }
+}
+
+void report_timeout(const Options& o, const Context& ctx, const LockDir& dir, const Blocker& b, const WaitPlan& plan,
+                    long long waited_ns, const std::string& lock_id, const Logger& log) {
+  Incident inc = incident_of(o, ctx, lock_id, "lock_acquire_timeout");
+  inc.deadline_ms = plan.deadline_ns / kMs;
+  inc.waited_ms = waited_ns / kMs;
+  inc.holder = b.holder;
+  inc.holder_alive = b.holder_alive;
+  inc.holder_pids = b.holder_pids;
+  inc.cluster = b.cluster;
+  inc.operator_action = operator_action(o.policy) + b.action_extra;
+  append_row(o, dir, inc, log);
+  Json fields = blocker_fields(o, b, lock_id);
+  fields["waited_ms"] = inc.waited_ms;
+  fields["deadline_ms"] = inc.deadline_ms;
+  log.error("lock_acquire_timeout",
+            "lock_acquire_timeout: " + b.what + " still held after " + seconds_text(waited_ns) + " by " + b.who +
+                "; gave up " + o.operation + " (policy " + inc.policy + ")",
+            "Run '" + b.inspect_hint + "' to see the holder; never delete the lock file.", fields);
+}
+
+// --- waiting -------------------------------------------------------------------
+//
+// Reports the wait: with -v once (naming the holder); on a terminal a status
+// line rewritten in place at most once a second (whom it waits for, how long
+// so far, how long is left), erased when the wait ends. For a wait that may
+// time out, it also notes who holds the lock when the wait starts, so that the
+// timeout's report only has to confirm it (cheaply) instead of reading
+// /proc/locks after the deadline.
 class WaitReporter : public AcquireObserver {
 public:
-  WaitReporter(const Options& o, const Logger& log, bool may_time_out)
-      : o_(o), log_(log), may_time_out_(may_time_out) {}
+  WaitReporter(const Options& o, const Logger& log, const WaitPlan& plan, long long start_ns)
+      : o_(o), log_(log), plan_(plan), start_ns_(start_ns),
+        status_line_(!log.is_quiet() && log.is_text() && isatty(log.fd()) == 1) {}
+
   void on_wait(const LockFile& file) override {
-    if (!log_.is_verbose() && !may_time_out_) return;
+    wait_started_ns_ = sys::monotonic_ns();
+    if (!log_.is_verbose() && plan_.kind != WaitPlan::Kind::Bounded && !status_line_) return;
     HolderRead hr = read_holder(file.fd.get());
     holders_at_start_ = kernel_holders(hr, file.st);
-    log_.verbose("waiting", "waiting for " + lock_display(o_.dir) + ", held by " + describe_holder(hr, holders_at_start_),
+    who_ = describe_holder(hr, holders_at_start_);
+    log_.verbose("waiting", "waiting for " + lock_display(o_.dir) + ", held by " + who_,
                  {{"policy", policy_name(o_.policy)}});
   }
   const std::vector<procfs::KernelLock>& holders_at_start() const { return holders_at_start_; }
@@ -60,45 +190,50 @@ public:
               {{"count", count}});
   }
 
+  long long tick_interval_ns() const override { return status_line_ ? kSec / 4 : 0; }
+  void on_tick() override {
+    const long long now = sys::monotonic_ns();
+    if (now - wait_started_ns_ < kSec || (drawn_ && now - last_draw_ns_ < kSec)) return;
+    last_draw_ns_ = now;
+    // The times first: a line cut to the terminal's width keeps them.
+    const std::string left = plan_.kind == WaitPlan::Kind::Bounded
+                                 ? human_duration((start_ns_ + plan_.deadline_ns - now) / kMs) + " left"
+                                 : "no deadline";
+    std::string line = printable("looplock: waiting " + human_duration((now - wait_started_ns_) / kMs) + " (" + left +
+                                 ") for " + lock_display(o_.dir) + ", held by " + who_);
+    winsize ws{};
+    const size_t width = ioctl(log_.fd(), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 ? ws.ws_col - 1u : 79u;
+    if (line.size() > width) line.resize(width);
+    (void)sys::write_all(log_.fd(), "\r" + line + "\x1b[K");
+    drawn_ = true;
+  }
+  void on_wait_end() override {
+    if (drawn_) (void)sys::write_all(log_.fd(), "\r\x1b[K");
+    drawn_ = false;
+  }
+
 private:
   const Options& o_;
   const Logger& log_;
-  bool may_time_out_;
+  const WaitPlan& plan_;
+  long long start_ns_;
+  bool status_line_;
   std::vector<procfs::KernelLock> holders_at_start_;
+  std::string who_ = "another process";
+  long long wait_started_ns_ = 0;
+  long long last_draw_ns_ = 0;
+  bool drawn_ = false;
 };
 
-// The user's name: from /etc/passwd when it is there (one read, no NSS
-// machinery on the hot path), else from getpwuid(3) (LDAP and other NSS
-// sources), else the uid.
-std::string user_name() {
-  const std::string uid = std::to_string(getuid());
-  if (auto passwd = sys::read_file("/etc/passwd", 4 << 20)) {
-    std::string_view all = *passwd;
-    while (!all.empty()) {
-      auto nl = all.find('\n');
-      std::string_view line = all.substr(0, nl);
-      all = nl == std::string_view::npos ? std::string_view{} : all.substr(nl + 1);
-      auto c1 = line.find(':');
-      auto c2 = c1 == std::string_view::npos ? c1 : line.find(':', c1 + 1);
-      auto c3 = c2 == std::string_view::npos ? c2 : line.find(':', c2 + 1);
-      if (c3 != std::string_view::npos && line.substr(c2 + 1, c3 - c2 - 1) == uid && c1 > 0) {
-        return std::string(line.substr(0, c1));
-      }
-    }
-  }
-  if (passwd* pw = getpwuid(getuid()); pw && pw->pw_name) return pw->pw_name;
-  return uid;
-}
+// --- the command's side ---------------------------------------------------------
 
-// The environment the command runs with.
 // The command's environment but for the lock descriptor's number, which is
 // known once the lock is taken (add_lock_fd): built before waiting, so that
 // the hand-off from the previous holder does not wait for it.
-EnvList command_env(const Context& ctx, const Options& o, const std::string& canonical_dir,
-                    const std::string& lock_id, const ClusterLock* cluster) {
+EnvList command_env(const Context& ctx, const Options& o, const Target& t, const ClusterLock* cluster) {
   std::vector<std::pair<std::string_view, std::string>> set = {
-      {env_name::kDir, canonical_dir},
-      {env_name::kLockId, lock_id},
+      {env_name::kDir, t.canonical_dir},
+      {env_name::kLockId, t.lock_id},
       {env_name::kPolicy, std::string(policy_name(o.policy))},
       {env_name::kHolderPid, std::to_string(ctx.pid)},
   };
@@ -115,50 +250,20 @@ void add_lock_fd(EnvList& env, int lock_fd, bool pass_fd) {
   if (pass_fd) env.push_back(std::string(env_name::kFd) + "=" + std::to_string(lock_fd));
 }
 
-Outcome finish(int wait_status) { return {Outcome::Kind::LikeWaitStatus, wait_status}; }
-Outcome exit_status(int status) { return {Outcome::Kind::ExitStatus, status}; }
-
-// The timeout is the result; its incident row is the audit trail, appended
-// first (one write), and a failure to append only adds a warning.
-void warn_if_not_appended(int err, const Options& o, const Logger& log) {
-  if (err != 0) {
-    log.warn("incident_append_failed",
-             errno_message("cannot append the incident row to " + o.dir + "/" + kIncidentsName, err));
-  }
+CommandSpec spec_for(const Options& o, EnvList env) {
+  CommandSpec spec;
+  spec.argv = o.command;
+  spec.env = std::move(env);
+  spec.kill_after_ns = signal_kill_after(o);
+  spec.max_time_ns = o.max_time_ns;
+  spec.max_time_kill_after_ns = max_time_kill_after(o);
+  return spec;
 }
 
-void report_timeout(const Options& o, const Context& ctx, const LockDir& dir, const AcquireResult& res,
-                    const WaitPlan& plan, const std::string& lock_id, const WaitReporter& reporter,
-                    const Logger& log) {
-  HolderRead hr = read_holder(res.file.fd.get());
-  auto kernel = kernel_holders(hr, res.file.st, reporter.holders_at_start());
-  Incident inc;
-  inc.at = sys::utc_now_iso8601();
-  inc.lock_id = lock_id;
-  inc.policy = std::string(policy_name(o.policy));
-  inc.deadline_ms = plan.deadline_ns / 1'000'000;
-  inc.waited_ms = res.waited_ns / 1'000'000;
-  inc.holder = hr.record;
-  if (hr.record) inc.holder_alive = holder_process_alive(*hr.record);
-  for (const auto& k : kernel) inc.holder_pids.push_back(k.pid);
-  inc.waiter_pid = ctx.pid;
-  inc.waiter_agent = o.agent;
-  inc.waiter_operation = o.operation;
-  inc.operator_action = operator_action(o.policy);
-
-  // The timeout is the result; the incident row is its audit trail, so it is
-  // appended first (one write) and a failure only adds a warning.
-  int err = append_incident(dir.fd.get(), encode_incident(inc));
-  log.error("lock_acquire_timeout",
-            "lock_acquire_timeout: " + lock_display(o.dir) + " still held after " + seconds_text(res.waited_ns) +
-                " by " + describe_holder(hr, kernel) + "; gave up " + o.operation + " (policy " + inc.policy + ")",
-            "Run 'looplock --inspect " + o.dir + "' to see the holder; never delete the lock file.",
-            {{"lock_id", lock_id}, {"policy", inc.policy}, {"waited_ms", inc.waited_ms},
-             {"deadline_ms", inc.deadline_ms}, {"holder_pids", inc.holder_pids},
-             {"holder", inc.holder ? holder_to_json(*inc.holder) : Json(nullptr)}});
-  warn_if_not_appended(err, o, log);
+RunOutcome outcome_of(int wait_status) {
+  if (WIFSIGNALED(wait_status)) return RunOutcome::Signaled;
+  return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0 ? RunOutcome::Success : RunOutcome::Failure;
 }
-
 
 std::string host_name() {
   char buf[256] = {};
@@ -167,75 +272,13 @@ std::string host_name() {
 }
 
 // The cluster lock's name: --lock-name, else the loop dir's base name.
-std::string cluster_lock_name(const Options& o, const std::string& canonical_dir) {
+std::string cluster_lock_name(const Options& o, const Target& t) {
   if (!o.lock_name.empty()) return o.lock_name;
-  auto slash = canonical_dir.rfind('/');
-  std::string base = slash == std::string::npos ? canonical_dir : canonical_dir.substr(slash + 1);
-  if (!valid_lock_name(base)) {
+  if (!valid_lock_name(t.loop)) {
     throw Fatal(exit_code::kUsage, "the loop directory's base name cannot name a cluster lock",
                 "Give one with --lock-name NAME.");
   }
-  return base;
-}
-
-Incident cluster_incident(const Options& o, const Context& ctx, const std::string& lock_id, const ClusterLock& c,
-                          const std::optional<Json>& holder) {
-  Incident inc;
-  inc.at = sys::utc_now_iso8601();
-  inc.lock_id = lock_id;
-  inc.policy = std::string(policy_name(o.policy));
-  inc.waiter_pid = ctx.pid;
-  inc.waiter_agent = o.agent;
-  inc.waiter_operation = o.operation;
-  inc.cluster = Json{{"lock_name", c.name()}, {"endpoint", c.endpoint()}, {"holder", holder ? *holder : Json(nullptr)}};
-  return inc;
-}
-
-void report_cluster_timeout(const Options& o, const Context& ctx, const LockDir& dir, const ClusterLock& c,
-                            const WaitPlan& plan, const std::string& lock_id, const Logger& log) {
-  Incident inc = cluster_incident(o, ctx, lock_id, c, c.blocker());
-  inc.deadline_ms = plan.deadline_ns / 1'000'000;
-  inc.waited_ms = (sys::monotonic_ns() - ctx.start_ns) / 1'000'000;
-  inc.operator_action = operator_action(o.policy) +
-                        "; the lock is held on another host (cluster lock " + c.name() +
-                        "): inspect it with 'looplock --inspect --etcd ENDPOINTS DIR' on any host.";
-  int err = append_incident(dir.fd.get(), encode_incident(inc));
-  log.error("lock_acquire_timeout",
-            "lock_acquire_timeout: cluster lock " + printable(c.name()) + " (etcd) still held after " +
-                seconds_text(inc.waited_ms * 1'000'000) + " by " + describe_cluster_holder(c.blocker()) + "; gave up " +
-                o.operation + " (policy " + inc.policy + ")",
-            "Run 'looplock --inspect --etcd ENDPOINTS " + o.dir + "' to see the holder.",
-            {{"lock_id", lock_id}, {"policy", inc.policy}, {"waited_ms", inc.waited_ms},
-             {"deadline_ms", inc.deadline_ms}, {"cluster", inc.cluster}});
-  warn_if_not_appended(err, o, log);
-}
-
-void report_lease_lost(const Options& o, const Context& ctx, const LockDir& dir, const ClusterLock& c,
-                       const std::optional<HolderRecord>& record, const std::string& lock_id, const Logger& log) {
-  const std::string why = c.lost() ? c.lost_why()
-                                   : "no keepalive was answered in time to end the command before the lease's TTL (" +
-                                         std::to_string(c.ttl_s()) + " s) could pass";
-  Incident inc = cluster_incident(o, ctx, lock_id, c, std::nullopt);
-  inc.error_code = "lease_lost";
-  inc.deadline_ms = static_cast<long long>(c.ttl_s()) * 1000;
-  inc.waited_ms = c.since_last_keepalive_ns() / 1'000'000;
-  inc.holder = record;
-  if (record) inc.holder_alive = true;
-  inc.holder_pids = {ctx.pid};
-  inc.cluster["fencing_token"] = c.fencing_token();
-  inc.cluster["lease"] = etcd::lease_hex(c.lease());
-  inc.cluster["why"] = why;
-  inc.operator_action =
-      "The etcd lease was lost while the command ran (" + why +
-      "), so another host may have taken the lock: the command was terminated. Check etcd's health and the network "
-      "between this host and etcd; make writers check LOOPLOCK_FENCING_TOKEN so a stale holder is refused.";
-  int err = append_incident(dir.fd.get(), encode_incident(inc));
-  log.error("lease_lost",
-            "lease_lost: the etcd lease of cluster lock " + printable(c.name()) + " was lost while " + o.operation +
-                " ran: " + printable(why) + "; the command was terminated",
-            "Another host may hold the lock now. Check etcd (" + c.endpoint() + ") and the network.",
-            {{"lock_id", lock_id}, {"cluster", inc.cluster}});
-  warn_if_not_appended(err, o, log);
+  return t.loop;
 }
 
 // The cluster lock's lease as the job loop sees it.
@@ -249,7 +292,7 @@ public:
     return ok;
   }
   long long kill_by_ns() const override {
-    return sys::monotonic_ns() - c_.since_last_keepalive_ns() + static_cast<long long>(c_.ttl_s()) * 1'000'000'000LL;
+    return sys::monotonic_ns() - c_.since_last_keepalive_ns() + static_cast<long long>(c_.ttl_s()) * kSec;
   }
   long long term_by_ns() const override { return kill_by_ns() - kill_after_ns_; }
 
@@ -259,9 +302,105 @@ private:
   long long next_ = sys::monotonic_ns() + c_.tick_interval_ns();
 };
 
+// --- the rows about a job looplock ended ---------------------------------------------
+
+Json job_details(const JobEnd& job) {
+  return Json{{"ran_ms", (job.ended_ns - job.started_ns) / kMs},
+              {"killed", job.killed},
+              {"ran_after_term_ms", job.term_sent_ns ? (job.ended_ns - job.term_sent_ns) / kMs : 0}};
+}
+
+void report_max_time(const Options& o, const Context& ctx, const LockDir& dir, const std::string& lock_id,
+                     const std::optional<HolderRecord>& record, const JobEnd& job, const Logger& log) {
+  Incident inc = incident_of(o, ctx, lock_id, "max_time_exceeded");
+  inc.deadline_ms = *o.max_time_ns / kMs;
+  inc.waited_ms = (job.ended_ns - job.started_ns) / kMs;
+  inc.holder = record;
+  inc.holder_alive = record ? std::optional<bool>(true) : std::nullopt;
+  inc.holder_pids = {ctx.pid};
+  inc.details = job_details(job);
+  inc.operator_action = std::string("The command ran longer than --max-time and looplock ended it (") +
+                        (job.killed ? "it ignored TERM: KILL was needed" : "TERM sufficed") +
+                        "); find out why it hung before the next run does too.";
+  append_row(o, dir, inc, log);
+  Json fields = {{"lock_id", lock_id}, {"policy", policy_name(o.policy)}, {"deadline_ms", inc.deadline_ms}};
+  fields.update(inc.details);
+  log.error("max_time_exceeded",
+            "max_time_exceeded: " + o.operation + " ran longer than --max-time " + seconds_text(*o.max_time_ns) +
+                " and was ended (" + (job.killed ? "KILL was needed" : "TERM sufficed") + ") after " +
+                seconds_text(job.ended_ns - job.started_ns),
+            "Find out why it hung; the lock was released once the whole job had ended.", fields);
+}
+
+void report_lease_lost(const Options& o, const Context& ctx, const LockDir& dir, const ClusterLock& c,
+                       const std::optional<HolderRecord>& record, const std::string& lock_id, const JobEnd& job,
+                       const Logger& log) {
+  const std::string why = c.lost() ? c.lost_why()
+                                   : "no keepalive was answered in time to end the command before the lease's TTL (" +
+                                         std::to_string(c.ttl_s()) + " s) could pass";
+  Incident inc = incident_of(o, ctx, lock_id, "lease_lost");
+  inc.deadline_ms = static_cast<long long>(c.ttl_s()) * 1000;
+  inc.waited_ms = c.since_last_keepalive_ns() / kMs;
+  inc.holder = record;
+  if (record) inc.holder_alive = true;
+  inc.holder_pids = {ctx.pid};
+  inc.cluster = Json{{"lock_name", c.name()}, {"endpoint", c.endpoint()}, {"holder", nullptr},
+                     {"fencing_token", c.fencing_token()}, {"lease", etcd::lease_hex(c.lease())}, {"why", why}};
+  inc.details = job_details(job);
+  inc.operator_action =
+      "The etcd lease was lost while the command ran (" + why + "), so another host may have taken the lock: the "
+      "command was ended (" + (job.killed ? "KILL was needed" : "TERM sufficed") + "). Check etcd's health and the "
+      "network between this host and etcd; make writers check LOOPLOCK_FENCING_TOKEN so a stale holder is refused.";
+  append_row(o, dir, inc, log);
+  Json fields = {{"lock_id", lock_id}, {"cluster", inc.cluster}};
+  fields.update(inc.details);
+  log.error("lease_lost",
+            "lease_lost: the etcd lease of cluster lock " + printable(c.name()) + " was lost while " + o.operation +
+                " ran: " + printable(why) + "; the command was ended (" +
+                (job.killed ? "KILL was needed" : "TERM sufficed") + ")",
+            "Another host may hold the lock now. Check etcd (" + c.endpoint() + ") and the network.", fields);
+}
+
+// --- nesting ---------------------------------------------------------------------------
+
+// Inside a looplock that already holds this lock: the command runs at once.
+// (No open, so no ownership check: the outer looplock made it; the command
+// may run as another user, under su or runuser, with the descriptor kept.)
+std::optional<Outcome> run_nested(const Options& o, const Context& ctx, const LockDir& dir,
+                                  const InheritedSignals& inherited, const Logger& log, RunFacts& facts) {
+  struct stat lock_st {};
+  if (!env_get(ctx.env, env_name::kHolderFd) ||
+      fstatat(dir.fd.get(), kLockName, &lock_st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(lock_st.st_mode)) {
+    return std::nullopt;
+  }
+  auto outer = find_outer_holder(ctx.env, dir.fd.get(), lock_st, !o.shared, ctx.pid);
+  if (!outer) return std::nullopt;
+  log.verbose("nested", std::string("already held ") +
+                            (outer->inherited ? "through the lock descriptor this run inherited"
+                                              : "by looplock pid " + std::to_string(outer->pid) + " (an ancestor)") +
+                            "; running inside its critical section");
+  CommandSpec spec = spec_for(o, ctx.env);
+  if (o.close_fd) {
+    // -o holds inside a nested run too: the command gets no lock fd.
+    if (auto fd = inherited_lock_fd(ctx.env, lock_st); fd && fcntl(*fd, F_SETFD, FD_CLOEXEC) != 0) {
+      fail_errno(exit_code::kOsError, "cannot keep the lock descriptor from the command (-o)", errno);
+    }
+    spec.env = env_with(ctx.env, {}, {env_name::kFd});
+  }
+  if (o.no_fork) exec_command(spec, inherited);
+  const JobEnd job = run_command(spec, inherited, log);
+  facts.ran_ns = job.ended_ns - job.started_ns;
+  if (job.ended_by == JobEnd::EndedBy::MaxTime) {
+    facts.outcome = RunOutcome::MaxTime;
+    return exit_status(exit_code::kMaxTime);
+  }
+  facts.outcome = outcome_of(job.status);
+  return finish(job.status);
+}
+
 }  // namespace
 
-Outcome run(const Options& o, const Context& ctx, const Logger& log) {
+Outcome run(const Options& o, const Context& ctx, const Logger& log, RunFacts& facts) {
   if (o.mode == Mode::Inspect) return exit_status(inspect(o, log, ctx.etcd));
 
   const InheritedSignals inherited = take_signal_control();
@@ -271,98 +410,70 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
                                         "): flock(2) there may not exclude processes on other hosts; looplock "
                                         "supports local file systems only");
   }
-  const std::string canonical = canonical_lock_path(dir.fd.get(), o.dir);
-  const std::string canonical_dir = canonical.substr(0, canonical.size() - std::string_view(kLockName).size() - 1);
-  const std::string lock_id = lock_id_for_path(canonical);
+  const Target t = target_of(dir, o.dir);
+  facts.lock_id = t.lock_id;
+  facts.loop = t.loop;
   const LockMode mode = o.shared ? LockMode::Shared : LockMode::Exclusive;
 
-  // Nested inside a looplock that already holds this lock: run at once. (No
-  // open, so no ownership check: the outer looplock made it; the command may
-  // run as another user, under su or runuser, with the descriptor kept.)
-  struct stat lock_st {};
-  if (env_get(ctx.env, env_name::kHolderFd) &&
-      fstatat(dir.fd.get(), kLockName, &lock_st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(lock_st.st_mode)) {
-    if (auto outer = find_outer_holder(ctx.env, dir.fd.get(), lock_st, mode == LockMode::Exclusive, ctx.pid)) {
-      log.verbose("nested", std::string("already held ") +
-                                (outer->inherited ? "through the lock descriptor this run inherited"
-                                                  : "by looplock pid " + std::to_string(outer->pid) + " (an ancestor)") +
-                                "; running inside its critical section");
-      CommandSpec spec;
-      spec.argv = o.command;
-      spec.env = ctx.env;
-      spec.kill_after_ns = o.kill_after_ns;
-      if (o.close_fd) {
-        // -o holds inside a nested run too: the command gets no lock fd.
-        if (auto fd = inherited_lock_fd(ctx.env, lock_st); fd && fcntl(*fd, F_SETFD, FD_CLOEXEC) != 0) {
-          fail_errno(exit_code::kOsError, "cannot keep the lock descriptor from the command (-o)", errno);
-        }
-        spec.env = env_with(ctx.env, {}, {env_name::kFd});
-      }
-      if (o.no_fork) exec_command(spec, inherited);
-      return finish(run_command(spec, inherited, log).status);
-    }
-  }
+  if (auto nested = run_nested(o, ctx, dir, inherited, log, facts)) return *nested;
 
+  // Acquire: the cluster lock first, the local one second, always in that
+  // order (so that two hosts never wait for each other crosswise); the
+  // deadline counts from looplock's start and covers both. A skip or a
+  // timeout on either is reported the same way.
   const WaitPlan plan = wait_plan(o.policy, o.timeout_ns);
-
-  // The cluster lock first, the local one second, always in that order (so
-  // that two hosts never wait for each other crosswise); the deadline counts
-  // from looplock's start and covers both.
   std::optional<ClusterLock> cluster;
   if (!o.etcd.empty()) {
-    cluster.emplace(*ctx.etcd, etcd::parse_endpoints(o.etcd).endpoints, cluster_lock_name(o, canonical_dir), o.ttl_s,
-                    log);
-    auto got = cluster->acquire(plan, ctx.start_ns);
+    cluster.emplace(*ctx.etcd, etcd::parse_endpoints(o.etcd).endpoints, cluster_lock_name(o, t), o.ttl_s, log);
+    const auto got = cluster->acquire(plan, ctx.start_ns);
+    facts.waited_ns = sys::monotonic_ns() - ctx.start_ns;
     if (got == ClusterLock::Outcome::Busy) {
-      log.result("noop-locked",
-                 "noop-locked: cluster lock " + printable(cluster->name()) + " (etcd) is held by " +
-                     describe_cluster_holder(cluster->blocker()) + "; skipped " + o.operation + " (policy single_flight)",
-                 {{"lock_id", lock_id}, {"policy", policy_name(o.policy)}, {"lock_name", cluster->name()}});
+      report_skip(o, cluster_blocker(o, *cluster), t.lock_id, log);
+      facts.outcome = RunOutcome::Skipped;
       return exit_status(o.skip_exit_code);
     }
     if (got == ClusterLock::Outcome::TimedOut) {
-      report_cluster_timeout(o, ctx, dir, *cluster, plan, lock_id, log);
+      report_timeout(o, ctx, dir, cluster_blocker(o, *cluster), plan, facts.waited_ns, t.lock_id, log);
+      facts.outcome = RunOutcome::Timeout;
       return exit_status(o.conflict_exit_code);
     }
     log.verbose("acquired", "cluster lock " + printable(cluster->name()) + " acquired on etcd after " +
-                                seconds_text(sys::monotonic_ns() - ctx.start_ns) + " (fencing token " +
+                                seconds_text(facts.waited_ns) + " (fencing token " +
                                 std::to_string(cluster->fencing_token()) + ")",
                 {{"lock_name", cluster->name()}, {"fencing_token", cluster->fencing_token()}});
   }
 
   // Work that does not need the lock is done before waiting for it.
-  EnvList env = command_env(ctx, o, canonical_dir, lock_id, cluster ? &*cluster : nullptr);
+  EnvList env = command_env(ctx, o, t, cluster ? &*cluster : nullptr);
   const std::string pid_start = mode == LockMode::Exclusive ? procfs::own_start().value_or("") : "";
 
-  WaitReporter reporter(o, log, plan.kind == WaitPlan::Kind::Bounded);
+  WaitReporter reporter(o, log, plan, ctx.start_ns);
   AcquireResult res = acquire_lock(dir, plan, mode, reporter, ctx.start_ns);
-
+  facts.waited_ns = res.waited_ns;
   if (res.status == AcquireResult::Status::Busy) {
-    HolderRead hr = read_holder(res.file.fd.get());
-    log.result("noop-locked",
-               "noop-locked: " + lock_display(o.dir) + " is held by " +
-                   describe_holder(hr, kernel_holders(hr, res.file.st)) + "; skipped " + o.operation +
-                   " (policy single_flight)",
-               {{"lock_id", lock_id}, {"policy", policy_name(o.policy)}});
+    report_skip(o, local_blocker(o, res.file, {}), t.lock_id, log);
+    facts.outcome = RunOutcome::Skipped;
     return exit_status(o.skip_exit_code);
   }
   if (res.status == AcquireResult::Status::TimedOut) {
-    report_timeout(o, ctx, dir, res, plan, lock_id, reporter, log);
+    report_timeout(o, ctx, dir, local_blocker(o, res.file, reporter.holders_at_start()), plan, res.waited_ns,
+                   t.lock_id, log);
+    facts.outcome = RunOutcome::Timeout;
     return exit_status(o.conflict_exit_code);
   }
 
+  // Held: record who holds it.
   LockFile& file = res.file;
   log.verbose("acquired", std::string(mode == LockMode::Shared ? "shared" : "exclusive") + " lock on " +
                               lock_display(o.dir) + " acquired after " + seconds_text(res.waited_ns),
-              {{"lock_id", lock_id}, {"waited_ms", res.waited_ns / 1'000'000}});
-
+              {{"lock_id", t.lock_id}, {"waited_ms", res.waited_ns / kMs}});
   std::optional<HolderRecord> record;
   if (mode == LockMode::Exclusive) {
     if (file.read_only) {
       log.warn("read_only_lock_file", lock_display(o.dir) +
                                           " is read-only for looplock: the lock is held, but no holder record can be written");
     } else {
-      record = HolderRecord{lock_id, ctx.pid, pid_start, o.agent, o.operation,
+      record = HolderRecord{t.lock_id, ctx.pid, pid_start, o.agent, o.operation,
                             std::string(policy_name(o.policy)), sys::utc_now_iso8601(), std::nullopt};
       if (!write_holder(file.fd.get(), *record)) {
         log.warn("holder_write_failed", errno_message("cannot write the holder record into " + lock_display(o.dir), errno));
@@ -370,25 +481,20 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
       }
     }
   }
-
   if (cluster) {
     cluster->write_holder(ClusterHolder{host_name(), ctx.pid, o.agent, o.operation, sys::utc_now_iso8601(), {}, 0});
   }
 
+  // Run the command's job.
   add_lock_fd(env, file.fd.get(), !o.close_fd);
-  CommandSpec spec;
-  spec.argv = o.command;
-  spec.env = std::move(env);
+  CommandSpec spec = spec_for(o, std::move(env));
   spec.pass_fd = o.close_fd ? -1 : file.fd.get();
-  spec.kill_after_ns = o.kill_after_ns;
   std::optional<ClusterLease> lease;
-  if (cluster) spec.lease = &lease.emplace(*cluster, o.kill_after_ns.value_or(5'000'000'000LL));
-  int status;
+  if (cluster) spec.lease = &lease.emplace(*cluster, o.kill_after_ns.value_or(kDefaultKillAfterNs));
   JobEnd job;
   try {
     if (o.no_fork) exec_command(spec, inherited);
     job = run_command(spec, inherited, log);
-    status = job.status;
   } catch (const Fatal&) {
     if (record) {
       record->released_at = sys::utc_now_iso8601();
@@ -396,9 +502,10 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
     }
     throw;
   }
+  facts.ran_ns = job.ended_ns - job.started_ns;
 
-  // The command has ended; looplock still holds the lock. Was it protecting
-  // the real file all along?
+  // Release. The command has ended; looplock still holds the lock. Was it
+  // protecting the real file all along?
   const IntactCheck check = lock_intact(dir, file);
   if (!check.intact) {
     log.warn("intact_unknown",
@@ -423,22 +530,34 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
       std::string pids;
       for (pid_t p : leaked) pids += (pids.empty() ? "" : ", ") + std::to_string(p);
       log.warn_always("lock_leaked", "the command exited, but pid " + pids + " that it started still holds " +
-                                  lock_display(o.dir) + " through the inherited lock fd; the lock stays held until "
-                                  "it exits. Use -o/--close for commands that start background processes",
-               {{"pids", leaked}});
+                                         lock_display(o.dir) + " through the inherited lock fd; the lock stays held "
+                                         "until it exits. Use -o/--close for commands that start background processes",
+                      {{"pids", leaked}});
     }
   }
-
+  const int status = job.status;
   log.verbose("released", "released " + lock_display(o.dir) + "; the command " +
                               (WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
-                                                   : "exited with " + std::to_string(shell_status(status))));
+                                                   : "exited with " + std::to_string(shell_status(status))),
+              {{"lock_id", t.lock_id}, {"exit_status", shell_status(status)}, {"ran_ms", facts.ran_ns / kMs}});
+
+  // The rows about a job looplock ended are written once it has ended, so
+  // that they can say how.
+  if (job.ended_by == JobEnd::EndedBy::MaxTime) report_max_time(o, ctx, dir, t.lock_id, record, job, log);
   if (cluster) {
-    // The row is written once the job has ended, so that it can say how.
-    if (job.lease_lost) report_lease_lost(o, ctx, dir, *cluster, record, lock_id, log);
+    if (job.lease_lost) report_lease_lost(o, ctx, dir, *cluster, record, t.lock_id, job, log);
     cluster->release();  // after the local lock, as promised
     log.verbose("released", "released cluster lock " + printable(cluster->name()) + " on etcd");
-    if (job.lease_lost) return exit_status(exit_code::kLeaseLost);
+    if (job.lease_lost) {
+      facts.outcome = RunOutcome::LeaseLost;
+      return exit_status(exit_code::kLeaseLost);
+    }
   }
+  if (job.ended_by == JobEnd::EndedBy::MaxTime) {
+    facts.outcome = RunOutcome::MaxTime;
+    return exit_status(exit_code::kMaxTime);
+  }
+  facts.outcome = outcome_of(status);
   if (!intact) {
     const bool command_failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     log.error("loop_dir_vanished",
@@ -446,39 +565,72 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
                   " was deleted or replaced while the command ran, so the lock no longer protected it",
               command_failed ? "The command failed too; looplock exits with its status."
                              : "Check what removed it; never delete the lock file or the loop directory of a running loop.");
-    if (!command_failed) return exit_status(exit_code::kVanished);
+    if (!command_failed) {
+      facts.outcome = RunOutcome::Error;
+      return exit_status(exit_code::kVanished);
+    }
   }
   return finish(status);
 }
 
+namespace {
+
+// --metrics-dir: after every run that got as far as knowing its lock. A file
+// that cannot be written is one warning: never another exit status.
+void write_metrics(const Options& o, const RunFacts& facts, int status, long long start_wall_ms, const Logger& log) {
+  if (o.metrics_dir.empty() || facts.lock_id.empty() || o.mode != Mode::Run) return;
+  RunMetrics m;
+  m.lock_id = facts.lock_id;
+  m.loop = facts.loop;
+  m.operation = o.operation;
+  m.outcome = facts.outcome.value_or(RunOutcome::Error);
+  m.exit_status = status;
+  m.start_s = static_cast<double>(start_wall_ms) / 1000.0;
+  m.end_s = static_cast<double>(sys::realtime_ms()) / 1000.0;
+  m.wait_s = static_cast<double>(facts.waited_ns) / 1e9;
+  m.duration_s = static_cast<double>(facts.ran_ns) / 1e9;
+  if (std::string err = update_metrics_file(o.metrics_dir, m); !err.empty()) {
+    log.warn("metrics_write_failed", "cannot update the metrics: " + err);
+  }
+}
+
+}  // namespace
+
 int main_program(int argc, char** argv, char** envp, etcd::Transport* etcd) {
   const long long now_ns = sys::monotonic_ns();
+  const long long start_wall_ms = sys::realtime_ms();
   // Until the options are known, errors are plain text.
   Logger log(Verbosity::Normal, LogFormat::Text);
+  std::optional<Options> options;
+  RunFacts facts;
   try {
     std::vector<std::string> args(argv, argv + argc);
     Context ctx{env_from(envp), getpid(), now_ns, etcd};
     // looplock-etcd: the deadline counts from when looplock started.
     if (auto handed = take_handed_start(ctx.env, now_ns); handed && etcd) ctx.start_ns = *handed;
-    Environment penv{env_get(ctx.env, env_name::kAgent), env_get(ctx.env, env_name::kEtcd), user_name};
-    Options o = parse_options(args, penv);
+    Environment penv{env_get(ctx.env, env_name::kAgent), env_get(ctx.env, env_name::kEtcd),
+                     env_get(ctx.env, env_name::kMetricsDir), [] { return sys::user_name(getuid()); }};
+    const Options& o = options.emplace(parse_options(args, penv));
     if (o.mode == Mode::Help) {
       write_stdout(help_text());
       return exit_code::kOk;
     }
     if (o.mode == Mode::Version) {
       const bool helper = ctx.etcd != nullptr;  // this is looplock-etcd
-      const std::string etcd = helper ? "available, built in (this is looplock-etcd)" : cluster_helper_status();
-      write_stdout(version_text(build_info(helper), etcd));
+      const std::string etcd_status = helper ? "available, built in (this is looplock-etcd)" : cluster_helper_status();
+      write_stdout(version_text(build_info(helper), etcd_status));
       return exit_code::kOk;
     }
     log = Logger(o.verbosity, o.log_format);
     if (!o.etcd.empty() && !ctx.etcd) exec_cluster_helper(argv, ctx.env, ctx.start_ns);
-    Outcome out = run(o, ctx, log);
+    Outcome out = run(o, ctx, log, facts);
+    const int status = out.kind == Outcome::Kind::LikeWaitStatus ? shell_status(out.value) : out.value;
+    write_metrics(o, facts, status, start_wall_ms, log);
     if (out.kind == Outcome::Kind::LikeWaitStatus) exit_like(out.value);
     return out.value;
   } catch (const Fatal& e) {
     log.error("error", e.what(), e.hint());
+    if (options) write_metrics(*options, facts, e.status(), start_wall_ms, log);
     return e.status();
   } catch (const std::bad_alloc&) {
     // No allocation here: there may be nothing left to allocate.

@@ -7,6 +7,7 @@
 
 #include "environment.hpp"
 #include "log.hpp"
+#include "metrics.hpp"
 #include "options.hpp"
 
 namespace looplock {
@@ -32,7 +33,17 @@ struct Outcome {
   int value = 0;
 };
 
-Outcome run(const Options& options, const Context& context, const Logger& log);
+// What a run came to, for the metrics (--metrics-dir): filled in by run() as
+// it learns it (the lock_id stays empty when the run ended before).
+struct RunFacts {
+  std::string lock_id;
+  std::string loop;  // DIR's base name
+  long long waited_ns = 0;
+  long long ran_ns = 0;  // the command's run
+  std::optional<RunOutcome> outcome;  // unset: an error
+};
+
+Outcome run(const Options& options, const Context& context, const Logger& log, RunFacts& facts);
 
 // The whole program: parse, run, map errors to statuses. Returns only with an
 // exit status (it may also exit or die of a signal like the command, or exec

@@ -19,6 +19,7 @@ inline constexpr std::string_view kPolicy = "LOOPLOCK_POLICY";
 inline constexpr std::string_view kHolderPid = "LOOPLOCK_HOLDER_PID";
 inline constexpr std::string_view kHolderFd = "LOOPLOCK_HOLDER_FD";
 inline constexpr std::string_view kAgent = "LOOPLOCK_AGENT";
+inline constexpr std::string_view kMetricsDir = "LOOPLOCK_METRICS_DIR";
 // The cluster lock (--etcd): the default endpoints, and what the command gets.
 inline constexpr std::string_view kEtcd = "LOOPLOCK_ETCD";
 inline constexpr std::string_view kEtcdKey = "LOOPLOCK_ETCD_KEY";

@@ -26,6 +26,9 @@ Json incident_to_json(const Incident& i) {
                  {"agent_id", clip_bytes(i.waiter_agent)},
                  {"operation", clip_bytes(i.waiter_operation)}};
   if (!i.cluster.is_null()) j["cluster"] = i.cluster;
+  if (i.details.is_object()) {
+    for (auto it = i.details.begin(); it != i.details.end(); ++it) j[it.key()] = it.value();
+  }
   j["operator_action"] = i.operator_action;
   return j;
 }

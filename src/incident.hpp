@@ -38,6 +38,9 @@ struct Incident {
   std::string operator_action;
   // The cluster lock (--etcd), when the row is about it: {"lock_name", "holder"}.
   Json cluster = nullptr;
+  // Keys of rows about a job looplock ended (max_time_exceeded, lease_lost):
+  // {"ran_ms", "killed", ...}, written before operator_action.
+  Json details = nullptr;
 };
 
 Json incident_to_json(const Incident& i);

@@ -7,6 +7,7 @@
 #include <ctime>
 
 #include "cluster.hpp"
+#include "environment.hpp"
 #include "error.hpp"
 #include "etcd.hpp"
 #include "exit_codes.hpp"
@@ -173,6 +174,15 @@ InspectReport build_report(const InspectFacts& f) {
                  {"fd_holder_pids", f.fd_holders}};
   for (const auto& k : f.kernel) j["kernel"]["holder_pids"].push_back(k.pid);
   j["network_fs"] = f.network_fs ? Json(*f.network_fs) : Json(nullptr);
+  Json waiters = Json::array();
+  for (const auto& w : f.waiters) {
+    Json x = {{"pid", w.pid}, {"mode", w.exclusive ? "exclusive" : "shared"}, {"command", w.command}};
+    x["agent_id"] = w.agent_id ? Json(*w.agent_id) : Json(nullptr);
+    x["operation"] = w.operation ? Json(*w.operation) : Json(nullptr);
+    x["waiting_at_most_ms"] = w.at_most_ms ? Json(*w.at_most_ms) : Json(nullptr);
+    waiters.push_back(std::move(x));
+  }
+  j["waiters"] = std::move(waiters);
   Json r = Json::object();
   r["state"] = !f.exists ? "missing" : f.not_regular ? "not read" : state_name(f.holder.state);
   r["holder"] = rec ? holder_to_json(*rec) : Json(nullptr);
@@ -222,6 +232,18 @@ InspectReport build_report(const InspectFacts& f) {
                    : f.not_regular ? std::string("not read (not a regular file)")
                                    : std::string("no record (") + state_name(f.holder.state) + ")");
   }
+  if (f.waiters.empty()) {
+    line("waiting", known ? "none" : "unknown");
+  }
+  for (const auto& w : f.waiters) {
+    std::string who = "pid " + std::to_string(w.pid) + " (" + w.command;
+    if (w.agent_id || w.operation) {
+      who += ": agent " + w.agent_id.value_or("?") + ", operation " + w.operation.value_or("?");
+    }
+    who += std::string("), ") + (w.exclusive ? "exclusive" : "shared");
+    if (w.at_most_ms) who += ", for at most " + human_duration(*w.at_most_ms);
+    line("waiting", who);
+  }
   if (f.incidents.count == 0) {
     line("incidents", "none");
   } else {
@@ -251,14 +273,38 @@ bool in_child_pid_namespace() {
   return std::string_view(buf, static_cast<size_t>(n)) != "pid:[4026531836]";  // PROC_PID_INIT_INO
 }
 
+InspectFacts::Waiter describe_waiter(const procfs::KernelLock& k) {
+  InspectFacts::Waiter w;
+  w.pid = k.pid;
+  w.exclusive = k.exclusive;
+  w.command = procfs::comm(k.pid).value_or("?");
+  w.at_most_ms = procfs::age_ms(k.pid);
+  if (w.command == "looplock" || w.command == "looplock-etcd") {
+    // What it will record: its own command line read as looplock reads it
+    // (only the agent and the operation come out of it: never an argument).
+    if (auto argv = procfs::cmdline(k.pid)) {
+      Environment env{procfs::environ_get(k.pid, env_name::kAgent), std::nullopt, std::nullopt, [pid = k.pid] {
+                        auto uid = procfs::real_uid(pid);
+                        return uid ? sys::user_name(*uid) : std::string("?");
+                      }};
+      if (auto id = looplock_identity(*argv, env)) {
+        w.agent_id = id->first;
+        w.operation = id->second;
+      }
+    }
+  }
+  return w;
+}
+
 void gather_kernel(InspectFacts& f, const struct stat& st) {
   errno = 0;
-  auto locks = procfs::flock_holders(st);
-  if (!locks) {
+  auto table = procfs::lock_table(st);
+  if (!table) {
     f.kernel_unknown = errno_message("cannot read /proc/locks", errno ? errno : EIO);
     return;
   }
-  f.kernel = *locks;
+  for (const auto& k : table->waiters) f.waiters.push_back(describe_waiter(k));
+  f.kernel = table->holders;
   if (f.kernel.empty()) {
     if (in_child_pid_namespace() && procfs::ns_pids(0).size() <= 1) {
       f.kernel_unknown = "no holder is listed, but this runs in a pid namespace of its own, whose /proc/locks does "
@@ -306,12 +352,58 @@ void gather_record_process(InspectFacts& f, const HolderRecord& rec) {
 
 }  // namespace
 
-int inspect(const Options& o, const Logger& log, etcd::Transport* etcd) {
-  (void)log;
-  LockDir dir = open_lock_dir(o.dir, /*check_safety=*/false);
+std::optional<std::pair<std::string, std::string>> looplock_identity(const std::vector<std::string>& argv,
+                                                                     const Environment& env) {
+  try {
+    Options o = parse_options(argv, env);
+    if (o.mode != Mode::Run) return std::nullopt;
+    return std::make_pair(o.agent, o.operation);
+  } catch (const Fatal&) {
+    return std::nullopt;
+  }
+}
+
+namespace {
+
+// The cluster lock too (--etcd): who holds it, how many contend; read only.
+void inspect_cluster(const Options& o, const LockDir& dir, etcd::Transport* etcd, InspectReport& report,
+                     int& status) {
+  std::string name = o.lock_name;
+  if (name.empty()) {
+    std::string canonical = canonical_lock_path(dir.fd.get(), dir.path);
+    canonical.resize(canonical.size() - std::string_view(kLockName).size() - 1);
+    name = canonical.substr(canonical.rfind('/') + 1);
+  }
+  if (!etcd) throw Fatal(exit_code::kOsError, "internal error: --inspect --etcd without an HTTP client");
+  etcd::Client client(*etcd, etcd::parse_endpoints(o.etcd).endpoints);
+  const long long deadline = sys::monotonic_ns() + 5'000'000'000LL;
+  auto keys = client.range(etcd::lock_service_name(name) + "/", true, deadline);
+  Json c = {{"lock_name", name}};
+  std::string text;
+  if (!keys.ok()) {
+    c["error"] = keys.error;
+    text = "cannot read from etcd: " + keys.error;
+    status = exit_code::kClusterUnavailable;
+  } else {
+    std::optional<Json> holder;
+    auto h = client.range(etcd::holder_key(name), false, deadline);
+    if (h.ok() && !h.value.empty()) holder = parse_cluster_holder(h.value.front().value);
+    c["held"] = !keys.value.empty();
+    c["contenders"] = keys.value.size();
+    c["holder"] = holder && !keys.value.empty() ? *holder : Json(nullptr);
+    text = keys.value.empty() ? "free (lock name " + name + ")"
+                              : "held by " + describe_cluster_holder(holder) + "; " +
+                                    std::to_string(keys.value.size() - 1) + " waiting (lock name " + name + ")";
+  }
+  report.json["cluster"] = c;
+  report.text += "cluster   " + printable(text) + "\n";
+}
+
+InspectReport inspect_dir(const Options& o, const std::string& path, etcd::Transport* etcd, int& status) {
+  LockDir dir = open_lock_dir(path, /*check_safety=*/false);
   InspectFacts f;
-  f.lock_path = o.dir + (o.dir.ends_with('/') ? "" : "/") + kLockName;
-  f.lock_id = lock_id_for_path(canonical_lock_path(dir.fd.get(), o.dir));
+  f.lock_path = path + (path.ends_with('/') ? "" : "/") + kLockName;
+  f.lock_id = lock_id_for_path(canonical_lock_path(dir.fd.get(), path));
   f.dir_unsafe = dir_mode_unsafe(dir.st.st_mode);
   f.stale_after_ms = o.stale_after_ns / 1'000'000;
   f.network_fs = network_file_system(dir.fd.get());
@@ -342,43 +434,38 @@ int inspect(const Options& o, const Logger& log, etcd::Transport* etcd) {
   f.incidents = summarize_incidents(dir.fd.get());
 
   InspectReport report = build_report(f);
+  if (!o.etcd.empty()) inspect_cluster(o, dir, etcd, report, status);
+  return report;
+}
 
-  // --etcd: the cluster lock too (who holds it, who waits), read only.
-  int status = exit_code::kOk;
-  if (!o.etcd.empty()) {
-    std::string name = o.lock_name;
-    if (name.empty()) {
-      std::string canonical = canonical_lock_path(dir.fd.get(), o.dir);
-      canonical.resize(canonical.size() - std::string_view(kLockName).size() - 1);
-      name = canonical.substr(canonical.rfind('/') + 1);
+}  // namespace
+
+int inspect(const Options& o, const Logger& log, etcd::Transport* etcd) {
+  const std::vector<std::string> dirs = o.dirs.empty() ? std::vector<std::string>{o.dir} : o.dirs;
+  int status = exit_code::kOk;  // a DIR that could not be inspected (66, 71), or etcd (69)
+  bool warned = false;
+  Json all = Json::array();
+  std::string text;
+  for (const auto& d : dirs) {
+    try {
+      InspectReport r = inspect_dir(o, d, etcd, status);
+      warned = warned || !r.json["warnings"].empty();
+      if (!text.empty()) text += "\n";
+      text += r.text;
+      all.push_back(std::move(r.json));
+    } catch (const Fatal& e) {
+      if (dirs.size() == 1) throw;
+      log.error("error", e.what(), e.hint());
+      if (status == exit_code::kOk) status = e.status();
     }
-    if (!etcd) throw Fatal(exit_code::kOsError, "internal error: --inspect --etcd without an HTTP client");
-    etcd::Client client(*etcd, etcd::parse_endpoints(o.etcd).endpoints);
-    const long long deadline = sys::monotonic_ns() + 5'000'000'000LL;
-    auto keys = client.range(etcd::lock_service_name(name) + "/", true, deadline);
-    Json c = {{"lock_name", name}};
-    std::string text;
-    if (!keys.ok()) {
-      c["error"] = keys.error;
-      text = "cannot read from etcd: " + keys.error;
-      status = exit_code::kClusterUnavailable;
-    } else {
-      std::optional<Json> holder;
-      auto h = client.range(etcd::holder_key(name), false, deadline);
-      if (h.ok() && !h.value.empty()) holder = parse_cluster_holder(h.value.front().value);
-      c["held"] = !keys.value.empty();
-      c["contenders"] = keys.value.size();
-      c["holder"] = holder && !keys.value.empty() ? *holder : Json(nullptr);
-      text = keys.value.empty() ? "free (lock name " + name + ")"
-                                : "held by " + describe_cluster_holder(holder) + "; " +
-                                      std::to_string(keys.value.size() - 1) + " waiting (lock name " + name + ")";
-    }
-    report.json["cluster"] = c;
-    report.text += "cluster   " + printable(text) + "\n";
   }
-  const std::string out = o.json ? dump_json(report.json) + "\n" : report.text;
-  write_stdout(out);
-  return status;
+  if (o.json) {
+    write_stdout(dump_json(dirs.size() == 1 ? all.at(0) : all) + "\n");
+  } else {
+    write_stdout(text);
+  }
+  if (status != exit_code::kOk) return status;
+  return o.check && warned ? exit_code::kCheckWarned : exit_code::kOk;
 }
 
 }  // namespace looplock

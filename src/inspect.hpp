@@ -52,6 +52,16 @@ struct InspectFacts {
   // they passed on), and the processes found holding it through an fd.
   std::vector<pid_t> dead_kernel_pids;
   std::vector<pid_t> fd_holders;
+  // The processes waiting for the lock (the kernel's blocked requests).
+  struct Waiter {
+    pid_t pid = 0;
+    bool exclusive = true;
+    std::string command;                  // base name (/proc/PID/comm), or "?"
+    std::optional<std::string> agent_id;  // a looplock waiter's, when it can be read
+    std::optional<std::string> operation;
+    std::optional<long long> at_most_ms;  // the process's age: it cannot have waited longer
+  };
+  std::vector<Waiter> waiters;
 };
 
 struct InspectReport {
@@ -67,7 +77,15 @@ std::optional<long long> parse_utc_ms(const std::string& iso);
 // "3h05m", "12.3s", "450ms"
 std::string human_duration(long long ms);
 
-// Runs --inspect: prints the report to stdout, returns the exit status.
+// What a looplock process with these arguments would record as its agent and
+// operation (nullopt when they do not parse).
+std::optional<std::pair<std::string, std::string>> looplock_identity(const std::vector<std::string>& argv,
+                                                                     const Environment& env);
+
+// Runs --inspect for each DIR: prints one report each (with --json one
+// object, or an array for several), returns the exit status: 66 or 71 when
+// a DIR could not be inspected (the others are still reported), 1 with
+// --check when a report carries a warning, else 0.
 // `etcd` reads the cluster lock for --etcd (looplock-etcd's libcurl transport).
 int inspect(const Options& options, const Logger& log, etcd::Transport* etcd);
 

@@ -58,7 +58,7 @@ int above_stdio(int fd) {
 // that cannot be stopped would go on firing at looplock and the command.
 class DeadlineAlarm {
 public:
-  explicit DeadlineAlarm(long long deadline_abs_ns) {
+  explicit DeadlineAlarm(long long deadline_abs_ns, long long interval_ns = 1'000'000) {
     struct sigaction sa {};
     sa.sa_handler = [](int) {};  // only there to make flock(2) return EINTR
     sigemptyset(&sa.sa_mask);
@@ -77,7 +77,8 @@ public:
     itimerspec its{};
     its.it_value.tv_sec = static_cast<time_t>(deadline_abs_ns / 1'000'000'000LL);
     its.it_value.tv_nsec = static_cast<long>(deadline_abs_ns % 1'000'000'000LL);
-    its.it_interval.tv_nsec = 1'000'000;
+    its.it_interval.tv_sec = static_cast<time_t>(interval_ns / 1'000'000'000LL);
+    its.it_interval.tv_nsec = static_cast<long>(interval_ns % 1'000'000'000LL);
     if (timer_settime(timer_, TIMER_ABSTIME, &its, nullptr) != 0) {
       int err = errno;
       timer_delete(timer_);
@@ -323,7 +324,15 @@ AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, Ac
   const bool bounded = plan.kind == WaitPlan::Kind::Bounded;
   const long long deadline = start + plan.deadline_ns;
   std::optional<DeadlineAlarm> alarm;  // armed only when the first attempt finds the lock held
+  std::optional<DeadlineAlarm> ticker;  // the observer's ticks (a status line)
   bool told_wait = false;
+  // The wait is over: the timers stop (the ticker first: it was armed after
+  // the alarm and restores the alarm's handler), and the observer is told.
+  auto wait_over = [&] {
+    if (ticker) ticker->disarm();
+    if (alarm) alarm->disarm();
+    if (told_wait) observer.on_wait_end();
+  };
 
   AcquireResult result;
   for (;;) {
@@ -335,7 +344,7 @@ AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, Ac
                                                             : AcquireResult::Status::TimedOut;
         result.file = std::move(file);
         result.waited_ns = sys::monotonic_ns() - start;
-        if (alarm) alarm->disarm();
+        wait_over();
         return result;
       }
       if (!told_wait) {
@@ -343,16 +352,24 @@ AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, Ac
         observer.on_wait(file);
       }
       if (bounded && !alarm) alarm.emplace(deadline);
+      if (const long long tick = observer.tick_interval_ns(); tick > 0 && !ticker) {
+        try {
+          ticker.emplace(sys::monotonic_ns() + tick, tick);
+        } catch (const Fatal&) {
+          // Only a status line depends on it: wait without one.
+        }
+      }
       for (;;) {
         if (flock(file.fd.get(), op) == 0) break;
         if (errno != EINTR) lock_failed(dir, errno);
+        if (ticker) observer.on_tick();
         if (bounded && sys::monotonic_ns() >= deadline) {
           // One last non-blocking attempt: a release exactly at the deadline wins.
           if (try_lock(dir, file, op) == 0) break;
           result.status = AcquireResult::Status::TimedOut;
           result.file = std::move(file);
           result.waited_ns = sys::monotonic_ns() - start;
-          alarm->disarm();
+          wait_over();
           return result;
         }
       }
@@ -368,7 +385,7 @@ AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, Ac
       result.status = AcquireResult::Status::Acquired;
       result.file = std::move(file);
       result.waited_ns = sys::monotonic_ns() - start;
-      if (alarm) alarm->disarm();
+      wait_over();
       return result;
     }
     observer.on_replaced(++result.replaced);

@@ -52,6 +52,11 @@ public:
   // The locked inode was no longer at the path (deleted or replaced); looplock
   // retries on the new file. `count` is how many times this happened so far.
   virtual void on_replaced(int /*count*/) {}
+  // While waiting: on_tick() about every tick_interval_ns() (0: never), and
+  // on_wait_end() once the wait is over, whatever its end.
+  virtual long long tick_interval_ns() const { return 0; }
+  virtual void on_tick() {}
+  virtual void on_wait_end() {}
 };
 
 struct AcquireResult {

@@ -70,7 +70,7 @@ void Logger::warn_always(const std::string& event, const std::string& message, c
 }
 
 void Logger::result(const std::string& event, const std::string& message, const Json& fields) const {
-  emit("notice", event, message, {}, fields);
+  if (verbosity_ != Verbosity::Quiet) emit("notice", event, message, {}, fields);
 }
 
 void Logger::verbose(const std::string& event, const std::string& message, const Json& fields) const {

@@ -29,12 +29,16 @@ public:
   // A warning that --quiet does not hide (a lock left held by what the
   // command started).
   void warn_always(const std::string& event, const std::string& message, const Json& fields = {}) const;
-  // A result line the caller acts on (noop-locked): printed even with --quiet.
+  // A result line (noop-locked): printed unless --quiet. A healthy skip
+  // under cron must not mail; its exit status and the metrics still tell it.
   void result(const std::string& event, const std::string& message, const Json& fields = {}) const;
   // Progress, printed only with --verbose.
   void verbose(const std::string& event, const std::string& message, const Json& fields = {}) const;
 
   bool is_verbose() const { return verbosity_ == Verbosity::Verbose; }
+  bool is_quiet() const { return verbosity_ == Verbosity::Quiet; }
+  bool is_text() const { return format_ == LogFormat::Text; }
+  int fd() const { return fd_; }
 
   // The line as it would be written (exposed for unit tests).
   std::string format_line(const char* level, const std::string& event, const std::string& message,

@@ -25,9 +25,10 @@ constexpr std::string_view kTryHelp = "Try 'looplock --help' for more informatio
 // looks for "--" and "-c". Keep in sync with build_parser() (a unit test
 // checks that every option declared there is classified here).
 constexpr std::array kValueShort = {'p', 'w', 'E'};
-constexpr std::array<std::string_view, 12> kValueLong = {
+constexpr std::array<std::string_view, 14> kValueLong = {
     "policy", "timeout", "conflict-exit-code", "skip-exit-code", "agent",
-    "operation", "log-format", "kill-after", "stale-after", "etcd", "lock-name", "ttl"};
+    "operation", "log-format", "kill-after", "max-time", "metrics-dir",
+    "stale-after", "etcd", "lock-name", "ttl"};
 
 bool long_takes_value(std::string_view arg) {
   // "--name" (value in the next argument); "--name=value" carries its own.
@@ -124,6 +125,9 @@ cxxopts::Options build_parser() {
       ("q,quiet", "")
       ("log-format", "", cxxopts::value<std::string>())
       ("kill-after", "", cxxopts::value<std::string>())
+      ("max-time", "", cxxopts::value<std::string>())
+      ("metrics-dir", "", cxxopts::value<std::string>())
+      ("check", "")
       ("inspect", "")
       ("json", "")
       ("stale-after", "", cxxopts::value<std::string>())
@@ -372,12 +376,14 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
     usage_error("missing DIR", "Usage: looplock [OPTIONS] DIR -- COMMAND [ARG]...  (Try 'looplock --help'.)");
   }
   o.dir = positional[0];
-  if (o.dir.empty()) usage_error("DIR is an empty string");
-  if (positional.size() > 1) {
-    if (o.mode == Mode::Inspect) usage_error("unexpected argument '" + positional[1] + "' after DIR");
+  for (const auto& d : positional) {
+    if (d.empty()) usage_error("DIR is an empty string");
+  }
+  if (positional.size() > 1 && o.mode != Mode::Inspect) {
     usage_error("unexpected argument '" + positional[1] + "' before '--'",
                 "Put the command after '--': looplock DIR -- " + positional[1] + " ...");
   }
+  o.dirs = positional;
 
   if (r.count("policy")) {
     auto p = parse_policy(r["policy"].as<std::string>());
@@ -406,9 +412,19 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
   }
   if (r.count("kill-after")) {
     const auto& text = r["kill-after"].as<std::string>();
-    // 0 means never, as in timeout(1); so does inf.
-    if (const long long d = duration_option("kill-after", text); d != 0 && d != kForever) o.kill_after_ns = d;
+    o.kill_after_ns = duration_option("kill-after", text);  // 0 and inf: never, as in timeout(1)
     if (o.no_fork) usage_error("--kill-after needs looplock to stay the command's parent; drop -F/--no-fork");
+  }
+  if (r.count("max-time")) {
+    const auto& text = r["max-time"].as<std::string>();
+    if (const long long d = duration_option("max-time", text); d != 0 && d != kForever) o.max_time_ns = d;
+    if (o.no_fork) usage_error("--max-time needs looplock to stay the command's parent; drop -F/--no-fork");
+  }
+  if (r.count("metrics-dir")) {
+    o.metrics_dir = r["metrics-dir"].as<std::string>();
+    if (o.metrics_dir.empty()) usage_error("invalid --metrics-dir '': expected a directory");
+  } else if (env.metrics_dir) {
+    o.metrics_dir = *env.metrics_dir;
   }
   if (r.count("verbose") && r.count("quiet")) usage_error("-v/--verbose and -q/--quiet cannot be combined");
   if (r.count("verbose")) o.verbosity = Verbosity::Verbose;
@@ -461,16 +477,21 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
 
   if (o.mode == Mode::Inspect) {
     o.json = r.count("json") > 0;
+    o.check = r.count("check") > 0;
+    for (const char* name : {"max-time", "kill-after", "metrics-dir"}) {
+      if (r.count(name)) usage_error("--" + std::string(name) + " does not apply to --inspect");
+    }
     if (r.count("stale-after")) {
       const auto& text = r["stale-after"].as<std::string>();
       o.stale_after_ns = duration_option("stale-after", text);
     }
     if (split.saw_dashdash || split.shell_command) {
-      usage_error("--inspect takes no command", "Usage: looplock --inspect [--json] DIR");
+      usage_error("--inspect takes no command", "Usage: looplock --inspect [--json] [--check] DIR...");
     }
     return o;
   }
   if (r.count("json")) usage_error("--json only applies to --inspect", "Use --log-format json for JSON log lines.");
+  if (r.count("check")) usage_error("--check only applies to --inspect");
   if (r.count("stale-after")) usage_error("--stale-after only applies to --inspect");
 
   if (split.shell_command) {
@@ -497,10 +518,20 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
   return o;
 }
 
+std::optional<long long> signal_kill_after(const Options& o) {
+  if (!o.kill_after_ns || *o.kill_after_ns == 0 || *o.kill_after_ns == kForever) return std::nullopt;
+  return o.kill_after_ns;
+}
+
+std::optional<long long> max_time_kill_after(const Options& o) {
+  if (!o.kill_after_ns) return kDefaultKillAfterNs;
+  return signal_kill_after(o);
+}
+
 const std::string& help_text() {
   static const std::string text = R"(Usage: looplock [OPTIONS] DIR -- COMMAND [ARG]...
        looplock [OPTIONS] DIR -c SHELL-COMMAND
-       looplock --inspect [--json] [--stale-after DURATION] DIR
+       looplock --inspect [--json] [--check] [--stale-after DURATION] DIR...
 
 Run COMMAND while holding the advisory lock on DIR/.state.lock (flock(2)),
 then exit exactly as COMMAND exited.
@@ -518,15 +549,21 @@ Lock and command:
   -F, --no-fork               exec COMMAND in place of looplock
       --kill-after DURATION   send KILL to the job if a forwarded TERM/INT
                               has not ended it within DURATION (0: never)
+      --max-time DURATION     end the job once it has run this long: TERM,
+                              KILL --kill-after later (default 5s); exit 124
       --agent ID              who runs it (default $LOOPLOCK_AGENT or user)
       --operation NAME        what runs (default: the command or script name)
 Output:
   -v, --verbose               report waiting, acquiring and releasing
-  -q, --quiet                 errors only (the noop-locked line stays)
+  -q, --quiet                 errors only (a single_flight skip is silent)
       --log-format FORMAT     stderr lines as text (default) or json
+      --metrics-dir DIR       write a node_exporter textfile per lock there
+                              (default $LOOPLOCK_METRICS_DIR)
 Inspect:
-      --inspect               report who holds DIR's lock; change nothing
-      --json                  print the report as one JSON object
+      --inspect               report who holds and who waits for each DIR's
+                              lock; change nothing
+      --json                  print the reports as JSON (an array for several)
+      --check                 exit 1 when a report carries a warning
       --stale-after DURATION  warn about holds older than this (default 2h)
 Cluster:
       --etcd ENDPOINTS        also lock across hosts on etcd (comma-separated
@@ -540,9 +577,9 @@ Examples:
   looplock -p single_flight /srv/loops/nightly -- ./monitor.sh
   looplock -w 30 /srv/loops/nightly -c 'status.py --approve && status.py --tick'
 
-Exit status: COMMAND's own; 75 deadline passed; 64 usage; 66 no DIR;
-73 unsafe lock file; 74 DIR vanished mid-lock; 71 OS error; 126/127 exec;
-69 etcd unreachable; 76 etcd lease lost while COMMAND ran.
+Exit status: COMMAND's own; 75 deadline passed; 124 --max-time passed;
+64 usage; 66 no DIR; 73 unsafe lock file; 74 DIR vanished mid-lock;
+71 OS error; 126/127 exec; 69 etcd unreachable; 76 etcd lease lost.
 )";
   return text;
 }

@@ -20,7 +20,8 @@ enum class LogFormat { Text, Json };
 
 struct Options {
   Mode mode = Mode::Run;
-  std::string dir;
+  std::string dir;                // the loop directory (the first one, for --inspect)
+  std::vector<std::string> dirs;  // --inspect: every DIR given, in order
   // The argv to execute. For -c this is {"/bin/sh", "-c", "--", STRING}.
   std::vector<std::string> command;
   bool shell_form = false;
@@ -32,7 +33,9 @@ struct Options {
   bool shared = false;                   // -s
   bool close_fd = false;                 // -o
   bool no_fork = false;                  // -F
-  std::optional<long long> kill_after_ns;
+  std::optional<long long> kill_after_ns;  // --kill-after as given (0 and kForever: never)
+  std::optional<long long> max_time_ns;    // --max-time (nullopt: no limit)
+  std::string metrics_dir;                 // --metrics-dir or $LOOPLOCK_METRICS_DIR; empty: none
 
   std::string agent;      // resolved: --agent, $LOOPLOCK_AGENT, user name
   std::string operation;  // resolved: --operation or derived from the command
@@ -47,6 +50,7 @@ struct Options {
 
   // --inspect
   bool json = false;
+  bool check = false;  // --check: exit 1 when a report warns
   long long stale_after_ns = 2LL * 3600 * 1'000'000'000LL;
 };
 
@@ -55,10 +59,19 @@ struct Options {
 struct Environment {
   std::optional<std::string> looplock_agent;  // $LOOPLOCK_AGENT
   std::optional<std::string> looplock_etcd;   // $LOOPLOCK_ETCD: default of --etcd
+  std::optional<std::string> metrics_dir;     // $LOOPLOCK_METRICS_DIR: default of --metrics-dir
   std::function<std::string()> user_name;     // from the password database, asked only when needed
 };
 
 Options parse_options(const std::vector<std::string>& argv, const Environment& env);
+
+// When KILL follows a TERM or INT looplock forwarded: --kill-after, where 0
+// and inf mean never (nullopt), as in timeout(1).
+std::optional<long long> signal_kill_after(const Options& o);
+// When KILL follows --max-time's TERM: --kill-after as above, or
+// kDefaultKillAfterNs when it was not given.
+inline constexpr long long kDefaultKillAfterNs = 5'000'000'000LL;
+std::optional<long long> max_time_kill_after(const Options& o);
 
 // The default operation name for a command: its base name, or the script's
 // base name when the command is an interpreter followed by a script. Never an

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 
 #include "sys.hpp"
 
@@ -71,9 +72,14 @@ std::vector<std::string_view> words(std::string_view line) {
 }
 
 // Parses one lock line ("1: FLOCK  ADVISORY  WRITE 2181 fe:00:10952825 0 EOF"),
-// skipping blocked waiters ("1: -> FLOCK ...").
-std::optional<KernelLock> parse_lock_line(std::string_view line, const struct stat& file) {
+// skipping blocked waiters ("1: -> FLOCK ...") unless `waiter`, which reads
+// only those.
+std::optional<KernelLock> parse_lock_line(std::string_view line, const struct stat& file, bool waiter = false) {
   auto w = words(line);
+  if (waiter) {
+    if (w.size() < 7 || w[1] != "->") return std::nullopt;
+    w.erase(w.begin() + 1);
+  }
   if (w.size() < 6 || w[1] == "->" || w[1] != "FLOCK") return std::nullopt;
   if (!device_inode_matches(w[5], file)) return std::nullopt;
   auto pid = to_number<long>(w[4]);
@@ -183,6 +189,79 @@ std::vector<KernelLock> parse_proc_locks(std::string_view content, const struct 
     i = nl + 1;
   }
   return out;
+}
+
+LockTable parse_lock_table(std::string_view content, const struct stat& file) {
+  LockTable t;
+  size_t i = 0;
+  while (i < content.size()) {
+    size_t nl = content.find('\n', i);
+    if (nl == std::string_view::npos) nl = content.size();
+    const std::string_view line = content.substr(i, nl - i);
+    if (auto k = parse_lock_line(line, file)) t.holders.push_back(*k);
+    if (auto k = parse_lock_line(line, file, /*waiter=*/true)) t.waiters.push_back(*k);
+    i = nl + 1;
+  }
+  return t;
+}
+
+std::optional<LockTable> lock_table(const struct stat& file) {
+  auto content = sys::read_file("/proc/locks", 64 << 20);
+  if (!content) return std::nullopt;
+  return parse_lock_table(*content, file);
+}
+
+std::optional<long long> age_ms(pid_t pid) {
+  auto start = pid_start(pid);
+  auto uptime = sys::read_file("/proc/uptime", 256);
+  const long hz = sysconf(_SC_CLK_TCK);
+  if (!start || !uptime || hz <= 0) return std::nullopt;
+  const double up_s = std::strtod(uptime->c_str(), nullptr);
+  const double started_s = std::strtod(start->c_str(), nullptr) / static_cast<double>(hz);
+  if (up_s <= 0 || started_s > up_s + 1) return std::nullopt;
+  return static_cast<long long>((up_s - started_s) * 1000);
+}
+
+std::optional<std::vector<std::string>> cmdline(pid_t pid) {
+  auto s = sys::read_file(proc_path(pid, "cmdline"), 1 << 20);
+  if (!s || s->empty()) return std::nullopt;
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at < s->size()) {
+    size_t end = s->find('\0', at);
+    if (end == std::string::npos) end = s->size();
+    out.push_back(s->substr(at, end - at));
+    at = end + 1;
+  }
+  return out;
+}
+
+std::optional<std::string> environ_get(pid_t pid, std::string_view name) {
+  auto s = sys::read_file(proc_path(pid, "environ"), 1 << 20);
+  if (!s) return std::nullopt;
+  std::string_view all = *s;
+  while (!all.empty()) {
+    size_t end = all.find('\0');
+    std::string_view entry = all.substr(0, end);
+    if (entry.size() > name.size() && entry.starts_with(name) && entry[name.size()] == '=') {
+      return std::string(entry.substr(name.size() + 1));
+    }
+    if (end == std::string_view::npos) break;
+    all.remove_prefix(end + 1);
+  }
+  return std::nullopt;
+}
+
+std::optional<uid_t> real_uid(pid_t pid) {
+  auto s = sys::read_file(proc_path(pid, "status"), 1 << 16);
+  if (!s) return std::nullopt;
+  auto at = s->find("\nUid:");
+  if (at == std::string::npos) return std::nullopt;
+  auto w = words(std::string_view(*s).substr(at + 5, 64));
+  if (w.empty()) return std::nullopt;
+  auto v = to_number<unsigned long>(w[0]);
+  if (!v) return std::nullopt;
+  return static_cast<uid_t>(*v);
 }
 
 std::optional<std::vector<KernelLock>> flock_holders(const struct stat& file) {

@@ -59,6 +59,24 @@ struct KernelLock {
 // listed at all.
 std::optional<std::vector<KernelLock>> flock_holders(const struct stat& file);
 std::vector<KernelLock> parse_proc_locks(std::string_view content, const struct stat& file);
+// Holders and the blocked requests ("->" lines: processes waiting in
+// flock(2)) on this inode, from one read of /proc/locks.
+struct LockTable {
+  std::vector<KernelLock> holders;
+  std::vector<KernelLock> waiters;
+};
+std::optional<LockTable> lock_table(const struct stat& file);
+LockTable parse_lock_table(std::string_view content, const struct stat& file);
+
+// How long ago the process started, in ms (from its start time and
+// /proc/uptime), or nullopt.
+std::optional<long long> age_ms(pid_t pid);
+// Its arguments (/proc/PID/cmdline), its environment entry NAME
+// (/proc/PID/environ), its real uid (/proc/PID/status): nullopt when they
+// cannot be read (another user's process, hidepid).
+std::optional<std::vector<std::string>> cmdline(pid_t pid);
+std::optional<std::string> environ_get(pid_t pid, std::string_view name);
+std::optional<uid_t> real_uid(pid_t pid);
 
 // Whether the open file description behind /proc/PID/fd/FD is `file` and holds a
 // flock(2) lock on it (exclusive, or either kind when `exclusive` is false).

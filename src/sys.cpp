@@ -1,6 +1,7 @@
 #include "sys.hpp"
 
 #include <fcntl.h>
+#include <pwd.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -102,6 +103,26 @@ std::string utc_now_iso8601() { return utc_iso8601(realtime_ms()); }
 
 bool same_file(const struct stat& a, const struct stat& b) {
   return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+std::string user_name(uid_t uid) {
+  const std::string id = std::to_string(uid);
+  if (auto passwd = read_file("/etc/passwd", 4 << 20)) {
+    std::string_view all = *passwd;
+    while (!all.empty()) {
+      auto nl = all.find('\n');
+      std::string_view line = all.substr(0, nl);
+      all = nl == std::string_view::npos ? std::string_view{} : all.substr(nl + 1);
+      auto c1 = line.find(':');
+      auto c2 = c1 == std::string_view::npos ? c1 : line.find(':', c1 + 1);
+      auto c3 = c2 == std::string_view::npos ? c2 : line.find(':', c2 + 1);
+      if (c3 != std::string_view::npos && line.substr(c2 + 1, c3 - c2 - 1) == id && c1 > 0) {
+        return std::string(line.substr(0, c1));
+      }
+    }
+  }
+  if (passwd* pw = getpwuid(uid); pw && pw->pw_name) return pw->pw_name;
+  return id;
 }
 
 }  // namespace looplock::sys

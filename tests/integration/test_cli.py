@@ -15,7 +15,7 @@ from conftest import EX_USAGE, LOOPLOCK, ROOT, TIMEOUT, read_record, run
 HELP = """\
 Usage: looplock [OPTIONS] DIR -- COMMAND [ARG]...
        looplock [OPTIONS] DIR -c SHELL-COMMAND
-       looplock --inspect [--json] [--stale-after DURATION] DIR
+       looplock --inspect [--json] [--check] [--stale-after DURATION] DIR...
 
 Run COMMAND while holding the advisory lock on DIR/.state.lock (flock(2)),
 then exit exactly as COMMAND exited.
@@ -33,15 +33,21 @@ Lock and command:
   -F, --no-fork               exec COMMAND in place of looplock
       --kill-after DURATION   send KILL to the job if a forwarded TERM/INT
                               has not ended it within DURATION (0: never)
+      --max-time DURATION     end the job once it has run this long: TERM,
+                              KILL --kill-after later (default 5s); exit 124
       --agent ID              who runs it (default $LOOPLOCK_AGENT or user)
       --operation NAME        what runs (default: the command or script name)
 Output:
   -v, --verbose               report waiting, acquiring and releasing
-  -q, --quiet                 errors only (the noop-locked line stays)
+  -q, --quiet                 errors only (a single_flight skip is silent)
       --log-format FORMAT     stderr lines as text (default) or json
+      --metrics-dir DIR       write a node_exporter textfile per lock there
+                              (default $LOOPLOCK_METRICS_DIR)
 Inspect:
-      --inspect               report who holds DIR's lock; change nothing
-      --json                  print the report as one JSON object
+      --inspect               report who holds and who waits for each DIR's
+                              lock; change nothing
+      --json                  print the reports as JSON (an array for several)
+      --check                 exit 1 when a report carries a warning
       --stale-after DURATION  warn about holds older than this (default 2h)
 Cluster:
       --etcd ENDPOINTS        also lock across hosts on etcd (comma-separated
@@ -55,9 +61,9 @@ Examples:
   looplock -p single_flight /srv/loops/nightly -- ./monitor.sh
   looplock -w 30 /srv/loops/nightly -c 'status.py --approve && status.py --tick'
 
-Exit status: COMMAND's own; 75 deadline passed; 64 usage; 66 no DIR;
-73 unsafe lock file; 74 DIR vanished mid-lock; 71 OS error; 126/127 exec;
-69 etcd unreachable; 76 etcd lease lost while COMMAND ran.
+Exit status: COMMAND's own; 75 deadline passed; 124 --max-time passed;
+64 usage; 66 no DIR; 73 unsafe lock file; 74 DIR vanished mid-lock;
+71 OS error; 126/127 exec; 69 etcd unreachable; 76 etcd lease lost.
 """
 
 

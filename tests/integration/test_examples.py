@@ -125,8 +125,12 @@ def test_crontab_jobs_run_under_the_lock(site, holders):
     assert len(tick) == 1 and len(monitor) == 1, jobs
     for cmd in tick + monitor:  # the package's looplock, by its full path
         assert cmd.startswith(PACKAGE_LOOPLOCK + " "), cmd
-    # cron's environment: only what the crontab sets (plus HOME and the fake's).
-    env = site.env(**cron_env)
+    # cron's environment: only what the crontab sets (plus HOME and the fake's),
+    # with the metrics directory in the test's site.
+    assert cron_env.get("LOOPLOCK_METRICS_DIR"), "the crontab sets a metrics directory"
+    metrics = site.loop.parent / "metrics"
+    metrics.mkdir()
+    env = site.env(**dict(cron_env, LOOPLOCK_METRICS_DIR=str(metrics)))
     assert env["PATH"] == "/usr/bin:/bin"  # looplock must be called by its full path
 
     r = sh_c(site.substitute(tick[0]), env)
@@ -141,13 +145,18 @@ def test_crontab_jobs_run_under_the_lock(site, holders):
     assert read_record(site.loop)["agent_id"] == "cron"
     assert lock_is_free(site.loop)
 
-    # While something else holds the lock, the monitor is an ordinary skip.
+    # While something else holds the lock, the monitor is an ordinary skip,
+    # and silent: cron mails nothing. The metrics file tells it.
     h = holders(site.loop, tool="flock")
-    r = sh_c(site.substitute(monitor[0]), env)
-    assert r.returncode == 0, r.stderr
-    assert "noop-locked" in r.stderr
+    for _ in range(3):
+        r = sh_c(site.substitute(monitor[0]), env)
+        assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
     assert len(site.calls()) == 2  # the monitor's command did not run
     h.release()
+    (prom,) = metrics.glob("looplock_*.prom")
+    text = prom.read_text()
+    assert re.search(r'looplock_runs_total\{[^}]*operation="[^"]*",outcome="skipped"\} 3\n', text), text
+    assert re.search(r'looplock_runs_total\{[^}]*operation="[^"]*",outcome="success"\} 2\n', text), text
 
 
 # -- systemd -------------------------------------------------------------------

@@ -79,8 +79,9 @@ TEST_CASE("free lock without a record: no warnings") {
 
 TEST_CASE("JSON keys") {
   InspectReport r = looplock::build_report(held_by_record());
-  CHECK(keys(r.json) == std::vector<std::string>{"lock_file", "lock_id", "exists", "kernel", "network_fs", "record",
-                                                 "incidents", "warnings", "operator_action"});
+  CHECK(keys(r.json) == std::vector<std::string>{"lock_file", "lock_id", "exists", "kernel", "network_fs", "waiters",
+                                                 "record", "incidents", "warnings", "operator_action"});
+  CHECK(r.json["waiters"] == Json::array());
   CHECK(keys(r.json["kernel"]) ==
         std::vector<std::string>{"held", "unknown", "mode", "holder_pids", "fd_holder_pids"});
   CHECK(r.json["kernel"]["unknown"].is_null());
@@ -278,6 +279,37 @@ TEST_CASE("a lock held through a descriptor its dead locker passed on") {
   f.fd_holders.clear();
   r = looplock::build_report(f);
   CHECK(any_contains(warnings(r), "could not be found"));
+}
+
+TEST_CASE("waiters: who, doing what, for how long at most") {
+  InspectFacts f = held_by_record();
+  f.waiters.push_back({4321, true, "looplock", "ci", "deploy.py", 3'200});
+  f.waiters.push_back({4322, false, "flock", std::nullopt, std::nullopt, std::nullopt});
+  InspectReport r = looplock::build_report(f);
+  CHECK(r.json["waiters"].size() == 2);
+  CHECK(r.json["waiters"][0] == Json::parse(R"({"pid":4321,"mode":"exclusive","command":"looplock",)"
+                                            R"("agent_id":"ci","operation":"deploy.py","waiting_at_most_ms":3200})"));
+  CHECK(r.json["waiters"][1]["agent_id"].is_null());
+  CHECK(r.text.find("waiting   pid 4321 (looplock: agent ci, operation deploy.py), exclusive, for at most 3.2s\n") !=
+        std::string::npos);
+  CHECK(r.text.find("waiting   pid 4322 (flock), shared\n") != std::string::npos);
+  CHECK(warnings(r).empty());  // waiting is not a warning
+  CHECK(looplock::build_report(base()).text.find("waiting   none\n") != std::string::npos);
+}
+
+TEST_CASE("looplock_identity reads a waiter's command line as looplock does") {
+  looplock::Environment env{std::string("cron"), std::nullopt, std::nullopt, [] { return std::string("user"); }};
+  auto id = looplock::looplock_identity({"looplock", "-w", "5", "/srv/loops/n", "--", "python3", "/x/tick.py", "--secret"},
+                                        env);
+  REQUIRE(id);
+  CHECK(id->first == "cron");
+  CHECK(id->second == "tick.py");
+  env.looplock_agent.reset();
+  id = looplock::looplock_identity({"looplock", "--operation", "op", "D", "-c", "x"}, env);
+  REQUIRE(id);
+  CHECK(*id == std::make_pair(std::string("user"), std::string("op")));
+  CHECK_FALSE(looplock::looplock_identity({"looplock", "--inspect", "D"}, env));
+  CHECK_FALSE(looplock::looplock_identity({"looplock", "--bogus"}, env));
 }
 
 TEST_CASE("incidents: count, malformed and the latest row") {

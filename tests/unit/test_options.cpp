@@ -138,15 +138,15 @@ TEST_CASE("every value-taking option is classified by the splitter") {
   for (const auto& [s, l] : opts) longs.insert(l);
   // The help text lists them all (guards the regex above).
   CHECK(longs == std::set<std::string>{"policy", "timeout", "conflict-exit-code", "skip-exit-code", "agent",
-                                       "operation", "log-format", "kill-after", "stale-after", "etcd",
-                                       "lock-name", "ttl"});
+                                       "operation", "log-format", "kill-after", "max-time", "metrics-dir",
+                                       "stale-after", "etcd", "lock-name", "ttl"});
 
   std::vector<std::string> spellings;
   for (const auto& [s, l] : opts) {
     spellings.push_back("--" + l);
     if (!s.empty()) spellings.push_back("-" + s);
   }
-  CHECK(spellings.size() == 15);
+  CHECK(spellings.size() == 17);
   for (const auto& spelling : spellings) {
     CAPTURE(spelling);
     // The value is "--": if the splitter did not know that the option takes
@@ -162,7 +162,7 @@ TEST_CASE("every value-taking option is classified by the splitter") {
       Options o = parse(args);
       CHECK(o.dir == "DIR");
       CHECK(o.command == Args{"x"});
-      CHECK((o.agent == "--" || o.operation == "--"));
+      CHECK((o.agent == "--" || o.operation == "--" || o.metrics_dir == "--"));
     } else {
       // The option got "--" as its value and rejected it by name.
       CHECK(f->status == 64);
@@ -244,7 +244,12 @@ TEST_CASE("usage errors exit 64") {
       {"--log-format", "xml", "DIR", "--", "x"},
       {"--inspect", "DIR", "--", "x"},               // --inspect takes no command
       {"--inspect", "DIR", "-c", "x"},
-      {"--inspect", "DIR", "OTHER"},
+      {"--inspect", "DIR", ""},                      // an empty DIR
+      {"--check", "DIR", "--", "x"},                 // --check without --inspect
+      {"--max-time", "5", "-F", "DIR", "--", "x"},
+      {"--max-time", "soon", "DIR", "--", "x"},
+      {"--inspect", "--max-time", "5", "DIR"},
+      {"--metrics-dir", "", "DIR", "--", "x"},
       {"--inspect"},                                 // --inspect without DIR
       {"--inspect", "--stale-after", "soon", "DIR"},
       {"-w"},                                        // value missing at the end
@@ -409,10 +414,35 @@ TEST_CASE("parse_duration reads what timeout(1) reads") {
   CHECK(why == "hexadecimal numbers are not accepted");
 }
 
+TEST_CASE("--max-time, --metrics-dir, --check and several --inspect DIRs") {
+  CHECK_FALSE(parse({"DIR", "--", "x"}).max_time_ns);
+  CHECK(parse({"--max-time", "1.5m", "DIR", "--", "x"}).max_time_ns == 90 * kSec);
+  CHECK_FALSE(parse({"--max-time", "0", "DIR", "--", "x"}).max_time_ns);
+  CHECK_FALSE(parse({"--max-time", "inf", "DIR", "--", "x"}).max_time_ns);
+  CHECK(parse({"--metrics-dir", "/m", "DIR", "--", "x"}).metrics_dir == "/m");
+  CHECK(parse({"DIR", "--", "x"}).metrics_dir.empty());
+  looplock::Environment env;
+  env.metrics_dir = "/from-env";
+  env.user_name = [] { return std::string("u"); };
+  CHECK(looplock::parse_options({"looplock", "DIR", "--", "x"}, env).metrics_dir == "/from-env");
+  CHECK(looplock::parse_options({"looplock", "--metrics-dir=/m", "DIR", "--", "x"}, env).metrics_dir == "/m");
+  Options o = parse({"--inspect", "--check", "A", "B", "C"});
+  CHECK(o.check);
+  CHECK(o.dirs == Args{"A", "B", "C"});
+  CHECK(o.dir == "A");
+}
+
 TEST_CASE("--kill-after 0 and inf mean never; -w inf waits without limit") {
-  CHECK_FALSE(parse({"--kill-after", "0", "DIR", "--", "x"}).kill_after_ns);
-  CHECK_FALSE(parse({"--kill-after", "inf", "DIR", "--", "x"}).kill_after_ns);
-  CHECK(parse({"--kill-after", "1e-3", "DIR", "--", "x"}).kill_after_ns == kSec / 1000);
+  using looplock::max_time_kill_after;
+  using looplock::signal_kill_after;
+  CHECK_FALSE(signal_kill_after(parse({"DIR", "--", "x"})));
+  CHECK_FALSE(signal_kill_after(parse({"--kill-after", "0", "DIR", "--", "x"})));
+  CHECK_FALSE(signal_kill_after(parse({"--kill-after", "inf", "DIR", "--", "x"})));
+  CHECK(signal_kill_after(parse({"--kill-after", "1e-3", "DIR", "--", "x"})) == kSec / 1000);
+  // --max-time's TERM is followed by KILL after 5 s unless told otherwise.
+  CHECK(max_time_kill_after(parse({"DIR", "--", "x"})) == 5 * kSec);
+  CHECK(max_time_kill_after(parse({"--kill-after", "2", "DIR", "--", "x"})) == 2 * kSec);
+  CHECK_FALSE(max_time_kill_after(parse({"--kill-after", "0", "DIR", "--", "x"})));
   auto o = parse({"-w", "inf", "DIR", "--", "x"});
   CHECK(looplock::wait_plan(o.policy, o.timeout_ns).kind == looplock::WaitPlan::Kind::Unbounded);
   o = parse({"-w", ".5", "DIR", "--", "x"});
