@@ -1,0 +1,129 @@
+#include "metrics.hpp"
+
+#include <doctest/doctest.h>
+
+#include <sys/stat.h>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "testutil.hpp"
+
+using looplock::MetricsFile;
+using looplock::RunMetrics;
+using looplock::RunOutcome;
+using testutil::TempDir;
+
+namespace {
+
+RunMetrics sample(RunOutcome outcome, std::string operation = "tick.py") {
+  RunMetrics m;
+  m.lock_id = "0123456789abcdef";
+  m.loop = "nightly";
+  m.operation = std::move(operation);
+  m.outcome = outcome;
+  m.exit_status = outcome == RunOutcome::Success ? 0 : 75;
+  m.start_s = 1'796'140'000.5;
+  m.end_s = 1'796'140'002.25;
+  m.wait_s = 0.125;
+  m.duration_s = 1.5;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("outcome names") {
+  std::vector<std::string> names;
+  for (auto o : looplock::kAllOutcomes) names.emplace_back(looplock::outcome_name(o));
+  CHECK(names == std::vector<std::string>{"success", "failure", "signaled", "skipped", "timeout", "lease_lost",
+                                          "max_time", "error"});
+}
+
+TEST_CASE("label values are valid UTF-8, escaped and bounded") {
+  CHECK(looplock::label_value("tick.py") == "tick.py");
+  CHECK(looplock::label_value("a\"b\\c\nd") == "a\\\"b\\\\c\\nd");
+  CHECK(looplock::label_value(std::string("x\xff", 2)) == "x\xef\xbf\xbd");  // U+FFFD
+  CHECK(looplock::label_value(std::string(1000, 'y')).size() == 256);
+}
+
+TEST_CASE("render, then parse, gives the same state; runs add up") {
+  MetricsFile f;
+  looplock::add_run(f, sample(RunOutcome::Success));
+  looplock::add_run(f, sample(RunOutcome::Skipped));
+  looplock::add_run(f, sample(RunOutcome::Skipped, "monitor \"q\""));
+  const std::string text = looplock::render_metrics(f);
+  CHECK(text.starts_with("# HELP looplock_runs_total "));
+  CHECK(text.find("# TYPE looplock_runs_total counter\n") != std::string::npos);
+  CHECK(text.find("# TYPE looplock_last_wait_seconds gauge\n") != std::string::npos);
+  CHECK(text.find("looplock_runs_total{lock_id=\"0123456789abcdef\",loop=\"nightly\",operation=\"tick.py\","
+                  "outcome=\"skipped\"} 1\n") != std::string::npos);
+  CHECK(text.find("looplock_runs_total{lock_id=\"0123456789abcdef\",loop=\"nightly\",operation=\"tick.py\","
+                  "outcome=\"error\"} 0\n") != std::string::npos);
+  CHECK(text.find("operation=\"monitor \\\"q\\\"\"") != std::string::npos);
+  CHECK(text.find("looplock_last_start_timestamp_seconds{lock_id=\"0123456789abcdef\",loop=\"nightly\","
+                  "operation=\"tick.py\"} 1796140000.500\n") != std::string::npos);
+
+  MetricsFile back = looplock::parse_metrics(text);
+  CHECK(back.lock_id == "0123456789abcdef");
+  CHECK(back.loop == "nightly");
+  REQUIRE(back.operations.size() == 2);
+  const auto& tick = back.operations.at("tick.py");
+  CHECK(tick.runs.at(RunOutcome::Success) == 1);
+  CHECK(tick.runs.at(RunOutcome::Skipped) == 1);
+  CHECK(tick.last_success == doctest::Approx(1'796'140'002.25));
+  CHECK(tick.last_exit_status == 75);  // the last run was the skip
+  CHECK(back.operations.at("monitor \"q\"").runs.at(RunOutcome::Skipped) == 1);
+  CHECK(looplock::render_metrics(back) == text);
+
+  // The last success stays when later runs fail.
+  looplock::add_run(back, sample(RunOutcome::Timeout));
+  CHECK(back.operations.at("tick.py").last_success == doctest::Approx(1'796'140'002.25));
+  CHECK(back.operations.at("tick.py").runs.at(RunOutcome::Timeout) == 1);
+}
+
+TEST_CASE("parse skips what it does not understand") {
+  MetricsFile f = looplock::parse_metrics("garbage\n{}\nlooplock_runs_total{outcome=\"success\"} 3\n"
+                                          "looplock_runs_total{operation=\"x\",outcome=\"nope\"} 3\n"
+                                          "looplock_runs_total{operation=\"x\",outcome=\"success\"} abc\n"
+                                          "looplock_runs_total{operation=\"x\",outcome=\"failure\"} 2\n");
+  REQUIRE(f.operations.size() == 1);
+  CHECK(f.operations.at("x").runs.size() == 1);
+  CHECK(f.operations.at("x").runs.at(RunOutcome::Failure) == 2);
+}
+
+TEST_CASE("update_metrics_file carries counters over and leaves only the file") {
+  TempDir dir;
+  const std::string d = dir.path();
+  CHECK(looplock::update_metrics_file(d, sample(RunOutcome::Success)) == "");
+  CHECK(looplock::update_metrics_file(d, sample(RunOutcome::Success)) == "");
+  const std::string name = dir / "looplock_0123456789abcdef.prom";
+  auto text = testutil::slurp(name);
+  REQUIRE(text);
+  CHECK(looplock::parse_metrics(*text).operations.at("tick.py").runs.at(RunOutcome::Success) == 2);
+  struct stat st {};
+  CHECK(stat((dir / ".looplock_0123456789abcdef.prom.lock").c_str(), &st) == 0);
+  CHECK(stat((dir / ("." + std::string("looplock_0123456789abcdef.prom.") + std::to_string(getpid()) + ".tmp")).c_str(),
+             &st) != 0);
+}
+
+TEST_CASE("concurrent updates lose no increment") {
+  TempDir dir;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&] {
+      for (int k = 0; k < 10; ++k) CHECK(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Skipped)) == "");
+    });
+  }
+  for (auto& t : threads) t.join();
+  auto text = testutil::slurp(dir / "looplock_0123456789abcdef.prom");
+  REQUIRE(text);
+  CHECK(looplock::parse_metrics(*text).operations.at("tick.py").runs.at(RunOutcome::Skipped) == 80);
+}
+
+TEST_CASE("a metrics directory that cannot be used is a message, not a throw") {
+  TempDir dir;
+  std::string err = looplock::update_metrics_file(dir / "missing", sample(RunOutcome::Success));
+  CHECK(err.find("cannot open the metrics directory") != std::string::npos);
+  CHECK(err.find("No such file or directory") != std::string::npos);
+}
