@@ -34,11 +34,8 @@ std::string lock_display(const std::string& dir) {
   return dir + (dir.ends_with('/') ? "" : "/") + kLockName;
 }
 
-std::string seconds_text(long long ns) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3f s", static_cast<double>(ns) / 1e9);
-  return buf;
-}
+// Durations are written one way everywhere: "450ms", "2.5s", "3m05s".
+std::string seconds_text(long long ns) { return human_duration(ns / kMs); }
 
 Outcome finish(int wait_status) { return {Outcome::Kind::LikeWaitStatus, wait_status}; }
 Outcome exit_status(int status) { return {Outcome::Kind::ExitStatus, status}; }
@@ -412,6 +409,7 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log, RunFacts& f
   }
   const Target t = target_of(dir, o.dir);
   facts.lock_id = t.lock_id;
+  log.set_lock_id(t.lock_id);
   facts.loop = t.loop;
   const LockMode mode = o.shared ? LockMode::Shared : LockMode::Exclusive;
 
@@ -599,8 +597,9 @@ void write_metrics(const Options& o, const RunFacts& facts, int status, long lon
 int main_program(int argc, char** argv, char** envp, etcd::Transport* etcd) {
   const long long now_ns = sys::monotonic_ns();
   const long long start_wall_ms = sys::realtime_ms();
-  // Until the options are known, errors are plain text.
-  Logger log(Verbosity::Normal, LogFormat::Text);
+  // Until the options are parsed, errors use the --log-format asked for, if
+  // it can be told: with json, a usage error is a JSON line too.
+  Logger log(Verbosity::Normal, requested_log_format(argc, argv));
   std::optional<Options> options;
   RunFacts facts;
   try {
@@ -629,15 +628,16 @@ int main_program(int argc, char** argv, char** envp, etcd::Transport* etcd) {
     if (out.kind == Outcome::Kind::LikeWaitStatus) exit_like(out.value);
     return out.value;
   } catch (const Fatal& e) {
-    log.error("error", e.what(), e.hint());
+    log.error(e.event(), e.what(), e.hint());
     if (options) write_metrics(*options, facts, e.status(), start_wall_ms, log);
     return e.status();
   } catch (const std::bad_alloc&) {
     // No allocation here: there may be nothing left to allocate.
-    (void)sys::write_all(2, "looplock: out of memory\n");
+    (void)sys::write_all(2, log.is_text() ? "looplock: out of memory\n"
+                                          : "{\"level\":\"error\",\"event\":\"out_of_memory\",\"message\":\"out of memory\"}\n");
     return exit_code::kOsError;
   } catch (const std::exception& e) {
-    log.error("error", std::string("internal error: ") + e.what());
+    log.error("internal_error", std::string("internal error: ") + e.what());
     return exit_code::kOsError;
   }
 }

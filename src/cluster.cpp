@@ -66,7 +66,8 @@ void ClusterLock::unavailable(const std::string& what, const etcd::Result<bool>&
               "etcd " + std::string(down ? "unavailable" : "error") + ": cannot " + what + " for cluster lock " +
                   printable(name_) + ": " + printable(r.error),
               down ? "Check that etcd answers at the --etcd endpoints ($LOOPLOCK_ETCD); the command did not run."
-                   : "The command did not run; check etcd's logs.");
+                   : "The command did not run; check etcd's logs.",
+              down ? "etcd_unreachable" : "etcd_error");
 }
 
 namespace {

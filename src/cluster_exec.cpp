@@ -88,7 +88,8 @@ void exec_cluster_helper(char** argv, const EnvList& env, long long start_ns) {
                   ", which is not installed (looked for " + joined(paths) + ")",
               "Install the looplock-etcd package (apt-get install looplock-etcd), or from source build with "
               "libcurl (meson setup -Detcd=enabled) and install it; or run without --etcd and without "
-              "$LOOPLOCK_ETCD. The command did not run.");
+              "$LOOPLOCK_ETCD. The command did not run.",
+              "etcd_helper_missing");
 }
 
 std::optional<long long> take_handed_start(EnvList& env, long long now_ns) {

@@ -18,8 +18,21 @@ void fail_errno(int status, const std::string& what, int err, std::string hint) 
 
 void write_stdout(std::string_view text) {
   if (!sys::write_all(1, text)) {
-    fail_errno(exit_code::kOsError, "cannot write to standard output", errno,
-               "Check where standard output goes (a full disk, a closed descriptor).");
+    throw Fatal(exit_code::kOsError, errno_message("cannot write to standard output", errno),
+                "Check where standard output goes (a full disk, a closed descriptor).", "stdout_write_failed");
+  }
+}
+
+std::string_view Fatal::default_event(int status) noexcept {
+  switch (status) {
+    case exit_code::kUsage: return "usage_error";
+    case exit_code::kNoInput: return "dir_missing";
+    case exit_code::kClusterUnavailable: return "etcd_unreachable";
+    case exit_code::kOsError: return "os_error";
+    case exit_code::kCantCreate: return "lock_file_unusable";
+    case exit_code::kNotExecutable: return "command_not_executable";
+    case exit_code::kNotFound: return "command_not_found";
+    default: return "error";
   }
 }
 

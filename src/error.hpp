@@ -11,15 +11,25 @@ namespace looplock {
 
 class Fatal : public std::runtime_error {
 public:
-  Fatal(int exit_status, std::string message, std::string hint = {})
-      : std::runtime_error(std::move(message)), status_(exit_status), hint_(std::move(hint)) {}
+  Fatal(int exit_status, std::string message, std::string hint = {}, std::string event = {})
+      : std::runtime_error(std::move(message)), status_(exit_status), hint_(std::move(hint)),
+        event_(std::move(event)) {}
 
   int status() const noexcept { return status_; }
   const std::string& hint() const noexcept { return hint_; }
+  // The --log-format json event: the one given, else the exit status's
+  // (default_event()).
+  std::string event() const { return event_.empty() ? std::string(default_event(status_)) : event_; }
+
+  // usage_error (64), dir_missing (66), etcd_unreachable (69), os_error (71),
+  // lock_file_unusable (73), command_not_executable (126),
+  // command_not_found (127), error (anything else).
+  static std::string_view default_event(int status) noexcept;
 
 private:
   int status_;
   std::string hint_;
+  std::string event_;
 };
 
 // "<what>: <strerror(err)>"

@@ -1,8 +1,11 @@
 #include "incident.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <ctime>
 
 #include "log.hpp"
 #include "sys.hpp"
@@ -72,10 +75,19 @@ int append_incident(int dirfd, const std::string& line) {
   if (st.st_nlink != 1) return EMLINK;
   // A row cut short earlier (a full disk, a file-size limit) ends without a
   // newline: this one then starts on a line of its own instead of being
-  // glued to it (readers count the damaged line and skip it). Two writers
-  // racing here leave at most an empty line, which readers skip too.
+  // glued to it (readers count the damaged line and skip it). Appenders
+  // take a flock(2) on the incidents file (not the lock they wait for) for
+  // the look and the write, so that none takes another's row, half written
+  // across a page, for a damaged one; briefly: past 100 ms it appends
+  // without looking.
+  bool locked = false;
+  for (int i = 0; i < 100 && !(locked = flock(fd.get(), LOCK_EX | LOCK_NB) == 0); ++i) {
+    timespec ms{0, 1'000'000};
+    nanosleep(&ms, nullptr);
+  }
   char last = '\n';
-  const bool cut = st.st_size > 0 && pread(fd.get(), &last, 1, st.st_size - 1) == 1 && last != '\n';
+  const bool cut = locked && fstat(fd.get(), &st) == 0 && st.st_size > 0 &&
+                   pread(fd.get(), &last, 1, st.st_size - 1) == 1 && last != '\n';
   std::string row(cut ? 1 : 0, '\n');
   row += line;
   ssize_t n = sys::retry_eintr([&] { return write(fd.get(), row.data(), row.size()); });

@@ -253,7 +253,7 @@ InspectReport build_report(const InspectFacts& f) {
       inc += "; latest " + l->value("at", std::string("?")) + " " + l->value("error_code", std::string("?")) +
              ": waiter pid " + std::to_string(l->at("waiter").value("pid", 0)) + " (" +
              l->at("waiter").value("operation", std::string("?")) + ") waited " +
-             std::to_string(l->value("waited_ms", 0LL)) + " ms";
+             human_duration(l->value("waited_ms", 0LL));
     }
     line("incidents", inc);
   }

@@ -34,7 +34,7 @@ std::string file_kind(mode_t m) {
 }
 
 [[noreturn]] void unsafe(const LockDir& dir, const std::string& why, const std::string& hint) {
-  throw Fatal(exit_code::kCantCreate, "unsafe lock file " + lock_display(dir) + ": " + why, hint);
+  throw Fatal(exit_code::kCantCreate, "unsafe lock file " + lock_display(dir) + ": " + why, hint, "unsafe_lock_file");
 }
 
 // Moves fd to 3 or above, so that a command started with stdin, stdout or
@@ -190,7 +190,7 @@ LockDir open_lock_dir(const std::string& path, bool check_safety) {
     }
     if (err == ENOTDIR) {
       throw Fatal(exit_code::kNoInput, "loop directory " + path + " is not a directory",
-                  "Give the loop directory, not a file in it.");
+                  "Give the loop directory, not a file in it.", "not_a_directory");
     }
     if (err == ELOOP || err == ENAMETOOLONG) {
       fail_errno(exit_code::kNoInput, "cannot open loop directory " + path, err);
@@ -204,7 +204,8 @@ LockDir open_lock_dir(const std::string& path, bool check_safety) {
   if (check_safety && dir_mode_unsafe(dir.st.st_mode)) {
     throw Fatal(exit_code::kCantCreate,
                 "unsafe loop directory " + path + ": world-writable without the sticky bit",
-                "Any user could replace the lock file there; run 'chmod o-w " + path + "' (or chmod +t).");
+                "Any user could replace the lock file there; run 'chmod o-w " + path + "' (or chmod +t).",
+                "unsafe_loop_dir");
   }
   return dir;
 }

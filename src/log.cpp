@@ -1,5 +1,7 @@
 #include "log.hpp"
 
+#include <unistd.h>
+
 #include "sys.hpp"
 
 namespace looplock {
@@ -30,12 +32,18 @@ std::string printable(std::string_view text) {
   return out;
 }
 
+Logger::Logger(Verbosity verbosity, LogFormat format, int fd)
+    : verbosity_(verbosity), format_(format), fd_(fd), pid_(static_cast<long>(getpid())) {}
+
 std::string Logger::format_line(const char* level, const std::string& event, const std::string& message,
                                 const std::string& hint, const Json& fields) const {
   if (format_ == LogFormat::Json) {
     Json j = Json::object();
+    j["ts"] = sys::utc_now_iso8601();
+    j["pid"] = pid_;
     j["level"] = level;
     j["event"] = event;
+    if (!lock_id_.empty()) j["lock_id"] = lock_id_;
     j["message"] = message;
     if (!hint.empty()) j["hint"] = hint;
     if (fields.is_object()) {

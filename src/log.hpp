@@ -18,8 +18,10 @@ using Json = nlohmann::ordered_json;
 
 class Logger {
 public:
-  Logger(Verbosity verbosity, LogFormat format, int fd = 2)
-      : verbosity_(verbosity), format_(format), fd_(fd) {}
+  Logger(Verbosity verbosity, LogFormat format, int fd = 2);
+
+  // From now on, JSON lines carry "lock_id" (once the run knows it).
+  void set_lock_id(std::string lock_id) const { lock_id_ = std::move(lock_id); }
 
   // Errors are always printed. `hint` becomes a second line.
   void error(const std::string& event, const std::string& message, const std::string& hint = {},
@@ -51,6 +53,10 @@ private:
   Verbosity verbosity_;
   LogFormat format_;
   int fd_;
+  long pid_;
+  // Filled in by the run that owns the Logger, once known (a detail of what
+  // is printed, not state the run depends on).
+  mutable std::string lock_id_;
 };
 
 // `text` with control characters shown as \n, \r, \t or \xNN, so that an

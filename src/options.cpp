@@ -139,6 +139,42 @@ cxxopts::Options build_parser() {
   return o;
 }
 
+// cxxopts' exception in looplock's words, with the option as it is typed
+// ('--bogus', '-x') and plain quotes.
+std::string cxxopts_message(const cxxopts::exceptions::exception& e, const std::vector<std::string>& own) {
+  // cxxopts quotes the option with ‘ ’ (or ' ' without Unicode): take the
+  // first quoted part.
+  std::string text = e.what();
+  auto unquote = [](std::string t) {
+    for (const char* q : {"\u2018", "\u2019"}) {
+      for (size_t at; (at = t.find(q)) != std::string::npos;) t.replace(at, std::string_view(q).size(), "'");
+    }
+    return t;
+  };
+  text = unquote(text);
+  std::string name;
+  if (auto a = text.find('\''); a != std::string::npos) {
+    if (auto b = text.find('\'', a + 1); b != std::string::npos) name = text.substr(a + 1, b - a - 1);
+  }
+  const std::string typed = name.size() == 1 ? "-" + name : "--" + name;
+  if (dynamic_cast<const cxxopts::exceptions::no_such_option*>(&e)) return "unknown option '" + typed + "'";
+  if (dynamic_cast<const cxxopts::exceptions::missing_argument*>(&e) ||
+      dynamic_cast<const cxxopts::exceptions::option_requires_argument*>(&e)) {
+    return "option '" + typed + "' needs a value";
+  }
+  if (dynamic_cast<const cxxopts::exceptions::gratuitous_argument_for_option*>(&e)) {
+    return "option '" + typed + "' takes no value";
+  }
+  if (dynamic_cast<const cxxopts::exceptions::invalid_option_syntax*>(&e)) return "invalid option '" + name + "'";
+  if (dynamic_cast<const cxxopts::exceptions::incorrect_argument_type*>(&e)) {
+    // "--quiet=x": a flag given a value.
+    for (const auto& a : own) {
+      if (a.starts_with("--") && a.ends_with("=" + name)) return "option '" + a.substr(0, a.find('=')) + "' takes no value";
+    }
+  }
+  return "invalid command line: " + text;
+}
+
 long long duration_option(const char* name, const std::string& text) {
   std::string why;
   auto d = parse_duration(text, &why);
@@ -356,7 +392,7 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
   try {
     r = parser.parse(static_cast<int>(cargv.size()), cargv.data());
   } catch (const cxxopts::exceptions::exception& e) {
-    usage_error(e.what());
+    usage_error(cxxopts_message(e, split.own));
   }
 
   Options o;
@@ -373,7 +409,7 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
   std::vector<std::string> positional;
   if (r.count("positional")) positional = r["positional"].as<std::vector<std::string>>();
   if (positional.empty()) {
-    usage_error("missing DIR", "Usage: looplock [OPTIONS] DIR -- COMMAND [ARG]...  (Try 'looplock --help'.)");
+    usage_error("missing DIR", "Give the loop directory, then the command: looplock [OPTIONS] DIR -- COMMAND [ARG]...");
   }
   o.dir = positional[0];
   for (const auto& d : positional) {
@@ -486,7 +522,7 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
       o.stale_after_ns = duration_option("stale-after", text);
     }
     if (split.saw_dashdash || split.shell_command) {
-      usage_error("--inspect takes no command", "Usage: looplock --inspect [--json] [--check] DIR...");
+      usage_error("--inspect takes no command", "Give only directories: looplock --inspect [--json] [--check] DIR...");
     }
     return o;
   }
@@ -507,7 +543,8 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
     o.command = split.command;
   } else {
     usage_error("missing '--' before the command",
-                "Usage: looplock [OPTIONS] DIR -- COMMAND [ARG]...  or  looplock [OPTIONS] DIR -c SHELL-COMMAND");
+                "Put '--' between DIR and the command: looplock [OPTIONS] DIR -- COMMAND [ARG]..., or use "
+                "-c SHELL-COMMAND.");
   }
 
   o.agent = r.count("agent") ? r["agent"].as<std::string>()
@@ -516,6 +553,20 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
   o.operation = r.count("operation") ? r["operation"].as<std::string>()
                                      : (o.shell_form ? std::string("sh") : derive_operation(o.command));
   return o;
+}
+
+LogFormat requested_log_format(int argc, char** argv) {
+  LogFormat f = LogFormat::Text;
+  for (int i = 1; i < argc && argv[i]; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--" || a == "-c") break;
+    if (a == "--log-format" && i + 1 < argc && argv[i + 1]) {
+      f = std::string_view(argv[++i]) == "json" ? LogFormat::Json : LogFormat::Text;
+    } else if (a.starts_with("--log-format=")) {
+      f = a.substr(13) == "json" ? LogFormat::Json : LogFormat::Text;
+    }
+  }
+  return f;
 }
 
 std::optional<long long> signal_kill_after(const Options& o) {

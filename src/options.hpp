@@ -65,6 +65,10 @@ struct Environment {
 
 Options parse_options(const std::vector<std::string>& argv, const Environment& env);
 
+// The --log-format on a command line that may not parse (so that its usage
+// error is written in that format): looked for before "--" or "-c" only.
+LogFormat requested_log_format(int argc, char** argv);
+
 // When KILL follows a TERM or INT looplock forwarded: --kill-after, where 0
 // and inf mean never (nullopt), as in timeout(1).
 std::optional<long long> signal_kill_after(const Options& o);

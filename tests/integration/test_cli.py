@@ -265,7 +265,7 @@ def test_unknown_policy(loop_dir):
 
 
 def test_policy_missing_value(loop_dir):
-    usage_case(loop_dir, ["DIR", "-p"], "p", "missing")
+    usage_case(loop_dir, ["DIR", "-p"], "option '-p' needs a value")
 
 
 @pytest.mark.parametrize("policy", ["single_flight", "blocking"])

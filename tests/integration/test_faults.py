@@ -796,14 +796,14 @@ def test_failing_timer_settime_never_makes_the_wait_unbounded(loop_dir):
     assert "cannot arm the deadline timer" in r.stderr
 
 
-def test_failing_timer_delete_leaves_no_timer_firing(loop_dir, tmp_path):
+def test_failing_timer_delete_leaves_no_timer_firing(loop_dir):
     """The timer is disarmed instead; looplock neither dies of SIGALRM nor
     passes the timer's SIGALRMs to the command."""
     need_strace()
     h = flock_holder(loop_dir / LOCK)
-    out = tmp_path / "signals"
-    p = subprocess.Popen([*strace_inject("timer_delete:error=EINVAL"), LOOPLOCK, "-v", "-w", "20", str(loop_dir), "--", PY, SIGWAIT_HELPER], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen([*strace_inject("timer_delete:error=EINVAL"), LOOPLOCK, "-v", "-w", "20", str(loop_dir), "--",
+                          PY, SIGWAIT_HELPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
     try:
         expect_stderr(p, "waiting for")
         release(h)

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from conftest import (EX_NOINPUT, EX_TEMPFAIL, LOOPLOCK, PY, SIGWAIT, TIMEOUT, Lines, blocked_waiters, expect_line,
+from conftest import (EX_NOINPUT, EX_TEMPFAIL, LOOPLOCK, PY, TIMEOUT, blocked_waiters, expect_line,
                       helper, incident_rows, lock_is_free, run, running, start, wait_until)
 
 parser = pytest.importorskip("prometheus_client.parser", reason="python3-prometheus-client is not installed")

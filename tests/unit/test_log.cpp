@@ -1,5 +1,9 @@
 #include "log.hpp"
 
+#include <unistd.h>
+
+#include "inspect.hpp"
+
 #include <doctest/doctest.h>
 
 #include <fcntl.h>
@@ -79,12 +83,18 @@ TEST_CASE("JSON lines") {
   CHECK(j["holder_pids"] == Json::array({1, 2}));
   std::vector<std::string> keys;
   for (auto it = j.begin(); it != j.end(); ++it) keys.push_back(it.key());
-  CHECK(keys == std::vector<std::string>{"level", "event", "message", "hint", "waited_ms", "holder_pids"});
+  CHECK(keys == std::vector<std::string>{"ts", "pid", "level", "event", "message", "hint", "waited_ms", "holder_pids"});
+  CHECK(j["pid"] == getpid());
+  CHECK(looplock::parse_utc_ms(j["ts"].get<std::string>()));  // UTC with milliseconds
 
-  // No hint: no key. Non-object fields are ignored.
+  // No hint: no key. Non-object fields are ignored. The lock_id, once known.
   j = Json::parse(log.format_line("info", "acquired", "took 3 ms", "", Json()));
   CHECK_FALSE(j.contains("hint"));
-  CHECK(j.size() == 3);
+  CHECK_FALSE(j.contains("lock_id"));
+  CHECK(j.size() == 5);
+  log.set_lock_id("0123456789abcdef");
+  j = Json::parse(log.format_line("info", "acquired", "took 3 ms", "", Json()));
+  CHECK(j["lock_id"] == "0123456789abcdef");
 }
 
 TEST_CASE("JSON lines escape newlines and replace invalid UTF-8") {
