@@ -1,0 +1,257 @@
+"""The documentation says exactly what looplock prints (issue: docs tested
+against output). Every sample in README.md and the man page (a fenced block
+of stderr lines, an --inspect report, a holder record, an incident row, a
+metrics file) and every stderr line quoted in their prose ("looplock: ...")
+is compared with what real runs print, allowing for what varies from run to
+run: pids, times, durations, lock ids and the loop directory's path (the
+runs use TMP/loops/nightly, the docs /srv/loops/nightly). A sample wrapped
+for width compares the same, and "..." in a sample stands for anything.
+
+The runs: a holder (agent cron, operation status.py) with a waiter (agent ci,
+operation deploy.py) behind it; a timeout and a skip behind it; --inspect
+then; a holder killed with KILL, and --inspect after; a command that leaves a
+daemon holding the lock; a wait on a terminal; a metrics directory.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import (LOOPLOCK, PY, TIMEOUT, blocked_waiters, expect_line, helper, kill_and_wait_gone, run, start,
+                      wait_until)
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = {"README.md": ROOT / "README.md", "looplock(1)": ROOT / "man" / "looplock.1.scd"}
+DOC_BASE = "/srv/loops"
+
+
+def normalize(text, base):
+    """What may differ between a documented sample and a real run, made equal."""
+    t = text.replace(str(base), DOC_BASE)
+    t = t.replace("\\\\", "\\")  # scdoc escapes a backslash
+    t = re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", "<TS>", t)
+    t = re.sub(r"\b[0-9a-f]{16}\b", "<ID>", t)
+    t = re.sub(r"\b\d+(?:\.\d+)?(?:ms|s|m\d\ds|h\d\dm|d\d\dh)\b", "<DUR>", t)
+    t = re.sub(r"\d+(?:\.\d+)?", "<N>", t)
+    return re.sub(r"\s+", " ", t).strip()
+
+
+def found_in(sample, real, base):
+    """Whether the sample (with "..." as a wildcard) is in the real text."""
+    parts = [normalize(p, base) for p in sample.split("...")]
+    hay = normalize(real, base)
+    at = 0
+    for p in parts:
+        if not p:
+            continue
+        i = hay.find(p, at)
+        if i < 0:
+            return False
+        at = i + len(p)
+    return True
+
+
+def doc_blocks():
+    """(doc, kind, text) for every sample block of the docs."""
+    out = []
+    for doc, path in DOCS.items():
+        text = path.read_text()
+        for m in re.finditer(r"```[a-z]*\n(.*?)```", text, re.S):
+            block = m.group(1)
+            first = block.lstrip().splitlines()[0] if block.strip() else ""
+            if first.startswith("looplock: "):
+                out.append((doc, "stderr", block))
+            elif first.startswith(("$ looplock --inspect", "lock      ")):
+                out.append((doc, "inspect", block.replace("$ looplock --inspect /srv/loops/nightly\n", "")))
+            elif first.startswith('{"schema":"file_lock_holder_v0"'):
+                out.append((doc, "record", block))
+            elif first.startswith('{"schema":"file_lock_incident_v0"'):
+                out.append((doc, "incident", block))
+            elif first.startswith("# HELP looplock_"):
+                out.append((doc, "metrics", block))
+        # Stderr lines quoted in prose.
+        for m in re.finditer(r'"(looplock: [^"]+)"', text):
+            out.append((doc, "stderr", m.group(1)))
+    return out
+
+
+BLOCKS = doc_blocks()
+
+
+def ids(b):
+    return f"{b[0]}:{b[1]}:{b[2].strip()[:40]}"
+
+
+# --- the runs -------------------------------------------------------------------
+
+
+class Runs:
+    """Every text the documented situations make looplock print."""
+
+    def __init__(self, base):
+        self.base = base
+        self.stderr = []
+        self.inspect = []
+        self.records = []
+        self.incidents = []
+        self.metrics = ""
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("docs") / "loops"
+    scripts = base / "scripts"
+    scripts.mkdir(parents=True)
+    # The loop's scripts, named as in the docs.
+    (scripts / "status.py").write_text((Path(helper("wait_stdin.py"))).read_text())
+    (scripts / "deploy.py").write_text("import sys; sys.stdin.read()\n")
+    (scripts / "monitor.sh").write_text("#!/bin/sh\nexit 0\n")
+    os.chmod(scripts / "monitor.sh", 0o755)
+    loop = base / "nightly"
+    loop.mkdir()
+    metrics = base / "metrics"
+    metrics.mkdir()
+    R = Runs(base)
+    env = {"LOOPLOCK_METRICS_DIR": str(metrics)}
+
+    def looplock(args, **kw):
+        r = run(args, env=env, **kw)
+        R.stderr.append(r.stderr)
+        return r
+
+    # A tick holds the lock; another waits behind it.
+    holder = start(["--agent", "cron", loop, "--", "python3", scripts / "status.py"], env=env)
+    expect_line(holder, "ready")
+    waiter = start(["--agent", "ci", "-w", "60", loop, "--", "python3", scripts / "deploy.py"], env=env)
+    try:
+        wait_until(lambda: waiter.pid in blocked_waiters(loop / ".state.lock"), "the waiter to block")
+        for _ in range(3):
+            looplock(["--agent", "ci", "-w", "0.2", loop, "--", "python3", scripts / "status.py"])
+        looplock(["-p", "single_flight", loop, "--", scripts / "monitor.sh"])
+        R.inspect.append(run(["--inspect", loop]).stdout)
+        R.records.append((loop / ".state.lock").read_text())
+        R.incidents += [line for line in (loop / ".state.lock.incidents.jsonl").read_text().splitlines() if line]
+        # A wait on a terminal: its status line.
+        master, slave = os.openpty()
+        import fcntl
+        import struct
+        import termios
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 400, 0, 0))
+        t = subprocess.Popen([LOOPLOCK, "-w", "3", str(loop), "--", "true"], stdin=slave, stdout=slave, stderr=slave)
+        os.close(slave)
+        got, end = b"", time.monotonic() + TIMEOUT
+        while b"left" not in got and time.monotonic() < end:
+            try:
+                got += os.read(master, 4096)
+            except OSError:
+                break
+        t.wait(timeout=TIMEOUT)
+        os.close(master)
+        R.stderr.append(got.decode(errors="replace").replace("\r", "\n").replace("\x1b[K", ""))
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=TIMEOUT)
+        waiter.stdin.close()
+        waiter.wait(timeout=TIMEOUT)
+    # A holder killed before it could release.
+    killed = start(["--agent", "cron", loop, "--", "python3", scripts / "status.py"], env=env)
+    expect_line(killed, "ready")
+    os.kill(killed.pid, signal.SIGKILL)
+    killed.wait(timeout=TIMEOUT)
+    wait_until(lambda: run(["--inspect", "--json", loop]).stdout.count('"held":false'), "the lock to be free")
+    R.inspect.append(run(["--inspect", loop]).stdout)
+    # A command that leaves a daemon holding the lock.
+    r = looplock([loop, "--", PY, helper("spawn_daemon.py"), "30"])
+    daemon = int(r.stdout)
+    try:
+        looplock(["-w", "0.1", loop, "--", "true"])
+    finally:
+        kill_and_wait_gone(daemon)
+    R.metrics = "\n".join(p.read_text() for p in metrics.glob("*.prom"))
+    return R
+
+
+# --- the comparisons ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b[1] == "stderr"], ids=ids)
+def test_documented_stderr_lines_are_printed(runs, block):
+    doc, _, sample = block
+    pool = "\n".join(runs.stderr)
+    # One documented line at a time: each must be what a run printed.
+    lines = re.split(r"\n(?=looplock: )", sample.strip())
+    for line in lines:
+        assert any(found_in(line, real, runs.base) for real in runs.stderr), \
+            f"{doc} quotes a line no run printed:\n{line}\n--- real output:\n{pool}"
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b[1] == "inspect"], ids=ids)
+def test_documented_inspect_reports_are_printed(runs, block):
+    doc, _, sample = block
+    assert any(found_in(sample, real, runs.base) for real in runs.inspect), \
+        f"{doc}'s --inspect report differs from every real one:\n{sample}\n--- real reports:\n" + "\n".join(runs.inspect)
+
+
+def shape(value, real, base, where=""):
+    """The documented JSON value has the real one's keys, in order, and the
+    same values but for what varies."""
+    if isinstance(value, dict):
+        assert isinstance(real, dict), where
+        assert list(value) == list(real), f"{where}: keys {list(value)} != {list(real)}"
+        for k in value:
+            shape(value[k], real[k], base, f"{where}.{k}")
+    elif isinstance(value, list):
+        assert isinstance(real, list), where
+        for a, b in zip(value, real):
+            shape(a, b, base, where + "[]")
+    else:
+        assert type(value) is type(real) or (value is None) == (real is None), f"{where}: {value!r} vs {real!r}"
+        if isinstance(value, str):
+            assert normalize(value, base) == normalize(real, base), f"{where}: {value!r} vs {real!r}"
+
+
+def doc_json(sample):
+    return json.loads(re.sub(r"\s*\n\s*", " ", sample.strip()).replace('" "', '""'))
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b[1] in ("record", "incident")], ids=ids)
+def test_documented_records_and_rows_are_written(runs, block):
+    _, kind, sample = block
+    documented = doc_json(sample)
+    reals = [json.loads(r.strip()) for r in (runs.records if kind == "record" else runs.incidents)]
+    errors = []
+    for real in reals:
+        try:
+            shape(documented, real, runs.base)
+            return
+        except AssertionError as e:
+            errors.append(str(e))
+    pytest.fail(f"the documented {kind} matches no real one: {errors}")
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b[1] == "metrics"], ids=ids)
+def test_documented_metrics_file_is_written(runs, block):
+    parser = pytest.importorskip("prometheus_client.parser")
+    _, _, sample = block
+    real = {(f.name, tuple(sorted(s.labels))): f for f in parser.text_string_to_metric_families(runs.metrics)
+            for s in f.samples}
+    for line in sample.splitlines():
+        if line.startswith("# HELP") or line.startswith("# TYPE"):
+            assert line in runs.metrics.splitlines(), line
+    for fam in parser.text_string_to_metric_families(sample):
+        for s in fam.samples:
+            assert (fam.name, tuple(sorted(s.labels))) in real, s
+
+
+def test_every_documented_sample_is_checked():
+    """The classifier above sees the samples (so a renamed one is not
+    silently skipped)."""
+    kinds = {(doc, kind) for doc, kind, _ in BLOCKS}
+    for doc in DOCS:
+        assert (doc, "stderr") in kinds and (doc, "inspect") in kinds
+    assert ("looplock(1)", "metrics") in kinds and ("looplock(1)", "record") in kinds
