@@ -12,7 +12,7 @@ _looplock()
     prev=
     ((COMP_CWORD > 0)) && prev=${COMP_WORDS[COMP_CWORD - 1]}
 
-    local value_opts='-p --policy -w --timeout -E --conflict-exit-code --skip-exit-code --agent --operation --log-format --kill-after --stale-after --etcd --lock-name --ttl'
+    local value_opts='-p --policy -w --timeout -E --conflict-exit-code --skip-exit-code --agent --operation --log-format --kill-after --stale-after --etcd --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key --etcd-user --etcd-password-file'
 
     # Find "--" (the command follows), "-c" (a shell command follows) and
     # whether DIR has been given, skipping the values of value options.
@@ -64,7 +64,13 @@ _looplock()
     case $opt in
         -p | --policy) values='mutation monitor single_flight blocking' ;;
         --log-format) values='text json' ;;
-        -w | --timeout | -E | --conflict-exit-code | --skip-exit-code | --agent | --operation | --kill-after | --stale-after | --etcd | --lock-name | --ttl)
+        --etcd-cacert | --etcd-cert | --etcd-key | --etcd-password-file)
+            if [[ $opt == "$prev" || $cur == --*=* || $prev == = || $cur == = ]]; then
+                mapfile -t COMPREPLY < <(compgen -f -- "$val")
+                return 0
+            fi
+            ;;
+        -w | --timeout | -E | --conflict-exit-code | --skip-exit-code | --agent | --operation | --kill-after | --stale-after | --etcd | --lock-name | --ttl | --etcd-user)
             if [[ $opt == "$prev" || $cur == --*=* || $prev == = || $cur == = ]]; then
                 COMPREPLY=()
                 return 0
@@ -82,7 +88,8 @@ _looplock()
         local opts='-h --help -V --version -p --policy -w --timeout -E --conflict-exit-code
             --skip-exit-code -s --shared -o --close -F --no-fork --kill-after --agent
             --operation -v --verbose -q --quiet --log-format --inspect --json
-            --stale-after --etcd --lock-name --ttl -c --'
+            --stale-after --etcd --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key
+            --etcd-user --etcd-password-file -c --'
         mapfile -t COMPREPLY < <(compgen -W "$opts" -- "$cur")
         return 0
     fi

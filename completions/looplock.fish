@@ -28,7 +28,7 @@ function __looplock_needs_dir
             case -- -- -c
                 return 1
             case '--*=*'
-            case -p --policy -w --timeout -E --conflict-exit-code --skip-exit-code --agent --operation --log-format --kill-after --stale-after --etcd --lock-name --ttl
+            case -p --policy -w --timeout -E --conflict-exit-code --skip-exit-code --agent --operation --log-format --kill-after --stale-after --etcd --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key --etcd-user --etcd-password-file
                 set skip 1
             case '-*'
             case '*'
@@ -79,6 +79,11 @@ complete -c looplock -n $opts -l stale-after -x -d 'With --inspect: warn about h
 complete -c looplock -n $opts -l etcd -x -d 'Also lock across hosts on etcd (http://HOST:PORT,...)'
 complete -c looplock -n $opts -l lock-name -x -d 'Cluster lock name (default: the base name of DIR)'
 complete -c looplock -n $opts -l ttl -x -d 'etcd lease time to live in seconds (default 10)'
+complete -c looplock -n $opts -l etcd-cacert -r -F -d "CA of etcd's certificates"
+complete -c looplock -n $opts -l etcd-cert -r -F -d 'Client certificate for etcd'
+complete -c looplock -n $opts -l etcd-key -r -F -d 'Private key of the client certificate'
+complete -c looplock -n $opts -l etcd-user -x -d 'etcd user (password from $LOOPLOCK_ETCD_PASSWORD)'
+complete -c looplock -n $opts -l etcd-password-file -r -F -d "File holding the etcd user's password"
 complete -c looplock -n $opts -s c -x -d 'Run SHELL-COMMAND with /bin/sh -c'
 
 # DIR, then "--" or -c, then the command.

@@ -106,7 +106,7 @@ EnvList command_env(const Context& ctx, const Options& o, const std::string& can
     set.emplace_back(env_name::kEtcdKey, cluster->key());
     set.emplace_back(env_name::kEtcdLease, etcd::lease_hex(cluster->lease()));
   }
-  return env_with(ctx.env, set, {env_name::kFd, env_name::kHolderFd});
+  return env_with(ctx.env, set, {env_name::kFd, env_name::kHolderFd, env_name::kEtcdPassword});
 }
 
 void add_lock_fd(EnvList& env, int lock_fd, bool pass_fd) {
@@ -278,8 +278,8 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
   std::optional<ClusterLock> cluster;
   if (!o.etcd.empty()) {
     cluster.emplace(*ctx.etcd, etcd::parse_endpoints(o.etcd).endpoints, cluster_lock_name(o, canonical_dir), o.ttl_s,
-                    log);
-    auto got = cluster->acquire(plan, ctx.start_ns);
+                    o.lease_kill_after_ns, log, cluster_access(o, log));
+    auto got = cluster->acquire(plan, ctx.start_ns, ClusterHolder{host_name(), ctx.pid, o.agent, o.operation, {}, {}, 0});
     if (got == ClusterLock::Outcome::Busy) {
       log.result("noop-locked",
                  "noop-locked: cluster lock " + printable(cluster->name()) + " (etcd) is held by " +
@@ -338,10 +338,6 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
     }
   }
 
-  if (cluster) {
-    cluster->write_holder(ClusterHolder{host_name(), ctx.pid, o.agent, o.operation, sys::utc_now_iso8601(), {}, 0});
-  }
-
   add_lock_fd(env, file.fd.get(), !o.close_fd);
   CommandSpec spec{.argv = o.command,
                    .env = std::move(env),
@@ -349,13 +345,15 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log) {
                    .kill_after_ns = o.kill_after_ns,
                    .tick = {}};
   if (cluster) {
+    // Until the job loop wakes for the lease's own deadlines: polled, so that
+    // TERM goes out by term_by (+ one poll) and KILL kill-after later.
     spec.tick = [&] {
-      if (cluster->keep_alive()) return true;
+      if (cluster->poll_lease()) return true;
       report_lease_lost(o, ctx, dir, *cluster, record, lock_id, log);
       return false;
     };
-    spec.tick_interval_ns = cluster->tick_interval_ns();
-    spec.tick_kill_after_ns = o.kill_after_ns.value_or(5'000'000'000LL);
+    spec.tick_interval_ns = cluster->poll_interval_ns();
+    spec.tick_kill_after_ns = cluster->kill_after_ns();
   }
   int status;
   try {
@@ -424,7 +422,9 @@ int main_program(int argc, char** argv, char** envp, etcd::Transport* etcd) {
   // Until the options are known, errors are plain text.
   Logger log(Verbosity::Normal, LogFormat::Text);
   try {
-    Environment penv{env_get(ctx.env, env_name::kAgent), env_get(ctx.env, env_name::kEtcd), user_name};
+    Environment penv{env_get(ctx.env, env_name::kAgent), env_get(ctx.env, env_name::kEtcd), user_name,
+                     env_get(ctx.env, env_name::kEtcdCacert), env_get(ctx.env, env_name::kEtcdClientCert),
+                     env_get(ctx.env, env_name::kEtcdClientKey), env_get(ctx.env, env_name::kEtcdPassword)};
     Options o = parse_options(args, penv);
     if (o.mode == Mode::Help) {
       return sys::write_all(1, help_text()) ? 0 : exit_code::kOsError;

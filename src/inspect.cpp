@@ -229,7 +229,6 @@ InspectReport build_report(const InspectFacts& f) {
 }
 
 int inspect(const Options& o, const Logger& log, etcd::Transport* etcd) {
-  (void)log;
   LockDir dir = open_lock_dir(o.dir, /*check_safety=*/false);
   InspectFacts f;
   f.lock_path = o.dir + (o.dir.ends_with('/') ? "" : "/") + kLockName;
@@ -283,9 +282,14 @@ int inspect(const Options& o, const Logger& log, etcd::Transport* etcd) {
       name = canonical.substr(canonical.rfind('/') + 1);
     }
     if (!etcd) throw Fatal(exit_code::kOsError, "internal error: --inspect --etcd without an HTTP client");
+    const ClusterAccess access = cluster_access(o, log);
+    etcd->configure(access.tls);
     etcd::Client client(*etcd, etcd::parse_endpoints(o.etcd).endpoints);
+    if (!access.user.empty()) client.set_credentials(access.user, access.password);
     const long long deadline = sys::monotonic_ns() + 5'000'000'000LL;
-    auto keys = client.range(etcd::lock_service_name(name) + "/", true, deadline);
+    const etcd::Deadline bound{deadline, 1'000'000'000LL};
+    // The contenders in the order they take the lock: the first holds it.
+    auto keys = client.range({etcd::lock_prefix(name), true, 0, etcd::RangeQuery::Order::FirstCreated, 0}, bound);
     Json c = {{"lock_name", name}};
     std::string text;
     if (!keys.ok()) {
@@ -293,15 +297,30 @@ int inspect(const Options& o, const Logger& log, etcd::Transport* etcd) {
       text = "cannot read from etcd: " + keys.error;
       status = exit_code::kClusterUnavailable;
     } else {
+      const auto& kvs = keys.value.kvs;
       std::optional<Json> holder;
-      auto h = client.range(etcd::holder_key(name), false, deadline);
-      if (h.ok() && !h.value.empty()) holder = parse_cluster_holder(h.value.front().value);
-      c["held"] = !keys.value.empty();
-      c["contenders"] = keys.value.size();
-      c["holder"] = holder && !keys.value.empty() ? *holder : Json(nullptr);
-      text = keys.value.empty() ? "free (lock name " + name + ")"
-                                : "held by " + describe_cluster_holder(holder) + "; " +
-                                      std::to_string(keys.value.size() - 1) + " waiting (lock name " + name + ")";
+      if (!kvs.empty()) {
+        holder = parse_cluster_holder(kvs.front().value);
+        if (!holder) {
+          // A looplock before 0.2 kept its value beside the prefix.
+          auto h = client.range({etcd::holder_key(name)}, bound);
+          if (h.ok() && !h.value.kvs.empty()) holder = parse_cluster_holder(h.value.kvs.front().value);
+        }
+        if (holder) (*holder)["fencing_token"] = kvs.front().create_revision;
+      }
+      Json waiting = Json::array();
+      for (size_t i = 1; i < kvs.size(); ++i) {
+        Json w = parse_cluster_holder(kvs[i].value).value_or(Json::object());
+        w["key"] = kvs[i].key;
+        waiting.push_back(std::move(w));
+      }
+      c["held"] = !kvs.empty();
+      c["contenders"] = kvs.size();
+      c["holder"] = holder ? *holder : Json(nullptr);
+      c["waiting"] = waiting;
+      text = kvs.empty() ? "free (lock name " + name + ")"
+                         : "held by " + describe_cluster_holder(holder) + "; " + std::to_string(kvs.size() - 1) +
+                               " waiting (lock name " + name + ")";
     }
     report.json["cluster"] = c;
     report.text += "cluster   " + printable(text) + "\n";
