@@ -22,15 +22,17 @@
 // create revision, which only grows) lets the resource refuse it.
 //
 // The numbers (T = the TTL; the man page's CLUSTER section says the same):
-//   renewal: every T/10 (300 ms at --ttl 3, 1 s at the default 10 s);
+//   renewal: every T/12 (250 ms at --ttl 3, 833 ms at the default 10 s);
 //   each attempt: T/10, at least 250 ms, at most 2 s, then the next endpoint
-//     (connects: 40 ms, doubling), doubling after each round;
-//   margin: 250 ms + T/100;
-//   kill-after by default: T/5, at most 5 s (0.6 s at --ttl 3, 2 s at 10 s).
-// At --ttl 3 the lease then survives any outage shorter than
-// T − kill-after − margin − T/10 = 1.82 s after the last renewal: a 3-member
-// cluster's leader election (1.0–1.6 s; etcd extends its leases when a new
-// leader takes over) does not cost the lease.
+//     (connects: 40 ms, doubling), a keepalive's never growing;
+//   margin: 200 ms + T/100 (230 ms at --ttl 3): waking up late, the KILL
+//     taking effect, a request cut short, and the clocks' rates;
+//   kill-after by default: T/6, at most 5 s (0.5 s at --ttl 3, 1.67 s at 10 s).
+// At --ttl 3 the lease then survives any outage that ends within
+// T − kill-after − margin − T/12 = 2.02 s of the renewal it interrupted
+// (less a retry pause, at most 75 ms): a 3-member cluster's leader election
+// (1–2 s with etcd's default election timeout; etcd extends its leases when
+// a new leader takes over) does not cost the lease.
 #pragma once
 
 #include <optional>
@@ -50,7 +52,8 @@ long long renewal_interval_ns(int ttl_s);
 long long attempt_ns(int ttl_s);
 long long default_kill_after_ns(int ttl_s);
 // The longest --kill-after that still leaves a quarter of the TTL, after the
-// first renewal is due, to ride out an outage before TERM.
+// first renewal is due, to ride out an outage before TERM:
+// T − margin − T/12 − T/4 (1.77 s at --ttl 3, 6.36 s at 10 s).
 long long max_kill_after_ns(int ttl_s);
 }  // namespace lease_timing
 

@@ -90,7 +90,7 @@ bool valid_lock_name(std::string_view name);
 
 // The kill-after of the etcd lease's deadlines for --ttl `ttl_s`: the given
 // --kill-after (`given_text` as typed, for the message), or by default a
-// fifth of the TTL, at most 5 s. Throws Fatal 64 for 0 (a lease holder must
+// sixth of the TTL, at most 5 s. Throws Fatal 64 for 0 (a lease holder must
 // be killable before its lease expires) and for a value that leaves no room
 // to renew the lease inside the TTL (see lease_timing in cluster.hpp).
 long long lease_kill_after_ns(std::optional<long long> given, int ttl_s, std::string_view given_text = {});

@@ -506,13 +506,13 @@ TEST_CASE("cluster options: --etcd, --lock-name, --ttl") {
 
 TEST_CASE("the lease's kill-after: a default that fits the TTL; 0 or too long is a usage error") {
   using looplock::lease_kill_after_ns;
-  CHECK(lease_kill_after_ns(std::nullopt, 3) == 600'000'000LL);
-  CHECK(lease_kill_after_ns(std::nullopt, 10) == 2 * kSec);
+  CHECK(lease_kill_after_ns(std::nullopt, 3) == 500'000'000LL);
+  CHECK(lease_kill_after_ns(std::nullopt, 10) == 1'666'666'666LL);
   CHECK(lease_kill_after_ns(std::nullopt, 60) == 5 * kSec);
   CHECK(lease_kill_after_ns(kSec, 3) == kSec);
   CHECK(lease_kill_after_ns(5 * kSec, 10) == 5 * kSec);
-  CHECK(lease_kill_after_ns(1'670'000'000LL, 3) == 1'670'000'000LL);  // the most at --ttl 3
-  for (auto [given, ttl] : {std::pair{1'680'000'000LL, 3}, std::pair{0LL, 3}, std::pair{5 * kSec, 3},
+  CHECK(lease_kill_after_ns(1'770'000'000LL, 3) == 1'770'000'000LL);  // the most at --ttl 3
+  for (auto [given, ttl] : {std::pair{1'780'000'000LL, 3}, std::pair{0LL, 3}, std::pair{5 * kSec, 3},
                             std::pair{7 * kSec, 10}, std::pair{2 * kSec, 2}}) {
     CAPTURE(given);
     CAPTURE(ttl);
@@ -527,14 +527,14 @@ TEST_CASE("the lease's kill-after: a default that fits the TTL; 0 or too long is
   }
   // Through the options: --ttl 3 works with the defaults; 0 is refused with --etcd only.
   const std::string E = "http://127.0.0.1:2379";
-  CHECK(parse({"--etcd", E, "--ttl", "3", "DIR", "--", "x"}).lease_kill_after_ns == 600'000'000LL);
+  CHECK(parse({"--etcd", E, "--ttl", "3", "DIR", "--", "x"}).lease_kill_after_ns == 500'000'000LL);
   CHECK(parse({"--etcd", E, "--ttl", "3", "--kill-after", "1", "DIR", "--", "x"}).lease_kill_after_ns == kSec);
   auto f = parse_failure({"--etcd", E, "--ttl", "3", "--kill-after", "5s", "DIR", "--", "x"});
   REQUIRE(f);
   CHECK(f->status == 64);
   CHECK(f->message == "invalid --kill-after '5s' with --ttl 3: TERM would leave too little of the lease to renew it "
                       "(a quarter of the TTL must remain to ride out an etcd outage)");
-  CHECK(f->hint == "Give --kill-after 1.67 or less (default at --ttl 3: 0.6), or a longer --ttl.");
+  CHECK(f->hint == "Give --kill-after 1.77 or less (default at --ttl 3: 0.5), or a longer --ttl.");
   f = parse_failure({"--etcd", E, "--kill-after", "0", "DIR", "--", "x"});
   REQUIRE(f);
   CHECK(f->message.find("must be killable before its lease expires") != std::string::npos);
