@@ -1,0 +1,318 @@
+"""The cluster lock under the faults it exists for, against real etcd on
+loopback: one host's traffic partitioned, slowed or blackholed by a relay
+(relay.py), etcd frozen (SIGSTOP), and the leader of a 3-member cluster
+killed. Each "host" is a loop dir with a looplock; what their commands did is
+recorded as a history (start and end on CLOCK_MONOTONIC, fencing tokens) and
+checked for overlaps afterwards, as Jepsen does: the assertions are on the
+checker, not on timings.
+
+Trials are fewer in the ASan+UBSan build ($LOOPLOCK_SANITIZED)."""
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import time
+
+import pytest
+
+from conftest import TIMEOUT, expect_line, expect_stderr, incident_rows, run
+from etcdtest import (EX_LEASE_LOST, SANITIZED, Cluster, History, Relay, cluster_args, finish, fresh_name, kill_all,
+                      needs_etcd, overlaps, release, start_looplock, start_member)
+
+pytestmark = needs_etcd
+
+TRIALS = 1 if SANITIZED else 3
+
+
+@pytest.fixture(scope="module")
+def etcd():
+    m = start_member()
+    yield m
+    m.remove()
+
+
+@pytest.fixture
+def history(tmp_path):
+    h = History(tmp_path / "history")
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def procs():
+    made = []
+    yield made
+    kill_all(made)
+
+
+@pytest.fixture
+def relays():
+    made = []
+
+    def make(url):
+        r = Relay(url)
+        made.append(r)
+        return r
+
+    yield make
+    for r in made:
+        r.stop()
+
+
+def host_dir(tmp_path, name):
+    d = tmp_path / name
+    d.mkdir(exist_ok=True)
+    return d
+
+
+def describe(records):
+    return [(r["host"], r["token"], r["start"], r["end"], r["how"]) for r in records]
+
+
+# -- the checker ---------------------------------------------------------------
+
+
+def test_the_checker_finds_two_holders_at_once(tmp_path, history, procs):
+    """The control: two hosts that share no lock (each only its own local
+    lock) run at once, and the checker says so; runs that follow each other
+    are not flagged."""
+    assert overlaps([{"host": "a", "start": 1, "end": 5}, {"host": "b", "start": 5, "end": 9}]) == []
+    assert len(overlaps([{"host": "a", "start": 1, "end": 5}, {"host": "b", "start": 4, "end": 9}])) == 1
+    assert len(overlaps([{"host": "a", "start": 1, "end": None}, {"host": "b", "start": 4, "end": 9}])) == 1
+    a = start_looplock([host_dir(tmp_path, "a"), "--", *history.command("a")])
+    b = start_looplock([host_dir(tmp_path, "b"), "--", *history.command("b")])
+    procs += [a, b]
+    expect_line(a, "ready")
+    expect_line(b, "ready")
+    for p in (a, b):
+        assert release(p)[0] == 0
+    history.wait_ended()
+    assert len(overlaps(history.started())) == 1
+
+
+# -- a partitioned holder ------------------------------------------------------
+
+
+def partition_trial(etcd, relay, tmp_path, history, procs, mode, before_partition=None):
+    """Host A holds the cluster lock through `relay`; host B waits for it
+    directly. A is partitioned (the relay blackholes it): A's command must
+    have ended before B's starts."""
+    name = fresh_name()
+    a_dir, b_dir = host_dir(tmp_path, "a"), host_dir(tmp_path, "b")
+    a = start_looplock([*cluster_args(relay.url, name, "--ttl", "3"), "-p", "blocking", a_dir, "--",
+                        *history.command("a", mode)])
+    procs.append(a)
+    expect_line(a, "ready")
+    b = start_looplock(["-v", *cluster_args(etcd.url, name, "--ttl", "3"), "-p", "blocking", b_dir, "--",
+                        *history.command("b")])
+    procs.append(b)
+    expect_stderr(b, "waiting for cluster lock")
+    if before_partition:
+        before_partition()
+    relay.set("blackhole")
+    expect_line(b, "ready")  # B holds the lock now
+    a_err = finish(a)
+    assert release(b)[0] == 0
+    relay.set("pass")
+    assert a.returncode == EX_LEASE_LOST, a_err
+    assert "lease_lost" in a_err
+    assert incident_rows(a_dir)[-1]["error_code"] == "lease_lost"
+    return a_err
+
+
+@pytest.mark.parametrize("mode", ["obey", "ignore"])
+def test_a_partitioned_holder_has_ended_before_the_next_holder_starts(etcd, relays, tmp_path, history, procs, mode):
+    relay = relays(etcd.url)
+    for _ in range(TRIALS):
+        a_err = partition_trial(etcd, relay, tmp_path, history, procs, mode)
+        if mode == "ignore":
+            assert "sending KILL" in a_err
+    history.wait_ended()
+    runs = history.started()
+    assert len(runs) == 2 * TRIALS
+    assert overlaps(runs) == [], describe(runs)
+    tokens = [r["token"] for r in sorted(runs, key=lambda r: r["start"])]
+    assert tokens == sorted(set(tokens))
+
+
+def test_slow_keepalives_then_a_partition(etcd, relays, tmp_path, history, procs):
+    """Keepalives answered late (250 ms, inside the 300 ms attempt) before the
+    partition: the lease's expiry counts from when each was sent, not from
+    when its answer came, so the command still ends in time."""
+    relay = relays(etcd.url)
+
+    def slow_for_a_while():
+        relay.set("slow", 250)
+        time.sleep(1.2)  # the fault's duration: about five slow renewals
+
+    for _ in range(max(1, TRIALS - 1)):
+        partition_trial(etcd, relay, tmp_path, history, procs, "obey", slow_for_a_while)
+    history.wait_ended()
+    runs = history.started()
+    assert overlaps(runs) == [], describe(runs)
+
+
+# -- failover --------------------------------------------------------------------
+
+
+def test_a_blackholed_first_endpoint_costs_tens_of_milliseconds(etcd, relays, tmp_path):
+    relay = relays(etcd.url)
+    relay.set("blackhole")
+    # The control: the relay does drop connections (a connect hangs).
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", relay.port), timeout=0.3)
+    took = []
+    for i in range(3):
+        r = run(["-v", "--etcd", f"{relay.url},{etcd.url}", "--lock-name", fresh_name(), tmp_path, "--", "true"])
+        assert r.returncode == 0, r.stderr
+        m = re.search(r"cluster lock .* acquired on etcd after ([0-9.]+) s", r.stderr)
+        assert m, r.stderr
+        took.append(float(m.group(1)))
+    assert statistics.median(took) < 0.2, took  # was 1 s: the old connect timeout
+
+
+# -- etcd frozen -----------------------------------------------------------------
+
+
+def test_etcd_frozen_past_the_ttl_ends_the_holder_with_76_and_the_waiter_runs_after(etcd, tmp_path, history, procs):
+    name = fresh_name()
+    a_dir, b_dir = host_dir(tmp_path, "a"), host_dir(tmp_path, "b")
+    a = start_looplock([*cluster_args(etcd.url, name, "--ttl", "3"), a_dir, "--", *history.command("a")])
+    procs.append(a)
+    expect_line(a, "ready")
+    b = start_looplock(["-v", *cluster_args(etcd.url, name, "--ttl", "3"), "-p", "blocking", b_dir, "--",
+                        *history.command("b")])
+    procs.append(b)
+    expect_stderr(b, "waiting for cluster lock")
+    stopped = time.monotonic()
+    os.kill(etcd.proc.pid, signal.SIGSTOP)
+    try:
+        a_err = finish(a)
+        assert a.returncode == EX_LEASE_LOST, a_err
+        assert "lease_lost" in a_err and "safety window" in a_err
+        rows = incident_rows(a_dir)
+        assert rows[-1]["error_code"] == "lease_lost"
+        assert b.poll() is None  # the blocking waiter rides the outage out
+        time.sleep(max(0.0, stopped + 3.5 - time.monotonic()))  # the fault's duration: past the TTL
+    finally:
+        os.kill(etcd.proc.pid, signal.SIGCONT)
+    expect_line(b, "ready")
+    status, b_err = release(b)
+    assert status == 0, b_err
+    assert b_err.count("etcd does not answer") == 1, b_err  # said once (-v)
+    history.wait_ended()
+    runs = history.started()
+    assert [r["host"] for r in sorted(runs, key=lambda r: r["start"])] == ["a", "b"]
+    assert overlaps(runs) == [], describe(runs)
+
+
+def test_waiters_ride_out_a_short_stall_in_their_places(etcd, tmp_path, history, procs):
+    """etcd frozen for 2.5 s (shorter than the TTL): nobody exits (the old
+    client's waiters exited 69 at the first failed request), the holder keeps
+    its lease, and the waiters then run in the order they came."""
+    name = fresh_name()
+    args = cluster_args(etcd.url, name, "--ttl", "5")
+    a = start_looplock([*args, host_dir(tmp_path, "a"), "--", *history.command("a")])
+    procs.append(a)
+    expect_line(a, "ready")
+    waiters = []
+    for host in ("b", "c"):
+        w = start_looplock(["-v", *args, "-p", "blocking", host_dir(tmp_path, host), "--", *history.command(host)])
+        procs.append(w)
+        expect_stderr(w, "waiting for cluster lock")
+        waiters.append(w)
+    os.kill(etcd.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(2.5)  # the fault's duration
+        assert all(p.poll() is None for p in [a, *waiters])
+    finally:
+        os.kill(etcd.proc.pid, signal.SIGCONT)
+    for p in [a, *waiters]:
+        if p is not a:
+            expect_line(p, "ready")
+        status, err = release(p)
+        assert status == 0, err
+    history.wait_ended()
+    runs = sorted(history.started(), key=lambda r: r["start"])
+    assert [r["host"] for r in runs] == ["a", "b", "c"]
+    assert overlaps(runs) == [], describe(runs)
+
+
+def test_waiters_keep_their_places_across_a_long_wait(etcd, tmp_path, history, procs):
+    """Four waiters queue one after another behind a holder that keeps the
+    lock longer than one of the old client's lock rounds (a third of the
+    TTL, after which its waiters queued anew): they run in arrival order."""
+    name = fresh_name()
+    args = cluster_args(etcd.url, name, "--ttl", "3")
+    a = start_looplock([*args, host_dir(tmp_path, "h"), "--", *history.command("h")])
+    procs.append(a)
+    expect_line(a, "ready")
+    waiters = []
+    for i in range(4):
+        w = start_looplock(["-v", *args, "-p", "blocking", host_dir(tmp_path, f"w{i}"), "--",
+                            *history.command(f"w{i}")])
+        procs.append(w)
+        expect_stderr(w, "waiting for cluster lock")
+        waiters.append(w)
+    time.sleep(1.5)  # the hold's duration: longer than TTL/3
+    for p in [a, *waiters]:
+        if p is not a:
+            expect_line(p, "ready")
+        assert release(p)[0] == 0
+    history.wait_ended()
+    runs = sorted(history.started(), key=lambda r: r["start"])
+    assert [r["host"] for r in runs] == ["h", "w0", "w1", "w2", "w3"]
+    assert overlaps(runs) == []
+
+
+# -- three members, the leader killed ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster3():
+    c = Cluster(3)
+    yield c
+    c.remove()
+
+
+def test_the_leader_killed_during_a_hold_costs_no_lease_and_no_place(cluster3, tmp_path, history, procs):
+    """TTL 3, elections of 0.5-1.5 s (see Cluster): the leader is SIGKILLed while
+    a host holds the lock and three wait. The holder keeps its lease, no
+    waiter gives up, and they run in arrival order."""
+    for trial in range(max(1, TRIALS - 1)):
+        name = fresh_name()
+        args = cluster_args(cluster3.endpoints, name, "--ttl", "3")
+        h = start_looplock([*args, "-p", "blocking", host_dir(tmp_path, f"h{trial}"), "--",
+                            *history.command(f"h{trial}")])
+        procs.append(h)
+        expect_line(h, "ready")
+        waiters = []
+        for i in range(3):
+            w = start_looplock(["-v", *args, "-p", "blocking", host_dir(tmp_path, f"w{trial}{i}"), "--",
+                                *history.command(f"w{trial}{i}")])
+            procs.append(w)
+            expect_stderr(w, "waiting for cluster lock")
+            waiters.append(w)
+        leader = cluster3.leader()
+        killed = time.monotonic()
+        leader.kill()
+        leader.proc.wait(timeout=TIMEOUT)
+        cluster3.leader()  # a new one is elected
+        time.sleep(max(0.0, killed + 3.5 - time.monotonic()))  # observe past the TTL
+        assert h.poll() is None, h.stderr.read()
+        assert all(w.poll() is None for w in waiters)
+        for p in [h, *waiters]:
+            if p is not h:
+                expect_line(p, "ready")
+            status, err = release(p)
+            assert status == 0, err
+            assert "lease_lost" not in err
+        cluster3.restart(leader)
+    history.wait_ended()
+    runs = sorted(history.started(), key=lambda r: r["start"])
+    expected = [f"{x}{t}{i}" if x == "w" else f"h{t}" for t in range(max(1, TRIALS - 1))
+                for x, i in [("h", ""), ("w", 0), ("w", 1), ("w", 2)]]
+    assert [r["host"] for r in runs] == expected
+    assert overlaps(runs) == [], describe(runs)
