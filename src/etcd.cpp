@@ -544,16 +544,23 @@ Result<Json> Client::attempts(const CallSpec& spec, bool with_token) {
       const std::string message = answer_message(answer, resp.body);
       const std::string what = endpoints_[i].text + ": " +
                                (resp.status != 200 ? "HTTP " + std::to_string(resp.status) + ": " : "") + message;
-      if (!answer || transient(resp.status, code)) {
+      // Unreadable but for a client error (4xx: the request is refused),
+      // or transient: another member, or this one a moment later, may answer.
+      const bool refused = resp.status >= 400 && resp.status < 500;
+      if ((!answer && !refused) || transient(resp.status, code)) {
         last_error[i] = what;
-        continue;  // another member, or this one a moment later, may answer
+        continue;
       }
       first_ = i;
       r.status = Status::Failed;
       r.code = code;
       r.error = what;
       if (token_rejected(code, message)) r.code = kCodeUnauthenticated;
-      if (code == kCodePermissionDenied) {
+      if (message.find("CommonName of client sending a request against gateway") != std::string::npos) {
+        r.hint = "With authentication enabled, etcd's HTTP gateway refuses client certificates that have a "
+                 "CommonName: give --etcd-cert a certificate without one (its names as subjectAltNames only), "
+                 "and log in with --etcd-user.";
+      } else if (code == kCodePermissionDenied) {
         r.hint = "Give the etcd user (--etcd-user) read and write permission on the key prefix looplock/.";
       } else if (message.find("user name is empty") != std::string::npos ||
                  (code == kCodeInvalidArgument && message.find("authentication failed") != std::string::npos)) {
@@ -588,8 +595,8 @@ bool Client::authenticate(long long deadline_ns, long long attempt_ns, Result<Js
     return true;
   }
   failure = std::move(r);
+  failure.error = "cannot log in as etcd user " + printable(user_) + ": " + failure.error;
   if (failure.status == Status::Failed) {
-    failure.error = "cannot log in as etcd user " + printable(user_) + ": " + failure.error;
     if (failure.hint.empty()) {
       failure.hint = "Check --etcd-user and its password ($LOOPLOCK_ETCD_PASSWORD or --etcd-password-file).";
     }

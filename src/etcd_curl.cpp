@@ -304,13 +304,18 @@ Exchange CurlTransport::post(const Endpoint& ep, const Request& req, HttpRespons
     out.hint = "Use https://" + ep.text.substr(7) + " (and --etcd-cacert) for this endpoint.";
     return Exchange::ConnectFailed;
   }
-  const bool tls_alert = ep.tls && nothing_back && (rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR) &&
-                         (std::string_view(message).find("alert") != std::string_view::npos ||
-                          std::string_view(message).find("SSL") != std::string_view::npos);
+  // TLS 1.3: a server that refuses the client's certificate says so (an
+  // alert) or just closes, after the client saw the handshake complete.
+  const bool tls_alert = ep.tls && nothing_back &&
+                         (rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR || rc == CURLE_GOT_NOTHING);
   if (tls_failure(rc) || tls_alert) {
     // Certificates and handshakes: the same for every member, usually, but
     // the next endpoint is tried all the same.
-    error = ep.text + ": TLS: " + (message[0] ? message : curl_easy_strerror(rc));
+    const bool said = std::string_view(message).find("alert") != std::string_view::npos;
+    error = ep.text + ": TLS: " + (message[0] ? message : curl_easy_strerror(rc)) +
+            (tls_alert && !said ? " (the server closed the connection after the handshake: it refused the client "
+                                  "certificate?)"
+                                : "");
     out.hint = kTlsHint;
     return Exchange::TlsFailed;
   }
