@@ -308,6 +308,12 @@ class Relay:
         line = self.read_line()
         assert line.startswith(f"ok {mode[0]}"), line
 
+    def count(self):
+        """How many pieces of etcd's answers reached looplock since the mode was set."""
+        self.proc.stdin.write("count\n")
+        self.proc.stdin.flush()
+        return int(self.read_line().split()[2])
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.kill()

@@ -16,6 +16,8 @@ effect:
               dropped: the listener's accept queue is kept full) and kept
               connections hang; leaving it resets them
   refuse      connections are refused (RST) and kept ones reset
+  count       answers "ok count N": how many pieces of etcd's answers reached
+              looplock since the mode was last set
   quit        exit
 
 One thread, selectors; stdin EOF also ends it, so it never outlives its test.
@@ -53,6 +55,8 @@ class Relay:
         self.timed = []  # (due, seq, socket, bytes): slowed data
         self.seq = 0
         self.fillers = []
+        self.delivered = 0
+        self.clients = set()
         self.listener = self.listen(port=0, backlog=64)
         self.port = self.listener.getsockname()[1]
         self.sel.register(self.listener, selectors.EVENT_READ, "accept")
@@ -101,6 +105,7 @@ class Relay:
                 self.sel.register(self.listener, selectors.EVENT_READ, "accept")
         self.mode = mode
         self.delay = float(arg) / 1000 if mode == "slow" else 0.0
+        self.delivered = 0
         self.update_interest()
 
     def drop_all(self, reset_them):
@@ -159,6 +164,7 @@ class Relay:
             if s in pair:
                 self.pairs.remove(pair)
                 for x in pair:
+                    self.clients.discard(x)
                     if self.registered(x):
                         self.sel.unregister(x)
                     self.out.pop(x, None)
@@ -179,6 +185,7 @@ class Relay:
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         u.connect_ex(self.target)
         self.pairs.append([c, u])
+        self.clients.add(c)
         self.update_interest()
 
     def read(self, s):
@@ -215,6 +222,8 @@ class Relay:
             self.close_pair(s)
             return
         del buf[:n]
+        if n and s in self.clients:
+            self.delivered += 1
         if not buf:
             self.update_interest()
 
@@ -233,6 +242,9 @@ class Relay:
                 continue
             if words[0] == "quit":
                 return False
+            if words[0] == "count":
+                print(f"ok count {self.delivered}", flush=True)
+                continue
             if words[0] not in ("pass", "slow", "stall", "blackhole", "refuse"):
                 print(f"error unknown command {words[0]}", flush=True)
                 continue

@@ -112,6 +112,7 @@ def partition_trial(etcd, relay, tmp_path, history, procs, mode, before_partitio
     if before_partition:
         before_partition()
     relay.set("blackhole")
+    partitioned = time.monotonic_ns()  # A's last answered keepalive was sent before this
     expect_line(b, "ready")  # B holds the lock now
     a_err = finish(a)
     assert release(b)[0] == 0
@@ -119,6 +120,11 @@ def partition_trial(etcd, relay, tmp_path, history, procs, mode, before_partitio
     assert a.returncode == EX_LEASE_LOST, a_err
     assert "lease_lost" in a_err
     assert incident_rows(a_dir)[-1]["error_code"] == "lease_lost"
+    # The promise itself: A's command had ended before its lease could
+    # expire (its last answered keepalive + TTL, which is before this).
+    history.wait_ended()
+    a_run = [r for r in history.started() if r["host"] == "a"][-1]
+    assert a_run["end"] < partitioned + 3_000_000_000, (a_run["end"] - partitioned) / 1e9
     return a_err
 
 
@@ -138,17 +144,38 @@ def test_a_partitioned_holder_has_ended_before_the_next_holder_starts(etcd, rela
 
 
 def test_slow_keepalives_then_a_partition(etcd, relays, tmp_path, history, procs):
-    """Keepalives answered late (250 ms, inside the 300 ms attempt) before the
-    partition: the lease's expiry counts from when each was sent, not from
-    when its answer came, so the command still ends in time."""
+    """etcd's answers delayed by 250 ms (inside the 300 ms attempt) for a
+    while, then a partition: those were renewals, and each one's expiry
+    counts from when it was sent, not from when its answer came."""
     relay = relays(etcd.url)
 
     def slow_for_a_while():
         relay.set("slow", 250)
-        time.sleep(1.2)  # the fault's duration: about five slow renewals
+        time.sleep(1.2)  # the fault's duration: a few slow renewals
 
     for _ in range(max(1, TRIALS - 1)):
         partition_trial(etcd, relay, tmp_path, history, procs, "obey", slow_for_a_while)
+    history.wait_ended()
+    runs = history.started()
+    assert overlaps(runs) == [], describe(runs)
+
+
+def test_one_slow_keepalive_then_a_partition(etcd, relays, tmp_path, history, procs):
+    """The issue's case: one keepalive answered 800 ms late, then the
+    partition at once. The old client took it as a renewal and scheduled the
+    next tick from its answer, noticed the loss 0.8 s late, and the next
+    holder started while the old command (TERM-obeying) still ran, 10 of 10.
+    Attempts now end at 300 ms (no renewal), and TERM comes by term_by."""
+    relay = relays(etcd.url)
+
+    def one_slow_answer():
+        relay.set("slow", 800)
+        end = time.monotonic() + 2.0  # at most: the fault's duration
+        while relay.count() == 0 and time.monotonic() < end:
+            time.sleep(0.01)
+
+    for _ in range(max(1, TRIALS - 1)):
+        partition_trial(etcd, relay, tmp_path, history, procs, "obey", one_slow_answer)
     history.wait_ended()
     runs = history.started()
     assert overlaps(runs) == [], describe(runs)
@@ -241,9 +268,11 @@ def test_waiters_ride_out_a_short_stall_in_their_places(etcd, tmp_path, history,
 
 
 def test_waiters_keep_their_places_across_a_long_wait(etcd, tmp_path, history, procs):
-    """Four waiters queue one after another behind a holder that keeps the
-    lock longer than one of the old client's lock rounds (a third of the
-    TTL, after which its waiters queued anew): they run in arrival order."""
+    """Four waiters arrive 0.4 s apart behind a holder (TTL 3), which
+    releases just after the last arrived. The old client's lock request was
+    cut every TTL/3 = 1 s and queued again at the back, so by then the first
+    waiter had lost its place to the next two; they now run in arrival
+    order."""
     name = fresh_name()
     args = cluster_args(etcd.url, name, "--ttl", "3")
     a = start_looplock([*args, host_dir(tmp_path, "h"), "--", *history.command("h")])
@@ -251,12 +280,13 @@ def test_waiters_keep_their_places_across_a_long_wait(etcd, tmp_path, history, p
     expect_line(a, "ready")
     waiters = []
     for i in range(4):
+        if i:
+            time.sleep(0.4)  # the arrivals' spacing (the scenario), not a synchronisation
         w = start_looplock(["-v", *args, "-p", "blocking", host_dir(tmp_path, f"w{i}"), "--",
                             *history.command(f"w{i}")])
         procs.append(w)
         expect_stderr(w, "waiting for cluster lock")
         waiters.append(w)
-    time.sleep(1.5)  # the hold's duration: longer than TTL/3
     for p in [a, *waiters]:
         if p is not a:
             expect_line(p, "ready")
@@ -278,12 +308,17 @@ def cluster3():
 
 
 def test_the_leader_killed_during_a_hold_costs_no_lease_and_no_place(cluster3, tmp_path, history, procs):
-    """TTL 3, elections of 0.5-1.5 s (see Cluster): the leader is SIGKILLed while
-    a host holds the lock and three wait. The holder keeps its lease, no
-    waiter gives up, and they run in arrival order."""
+    """TTL 3, elections of 0.5-1.5 s (see Cluster): the leader, the member
+    every looplock talks to, is SIGKILLed while a host holds the lock and
+    three wait. The holder keeps its lease, no waiter gives up (the old
+    client's waiters exited 69 on the first failed request), and they run in
+    arrival order."""
     for trial in range(max(1, TRIALS - 1)):
         name = fresh_name()
-        args = cluster_args(cluster3.endpoints, name, "--ttl", "3")
+        # The leader first: every looplock talks to (and keeps connections to) the member that dies.
+        leader = cluster3.leader()
+        endpoints = ",".join(m.url for m in [leader, *[m for m in cluster3.members if m is not leader]])
+        args = cluster_args(endpoints, name, "--ttl", "3")
         h = start_looplock([*args, "-p", "blocking", host_dir(tmp_path, f"h{trial}"), "--",
                             *history.command(f"h{trial}")])
         procs.append(h)
@@ -295,7 +330,7 @@ def test_the_leader_killed_during_a_hold_costs_no_lease_and_no_place(cluster3, t
             procs.append(w)
             expect_stderr(w, "waiting for cluster lock")
             waiters.append(w)
-        leader = cluster3.leader()
+        assert cluster3.leader() is leader
         killed = time.monotonic()
         leader.kill()
         leader.proc.wait(timeout=TIMEOUT)
