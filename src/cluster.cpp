@@ -215,7 +215,7 @@ std::optional<Json> ClusterLock::holder_of(const etcd::KeyValue& kv, long long d
     if (!h->contains("fencing_token")) (*h)["fencing_token"] = kv.create_revision;
     return h;
   }
-  // No value: a looplock before 0.2 (its value lies beside the prefix), or
+  // No value: an earlier looplock, which used etcd's lock service (its value lies beside the prefix), or
   // another client of the same keys (etcdctl lock).
   auto old = client_.range({etcd::holder_key(name_)}, {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
   if (!old.ok() || old.value.kvs.empty()) return std::nullopt;

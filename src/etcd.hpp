@@ -53,7 +53,7 @@ std::string prefix_range_end(std::string_view prefix);
 // The keys looplock uses for lock NAME: one key per contender,
 // "<lock_prefix>/<lease id in hex>" (the layout of etcd's own lock service and
 // of etcdctl lock, so they exclude each other), whose value is the
-// contender's holder JSON. Versions before 0.2 wrote the holder value beside
+// contender's holder JSON. Earlier versions (etcd's lock service) wrote the holder value beside
 // the prefix, under holder_key(); --inspect still reads it there.
 inline constexpr std::string_view kKeyRoot = "looplock/";
 std::string lock_service_name(std::string_view name);  // "looplock/NAME/lock"

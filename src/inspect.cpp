@@ -302,7 +302,7 @@ int inspect(const Options& o, const Logger& log, etcd::Transport* etcd) {
       if (!kvs.empty()) {
         holder = parse_cluster_holder(kvs.front().value);
         if (!holder) {
-          // A looplock before 0.2 kept its value beside the prefix.
+          // An earlier looplock (etcd's lock service) kept its value beside the prefix.
           auto h = client.range({etcd::holder_key(name)}, bound);
           if (h.ok() && !h.value.kvs.empty()) holder = parse_cluster_holder(h.value.kvs.front().value);
         }

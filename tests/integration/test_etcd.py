@@ -333,7 +333,7 @@ def test_inspect_names_the_cluster_holder(etcd, name, hosts, cluster_holders):
 
 
 def test_inspect_reads_a_holder_of_the_old_layout(etcd, name, hosts):
-    """A looplock before 0.2 (etcd's lock service) left the lock key's value
+    """An earlier looplock (etcd's lock service) left the lock key's value
     empty and wrote its holder beside the prefix: --inspect still names it."""
     lease = etcd.post("/v3/lease/grant", {"TTL": 30})["ID"]
     b64 = lambda t: __import__("base64").b64encode(t.encode()).decode()
