@@ -202,7 +202,9 @@ bool ClusterLock::grant(long long deadline_ns, etcd::Result<long long>& r) {
   r = client_.lease_grant(ttl_s_, {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
   if (!r.ok()) return false;
   lease_ = lease_id_ = r.value;
-  gone_ = false;
+  gone_ = false;  // a new lease (a waiter whose lease expired queues again)
+  lost_at_ns_ = 0;
+  why_.clear();
   last_ok_ns_ = r.sent_ns;
   ttl_granted_ns_ = lease_timing::ttl_ns(ttl_s_);
   next_renewal_ns_ = r.sent_ns + lease_timing::renewal_interval_ns(ttl_s_);
@@ -403,7 +405,8 @@ bool ClusterLock::renew(long long return_by_ns) {
   }
   if (r.ok()) {
     gone_ = true;
-    why_ = "etcd says the lease is gone (revoked or expired)";
+    if (lost_at_ns_ == 0) lost_at_ns_ = now();
+    if (why_.empty()) why_ = "etcd says the lease is gone (revoked or expired)";
     return false;
   }
   last_error_ = r.error;
@@ -413,6 +416,7 @@ bool ClusterLock::renew(long long return_by_ns) {
 
 void ClusterLock::declare_lost(std::string why) {
   lost_ = true;
+  if (lost_at_ns_ == 0) lost_at_ns_ = now();
   if (why_.empty()) why_ = std::move(why);
 }
 

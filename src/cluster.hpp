@@ -117,6 +117,11 @@ public:
   // The job loop gave up on the lease (its TERM deadline passed): lost()
   // from now on; `why` unless a reason is known already.
   void declare_lost(std::string why);
+  // When the loss was known (etcd said the lease is gone, or declare_lost()
+  // was called); 0 while it is not lost. For the lease_lost row.
+  long long lost_at_ns() const { return lost_at_ns_; }
+  // The kill-after of term_by_ns(), when it is known only after construction.
+  void set_kill_after_ns(long long ns) { kill_after_ns_ = ns; }
   // The reason to give when term_by passed without a renewal.
   std::string overdue_why() const;
 
@@ -170,6 +175,7 @@ private:
   long long next_renewal_ns_ = 0;
   bool gone_ = false;  // etcd said the lease is gone
   bool lost_ = false;  // the job loop declared it lost
+  long long lost_at_ns_ = 0;
   bool update_value_ = false;  // acquired after waiting: the next renewal rewrites acquired_at
   std::string acquired_at_;
   bool renewed_ = false;       // the last renew() renewed

@@ -856,8 +856,10 @@ TEST_CASE("cluster lock: etcd says the lease is gone: renew is false, with the r
   REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == ClusterLock::Outcome::Acquired);
   etcd.drop_lease(lock.lease());  // revoked by an operator
   clock.t = lock.next_renewal_ns();
+  CHECK(lock.lost_at_ns() == 0);
   CHECK_FALSE(lock.renew(lock.term_by_ns()));
   CHECK(lock.lost());
+  CHECK(lock.lost_at_ns() == clock.t);
   CHECK(lock.lost_why().find("gone") != std::string::npos);
   CHECK_FALSE(lock.poll_lease());
 }
@@ -874,8 +876,11 @@ TEST_CASE("cluster lock: poll_lease declares the lease lost at term_by when noth
   CHECK(clock.t >= term_by);
   CHECK(clock.t < term_by + lock.poll_interval_ns());
   CHECK(lock.lost());
+  CHECK(lock.lost_at_ns() == clock.t);
   CHECK(lock.lost_why().find("safety window") != std::string::npos);
   CHECK(lock.kill_by_ns() - lock.term_by_ns() == 600 * kMs);
+  lock.set_kill_after_ns(kSec);
+  CHECK(lock.kill_by_ns() - lock.term_by_ns() == kSec);
 }
 
 TEST_CASE("cluster lock: a waiter queues once and takes the lock in its turn, renewing meanwhile") {
