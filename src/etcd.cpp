@@ -512,7 +512,8 @@ Result<Json> Client::attempts(const CallSpec& spec, bool with_token) {
         if (ex == Exchange::ConnectFailed && clock_.now_ns() >= req.connect_deadline_ns) {
           connect_ns_[i] = std::min(connect_ns_[i] * 2, kMaxConnectNs);
         }
-        last_error[i] = error;
+        // A TLS failure says more than a later timeout on the same endpoint.
+        if (ex == Exchange::TlsFailed || last_error[i].find(": TLS: ") == std::string::npos) last_error[i] = error;
         continue;
       }
       if (ex == Exchange::TimedOut || ex == Exchange::Broken) {

@@ -2,14 +2,18 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
+#include <unistd.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 
 #include "error.hpp"
@@ -77,6 +81,52 @@ curl_socket_t open_socket(void*, curlsocktype, curl_sockaddr* a) {
   const int fd = socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
   return fd < 0 ? CURL_SOCKET_BAD : fd;
 }
+
+// What connect_socket() saw, for post() to tell refused from timed out.
+struct ConnectState {
+  long long deadline_ns = 0;
+  bool timed_out = false;
+  int error = 0;
+};
+
+// The TCP connection, made here so that the connect timeout bounds it alone:
+// libcurl's own connect timeout would bound the TLS handshake too, which a
+// busy host may need longer for (it gets the attempt's time instead).
+curl_socket_t connect_socket(void* user, curlsocktype, curl_sockaddr* a) {
+  auto* st = static_cast<ConnectState*>(user);
+  const int fd = socket(a->family, a->socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->protocol);
+  if (fd < 0) {
+    st->error = errno;
+    return CURL_SOCKET_BAD;
+  }
+  if (connect(fd, &a->addr, a->addrlen) == 0) return fd;
+  if (errno != EINPROGRESS) {
+    st->error = errno;
+    close(fd);
+    return CURL_SOCKET_BAD;
+  }
+  for (;;) {
+    const long long left = st->deadline_ns - sys::monotonic_ns();
+    if (left <= 0) {
+      st->timed_out = true;
+      close(fd);
+      return CURL_SOCKET_BAD;
+    }
+    pollfd p{fd, POLLOUT, 0};
+    const int n = poll(&p, 1, static_cast<int>(std::min<long long>((left + 999'999) / 1'000'000, 60'000)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) continue;  // the deadline is looked at again above
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    if (err == 0) return fd;
+    st->error = err;
+    close(fd);
+    return CURL_SOCKET_BAD;
+  }
+}
+
+int already_connected(void*, curl_socket_t, curlsocktype) { return CURL_SOCKOPT_ALREADY_CONNECTED; }
 
 bool is_socket(int fd) {
   struct stat st {};
@@ -176,7 +226,8 @@ void CurlTransport::set_up() {
   set(easy_, CURLOPT_PROTOCOLS_STR, "http,https");
   set(easy_, CURLOPT_PROXY, "");  // never the environment's http_proxy
   set(easy_, CURLOPT_WRITEFUNCTION, on_data);
-  set(easy_, CURLOPT_OPENSOCKETFUNCTION, open_socket);
+  set(easy_, CURLOPT_OPENSOCKETFUNCTION, connect_socket);
+  set(easy_, CURLOPT_SOCKOPTFUNCTION, already_connected);
   set(easy_, CURLOPT_TCP_NODELAY, 1L);
   // One kept connection per endpoint for the whole run (a TLS handshake
   // once, not per request). A kept connection to a member that died is
@@ -254,7 +305,12 @@ Exchange CurlTransport::post(const Endpoint& ep, const Request& req, HttpRespons
   set(easy_, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
   set(easy_, CURLOPT_WRITEDATA, &sink);
   set(easy_, CURLOPT_ERRORBUFFER, message);
-  set(easy_, CURLOPT_CONNECTTIMEOUT_MS, ms_until(std::min(req.connect_deadline_ns, req.deadline_ns)));
+  // The name lookup, the TCP connection (connect_socket, by
+  // connect_deadline_ns) and the TLS handshake must end by the deadline.
+  ConnectState connecting;
+  connecting.deadline_ns = std::min(req.connect_deadline_ns, req.deadline_ns);
+  set(easy_, CURLOPT_OPENSOCKETDATA, &connecting);
+  set(easy_, CURLOPT_CONNECTTIMEOUT_MS, ms_until(req.deadline_ns));
   set(easy_, CURLOPT_TIMEOUT_MS, ms_until(req.deadline_ns));
   set(easy_, CURLOPT_FRESH_CONNECT, req.fresh_connection ? 1L : 0L);
 
@@ -320,13 +376,21 @@ Exchange CurlTransport::post(const Endpoint& ep, const Request& req, HttpRespons
     return Exchange::TlsFailed;
   }
   switch (rc) {
-    case CURLE_COULDNT_RESOLVE_HOST:
     case CURLE_COULDNT_CONNECT:
+      if (connecting.timed_out) {
+        error = ep.text + ": connection timed out";
+      } else if (connecting.error != 0) {
+        error = ep.text + ": cannot connect: " + std::strerror(connecting.error);
+      } else {
+        error = why;
+      }
+      return Exchange::ConnectFailed;
+    case CURLE_COULDNT_RESOLVE_HOST:
       error = why;
       return Exchange::ConnectFailed;
     case CURLE_OPERATION_TIMEDOUT:
       if (sent == 0) {
-        error = ep.text + ": connection timed out";
+        error = ep.text + (ep.tls ? ": connection or TLS handshake timed out" : ": connection timed out");
         return Exchange::ConnectFailed;
       }
       error = ep.text + ": no answer before the deadline";

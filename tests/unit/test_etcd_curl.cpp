@@ -288,3 +288,35 @@ TEST_CASE("https:// to a plain-HTTP server fails as a TLS failure, saying so") {
   CHECK(error.find("TLS") != std::string::npos);
   CHECK(out.hint.find("--etcd-cacert") != std::string::npos);
 }
+
+TEST_CASE("a blackholed endpoint is ConnectFailed at the connect deadline, not the request's") {
+  // A listener whose accept queue is full drops every SYN: a connect hangs.
+  UniqueFd l(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  REQUIRE(l);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(l.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(getsockname(l.get(), reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  REQUIRE(listen(l.get(), 0) == 0);
+  std::vector<UniqueFd> fillers;
+  for (int i = 0; i < 2; ++i) {
+    fillers.emplace_back(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    (void)connect(fillers.back().get(), reinterpret_cast<sockaddr*>(&a), sizeof a);
+  }
+  pollfd first{fillers[0].get(), POLLOUT, 0};  // until the first filler's handshake is done (it fills the queue)
+  REQUIRE(poll(&first, 1, 2000) == 1);
+  CurlTransport t;
+  HttpResponse out;
+  std::string error;
+  auto ep = parse_endpoints("http://127.0.0.1:" + std::to_string(ntohs(a.sin_port))).endpoints.at(0);
+  const long long start = sys::monotonic_ns();
+  auto ex = post(t, ep, "/v3/kv/range", "{}", start + 60 * kMs, start + 3000 * kMs, false, out, error);
+  const long long took = sys::monotonic_ns() - start;
+  CHECK(ex == Exchange::ConnectFailed);
+  CHECK(error.find("connection timed out") != std::string::npos);
+  CHECK(took >= 55 * kMs);
+  CHECK(took < 1000 * kMs);
+  CHECK(sockets_without_cloexec() == 0);
+}
