@@ -369,6 +369,7 @@ def test_etcdctl_lock_and_looplock_exclude_each_other(etcd, name, hosts, tmp_pat
         out, err = w.communicate(timeout=TIMEOUT)
         assert (w.returncode, out) == (0, "ran\n"), err
     finally:
+        done.touch()  # ends etcdctl's command even when etcdctl itself is killed
         if ctl.poll() is None:
             ctl.kill()
         ctl.wait(timeout=TIMEOUT)
