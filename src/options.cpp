@@ -113,7 +113,11 @@ Split split_argv(const std::vector<std::string>& argv) {
   return s;
 }
 
-cxxopts::Options build_parser() {
+// `cluster_access`: declare the --etcd-* TLS and authentication options too.
+// Each declared option costs cxxopts start-up time (about 11 K instructions,
+// docs/BENCHMARKS.md), so they are declared only when the command line names
+// one: the run of every loop pays nothing for them.
+cxxopts::Options build_parser(bool cluster_access) {
   cxxopts::Options o("looplock", "");
   o.add_options()
       ("h,help", "")
@@ -137,12 +141,15 @@ cxxopts::Options build_parser() {
       ("etcd", "", cxxopts::value<std::string>())
       ("lock-name", "", cxxopts::value<std::string>())
       ("ttl", "", cxxopts::value<std::string>())
-      ("etcd-cacert", "", cxxopts::value<std::string>())
-      ("etcd-cert", "", cxxopts::value<std::string>())
-      ("etcd-key", "", cxxopts::value<std::string>())
-      ("etcd-user", "", cxxopts::value<std::string>())
-      ("etcd-password-file", "", cxxopts::value<std::string>())
       ("positional", "", cxxopts::value<std::vector<std::string>>());
+  if (cluster_access) {
+    o.add_options()
+        ("etcd-cacert", "", cxxopts::value<std::string>())
+        ("etcd-cert", "", cxxopts::value<std::string>())
+        ("etcd-key", "", cxxopts::value<std::string>())
+        ("etcd-user", "", cxxopts::value<std::string>())
+        ("etcd-password-file", "", cxxopts::value<std::string>());
+  }
   o.parse_positional({"positional"});
   return o;
 }
@@ -387,7 +394,9 @@ std::string derive_operation(const std::vector<std::string>& command) {
 Options parse_options(const std::vector<std::string>& argv, const Environment& env) {
   Split split = split_argv(argv);
 
-  cxxopts::Options parser = build_parser();
+  const bool cluster_access = std::any_of(split.own.begin(), split.own.end(),
+                                          [](const std::string& a) { return a.starts_with("--etcd-"); });
+  cxxopts::Options parser = build_parser(cluster_access);
   std::vector<const char*> cargv;
   cargv.reserve(split.own.size());
   for (const auto& a : split.own) cargv.push_back(a.c_str());
