@@ -239,7 +239,7 @@ EnvList command_env(const Context& ctx, const Options& o, const Target& t, const
     set.emplace_back(env_name::kEtcdKey, cluster->key());
     set.emplace_back(env_name::kEtcdLease, etcd::lease_hex(cluster->lease()));
   }
-  return env_with(ctx.env, set, {env_name::kFd, env_name::kHolderFd});
+  return env_with(ctx.env, set, {env_name::kFd, env_name::kHolderFd, env_name::kEtcdPassword});
 }
 
 void add_lock_fd(EnvList& env, int lock_fd, bool pass_fd) {
@@ -278,25 +278,18 @@ std::string cluster_lock_name(const Options& o, const Target& t) {
   return t.loop;
 }
 
-// The cluster lock's lease as the job loop sees it.
+// The cluster lock's lease as the job loop sees it: its renewals, and the
+// deadlines by which the job must have been sent TERM and KILL.
 class ClusterLease final : public Lease {
 public:
-  ClusterLease(ClusterLock& c, long long kill_after_ns) : c_(c), kill_after_ns_(kill_after_ns) {}
-  long long next_renewal_ns() const override { return next_; }
-  bool renew(long long /*return_by_ns*/) override {
-    const bool ok = c_.keep_alive();
-    next_ = sys::monotonic_ns() + c_.tick_interval_ns();
-    return ok;
-  }
-  long long kill_by_ns() const override {
-    return sys::monotonic_ns() - c_.since_last_keepalive_ns() + static_cast<long long>(c_.ttl_s()) * kSec;
-  }
-  long long term_by_ns() const override { return kill_by_ns() - kill_after_ns_; }
+  explicit ClusterLease(ClusterLock& c) : c_(c) {}
+  long long next_renewal_ns() const override { return c_.next_renewal_ns(); }
+  bool renew(long long return_by_ns) override { return c_.renew(return_by_ns); }
+  long long term_by_ns() const override { return c_.term_by_ns(); }
+  long long kill_by_ns() const override { return c_.kill_by_ns(); }
 
 private:
   ClusterLock& c_;
-  long long kill_after_ns_;
-  long long next_ = sys::monotonic_ns() + c_.tick_interval_ns();
 };
 
 // --- the rows about a job looplock ended ---------------------------------------------
@@ -332,9 +325,7 @@ void report_max_time(const Options& o, const Context& ctx, const LockDir& dir, c
 void report_lease_lost(const Options& o, const Context& ctx, const LockDir& dir, const ClusterLock& c,
                        const std::optional<HolderRecord>& record, const std::string& lock_id, const JobEnd& job,
                        const Logger& log) {
-  const std::string why = c.lost() ? c.lost_why()
-                                   : "no keepalive was answered in time to end the command before the lease's TTL (" +
-                                         std::to_string(c.ttl_s()) + " s) could pass";
+  const std::string why = c.lost_why();
   Incident inc = incident_of(o, ctx, lock_id, "lease_lost");
   inc.deadline_ms = static_cast<long long>(c.ttl_s()) * 1000;
   inc.waited_ms = c.since_last_keepalive_ns() / kMs;
@@ -344,6 +335,7 @@ void report_lease_lost(const Options& o, const Context& ctx, const LockDir& dir,
   inc.cluster = Json{{"lock_name", c.name()}, {"endpoint", c.endpoint()}, {"holder", nullptr},
                      {"fencing_token", c.fencing_token()}, {"lease", etcd::lease_hex(c.lease())}, {"why", why}};
   inc.details = job_details(job);
+  inc.details["ran_after_loss_ms"] = c.lost_at_ns() ? std::max(job.ended_ns - c.lost_at_ns(), 0LL) / kMs : 0;
   inc.operator_action =
       "The etcd lease was lost while the command ran (" + why + "), so another host may have taken the lock: the "
       "command was ended (" + (job.killed ? "KILL was needed" : "TERM sufficed") + "). Check etcd's health and the "
@@ -422,8 +414,10 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log, RunFacts& f
   const WaitPlan plan = wait_plan(o.policy, o.timeout_ns);
   std::optional<ClusterLock> cluster;
   if (!o.etcd.empty()) {
-    cluster.emplace(*ctx.etcd, etcd::parse_endpoints(o.etcd).endpoints, cluster_lock_name(o, t), o.ttl_s, log);
-    const auto got = cluster->acquire(plan, ctx.start_ns);
+    cluster.emplace(*ctx.etcd, etcd::parse_endpoints(o.etcd).endpoints, cluster_lock_name(o, t), o.ttl_s,
+                    o.lease_kill_after_ns, log, cluster_access(o, log));
+    const auto got =
+        cluster->acquire(plan, ctx.start_ns, ClusterHolder{host_name(), ctx.pid, o.agent, o.operation, {}, {}, 0});
     facts.waited_ns = sys::monotonic_ns() - ctx.start_ns;
     if (got == ClusterLock::Outcome::Busy) {
       report_skip(o, cluster_blocker(o, *cluster), t.lock_id, log);
@@ -438,7 +432,8 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log, RunFacts& f
     log.verbose("acquired", "cluster lock " + printable(cluster->name()) + " acquired on etcd after " +
                                 seconds_text(facts.waited_ns) + " (fencing token " +
                                 std::to_string(cluster->fencing_token()) + ")",
-                {{"lock_name", cluster->name()}, {"fencing_token", cluster->fencing_token()}});
+                {{"lock_name", cluster->name()}, {"fencing_token", cluster->fencing_token()},
+                 {"waited_ms", facts.waited_ns / kMs}});
   }
 
   // Work that does not need the lock is done before waiting for it.
@@ -479,16 +474,13 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log, RunFacts& f
       }
     }
   }
-  if (cluster) {
-    cluster->write_holder(ClusterHolder{host_name(), ctx.pid, o.agent, o.operation, sys::utc_now_iso8601(), {}, 0});
-  }
 
   // Run the command's job.
   add_lock_fd(env, file.fd.get(), !o.close_fd);
   CommandSpec spec = spec_for(o, std::move(env));
   spec.pass_fd = o.close_fd ? -1 : file.fd.get();
   std::optional<ClusterLease> lease;
-  if (cluster) spec.lease = &lease.emplace(*cluster, o.kill_after_ns.value_or(kDefaultKillAfterNs));
+  if (cluster) spec.lease = &lease.emplace(*cluster);
   JobEnd job;
   try {
     if (o.no_fork) exec_command(spec, inherited);
@@ -543,6 +535,9 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log, RunFacts& f
   // that they can say how.
   if (job.ended_by == JobEnd::EndedBy::MaxTime) report_max_time(o, ctx, dir, t.lock_id, record, job, log);
   if (cluster) {
+    // The job loop ended the job at the lease's TERM deadline: the lease is
+    // lost from looplock's point of view even if etcd never said so.
+    if (job.lease_lost && !cluster->lost()) cluster->declare_lost(cluster->overdue_why());
     if (job.lease_lost) report_lease_lost(o, ctx, dir, *cluster, record, t.lock_id, job, log);
     cluster->release();  // after the local lock, as promised
     log.verbose("released", "released cluster lock " + printable(cluster->name()) + " on etcd");
@@ -607,8 +602,10 @@ int main_program(int argc, char** argv, char** envp, etcd::Transport* etcd) {
     Context ctx{env_from(envp), getpid(), now_ns, etcd};
     // looplock-etcd: the deadline counts from when looplock started.
     if (auto handed = take_handed_start(ctx.env, now_ns); handed && etcd) ctx.start_ns = *handed;
-    Environment penv{env_get(ctx.env, env_name::kAgent), env_get(ctx.env, env_name::kEtcd),
-                     env_get(ctx.env, env_name::kMetricsDir), [] { return sys::user_name(getuid()); }};
+    Environment penv{env_get(ctx.env, env_name::kAgent),       env_get(ctx.env, env_name::kEtcd),
+                     env_get(ctx.env, env_name::kMetricsDir),  [] { return sys::user_name(getuid()); },
+                     env_get(ctx.env, env_name::kEtcdCacert),  env_get(ctx.env, env_name::kEtcdClientCert),
+                     env_get(ctx.env, env_name::kEtcdClientKey), env_get(ctx.env, env_name::kEtcdPassword)};
     const Options& o = options.emplace(parse_options(args, penv));
     if (o.mode == Mode::Help) {
       write_stdout(help_text());

@@ -1,32 +1,61 @@
 #include "cluster.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <climits>
 
 #include "error.hpp"
 #include "exit_codes.hpp"
 #include "holder.hpp"
 #include "sys.hpp"
+#include "unique_fd.hpp"
 
 namespace looplock {
 
 namespace {
 
-constexpr long long kSec = 1'000'000'000LL;
-// A request that is not itself a wait (lease grant, range, put): what a
-// healthy cluster answers well within.
-constexpr long long kRequestNs = 5 * kSec;
-// The least time given to one lock attempt (-w 0: "one attempt").
-constexpr long long kMinAttemptNs = kSec / 4;
-// single_flight: the lock was free a moment ago; how long to let the lock
-// request wait before counting it as taken by another host.
-constexpr long long kSingleFlightLockNs = kSec / 2;
+constexpr long long kMs = 1'000'000LL;
+constexpr long long kSec = 1'000 * kMs;
+constexpr long long kNever = LLONG_MAX;
+// The least time given to reaching etcd and queuing (-w 0: "one attempt").
+constexpr long long kMinAttemptNs = 250 * kMs;
+// How long single_flight and blocking runs try to reach etcd at all before
+// giving up with 69 (a blocking wait that has reached etcd then rides out
+// any outage).
+constexpr long long kReachNs = 5 * kSec;
 constexpr long long kReleaseNs = 2 * kSec;
+constexpr long long kLostReleaseNs = kSec;
+// After a renewal round that got no answer, the next one is due this soon.
+constexpr long long kRenewRetryNs = 25 * kMs;
+// A password file is a line, not a document.
+constexpr size_t kMaxPasswordFile = 4096;
 
 std::string text_field(const Json& j, const char* k) {
   return j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : std::string("?");
 }
 
+std::string seconds(long long ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f s", static_cast<double>(ns) / 1e9);
+  return buf;
+}
+
 }  // namespace
+
+namespace lease_timing {
+long long ttl_ns(int ttl_s) { return static_cast<long long>(ttl_s) * kSec; }
+long long margin_ns(int ttl_s) { return 200 * kMs + ttl_ns(ttl_s) / 100; }
+long long renewal_interval_ns(int ttl_s) { return ttl_ns(ttl_s) / 12; }
+long long attempt_ns(int ttl_s) { return std::clamp(ttl_ns(ttl_s) / 10, 250 * kMs, 2 * kSec); }
+long long default_kill_after_ns(int ttl_s) { return std::min(5 * kSec, ttl_ns(ttl_s) / 6); }
+long long max_kill_after_ns(int ttl_s) {
+  return ttl_ns(ttl_s) - margin_ns(ttl_s) - renewal_interval_ns(ttl_s) - ttl_ns(ttl_s) / 4;
+}
+}  // namespace lease_timing
 
 std::string encode_cluster_holder(const ClusterHolder& h) {
   Json j = Json::object();
@@ -36,7 +65,7 @@ std::string encode_cluster_holder(const ClusterHolder& h) {
   j["operation"] = clip_bytes(h.operation);
   j["acquired_at"] = h.acquired_at;
   j["lease"] = h.lease;
-  j["fencing_token"] = h.fencing_token;
+  if (h.fencing_token != 0) j["fencing_token"] = h.fencing_token;
   return dump_json(j);
 }
 
@@ -47,173 +76,359 @@ std::optional<Json> parse_cluster_holder(std::string_view value) {
 }
 
 std::string describe_cluster_holder(const std::optional<Json>& holder) {
-  if (!holder) return "another host (no holder value yet)";
+  if (!holder) return "a holder that left no value (another client, such as etcdctl lock)";
   const Json& h = *holder;
   std::string pid = h.contains("pid") && h["pid"].is_number_integer() ? std::to_string(h["pid"].get<long long>()) : "?";
   return printable("host " + text_field(h, "host") + " pid " + pid + " (agent " + text_field(h, "agent_id") +
                    ", operation " + text_field(h, "operation") + ", since " + text_field(h, "acquired_at") + ")");
 }
 
+namespace {
+
+void check_readable(const std::string& option, const std::string& path) {
+  UniqueFd fd(sys::retry_eintr([&] { return open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK); }));
+  if (!fd) {
+    throw Fatal(exit_code::kUsage, errno_message("cannot read " + option + " '" + path + "'", errno),
+                "Give a readable PEM file (or leave the option out).");
+  }
+}
+
+// The password file: a regular file (never a FIFO or a device that would
+// hang or stream), at most 4 KiB, its one line without the newline. Its
+// content appears in no message.
+std::string read_password_file(const std::string& path, const Logger& log) {
+  const std::string what = "cannot read --etcd-password-file '" + path + "'";
+  const std::string hint = "Give a file that holds the etcd user's password on one line (mode 0600).";
+  UniqueFd fd(sys::retry_eintr([&] { return open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK); }));
+  if (!fd) throw Fatal(exit_code::kUsage, errno_message(what, errno), hint);
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0) throw Fatal(exit_code::kUsage, errno_message(what, errno), hint);
+  if (!S_ISREG(st.st_mode)) throw Fatal(exit_code::kUsage, what + ": not a regular file", hint);
+  if (static_cast<size_t>(st.st_size) > kMaxPasswordFile) {
+    throw Fatal(exit_code::kUsage, what + ": larger than 4 KiB, so not a password", hint);
+  }
+  auto text = sys::pread_all(fd.get(), kMaxPasswordFile + 1);
+  if (!text) throw Fatal(exit_code::kUsage, errno_message(what, errno), hint);
+  if (text->ends_with('\n')) text->pop_back();
+  if (text->ends_with('\r')) text->pop_back();
+  if (text->empty()) throw Fatal(exit_code::kUsage, what + ": it is empty", hint);
+  if (text->find('\n') != std::string::npos) throw Fatal(exit_code::kUsage, what + ": more than one line", hint);
+  if (st.st_mode & S_IROTH) {
+    log.warn("password_file_readable", "--etcd-password-file '" + path + "' is readable by every user (chmod 600 it)");
+  }
+  return std::move(*text);
+}
+
+}  // namespace
+
+ClusterAccess cluster_access(const Options& o, const Logger& log) {
+  ClusterAccess a;
+  a.tls = {o.etcd_cacert, o.etcd_cert, o.etcd_key};
+  if (!o.etcd_cacert.empty()) check_readable("--etcd-cacert", o.etcd_cacert);
+  if (!o.etcd_cert.empty()) check_readable("--etcd-cert", o.etcd_cert);
+  if (!o.etcd_key.empty()) check_readable("--etcd-key", o.etcd_key);
+  a.user = o.etcd_user;
+  if (!o.etcd_user.empty()) {
+    a.password = o.etcd_password_file.empty() ? o.etcd_password.value_or("")
+                                              : read_password_file(o.etcd_password_file, log);
+  }
+  return a;
+}
+
 ClusterLock::ClusterLock(etcd::Transport& transport, std::vector<etcd::Endpoint> endpoints, std::string name,
-                         int ttl_s, const Logger& log)
-    : client_(transport, std::move(endpoints)), name_(std::move(name)), ttl_s_(ttl_s), log_(log) {}
+                         int ttl_s, long long kill_after_ns, const Logger& log, const ClusterAccess& access,
+                         etcd::Clock& clock)
+    : clock_(clock),
+      client_(transport, std::move(endpoints), clock),
+      name_(std::move(name)),
+      ttl_s_(ttl_s),
+      kill_after_ns_(kill_after_ns),
+      log_(log) {
+  transport.configure(access.tls);
+  if (!access.user.empty()) client_.set_credentials(access.user, access.password);
+}
 
 ClusterLock::~ClusterLock() { release(); }
 
-void ClusterLock::unavailable(const std::string& what, const etcd::Result<bool>& r) const {
+template <typename T>
+void ClusterLock::unavailable(const std::string& what, const etcd::Result<T>& r) const {
   const bool down = r.status == etcd::Status::Unavailable || r.status == etcd::Status::Timeout;
+  std::string hint = r.hint;
+  if (hint.empty()) {
+    hint = down ? "Check that etcd answers at the --etcd endpoints ($LOOPLOCK_ETCD)." : "Check etcd's logs.";
+  }
   throw Fatal(exit_code::kClusterUnavailable,
               "etcd " + std::string(down ? "unavailable" : "error") + ": cannot " + what + " for cluster lock " +
                   printable(name_) + ": " + printable(r.error),
-              down ? "Check that etcd answers at the --etcd endpoints ($LOOPLOCK_ETCD); the command did not run."
-                   : "The command did not run; check etcd's logs.",
-              down ? "etcd_unreachable" : "etcd_error");
+              hint + " The command did not run.", down ? "etcd_unreachable" : "etcd_error");
 }
 
-namespace {
-template <typename T>
-etcd::Result<bool> as_bool(const etcd::Result<T>& r) {
-  etcd::Result<bool> b;
-  b.status = r.status;
-  b.error = r.error;
-  return b;
-}
-}  // namespace
+long long ClusterLock::expiry_ns() const { return last_ok_ns_ + ttl_granted_ns_; }
+long long ClusterLock::kill_by_ns() const { return expiry_ns() - lease_timing::margin_ns(ttl_s_); }
+long long ClusterLock::term_by_ns() const { return kill_by_ns() - kill_after_ns_; }
+long long ClusterLock::next_renewal_ns() const { return next_renewal_ns_; }
+long long ClusterLock::since_last_keepalive_ns() const { return now() - last_ok_ns_; }
 
-std::optional<Json> ClusterLock::read_holder(long long deadline_ns) {
-  auto r = client_.range(etcd::holder_key(name_), false, deadline_ns);
-  if (!r.ok() || r.value.empty()) return std::nullopt;
-  return parse_cluster_holder(r.value.front().value);
+std::string ClusterLock::holder_value(bool with_token) const {
+  ClusterHolder h = who_;
+  h.lease = etcd::lease_hex(lease_);
+  h.fencing_token = with_token ? token_ : 0;
+  return encode_cluster_holder(h);
 }
 
-ClusterLock::Outcome ClusterLock::acquire(const WaitPlan& plan, long long start_ns) {
+void ClusterLock::note_unavailable(const std::string& error) {
+  last_error_ = error;
+  unavailable_now_ = true;
+  if (!said_unavailable_) {
+    said_unavailable_ = true;
+    log_.verbose("etcd_unavailable", "etcd does not answer (" + printable(error) + "); waiting for cluster lock " +
+                                         printable(name_) + " until it answers again");
+  }
+}
+
+void ClusterLock::note_answering() {
+  if (!unavailable_now_) return;
+  unavailable_now_ = false;
+  log_.verbose("etcd_answering", "etcd answers again; still waiting for cluster lock " + printable(name_));
+}
+
+bool ClusterLock::grant(long long deadline_ns, etcd::Result<long long>& r) {
+  r = client_.lease_grant(ttl_s_, {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
+  if (!r.ok()) return false;
+  lease_ = lease_id_ = r.value;
+  gone_ = false;  // a new lease (a waiter whose lease expired queues again)
+  lost_at_ns_ = 0;
+  why_.clear();
+  last_ok_ns_ = r.sent_ns;
+  ttl_granted_ns_ = lease_timing::ttl_ns(ttl_s_);
+  next_renewal_ns_ = r.sent_ns + lease_timing::renewal_interval_ns(ttl_s_);
+  key_ = etcd::lock_prefix(name_) + etcd::lease_hex(lease_);
+  return true;
+}
+
+std::optional<Json> ClusterLock::holder_of(const etcd::KeyValue& kv, long long deadline_ns) {
+  if (auto h = parse_cluster_holder(kv.value)) {
+    if (!h->contains("fencing_token")) (*h)["fencing_token"] = kv.create_revision;
+    return h;
+  }
+  // No value: an earlier looplock, which used etcd's lock service (its value lies beside the prefix), or
+  // another client of the same keys (etcdctl lock).
+  auto old = client_.range({etcd::holder_key(name_)}, {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
+  if (!old.ok() || old.value.kvs.empty()) return std::nullopt;
+  return parse_cluster_holder(old.value.kvs.front().value);
+}
+
+ClusterLock::Outcome ClusterLock::acquire(const WaitPlan& plan, long long start_ns, ClusterHolder who) {
   const bool bounded = plan.kind == WaitPlan::Kind::Bounded;
   const bool nowait = plan.kind == WaitPlan::Kind::NoWait;
-  const long long deadline = start_ns + plan.deadline_ns;
-  auto request_deadline = [&] {
-    const long long now = sys::monotonic_ns();
-    if (!bounded) return now + kRequestNs;
-    return std::max(std::min(deadline, now + kRequestNs), now + kMinAttemptNs);
-  };
+  const long long deadline = bounded ? start_ns + plan.deadline_ns : kNever;
+  who_ = std::move(who);
+  who_.acquired_at = sys::utc_now_iso8601();
+  const long long reach_by = bounded ? std::max(deadline, now() + kMinAttemptNs) : now() + kReachNs;
 
-  const long long grant_sent = sys::monotonic_ns();
-  auto grant = client_.lease_grant(ttl_s_, request_deadline());
-  if (!grant.ok()) unavailable("grant a lease", as_bool(grant));
-  lease_ = grant.value;
-  last_ok_ns_ = grant_sent;
+  etcd::Result<long long> granted;
+  if (!grant(reach_by, granted)) unavailable("grant a lease", granted);
 
-  const std::string service = etcd::lock_service_name(name_);
-  if (nowait) {
-    auto held = client_.range(service + "/", true, request_deadline());
-    if (!held.ok()) unavailable("read the lock", as_bool(held));
-    if (!held.value.empty()) {
-      blocker_ = read_holder(request_deadline());
-      return Outcome::Busy;
-    }
-  } else if (log_.is_verbose()) {
-    auto held = client_.range(service + "/", true, request_deadline());
-    if (held.ok() && !held.value.empty()) {
-      log_.verbose("waiting", "waiting for cluster lock " + printable(name_) + " on etcd, held by " +
-                                  describe_cluster_holder(read_holder(request_deadline())));
-    }
+  if (!nowait) return wait_in_queue(bounded, deadline);
+
+  // single_flight: take the lock only if nobody holds or waits for it.
+  const std::string prefix = etcd::lock_prefix(name_);
+  auto t = client_.txn(etcd::create_if_free_txn_body(key_, holder_value(false), lease_, prefix),
+                       {std::max(reach_by, now() + kMinAttemptNs), lease_timing::attempt_ns(ttl_s_)});
+  if (!t.ok()) unavailable("take the lock", t);
+  if (t.value.succeeded) {
+    token_ = t.value.revision;
+    return Outcome::Acquired;
   }
-
-  const long long ttl_ns = static_cast<long long>(ttl_s_) * kSec;
-  for (;;) {
-    const long long now = sys::monotonic_ns();
-    // Wait in rounds of a third of the TTL, renewing the lease between them:
-    // the lock request is the lease's only traffic meanwhile.
-    long long until = now + ttl_ns / 3;
-    if (bounded) until = std::min(until, std::max(deadline, now + kMinAttemptNs));
-    if (nowait) until = now + kSingleFlightLockNs;
-    auto locked = client_.lock(service, lease_, until);
-    if (locked.ok()) {
-      key_ = locked.value;
-      break;
-    }
-    if (locked.status != etcd::Status::Timeout) unavailable("take the lock", as_bool(locked));
-    if (nowait || (bounded && sys::monotonic_ns() >= deadline)) {
-      blocker_ = read_holder(sys::monotonic_ns() + kSec);
-      return nowait ? Outcome::Busy : Outcome::TimedOut;
-    }
-    const long long sent = sys::monotonic_ns();
-    auto alive = client_.lease_keepalive(lease_, sent + ttl_ns / 3);
-    if (!alive.ok()) unavailable("renew the lease while waiting", as_bool(alive));
-    if (alive.value <= 0) {
-      etcd::Result<bool> r;
-      r.status = etcd::Status::Failed;
-      r.error = "the lease expired or was revoked while looplock waited";
-      unavailable("keep the lease", r);
-    }
-    last_ok_ns_ = sent;
+  if (!t.value.ranges.empty() && !t.value.ranges[0].kvs.empty()) {
+    blocker_ = holder_of(t.value.ranges[0].kvs[0], now() + kSec);
   }
-
-  // The fencing token: the lock key's create revision (etcd's revisions only
-  // grow, and each holder's key is created anew under its own lease).
-  auto kv = client_.range(key_, false, request_deadline());
-  if (!kv.ok()) unavailable("read the lock key", as_bool(kv));
-  if (kv.value.empty()) {
-    etcd::Result<bool> r;
-    r.status = etcd::Status::Failed;
-    r.error = "the lock key vanished right after it was acquired (lease expired?)";
-    unavailable("hold the lock", r);
-  }
-  token_ = kv.value.front().create_revision;
-  return Outcome::Acquired;
+  release();
+  return Outcome::Busy;
 }
 
-void ClusterLock::write_holder(ClusterHolder h) {
-  h.lease = etcd::lease_hex(lease_);
-  h.fencing_token = token_;
-  auto r = client_.put(etcd::holder_key(name_), encode_cluster_holder(h), lease_, sys::monotonic_ns() + kRequestNs);
-  if (!r.ok()) {
-    log_.warn("cluster_holder_write_failed",
-              "cannot write the holder value of cluster lock " + printable(name_) + ": " + printable(r.error));
+bool ClusterLock::acquired(long long revision, bool waited) {
+  token_ = revision;
+  update_value_ = waited;
+  if (waited) acquired_at_ = sys::utc_now_iso8601();
+  // Hand the command a full window: after a wait whose renewals failed, the
+  // lease is renewed first (not on the uncontended path, where it is fresh).
+  if (now() >= next_renewal_ns_) {
+    if (!renew(term_by_ns())) return false;
   }
+  return true;
 }
 
-long long ClusterLock::tick_interval_ns() const { return static_cast<long long>(ttl_s_) * kSec / 3; }
-
-long long ClusterLock::since_last_keepalive_ns() const { return sys::monotonic_ns() - last_ok_ns_; }
-
-bool ClusterLock::keep_alive() {
-  if (lost_) return false;
-  const long long ttl_ns = static_cast<long long>(ttl_s_) * kSec;
-  const long long expires = last_ok_ns_ + ttl_ns;
-  const long long sent = sys::monotonic_ns();
-  if (sent >= expires) {
-    lost_ = true;
-    why_ = "no keepalive was answered for the lease's TTL (" + std::to_string(ttl_s_) + " s)";
-    return false;
+ClusterLock::Outcome ClusterLock::wait_in_queue(bool bounded, long long deadline) {
+  const std::string prefix = etcd::lock_prefix(name_);
+  const long long attempt = lease_timing::attempt_ns(ttl_s_);
+  long long my_rev = 0;  // our key's create revision, once queued
+  std::optional<etcd::KeyValue> before;  // the key just before ours, to watch
+  long long watch_from = 0;
+  bool said_waiting = false;
+  for (bool first = true;; first = false) {
+    const long long t0 = now();
+    if (!first && bounded && t0 >= deadline) break;
+    // Every step ends by the next renewal: the lease is our place in the queue.
+    if (!first && lease_ != 0 && t0 >= next_renewal_ns_) {
+      if (!renew(std::min(deadline, t0 + lease_timing::renewal_interval_ns(ttl_s_)))) {
+        log_.verbose("lease_expired", "the etcd lease expired while waiting for cluster lock " + printable(name_) +
+                                          " (etcd did not answer for too long): queuing again");
+        lease_ = 0;
+        my_rev = 0;
+      } else if (renewed_) {
+        note_answering();
+      } else {
+        note_unavailable(last_error_);
+      }
+      continue;
+    }
+    long long step_end =
+        std::min(lease_ != 0 ? next_renewal_ns_ : t0 + lease_timing::renewal_interval_ns(ttl_s_), deadline);
+    step_end = std::max(step_end, t0 + (first ? kMinAttemptNs : kRenewRetryNs));  // -w 0: one attempt
+    if (lease_ == 0) {
+      etcd::Result<long long> granted;
+      if (!grant(step_end, granted)) {
+        if (granted.status == etcd::Status::Failed) unavailable("grant a lease", granted);
+        note_unavailable(granted.error);
+        continue;
+      }
+    }
+    if (my_rev == 0) {
+      // Join the queue: one transaction, once (again only if the lease expired).
+      auto t = client_.txn(etcd::queue_txn_body(key_, holder_value(false), lease_, prefix), {step_end, attempt});
+      if (!t.ok()) {
+        if (t.status == etcd::Status::Failed && t.code == 5) {  // "requested lease not found": it expired
+          lease_ = 0;
+          continue;
+        }
+        if (t.status == etcd::Status::Failed) unavailable("take the lock", t);
+        note_unavailable(t.error);
+        continue;
+      }
+      note_answering();
+      const etcd::TxnResult& r = t.value;
+      const size_t owner_at = r.succeeded ? 0 : 1;
+      if (r.succeeded) {
+        my_rev = r.revision;
+      } else if (!r.ranges.empty() && !r.ranges[0].kvs.empty()) {
+        my_rev = r.ranges[0].kvs[0].create_revision;  // an attempt that timed out created it after all
+      }
+      if (my_rev == 0 || r.ranges.size() <= owner_at) continue;
+      const auto& owners = r.ranges[owner_at].kvs;
+      if (owners.empty() || owners[0].create_revision == my_rev) {
+        if (acquired(my_rev, said_waiting)) return Outcome::Acquired;
+        lease_ = 0;
+        my_rev = 0;
+        continue;
+      }
+      blocker_ = holder_of(owners[0], step_end);
+      if (!said_waiting) {
+        said_waiting = true;
+        log_.verbose("waiting", "waiting for cluster lock " + printable(name_) + " on etcd, held by " +
+                                    describe_cluster_holder(blocker_));
+      }
+      // The same transaction read the two newest keys: ours, then the one before it.
+      if (r.succeeded && r.ranges.size() > 1 && r.ranges[1].kvs.size() == 2 &&
+          r.ranges[1].kvs[0].create_revision == my_rev) {
+        before = r.ranges[1].kvs[1];
+        watch_from = r.revision + 1;
+      }
+    }
+    if (!before) {
+      // Queued: the key just before ours (by create revision), if any.
+      auto q = client_.range({prefix, true, 2, etcd::RangeQuery::Order::LastCreated, my_rev}, {step_end, attempt});
+      if (!q.ok()) {
+        if (q.status == etcd::Status::Failed) unavailable("read the lock", q);
+        note_unavailable(q.error);
+        continue;
+      }
+      note_answering();
+      const auto& kvs = q.value.kvs;
+      if (kvs.empty() || kvs[0].create_revision != my_rev) {
+        // Our key is gone: the lease expired during an outage. Renew to
+        // find out (etcd says it is gone: queue again).
+        next_renewal_ns_ = now();
+        my_rev = 0;
+        continue;
+      }
+      if (kvs.size() == 1) {
+        if (acquired(my_rev, said_waiting)) return Outcome::Acquired;
+        lease_ = 0;
+        my_rev = 0;
+        continue;
+      }
+      before = kvs[1];
+      watch_from = q.value.revision + 1;
+    }
+    // Wait for that key's deletion (its holder's release, or its lease's
+    // expiry), at most until the next renewal; then read again.
+    auto w = client_.watch_delete(before->key, watch_from, {step_end, 0});
+    before.reset();
+    if (!w.ok() && w.status != etcd::Status::Timeout) note_unavailable(w.error);
   }
-  auto r = client_.lease_keepalive(lease_, std::min(expires, sent + tick_interval_ns()));
+  // The deadline passed: who holds the lock now, for the report (briefly).
+  auto owner = client_.range({prefix, true, 1, etcd::RangeQuery::Order::FirstCreated, 0}, {now() + kMinAttemptNs, 0});
+  if (owner.ok() && !owner.value.kvs.empty() && owner.value.kvs[0].create_revision != my_rev) {
+    blocker_ = holder_of(owner.value.kvs[0], now() + kMinAttemptNs);
+  }
+  release();
+  return Outcome::TimedOut;
+}
+
+bool ClusterLock::renew(long long return_by_ns) {
+  renewed_ = false;
+  if (gone_) return false;
+  if (lease_ == 0) return false;
+  auto r = client_.lease_keepalive(lease_, {return_by_ns, lease_timing::attempt_ns(ttl_s_), false});
   if (r.ok() && r.value > 0) {
-    last_ok_ns_ = sent;
+    renewed_ = true;
+    last_ok_ns_ = std::max(last_ok_ns_, r.sent_ns);
+    ttl_granted_ns_ = std::min(lease_timing::ttl_ns(ttl_s_), r.value * kSec);
+    next_renewal_ns_ = r.sent_ns + lease_timing::renewal_interval_ns(ttl_s_);
+    last_error_.clear();
+    if (update_value_ && now() < return_by_ns) {
+      // After a wait: the value's acquired_at still says when it queued. Best
+      // effort, once, off the hand-off's path.
+      update_value_ = false;
+      who_.acquired_at = acquired_at_;
+      (void)client_.txn(etcd::update_txn_body(key_, holder_value(true), lease_, token_),
+                        {return_by_ns, lease_timing::attempt_ns(ttl_s_)});
+    }
     return true;
   }
   if (r.ok()) {
-    lost_ = true;
-    why_ = "etcd says the lease is gone (revoked or expired)";
+    gone_ = true;
+    if (lost_at_ns_ == 0) lost_at_ns_ = now();
+    if (why_.empty()) why_ = "etcd says the lease is gone (revoked or expired)";
     return false;
   }
-  if (sys::monotonic_ns() >= expires) {
-    lost_ = true;
-    why_ = "no keepalive was answered for the lease's TTL (" + std::to_string(ttl_s_) + " s; last error: " + r.error + ")";
-    return false;
-  }
-  return true;  // try again at the next tick
+  last_error_ = r.error;
+  next_renewal_ns_ = now() + kRenewRetryNs;  // no answer: the deadlines stand; try again soon
+  return true;
+}
+
+void ClusterLock::declare_lost(std::string why) {
+  lost_ = true;
+  if (lost_at_ns_ == 0) lost_at_ns_ = now();
+  if (why_.empty()) why_ = std::move(why);
+}
+
+std::string ClusterLock::overdue_why() const {
+  return "no keepalive was answered within the lease's safety window (TTL " + std::to_string(ttl_s_) +
+         " s, kill-after " + seconds(kill_after_ns_) + ", margin " + seconds(lease_timing::margin_ns(ttl_s_)) +
+         "; last answered one sent " + seconds(since_last_keepalive_ns()) + " ago" +
+         (last_error_.empty() ? "" : "; last error: " + last_error_) + ")";
 }
 
 void ClusterLock::release() {
   if (lease_ == 0) return;
-  const long long deadline = sys::monotonic_ns() + (lost_ ? kSec : kReleaseNs);
-  if (!key_.empty() && !lost_) (void)client_.unlock(key_, deadline);
-  // Revoking the lease deletes whatever is still attached to it (the lock
-  // key, the holder value, a waiter's key): the next holder need not wait
-  // for the TTL.
-  (void)client_.lease_revoke(lease_, deadline);
+  // Revoking the lease deletes the lock key (the next holder's watch fires
+  // at once) and anything else attached to it.
+  // Bounded shorter when it matters less: the lease is lost, or no lock was taken.
+  const long long bound = lost() || token_ == 0 ? kLostReleaseNs : kReleaseNs;
+  (void)client_.lease_revoke(lease_, {now() + bound, lease_timing::attempt_ns(ttl_s_)});
   lease_ = 0;
-  key_.clear();
 }
 
 }  // namespace looplock

@@ -1,17 +1,38 @@
-// The cluster lock (--etcd): an etcd lease, the etcd lock service's key under
-// it, and a holder value beside it, taken before the local lock and released
-// after it. The lease is kept alive from run_command's signal loop (tick);
-// when it is lost, the command is terminated and looplock exits 76.
+// The cluster lock (--etcd): an etcd lease and, under it, one key per
+// contender, looplock/NAME/lock/<lease hex>, whose value is the contender's
+// holder JSON. The contender whose key has the lowest create revision holds
+// the lock (etcd's concurrency.Mutex, which etcdctl lock and etcd's lock
+// service use: they exclude each other). A waiter creates its key once, in
+// one transaction, and keeps it and its lease for the whole wait, so waiters
+// take the lock in the order they arrived; it watches the key just before its
+// own for deletion. The cluster lock is taken before the local one and
+// released after it, by revoking the lease (which deletes the key).
 //
-// Guarantees rest on the lease: etcd deletes the lock key when the lease
-// expires (TTL seconds after the last keepalive etcd received), and looplock
-// counts the TTL from the moment it SENT its last successful keepalive, so it
-// declares the lease lost no later than etcd expires it, provided the two
-// clocks run at about the same rate (no assumption on wall-clock agreement).
-// A command that cannot be stopped in time (a stalled process, a paused VM)
-// may still act after the lease is gone: the fencing token
-// (LOOPLOCK_FENCING_TOKEN, the lock key's create revision, which only grows)
-// lets the resource it writes to refuse a stale holder.
+// The lease, as the job loop sees it. Its expiry counts, on this host's
+// monotonic clock, from the moment the last keepalive (or the grant) that
+// etcd answered was SENT: etcd counts from when it received it, so looplock's
+// expiry is never later than etcd's, provided the two clocks run at about the
+// same rate (no agreement on wall-clock time is needed). The command's job
+// must have ended before that expiry: TERM by term_by_ns() (expiry −
+// kill-after − margin), KILL by kill_by_ns() (expiry − margin), where the
+// margin covers this host's scheduling, cutting a request short, and 1 % of
+// the TTL for the clocks' rates. A host that is paused as a whole (a
+// suspended VM, SIGSTOP of looplock and its command) can still act after its
+// lease is gone: the fencing token (LOOPLOCK_FENCING_TOKEN, the lock key's
+// create revision, which only grows) lets the resource refuse it.
+//
+// The numbers (T = the TTL; the man page's CLUSTER section says the same):
+//   renewal: every T/12 (250 ms at --ttl 3, 833 ms at the default 10 s);
+//   each attempt: T/10, at least 250 ms, at most 2 s, then the next endpoint
+//     (connects: 40 ms, doubling), a keepalive's never growing;
+//   margin: 200 ms + T/100 (230 ms at --ttl 3): waking up late, the KILL
+//     taking effect, a request cut short, and the clocks' rates;
+//   kill-after by default: T/6, at most 5 s (0.5 s at --ttl 3, 1.67 s at 10 s).
+// At --ttl 3 the lease then survives any outage that ends within
+// T − kill-after − margin − T/12 = 2.02 s of the renewal it interrupted
+// (less a retry pause, at most 75 ms): a 3-member cluster's leader election
+// (1–2 s with etcd's default election timeout; etcd extends its leases when
+// a new leader takes over) does not cost the lease.
 #pragma once
 
 #include <optional>
@@ -23,7 +44,20 @@
 
 namespace looplock {
 
-// What looplock writes under looplock/NAME/holder (JSON).
+// The lease's timing for a TTL of `ttl_s` seconds (ns); see above.
+namespace lease_timing {
+long long ttl_ns(int ttl_s);
+long long margin_ns(int ttl_s);
+long long renewal_interval_ns(int ttl_s);
+long long attempt_ns(int ttl_s);
+long long default_kill_after_ns(int ttl_s);
+// The longest --kill-after that still leaves a quarter of the TTL, after the
+// first renewal is due, to ride out an outage before TERM:
+// T − margin − T/12 − T/4 (1.77 s at --ttl 3, 6.36 s at 10 s).
+long long max_kill_after_ns(int ttl_s);
+}  // namespace lease_timing
+
+// What looplock writes as the value of its lock key (JSON).
 struct ClusterHolder {
   std::string host;
   long long pid = 0;
@@ -31,48 +65,77 @@ struct ClusterHolder {
   std::string operation;
   std::string acquired_at;
   std::string lease;  // hex, as etcdctl prints it
-  long long fencing_token = 0;
+  long long fencing_token = 0;  // 0: not written (the key's create revision is the token)
 };
 std::string encode_cluster_holder(const ClusterHolder& h);
 // The holder JSON as read (any object), or nullopt when not an object.
 std::optional<Json> parse_cluster_holder(std::string_view value);
-// "host h1 pid 12 (agent a, operation o, since T)", or "an unknown holder".
+// "host h1 pid 12 (agent a, operation o, since T)", or a description of a
+// holder that left no value.
 std::string describe_cluster_holder(const std::optional<Json>& holder);
+
+// TLS and authentication, from the options; the password file is read here.
+struct ClusterAccess {
+  etcd::Security tls;
+  std::string user;
+  std::string password;
+};
+// Throws Fatal 64 when a file named by an option cannot be read.
+ClusterAccess cluster_access(const Options& o, const Logger& log);
 
 class ClusterLock {
 public:
   enum class Outcome { Acquired, Busy, TimedOut };
 
+  // `kill_after_ns`: the effective kill-after of the lease's deadlines
+  // (lease_kill_after_ns() in options.hpp).
   ClusterLock(etcd::Transport& transport, std::vector<etcd::Endpoint> endpoints, std::string name, int ttl_s,
-              const Logger& log);
+              long long kill_after_ns, const Logger& log, const ClusterAccess& access = {},
+              etcd::Clock& clock = etcd::system_clock());
   ~ClusterLock();  // release(), if still held
   ClusterLock(const ClusterLock&) = delete;
   ClusterLock& operator=(const ClusterLock&) = delete;
 
   // Grants the lease and waits for the lock under `plan`, the deadline
-  // counting from `start_ns`. Throws Fatal 69 when etcd cannot be reached or
-  // answers with an error.
-  Outcome acquire(const WaitPlan& plan, long long start_ns);
-  // After acquiring: records the holder (best effort: a warning on failure).
-  void write_holder(ClusterHolder h);
-  // The holder value as it is now (for skip, timeout and -v lines).
-  std::optional<Json> read_holder(long long deadline_ns);
+  // counting from `start_ns`; `who` becomes the key's value. Rides out etcd
+  // being unavailable while it waits (renewing the lease; a blocking wait
+  // until etcd answers again). Throws Fatal 69 when etcd cannot be reached at
+  // all (within the deadline; 5 s for single_flight and blocking) or answers
+  // with an error that waiting will not mend.
+  Outcome acquire(const WaitPlan& plan, long long start_ns, ClusterHolder who);
 
-  // One keepalive round, for run_command's tick: false once the lease is
-  // lost (etcd says it is gone, or no keepalive was answered for the TTL).
-  // `why` is then set.
-  bool keep_alive();
-  long long tick_interval_ns() const;
+  // The lease, as the job loop sees it (CLOCK_MONOTONIC ns).
+  long long next_renewal_ns() const;  // when renew() should next be called
+  // One renewal round (attempts with failover) that returns by
+  // `return_by_ns`. False only when etcd says the lease is gone (lost_why()
+  // then says so); true when renewed, or when no answer came (the deadlines
+  // have not moved then: next_renewal_ns() is soon).
+  bool renew(long long return_by_ns);
+  long long term_by_ns() const;  // expiry − kill-after − margin: TERM the job by then unless renewed
+  long long kill_by_ns() const;  // expiry − margin: KILL the job by then
+  long long expiry_ns() const;   // send time of the last answered grant/keepalive + TTL
+  // The job loop gave up on the lease (its TERM deadline passed): lost()
+  // from now on; `why` unless a reason is known already.
+  void declare_lost(std::string why);
+  // When the loss was known (etcd said the lease is gone, or declare_lost()
+  // was called); 0 while it is not lost. For the lease_lost row.
+  long long lost_at_ns() const { return lost_at_ns_; }
+  // The kill-after of term_by_ns(), when it is known only after construction.
+  void set_kill_after_ns(long long ns) { kill_after_ns_ = ns; }
+  // The reason to give when term_by passed without a renewal.
+  std::string overdue_why() const;
 
-  // Unlock and revoke the lease (bounded; best effort).
+
+  // Revokes the lease, which deletes the lock key (bounded; best effort).
   void release();
 
   const std::string& name() const { return name_; }
   const std::string& key() const { return key_; }
-  long long lease() const { return lease_; }
+  long long lease() const { return lease_id_; }
   long long fencing_token() const { return token_; }
   int ttl_s() const { return ttl_s_; }
-  bool lost() const { return lost_; }
+  long long kill_after_ns() const { return kill_after_ns_; }
+  bool lost() const { return lost_ || gone_; }
   const std::string& lost_why() const { return why_; }
   long long since_last_keepalive_ns() const;
   // Set when acquire() ended Busy or TimedOut: who held the lock.
@@ -80,17 +143,40 @@ public:
   const std::string& endpoint() const { return client_.current_endpoint(); }
 
 private:
-  [[noreturn]] void unavailable(const std::string& what, const etcd::Result<bool>& r) const;
+  template <typename T>
+  [[noreturn]] void unavailable(const std::string& what, const etcd::Result<T>& r) const;
+  bool grant(long long deadline_ns, etcd::Result<long long>& r);
+  Outcome wait_in_queue(bool bounded, long long deadline_ns);
+  bool acquired(long long revision, bool waited);
+  std::optional<Json> holder_of(const etcd::KeyValue& kv, long long deadline_ns);
+  void note_unavailable(const std::string& error);
+  void note_answering();
+  std::string holder_value(bool with_token) const;
+  long long now() const { return clock_.now_ns(); }
 
+  etcd::Clock& clock_;
   etcd::Client client_;
   std::string name_;
   int ttl_s_;
+  long long kill_after_ns_;
   const Logger& log_;
-  long long lease_ = 0;
+  ClusterHolder who_;
+  long long lease_ = 0;     // the live lease (0: none granted, or released)
+  long long lease_id_ = 0;  // the lease the lock was taken with (kept after release, for reports)
   std::string key_;
   long long token_ = 0;
-  long long last_ok_ns_ = 0;
-  bool lost_ = false;
+  long long last_ok_ns_ = 0;   // send time of the last answered grant or keepalive
+  long long ttl_granted_ns_ = 0;
+  long long next_renewal_ns_ = 0;
+  bool gone_ = false;  // etcd said the lease is gone
+  bool lost_ = false;  // the job loop declared it lost
+  long long lost_at_ns_ = 0;
+  bool update_value_ = false;  // acquired after waiting: the next renewal rewrites acquired_at
+  std::string acquired_at_;
+  bool renewed_ = false;       // the last renew() renewed
+  bool said_unavailable_ = false;
+  bool unavailable_now_ = false;
+  std::string last_error_;
   std::string why_;
   std::optional<Json> blocker_;
 };

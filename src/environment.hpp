@@ -25,6 +25,11 @@ inline constexpr std::string_view kEtcd = "LOOPLOCK_ETCD";
 inline constexpr std::string_view kEtcdKey = "LOOPLOCK_ETCD_KEY";
 inline constexpr std::string_view kEtcdLease = "LOOPLOCK_ETCD_LEASE";
 inline constexpr std::string_view kFencingToken = "LOOPLOCK_FENCING_TOKEN";
+// Its TLS files and password (read; the password never reaches the command).
+inline constexpr std::string_view kEtcdCacert = "LOOPLOCK_ETCD_CACERT";
+inline constexpr std::string_view kEtcdClientCert = "LOOPLOCK_ETCD_CLIENT_CERT";
+inline constexpr std::string_view kEtcdClientKey = "LOOPLOCK_ETCD_CLIENT_KEY";
+inline constexpr std::string_view kEtcdPassword = "LOOPLOCK_ETCD_PASSWORD";
 // looplock's start time (CLOCK_MONOTONIC ns), from looplock to looplock-etcd
 // only (cluster_exec.hpp); never passed on.
 inline constexpr std::string_view kStartNs = "LOOPLOCK_START_NS";

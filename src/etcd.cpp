@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <ctime>
 
 #include "sys.hpp"
 
@@ -40,17 +41,23 @@ ParsedEndpoints parse_endpoints(std::string_view text) {
     size_t comma = text.find(',', start);
     std::string_view item = text.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
     std::string shown(item);
-    if (item.starts_with("https://")) return fail("'" + shown + "': https is not supported; use http://");
-    if (!item.starts_with("http://")) return fail("'" + shown + "' does not start with http://");
-    item.remove_prefix(7);
-    if (item.ends_with('/')) item.remove_suffix(1);
     Endpoint e;
-    e.text = "http://" + std::string(item);
+    if (item.starts_with("https://")) {
+      e.tls = true;
+      item.remove_prefix(8);
+    } else if (item.starts_with("http://")) {
+      item.remove_prefix(7);
+    } else {
+      return fail("'" + shown + "' does not start with http:// or https://");
+    }
+    const std::string scheme = e.tls ? "https://" : "http://";
+    if (item.ends_with('/')) item.remove_suffix(1);
+    e.text = scheme + std::string(item);
     size_t colon;
     if (item.starts_with('[')) {
       size_t close = item.find(']');
       if (close == std::string_view::npos || close + 1 >= item.size() || item[close + 1] != ':') {
-        return fail("'" + shown + "': expected http://[IPV6]:PORT");
+        return fail("'" + shown + "': expected " + scheme + "[IPV6]:PORT");
       }
       e.host = std::string(item.substr(1, close - 1));
       colon = close + 1;
@@ -137,6 +144,7 @@ std::string prefix_range_end(std::string_view prefix) {
 }
 
 std::string lock_service_name(std::string_view name) { return std::string(kKeyRoot) + std::string(name) + "/lock"; }
+std::string lock_prefix(std::string_view name) { return lock_service_name(name) + "/"; }
 std::string holder_key(std::string_view name) { return std::string(kKeyRoot) + std::string(name) + "/holder"; }
 
 std::string lease_hex(long long id) {
@@ -145,21 +153,75 @@ std::string lease_hex(long long id) {
   return buf;
 }
 
-std::string lease_grant_body(int ttl_s) { return dump_json(Json{{"TTL", ttl_s}}); }
-std::string lease_id_body(long long id) { return dump_json(Json{{"ID", std::to_string(id)}}); }
-std::string lock_body(std::string_view name, long long lease) {
-  return dump_json(Json{{"name", base64_encode(name)}, {"lease", std::to_string(lease)}});
+namespace {
+
+Json range_json(const RangeQuery& q) {
+  Json j{{"key", base64_encode(q.key)}};
+  if (q.prefix) j["range_end"] = base64_encode(prefix_range_end(q.key));
+  if (q.limit > 0) j["limit"] = std::to_string(q.limit);
+  if (q.order != RangeQuery::Order::None) {
+    j["sort_order"] = q.order == RangeQuery::Order::FirstCreated ? "ASCEND" : "DESCEND";
+    j["sort_target"] = "CREATE";
+  }
+  if (q.max_create_revision > 0) j["max_create_revision"] = std::to_string(q.max_create_revision);
+  return j;
 }
-std::string unlock_body(std::string_view key) { return dump_json(Json{{"key", base64_encode(key)}}); }
-std::string range_body(std::string_view key, bool prefix) {
-  Json j{{"key", base64_encode(key)}};
-  if (prefix) j["range_end"] = base64_encode(prefix_range_end(key));
-  return dump_json(j);
-}
-std::string put_body(std::string_view key, std::string_view value, long long lease) {
+
+Json put_json(std::string_view key, std::string_view value, long long lease) {
   Json j{{"key", base64_encode(key)}, {"value", base64_encode(value)}};
   if (lease != 0) j["lease"] = std::to_string(lease);
-  return dump_json(j);
+  return j;
+}
+
+// A txn compare on the create revision of `key` (or of every key under it).
+Json create_revision_is(std::string_view key, long long revision, bool prefix = false) {
+  Json j{{"key", base64_encode(key)}, {"target", "CREATE"}, {"result", "EQUAL"},
+         {"create_revision", std::to_string(revision)}};
+  if (prefix) j["range_end"] = base64_encode(prefix_range_end(key));
+  return j;
+}
+
+Json first_created(std::string_view prefix, long long limit) {
+  return Json{{"request_range", range_json({std::string(prefix), true, limit, RangeQuery::Order::FirstCreated, 0})}};
+}
+
+}  // namespace
+
+std::string lease_grant_body(int ttl_s) { return dump_json(Json{{"TTL", ttl_s}}); }
+std::string lease_id_body(long long id) { return dump_json(Json{{"ID", std::to_string(id)}}); }
+std::string range_body(const RangeQuery& q) { return dump_json(range_json(q)); }
+std::string put_body(std::string_view key, std::string_view value, long long lease) {
+  return dump_json(put_json(key, value, lease));
+}
+std::string authenticate_body(std::string_view user, std::string_view password) {
+  return dump_json(Json{{"name", std::string(user)}, {"password", std::string(password)}});
+}
+std::string watch_delete_body(std::string_view key, long long start_revision) {
+  return dump_json(Json{{"create_request",
+                         {{"key", base64_encode(key)}, {"start_revision", std::to_string(start_revision)},
+                          {"filters", Json::array({"NOPUT"})}}}});
+}
+
+std::string queue_txn_body(std::string_view key, std::string_view value, long long lease, std::string_view prefix) {
+  Json last_two{{"request_range", range_json({std::string(prefix), true, 2, RangeQuery::Order::LastCreated, 0})}};
+  return dump_json(Json{
+      {"compare", Json::array({create_revision_is(key, 0)})},
+      {"success", Json::array({Json{{"request_put", put_json(key, value, lease)}}, first_created(prefix, 1), last_two})},
+      {"failure",
+       Json::array({Json{{"request_range", range_json({std::string(key), false, 0, RangeQuery::Order::None, 0})}},
+                    first_created(prefix, 1)})}});
+}
+
+std::string create_if_free_txn_body(std::string_view key, std::string_view value, long long lease,
+                                    std::string_view prefix) {
+  return dump_json(Json{{"compare", Json::array({create_revision_is(prefix, 0, true)})},
+                        {"success", Json::array({Json{{"request_put", put_json(key, value, lease)}}})},
+                        {"failure", Json::array({first_created(prefix, 1)})}});
+}
+
+std::string update_txn_body(std::string_view key, std::string_view value, long long lease, long long create_revision) {
+  return dump_json(Json{{"compare", Json::array({create_revision_is(key, create_revision)})},
+                        {"success", Json::array({Json{{"request_put", put_json(key, value, lease)}}})}});
 }
 
 std::optional<Json> parse_answer(std::string_view body) {
@@ -196,14 +258,7 @@ long long parse_keepalive_ttl(const Json& answer) {
   return ttl && *ttl > 0 ? *ttl : 0;
 }
 
-std::optional<std::string> parse_lock_key(const Json& answer) {
-  if (!answer.contains("key") || !answer["key"].is_string()) return std::nullopt;
-  auto key = base64_decode(answer["key"].get<std::string>());
-  if (!key || key->empty()) return std::nullopt;
-  return key;
-}
-
-std::optional<std::vector<KeyValue>> parse_range(const Json& answer) {
+std::optional<std::vector<KeyValue>> parse_kvs(const Json& answer) {
   std::vector<KeyValue> out;
   if (!answer.contains("kvs")) return out;
   if (!answer["kvs"].is_array()) return std::nullopt;
@@ -231,6 +286,92 @@ std::optional<std::vector<KeyValue>> parse_range(const Json& answer) {
   return out;
 }
 
+namespace {
+std::optional<long long> header_revision(const Json& answer) {
+  if (!answer.contains("header")) return 0;
+  if (!answer["header"].is_object()) return std::nullopt;
+  return int64_field(answer["header"], "revision");
+}
+}  // namespace
+
+std::optional<RangeResult> parse_range(const Json& answer) {
+  RangeResult r;
+  auto kvs = parse_kvs(answer);
+  auto rev = header_revision(answer);
+  auto count = int64_field(answer, "count");
+  if (!kvs || !rev || !count) return std::nullopt;
+  r.kvs = std::move(*kvs);
+  r.revision = *rev;
+  r.count = *count;
+  return r;
+}
+
+std::optional<TxnResult> parse_txn(const Json& answer) {
+  TxnResult t;
+  auto rev = header_revision(answer);
+  if (!rev) return std::nullopt;
+  t.revision = *rev;
+  if (answer.contains("succeeded")) {
+    if (!answer["succeeded"].is_boolean()) return std::nullopt;
+    t.succeeded = answer["succeeded"].get<bool>();
+  }
+  if (!answer.contains("responses")) return t;
+  if (!answer["responses"].is_array()) return std::nullopt;
+  for (const auto& op : answer["responses"]) {
+    if (!op.is_object()) return std::nullopt;
+    if (!op.contains("response_range")) continue;
+    auto range = parse_range(op["response_range"]);
+    if (!range) return std::nullopt;
+    t.ranges.push_back(std::move(*range));
+  }
+  return t;
+}
+
+std::optional<std::string> parse_token(const Json& answer) {
+  if (!answer.contains("token") || !answer["token"].is_string() || answer["token"].get<std::string>().empty()) {
+    return std::nullopt;
+  }
+  return answer["token"].get<std::string>();
+}
+
+WatchProgress parse_watch(std::string_view body) {
+  WatchProgress w;
+  while (!body.empty()) {
+    const size_t nl = body.find('\n');
+    if (nl == std::string_view::npos) break;  // an incomplete last line: not yet
+    std::string_view line = body.substr(0, nl);
+    body.remove_prefix(nl + 1);
+    if (line.find_first_not_of(" \r\t") == std::string_view::npos) continue;
+    auto j = Json::parse(line.begin(), line.end(), nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      w.malformed = true;
+      return w;
+    }
+    if (j.contains("error")) {  // a stream's error frame
+      w.canceled = true;
+      w.reason = j["error"].is_object() ? j["error"].value("message", std::string("error")) : "error";
+      return w;
+    }
+    if (!j.contains("result") || !j["result"].is_object()) {
+      w.malformed = true;
+      return w;
+    }
+    const Json& r = j["result"];
+    if (r.value("created", false)) w.created = true;
+    if (r.value("canceled", false)) {
+      w.canceled = true;
+      w.reason = r.value("cancel_reason", std::string());
+      if (w.reason.empty() && r.contains("compact_revision")) w.reason = "compacted";
+    }
+    if (r.contains("events") && r["events"].is_array()) {
+      for (const auto& e : r["events"]) {
+        if (e.is_object() && e.value("type", std::string()) == "DELETE") w.deleted = true;
+      }
+    }
+  }
+  return w;
+}
+
 std::string_view status_name(Status s) {
   switch (s) {
     case Status::Ok: return "ok";
@@ -241,69 +382,257 @@ std::string_view status_name(Status s) {
   return "?";
 }
 
-Result<Json> Client::call(std::string_view path, const std::string& body, long long deadline_ns) {
-  Result<Json> r;
-  const bool stream = path == "/v3/lease/keepalive";
-  std::string errors;
-  for (size_t k = 0; k < endpoints_.size(); ++k) {
-    const size_t i = (first_ + k) % endpoints_.size();
-    if (sys::monotonic_ns() >= deadline_ns) {
-      r.status = errors.empty() ? Status::Timeout : Status::Unavailable;
-      r.error = errors.empty() ? "deadline passed" : errors;
-      return r;
-    }
-    HttpResponse resp;
-    std::string error;
-    const long long connect_deadline = std::min(deadline_ns, sys::monotonic_ns() + connect_timeout_ns_);
-    Exchange ex = transport_.post(endpoints_[i], path, body, connect_deadline, deadline_ns, stream, resp, error);
-    if (ex == Exchange::ConnectFailed) {
-      errors += (errors.empty() ? "" : "; ") + error;
-      continue;
-    }
-    first_ = i;
-    if (ex == Exchange::TimedOut) {
-      r.status = Status::Timeout;
-      r.error = error;
-      return r;
-    }
-    if (ex == Exchange::Broken) {
-      r.status = Status::Failed;
-      r.error = error;
-      return r;
-    }
-    auto answer = parse_answer(resp.body);
-    if (resp.status != 200 || !answer) {
-      r.status = Status::Failed;
-      std::string what = answer && answer->contains("message") && (*answer)["message"].is_string()
-                             ? (*answer)["message"].get<std::string>()
-                         : answer && answer->contains("error") && (*answer)["error"].is_string()
-                             ? (*answer)["error"].get<std::string>()
-                             : resp.body.substr(0, 200);
-      r.error = endpoints_[i].text + ": HTTP " + std::to_string(resp.status) + ": " + what;
-      return r;
-    }
-    if (answer->contains("error") && answer->at("error").is_object()) {  // a stream's error frame
-      r.status = Status::Failed;
-      r.error = endpoints_[i].text + ": " + answer->at("error").value("message", std::string("error"));
-      return r;
-    }
-    r.status = Status::Ok;
-    r.value = std::move(*answer);
-    return r;
+namespace {
+
+class SystemClock final : public Clock {
+public:
+  long long now_ns() override { return sys::monotonic_ns(); }
+  void sleep_until(long long until_ns) override {
+    const long long left = until_ns - sys::monotonic_ns();
+    if (left <= 0) return;
+    timespec ts{static_cast<time_t>(left / 1'000'000'000LL), static_cast<long>(left % 1'000'000'000LL)};
+    nanosleep(&ts, nullptr);  // a signal ends it early: the caller looks at the clock again
   }
-  r.status = Status::Unavailable;
-  r.error = errors.empty() ? "no endpoint" : errors;
+};
+
+// gRPC status codes, as the gateway reports them.
+constexpr int kCodeDeadlineExceeded = 4;
+constexpr int kCodeResourceExhausted = 8;
+constexpr int kCodeFailedPrecondition = 9;
+constexpr int kCodeUnavailable = 14;
+constexpr int kCodeUnauthenticated = 16;
+constexpr int kCodeInvalidArgument = 3;
+constexpr int kCodePermissionDenied = 7;
+
+// The first and the largest pause between two rounds over the endpoints.
+constexpr long long kFirstPauseNs = 25'000'000LL;
+constexpr long long kMaxPauseNs = 400'000'000LL;
+// Attempt timeouts double each round, up to this many times the first.
+constexpr int kMaxAttemptDoublings = 3;
+
+std::string answer_message(const std::optional<Json>& answer, const std::string& body) {
+  if (answer) {
+    if (answer->contains("message") && (*answer)["message"].is_string()) return (*answer)["message"].get<std::string>();
+    if (answer->contains("error") && (*answer)["error"].is_string()) return (*answer)["error"].get<std::string>();
+    if (answer->contains("error") && (*answer)["error"].is_object()) {
+      return (*answer)["error"].value("message", std::string("error"));
+    }
+  }
+  return body.substr(0, 200);
+}
+
+int answer_code(const std::optional<Json>& answer) {
+  if (!answer) return 0;
+  if (answer->contains("code") && (*answer)["code"].is_number_integer()) return (*answer)["code"].get<int>();
+  if (answer->contains("error") && (*answer)["error"].is_object() && (*answer)["error"].contains("grpc_code") &&
+      (*answer)["error"]["grpc_code"].is_number_integer()) {
+    return (*answer)["error"]["grpc_code"].get<int>();
+  }
+  return 0;
+}
+
+// An error a retry elsewhere (or a moment later) may not meet: no leader,
+// leader changed, request timed out, too many requests, or a proxy's 502-504.
+bool transient(int http_status, int code) {
+  if (code == kCodeUnavailable || code == kCodeDeadlineExceeded || code == kCodeResourceExhausted) return true;
+  return code == 0 && (http_status == 502 || http_status == 503 || http_status == 504);
+}
+
+bool token_rejected(int code, const std::string& message) {
+  return code == kCodeUnauthenticated || message.find("revision of auth store is old") != std::string::npos;
+}
+
+}  // namespace
+
+Clock& system_clock() {
+  static SystemClock clock;
+  return clock;
+}
+
+Client::Client(Transport& transport, std::vector<Endpoint> endpoints, Clock& clock)
+    : transport_(transport),
+      endpoints_(std::move(endpoints)),
+      clock_(clock),
+      connect_ns_(endpoints_.size(), kConnectNs),
+      fresh_(endpoints_.size(), false) {}
+
+void Client::set_credentials(std::string user, std::string password) {
+  user_ = std::move(user);
+  password_ = std::move(password);
+  token_.clear();
+}
+
+Result<Json> Client::attempts(const CallSpec& spec, bool with_token) {
+  Result<Json> r;
+  std::vector<std::string> last_error(endpoints_.size());
+  bool reached = false;  // some endpoint took the request (Timeout rather than Unavailable at the end)
+  std::string hint;
+  const long long deadline = spec.deadline.at_ns;
+  auto finish = [&](Status status) {
+    r.status = status;
+    std::string errors;
+    for (const auto& e : last_error) {
+      if (!e.empty() && errors.find(e) == std::string::npos) errors += (errors.empty() ? "" : "; ") + e;
+    }
+    r.error = errors.empty() ? (endpoints_.empty() ? "no endpoint" : "deadline passed") : errors;
+    r.hint = hint;
+    return r;
+  };
+  if (endpoints_.empty()) return finish(Status::Unavailable);
+
+  // Pauses stay short beside the attempts (a lease's renewal has little time).
+  const long long max_pause =
+      spec.deadline.attempt_ns > 0 ? std::min(kMaxPauseNs, spec.deadline.attempt_ns / 4) : kMaxPauseNs;
+  long long pause = std::min(kFirstPauseNs, max_pause);
+  for (int round = 0;; ++round) {
+    for (size_t k = 0; k < endpoints_.size(); ++k) {
+      const size_t i = (first_ + k) % endpoints_.size();
+      const long long begin = clock_.now_ns();
+      if (begin >= deadline) return finish(reached ? Status::Timeout : Status::Unavailable);
+      long long attempt_deadline = deadline;
+      if (spec.deadline.attempt_ns > 0) {
+        const int doublings = spec.deadline.grow ? std::min(round, kMaxAttemptDoublings) : 0;
+        const long long attempt = spec.deadline.attempt_ns << doublings;
+        attempt_deadline = std::min(deadline, begin + attempt);
+      }
+      Request req;
+      req.path = spec.path;
+      req.body = spec.body;
+      if (with_token) req.token = token_;
+      req.connect_deadline_ns = std::min(attempt_deadline, begin + connect_ns_[i]);
+      req.deadline_ns = attempt_deadline;
+      req.enough = spec.enough;
+      req.fresh_connection = fresh_[i];
+      HttpResponse resp;
+      std::string error;
+      const Exchange ex = transport_.post(endpoints_[i], req, resp, error);
+      if (!resp.hint.empty()) hint = resp.hint;
+      if (ex == Exchange::ConnectFailed || ex == Exchange::TlsFailed) {
+        // A connect that ran out its timeout: give this endpoint longer next time.
+        if (ex == Exchange::ConnectFailed && clock_.now_ns() >= req.connect_deadline_ns) {
+          connect_ns_[i] = std::min(connect_ns_[i] * 2, kMaxConnectNs);
+        }
+        // A TLS failure says more than a later timeout on the same endpoint.
+        if (ex == Exchange::TlsFailed || last_error[i].find(": TLS: ") == std::string::npos) last_error[i] = error;
+        continue;
+      }
+      if (ex == Exchange::TimedOut || ex == Exchange::Broken) {
+        reached = true;
+        fresh_[i] = true;  // a kept connection to a member that went silent must not be reused
+        last_error[i] = error;
+        if (ex == Exchange::TimedOut && spec.timeout_ends) {
+          first_ = i;
+          r.status = Status::Timeout;
+          r.error = error;
+          return r;
+        }
+        continue;
+      }
+      fresh_[i] = false;
+      reached = true;
+      if (spec.raw) *spec.raw = resp.body;
+      auto answer = parse_answer(resp.body);
+      const bool error_frame = answer && answer->contains("error") && !answer->contains("header") &&
+                               (*answer)["error"].is_object();
+      if (resp.status == 200 && answer && !error_frame) {
+        first_ = i;
+        r.status = Status::Ok;
+        r.value = std::move(*answer);
+        r.sent_ns = begin;
+        return r;
+      }
+      const int code = answer_code(answer);
+      const std::string message = answer_message(answer, resp.body);
+      const std::string what = endpoints_[i].text + ": " +
+                               (resp.status != 200 ? "HTTP " + std::to_string(resp.status) + ": " : "") + message;
+      // Unreadable but for a client error (4xx: the request is refused),
+      // or transient: another member, or this one a moment later, may answer.
+      const bool refused = resp.status >= 400 && resp.status < 500;
+      if ((!answer && !refused) || transient(resp.status, code)) {
+        last_error[i] = what;
+        continue;
+      }
+      first_ = i;
+      r.status = Status::Failed;
+      r.code = code;
+      r.error = what;
+      if (token_rejected(code, message)) r.code = kCodeUnauthenticated;
+      if (message.find("CommonName of client sending a request against gateway") != std::string::npos) {
+        r.hint = "With authentication enabled, etcd's HTTP gateway refuses client certificates that have a "
+                 "CommonName: give --etcd-cert a certificate without one (its names as subjectAltNames only), "
+                 "and log in with --etcd-user.";
+      } else if (code == kCodePermissionDenied) {
+        r.hint = "Give the etcd user (--etcd-user) read and write permission on the key prefix looplock/.";
+      } else if (message.find("user name is empty") != std::string::npos ||
+                 (code == kCodeInvalidArgument && message.find("authentication failed") != std::string::npos)) {
+        r.hint = "Check --etcd-user and its password ($LOOPLOCK_ETCD_PASSWORD or --etcd-password-file).";
+      }
+      return r;
+    }
+    const long long now = clock_.now_ns();
+    if (now >= deadline) return finish(reached ? Status::Timeout : Status::Unavailable);
+    clock_.sleep_until(std::min(deadline, now + pause));
+    pause = std::min(pause * 2, max_pause);
+  }
+}
+
+bool Client::authenticate(long long deadline_ns, long long attempt_ns, Result<Json>& failure) {
+  CallSpec spec{"/v3/auth/authenticate", authenticate_body(user_, password_), {deadline_ns, attempt_ns}, false, {},
+                nullptr};
+  Result<Json> r = attempts(spec, false);
+  if (r.ok()) {
+    auto token = parse_token(r.value);
+    if (!token) {
+      failure.status = Status::Failed;
+      failure.error = "etcd gave no token for user " + printable(user_);
+      return false;
+    }
+    token_ = std::move(*token);
+    return true;
+  }
+  if (r.status == Status::Failed && r.code == kCodeFailedPrecondition &&
+      r.error.find("authentication is not enabled") != std::string::npos) {
+    auth_disabled_ = true;  // nothing to log in to: requests go without a token
+    return true;
+  }
+  failure = std::move(r);
+  failure.error = "cannot log in as etcd user " + printable(user_) + ": " + failure.error;
+  if (failure.status == Status::Failed) {
+    if (failure.hint.empty()) {
+      failure.hint = "Check --etcd-user and its password ($LOOPLOCK_ETCD_PASSWORD or --etcd-password-file).";
+    }
+  }
+  return false;
+}
+
+Result<Json> Client::call(const CallSpec& spec) {
+  const bool auth = !user_.empty() && !auth_disabled_;
+  if (auth && token_.empty()) {
+    Result<Json> failure;
+    if (!authenticate(spec.deadline.at_ns, spec.deadline.attempt_ns, failure)) return failure;
+  }
+  Result<Json> r = attempts(spec, auth && !auth_disabled_);
+  if (auth && !auth_disabled_ && r.status == Status::Failed && r.code == kCodeUnauthenticated) {
+    // The token expired (or the member restarted and forgot it): once more with a new one.
+    token_.clear();
+    Result<Json> failure;
+    if (!authenticate(spec.deadline.at_ns, spec.deadline.attempt_ns, failure)) return failure;
+    r = attempts(spec, true);
+  }
   return r;
 }
 
 namespace {
 // A call's answer as a typed result: `parse` gives the value (nullopt: the
-// answer is malformed); a failed call's status and error carry over.
+// answer is malformed); a failed call's status, error and hint carry over.
 template <typename T, typename Parse>
 Result<T> interpret(const Result<Json>& answer, const char* what, Parse parse) {
   Result<T> r;
   r.status = answer.status;
   r.error = answer.error;
+  r.hint = answer.hint;
+  r.code = answer.code;
+  r.sent_ns = answer.sent_ns;
   if (!answer.ok()) return r;
   std::optional<T> value = parse(answer.value);
   if (!value) {
@@ -317,38 +646,62 @@ Result<T> interpret(const Result<Json>& answer, const char* what, Parse parse) {
 
 std::optional<bool> any_answer(const Json&) { return true; }
 std::optional<long long> keepalive_ttl(const Json& answer) { return parse_keepalive_ttl(answer); }
+constexpr int kCodeNotFound = 5;
 
 }  // namespace
 
-Result<long long> Client::lease_grant(int ttl_s, long long deadline_ns) {
-  return interpret<long long>(call("/v3/lease/grant", lease_grant_body(ttl_s), deadline_ns), "lease grant",
+Result<long long> Client::lease_grant(int ttl_s, Deadline d) {
+  return interpret<long long>(call({"/v3/lease/grant", lease_grant_body(ttl_s), d, false, {}, nullptr}), "lease grant",
                               parse_lease_grant);
 }
 
-Result<long long> Client::lease_keepalive(long long id, long long deadline_ns) {
-  return interpret<long long>(call("/v3/lease/keepalive", lease_id_body(id), deadline_ns), "keepalive",
+Result<long long> Client::lease_keepalive(long long id, Deadline d) {
+  return interpret<long long>(call({"/v3/lease/keepalive", lease_id_body(id), d, false, {}, nullptr}), "keepalive",
                               keepalive_ttl);
 }
 
-Result<bool> Client::lease_revoke(long long id, long long deadline_ns) {
-  return interpret<bool>(call("/v3/lease/revoke", lease_id_body(id), deadline_ns), "revoke", any_answer);
+Result<bool> Client::lease_revoke(long long id, Deadline d) {
+  auto r = interpret<bool>(call({"/v3/lease/revoke", lease_id_body(id), d, false, {}, nullptr}), "revoke", any_answer);
+  if (r.status == Status::Failed && r.code == kCodeNotFound) {
+    r.status = Status::Ok;  // gone already: what a revoke wants
+    r.value = false;
+  }
+  return r;
 }
 
-Result<std::string> Client::lock(std::string_view name, long long lease, long long deadline_ns) {
-  return interpret<std::string>(call("/v3/lock/lock", lock_body(name, lease), deadline_ns), "lock", parse_lock_key);
+Result<RangeResult> Client::range(const RangeQuery& q, Deadline d) {
+  return interpret<RangeResult>(call({"/v3/kv/range", range_body(q), d, false, {}, nullptr}), "range", parse_range);
 }
 
-Result<bool> Client::unlock(std::string_view key, long long deadline_ns) {
-  return interpret<bool>(call("/v3/lock/unlock", unlock_body(key), deadline_ns), "unlock", any_answer);
+Result<TxnResult> Client::txn(const std::string& body, Deadline d) {
+  return interpret<TxnResult>(call({"/v3/kv/txn", body, d, false, {}, nullptr}), "txn", parse_txn);
 }
 
-Result<std::vector<KeyValue>> Client::range(std::string_view key, bool prefix, long long deadline_ns) {
-  return interpret<std::vector<KeyValue>>(call("/v3/kv/range", range_body(key, prefix), deadline_ns), "range",
-                                          parse_range);
-}
-
-Result<bool> Client::put(std::string_view key, std::string_view value, long long lease, long long deadline_ns) {
-  return interpret<bool>(call("/v3/kv/put", put_body(key, value, lease), deadline_ns), "put", any_answer);
+Result<bool> Client::watch_delete(std::string_view key, long long start_revision, Deadline d) {
+  std::string raw;
+  auto enough = [](std::string_view body) {
+    const WatchProgress w = parse_watch(body);
+    return w.deleted || w.canceled || w.malformed;
+  };
+  Result<Json> answer = call({"/v3/watch", watch_delete_body(key, start_revision), d, true, enough, &raw});
+  Result<bool> r;
+  r.status = answer.status;
+  r.error = answer.error;
+  r.hint = answer.hint;
+  r.code = answer.code;
+  if (!answer.ok()) return r;
+  const WatchProgress w = parse_watch(raw);
+  if (w.malformed) {
+    r.status = Status::Failed;
+    r.error = "unexpected answer to watch: " + raw.substr(0, 200);
+    return r;
+  }
+  if (!w.deleted && !w.canceled) {  // the stream ended without news: read again
+    r.value = false;
+    return r;
+  }
+  r.value = w.deleted;
+  return r;
 }
 
 }  // namespace looplock::etcd

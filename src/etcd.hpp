@@ -3,14 +3,20 @@
 // strings). This file is the protocol; the HTTP exchange itself is a
 // Transport, libcurl's in looplock-etcd (etcd_curl.hpp).
 //
-// Every call has a deadline (CLOCK_MONOTONIC ns): connecting to an endpoint is
-// bounded by a connect timeout and the deadline, and the whole exchange by the
-// deadline, so a dead or frozen endpoint never hangs looplock. Endpoints are
-// tried in order (starting with the last one that answered) until one
-// accepts the connection. Nothing here throws across the module boundary:
-// results are typed.
+// Every call has a deadline (CLOCK_MONOTONIC ns) and is made of attempts,
+// each bounded by its own, shorter, timeout: an attempt that cannot connect,
+// times out, or meets a transient error (no leader, leader changed, too many
+// requests) goes on to the next endpoint at once, so a dead, frozen or
+// partitioned member costs one attempt, not the call. After a round over every
+// endpoint, the next round waits a little (25 ms, doubling, up to a quarter of an
+// attempt and at most 400 ms) and doubles the attempt and connect timeouts,
+// so a slow but healthy cluster is still reached. Only calls that may be repeated safely are retried (all of
+// the cluster lock's are: see cluster.cpp). Nothing here throws across the
+// module boundary: results are typed. Time comes from a Clock, so that unit
+// tests can run the deadline arithmetic without waiting.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -23,11 +29,12 @@ namespace looplock::etcd {
 struct Endpoint {
   std::string host;  // a name, an IPv4 address, or an IPv6 address without brackets
   int port = 0;
-  std::string text;  // as given, for messages
+  bool tls = false;  // https://
+  std::string text;  // "http://HOST:PORT" or "https://HOST:PORT", for URLs and messages
 };
 
-// "http://HOST:PORT[,http://HOST:PORT...]" (a trailing "/" is allowed); the
-// error text for a usage message otherwise.
+// "http[s]://HOST:PORT[,http[s]://HOST:PORT...]" (a trailing "/" is allowed);
+// the error text for a usage message otherwise.
 struct ParsedEndpoints {
   std::vector<Endpoint> endpoints;
   std::string error;  // empty when valid
@@ -43,24 +50,51 @@ std::optional<std::string> base64_decode(std::string_view text);
 // byte below 0xff incremented; "\0" when there is none.
 std::string prefix_range_end(std::string_view prefix);
 
-// The keys looplock uses for lock NAME. The etcd lock service keeps one key
-// per contender, "<lock_prefix>/<lease id in hex>"; the holder value lives
-// beside it, outside that prefix (inside it, it would count as a contender).
+// The keys looplock uses for lock NAME: one key per contender,
+// "<lock_prefix>/<lease id in hex>" (the layout of etcd's own lock service and
+// of etcdctl lock, so they exclude each other), whose value is the
+// contender's holder JSON. Earlier versions (etcd's lock service) wrote the holder value beside
+// the prefix, under holder_key(); --inspect still reads it there.
 inline constexpr std::string_view kKeyRoot = "looplock/";
 std::string lock_service_name(std::string_view name);  // "looplock/NAME/lock"
+std::string lock_prefix(std::string_view name);        // "looplock/NAME/lock/"
 std::string holder_key(std::string_view name);         // "looplock/NAME/holder"
 
 // The lease id as etcdctl prints it (lower-case hex), which is also the last
 // part of the lock key.
 std::string lease_hex(long long id);
 
+// A range, as a request of its own or inside a txn.
+struct RangeQuery {
+  std::string key;
+  bool prefix = false;  // every key starting with `key`
+  long long limit = 0;  // 0: all
+  enum class Order { None, FirstCreated, LastCreated } order = Order::None;
+  long long max_create_revision = 0;  // 0: any
+};
+
 // Request bodies (pure; unit-tested).
 std::string lease_grant_body(int ttl_s);
 std::string lease_id_body(long long id);  // keepalive, revoke
-std::string lock_body(std::string_view name, long long lease);
-std::string unlock_body(std::string_view key);
-std::string range_body(std::string_view key, bool prefix);
+std::string range_body(const RangeQuery& q);
 std::string put_body(std::string_view key, std::string_view value, long long lease);
+std::string authenticate_body(std::string_view user, std::string_view password);
+// Watches `key` for its deletion from `start_revision` on (puts filtered out).
+std::string watch_delete_body(std::string_view key, long long start_revision);
+// The cluster lock's transactions. queue: if `key` does not exist, create it
+// with `value` under `lease`; either way read the first contender of
+// `prefix` (the holder) and the contender just before `key`... see cluster.cpp.
+//   success: put key; range prefix first-created limit 1; range prefix
+//            last-created limit 2 (the new key, then its predecessor)
+//   failure: range key; range prefix first-created limit 1
+std::string queue_txn_body(std::string_view key, std::string_view value, long long lease, std::string_view prefix);
+// single_flight: create `key` only if no key under `prefix` exists;
+//   failure: range prefix first-created limit 1 (who holds or waits).
+std::string create_if_free_txn_body(std::string_view key, std::string_view value, long long lease,
+                                    std::string_view prefix);
+// Rewrites `key`'s value (same lease) only if it is still the key created at
+// `create_revision` (never recreates a key that expired meanwhile).
+std::string update_txn_body(std::string_view key, std::string_view value, long long lease, long long create_revision);
 
 struct KeyValue {
   std::string key;
@@ -70,22 +104,46 @@ struct KeyValue {
   long long lease = 0;
 };
 
-// What a gateway answer says; nullopt when malformed. A keepalive or
-// streaming answer is {"result": {...}}; the inner object is used.
+struct RangeResult {
+  long long revision = 0;  // the store's revision the read saw
+  std::vector<KeyValue> kvs;
+  long long count = 0;  // all keys in the range (kvs may be limited)
+};
+
+struct TxnResult {
+  bool succeeded = false;
+  long long revision = 0;  // the header's: a put's create revision when it created the key
+  std::vector<RangeResult> ranges;  // the range responses, in order
+};
+
+// What a gateway answer says; nullopt when malformed. A stream's answer is
+// {"result": {...}} per line; the first line's inner object is used.
 std::optional<Json> parse_answer(std::string_view body);
 // An int64 field, which the gateway writes as a string ("123") and accepts as
 // either; 0 when missing (proto3 leaves out zero values).
 std::optional<long long> int64_field(const Json& j, const char* name);
 std::optional<long long> parse_lease_grant(const Json& answer);   // the lease id
 long long parse_keepalive_ttl(const Json& answer);                 // 0: the lease is gone
-std::optional<std::string> parse_lock_key(const Json& answer);     // the decoded key
-std::optional<std::vector<KeyValue>> parse_range(const Json& answer);
+std::optional<std::vector<KeyValue>> parse_kvs(const Json& answer);
+std::optional<RangeResult> parse_range(const Json& answer);
+std::optional<TxnResult> parse_txn(const Json& answer);
+std::optional<std::string> parse_token(const Json& answer);
+
+// A watch stream as received so far (one JSON object per line).
+struct WatchProgress {
+  bool created = false;
+  bool deleted = false;   // a DELETE event arrived
+  bool canceled = false;  // etcd ended the watch (compacted, no leader, ...): read again
+  std::string reason;     // why it was canceled, when etcd says
+  bool malformed = false;
+};
+WatchProgress parse_watch(std::string_view body);
 
 // How a call ended.
 enum class Status {
   Ok,
-  Unavailable,  // no endpoint accepted a connection (refused, unreachable, connect timeout)
-  Timeout,      // an endpoint accepted the request but did not answer before the deadline
+  Unavailable,  // no endpoint could be reached (refused, unreachable, connect or TLS failure)
+  Timeout,      // reached, but no answer before the deadline (or only transient errors)
   Failed,       // the server answered with an error, or with something unreadable
 };
 std::string_view status_name(Status s);
@@ -95,6 +153,9 @@ struct Result {
   Status status = Status::Failed;
   T value{};
   std::string error;  // for messages, when not Ok
+  std::string hint;   // a fix, when one is known (TLS options, https://, credentials)
+  int code = 0;       // etcd's gRPC code of a Failed answer (5: not found, 7: permission denied, ...)
+  long long sent_ns = 0;  // when the attempt that succeeded began
   bool ok() const { return status == Status::Ok; }
 };
 
@@ -102,52 +163,114 @@ struct Result {
 struct HttpResponse {
   int status = 0;
   std::string body;
+  std::string hint;  // a fix the transport knows (a TLS port spoken to in plain HTTP, ...)
 };
 enum class Exchange {
   Ok,
   ConnectFailed,  // no connection (refused, unresolvable, connect timeout) or closed before any answer
+  TlsFailed,      // the TLS handshake failed or a certificate was rejected (`error` says why)
   TimedOut,       // connected and sent, but no whole answer before the deadline
   Broken,         // a broken or unreadable answer
 };
+
+struct Request {
+  std::string_view path;   // "/v3/kv/range"
+  std::string_view body;   // JSON
+  std::string_view token;  // etcd's auth token, sent as the Authorization header; empty: none
+  long long connect_deadline_ns = 0;  // connecting (and a TLS handshake) must end by then
+  long long deadline_ns = 0;          // the whole exchange must end by then
+  // A stream's answer never ends by itself: it is complete once `enough`
+  // returns true for the body received so far. Null: the answer ends.
+  std::function<bool(std::string_view body)> enough;
+  bool fresh_connection = false;  // do not reuse a kept connection to this endpoint
+};
+
+// TLS for https:// endpoints: files in PEM; empty: the system's CAs, no
+// client certificate.
+struct Security {
+  std::string cacert;
+  std::string cert;
+  std::string key;
+};
+
 class Transport {
 public:
   virtual ~Transport() = default;
-  // POSTs `body` (JSON) to `ep.text + path`. Connecting must end by
-  // `connect_deadline_ns`, the whole exchange by `deadline_ns`. With
-  // `first_line_enough`, the answer is complete as soon as its body holds one
-  // whole line (a streaming answer, such as a keepalive's, never ends by
-  // itself). `error` describes anything but Ok.
-  virtual Exchange post(const Endpoint& ep, std::string_view path, const std::string& body,
-                        long long connect_deadline_ns, long long deadline_ns, bool first_line_enough,
-                        HttpResponse& out, std::string& error) = 0;
+  virtual void configure(const Security&) {}
+  // POSTs `req.body` to `ep.text + req.path`. `error` describes anything but Ok.
+  virtual Exchange post(const Endpoint& ep, const Request& req, HttpResponse& out, std::string& error) = 0;
+};
+
+// The monotonic clock, and waiting on it.
+class Clock {
+public:
+  virtual ~Clock() = default;
+  virtual long long now_ns() = 0;
+  // Returns at `until_ns` (or earlier, when a signal interrupts the wait).
+  virtual void sleep_until(long long until_ns) = 0;
+};
+Clock& system_clock();
+
+// How long one call may take, and each of its attempts.
+struct Deadline {
+  long long at_ns = 0;       // the call returns by then
+  long long attempt_ns = 0;  // each attempt's timeout; 0: until at_ns
+  // Double the attempt timeout each round (a write on a slow disk still gets
+  // through); a keepalive, which etcd answers without a disk write, keeps it.
+  bool grow = true;
 };
 
 class Client {
 public:
-  Client(Transport& transport, std::vector<Endpoint> endpoints, long long connect_timeout_ns = 1'000'000'000LL)
-      : transport_(transport), endpoints_(std::move(endpoints)), connect_timeout_ns_(connect_timeout_ns) {}
+  // The first connect timeout: tens of milliseconds (a blackholed endpoint
+  // costs that once), doubling each round up to kMaxConnectNs.
+  static constexpr long long kConnectNs = 40'000'000LL;
+  static constexpr long long kMaxConnectNs = 1'000'000'000LL;
 
-  Result<long long> lease_grant(int ttl_s, long long deadline_ns);
-  // The lease's remaining TTL in seconds; 0 when etcd says the lease is gone.
-  Result<long long> lease_keepalive(long long id, long long deadline_ns);
-  Result<bool> lease_revoke(long long id, long long deadline_ns);
-  // Waits server-side until NAME is acquired with the lease: the deadline
-  // bounds it (Timeout then). Returns the lock key.
-  Result<std::string> lock(std::string_view name, long long lease, long long deadline_ns);
-  Result<bool> unlock(std::string_view key, long long deadline_ns);
-  Result<std::vector<KeyValue>> range(std::string_view key, bool prefix, long long deadline_ns);
-  Result<bool> put(std::string_view key, std::string_view value, long long lease, long long deadline_ns);
+  Client(Transport& transport, std::vector<Endpoint> endpoints, Clock& clock = system_clock());
+
+  // etcd authentication: a token is asked for at the first call, sent with
+  // every request, and asked for again when etcd says it is invalid.
+  void set_credentials(std::string user, std::string password);
+
+  Result<long long> lease_grant(int ttl_s, Deadline d);
+  // The lease's TTL in seconds as etcd renewed it; 0 when etcd says the lease is gone.
+  Result<long long> lease_keepalive(long long id, Deadline d);
+  // Ok also when the lease was already gone.
+  Result<bool> lease_revoke(long long id, Deadline d);
+  Result<RangeResult> range(const RangeQuery& q, Deadline d);
+  Result<TxnResult> txn(const std::string& body, Deadline d);
+  // Waits until `key` is deleted (at or after `start_revision`): true, or
+  // false when etcd canceled the watch (read again). Timeout when nothing
+  // happened by the deadline: the ordinary end of a wait.
+  Result<bool> watch_delete(std::string_view key, long long start_revision, Deadline d);
 
   // The endpoint that answered last ("http://127.0.0.1:2379").
   const std::string& current_endpoint() const { return endpoints_[first_].text; }
+  Clock& clock() { return clock_; }
 
 private:
-  Result<Json> call(std::string_view path, const std::string& body, long long deadline_ns);
+  struct CallSpec {
+    std::string_view path;
+    std::string body;
+    Deadline deadline;
+    bool timeout_ends = false;  // a timed-out attempt ends the call (a watch's wait), not retried
+    std::function<bool(std::string_view)> enough;
+    std::string* raw = nullptr;  // receives the whole body (a stream's lines)
+  };
+  Result<Json> call(const CallSpec& spec);
+  Result<Json> attempts(const CallSpec& spec, bool with_token);
+  // Asks for a token; false (with `failure` set) when etcd refuses.
+  bool authenticate(long long deadline_ns, long long attempt_ns, Result<Json>& failure);
 
   Transport& transport_;
   std::vector<Endpoint> endpoints_;
-  long long connect_timeout_ns_;
+  Clock& clock_;
+  std::vector<long long> connect_ns_;  // per endpoint: the next connect timeout
+  std::vector<bool> fresh_;            // per endpoint: its kept connection is suspect
   size_t first_ = 0;
+  std::string user_, password_, token_;
+  bool auth_disabled_ = false;  // etcd said authentication is not enabled
 };
 
 }  // namespace looplock::etcd

@@ -2,14 +2,19 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
+#include <unistd.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 
 #include "error.hpp"
 #include "exit_codes.hpp"
@@ -26,8 +31,8 @@ constexpr long kMaxFdScan = 65536;
 // What the write callback collects.
 struct Sink {
   std::string body;
-  bool first_line_enough = false;
-  bool line_seen = false;  // stopped on purpose after a stream's first line
+  const std::function<bool(std::string_view)>* enough = nullptr;  // a stream's end, as the caller sees it
+  bool stopped = false;  // stopped on purpose: the stream said enough
   bool too_large = false;
 };
 
@@ -39,9 +44,9 @@ size_t on_data(char* data, size_t size, size_t count, void* user) {
     return 0;  // abort: CURLE_WRITE_ERROR
   }
   sink->body.append(data, len);
-  if (sink->first_line_enough && sink->body.find('\n') != std::string::npos) {
-    sink->line_seen = true;
-    return 0;  // a whole line of a stream that would not end: enough
+  if (sink->enough && *sink->enough && (*sink->enough)(sink->body)) {
+    sink->stopped = true;
+    return 0;  // a stream that would not end has said enough
   }
   return len;
 }
@@ -76,6 +81,52 @@ curl_socket_t open_socket(void*, curlsocktype, curl_sockaddr* a) {
   const int fd = socket(a->family, a->socktype | SOCK_CLOEXEC, a->protocol);
   return fd < 0 ? CURL_SOCKET_BAD : fd;
 }
+
+// What connect_socket() saw, for post() to tell refused from timed out.
+struct ConnectState {
+  long long deadline_ns = 0;
+  bool timed_out = false;
+  int error = 0;
+};
+
+// The TCP connection, made here so that the connect timeout bounds it alone:
+// libcurl's own connect timeout would bound the TLS handshake too, which a
+// busy host may need longer for (it gets the attempt's time instead).
+curl_socket_t connect_socket(void* user, curlsocktype, curl_sockaddr* a) {
+  auto* st = static_cast<ConnectState*>(user);
+  const int fd = socket(a->family, a->socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->protocol);
+  if (fd < 0) {
+    st->error = errno;
+    return CURL_SOCKET_BAD;
+  }
+  if (connect(fd, &a->addr, a->addrlen) == 0) return fd;
+  if (errno != EINPROGRESS) {
+    st->error = errno;
+    close(fd);
+    return CURL_SOCKET_BAD;
+  }
+  for (;;) {
+    const long long left = st->deadline_ns - sys::monotonic_ns();
+    if (left <= 0) {
+      st->timed_out = true;
+      close(fd);
+      return CURL_SOCKET_BAD;
+    }
+    pollfd p{fd, POLLOUT, 0};
+    const int n = poll(&p, 1, static_cast<int>(std::min<long long>((left + 999'999) / 1'000'000, 60'000)));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) continue;  // the deadline is looked at again above
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+    if (err == 0) return fd;
+    st->error = err;
+    close(fd);
+    return CURL_SOCKET_BAD;
+  }
+}
+
+int already_connected(void*, curl_socket_t, curlsocktype) { return CURL_SOCKOPT_ALREADY_CONNECTED; }
 
 bool is_socket(int fd) {
   struct stat st {};
@@ -116,12 +167,52 @@ void set(CURL* easy, CURLoption option, T value) {
   if (curl_easy_setopt(easy, option, value) == CURLE_OUT_OF_MEMORY) throw std::bad_alloc();
 }
 
+// libcurl's codes for a TLS handshake that failed or a certificate that was
+// refused (either side's).
+bool tls_failure(CURLcode rc) {
+  switch (rc) {
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_PEER_FAILED_VERIFICATION:
+    case CURLE_SSL_CERTPROBLEM:
+    case CURLE_SSL_CIPHER:
+    case CURLE_SSL_CACERT_BADFILE:
+    case CURLE_SSL_CRL_BADFILE:
+    case CURLE_SSL_ISSUER_ERROR:
+    case CURLE_SSL_PINNEDPUBKEYNOTMATCH:
+    case CURLE_SSL_INVALIDCERTSTATUS:
+    case CURLE_SSL_CLIENTCERT:
+    case CURLE_SSL_ENGINE_NOTFOUND:
+    case CURLE_SSL_ENGINE_SETFAILED:
+    case CURLE_SSL_ENGINE_INITFAILED:
+    case CURLE_USE_SSL_FAILED:
+      return true;
+    default:
+      return false;
+  }
+}
+
+constexpr const char* kTlsHint =
+    "Check --etcd-cacert (the CA that signed etcd's certificates) and, when etcd asks for client certificates, "
+    "--etcd-cert and --etcd-key ($LOOPLOCK_ETCD_CACERT, $LOOPLOCK_ETCD_CLIENT_CERT, $LOOPLOCK_ETCD_CLIENT_KEY).";
+
 }  // namespace
 
 CurlTransport::CurlTransport() : sockets_before_(open_sockets()) {}
 
+void CurlTransport::configure(const Security& security) {
+  security_ = security;
+  if (easy_) apply_security();
+}
+
+void CurlTransport::apply_security() {
+  // Empty: libcurl's defaults (the system's CA bundle, no client certificate).
+  set(easy_, CURLOPT_CAINFO, security_.cacert.empty() ? nullptr : security_.cacert.c_str());
+  set(easy_, CURLOPT_SSLCERT, security_.cert.empty() ? nullptr : security_.cert.c_str());
+  set(easy_, CURLOPT_SSLKEY, security_.key.empty() ? nullptr : security_.key.c_str());
+}
+
 void CurlTransport::set_up() {
-  if (curl_global_init(CURL_GLOBAL_NOTHING) != CURLE_OK) {
+  if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
     throw Fatal(exit_code::kOsError, "cannot set up libcurl for the etcd client");
   }
   global_ = true;
@@ -132,21 +223,23 @@ void CurlTransport::set_up() {
     headers_ = more;
   }
   set(easy_, CURLOPT_NOSIGNAL, 1L);
-  set(easy_, CURLOPT_PROTOCOLS_STR, "http");
+  set(easy_, CURLOPT_PROTOCOLS_STR, "http,https");
   set(easy_, CURLOPT_PROXY, "");  // never the environment's http_proxy
-  set(easy_, CURLOPT_HTTPHEADER, headers_);
   set(easy_, CURLOPT_WRITEFUNCTION, on_data);
-  set(easy_, CURLOPT_OPENSOCKETFUNCTION, open_socket);
+  set(easy_, CURLOPT_OPENSOCKETFUNCTION, connect_socket);
+  set(easy_, CURLOPT_SOCKOPTFUNCTION, already_connected);
   set(easy_, CURLOPT_TCP_NODELAY, 1L);
-  // A connection per request, like "Connection: close": a kept connection to
-  // a host that died silently would turn the next request into a timeout
-  // instead of a failed connect, and the next endpoint would not be tried.
-  set(easy_, CURLOPT_FORBID_REUSE, 1L);
+  // One kept connection per endpoint for the whole run (a TLS handshake
+  // once, not per request). A kept connection to a member that died is
+  // noticed by libcurl (closed) or by the short attempt timeout (silent), and
+  // the Client then asks for a fresh one (Request::fresh_connection).
+  set(easy_, CURLOPT_MAXCONNECTS, 16L);
   // Do not wait for a name lookup that outlives its timeout (libcurl would
   // otherwise join the resolver thread before returning).
   set(easy_, CURLOPT_QUICK_EXIT, 1L);
   set(easy_, CURLOPT_NOPROGRESS, 0L);
   set(easy_, CURLOPT_XFERINFOFUNCTION, on_progress);
+  apply_security();
 }
 
 void CurlTransport::close_new_sockets_on_exec() const {
@@ -163,21 +256,63 @@ CurlTransport::~CurlTransport() {
   if (global_) curl_global_cleanup();
 }
 
-Exchange CurlTransport::post(const Endpoint& ep, std::string_view path, const std::string& body,
-                             long long connect_deadline_ns, long long deadline_ns, bool first_line_enough,
-                             HttpResponse& out, std::string& error) {
-  if (!easy_) set_up();
-  const std::string url = ep.text + std::string(path);
-  Sink sink;
-  sink.first_line_enough = first_line_enough;
+bool CurlTransport::speaks_tls(const Endpoint& ep, long long deadline_ns) const {
+  CURL* probe = curl_easy_init();
+  if (!probe) return false;
+  const std::string url = "https://" + ep.text.substr(ep.text.find("://") + 3) + "/";
   char message[CURL_ERROR_SIZE] = "";
+  set(probe, CURLOPT_URL, url.c_str());
+  set(probe, CURLOPT_CONNECT_ONLY, 1L);
+  set(probe, CURLOPT_SSL_VERIFYPEER, 0L);  // only asks whether TLS is spoken; nothing is sent
+  set(probe, CURLOPT_SSL_VERIFYHOST, 0L);
+  set(probe, CURLOPT_NOSIGNAL, 1L);
+  set(probe, CURLOPT_PROXY, "");
+  set(probe, CURLOPT_QUICK_EXIT, 1L);
+  set(probe, CURLOPT_OPENSOCKETFUNCTION, open_socket);
+  set(probe, CURLOPT_ERRORBUFFER, message);
+  set(probe, CURLOPT_CONNECTTIMEOUT_MS, ms_until(deadline_ns));
+  set(probe, CURLOPT_TIMEOUT_MS, ms_until(deadline_ns));
+  const CURLcode rc = curl_easy_perform(probe);
+  curl_easy_cleanup(probe);
+  // A completed handshake, or a TLS alert from the server (it wants a
+  // client certificate): either way the port speaks TLS.
+  return rc == CURLE_OK || (tls_failure(rc) && std::string_view(message).find("alert") != std::string_view::npos);
+}
+
+Exchange CurlTransport::post(const Endpoint& ep, const Request& req, HttpResponse& out, std::string& error) {
+  if (!easy_) set_up();
+  const std::string url = ep.text + std::string(req.path);
+  const std::string body(req.body);
+  Sink sink;
+  sink.enough = &req.enough;
+  char message[CURL_ERROR_SIZE] = "";
+  curl_slist* headers = headers_;
+  curl_slist* with_token = nullptr;
+  if (!req.token.empty()) {
+    // etcd reads its auth token from the Authorization header (as is, no scheme).
+    for (curl_slist* h = headers_; h; h = h->next) {
+      if (!(with_token = curl_slist_append(with_token, h->data))) throw std::bad_alloc();
+    }
+    if (!(with_token = curl_slist_append(with_token, ("Authorization: " + std::string(req.token)).c_str()))) {
+      curl_slist_free_all(with_token);
+      throw std::bad_alloc();
+    }
+    headers = with_token;
+  }
   set(easy_, CURLOPT_URL, url.c_str());
+  set(easy_, CURLOPT_HTTPHEADER, headers);
   set(easy_, CURLOPT_POSTFIELDS, body.c_str());
   set(easy_, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(body.size()));
   set(easy_, CURLOPT_WRITEDATA, &sink);
   set(easy_, CURLOPT_ERRORBUFFER, message);
-  set(easy_, CURLOPT_CONNECTTIMEOUT_MS, ms_until(std::min(connect_deadline_ns, deadline_ns)));
-  set(easy_, CURLOPT_TIMEOUT_MS, ms_until(deadline_ns));
+  // The name lookup, the TCP connection (connect_socket, by
+  // connect_deadline_ns) and the TLS handshake must end by the deadline.
+  ConnectState connecting;
+  connecting.deadline_ns = std::min(req.connect_deadline_ns, req.deadline_ns);
+  set(easy_, CURLOPT_OPENSOCKETDATA, &connecting);
+  set(easy_, CURLOPT_CONNECTTIMEOUT_MS, ms_until(req.deadline_ns));
+  set(easy_, CURLOPT_TIMEOUT_MS, ms_until(req.deadline_ns));
+  set(easy_, CURLOPT_FRESH_CONNECT, req.fresh_connection ? 1L : 0L);
 
   // Every signal is blocked while libcurl works, so that a resolver thread it
   // starts (and may leave behind, CURLOPT_QUICK_EXIT) can never take a signal
@@ -188,33 +323,74 @@ Exchange CurlTransport::post(const Endpoint& ep, std::string_view path, const st
   pthread_sigmask(SIG_BLOCK, &all, &caller_mask);
   set(easy_, CURLOPT_XFERINFODATA, &caller_mask);
   const CURLcode rc = curl_easy_perform(easy_);
-  close_new_sockets_on_exec();
   set(easy_, CURLOPT_ERRORBUFFER, static_cast<char*>(nullptr));  // `message` ends here
-  pthread_sigmask(SIG_SETMASK, &caller_mask, nullptr);
+  set(easy_, CURLOPT_HTTPHEADER, headers_);
+  curl_slist_free_all(with_token);
 
   long status = 0;
   curl_easy_getinfo(easy_, CURLINFO_RESPONSE_CODE, &status);
   long sent = 0;  // bytes of request headers sent: 0 means no connection was made
   curl_easy_getinfo(easy_, CURLINFO_REQUEST_SIZE, &sent);
+  const bool nothing_back = status == 0 && sink.body.empty();
+  // A plain-HTTP request to a TLS port: the server closes without a word.
+  // Only then is it asked (one handshake, never a request) whether it speaks TLS.
+  const bool plain_to_tls =
+      !ep.tls && nothing_back &&
+      (rc == CURLE_GOT_NOTHING || rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR) &&
+      speaks_tls(ep, std::min(req.deadline_ns, sys::monotonic_ns() + 250'000'000LL));
+  close_new_sockets_on_exec();
+  pthread_sigmask(SIG_SETMASK, &caller_mask, nullptr);
+
   const std::string why = ep.text + ": " + (message[0] ? message : curl_easy_strerror(rc));
 
-  if (rc == CURLE_OK || (rc == CURLE_WRITE_ERROR && sink.line_seen)) {
+  if (rc == CURLE_OK || (rc == CURLE_WRITE_ERROR && sink.stopped)) {
     out.status = static_cast<int>(status);
     out.body = std::move(sink.body);
+    if (!ep.tls && status == 400 && out.body.find("HTTPS server") != std::string::npos) {
+      out.hint = "The endpoint speaks TLS: use https://" + ep.text.substr(7) + " (and --etcd-cacert).";
+    }
     return Exchange::Ok;
   }
   if (sink.too_large) {
     error = ep.text + ": answer too large";
     return Exchange::Broken;
   }
+  if (plain_to_tls) {
+    error = ep.text + ": closed the connection without an answer: the endpoint speaks TLS";
+    out.hint = "Use https://" + ep.text.substr(7) + " (and --etcd-cacert) for this endpoint.";
+    return Exchange::ConnectFailed;
+  }
+  // TLS 1.3: a server that refuses the client's certificate says so (an
+  // alert) or just closes, after the client saw the handshake complete.
+  const bool tls_alert = ep.tls && nothing_back &&
+                         (rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR || rc == CURLE_GOT_NOTHING);
+  if (tls_failure(rc) || tls_alert) {
+    // Certificates and handshakes: the same for every member, usually, but
+    // the next endpoint is tried all the same.
+    const bool said = std::string_view(message).find("alert") != std::string_view::npos;
+    error = ep.text + ": TLS: " + (message[0] ? message : curl_easy_strerror(rc)) +
+            (tls_alert && !said ? " (the server closed the connection after the handshake: it refused the client "
+                                  "certificate?)"
+                                : "");
+    out.hint = kTlsHint;
+    return Exchange::TlsFailed;
+  }
   switch (rc) {
-    case CURLE_COULDNT_RESOLVE_HOST:
     case CURLE_COULDNT_CONNECT:
+      if (connecting.timed_out) {
+        error = ep.text + ": connection timed out";
+      } else if (connecting.error != 0) {
+        error = ep.text + ": cannot connect: " + std::strerror(connecting.error);
+      } else {
+        error = why;
+      }
+      return Exchange::ConnectFailed;
+    case CURLE_COULDNT_RESOLVE_HOST:
       error = why;
       return Exchange::ConnectFailed;
     case CURLE_OPERATION_TIMEDOUT:
       if (sent == 0) {
-        error = ep.text + ": connection timed out";
+        error = ep.text + (ep.tls ? ": connection or TLS handshake timed out" : ": connection timed out");
         return Exchange::ConnectFailed;
       }
       error = ep.text + ": no answer before the deadline";
@@ -222,7 +398,7 @@ Exchange CurlTransport::post(const Endpoint& ep, std::string_view path, const st
     case CURLE_GOT_NOTHING:
     case CURLE_SEND_ERROR:
     case CURLE_RECV_ERROR:
-      if (sent == 0 || (status == 0 && sink.body.empty())) {
+      if (sent == 0 || nothing_back) {
         error = ep.text + ": closed the connection without an answer";
         return Exchange::ConnectFailed;
       }

@@ -7,10 +7,11 @@
 // hands a run with --etcd to looplock-etcd (cluster_exec.hpp), the same
 // program linked with this transport.
 //
-// One easy handle, set up at the first request, and a new connection per
-// request (as the old "Connection: close" client had). Plain HTTP only;
-// proxies from the environment are not used (the etcd gateway is reached
-// directly). Signals: libcurl sends none (CURLOPT_NOSIGNAL), and all are
+// One easy handle, set up at the first request, whose connection cache keeps
+// one connection per endpoint for the run (TLS handshakes once per endpoint).
+// http:// and https:// (OpenSSL: the CA, client certificate and key of
+// Security); proxies from the environment are not used (the etcd gateway is
+// reached directly). Signals: libcurl sends none (CURLOPT_NOSIGNAL), and all are
 // blocked while it works (see post()). Name lookups are bounded by the
 // timeouts too (CURLOPT_QUICK_EXIT: a lookup that hangs is left behind).
 // Sockets are close-on-exec, so none reaches the command: the connections'
@@ -34,14 +35,19 @@ public:
   CurlTransport(const CurlTransport&) = delete;
   CurlTransport& operator=(const CurlTransport&) = delete;
 
+  void configure(const Security& security) override;
   // Throws Fatal (71) when libcurl cannot be set up.
-  Exchange post(const Endpoint& ep, std::string_view path, const std::string& body, long long connect_deadline_ns,
-                long long deadline_ns, bool first_line_enough, HttpResponse& out, std::string& error) override;
+  Exchange post(const Endpoint& ep, const Request& req, HttpResponse& out, std::string& error) override;
 
 private:
   void set_up();
+  void apply_security();
   void close_new_sockets_on_exec() const;
+  // Whether `ep` (an http:// endpoint that closed without an answer) completes
+  // a TLS handshake: then the user gets a hint to use https://.
+  bool speaks_tls(const Endpoint& ep, long long deadline_ns) const;
 
+  Security security_;
   bool global_ = false;  // curl_global_init done
   CURL* easy_ = nullptr;
   curl_slist* headers_ = nullptr;

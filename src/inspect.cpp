@@ -365,9 +365,10 @@ std::optional<std::pair<std::string, std::string>> looplock_identity(const std::
 
 namespace {
 
-// The cluster lock too (--etcd): who holds it, how many contend; read only.
-void inspect_cluster(const Options& o, const LockDir& dir, etcd::Transport* etcd, InspectReport& report,
-                     int& status) {
+// The cluster lock too (--etcd): who holds it, who waits, in the order they
+// take it; read only.
+void inspect_cluster(const Options& o, const LockDir& dir, etcd::Transport* etcd, const Logger& log,
+                     InspectReport& report, int& status) {
   std::string name = o.lock_name;
   if (name.empty()) {
     std::string canonical = canonical_lock_path(dir.fd.get(), dir.path);
@@ -375,9 +376,14 @@ void inspect_cluster(const Options& o, const LockDir& dir, etcd::Transport* etcd
     name = canonical.substr(canonical.rfind('/') + 1);
   }
   if (!etcd) throw Fatal(exit_code::kOsError, "internal error: --inspect --etcd without an HTTP client");
+  const ClusterAccess access = cluster_access(o, log);
+  etcd->configure(access.tls);
   etcd::Client client(*etcd, etcd::parse_endpoints(o.etcd).endpoints);
+  if (!access.user.empty()) client.set_credentials(access.user, access.password);
   const long long deadline = sys::monotonic_ns() + 5'000'000'000LL;
-  auto keys = client.range(etcd::lock_service_name(name) + "/", true, deadline);
+  const etcd::Deadline bound{deadline, 1'000'000'000LL};
+  // The contenders in the order they take the lock: the first holds it.
+  auto keys = client.range({etcd::lock_prefix(name), true, 0, etcd::RangeQuery::Order::FirstCreated, 0}, bound);
   Json c = {{"lock_name", name}};
   std::string text;
   if (!keys.ok()) {
@@ -385,21 +391,37 @@ void inspect_cluster(const Options& o, const LockDir& dir, etcd::Transport* etcd
     text = "cannot read from etcd: " + keys.error;
     status = exit_code::kClusterUnavailable;
   } else {
+    const auto& kvs = keys.value.kvs;
     std::optional<Json> holder;
-    auto h = client.range(etcd::holder_key(name), false, deadline);
-    if (h.ok() && !h.value.empty()) holder = parse_cluster_holder(h.value.front().value);
-    c["held"] = !keys.value.empty();
-    c["contenders"] = keys.value.size();
-    c["holder"] = holder && !keys.value.empty() ? *holder : Json(nullptr);
-    text = keys.value.empty() ? "free (lock name " + name + ")"
-                              : "held by " + describe_cluster_holder(holder) + "; " +
-                                    std::to_string(keys.value.size() - 1) + " waiting (lock name " + name + ")";
+    if (!kvs.empty()) {
+      holder = parse_cluster_holder(kvs.front().value);
+      if (!holder) {
+        // An earlier looplock (etcd's lock service) kept its value beside the prefix.
+        auto h = client.range({etcd::holder_key(name)}, bound);
+        if (h.ok() && !h.value.kvs.empty()) holder = parse_cluster_holder(h.value.kvs.front().value);
+      }
+      if (holder) (*holder)["fencing_token"] = kvs.front().create_revision;
+    }
+    Json waiting = Json::array();
+    for (size_t i = 1; i < kvs.size(); ++i) {
+      Json w = parse_cluster_holder(kvs[i].value).value_or(Json::object());
+      w["key"] = kvs[i].key;
+      waiting.push_back(std::move(w));
+    }
+    c["held"] = !kvs.empty();
+    c["contenders"] = kvs.size();
+    c["holder"] = holder ? *holder : Json(nullptr);
+    c["waiting"] = waiting;
+    text = kvs.empty() ? "free (lock name " + name + ")"
+                       : "held by " + describe_cluster_holder(holder) + "; " + std::to_string(kvs.size() - 1) +
+                             " waiting (lock name " + name + ")";
   }
   report.json["cluster"] = c;
   report.text += "cluster   " + printable(text) + "\n";
 }
 
-InspectReport inspect_dir(const Options& o, const std::string& path, etcd::Transport* etcd, int& status) {
+InspectReport inspect_dir(const Options& o, const std::string& path, etcd::Transport* etcd, const Logger& log,
+                          int& status) {
   LockDir dir = open_lock_dir(path, /*check_safety=*/false);
   InspectFacts f;
   f.lock_path = path + (path.ends_with('/') ? "" : "/") + kLockName;
@@ -434,7 +456,7 @@ InspectReport inspect_dir(const Options& o, const std::string& path, etcd::Trans
   f.incidents = summarize_incidents(dir.fd.get());
 
   InspectReport report = build_report(f);
-  if (!o.etcd.empty()) inspect_cluster(o, dir, etcd, report, status);
+  if (!o.etcd.empty()) inspect_cluster(o, dir, etcd, log, report, status);
   return report;
 }
 
@@ -448,14 +470,14 @@ int inspect(const Options& o, const Logger& log, etcd::Transport* etcd) {
   std::string text;
   for (const auto& d : dirs) {
     try {
-      InspectReport r = inspect_dir(o, d, etcd, status);
+      InspectReport r = inspect_dir(o, d, etcd, log, status);
       warned = warned || !r.json["warnings"].empty();
       if (!text.empty()) text += "\n";
       text += r.text;
       all.push_back(std::move(r.json));
     } catch (const Fatal& e) {
       if (dirs.size() == 1) throw;
-      log.error("error", e.what(), e.hint());
+      log.error(e.event(), e.what(), e.hint());
       if (status == exit_code::kOk) status = e.status();
     }
   }

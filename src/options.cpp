@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "error.hpp"
+#include "cluster.hpp"
 #include "etcd.hpp"
 #include "exit_codes.hpp"
 
@@ -25,10 +26,12 @@ constexpr std::string_view kTryHelp = "Try 'looplock --help' for more informatio
 // looks for "--" and "-c". Keep in sync with build_parser() (a unit test
 // checks that every option declared there is classified here).
 constexpr std::array kValueShort = {'p', 'w', 'E'};
-constexpr std::array<std::string_view, 14> kValueLong = {
+constexpr std::array<std::string_view, 19> kValueLong = {
     "policy", "timeout", "conflict-exit-code", "skip-exit-code", "agent",
     "operation", "log-format", "kill-after", "max-time", "metrics-dir",
-    "stale-after", "etcd", "lock-name", "ttl"};
+    "stale-after", "etcd", "lock-name", "ttl",
+    // the cluster lock's TLS and authentication
+    "etcd-cacert", "etcd-cert", "etcd-key", "etcd-user", "etcd-password-file"};
 
 bool long_takes_value(std::string_view arg) {
   // "--name" (value in the next argument); "--name=value" carries its own.
@@ -107,7 +110,11 @@ Split split_argv(const std::vector<std::string>& argv) {
   return s;
 }
 
-cxxopts::Options build_parser() {
+// `cluster_access`: declare the --etcd-* TLS and authentication options too.
+// Each declared option costs cxxopts start-up time (about 11 K instructions,
+// docs/BENCHMARKS.md), so they are declared only when the command line names
+// one: the run of every loop pays nothing for them.
+cxxopts::Options build_parser(bool cluster_access) {
   cxxopts::Options o("looplock", "");
   o.add_options()
       ("h,help", "")
@@ -135,6 +142,14 @@ cxxopts::Options build_parser() {
       ("lock-name", "", cxxopts::value<std::string>())
       ("ttl", "", cxxopts::value<std::string>())
       ("positional", "", cxxopts::value<std::vector<std::string>>());
+  if (cluster_access) {
+    o.add_options()
+        ("etcd-cacert", "", cxxopts::value<std::string>())
+        ("etcd-cert", "", cxxopts::value<std::string>())
+        ("etcd-key", "", cxxopts::value<std::string>())
+        ("etcd-user", "", cxxopts::value<std::string>())
+        ("etcd-password-file", "", cxxopts::value<std::string>());
+  }
   o.parse_positional({"positional"});
   return o;
 }
@@ -221,12 +236,96 @@ Family interpreter_family(std::string_view base) {
   return Family::None;
 }
 
+// --etcd-cacert, --etcd-cert, --etcd-key, --etcd-user, --etcd-password-file
+// and their environment defaults.
+void parse_cluster_access(const cxxopts::ParseResult& r, const Environment& env, Options& o) {
+  const auto endpoints = etcd::parse_endpoints(o.etcd).endpoints;
+  const bool any_tls = std::any_of(endpoints.begin(), endpoints.end(), [](const etcd::Endpoint& e) { return e.tls; });
+  struct File {
+    const char* option;
+    const std::optional<std::string>& env_default;
+    std::string& out;
+  };
+  for (File f : {File{"etcd-cacert", env.looplock_etcd_cacert, o.etcd_cacert},
+                 File{"etcd-cert", env.looplock_etcd_client_cert, o.etcd_cert},
+                 File{"etcd-key", env.looplock_etcd_client_key, o.etcd_key}}) {
+    const std::string option = std::string("--") + f.option;
+    if (r.count(f.option)) {
+      f.out = r[f.option].as<std::string>();
+      if (f.out.empty()) usage_error("invalid " + option + " '': expected a file name");
+      if (o.etcd.empty()) usage_error(option + " '" + f.out + "' applies only with --etcd ENDPOINTS");
+      if (!any_tls) {
+        usage_error(option + " '" + f.out + "' applies only to https:// endpoints",
+                    "Give the etcd endpoints as https://HOST:PORT.");
+      }
+    } else if (any_tls && f.env_default && !f.env_default->empty()) {
+      f.out = *f.env_default;  // the environment's default: only for https:// endpoints
+    }
+  }
+  if (o.etcd_cert.empty() != o.etcd_key.empty()) {
+    usage_error(std::string(o.etcd_cert.empty() ? "--etcd-key" : "--etcd-cert") + " needs " +
+                    (o.etcd_cert.empty() ? "--etcd-cert" : "--etcd-key") + " too",
+                "A client certificate goes with its private key: give both (or $LOOPLOCK_ETCD_CLIENT_CERT and "
+                "$LOOPLOCK_ETCD_CLIENT_KEY).");
+  }
+  if (r.count("etcd-user")) {
+    o.etcd_user = r["etcd-user"].as<std::string>();
+    if (o.etcd_user.empty()) usage_error("invalid --etcd-user '': expected an etcd user name");
+    if (o.etcd.empty()) usage_error("--etcd-user '" + o.etcd_user + "' applies only with --etcd ENDPOINTS");
+  }
+  if (r.count("etcd-password-file")) {
+    o.etcd_password_file = r["etcd-password-file"].as<std::string>();
+    if (o.etcd_user.empty()) {
+      usage_error("--etcd-password-file '" + o.etcd_password_file + "' applies only with --etcd-user NAME");
+    }
+    if (o.etcd_password_file.empty()) usage_error("invalid --etcd-password-file '': expected a file name");
+  } else if (!o.etcd_user.empty()) {
+    if (!env.looplock_etcd_password || env.looplock_etcd_password->empty()) {
+      usage_error("--etcd-user '" + o.etcd_user + "' needs a password",
+                  "Put it in $LOOPLOCK_ETCD_PASSWORD, or in a file for --etcd-password-file FILE (never on the "
+                  "command line).");
+    }
+    o.etcd_password = env.looplock_etcd_password;
+  }
+}
+
 }  // namespace
 
 bool valid_lock_name(std::string_view name) {
   if (name.empty() || name.size() > 255) return false;
   return std::none_of(name.begin(), name.end(),
                       [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
+}
+
+namespace {
+std::string decimal_seconds(long long ns) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", static_cast<double>(ns) / 1e9);
+  std::string s = buf;
+  while (s.ends_with('0')) s.pop_back();
+  if (s.ends_with('.')) s.pop_back();
+  return s;
+}
+}  // namespace
+
+long long lease_kill_after_ns(std::optional<long long> given, int ttl_s, std::string_view given_text) {
+  if (!given) return lease_timing::default_kill_after_ns(ttl_s);
+  const std::string shown = given_text.empty() ? decimal_seconds(*given) : std::string(given_text);
+  const std::string what = "invalid --kill-after '" + shown + "' with --ttl " + std::to_string(ttl_s);
+  // Truncated to 10 ms, so that the number shown is itself accepted.
+  const long long most = lease_timing::max_kill_after_ns(ttl_s) / 10'000'000LL * 10'000'000LL;
+  const std::string room = "Give --kill-after " + decimal_seconds(most) + " or less (default at --ttl " +
+                           std::to_string(ttl_s) + ": " +
+                           decimal_seconds(lease_timing::default_kill_after_ns(ttl_s)) + "), or a longer --ttl.";
+  if (*given == 0) {
+    usage_error(what + ": a lease holder must be killable before its lease expires (0 would never send KILL)", room);
+  }
+  if (*given > most) {
+    usage_error(what + ": TERM would leave too little of the lease to renew it (a quarter of the TTL must "
+                       "remain to ride out an etcd outage)",
+                room);
+  }
+  return *given;
 }
 
 std::optional<long long> parse_duration(std::string_view text, std::string* why) {
@@ -383,11 +482,19 @@ std::string derive_operation(const std::vector<std::string>& command) {
 Options parse_options(const std::vector<std::string>& argv, const Environment& env) {
   Split split = split_argv(argv);
 
-  cxxopts::Options parser = build_parser();
+  const bool cluster_access = std::any_of(split.own.begin(), split.own.end(),
+                                          [](const std::string& a) { return a.starts_with("--etcd-"); });
+  cxxopts::Options parser = build_parser(cluster_access);
   std::vector<const char*> cargv;
   cargv.reserve(split.own.size());
   for (const auto& a : split.own) cargv.push_back(a.c_str());
 
+  for (const auto& a : split.own) {
+    if (a == "--etcd-password" || a.starts_with("--etcd-password=")) {
+      usage_error("--etcd-password is not an option: a password on the command line is visible to every user",
+                  "Put it in $LOOPLOCK_ETCD_PASSWORD, or in a file for --etcd-password-file FILE.");
+    }
+  }
   cxxopts::ParseResult r;
   try {
     r = parser.parse(static_cast<int>(cargv.size()), cargv.data());
@@ -482,7 +589,8 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
   if (!o.etcd.empty()) {
     if (auto parsed = etcd::parse_endpoints(o.etcd); !parsed.error.empty()) {
       usage_error("invalid --etcd '" + o.etcd + "' (or $LOOPLOCK_ETCD): " + parsed.error,
-                  "Give comma-separated http://HOST:PORT endpoints of the etcd cluster (etcd 3.4+).");
+                  "Give comma-separated http://HOST:PORT or https://HOST:PORT endpoints of the etcd cluster "
+                  "(etcd 3.4+).");
     }
   }
   if (r.count("lock-name")) {
@@ -500,7 +608,10 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
     if (o.mode == Mode::Inspect) usage_error("--ttl does not apply to --inspect");
     o.ttl_s = *v;
   }
+  parse_cluster_access(r, env, o);
   if (!o.etcd.empty() && o.mode == Mode::Run) {
+    o.lease_kill_after_ns = lease_kill_after_ns(
+        o.kill_after_ns, o.ttl_s, r.count("kill-after") ? r["kill-after"].as<std::string>() : std::string());
     if (o.shared) {
       usage_error("--etcd cannot be combined with -s/--shared: shared cluster locks are not supported",
                   "Drop -s, or run without --etcd (and without $LOOPLOCK_ETCD) for a shared local lock.");
@@ -618,9 +729,15 @@ Inspect:
       --stale-after DURATION  warn about holds older than this (default 2h)
 Cluster:
       --etcd ENDPOINTS        also lock across hosts on etcd (comma-separated
-                              http://HOST:PORT; default $LOOPLOCK_ETCD)
+                              http[s]://HOST:PORT; default $LOOPLOCK_ETCD)
       --lock-name NAME        cluster lock name (default: DIR's base name)
       --ttl SECONDS           etcd lease time to live (default 10, >= 2)
+      --etcd-cacert FILE      CA of etcd's certificates (https:// endpoints)
+      --etcd-cert FILE        client certificate for etcd (with --etcd-key)
+      --etcd-key FILE         the client certificate's private key
+      --etcd-user NAME        etcd user; the password is in
+                              $LOOPLOCK_ETCD_PASSWORD or --etcd-password-file
+      --etcd-password-file FILE  file holding the etcd user's password
   -h, --help                  show this help;  -V, --version  show version
 
 Examples:

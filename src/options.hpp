@@ -47,6 +47,16 @@ struct Options {
   std::string etcd;                  // the endpoints as given; empty: no cluster lock
   std::string lock_name;             // --lock-name; empty: the loop dir's base name
   int ttl_s = 10;                    // --ttl: the lease's time to live
+  // The kill-after of the lease's deadlines (lease_kill_after_ns()): --kill-after,
+  // or a default that fits the TTL.
+  long long lease_kill_after_ns = 0;
+  // TLS and authentication (https:// endpoints, an etcd user).
+  std::string etcd_cacert;           // --etcd-cacert, $LOOPLOCK_ETCD_CACERT
+  std::string etcd_cert;             // --etcd-cert, $LOOPLOCK_ETCD_CLIENT_CERT
+  std::string etcd_key;              // --etcd-key, $LOOPLOCK_ETCD_CLIENT_KEY
+  std::string etcd_user;             // --etcd-user
+  std::string etcd_password_file;    // --etcd-password-file (read when the lock is taken)
+  std::optional<std::string> etcd_password;  // $LOOPLOCK_ETCD_PASSWORD, with --etcd-user; never printed
 
   // --inspect
   bool json = false;
@@ -61,6 +71,12 @@ struct Environment {
   std::optional<std::string> looplock_etcd;   // $LOOPLOCK_ETCD: default of --etcd
   std::optional<std::string> metrics_dir;     // $LOOPLOCK_METRICS_DIR: default of --metrics-dir
   std::function<std::string()> user_name;     // from the password database, asked only when needed
+  // The cluster lock's TLS files and password (defaults of --etcd-cacert,
+  // --etcd-cert, --etcd-key; the password of --etcd-user).
+  std::optional<std::string> looplock_etcd_cacert;       // $LOOPLOCK_ETCD_CACERT
+  std::optional<std::string> looplock_etcd_client_cert;  // $LOOPLOCK_ETCD_CLIENT_CERT
+  std::optional<std::string> looplock_etcd_client_key;   // $LOOPLOCK_ETCD_CLIENT_KEY
+  std::optional<std::string> looplock_etcd_password;     // $LOOPLOCK_ETCD_PASSWORD
 };
 
 Options parse_options(const std::vector<std::string>& argv, const Environment& env);
@@ -92,6 +108,13 @@ std::optional<long long> parse_duration(std::string_view text, std::string* why 
 
 // A cluster lock name: 1 to 255 bytes without control characters.
 bool valid_lock_name(std::string_view name);
+
+// The kill-after of the etcd lease's deadlines for --ttl `ttl_s`: the given
+// --kill-after (`given_text` as typed, for the message), or by default a
+// sixth of the TTL, at most 5 s. Throws Fatal 64 for 0 (a lease holder must
+// be killable before its lease expires) and for a value that leaves no room
+// to renew the lease inside the TTL (see lease_timing in cluster.hpp).
+long long lease_kill_after_ns(std::optional<long long> given, int ttl_s, std::string_view given_text = {});
 
 const std::string& help_text();
 

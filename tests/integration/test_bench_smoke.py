@@ -20,6 +20,7 @@ SECTIONS = [
     "## 3. Hand-off latency",
     "## 4. Deadline precision",
     "## 5. Memory",
+    "## 6. Cluster lock",
     "## Targets",
     "## Plot",
     "## What was tried",
@@ -68,6 +69,10 @@ def test_quick_mode_writes_every_section_and_keeps_what_was_tried(tmp_path):
             continue
         assert "looplock" in body and "flock" in body, scenario
         assert "|---" in body, f"no table under {scenario}"
+    # The cluster lock against etcdctl lock, when etcd and looplock-etcd are there.
+    body = text[text.find("## 6. Cluster lock"):]
+    body = body[:body.find("\n## ", 1)]
+    assert "Skipped:" in body or ("`etcdctl lock`" in body and "|---" in body), body
     # A smoke run judges nothing.
     assert "not judged (--quick)" in text
     assert "**not met**" not in text and "| met |" not in text

@@ -51,9 +51,15 @@ Inspect:
       --stale-after DURATION  warn about holds older than this (default 2h)
 Cluster:
       --etcd ENDPOINTS        also lock across hosts on etcd (comma-separated
-                              http://HOST:PORT; default $LOOPLOCK_ETCD)
+                              http[s]://HOST:PORT; default $LOOPLOCK_ETCD)
       --lock-name NAME        cluster lock name (default: DIR's base name)
       --ttl SECONDS           etcd lease time to live (default 10, >= 2)
+      --etcd-cacert FILE      CA of etcd's certificates (https:// endpoints)
+      --etcd-cert FILE        client certificate for etcd (with --etcd-key)
+      --etcd-key FILE         the client certificate's private key
+      --etcd-user NAME        etcd user; the password is in
+                              $LOOPLOCK_ETCD_PASSWORD or --etcd-password-file
+      --etcd-password-file FILE  file holding the etcd user's password
   -h, --help                  show this help;  -V, --version  show version
 
 Examples:

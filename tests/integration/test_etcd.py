@@ -13,82 +13,23 @@ import shutil
 import signal
 import socket
 import subprocess
-import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from conftest import (EX_TEMPFAIL, EX_USAGE, LOOPLOCK, PY, TIMEOUT, expect_line, expect_stderr, helper, incident_rows,
                       run, start, wait_until)
+from etcdtest import EX_LEASE_LOST, EX_UNAVAILABLE, HELPER, needs_etcd, start_member
 
-ETCD = "/usr/bin/etcd"
-ETCDCTL = "/usr/bin/etcdctl"
-EX_UNAVAILABLE = 69
-EX_LEASE_LOST = 76
-
-# Where meson built looplock-etcd ('' when libcurl was not found).
-HELPER = os.environ.get("LOOPLOCK_ETCD_HELPER", str(Path(LOOPLOCK).parent / "looplock-etcd"))
-
-pytestmark = [
-    pytest.mark.skipif(not os.access(ETCD, os.X_OK), reason=f"{ETCD} is missing (Debian package etcd-server)"),
-    pytest.mark.skipif(not HELPER or not os.access(HELPER, os.X_OK),
-                       reason="looplock-etcd was not built (libcurl missing: install libcurl4-openssl-dev)"),
-]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Etcd:
-    def __init__(self):
-        self.data = tempfile.mkdtemp(prefix="looplock-etcd-")
-        self.client_port, self.peer_port = free_port(), free_port()
-        self.url = f"http://127.0.0.1:{self.client_port}"
-        peer = f"http://127.0.0.1:{self.peer_port}"
-        self.log = open(os.path.join(self.data, "etcd.log"), "w")
-        self.proc = subprocess.Popen(
-            [ETCD, "--name", "default", "--data-dir", os.path.join(self.data, "data"),
-             "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
-             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"default={peer}"],
-            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        end = time.monotonic() + 20
-        while True:
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
-                    if json.load(r).get("health") == "true":
-                        break
-            except OSError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > end:
-                self.stop()
-                pytest.fail(f"etcd did not become healthy; see {self.data}/etcd.log")
-            time.sleep(0.1)
-
-    def ctl(self, *args):
-        env = dict(os.environ, ETCDCTL_API="3")
-        return subprocess.run([ETCDCTL, "--endpoints", self.url, *args], capture_output=True, text=True,
-                              timeout=TIMEOUT, env=env)
-
-    def stop(self):
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)
-            self.proc.kill()
-        self.proc.wait(timeout=TIMEOUT)
-        self.log.close()
-        shutil.rmtree(self.data, ignore_errors=True)
+pytestmark = needs_etcd
 
 
 @pytest.fixture(scope="module")
 def etcd():
-    e = Etcd()
-    yield e
-    e.stop()
+    m = start_member()
+    yield m
+    m.remove()
 
 
 @pytest.fixture
@@ -229,7 +170,7 @@ def test_revoked_lease_terminates_the_command_and_exits_76(etcd, name, hosts):
     assert p.returncode == EX_LEASE_LOST, err
     assert out == "term\n"
     assert "looplock: lease_lost:" in err
-    assert elapsed < 10  # noticed at the next keepalive (TTL/3 = 3.3 s)
+    assert elapsed < 3  # noticed at the next keepalive (every TTL/12 = 0.83 s)
     rows = incident_rows(hosts[0])
     assert [row["error_code"] for row in rows] == ["lease_lost"]
     assert rows[0]["cluster"]["lease"] == lease
@@ -369,13 +310,69 @@ def test_inspect_names_the_cluster_holder(etcd, name, hosts, cluster_holders):
                        timeout=TIMEOUT)
     c = json.loads(r.stdout)["cluster"]
     assert c["held"] is True and c["holder"]["pid"] == a.proc.pid
-    r = subprocess.run([LOOPLOCK, "--inspect", *cluster(etcd, name), hosts[1]], capture_output=True, text=True,
-                       timeout=TIMEOUT)
-    assert f"cluster   held by host {socket.gethostname()} pid {a.proc.pid}" in r.stdout
-    a.release()
+    assert c["holder"]["fencing_token"] > 0
+    w = start(["-v", *cluster(etcd, name), "-p", "blocking", hosts[2], "--", "true"])
+    try:
+        expect_stderr(w, "waiting for cluster lock")
+        r = subprocess.run([LOOPLOCK, "--inspect", *cluster(etcd, name), hosts[1]], capture_output=True, text=True,
+                           timeout=TIMEOUT)
+        assert f"cluster   held by host {socket.gethostname()} pid {a.proc.pid}" in r.stdout
+        assert "; 1 waiting" in r.stdout
+        r = subprocess.run([LOOPLOCK, "--inspect", "--json", *cluster(etcd, name), hosts[1]], capture_output=True,
+                           text=True, timeout=TIMEOUT)
+        assert [x["pid"] for x in json.loads(r.stdout)["cluster"]["waiting"]] == [w.pid]
+        a.release()
+        assert w.wait(timeout=TIMEOUT) == 0
+    finally:
+        if w.poll() is None:
+            w.kill()
+        w.wait(timeout=TIMEOUT)
     r = subprocess.run([LOOPLOCK, "--inspect", "--etcd", "http://127.0.0.1:1", hosts[1]], capture_output=True,
                        text=True, timeout=TIMEOUT)
     assert r.returncode == EX_UNAVAILABLE
+
+
+def test_inspect_reads_a_holder_of_the_old_layout(etcd, name, hosts):
+    """An earlier looplock (etcd's lock service) left the lock key's value
+    empty and wrote its holder beside the prefix: --inspect still names it."""
+    lease = etcd.post("/v3/lease/grant", {"TTL": 30})["ID"]
+    b64 = lambda t: __import__("base64").b64encode(t.encode()).decode()
+    etcd.post("/v3/kv/put", {"key": b64(f"looplock/{name}/lock/{int(lease):x}"), "value": "", "lease": lease})
+    old = {"host": "oldhost", "pid": 4242, "agent_id": "cron", "operation": "tick.py", "acquired_at": "T", "lease": "x",
+           "fencing_token": 3}
+    etcd.post("/v3/kv/put", {"key": b64(f"looplock/{name}/holder"), "value": b64(json.dumps(old)), "lease": lease})
+    try:
+        r = subprocess.run([LOOPLOCK, "--inspect", *cluster(etcd, name), hosts[0]], capture_output=True, text=True,
+                           timeout=TIMEOUT)
+        assert "cluster   held by host oldhost pid 4242" in r.stdout, r.stdout
+        r = run([*cluster(etcd, name), "-p", "single_flight", hosts[0], "--", "echo", "must not run"])
+        assert r.returncode == 0 and "oldhost pid 4242" in r.stderr, r.stderr
+    finally:
+        etcd.post("/v3/lease/revoke", {"ID": lease})
+
+
+def test_etcdctl_lock_and_looplock_exclude_each_other(etcd, name, hosts, tmp_path):
+    """The same keys as etcd's own concurrency.Mutex (etcdctl lock)."""
+    done = tmp_path / "done"  # etcdctl gives its command no stdin: it holds until this file exists
+    ctl = subprocess.Popen(["/usr/bin/etcdctl", "--endpoints", etcd.url, "lock", f"looplock/{name}/lock", "--", "sh", "-c",
+                            f"echo ready; while [ ! -e {done} ]; do sleep 0.02; done"], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=dict(os.environ, ETCDCTL_API="3"))
+    try:
+        expect_line(ctl, "ready")
+        r = run([*cluster(etcd, name), "-p", "single_flight", hosts[0], "--", "echo", "must not run"])
+        assert r.returncode == 0, r.stderr
+        assert "noop-locked" in r.stderr and "etcdctl lock" in r.stderr
+        w = start([*cluster(etcd, name), "-w", "20", hosts[1], "--", "echo", "ran"])
+        done.touch()
+        assert ctl.wait(timeout=TIMEOUT) == 0
+        out, err = w.communicate(timeout=TIMEOUT)
+        assert (w.returncode, out) == (0, "ran\n"), err
+    finally:
+        done.touch()  # ends etcdctl's command even when etcdctl itself is killed
+        if ctl.poll() is None:
+            ctl.kill()
+        ctl.wait(timeout=TIMEOUT)
 
 
 # -- the hand-over from the static looplock to looplock-etcd -----------------

@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "etcd_curl.hpp"
 #include "sys.hpp"
@@ -68,6 +70,62 @@ std::thread serve_once(const Listener& l, std::string answer, std::string& reque
   });
 }
 
+// Serves `requests` requests, on as many connections as the client opens
+// (HTTP/1.1 keep-alive: each connection may carry several), answering each
+// with `answer`; counts the connections it accepted. One thread, poll(2).
+std::thread serve_kept(const Listener& l, std::string answer, int requests, std::vector<std::string>& seen,
+                       int& connections) {
+  return std::thread([fd = l.fd.get(), answer = std::move(answer), requests, &seen, &connections] {
+    std::vector<UniqueFd> conns;
+    std::vector<std::string> bufs;
+    int served = 0;
+    while (served < requests) {
+      std::vector<pollfd> fds{{fd, POLLIN, 0}};
+      for (const auto& c : conns) fds.push_back({c.get(), POLLIN, 0});
+      if (poll(fds.data(), fds.size(), 5000) <= 0) return;
+      if (fds[0].revents & POLLIN) {
+        conns.emplace_back(accept4(fd, nullptr, nullptr, SOCK_CLOEXEC));
+        bufs.emplace_back();
+        ++connections;
+      }
+      for (size_t i = 1; i < fds.size(); ++i) {
+        if (!(fds[i].revents & (POLLIN | POLLHUP))) continue;
+        char chunk[4096];
+        ssize_t n = read(fds[i].fd, chunk, sizeof chunk);
+        if (n <= 0) continue;
+        std::string& buf = bufs[i - 1];
+        buf.append(chunk, static_cast<size_t>(n));
+        for (;;) {
+          auto head_end = buf.find("\r\n\r\n");
+          if (head_end == std::string::npos) break;
+          auto cl = buf.find("Content-Length: ");
+          size_t length = cl == std::string::npos ? 0 : std::stoul(buf.substr(cl + 16));
+          if (buf.size() < head_end + 4 + length) break;
+          seen.push_back(buf.substr(0, head_end + 4 + length));
+          buf.erase(0, head_end + 4 + length);
+          sys::write_all(fds[i].fd, answer);
+          ++served;
+        }
+      }
+    }
+  });
+}
+
+// One POST through the transport.
+Exchange post(CurlTransport& t, const Endpoint& ep, std::string_view path, std::string_view body,
+              long long connect_deadline, long long deadline, bool stream, HttpResponse& out, std::string& error,
+              std::string_view token = {}, bool fresh = false) {
+  Request req;
+  req.path = path;
+  req.body = body;
+  req.token = token;
+  req.connect_deadline_ns = connect_deadline;
+  req.deadline_ns = deadline;
+  if (stream) req.enough = [](std::string_view b) { return b.find('\n') != std::string_view::npos; };
+  req.fresh_connection = fresh;
+  return t.post(ep, req, out, error);
+}
+
 int sockets_without_cloexec() {
   int count = 0;
   for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
@@ -91,8 +149,8 @@ TEST_CASE("an answer: the POST as sent, the status and body as received") {
   HttpResponse out;
   std::string error;
   const long long now = sys::monotonic_ns();
-  auto ex = t.post(l.endpoint(), "/v3/kv/range", R"({"key":"aw=="})", now + 1000 * kMs, now + 5000 * kMs, false, out,
-                   error);
+  auto ex = post(t, l.endpoint(), "/v3/kv/range", R"({"key":"aw=="})", now + 1000 * kMs, now + 5000 * kMs, false, out,
+                 error);
   server.join();
   unsetenv("http_proxy");
   CHECK(ex == Exchange::Ok);
@@ -115,8 +173,8 @@ TEST_CASE("a stream that does not end: its first line is the answer") {
   HttpResponse out;
   std::string error;
   const long long start = sys::monotonic_ns();
-  auto ex = t.post(l.endpoint(), "/v3/lease/keepalive", R"({"ID":"7"})", start + 1000 * kMs, start + 2000 * kMs, true,
-                   out, error);
+  auto ex = post(t, l.endpoint(), "/v3/watch", R"({"ID":"7"})", start + 1000 * kMs, start + 2000 * kMs, true, out,
+                 error);
   const long long took = sys::monotonic_ns() - start;
   server.join();
   CHECK(ex == Exchange::Ok);
@@ -136,7 +194,7 @@ TEST_CASE("a refused connection is ConnectFailed") {
   std::string error;
   const long long now = sys::monotonic_ns();
   auto ep = parse_endpoints("http://127.0.0.1:" + std::to_string(port)).endpoints.at(0);
-  CHECK(t.post(ep, "/v3/kv/range", "{}", now + 1000 * kMs, now + 2000 * kMs, false, out, error) ==
+  CHECK(post(t, ep, "/v3/kv/range", "{}", now + 1000 * kMs, now + 2000 * kMs, false, out, error) ==
         Exchange::ConnectFailed);
   CHECK(error.starts_with(ep.text + ": "));
 }
@@ -147,7 +205,7 @@ TEST_CASE("a server that takes the request and never answers is TimedOut, on tim
   HttpResponse out;
   std::string error;
   const long long start = sys::monotonic_ns();
-  auto ex = t.post(l.endpoint(), "/v3/lock/lock", "{}", start + 1000 * kMs, start + 300 * kMs, false, out, error);
+  auto ex = post(t, l.endpoint(), "/v3/kv/range", "{}", start + 1000 * kMs, start + 300 * kMs, false, out, error);
   const long long took = sys::monotonic_ns() - start;
   CHECK(ex == Exchange::TimedOut);
   CHECK(error.find("no answer before the deadline") != std::string::npos);
@@ -163,8 +221,102 @@ TEST_CASE("a connection closed without an answer is ConnectFailed (the next endp
   HttpResponse out;
   std::string error;
   const long long now = sys::monotonic_ns();
-  auto ex = t.post(l.endpoint(), "/v3/kv/put", "{}", now + 1000 * kMs, now + 2000 * kMs, false, out, error);
+  auto ex = post(t, l.endpoint(), "/v3/kv/put", "{}", now + 1000 * kMs, now + 2000 * kMs, false, out, error);
   server.join();
   CHECK(ex == Exchange::ConnectFailed);
   CHECK(error.find("without an answer") != std::string::npos);
+}
+
+TEST_CASE("one kept connection per endpoint; a fresh one when asked; the auth token as a header") {
+  CurlTransport t;
+  Listener l;
+  std::vector<std::string> seen;
+  int connections = 0;
+  auto server = serve_kept(l, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", 4, seen, connections);
+  HttpResponse out;
+  std::string error;
+  for (int i = 0; i < 4; ++i) {
+    const long long now = sys::monotonic_ns();
+    CHECK(post(t, l.endpoint(), "/v3/kv/range", "{}", now + 1000 * kMs, now + 2000 * kMs, false, out, error,
+               i == 1 ? "tok.1" : "", i == 3) == Exchange::Ok);
+  }
+  server.join();
+  CHECK(connections == 2);  // requests 0-2 on one connection, 3 on a fresh one
+  REQUIRE(seen.size() == 4);
+  CHECK(seen[1].find("Authorization: tok.1\r\n") != std::string::npos);
+  CHECK(seen[0].find("Authorization") == std::string::npos);
+  CHECK(seen[2].find("Authorization") == std::string::npos);
+  CHECK(sockets_without_cloexec() == 0);
+}
+
+TEST_CASE("a kept connection whose server went away: the next request connects again") {
+  CurlTransport t;
+  Listener l;
+  std::string first, second;
+  HttpResponse out;
+  std::string error;
+  auto server = serve_once(l, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", first);
+  long long now = sys::monotonic_ns();
+  CHECK(post(t, l.endpoint(), "/v3/kv/range", "{}", now + 1000 * kMs, now + 2000 * kMs, false, out, error) ==
+        Exchange::Ok);
+  server.join();  // and closed its end
+  server = serve_once(l, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", second);
+  now = sys::monotonic_ns();
+  CHECK(post(t, l.endpoint(), "/v3/kv/range", "{}", now + 1000 * kMs, now + 2000 * kMs, false, out, error) ==
+        Exchange::Ok);
+  server.join();
+  CHECK(second.starts_with("POST /v3/kv/range"));
+}
+
+TEST_CASE("https:// to a plain-HTTP server fails as a TLS failure, saying so") {
+  CurlTransport t;
+  Listener l;
+  // A plain HTTP server answers the TLS ClientHello as a bad request.
+  auto server = std::thread([fd = l.fd.get()] {
+    UniqueFd c(accept4(fd, nullptr, nullptr, SOCK_CLOEXEC));
+    if (!c) return;
+    char buf[4096];
+    if (read(c.get(), buf, sizeof buf) > 0) sys::write_all(c.get(), "HTTP/1.1 400 Bad Request\r\n\r\n");
+  });
+  HttpResponse out;
+  std::string error;
+  auto ep = parse_endpoints("https://127.0.0.1:" + std::to_string(l.port)).endpoints.at(0);
+  const long long now = sys::monotonic_ns();
+  auto ex = post(t, ep, "/v3/kv/range", "{}", now + 1000 * kMs, now + 2000 * kMs, false, out, error);
+  server.join();
+  CHECK(ex == Exchange::TlsFailed);
+  CHECK(error.find("TLS") != std::string::npos);
+  CHECK(out.hint.find("--etcd-cacert") != std::string::npos);
+}
+
+TEST_CASE("a blackholed endpoint is ConnectFailed at the connect deadline, not the request's") {
+  // A listener whose accept queue is full drops every SYN: a connect hangs.
+  UniqueFd l(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  REQUIRE(l);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(l.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(getsockname(l.get(), reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  REQUIRE(listen(l.get(), 0) == 0);
+  std::vector<UniqueFd> fillers;
+  for (int i = 0; i < 2; ++i) {
+    fillers.emplace_back(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    (void)connect(fillers.back().get(), reinterpret_cast<sockaddr*>(&a), sizeof a);
+  }
+  pollfd first{fillers[0].get(), POLLOUT, 0};  // until the first filler's handshake is done (it fills the queue)
+  REQUIRE(poll(&first, 1, 2000) == 1);
+  CurlTransport t;
+  HttpResponse out;
+  std::string error;
+  auto ep = parse_endpoints("http://127.0.0.1:" + std::to_string(ntohs(a.sin_port))).endpoints.at(0);
+  const long long start = sys::monotonic_ns();
+  auto ex = post(t, ep, "/v3/kv/range", "{}", start + 60 * kMs, start + 3000 * kMs, false, out, error);
+  const long long took = sys::monotonic_ns() - start;
+  CHECK(ex == Exchange::ConnectFailed);
+  CHECK(error.find("connection timed out") != std::string::npos);
+  CHECK(took >= 55 * kMs);
+  CHECK(took < 1000 * kMs);
+  CHECK(sockets_without_cloexec() == 0);
 }

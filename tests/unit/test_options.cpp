@@ -139,14 +139,15 @@ TEST_CASE("every value-taking option is classified by the splitter") {
   // The help text lists them all (guards the regex above).
   CHECK(longs == std::set<std::string>{"policy", "timeout", "conflict-exit-code", "skip-exit-code", "agent",
                                        "operation", "log-format", "kill-after", "max-time", "metrics-dir",
-                                       "stale-after", "etcd", "lock-name", "ttl"});
+                                       "stale-after", "etcd", "lock-name", "ttl", "etcd-cacert", "etcd-cert",
+                                       "etcd-key", "etcd-user", "etcd-password-file"});
 
   std::vector<std::string> spellings;
   for (const auto& [s, l] : opts) {
     spellings.push_back("--" + l);
     if (!s.empty()) spellings.push_back("-" + s);
   }
-  CHECK(spellings.size() == 17);
+  CHECK(spellings.size() == 22);
   for (const auto& spelling : spellings) {
     CAPTURE(spelling);
     // The value is "--": if the splitter did not know that the option takes
@@ -539,7 +540,7 @@ TEST_CASE("cluster options: --etcd, --lock-name, --ttl") {
   CHECK(parse({"DIR", "--", "x"}).etcd.empty());
 
   for (Args bad : {Args{"--etcd", "127.0.0.1:2379", "DIR", "--", "x"}, Args{"--etcd", "", "DIR", "--", "x"},
-                   Args{"--etcd", "https://h:1", "DIR", "--", "x"}, Args{"--lock-name", "n", "DIR", "--", "x"},
+                   Args{"--etcd", "ftp://h:1", "DIR", "--", "x"}, Args{"--lock-name", "n", "DIR", "--", "x"},
                    Args{"--ttl", "5", "DIR", "--", "x"}, Args{"--etcd", E, "--ttl", "1", "DIR", "--", "x"},
                    Args{"--etcd", E, "--ttl", "2.5", "DIR", "--", "x"}, Args{"--etcd", E, "--lock-name", "", "DIR", "--", "x"},
                    Args{"--etcd", E, "--lock-name", "a\nb", "DIR", "--", "x"}, Args{"--etcd", E, "-s", "DIR", "--", "x"},
@@ -556,4 +557,93 @@ TEST_CASE("cluster options: --etcd, --lock-name, --ttl") {
   CHECK(parse_failure({"-s", "DIR", "--", "x"}, env));
   // --inspect takes --etcd (to name the cluster holder).
   CHECK(parse({"--inspect", "--etcd", E, "DIR"}).etcd == E);
+}
+
+TEST_CASE("the lease's kill-after: a default that fits the TTL; 0 or too long is a usage error") {
+  using looplock::lease_kill_after_ns;
+  CHECK(lease_kill_after_ns(std::nullopt, 3) == 500'000'000LL);
+  CHECK(lease_kill_after_ns(std::nullopt, 10) == 1'666'666'666LL);
+  CHECK(lease_kill_after_ns(std::nullopt, 60) == 5 * kSec);
+  CHECK(lease_kill_after_ns(kSec, 3) == kSec);
+  CHECK(lease_kill_after_ns(5 * kSec, 10) == 5 * kSec);
+  CHECK(lease_kill_after_ns(1'770'000'000LL, 3) == 1'770'000'000LL);  // the most at --ttl 3
+  for (auto [given, ttl] : {std::pair{1'780'000'000LL, 3}, std::pair{0LL, 3}, std::pair{5 * kSec, 3},
+                            std::pair{7 * kSec, 10}, std::pair{2 * kSec, 2}}) {
+    CAPTURE(given);
+    CAPTURE(ttl);
+    try {
+      lease_kill_after_ns(given, ttl, "T");
+      FAIL("no usage error");
+    } catch (const Fatal& f) {
+      CHECK(f.status() == 64);
+      CHECK(std::string(f.what()).starts_with("invalid --kill-after 'T' with --ttl " + std::to_string(ttl) + ": "));
+      CHECK(f.hint().starts_with("Give --kill-after "));
+    }
+  }
+  // Through the options: --ttl 3 works with the defaults; 0 is refused with --etcd only.
+  const std::string E = "http://127.0.0.1:2379";
+  CHECK(parse({"--etcd", E, "--ttl", "3", "DIR", "--", "x"}).lease_kill_after_ns == 500'000'000LL);
+  CHECK(parse({"--etcd", E, "--ttl", "3", "--kill-after", "1", "DIR", "--", "x"}).lease_kill_after_ns == kSec);
+  auto f = parse_failure({"--etcd", E, "--ttl", "3", "--kill-after", "5s", "DIR", "--", "x"});
+  REQUIRE(f);
+  CHECK(f->status == 64);
+  CHECK(f->message == "invalid --kill-after '5s' with --ttl 3: TERM would leave too little of the lease to renew it "
+                      "(a quarter of the TTL must remain to ride out an etcd outage)");
+  CHECK(f->hint == "Give --kill-after 1.77 or less (default at --ttl 3: 0.5), or a longer --ttl.");
+  f = parse_failure({"--etcd", E, "--kill-after", "0", "DIR", "--", "x"});
+  REQUIRE(f);
+  CHECK(f->message.find("must be killable before its lease expires") != std::string::npos);
+  CHECK_FALSE(parse_failure({"--kill-after", "0", "DIR", "--", "x"}));
+}
+
+TEST_CASE("cluster TLS and authentication options") {
+  const std::string S = "https://127.0.0.1:2379";
+  const std::string P = "http://127.0.0.1:2379";
+  Options o = parse({"--etcd", S, "--etcd-cacert", "ca.pem", "--etcd-cert", "c.pem", "--etcd-key", "k.pem", "DIR",
+                     "--", "x"});
+  CHECK(o.etcd_cacert == "ca.pem");
+  CHECK(o.etcd_cert == "c.pem");
+  CHECK(o.etcd_key == "k.pem");
+  // Defaults from the environment, for https:// endpoints only.
+  Environment env = test_env();
+  env.looplock_etcd_cacert = "/etc/ca.pem";
+  env.looplock_etcd_client_cert = "/etc/c.pem";
+  env.looplock_etcd_client_key = "/etc/k.pem";
+  o = parse({"--etcd", S, "DIR", "--", "x"}, env);
+  CHECK(o.etcd_cacert == "/etc/ca.pem");
+  CHECK(o.etcd_key == "/etc/k.pem");
+  CHECK(parse({"--etcd", P, "DIR", "--", "x"}, env).etcd_cacert.empty());
+  CHECK(parse({"--etcd", S, "--etcd-cacert", "mine.pem", "DIR", "--", "x"}, env).etcd_cacert == "mine.pem");
+  // A user, with the password from the environment (never from the command line).
+  env.looplock_etcd_password = "s3cret";
+  o = parse({"--etcd", S, "--etcd-user", "loop", "DIR", "--", "x"}, env);
+  CHECK(o.etcd_user == "loop");
+  CHECK(o.etcd_password == std::optional<std::string>("s3cret"));
+  o = parse({"--etcd", S, "--etcd-user", "loop", "--etcd-password-file", "/run/pw", "DIR", "--", "x"});
+  CHECK(o.etcd_password_file == "/run/pw");
+  CHECK(parse({"--etcd", S, "DIR", "--", "x"}, env).etcd_password == std::nullopt);  // no user: not kept
+  CHECK(parse({"--inspect", "--etcd", S, "--etcd-user", "loop", "DIR"}, env).etcd_user == "loop");
+
+  for (Args bad : {Args{"--etcd-cacert", "ca.pem", "DIR", "--", "x"},
+                   Args{"--etcd", P, "--etcd-cacert", "ca.pem", "DIR", "--", "x"},
+                   Args{"--etcd", S, "--etcd-cert", "c.pem", "DIR", "--", "x"},
+                   Args{"--etcd", S, "--etcd-key", "k.pem", "DIR", "--", "x"},
+                   Args{"--etcd", S, "--etcd-cacert", "", "DIR", "--", "x"},
+                   Args{"--etcd", S, "--etcd-user", "loop", "DIR", "--", "x"},
+                   Args{"--etcd", S, "--etcd-user", "", "DIR", "--", "x"},
+                   Args{"--etcd-user", "loop", "--etcd-password-file", "f", "DIR", "--", "x"},
+                   Args{"--etcd", S, "--etcd-password-file", "f", "DIR", "--", "x"},
+                   Args{"--etcd", S, "--etcd-user", "loop", "--etcd-password", "s3cret", "DIR", "--", "x"},
+                   Args{"--etcd", S, "--etcd-user", "loop", "--etcd-password=s3cret", "DIR", "--", "x"}}) {
+    CAPTURE(bad);
+    auto f = parse_failure(bad);
+    REQUIRE(f);
+    CHECK(f->status == 64);
+    CHECK(f->message.find("s3cret") == std::string::npos);
+    CHECK(f->hint.find("s3cret") == std::string::npos);
+  }
+  auto f = parse_failure({"--etcd", S, "--etcd-user", "loop", "--etcd-password=s3cret", "DIR", "--", "x"});
+  CHECK(f->message.find("visible to every user") != std::string::npos);
+  f = parse_failure({"--etcd", S, "--etcd-user", "loop", "DIR", "--", "x"});
+  CHECK(f->hint.find("$LOOPLOCK_ETCD_PASSWORD") != std::string::npos);
 }
