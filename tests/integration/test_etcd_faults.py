@@ -118,7 +118,14 @@ def partition_trial(etcd, relay, tmp_path, history, procs, mode, before_partitio
     relay.set("pass")
     assert a.returncode == EX_LEASE_LOST, a_err
     assert "lease_lost" in a_err
-    assert incident_rows(a_dir)[-1]["error_code"] == "lease_lost"
+    row = incident_rows(a_dir)[-1]
+    assert row["error_code"] == "lease_lost"
+    # Written once the job had ended: how it ended, and how long it ran on.
+    assert row["killed"] is (mode == "ignore"), row
+    assert ("KILL was needed" if mode == "ignore" else "TERM sufficed") in a_err
+    assert 0 <= row["ran_after_loss_ms"] <= row["ran_ms"] and 0 <= row["ran_after_term_ms"] < 10_000, row
+    if mode == "ignore":
+        assert row["ran_after_term_ms"] >= 300, row  # it ran on until KILL, --kill-after (0.5 s at TTL 3) later
     # The promise itself: A's command had ended before its lease could
     # expire (its last answered keepalive + TTL, which is before this).
     history.wait_ended()
