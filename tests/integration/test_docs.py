@@ -100,6 +100,8 @@ class Runs:
         self.records = []
         self.incidents = []
         self.metrics = ""
+        self.inspect_json = []
+        self.log_json = []
 
 
 @pytest.fixture(scope="module")
@@ -130,10 +132,14 @@ def runs(tmp_path_factory):
     waiter = start(["--agent", "ci", "-w", "60", loop, "--", "python3", scripts / "deploy.py"], env=env)
     try:
         wait_until(lambda: waiter.pid in blocked_waiters(loop / ".state.lock"), "the waiter to block")
+        for extra in (["-p", "single_flight"], ["-w", "0.1"]):
+            r = run(["--log-format", "json", *extra, loop, "--", "true"], env=env)
+            R.log_json += [json.loads(line) for line in r.stderr.splitlines()]
         for _ in range(3):
             looplock(["--agent", "ci", "-w", "0.2", loop, "--", "python3", scripts / "status.py"])
         looplock(["-p", "single_flight", loop, "--", scripts / "monitor.sh"])
         R.inspect.append(run(["--inspect", loop]).stdout)
+        R.inspect_json.append(json.loads(run(["--inspect", "--json", loop]).stdout))
         R.records.append((loop / ".state.lock").read_text())
         R.incidents += [line for line in (loop / ".state.lock.incidents.jsonl").read_text().splitlines() if line]
         # A wait on a terminal: its status line.
@@ -172,6 +178,10 @@ def runs(tmp_path_factory):
         looplock(["-w", "0.1", loop, "--", "true"])
     finally:
         kill_and_wait_gone(daemon)
+    for args in (["-v", loop, "--", "true"], ["--max-time", "0.1", loop, "--", "sleep", "5"]):
+        r = run(["--log-format", "json", *args], env=env)
+        R.log_json += [json.loads(line) for line in r.stderr.splitlines()]
+    R.incidents += [line for line in (loop / ".state.lock.incidents.jsonl").read_text().splitlines() if line]
     R.metrics = "\n".join(p.read_text() for p in metrics.glob("*.prom"))
     return R
 
@@ -255,3 +265,79 @@ def test_every_documented_sample_is_checked():
     for doc in DOCS:
         assert (doc, "stderr") in kinds and (doc, "inspect") in kinds
     assert ("looplock(1)", "metrics") in kinds and ("looplock(1)", "record") in kinds
+
+
+# --- what the man page lists ------------------------------------------------------------
+
+MAN = DOCS["looplock(1)"].read_text()
+
+
+def man_section(title):
+    m = re.search(rf"^# {title}\n(.*?)(?=^# )", MAN, re.S | re.M)
+    assert m, title
+    return m.group(1)
+
+
+def keys_of(value, out):
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out.add(k)
+            keys_of(v, out)
+    elif isinstance(value, list):
+        for v in value:
+            keys_of(v, out)
+    return out
+
+
+def test_the_man_page_names_every_json_key(runs):
+    """Of holder records, incident rows, --inspect --json reports and log lines."""
+    found = set()
+    for text in runs.records + runs.incidents:
+        keys_of(json.loads(text.strip()), found)
+    for obj in runs.inspect_json + runs.log_json:
+        keys_of(obj, found)
+    missing = sorted(k for k in found if f"*{k}*" not in MAN)
+    assert not missing, f"JSON keys the man page does not name: {missing}"
+
+
+SRC = ROOT / "src"
+
+
+def events_in_source():
+    events = set()
+    for f in SRC.glob("*.cpp"):
+        text = f.read_text()
+        events |= set(re.findall(r'\blog_?\.(?:error|warn|warn_always|result|verbose)\("([a-z_-]+)"', text))
+        # An event given to Fatal: its last argument, a literal.
+        for m in re.finditer(r"Fatal\(", text):
+            call = text[m.end():text.find(";", m.end())]
+            last = re.search(r',\s*(?:[a-z_]+ \? )?"([a-z]+(?:_[a-z]+)+)"(?:\s*:\s*"([a-z]+(?:_[a-z]+)+)")?\)\s*$', call)
+            if last:
+                events |= {e for e in last.groups() if e}
+    events |= set(re.findall(r'return "([a-z_]+)";', (SRC / "error.cpp").read_text()))
+    events |= set(re.findall(r'\\"event\\":\\"([a-z_]+)\\"', (SRC / "app.cpp").read_text()))
+    return events
+
+
+def test_the_man_page_lists_every_log_event():
+    events = events_in_source()
+    assert {"lock_acquire_timeout", "noop-locked", "usage_error", "unsafe_lock_file", "etcd_unreachable",
+            "out_of_memory"} <= events, events  # the search above finds them
+    table = man_section("LOG LINES")
+    missing = sorted(e for e in events if f"|  *{e}*" not in table)
+    assert not missing, f"events the LOG LINES table does not list: {missing}"
+
+
+def test_the_man_page_lists_every_environment_variable():
+    names = set(re.findall(r'"(LOOPLOCK_[A-Z_]+)"', (SRC / "environment.hpp").read_text()))
+    assert len(names) > 10
+    env = man_section("ENVIRONMENT")
+    missing = sorted(n for n in names if f"*{n}*" not in env)
+    assert not missing, f"variables ENVIRONMENT does not list: {missing}"
+
+
+def test_the_man_page_lists_every_error_code(runs):
+    codes = {json.loads(r)["error_code"] for r in runs.incidents} | {"lease_lost"}
+    files = man_section("FILES")
+    for code in codes:
+        assert f"*{code}*" in files, code
