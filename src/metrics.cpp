@@ -168,26 +168,21 @@ std::string render_metrics(const MetricsFile& f) {
 
 MetricsFile parse_metrics(std::string_view text) {
   MetricsFile f;
-  size_t at = 0;
-  while (at < text.size()) {
-    size_t nl = text.find('\n', at);
-    if (nl == std::string_view::npos) nl = text.size();
-    std::string_view line = text.substr(at, nl - at);
-    at = nl + 1;
-    if (line.empty() || line.front() == '#') continue;
+  sys::for_each_line(text, [&](std::string_view line) {
+    if (line.empty() || line.front() == '#') return;
     auto s = parse_sample(line);
-    if (!s || !s->labels.contains("operation")) continue;
+    if (!s || !s->labels.contains("operation")) return;
     if (f.lock_id.empty()) f.lock_id = s->labels["lock_id"];
     if (f.loop.empty()) f.loop = s->labels["loop"];
     OperationSeries& series = f.operations[s->labels["operation"]];
     if (s->name == kRunsName) {
       if (auto o = outcome_from(s->labels["outcome"])) series.runs[*o] = s->value;
-      continue;
+      return;
     }
     for (const auto& g : kGauges) {
       if (s->name == g.name) series.*g.field = s->value;
     }
-  }
+  });
   return f;
 }
 

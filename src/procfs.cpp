@@ -127,21 +127,16 @@ bool proc_is_ours() {
 
 std::vector<pid_t> parse_ns_pids(std::string_view status) {
   std::vector<pid_t> out;
-  size_t at = 0;
-  while (at < status.size()) {
-    size_t nl = status.find('\n', at);
-    if (nl == std::string_view::npos) nl = status.size();
-    std::string_view line = status.substr(at, nl - at);
-    at = nl + 1;
-    if (!line.starts_with("NSpid:")) continue;
+  bool bad = false;
+  sys::for_each_line(status, [&](std::string_view line) {
+    if (!line.starts_with("NSpid:") || !out.empty()) return;
     for (auto w : words(line.substr(6))) {
       auto v = to_number<long>(w);
-      if (!v) return {};
-      out.push_back(static_cast<pid_t>(*v));
+      bad = bad || !v;
+      if (v) out.push_back(static_cast<pid_t>(*v));
     }
-    break;
-  }
-  return out;
+  });
+  return bad ? std::vector<pid_t>{} : out;
 }
 
 std::vector<pid_t> ns_pids(pid_t pid) {
@@ -180,28 +175,15 @@ bool pid_alive(pid_t pid) {
 }
 
 std::vector<KernelLock> parse_proc_locks(std::string_view content, const struct stat& file) {
-  std::vector<KernelLock> out;
-  size_t i = 0;
-  while (i < content.size()) {
-    size_t nl = content.find('\n', i);
-    if (nl == std::string_view::npos) nl = content.size();
-    if (auto k = parse_lock_line(content.substr(i, nl - i), file)) out.push_back(*k);
-    i = nl + 1;
-  }
-  return out;
+  return parse_lock_table(content, file).holders;
 }
 
 LockTable parse_lock_table(std::string_view content, const struct stat& file) {
   LockTable t;
-  size_t i = 0;
-  while (i < content.size()) {
-    size_t nl = content.find('\n', i);
-    if (nl == std::string_view::npos) nl = content.size();
-    const std::string_view line = content.substr(i, nl - i);
+  sys::for_each_line(content, [&](std::string_view line) {
     if (auto k = parse_lock_line(line, file)) t.holders.push_back(*k);
     if (auto k = parse_lock_line(line, file, /*waiter=*/true)) t.waiters.push_back(*k);
-    i = nl + 1;
-  }
+  });
   return t;
 }
 
@@ -265,25 +247,19 @@ std::optional<uid_t> real_uid(pid_t pid) {
 }
 
 std::optional<std::vector<KernelLock>> flock_holders(const struct stat& file) {
-  auto content = sys::read_file("/proc/locks", 64 << 20);
-  if (!content) return std::nullopt;
-  return parse_proc_locks(*content, file);
+  auto table = lock_table(file);
+  if (!table) return std::nullopt;
+  return table->holders;
 }
 
 bool parse_fdinfo_holds(std::string_view fdinfo, const struct stat& file, bool exclusive) {
-  size_t i = 0;
-  while (i < fdinfo.size()) {
-    size_t nl = fdinfo.find('\n', i);
-    if (nl == std::string_view::npos) nl = fdinfo.size();
-    std::string_view line = fdinfo.substr(i, nl - i);
-    i = nl + 1;
-    if (!line.starts_with("lock:")) continue;
-    line.remove_prefix(5);
-    if (auto k = parse_lock_line(line, file)) {
-      if (!exclusive || k->exclusive) return true;
-    }
-  }
-  return false;
+  bool holds = false;
+  sys::for_each_line(fdinfo, [&](std::string_view line) {
+    if (!line.starts_with("lock:")) return;
+    auto k = parse_lock_line(line.substr(5), file);
+    holds = holds || (k && (!exclusive || k->exclusive));
+  });
+  return holds;
 }
 
 namespace {

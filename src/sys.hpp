@@ -21,6 +21,18 @@ auto retry_eintr(F&& f) {
   return r;
 }
 
+// Calls f(line) for each line of `text` (without its '\n'; a last line
+// without one counts too).
+template <typename F>
+void for_each_line(std::string_view text, F&& f) {
+  while (!text.empty()) {
+    const size_t nl = text.find('\n');
+    f(text.substr(0, nl));
+    if (nl == std::string_view::npos) break;
+    text.remove_prefix(nl + 1);
+  }
+}
+
 // Writes all of `data`; returns false (errno set) on failure.
 bool write_all(int fd, std::string_view data);
 
