@@ -413,6 +413,36 @@ def test_full_disk_incident_append_warns_and_times_out_on_time(tmpfs):
     assert not (d / INCIDENTS).exists() or (d / INCIDENTS).read_bytes() == b"", "no partial row"
 
 
+def test_a_row_cut_short_by_a_full_disk_never_corrupts_the_next_one(tmpfs):
+    """The incidents file's last page has 60 bytes free and the file system
+    none: the row is cut there (no newline). Once there is room again, the
+    next row starts on a line of its own."""
+    mnt = tmpfs("64k")
+    d = mnt / "loop"
+    d.mkdir(mode=0o755)
+    (d / LOCK).write_bytes(b"")
+    row = json.dumps({"note": "x" * 10}) + "\n"
+    (d / INCIDENTS).write_text(row + "#" * (4096 - 60 - len(row) - 1) + "\n")
+    fill(mnt)
+    h = flock_holder(d / LOCK)
+    try:
+        r = run(["-w", "0.1", d, "--", "true"])
+        assert r.returncode == EX_TEMPFAIL, r.stderr
+        assert "cannot append the incident row" in r.stderr
+        data = (d / INCIDENTS).read_bytes()
+        assert len(data) == 4096 and not data.endswith(b"\n"), len(data)
+        (mnt / "filler").unlink()
+        r = run(["-w", "0.1", d, "--", "true"])
+        assert r.returncode == EX_TEMPFAIL, r.stderr
+    finally:
+        release(h)
+    lines = (d / INCIDENTS).read_text().split("\n")
+    assert lines[-1] == "" and len(lines[-3]) == 60, lines[-3:]
+    assert json.loads(lines[-2])["error_code"] == "lock_acquire_timeout"
+    obj = json.loads(run(["--inspect", "--json", d]).stdout)
+    assert obj["incidents"]["latest"]["error_code"] == "lock_acquire_timeout"
+
+
 def test_full_disk_record_write_warns_and_the_command_runs(tmpfs):
     mnt = tmpfs("64k")
     d = mnt / "loop"
