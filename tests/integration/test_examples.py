@@ -228,14 +228,18 @@ def test_systemd_service_execstart_ticks_under_the_lock(site):
 
 
 def test_systemd_service_bounds_a_tick_below_the_timer_period():
-    """Type=oneshot runs until ExecStart exits: TimeoutStartSec bounds it
-    (the lock wait included), below the timer's period so that a hung tick
-    fails instead of holding up every later one."""
+    """Type=oneshot runs until ExecStart exits. looplock's --max-time ends a
+    hung tick (TERM, KILL --kill-after later: 5 s by default) after the lock
+    wait; TimeoutStartSec is the backstop above all of that and below the
+    timer's period, so that a hung tick fails instead of holding up every
+    later one."""
     assert unit_values(SERVICE, "Type") == ["oneshot"]
     [bound] = unit_values(SERVICE, "TimeoutStartSec")
     [exec_start] = unit_values(SERVICE, "ExecStart")
     wait = float(re.search(r" -w (\S+) ", exec_start).group(1))
-    assert wait < unit_seconds(bound) < timer_period_seconds(), (bound, wait)
+    max_time = unit_seconds(re.search(r" --max-time (\S+) ", exec_start).group(1))
+    kill_after = 5
+    assert wait + max_time + kill_after < unit_seconds(bound) < timer_period_seconds(), (bound, wait, max_time)
 
 
 def test_systemd_stop_at_the_bound_ends_the_ticks_job(site):

@@ -416,13 +416,6 @@ def test_man_page_long_options_are_in_help():
     assert extra == [], f"in the man page's OPTIONS but not in --help: {extra}"
 
 
-# Options being added on other branches (issue 14: the completions know them
-# already, so that merging those needs no change here). Once --help lists them
-# this set no longer matters.
-UPCOMING_OPTIONS = {"--max-time", "--metrics-dir", "--check", "--etcd-cacert", "--etcd-cert", "--etcd-key",
-                    "--etcd-user", "--etcd-password-file"}
-
-
 def completion_options(name):
     """The options a completion file offers: (long, short)."""
     text = (COMPLETIONS / name).read_text()
@@ -451,7 +444,7 @@ def test_completions_know_every_option(name):
     assert {"--policy", "--inspect"} <= offered_longs and {"-p", "-c"} <= offered_shorts  # the parse works
     missing = sorted((longs - offered_longs) | (shorts - offered_shorts))
     assert missing == [], f"{name} does not complete {missing}"
-    unknown = sorted((offered_longs - longs - UPCOMING_OPTIONS) | (offered_shorts - shorts))
+    unknown = sorted((offered_longs - longs) | (offered_shorts - shorts))
     assert unknown == [], f"{name} offers options that --help does not list: {unknown}"
     for policy in ("mutation", "monitor", "single_flight", "blocking", "text", "json"):
         assert policy in text
