@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 
 #include "error.hpp"
 #include "exit_codes.hpp"
@@ -113,13 +114,20 @@ private:
 // deadline, and that the whole process group is then waited for, not only
 // the command's first process.
 struct Ending {
-  bool term_sent = false;
-  long long kill_at = 0;  // 0: no KILL planned
+  bool kill_after_armed = false;  // a forwarded TERM/INT started --kill-after
+  bool term_sent = false;         // looplock sent its own TERM (--max-time, the lease)
+  long long kill_at = 0;          // 0: no KILL planned
   bool whole_group = false;
   bool killed = false;
 };
 
 long long min_deadline(long long a, long long b) { return a == 0 ? b : (b == 0 ? a : std::min(a, b)); }
+
+// t + d for a deadline, saturating: a duration of centuries (--max-time
+// 100000d) is a deadline that never comes, not an overflow.
+long long later(long long t, long long d) {
+  return d > std::numeric_limits<long long>::max() - t ? std::numeric_limits<long long>::max() : t + d;
+}
 
 }  // namespace
 
@@ -165,6 +173,16 @@ JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, c
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) fail(ChildStep::DeathSignal);
     if (getppid() != parent) _exit(exit_code::kOsError);
     if (setpgid(0, 0) != 0) fail(ChildStep::Group);
+    // A signal sent to looplock's process group since vfork reached this
+    // child too (still in that group, the signal blocked): looplock forwards
+    // it once the command runs, so it must not also be left pending here.
+    {
+      sigset_t all;
+      sigfillset(&all);
+      const timespec now{0, 0};
+      while (sigtimedwait(&all, nullptr, &now) > 0) {
+      }
+    }
     // Before exec, so that the command never finds itself in the background
     // of its own terminal. SIGTTOU is blocked here, as tcsetpgrp needs.
     if (give_terminal && !tty.give_to(getpid())) report.terminal_err = errno;
@@ -190,7 +208,7 @@ JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, c
   const Job job(child, tty);
   const int wait_flags = WNOHANG | (tty.present() ? WUNTRACED : 0);
   Ending ending;
-  long long max_time_at = spec.max_time_ns && *spec.max_time_ns > 0 ? end.started_ns + *spec.max_time_ns : 0;
+  long long max_time_at = spec.max_time_ns && *spec.max_time_ns > 0 ? later(end.started_ns, *spec.max_time_ns) : 0;
   bool lease_live = spec.lease != nullptr;
   bool leader_done = false;
 
@@ -216,11 +234,16 @@ JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, c
       if (r == 0) break;
       if (r < 0) {
         if (errno == EINTR) continue;
-        if (errno == ECHILD && !leader_done) {
-          fail_errno(exit_code::kOsError, "lost track of the command: wait(2) says looplock has no child", errno);
-        }
-        if (errno != ECHILD) fail_errno(exit_code::kOsError, "cannot wait for the command", errno);
-        break;
+        const int err = errno;
+        if (err == ECHILD && leader_done) break;
+        // looplock cannot follow the job any more: it must not run on while
+        // the lock is released.
+        job.signal(SIGKILL);
+        job.ended();
+        fail_errno(exit_code::kOsError,
+                   err == ECHILD ? "lost track of the command: wait(2) says looplock has no child"
+                                 : "cannot wait for the command",
+                   err, "The command's process group was sent KILL.");
       }
       if (r != child) continue;  // an orphan, reaped
       if (WIFSTOPPED(st)) {
@@ -250,7 +273,7 @@ JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, c
     if (max_time_at != 0 && now >= max_time_at) {
       max_time_at = 0;
       const auto& k = spec.max_time_kill_after_ns;
-      terminate(JobEnd::EndedBy::MaxTime, k && *k > 0 ? now + *k : 0);
+      terminate(JobEnd::EndedBy::MaxTime, k && *k > 0 ? later(now, *k) : 0);
       continue;
     }
     if (lease_live && now >= spec.lease->term_by_ns()) {
@@ -260,7 +283,9 @@ JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, c
       continue;
     }
     if (lease_live && now >= spec.lease->next_renewal_ns()) {
-      if (!spec.lease->renew(spec.lease->term_by_ns())) {
+      // While etcd does not answer, a renewal round takes until TERM is due
+      // at the latest; it must not hold up looplock's own deadlines.
+      if (!spec.lease->renew(min_deadline(spec.lease->term_by_ns(), min_deadline(ending.kill_at, max_time_at)))) {
         // Gone for good: another host may hold the lock already, so KILL
         // comes no later than the lease's kill-after from now.
         lease_live = false;
@@ -287,15 +312,18 @@ JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, c
     if (sig < 0) continue;  // EINTR, or EAGAIN: a deadline came
     const bool sent = info.si_code == SI_USER || info.si_code == SI_QUEUE || info.si_code == SI_TKILL;
     if (sig == SIGCHLD && !sent) continue;  // a child changed state: reaped above
+    // looplock's own: a write of its own to a closed pipe or past
+    // RLIMIT_FSIZE (the kernel sends PIPE or XFSZ as from looplock itself).
+    if (sent && info.si_pid == parent) continue;
     if (sig == SIGCONT) {
       job.resume();
       continue;
     }
     job.signal(sig);
-    if ((sig == SIGTERM || sig == SIGINT) && spec.kill_after_ns && !ending.term_sent) {
-      ending.term_sent = true;
+    if ((sig == SIGTERM || sig == SIGINT) && spec.kill_after_ns && !ending.kill_after_armed) {
+      ending.kill_after_armed = true;
       ending.whole_group = true;
-      ending.kill_at = sys::monotonic_ns() + *spec.kill_after_ns;
+      ending.kill_at = min_deadline(ending.kill_at, later(sys::monotonic_ns(), *spec.kill_after_ns));
     }
   }
   end.killed = ending.killed;

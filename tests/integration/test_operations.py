@@ -12,6 +12,7 @@ import json
 import os
 import re
 import select
+import signal
 import struct
 import subprocess
 import termios
@@ -233,6 +234,36 @@ def test_max_time_with_a_job_that_obeys_term(loop_dir):
     assert r.returncode == EX_MAX_TIME, r.stderr
     (row,) = incident_rows(loop_dir)
     assert row["killed"] is False and "TERM sufficed" in r.stderr
+
+
+def test_max_time_terms_a_job_that_ignored_a_forwarded_int(loop_dir, procs):
+    """An INT forwarded earlier (and ignored) does not stand in for
+    --max-time's own TERM: the job still gets it, long before the KILL that
+    --kill-after 30 would send."""
+    job = "trap 'echo int' INT; trap 'echo term; exit 3' TERM; echo ready; while :; do sleep 0.05; done"
+    p = procs.start(["--max-time", "1.5", "--kill-after", "30", loop_dir, "-c", job])
+    expect_line(p, "ready")
+    os.kill(p.pid, signal.SIGINT)
+    expect_line(p, "int")
+    assert p.wait(timeout=TIMEOUT) == EX_MAX_TIME
+    assert p.stdout.read().split() == ["term"]
+    (row,) = incident_rows(loop_dir)
+    assert row["error_code"] == "max_time_exceeded" and row["killed"] is False
+    assert 0 <= row["ran_after_term_ms"] < 10_000
+
+
+def test_durations_of_centuries_are_deadlines_that_never_come(loop_dir, procs):
+    """Just below "inf": the deadline saturates instead of overflowing into
+    the past (which would TERM, or KILL, at once)."""
+    centuries = "9223372036"  # seconds, about 292 years
+    r = run(["--max-time", centuries, loop_dir, "--", "sleep", "0.3"])
+    assert r.returncode == 0, r.stderr
+    job = "trap 'echo term; exit 3' TERM; echo ready; while :; do sleep 0.05; done"
+    p = procs.start(["--kill-after", centuries, loop_dir, "-c", job])
+    expect_line(p, "ready")
+    os.kill(p.pid, signal.SIGTERM)
+    assert p.wait(timeout=TIMEOUT) == 3, p.stderr.read()
+    assert p.stdout.read().split() == ["term"]
 
 
 def test_a_command_within_max_time_is_untouched(loop_dir):
