@@ -5,8 +5,10 @@ Jepsen-style history of what each "host" ran, with the checker that finds
 overlaps afterwards.
 
 Every process is started here and stopped by its pid; every wait is bounded."""
+import fcntl
 import json
 import os
+import random
 import selectors
 import shutil
 import signal
@@ -42,10 +44,40 @@ needs_etcd = [
 ]
 
 
+# Ports claimed by this test process: an flock(2)ed file per port in
+# PORT_CLAIMS, held open until the process exits (the lock then goes with it).
+PORT_CLAIMS = Path(tempfile.gettempdir()) / "looplock-test-ports"
+_claimed = []
+
+
+def ephemeral_low():
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port for an etcd member that no other test process can be
+    using or be given while this one runs (the integration tests run in
+    parallel, and a member's port stays its own across a kill and restart):
+    below the kernel's ephemeral range, so no bind(port 0) anywhere gets it,
+    claimed with an flock(2)ed file per port, and free when claimed."""
+    PORT_CLAIMS.mkdir(mode=0o1777, exist_ok=True)
+    high = ephemeral_low()
+    for _ in range(500):
+        port = random.randrange(max(1024, high - 12000), high)
+        fd = os.open(PORT_CLAIMS / str(port), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))
+        except OSError:  # claimed by another test process, or in use
+            os.close(fd)
+            continue
+        _claimed.append(fd)
+        return port
+    raise AssertionError(f"no free loopback port below {high}")
 
 
 def bounded_wait(pred, what, timeout=TIMEOUT, step=0.02):
