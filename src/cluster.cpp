@@ -376,11 +376,11 @@ ClusterLock::Outcome ClusterLock::wait_in_queue(bool bounded, long long deadline
   return Outcome::TimedOut;
 }
 
-bool ClusterLock::renew(long long return_by_ns) {
+bool ClusterLock::renew(long long return_by_ns, const sigset_t* interrupt_on) {
   renewed_ = false;
   if (gone_) return false;
   if (lease_ == 0) return false;
-  auto r = client_.lease_keepalive(lease_, {return_by_ns, lease_timing::attempt_ns(ttl_s_), false});
+  auto r = client_.lease_keepalive(lease_, {return_by_ns, lease_timing::attempt_ns(ttl_s_), false, interrupt_on});
   if (r.ok() && r.value > 0) {
     renewed_ = true;
     last_ok_ns_ = std::max(last_ok_ns_, r.sent_ns);
@@ -393,7 +393,7 @@ bool ClusterLock::renew(long long return_by_ns) {
       update_value_ = false;
       who_.acquired_at = acquired_at_;
       (void)client_.txn(etcd::update_txn_body(key_, holder_value(true), lease_, token_),
-                        {return_by_ns, lease_timing::attempt_ns(ttl_s_)});
+                        {return_by_ns, lease_timing::attempt_ns(ttl_s_), true, interrupt_on});
     }
     return true;
   }
@@ -403,8 +403,10 @@ bool ClusterLock::renew(long long return_by_ns) {
     if (why_.empty()) why_ = "etcd says the lease is gone (revoked or expired)";
     return false;
   }
-  last_error_ = r.error;
-  next_renewal_ns_ = now() + kRenewRetryNs;  // no answer: the deadlines stand; try again soon
+  // No answer (or a signal for the caller came first): the deadlines stand;
+  // try again soon.
+  if (r.status != etcd::Status::Interrupted) last_error_ = r.error;
+  next_renewal_ns_ = now() + kRenewRetryNs;
   return true;
 }
 

@@ -109,8 +109,10 @@ public:
   // One renewal round (attempts with failover) that returns by
   // `return_by_ns`. False only when etcd says the lease is gone (lost_why()
   // then says so); true when renewed, or when no answer came (the deadlines
-  // have not moved then: next_renewal_ns() is soon).
-  bool renew(long long return_by_ns);
+  // have not moved then: next_renewal_ns() is soon). A signal of
+  // `interrupt_on` that becomes pending ends the round early, within about a
+  // second (no answer, as above).
+  bool renew(long long return_by_ns, const sigset_t* interrupt_on = nullptr);
   long long term_by_ns() const;  // expiry − kill-after − margin: TERM the job by then unless renewed
   long long kill_by_ns() const;  // expiry − margin: KILL the job by then
   long long expiry_ns() const;   // send time of the last answered grant/keepalive + TTL

@@ -378,6 +378,7 @@ std::string_view status_name(Status s) {
     case Status::Unavailable: return "unavailable";
     case Status::Timeout: return "timeout";
     case Status::Failed: return "failed";
+    case Status::Interrupted: return "interrupted";
   }
   return "?";
 }
@@ -503,10 +504,17 @@ Result<Json> Client::attempts(const CallSpec& spec, bool with_token) {
       req.deadline_ns = attempt_deadline;
       req.enough = spec.enough;
       req.fresh_connection = fresh_[i];
+      req.interrupt_on = spec.deadline.interrupt_on;
       HttpResponse resp;
       std::string error;
       const Exchange ex = transport_.post(endpoints_[i], req, resp, error);
       if (!resp.hint.empty()) hint = resp.hint;
+      if (ex == Exchange::Interrupted) {
+        fresh_[i] = true;  // cut mid-request: that connection is not to be reused
+        r.status = Status::Interrupted;
+        r.error = error;
+        return r;
+      }
       if (ex == Exchange::ConnectFailed || ex == Exchange::TlsFailed) {
         // A connect that ran out its timeout: give this endpoint longer next time.
         if (ex == Exchange::ConnectFailed && clock_.now_ns() >= req.connect_deadline_ns) {

@@ -16,6 +16,8 @@
 // tests can run the deadline arithmetic without waiting.
 #pragma once
 
+#include <signal.h>
+
 #include <functional>
 #include <optional>
 #include <string>
@@ -145,6 +147,7 @@ enum class Status {
   Unavailable,  // no endpoint could be reached (refused, unreachable, connect or TLS failure)
   Timeout,      // reached, but no answer before the deadline (or only transient errors)
   Failed,       // the server answered with an error, or with something unreadable
+  Interrupted,  // a signal of Deadline::interrupt_on ended it before an answer
 };
 std::string_view status_name(Status s);
 
@@ -171,6 +174,7 @@ enum class Exchange {
   TlsFailed,      // the TLS handshake failed or a certificate was rejected (`error` says why)
   TimedOut,       // connected and sent, but no whole answer before the deadline
   Broken,         // a broken or unreadable answer
+  Interrupted,    // a signal of Request::interrupt_on became pending (within about a second)
 };
 
 struct Request {
@@ -183,6 +187,9 @@ struct Request {
   // returns true for the body received so far. Null: the answer ends.
   std::function<bool(std::string_view body)> enough;
   bool fresh_connection = false;  // do not reuse a kept connection to this endpoint
+  // Signals that end the exchange early once pending, blocked or not (null:
+  // only those that would end looplock, see etcd_curl.cpp).
+  const sigset_t* interrupt_on = nullptr;
 };
 
 // TLS for https:// endpoints: files in PEM; empty: the system's CAs, no
@@ -218,6 +225,8 @@ struct Deadline {
   // Double the attempt timeout each round (a write on a slow disk still gets
   // through); a keepalive, which etcd answers without a disk write, keeps it.
   bool grow = true;
+  // A signal of this set pending ends the call at once: Status::Interrupted.
+  const sigset_t* interrupt_on = nullptr;
 };
 
 class Client {

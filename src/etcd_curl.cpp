@@ -63,16 +63,30 @@ bool ends_process(int sig) {
   }
 }
 
+// What on_progress looks at: the caller's signal mask, the signals that end
+// the request whatever the mask (Request::interrupt_on), and whether one did.
+struct SignalWatch {
+  sigset_t caller_mask;
+  const sigset_t* interrupt_on = nullptr;
+  bool interrupted = false;
+};
+
 // Called by libcurl about once a second at least while a request is in
 // flight (every signal blocked, see post()): aborts the request when a signal
 // is pending that the caller had not blocked and that would end looplock, so
-// that it does as soon as post() restores the caller's mask.
+// that it does as soon as post() restores the caller's mask; or one of
+// `interrupt_on`, which the caller takes itself once post() has returned.
 int on_progress(void* user, curl_off_t, curl_off_t, curl_off_t, curl_off_t) {
-  const auto* caller_mask = static_cast<const sigset_t*>(user);
+  auto* watch = static_cast<SignalWatch*>(user);
   sigset_t pending;
   if (sigpending(&pending) != 0) return 0;
   for (int s = 1; s < NSIG; ++s) {
-    if (sigismember(&pending, s) == 1 && sigismember(caller_mask, s) == 0 && ends_process(s)) return 1;
+    if (sigismember(&pending, s) != 1) continue;
+    if (watch->interrupt_on && sigismember(watch->interrupt_on, s) == 1) {
+      watch->interrupted = true;
+      return 1;
+    }
+    if (sigismember(&watch->caller_mask, s) == 0 && ends_process(s)) return 1;
   }
   return 0;
 }
@@ -318,10 +332,12 @@ Exchange CurlTransport::post(const Endpoint& ep, const Request& req, HttpRespons
   // starts (and may leave behind, CURLOPT_QUICK_EXIT) can never take a signal
   // meant for looplock; on_progress ends the request early for one that
   // would end looplock, and restoring the mask lets it take effect.
-  sigset_t all, caller_mask;
+  sigset_t all;
   sigfillset(&all);
-  pthread_sigmask(SIG_BLOCK, &all, &caller_mask);
-  set(easy_, CURLOPT_XFERINFODATA, &caller_mask);
+  SignalWatch watch;
+  watch.interrupt_on = req.interrupt_on;
+  pthread_sigmask(SIG_BLOCK, &all, &watch.caller_mask);
+  set(easy_, CURLOPT_XFERINFODATA, &watch);
   const CURLcode rc = curl_easy_perform(easy_);
   set(easy_, CURLOPT_ERRORBUFFER, static_cast<char*>(nullptr));  // `message` ends here
   set(easy_, CURLOPT_HTTPHEADER, headers_);
@@ -339,7 +355,7 @@ Exchange CurlTransport::post(const Endpoint& ep, const Request& req, HttpRespons
       (rc == CURLE_GOT_NOTHING || rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR) &&
       speaks_tls(ep, std::min(req.deadline_ns, sys::monotonic_ns() + 250'000'000LL));
   close_new_sockets_on_exec();
-  pthread_sigmask(SIG_SETMASK, &caller_mask, nullptr);
+  pthread_sigmask(SIG_SETMASK, &watch.caller_mask, nullptr);
 
   const std::string why = ep.text + ": " + (message[0] ? message : curl_easy_strerror(rc));
 
@@ -406,7 +422,7 @@ Exchange CurlTransport::post(const Endpoint& ep, const Request& req, HttpRespons
       return Exchange::Broken;
     case CURLE_ABORTED_BY_CALLBACK:
       error = ep.text + ": interrupted by a signal";
-      return Exchange::Broken;
+      return watch.interrupted ? Exchange::Interrupted : Exchange::Broken;
     default:
       error = why;
       return Exchange::Broken;

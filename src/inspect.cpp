@@ -283,10 +283,12 @@ InspectFacts::Waiter describe_waiter(const procfs::KernelLock& k) {
     // What it will record: its own command line read as looplock reads it
     // (only the agent and the operation come out of it: never an argument).
     if (auto argv = procfs::cmdline(k.pid)) {
-      Environment env{procfs::environ_get(k.pid, env_name::kAgent), std::nullopt, std::nullopt, [pid = k.pid] {
-                        auto uid = procfs::real_uid(pid);
-                        return uid ? sys::user_name(*uid) : std::string("?");
-                      }};
+      Environment env;
+      env.looplock_agent = procfs::environ_get(k.pid, env_name::kAgent);
+      env.user_name = [pid = k.pid] {
+        auto uid = procfs::real_uid(pid);
+        return uid ? sys::user_name(*uid) : std::string("?");
+      };
       if (auto id = looplock_identity(*argv, env)) {
         w.agent_id = id->first;
         w.operation = id->second;

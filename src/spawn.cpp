@@ -144,6 +144,11 @@ JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, c
   // stay blocked after the command has ended, until looplock exits (there is
   // nobody to pass them to any more).
   const sigset_t supervised = supervised_signals();
+  // A lease renewal that etcd does not answer gives way to any of these
+  // (CHLD aside: a job's orphans may send it often, and the command's end
+  // can wait for the renewal).
+  sigset_t interrupting = supervised;
+  sigdelset(&interrupting, SIGCHLD);
   if (sigprocmask(SIG_BLOCK, &supervised, nullptr) != 0) {
     fail_errno(exit_code::kOsError, "cannot block signals to run the command", errno);
   }
@@ -285,7 +290,8 @@ JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, c
     if (lease_live && now >= spec.lease->next_renewal_ns()) {
       // While etcd does not answer, a renewal round takes until TERM is due
       // at the latest; it must not hold up looplock's own deadlines.
-      if (!spec.lease->renew(min_deadline(spec.lease->term_by_ns(), min_deadline(ending.kill_at, max_time_at)))) {
+      if (!spec.lease->renew(min_deadline(spec.lease->term_by_ns(), min_deadline(ending.kill_at, max_time_at)),
+                             interrupting)) {
         // Gone for good: another host may hold the lock already, so KILL
         // comes no later than the lease's kill-after from now.
         lease_live = false;

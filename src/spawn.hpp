@@ -26,9 +26,10 @@ public:
   virtual ~Lease() = default;
   // When renew() is next due.
   virtual long long next_renewal_ns() const = 0;
-  // One renewal; must return by `return_by_ns`. False once the lease is
-  // known to be gone (no renewal can help).
-  virtual bool renew(long long return_by_ns) = 0;
+  // One renewal; must return by `return_by_ns`, or soon after a signal of
+  // `interrupt_on` is pending. False once the lease is known to be gone (no
+  // renewal can help).
+  virtual bool renew(long long return_by_ns, const sigset_t& interrupt_on) = 0;
   virtual long long term_by_ns() const = 0;
   virtual long long kill_by_ns() const = 0;
 };

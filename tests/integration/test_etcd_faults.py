@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import TIMEOUT, expect_line, expect_stderr, incident_rows, run
+from conftest import TIMEOUT, expect_line, expect_stderr, incident_rows, read_until, run
 from etcdtest import (EX_LEASE_LOST, SANITIZED, Cluster, History, Relay, cluster_args, finish, fresh_name, kill_all,
                       needs_etcd, overlaps, release, start_looplock, start_member)
 
@@ -185,6 +185,36 @@ def test_one_slow_keepalive_then_a_partition(etcd, relays, tmp_path, history, pr
     history.wait_ended()
     runs = history.started()
     assert overlaps(runs) == [], describe(runs)
+
+
+def test_a_signal_reaches_the_job_while_a_renewal_hangs(etcd, relays, tmp_path, procs):
+    """etcd stops answering while the command runs: the renewal in flight
+    would hang until the lease's TERM deadline. A USR1 sent to looplock
+    meanwhile cuts it short and reaches the job at once, not after the
+    lease's TERM; once etcd answers again, the lease is kept."""
+    relay = relays(etcd.url)
+    d = host_dir(tmp_path, "a")
+    job = "trap 'echo usr1' USR1; trap 'echo term; exit 0' TERM; echo ready; while :; do sleep 0.05; done"
+    # TTL 20: a renewal every 1.7 s; TERM would come some 16 s after the last one.
+    a = start_looplock([*cluster_args(relay.url, fresh_name(), "--ttl", "20"), d, "-c", job])
+    procs.append(a)
+    expect_line(a, "ready")
+    relay.set("stall")
+    time.sleep(2.5)  # the fault's duration: a renewal is now in flight, unanswered
+    sent = time.monotonic()
+    os.kill(a.pid, signal.SIGUSR1)
+    found, lines = read_until(a, a.stdout, lambda line: True)
+    took = time.monotonic() - sent
+    relay.set("pass")
+    assert found and lines == ["usr1\n"], lines
+    # Within about a second (libcurl looks that often); waiting for the
+    # renewal would take until the lease's TERM deadline, some 13 s later.
+    assert took < 8, f"the signal waited {took:.1f} s for the renewal"
+    os.kill(a.pid, signal.SIGTERM)
+    err = finish(a)
+    assert a.returncode == 0, err
+    assert a.stdout.read().split() == ["term"]
+    assert incident_rows(d) == []
 
 
 # -- failover --------------------------------------------------------------------

@@ -199,7 +199,7 @@ struct Call {
 struct Step {
   // Delay: (from MiniEtcd's fault) the member is frozen until took_ns from
   // now, then answers as usual, if that is before the request's deadline.
-  enum Kind { Answer, Refused, ConnectTimeout, Silent, TlsError, Delay } kind = Answer;
+  enum Kind { Answer, Refused, ConnectTimeout, Silent, TlsError, Delay, Signal } kind = Answer;
   int status = 200;
   std::string body;
   long long took_ns = kMs;
@@ -209,6 +209,7 @@ Step http(int status, std::string body) { return {Step::Answer, status, std::mov
 Step refused() { return {Step::Refused, 0, "", 0}; }
 Step connect_timeout() { return {Step::ConnectTimeout, 0, "", 0}; }
 Step silent() { return {Step::Silent, 0, "", 0}; }
+Step signal_pending() { return {Step::Signal, 0, "", 0}; }
 
 // A Transport whose every exchange is decided by `handler` (or taken from
 // `script` in order), on the fake clock.
@@ -248,6 +249,11 @@ struct FakeTransport : Transport {
         error = ep.text + ": TLS: certificate verify failed";
         out.hint = "check the CA";
         return Exchange::TlsFailed;
+      case Step::Signal:  // a signal of req.interrupt_on became pending
+        REQUIRE(req.interrupt_on != nullptr);
+        clock.t += 100 * kMs;
+        error = ep.text + ": interrupted by a signal";
+        return Exchange::Interrupted;
       case Step::Answer:
       case Step::Delay:
         break;
@@ -282,6 +288,22 @@ std::vector<Endpoint> endpoints(int n) {
 const std::string kEmpty = R"({"header":{"revision":"1"}})";
 
 }  // namespace
+
+TEST_CASE("client: a signal of interrupt_on ends the call at once, no other endpoint tried, no retry") {
+  FakeClock clock;
+  FakeTransport t(clock);
+  t.script = {signal_pending()};
+  Client c(t, endpoints(3), clock);
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  const long long start = clock.t;
+  auto r = c.lease_keepalive(7, {start + 10 * kSec, kSec, false, &usr1});
+  CHECK(r.status == Status::Interrupted);
+  CHECK(status_name(r.status) == "interrupted");
+  REQUIRE(t.calls.size() == 1);
+  CHECK(clock.t - start < kSec);
+}
 
 TEST_CASE("client: the next endpoint when one refuses, and it is tried first afterwards") {
   FakeClock clock;

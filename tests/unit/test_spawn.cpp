@@ -582,7 +582,7 @@ public:
       : start_(now()), term_(start_ + term_in_ns), kill_(start_ + kill_in_ns), extends_(extends), gone_(gone),
         counter_(std::move(counter)) {}
   long long next_renewal_ns() const override { return next_; }
-  bool renew(long long return_by) override {
+  bool renew(long long return_by, const sigset_t&) override {
     CHECK(return_by <= term_);
     testutil::write_file(counter_, std::to_string(++renewals_) + "\n", 0644);
     next_ = now() + 50'000'000;
