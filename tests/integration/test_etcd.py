@@ -139,16 +139,16 @@ def test_deadline_and_single_flight_while_another_host_holds(etcd, name, hosts, 
     assert (r.returncode, r.stdout) == (0, "ran\n"), r.stderr
 
 
+# TERM is blocked and waited for (a handler could miss one that came just
+# before a blocking call).
 LEASED = r"""
-import os, signal, sys, time
-def term(*_):
-    print("term", flush=True)
-    sys.exit(0)
-signal.signal(signal.SIGTERM, term)
+import os, signal, sys
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
 with open(sys.argv[1], "w") as f:
     f.write(os.environ["LOOPLOCK_ETCD_LEASE"])
 print("ready", flush=True)
-time.sleep(60)
+if signal.sigtimedwait([signal.SIGTERM], 60) is not None:
+    print("term", flush=True)
 """
 
 
