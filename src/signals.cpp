@@ -80,13 +80,6 @@ sigset_t supervised_signals() {
   return set;
 }
 
-bool ends_wait(int sig) {
-  for (int s : kEndingSignals) {
-    if (s == sig) return true;
-  }
-  return false;
-}
-
 int shell_status(int wait_status) {
   if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
   if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);

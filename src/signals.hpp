@@ -48,9 +48,6 @@ bool restore_in_child(const InheritedSignals& inherited);
 // Every signal looplock takes while the command runs: all but KILL and STOP.
 sigset_t supervised_signals();
 
-// The signals that end a wait: INT, TERM, HUP, QUIT.
-bool ends_wait(int sig);
-
 // The exit status looplock reports for a wait status, when it does not die
 // of the signal itself: N, or 128+S.
 int shell_status(int wait_status);

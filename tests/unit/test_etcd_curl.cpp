@@ -184,21 +184,39 @@ TEST_CASE("a stream that does not end: its first line is the answer") {
   CHECK(took < 1500 * kMs);  // did not wait for the stream's end
 }
 
+namespace {
+// SIGUSR1 blocked and pending, as the job loop leaves a signal for itself to
+// take after post(); taken() says it is still pending, and takes it.
+struct PendingUsr1 {
+  sigset_t usr1, old;
+  PendingUsr1() {
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    REQUIRE(pthread_sigmask(SIG_BLOCK, &usr1, &old) == 0);
+    REQUIRE(raise(SIGUSR1) == 0);
+  }
+  bool taken() {
+    const timespec zero{0, 0};
+    return sigtimedwait(&usr1, nullptr, &zero) == SIGUSR1;
+  }
+  ~PendingUsr1() {
+    (void)taken();
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  }
+};
+}  // namespace
+
 TEST_CASE("a pending signal of interrupt_on ends a request that gets no answer, within about a second") {
   CurlTransport t;
   Listener l;  // connected, never answered
-  sigset_t usr1, old;
-  sigemptyset(&usr1);
-  sigaddset(&usr1, SIGUSR1);
-  REQUIRE(pthread_sigmask(SIG_BLOCK, &usr1, &old) == 0);
-  REQUIRE(raise(SIGUSR1) == 0);  // pending, blocked: the caller takes it after post()
+  PendingUsr1 pending;
   Request req;
   req.path = "/v3/lease/keepalive";
   req.body = "{}";
   const long long start = sys::monotonic_ns();
   req.connect_deadline_ns = start + 1000 * kMs;
   req.deadline_ns = start + 10'000 * kMs;
-  req.interrupt_on = &usr1;
+  req.interrupt_on = &pending.usr1;
   HttpResponse out;
   std::string error;
   const Exchange ex = t.post(l.endpoint(), req, out, error);
@@ -206,28 +224,19 @@ TEST_CASE("a pending signal of interrupt_on ends a request that gets no answer, 
   CHECK(ex == Exchange::Interrupted);
   CHECK(error.find("interrupted by a signal") != std::string::npos);
   CHECK(took < 5000 * kMs);
-  // Still pending, for the caller.
-  const timespec zero{0, 0};
-  CHECK(sigtimedwait(&usr1, nullptr, &zero) == SIGUSR1);
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  CHECK(pending.taken());  // still pending, for the caller
 }
 
 TEST_CASE("without interrupt_on, a blocked pending signal leaves the request alone") {
   CurlTransport t;
   Listener l;
-  sigset_t usr1, old;
-  sigemptyset(&usr1);
-  sigaddset(&usr1, SIGUSR1);
-  REQUIRE(pthread_sigmask(SIG_BLOCK, &usr1, &old) == 0);
-  REQUIRE(raise(SIGUSR1) == 0);
+  PendingUsr1 pending;
   HttpResponse out;
   std::string error;
   const long long start = sys::monotonic_ns();
   CHECK(post(t, l.endpoint(), "/v3/kv/range", "{}", start + 1000 * kMs, start + 1500 * kMs, false, out, error) ==
         Exchange::TimedOut);
-  const timespec zero{0, 0};
-  CHECK(sigtimedwait(&usr1, nullptr, &zero) == SIGUSR1);
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  CHECK(pending.taken());
 }
 
 TEST_CASE("a refused connection is ConnectFailed") {

@@ -5,9 +5,13 @@ is closed, or dies of SIGTERM/SIGINT if --die is given after receiving one.
 usage: print_signals.py [--die] [--ignore SIGNAME]...
 """
 import os
-import select
 import signal
 import sys
+
+# Also when run with runpy.run_path, which does not put this directory on
+# sys.path.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from stdin_end import StdinEnd  # noqa: E402
 
 die = "--die" in sys.argv
 ignored = {sys.argv[i + 1] for i, a in enumerate(sys.argv) if a == "--ignore" and i + 1 < len(sys.argv)}
@@ -45,17 +49,6 @@ for i in range(signal.SIGRTMIN, signal.SIGRTMAX + 1):
     except (OSError, ValueError):
         pass
 
-# Waits for stdin's end with select() on it and on a wakeup fd: a signal that
-# arrives just before a blocking read() would run its Python handler only once
-# that read returns (its C handler runs first, so the read is not
-# interrupted); the wakeup fd makes the select() return instead.
-wake_r, wake_w = os.pipe()
-os.set_blocking(wake_w, False)
-signal.set_wakeup_fd(wake_w)
+end = StdinEnd()
 print("ready", flush=True)
-while True:
-    readable, _, _ = select.select([0, wake_r], [], [])
-    if wake_r in readable:
-        os.read(wake_r, 4096)
-    if 0 in readable and not os.read(0, 4096):
-        break
+end.wait()
