@@ -9,6 +9,7 @@
 
 #include "cluster.hpp"
 #include "cluster_exec.hpp"
+#include "duration.hpp"
 #include "error.hpp"
 #include "etcd.hpp"
 #include "exit_codes.hpp"
@@ -34,8 +35,6 @@ std::string lock_display(const std::string& dir) {
   return dir + (dir.ends_with('/') ? "" : "/") + kLockName;
 }
 
-// Durations are written one way everywhere: "450ms", "2.5s", "3m05s".
-std::string seconds_text(long long ns) { return human_duration(ns / kMs); }
 
 Outcome finish(int wait_status) { return {Outcome::Kind::LikeWaitStatus, wait_status}; }
 Outcome exit_status(int status) { return {Outcome::Kind::ExitStatus, status}; }
@@ -151,7 +150,7 @@ void report_timeout(const Options& o, const Context& ctx, const LockDir& dir, co
   fields["waited_ms"] = inc.waited_ms;
   fields["deadline_ms"] = inc.deadline_ms;
   log.error("lock_acquire_timeout",
-            "lock_acquire_timeout: " + b.what + " still held after " + seconds_text(waited_ns) + " by " + b.who +
+            "lock_acquire_timeout: " + b.what + " still held after " + format_duration(waited_ns) + " by " + b.who +
                 "; gave up " + o.operation + " (policy " + inc.policy + ")",
             "Run '" + b.inspect_hint + "' to see the holder; never delete the lock file.", fields);
 }
@@ -194,9 +193,9 @@ public:
     last_draw_ns_ = now;
     // The times first: a line cut to the terminal's width keeps them.
     const std::string left = plan_.kind == WaitPlan::Kind::Bounded
-                                 ? human_duration((start_ns_ + plan_.deadline_ns - now) / kMs) + " left"
+                                 ? format_duration(start_ns_ + plan_.deadline_ns - now) + " left"
                                  : "no deadline";
-    std::string line = printable("looplock: waiting " + human_duration((now - wait_started_ns_) / kMs) + " (" + left +
+    std::string line = printable("looplock: waiting " + format_duration(now - wait_started_ns_) + " (" + left +
                                  ") for " + lock_display(o_.dir) + ", held by " + who_);
     winsize ws{};
     const size_t width = ioctl(log_.fd(), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 ? ws.ws_col - 1u : 79u;
@@ -318,9 +317,9 @@ void report_max_time(const Options& o, const Context& ctx, const LockDir& dir, c
   Json fields = {{"lock_id", lock_id}, {"policy", policy_name(o.policy)}, {"deadline_ms", inc.deadline_ms}};
   fields.update(inc.details);
   log.error("max_time_exceeded",
-            "max_time_exceeded: " + o.operation + " ran longer than --max-time " + seconds_text(*o.max_time_ns) +
+            "max_time_exceeded: " + o.operation + " ran longer than --max-time " + format_duration(*o.max_time_ns) +
                 " and was ended (" + (job.killed ? "KILL was needed" : "TERM sufficed") + ") after " +
-                seconds_text(job.ended_ns - job.started_ns),
+                format_duration(job.ended_ns - job.started_ns),
             "Find out why it hung; the lock was released once the whole job had ended.", fields);
 }
 
@@ -432,7 +431,7 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log, RunFacts& f
       return exit_status(o.conflict_exit_code);
     }
     log.verbose("acquired", "cluster lock " + printable(cluster->name()) + " acquired on etcd after " +
-                                seconds_text(facts.waited_ns) + " (fencing token " +
+                                format_duration(facts.waited_ns) + " (fencing token " +
                                 std::to_string(cluster->fencing_token()) + ")",
                 {{"lock_name", cluster->name()}, {"fencing_token", cluster->fencing_token()},
                  {"waited_ms", facts.waited_ns / kMs}});
@@ -460,7 +459,7 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log, RunFacts& f
   // Held: record who holds it.
   LockFile& file = res.file;
   log.verbose("acquired", std::string(mode == LockMode::Shared ? "shared" : "exclusive") + " lock on " +
-                              lock_display(o.dir) + " acquired after " + seconds_text(res.waited_ns),
+                              lock_display(o.dir) + " acquired after " + format_duration(res.waited_ns),
               {{"lock_id", t.lock_id}, {"waited_ms", res.waited_ns / kMs}});
   std::optional<HolderRecord> record;
   if (mode == LockMode::Exclusive) {

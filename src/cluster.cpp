@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <climits>
 
+#include "duration.hpp"
 #include "error.hpp"
 #include "exit_codes.hpp"
 #include "holder.hpp"
@@ -38,11 +39,6 @@ std::string text_field(const Json& j, const char* k) {
   return j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : std::string("?");
 }
 
-std::string seconds(long long ns) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f s", static_cast<double>(ns) / 1e9);
-  return buf;
-}
 
 }  // namespace
 
@@ -417,9 +413,9 @@ void ClusterLock::declare_lost(std::string why) {
 }
 
 std::string ClusterLock::overdue_why() const {
-  return "no keepalive was answered within the lease's safety window (TTL " + std::to_string(ttl_s_) +
-         " s, kill-after " + seconds(kill_after_ns_) + ", margin " + seconds(lease_timing::margin_ns(ttl_s_)) +
-         "; last answered one sent " + seconds(since_last_keepalive_ns()) + " ago" +
+  return "no keepalive was answered within the lease's safety window (TTL " + format_duration(lease_timing::ttl_ns(ttl_s_)) +
+         ", kill-after " + format_duration(kill_after_ns_) + ", margin " + format_duration(lease_timing::margin_ns(ttl_s_)) +
+         "; last answered one sent " + format_duration(since_last_keepalive_ns()) + " ago" +
          (last_error_.empty() ? "" : "; last error: " + last_error_) + ")";
 }
 

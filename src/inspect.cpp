@@ -7,6 +7,7 @@
 #include <ctime>
 
 #include "cluster.hpp"
+#include "duration.hpp"
 #include "environment.hpp"
 #include "error.hpp"
 #include "etcd.hpp"
@@ -46,24 +47,9 @@ std::optional<long long> parse_utc_ms(const std::string& iso) {
   return static_cast<long long>(secs) * 1000 + ms;
 }
 
-std::string human_duration(long long ms) {
-  char buf[64];
-  if (ms < 0) ms = 0;
-  if (ms < 1000) {
-    std::snprintf(buf, sizeof buf, "%lldms", ms);
-  } else if (ms < 60'000) {
-    std::snprintf(buf, sizeof buf, "%lld.%llds", ms / 1000, (ms / 100) % 10);  // truncated, never "60.0s"
-  } else if (ms < 3'600'000) {
-    std::snprintf(buf, sizeof buf, "%lldm%02llds", ms / 60'000, (ms / 1000) % 60);
-  } else if (ms < 86'400'000) {
-    std::snprintf(buf, sizeof buf, "%lldh%02lldm", ms / 3'600'000, (ms / 60'000) % 60);
-  } else {
-    std::snprintf(buf, sizeof buf, "%lldd%02lldh", ms / 86'400'000, (ms / 3'600'000) % 24);
-  }
-  return buf;
-}
-
 namespace {
+
+std::string ms_text(long long ms) { return format_duration(ms * 1'000'000LL); }
 
 std::string pid_list(const std::vector<procfs::KernelLock>& kernel) {
   std::string out;
@@ -140,8 +126,8 @@ InspectReport build_report(const InspectFacts& f) {
                        " without a current holder record (flock(1), Python fcntl.flock or another tool)");
   }
   if (held && claims && f.age_ms && *f.age_ms > f.stale_after_ms) {
-    warnings.push_back("held for " + human_duration(*f.age_ms) + ", longer than --stale-after " +
-                       human_duration(f.stale_after_ms) + ": check whether pid " + std::to_string(rec->pid) +
+    warnings.push_back("held for " + ms_text(*f.age_ms) + ", longer than --stale-after " +
+                       ms_text(f.stale_after_ms) + ": check whether pid " + std::to_string(rec->pid) +
                        " is stalled before terminating it");
   }
 
@@ -215,7 +201,7 @@ InspectReport build_report(const InspectFacts& f) {
     line("holder", "pid " + std::to_string(rec->pid) + ", agent " + rec->agent_id + ", operation " + rec->operation +
                        ", policy " + rec->policy);
     std::string since = "acquired " + rec->acquired_at;
-    if (f.age_ms) since += " (" + human_duration(*f.age_ms) + " ago)";
+    if (f.age_ms) since += " (" + ms_text(*f.age_ms) + " ago)";
     since += rec->released_at ? ", released " + *rec->released_at : std::string(", not released");
     line("", since);
     if (!rec->released_at) {
@@ -241,7 +227,7 @@ InspectReport build_report(const InspectFacts& f) {
       who += ": agent " + w.agent_id.value_or("?") + ", operation " + w.operation.value_or("?");
     }
     who += std::string("), ") + (w.exclusive ? "exclusive" : "shared");
-    if (w.at_most_ms) who += ", for at most " + human_duration(*w.at_most_ms);
+    if (w.at_most_ms) who += ", for at most " + ms_text(*w.at_most_ms);
     line("waiting", who);
   }
   if (f.incidents.count == 0) {
@@ -253,7 +239,7 @@ InspectReport build_report(const InspectFacts& f) {
       inc += "; latest " + l->value("at", std::string("?")) + " " + l->value("error_code", std::string("?")) +
              ": waiter pid " + std::to_string(l->at("waiter").value("pid", 0)) + " (" +
              l->at("waiter").value("operation", std::string("?")) + ") waited " +
-             human_duration(l->value("waited_ms", 0LL));
+             ms_text(l->value("waited_ms", 0LL));
     }
     line("incidents", inc);
   }

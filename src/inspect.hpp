@@ -74,8 +74,6 @@ InspectReport build_report(const InspectFacts& facts);
 // Milliseconds since the epoch for "2026-11-30T17:00:00.123Z"; nullopt if not
 // in that form.
 std::optional<long long> parse_utc_ms(const std::string& iso);
-// "3h05m", "12.3s", "450ms"
-std::string human_duration(long long ms);
 
 // What a looplock process with these arguments would record as its agent and
 // operation (nullopt when they do not parse).

@@ -10,6 +10,7 @@
 #include "error.hpp"
 #include "cluster.hpp"
 #include "etcd.hpp"
+#include "duration.hpp"
 #include "exit_codes.hpp"
 
 namespace looplock {
@@ -297,26 +298,16 @@ bool valid_lock_name(std::string_view name) {
                       [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
 }
 
-namespace {
-std::string decimal_seconds(long long ns) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f", static_cast<double>(ns) / 1e9);
-  std::string s = buf;
-  while (s.ends_with('0')) s.pop_back();
-  if (s.ends_with('.')) s.pop_back();
-  return s;
-}
-}  // namespace
 
 long long lease_kill_after_ns(std::optional<long long> given, int ttl_s, std::string_view given_text) {
   if (!given) return lease_timing::default_kill_after_ns(ttl_s);
-  const std::string shown = given_text.empty() ? decimal_seconds(*given) : std::string(given_text);
+  const std::string shown = given_text.empty() ? format_duration(*given) : std::string(given_text);
   const std::string what = "invalid --kill-after '" + shown + "' with --ttl " + std::to_string(ttl_s);
-  // Truncated to 10 ms, so that the number shown is itself accepted.
+  // Truncated to 10 ms; the hint shows at most that (format_duration cuts), so the number shown is accepted.
   const long long most = lease_timing::max_kill_after_ns(ttl_s) / 10'000'000LL * 10'000'000LL;
-  const std::string room = "Give --kill-after " + decimal_seconds(most) + " or less (default at --ttl " +
+  const std::string room = "Give --kill-after " + format_duration(most) + " or less (default at --ttl " +
                            std::to_string(ttl_s) + ": " +
-                           decimal_seconds(lease_timing::default_kill_after_ns(ttl_s)) + "), or a longer --ttl.";
+                           format_duration(lease_timing::default_kill_after_ns(ttl_s)) + "), or a longer --ttl.";
   if (*given == 0) {
     usage_error(what + ": a lease holder must be killable before its lease expires (0 would never send KILL)", room);
   }
@@ -326,94 +317,6 @@ long long lease_kill_after_ns(std::optional<long long> given, int ttl_s, std::st
                 room);
   }
   return *given;
-}
-
-std::optional<long long> parse_duration(std::string_view text, std::string* why) {
-  auto fail = [&](const char* rule) -> std::optional<long long> {
-    if (why) *why = rule;
-    return std::nullopt;
-  };
-  constexpr const char* kRule =
-      "expected a non-negative number of seconds such as 10, 2.5, .5 or 1e3 (or inf), with an optional suffix "
-      "s, m, h or d, as in timeout(1)";
-  if (text.empty()) return fail(kRule);
-  long long unit = 1;
-  switch (text.back()) {
-    case 's': text.remove_suffix(1); break;
-    case 'm': unit = 60; text.remove_suffix(1); break;
-    case 'h': unit = 3600; text.remove_suffix(1); break;
-    case 'd': unit = 86400; text.remove_suffix(1); break;
-    default: break;
-  }
-  if (!text.empty() && text.front() == '+') text.remove_prefix(1);
-  if (text.starts_with('-')) return fail("a duration cannot be negative");
-  auto lower = [](std::string_view t) {
-    std::string out(t);
-    for (char& c : out) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
-    return out;
-  };
-  if (const std::string l = lower(text); l == "inf" || l == "infinity") return kForever;
-  if (text.size() > 1 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X')) {
-    return fail("hexadecimal numbers are not accepted");
-  }
-  // Mantissa digits (without leading zeros) and the power of ten they are
-  // scaled by: value = digits * 10^exp10 seconds.
-  std::string digits;
-  long long exp10 = 0;
-  size_t i = 0;
-  bool any = false, dot = false;
-  for (; i < text.size(); ++i) {
-    const char c = text[i];
-    if (c == '.' && !dot) {
-      dot = true;
-    } else if (c >= '0' && c <= '9') {
-      any = true;
-      if (!(digits.empty() && c == '0')) digits += c;
-      if (dot) --exp10;
-    } else {
-      break;
-    }
-  }
-  if (!any) return fail(kRule);
-  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
-    ++i;
-    bool negative = false;
-    if (i < text.size() && (text[i] == '+' || text[i] == '-')) negative = text[i++] == '-';
-    long long e = 0;
-    bool edigits = false;
-    for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i) {
-      edigits = true;
-      if (e < 100000) e = e * 10 + (text[i] - '0');
-    }
-    if (!edigits) return fail(kRule);
-    exp10 += negative ? -e : e;
-  }
-  if (i != text.size()) return fail(kRule);
-  if (digits.empty()) return 0;
-  // In nanoseconds: digits * 10^(exp10 + 9) * unit, saturating at kForever
-  // (some 292 years: "no limit" in practice), and never rounded down to 0.
-  const long long shift = exp10 + 9;
-  if (static_cast<long long>(digits.size()) + shift > 19) return kForever;
-  long long value = 0;
-  bool remainder = false;
-  const long long keep = static_cast<long long>(digits.size()) + std::min(shift, 0LL);
-  auto scale = [&](long long by, long long add) {  // value = value * by + add, false on overflow
-    return !__builtin_mul_overflow(value, by, &value) && !__builtin_add_overflow(value, add, &value);
-  };
-  for (long long k = 0; k < static_cast<long long>(digits.size()); ++k) {
-    const int d = digits[static_cast<size_t>(k)] - '0';
-    if (k >= keep) {
-      remainder = remainder || d != 0;
-    } else if (!scale(10, d)) {
-      return kForever;
-    }
-  }
-  for (long long k = 0; k < shift; ++k) {
-    if (!scale(10, 0)) return kForever;
-  }
-  if (remainder && !scale(1, 1)) return kForever;  // 1e-10 s is not 0 ("never")
-  if (!scale(unit, 0)) return kForever;
-  return value;
 }
 
 std::string derive_operation(const std::vector<std::string>& command) {
@@ -702,7 +605,7 @@ Policy:
   -p, --policy NAME           mutation (wait 5 s, default), monitor (1 s),
                               single_flight (no wait: skip, exit 0),
                               blocking (wait without limit)
-  -w, --timeout SECONDS       deadline for mutation/monitor (0: one attempt)
+  -w, --timeout DURATION      deadline for mutation/monitor (0: one attempt)
   -E, --conflict-exit-code N  status when the deadline passes (default 75)
       --skip-exit-code N      status of a single_flight skip (default 0)
 Lock and command:

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "duration.hpp"
 #include "policy.hpp"
 
 namespace looplock {
@@ -97,14 +98,6 @@ std::optional<long long> max_time_kill_after(const Options& o);
 // base name when the command is an interpreter followed by a script. Never an
 // absolute path and never any other argument.
 std::string derive_operation(const std::vector<std::string>& command);
-
-// A duration, in nanoseconds, as timeout(1) reads one: a non-negative
-// decimal number (digits with an optional fraction and exponent: "10",
-// "2.5", ".5", "5.", "1e3"; "inf" or "infinity") with an optional suffix s,
-// m, h or d. Anything beyond some 292 years is kForever. nullopt, with the
-// rule it broke in `why`, when it is not one.
-inline constexpr long long kForever = std::numeric_limits<long long>::max();
-std::optional<long long> parse_duration(std::string_view text, std::string* why = nullptr);
 
 // A cluster lock name: 1 to 255 bytes without control characters.
 bool valid_lock_name(std::string_view name);

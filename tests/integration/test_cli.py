@@ -4,11 +4,12 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from conftest import EX_USAGE, LOOPLOCK, ROOT, TIMEOUT, read_record, run
+from conftest import EX_TEMPFAIL, EX_USAGE, LOOPLOCK, ROOT, TIMEOUT, read_record, run
 
 # The exact --help text (mirrors help_text() in src/options.cpp). A change to
 # the help must be made in both places on purpose.
@@ -24,7 +25,7 @@ Policy:
   -p, --policy NAME           mutation (wait 5 s, default), monitor (1 s),
                               single_flight (no wait: skip, exit 0),
                               blocking (wait without limit)
-  -w, --timeout SECONDS       deadline for mutation/monitor (0: one attempt)
+  -w, --timeout DURATION      deadline for mutation/monitor (0: one attempt)
   -E, --conflict-exit-code N  status when the deadline passes (default 75)
       --skip-exit-code N      status of a single_flight skip (default 0)
 Lock and command:
@@ -324,7 +325,7 @@ def test_inspect_with_a_command(loop_dir):
 @pytest.mark.parametrize("value,rule", [("-1", "cannot be negative"), ("-0", "cannot be negative"),
                                         ("abc", "timeout(1)"), ("nan", "timeout(1)"), ("", "timeout(1)"),
                                         ("0x10", "hexadecimal"), (" 1", "timeout(1)"), ("1,5", "timeout(1)"),
-                                        ("1ms", "timeout(1)")])
+                                        ("1MS", "timeout(1)"), ("1 ms", "timeout(1)"), ("ms", "timeout(1)")])
 def test_timeout_rejected(loop_dir, value, rule):
     """The error names the rule that was broken."""
     usage_case(loop_dir, ["-w", value, "DIR", "--", "sh", "-c", "CMD"], "timeout", repr(value)[1:-1], rule)
@@ -333,6 +334,35 @@ def test_timeout_rejected(loop_dir, value, rule):
 @pytest.mark.parametrize("value", ["-1", "nan", "x"])
 def test_timeout_rejected_long_form(loop_dir, value):
     usage_case(loop_dir, [f"--timeout={value}", "DIR", "--", "sh", "-c", "CMD"], "timeout")
+
+
+# Every duration option takes every spelling looplock prints (issue: one
+# duration grammar): "100ms" was a usage error while "3m" was accepted.
+@pytest.mark.parametrize("value", ["100ms", "0ms", "2.5s", "3.1m", "2.5h", "1.5d", "inf"])
+@pytest.mark.parametrize("option", ["-w", "--max-time", "--kill-after", "--stale-after"])
+def test_every_duration_option_takes_what_looplock_prints(loop_dir, option, value):
+    if option == "--stale-after":
+        r = run(["--inspect", option, value, loop_dir])
+    else:
+        r = run([option, value, loop_dir, "--", "echo", "ran"])
+        assert r.stdout == "ran\n"
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+
+
+def test_a_printed_wait_can_be_typed_back(loop_dir, holders):
+    """The duration in a timeout line is accepted as -w, and means what it says."""
+    h = holders(loop_dir, tool="flock")
+    r = run(["-w", "0.2", loop_dir, "--", "true"])
+    assert r.returncode == EX_TEMPFAIL
+    printed = re.search(r"still held after (\S+) by", r.stderr).group(1)
+    assert re.fullmatch(r"\d+ms", printed), printed
+    start = time.monotonic()
+    r = run(["-w", printed, loop_dir, "--", "true"])
+    elapsed = time.monotonic() - start
+    assert r.returncode == EX_TEMPFAIL, r.stderr
+    assert elapsed >= 0.15  # a deadline of about 200ms, not 200 s and not 0
+    h.release()
 
 
 # What timeout(1) accepts as a DURATION, looplock accepts too.

@@ -36,7 +36,7 @@ def normalize(text, base):
     t = t.replace("\\\\", "\\")  # scdoc escapes a backslash
     t = re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", "<TS>", t)
     t = re.sub(r"\b[0-9a-f]{16}\b", "<ID>", t)
-    t = re.sub(r"\b\d+(?:\.\d+)?(?:ms|s|m\d\ds|h\d\dm|d\d\dh)\b", "<DUR>", t)
+    t = re.sub(r"\b\d+(?:\.\d+)?(?:ms|s|m|h|d)\b", "<DUR>", t)
     t = re.sub(r"\d+(?:\.\d+)?", "<N>", t)
     return re.sub(r"\s+", " ", t).strip()
 

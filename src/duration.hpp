@@ -1,0 +1,32 @@
+// Durations, read and written one way: every DURATION option takes the same
+// grammar, and every duration looplock prints is one number and one unit of
+// that grammar ("450ms", "2.5s", "3.1m", "2.5h", "1.5d"), so that what it
+// says can be typed back.
+#pragma once
+
+#include <limits>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace looplock {
+
+// "No limit": anything beyond some 292 years.
+inline constexpr long long kForever = std::numeric_limits<long long>::max();
+
+// A duration in nanoseconds: a non-negative decimal number (digits with an
+// optional fraction and exponent: "10", "2.5", ".5", "5.", "1e3"; "inf" or
+// "infinity") with an optional unit ms, s (the default), m, h or d, as
+// timeout(1) reads one plus "ms". Saturates at kForever; a tiny non-zero
+// value is never rounded down to 0. nullopt, with the rule it broke in `why`,
+// when it is not one.
+std::optional<long long> parse_duration(std::string_view text, std::string* why = nullptr);
+
+// One number and one unit, the largest unit that keeps the number at 1 or
+// more: whole milliseconds below a second ("450ms"), else one decimal, cut
+// (never rounded up: "59.9s", never "60.0s"): "2.5s", "3.1m", "2.5h",
+// "1.5d". kForever is "inf"; a negative duration (a clock step backwards)
+// is "0ms".
+std::string format_duration(long long ns);
+
+}  // namespace looplock

@@ -1,0 +1,105 @@
+#include "duration.hpp"
+
+#include <doctest/doctest.h>
+
+#include <string>
+
+namespace {
+constexpr long long kMs = 1'000'000LL;
+constexpr long long kSec = 1000 * kMs;
+constexpr long long kMin = 60 * kSec;
+constexpr long long kHour = 60 * kMin;
+constexpr long long kDay = 24 * kHour;
+}  // namespace
+
+TEST_CASE("parse_duration reads what timeout(1) reads, and ms") {
+  using looplock::kForever;
+  using looplock::parse_duration;
+  CHECK(parse_duration("0") == 0);
+  CHECK(parse_duration("5") == 5 * kSec);
+  CHECK(parse_duration("0.25") == kSec / 4);
+  CHECK(parse_duration("1.000000001") == kSec + 1);
+  CHECK(parse_duration("007") == 7 * kSec);
+  CHECK(parse_duration("000000000001") == kSec);  // leading zeros are not magnitude
+  CHECK(parse_duration(".5") == kSec / 2);
+  CHECK(parse_duration("5.") == 5 * kSec);
+  CHECK(parse_duration("+5") == 5 * kSec);
+  CHECK(parse_duration("1e3") == 1000 * kSec);
+  CHECK(parse_duration("2.5E-1") == kSec / 4);
+  CHECK(parse_duration("1e-9") == 1);
+  CHECK(parse_duration("1e-10") == 1);  // a tiny duration is not 0 ("never")
+  CHECK(parse_duration("0e5") == 0);
+  CHECK(parse_duration("10") == 10 * kSec);
+  CHECK(parse_duration("2.5s") == 2 * kSec + kSec / 2);
+  CHECK(parse_duration("1m") == 60 * kSec);
+  CHECK(parse_duration("0.5m") == 30 * kSec);
+  CHECK(parse_duration("2h") == 7200 * kSec);
+  CHECK(parse_duration("1d") == 86400 * kSec);
+  CHECK(parse_duration("0s") == 0);
+  CHECK(parse_duration("450ms") == 450 * kMs);
+  CHECK(parse_duration("0ms") == 0);
+  CHECK(parse_duration("1.5ms") == 1'500'000);
+  CHECK(parse_duration("1e3ms") == kSec);
+  CHECK(parse_duration("1e-10m") == 6);  // 6 ns, exactly
+  CHECK(parse_duration("1e3s") == 1000 * kSec);
+  CHECK(parse_duration("11574d") == 11574LL * 86400 * kSec);
+  CHECK(parse_duration("inf") == kForever);
+  CHECK(parse_duration("Infinity") == kForever);
+  CHECK(parse_duration("infd") == kForever);
+  CHECK(parse_duration("1e30") == kForever);                // saturates, as timeout(1) does
+  CHECK(parse_duration("99999999999999999999") == kForever);
+  CHECK(parse_duration("106752d") == kForever);
+  CHECK(parse_duration("9223372036.854775807") == kForever);
+  CHECK(parse_duration("9223372036.854775806") == kForever - 1);
+
+  for (const char* bad : {"", "s", "m", "5x", "1 m", "1M", "m5", "abc", "nan", " 5", "5 ", "1,5", "1..2",
+                          ".", "e3", "1e", "1e+", "++1", "1e3x", "ms", "1mss", "1sm", "1 ms", "1MS"}) {
+    std::string shown = bad;
+    CAPTURE(shown);
+    std::string why;
+    CHECK_FALSE(parse_duration(bad, &why));
+    CHECK(why.find("timeout(1)") != std::string::npos);
+  }
+  std::string why;
+  CHECK_FALSE(parse_duration("-1", &why));
+  CHECK(why == "a duration cannot be negative");
+  CHECK_FALSE(parse_duration("-0.5m", &why));
+  CHECK(why == "a duration cannot be negative");
+  CHECK_FALSE(parse_duration("0x10", &why));
+  CHECK(why == "hexadecimal numbers are not accepted");
+}
+
+TEST_CASE("format_duration: one number, one unit") {
+  using looplock::format_duration;
+  CHECK(format_duration(0) == "0ms");
+  CHECK(format_duration(999'999) == "0ms");
+  CHECK(format_duration(450 * kMs) == "450ms");
+  CHECK(format_duration(999 * kMs) == "999ms");
+  CHECK(format_duration(kSec) == "1.0s");
+  CHECK(format_duration(12'345 * kMs) == "12.3s");
+  CHECK(format_duration(59'999 * kMs) == "59.9s");  // cut, never "60.0s"
+  CHECK(format_duration(kMin) == "1.0m");
+  CHECK(format_duration(185 * kSec) == "3.0m");
+  CHECK(format_duration(186 * kSec) == "3.1m");
+  CHECK(format_duration(kHour) == "1.0h");
+  CHECK(format_duration(150 * kMin) == "2.5h");
+  CHECK(format_duration(kDay) == "1.0d");
+  CHECK(format_duration(36 * kHour) == "1.5d");
+  CHECK(format_duration(looplock::kForever) == "inf");
+  CHECK(format_duration(-5) == "0ms");  // a clock step backwards
+}
+
+TEST_CASE("what format_duration prints parses back, to at most what it was") {
+  using looplock::format_duration;
+  using looplock::parse_duration;
+  for (long long ns : {0LL, 1LL, 5 * kMs, 450 * kMs, kSec, 2500 * kMs, 59'999 * kMs, kMin, 186 * kSec, kHour,
+                       150 * kMin, kDay, 36 * kHour, 400 * kDay, looplock::kForever}) {
+    CAPTURE(ns);
+    const std::string shown = format_duration(ns);
+    CAPTURE(shown);
+    const auto back = parse_duration(shown);
+    REQUIRE(back);
+    CHECK(*back <= ns);
+    CHECK(format_duration(*back) == shown);
+  }
+}
