@@ -138,8 +138,8 @@ _looplock()
     fi
 
     if [[ $cur == -* ]]; then
-        local opts='-h --help -V --version -p --policy -w --timeout -E --conflict-exit-code
-            --skip-exit-code -s --shared -o --close -F --no-fork --kill-after --max-time --agent
+        local opts='-h --help -V --version -p --policy -w --timeout -n --nonblock -E --conflict-exit-code
+            --skip-exit-code -s --shared -x --exclusive -o --close -F --no-fork --kill-after --max-time --agent
             --operation --metrics-dir -v --verbose -q --quiet --log-format --inspect --json --check
             --stale-after --etcd --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key --etcd-user
             --etcd-password-file'

@@ -125,6 +125,9 @@ cxxopts::Options build_parser(bool cluster_access) {
       ("E,conflict-exit-code", "", cxxopts::value<std::string>())
       ("skip-exit-code", "", cxxopts::value<std::string>())
       ("s,shared", "")
+      ("x,exclusive", "")
+      ("n,nonblock", "")
+      ("u,unlock", "")
       ("o,close", "")
       ("F,no-fork", "")
       ("agent", "", cxxopts::value<std::string>())
@@ -416,10 +419,18 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
   }
   if (r.count("inspect")) o.mode = Mode::Inspect;
 
+  if (r.count("unlock")) {
+    usage_error("-u/--unlock is not an option: looplock releases the lock itself when the command has ended",
+                "flock -u unlocks a descriptor; under looplock, a command that must let go early can close "
+                "$LOOPLOCK_FD (and whatever it started), or run with -o so that only looplock holds the lock.");
+  }
   std::vector<std::string> positional;
   if (r.count("positional")) positional = r["positional"].as<std::vector<std::string>>();
   if (positional.empty()) {
-    usage_error("missing DIR", "Give the loop directory, then the command: looplock [OPTIONS] DIR -- COMMAND [ARG]...");
+    usage_error("missing DIR", o.mode == Mode::Inspect
+                                   ? "Give the loop directories: looplock --inspect [--json] [--check] DIR..."
+                                   : "Give the loop directory, then the command: looplock [OPTIONS] DIR -- COMMAND "
+                                     "[ARG]...");
   }
   o.dir = positional[0];
   for (const auto& d : positional) {
@@ -439,17 +450,21 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
     }
     o.policy = *p;
   }
-  if (r.count("timeout")) {
-    const auto& text = r["timeout"].as<std::string>();
+  // -n/--nonblock is flock(1)'s spelling of -w 0: one attempt under the policy in force.
+  if (r.count("nonblock") && r.count("timeout")) usage_error("-n/--nonblock and -w/--timeout cannot be combined");
+  if (r.count("timeout") || r.count("nonblock")) {
+    const char* given = r.count("timeout") ? "-w/--timeout" : "-n/--nonblock";
     if (!policy_takes_timeout(o.policy)) {
-      usage_error("-w/--timeout does not apply to policy " + std::string(policy_name(o.policy)),
-                  "single_flight never waits and blocking waits without limit; use -p mutation or -p monitor with -w.");
+      usage_error(std::string(given) + " does not apply to policy " + std::string(policy_name(o.policy)),
+                  "single_flight never waits and blocking waits without limit; use -p mutation or -p monitor with " +
+                      std::string(r.count("timeout") ? "-w." : "-n (or -p single_flight -q for a silent skip)."));
     }
-    o.timeout_ns = duration_option("timeout", text);
+    o.timeout_ns = r.count("timeout") ? duration_option("timeout", r["timeout"].as<std::string>()) : 0;
   }
   if (r.count("conflict-exit-code")) o.conflict_exit_code = parse_exit_code(r, "conflict-exit-code", 1, 255);
   if (r.count("skip-exit-code")) o.skip_exit_code = parse_exit_code(r, "skip-exit-code", 0, 255);
   o.shared = r.count("shared") > 0;
+  if (o.shared && r.count("exclusive")) usage_error("-s/--shared and -x/--exclusive cannot be combined");
   o.close_fd = r.count("close") > 0;
   o.no_fork = r.count("no-fork") > 0;
   if (o.no_fork && o.close_fd) {
@@ -555,12 +570,24 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
       usage_error("no command after '--'", "Example: looplock DIR -- python3 status.py --tick");
     }
     o.command = split.command;
+  } else if (!o.dir.empty() && o.dir.find_first_not_of("0123456789") == std::string::npos) {
+    usage_error("missing '--' before the command; '" + o.dir + "' is taken as DIR, not as a descriptor",
+                "looplock locks a loop directory, not a descriptor (flock's 'flock N' form). Under looplock the "
+                "command already holds the lock through $LOOPLOCK_FD; run it as looplock [OPTIONS] DIR -- COMMAND.");
   } else {
     usage_error("missing '--' before the command",
                 "Put '--' between DIR and the command: looplock [OPTIONS] DIR -- COMMAND [ARG]..., or use "
                 "-c SHELL-COMMAND.");
   }
 
+  for (const char* name : {"agent", "operation"}) {
+    if (r.count(name) && r[name].as<std::string>().empty()) {
+      usage_error("invalid --" + std::string(name) + " '': expected a non-empty " +
+                  (name == std::string_view("agent") ? "ID" : "NAME"),
+                  "Records, incident rows and metrics labels name the run by it; leave the option out for the "
+                  "default.");
+    }
+  }
   o.agent = r.count("agent") ? r["agent"].as<std::string>()
                               : (env.looplock_agent && !env.looplock_agent->empty() ? *env.looplock_agent
                                                   : (env.user_name ? env.user_name() : std::string("unknown")));
@@ -606,10 +633,12 @@ Policy:
                               single_flight (no wait: skip, exit 0),
                               blocking (wait without limit)
   -w, --timeout DURATION      deadline for mutation/monitor (0: one attempt)
+  -n, --nonblock              one attempt: -w 0 (as flock -n)
   -E, --conflict-exit-code N  status when the deadline passes (default 75)
       --skip-exit-code N      status of a single_flight skip (default 0)
 Lock and command:
   -s, --shared                take a shared (reader) lock
+  -x, --exclusive             take an exclusive lock (the default)
   -o, --close                 do not pass the lock fd to COMMAND
   -F, --no-fork               exec COMMAND in place of looplock
       --kill-after DURATION   send KILL to the job if a forwarded TERM/INT

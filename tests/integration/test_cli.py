@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import EX_TEMPFAIL, EX_USAGE, LOOPLOCK, ROOT, TIMEOUT, read_record, run
+from conftest import EX_TEMPFAIL, EX_USAGE, LOOPLOCK, ROOT, TIMEOUT, incident_rows, read_record, run
 
 # The exact --help text (mirrors help_text() in src/options.cpp). A change to
 # the help must be made in both places on purpose.
@@ -26,10 +26,12 @@ Policy:
                               single_flight (no wait: skip, exit 0),
                               blocking (wait without limit)
   -w, --timeout DURATION      deadline for mutation/monitor (0: one attempt)
+  -n, --nonblock              one attempt: -w 0 (as flock -n)
   -E, --conflict-exit-code N  status when the deadline passes (default 75)
       --skip-exit-code N      status of a single_flight skip (default 0)
 Lock and command:
   -s, --shared                take a shared (reader) lock
+  -x, --exclusive             take an exclusive lock (the default)
   -o, --close                 do not pass the lock fd to COMMAND
   -F, --no-fork               exec COMMAND in place of looplock
       --kill-after DURATION   send KILL to the job if a forwarded TERM/INT
@@ -465,3 +467,29 @@ def test_grouped_and_attached_short_options(loop_dir):
         r = run([*args, loop_dir, "--", "echo", "ran"])
         assert r.returncode == 0, (args, r.stderr)
         assert r.stdout == "ran\n"
+
+
+# --- flock(1) habits -----------------------------------------------------------------
+
+def test_nonblock_is_one_attempt_under_mutation(loop_dir, holders):
+    """-n (flock's spelling) is -w 0: a held lock gives 75 and an incident row
+    under mutation, at once."""
+    h = holders(loop_dir, tool="flock")
+    r = run(["-n", loop_dir, "--", "echo", "ran"])
+    assert r.returncode == EX_TEMPFAIL, r.stderr
+    assert r.stdout == ""
+    assert "lock_acquire_timeout" in r.stderr
+    rows = incident_rows(loop_dir)
+    assert len(rows) == 1 and rows[0]["deadline_ms"] == 0
+    h.release()
+    r = run(["--nonblock", "-x", loop_dir, "--", "echo", "ran"])
+    assert (r.returncode, r.stdout) == (0, "ran\n"), r.stderr
+
+
+def test_flock_only_options_point_to_looplock_s(loop_dir):
+    r = run(["-u", loop_dir, "--", "true"])
+    assert r.returncode == EX_USAGE
+    assert "looplock: -u/--unlock is not an option" in r.stderr
+    r = run(["9"])
+    assert r.returncode == EX_USAGE
+    assert "not as a descriptor" in r.stderr and "LOOPLOCK_FD" in r.stderr

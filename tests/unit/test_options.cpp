@@ -595,3 +595,52 @@ TEST_CASE("cluster TLS and authentication options") {
   f = parse_failure({"--etcd", S, "--etcd-user", "loop", "DIR", "--", "x"});
   CHECK(f->hint.find("$LOOPLOCK_ETCD_PASSWORD") != std::string::npos);
 }
+
+TEST_CASE("flock(1) habits: -n is -w 0 under the policy in force, -x the default; -u and 'flock N' are pointed") {
+  Options o = parse({"-n", "DIR", "--", "x"});
+  CHECK(o.timeout_ns == 0);
+  CHECK(o.policy == looplock::Policy::Mutation);
+  CHECK(parse({"--nonblock", "-p", "monitor", "DIR", "--", "x"}).timeout_ns == 0);
+  CHECK(parse({"-xn", "DIR", "--", "x"}).timeout_ns == 0);
+  CHECK_FALSE(parse({"-x", "DIR", "--", "x"}).shared);
+  CHECK_FALSE(parse({"--exclusive", "DIR", "--", "x"}).timeout_ns);
+  auto f = parse_failure({"-n", "-p", "single_flight", "DIR", "--", "x"});
+  REQUIRE(f);
+  CHECK(f->message == "-n/--nonblock does not apply to policy single_flight");
+  CHECK(f->hint.find("-p single_flight -q") != std::string::npos);
+  CHECK(parse_failure({"-n", "-p", "blocking", "DIR", "--", "x"}));
+  CHECK(parse_failure({"-n", "-w", "1", "DIR", "--", "x"}).value().message ==
+        "-n/--nonblock and -w/--timeout cannot be combined");
+  CHECK(parse_failure({"-s", "-x", "DIR", "--", "x"}).value().message ==
+        "-s/--shared and -x/--exclusive cannot be combined");
+  f = parse_failure({"-u", "DIR", "--", "x"});
+  REQUIRE(f);
+  CHECK(f->status == looplock::exit_code::kUsage);
+  CHECK(f->message.starts_with("-u/--unlock is not an option"));
+  CHECK(f->hint.find("$LOOPLOCK_FD") != std::string::npos);
+  f = parse_failure({"9"});
+  REQUIRE(f);
+  CHECK(f->message.find("not as a descriptor") != std::string::npos);
+  CHECK(f->hint.find("looplock [OPTIONS] DIR -- COMMAND") != std::string::npos);
+}
+
+TEST_CASE("--agent '' and --operation '' are usage errors") {
+  for (const char* name : {"--agent", "--operation"}) {
+    CAPTURE(name);
+    auto f = parse_failure({name, "", "DIR", "--", "x"});
+    REQUIRE(f);
+    CHECK(f->status == looplock::exit_code::kUsage);
+    CHECK(f->message == "invalid " + std::string(name) + " '': expected a non-empty " +
+                            (std::string(name) == "--agent" ? "ID" : "NAME"));
+  }
+  // An empty $LOOPLOCK_AGENT is no agent: the user name is the default.
+  CHECK(parse({"DIR", "--", "x"}, test_env("")).agent == "tester");
+}
+
+TEST_CASE("--inspect without DIR shows the --inspect synopsis") {
+  auto f = parse_failure({"--inspect"});
+  REQUIRE(f);
+  CHECK(f->message == "missing DIR");
+  CHECK(f->hint == "Give the loop directories: looplock --inspect [--json] [--check] DIR...");
+  CHECK(parse_failure({"--", "x"}).value().hint.find("DIR -- COMMAND") != std::string::npos);
+}
