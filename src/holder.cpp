@@ -32,6 +32,7 @@ Json holder_to_json(const HolderRecord& r) {
   j["policy"] = r.policy;
   j["acquired_at"] = r.acquired_at;
   j["released_at"] = r.released_at ? Json(*r.released_at) : Json(nullptr);
+  if (r.no_fork) j["no_fork"] = true;
   return j;
 }
 
@@ -45,6 +46,7 @@ std::optional<HolderRecord> holder_from_json(const Json& j) {
   if (!j.contains("pid") || !j["pid"].is_number_integer()) return std::nullopt;
   if (!j.contains("released_at") || !(j["released_at"].is_null() || j["released_at"].is_string()))
     return std::nullopt;
+  if (j.contains("no_fork") && !j["no_fork"].is_boolean()) return std::nullopt;
   long long pid = j["pid"].get<long long>();
   if (pid <= 0 || pid > 0x7fffffff) return std::nullopt;
   HolderRecord r;
@@ -56,6 +58,7 @@ std::optional<HolderRecord> holder_from_json(const Json& j) {
   r.policy = j["policy"].get<std::string>();
   r.acquired_at = j["acquired_at"].get<std::string>();
   if (j["released_at"].is_string()) r.released_at = j["released_at"].get<std::string>();
+  r.no_fork = j.value("no_fork", false);
   return r;
 }
 
@@ -99,6 +102,7 @@ std::string encode_holder(const HolderRecord& r) {
   } else {
     body += "null";
   }
+  if (r.no_fork) body += ",\"no_fork\":true";
   // "check" goes last, over everything before it.
   return body + std::string(kCheckKey) + holder_check(body) + "\"}\n";
 }

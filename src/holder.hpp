@@ -36,6 +36,9 @@ struct HolderRecord {
   std::string policy;
   std::string acquired_at;
   std::optional<std::string> released_at;
+  // An -F run: the command holds the lock and nobody is left to write the
+  // release. Written as "no_fork":true only when set (older readers ignore it).
+  bool no_fork = false;
 };
 
 Json holder_to_json(const HolderRecord& r);

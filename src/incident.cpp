@@ -7,6 +7,7 @@
 
 #include <ctime>
 
+#include "lockfile.hpp"
 #include "log.hpp"
 #include "sys.hpp"
 #include "unique_fd.hpp"
@@ -66,7 +67,7 @@ std::optional<Json> parse_incident_line(std::string_view line) {
 int append_incident(int dirfd, const std::string& line) {
   UniqueFd fd(sys::retry_eintr([&] {
     return openat(dirfd, kIncidentsName, O_RDWR | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK,
-                  0644);
+                  kCreateMode);
   }));
   if (!fd) return errno;
   struct stat st {};

@@ -23,6 +23,11 @@ std::string lock_display(const LockDir& dir) {
   return p + kLockName;
 }
 
+// The hint for EACCES on a name inside DIR: DIR lacks search (x) permission.
+std::string search_hint(const LockDir& dir) {
+  return "looplock needs search permission on DIR (" + dir.path + "): 'chmod u+x' it, or run as a user who has it.";
+}
+
 std::string file_kind(mode_t m) {
   if (S_ISDIR(m)) return "a directory";
   if (S_ISFIFO(m)) return "a FIFO";
@@ -33,9 +38,16 @@ std::string file_kind(mode_t m) {
   return "not a regular file";
 }
 
-[[noreturn]] void unsafe(const LockDir& dir, const std::string& why, const std::string& hint) {
-  throw Fatal(exit_code::kCantCreate, "unsafe lock file " + lock_display(dir) + ": " + why, hint, "unsafe_lock_file");
+[[noreturn]] void refused(const LockDir& dir, const Refusal& r) {
+  throw Fatal(exit_code::kCantCreate,
+              (r.event == "unsafe_loop_dir" ? "unsafe loop directory " + dir.path : "unsafe lock file " + lock_display(dir)) +
+                  ": " + r.why,
+              r.hint, r.event);
 }
+
+const char* const kSymlinkWhy = "it is a symbolic link (looplock never follows one)";
+const char* const kSymlinkHint =
+    "Replace it with a regular file, or remove the link and let looplock create the file.";
 
 // Moves fd to 3 or above, so that a command started with stdin, stdout or
 // stderr closed never finds the lock file there.
@@ -178,6 +190,32 @@ std::optional<std::string> network_file_system(int fd) {
 
 bool dir_mode_unsafe(mode_t mode) { return (mode & S_IWOTH) && !(mode & S_ISVTX); }
 
+std::optional<Refusal> refuse_dir(const struct stat& dir, const std::string& shown_dir) {
+  if (!dir_mode_unsafe(dir.st_mode)) return std::nullopt;
+  return Refusal{"world-writable without the sticky bit",
+                 "Any user could replace the lock file there; run 'chmod o-w " + shown_dir + "' (or chmod +t).",
+                 "unsafe_loop_dir"};
+}
+
+std::optional<Refusal> refuse_lock_file(const struct stat& file, const struct stat& dir, uid_t euid) {
+  if (S_ISLNK(file.st_mode)) return Refusal{kSymlinkWhy, kSymlinkHint, "unsafe_lock_file"};
+  if (!S_ISREG(file.st_mode)) {
+    return Refusal{"it is " + file_kind(file.st_mode) + ", not a regular file",
+                   "Move it away; looplock creates a regular file there.", "unsafe_lock_file"};
+  }
+  if (file.st_nlink > 1) {
+    return Refusal{"it has " + std::to_string(file.st_nlink) + " hard links; a lock file must have exactly one",
+                   "Another name for the same file could be swapped; replace it with a fresh regular file.",
+                   "unsafe_lock_file"};
+  }
+  if (file.st_uid != euid && file.st_uid != dir.st_uid) {
+    return Refusal{"it is owned by uid " + std::to_string(file.st_uid) + ", neither you nor DIR's owner",
+                   "Only the caller or DIR's owner may own the lock file; ask its owner, or run as DIR's owner.",
+                   "unsafe_lock_file"};
+  }
+  return std::nullopt;
+}
+
 LockDir open_lock_dir(const std::string& path, bool check_safety) {
   LockDir dir;
   dir.path = path;
@@ -201,11 +239,8 @@ LockDir open_lock_dir(const std::string& path, bool check_safety) {
   dir.fd.reset(moved);
   if (!dir.fd) fail_errno(exit_code::kOsError, "cannot open loop directory " + path, errno);
   if (fstat(dir.fd.get(), &dir.st) != 0) fail_errno(exit_code::kOsError, "cannot stat " + path, errno);
-  if (check_safety && dir_mode_unsafe(dir.st.st_mode)) {
-    throw Fatal(exit_code::kCantCreate,
-                "unsafe loop directory " + path + ": world-writable without the sticky bit",
-                "Any user could replace the lock file there; run 'chmod o-w " + path + "' (or chmod +t).",
-                "unsafe_loop_dir");
+  if (check_safety) {
+    if (auto r = refuse_dir(dir.st, path)) refused(dir, *r);
   }
   return dir;
 }
@@ -218,22 +253,18 @@ LockFile open_lock_file(const LockDir& dir) {
     bool exists = fstatat(dir.fd.get(), kLockName, &pre, AT_SYMLINK_NOFOLLOW) == 0;
     if (!exists && errno != ENOENT) {
       int err = errno;
-      fail_errno(status_for_errno(err, exit_code::kCantCreate), "cannot stat " + lock_display(dir), err);
+      fail_errno(status_for_errno(err, exit_code::kCantCreate), "cannot stat " + lock_display(dir), err,
+                 err == EACCES ? search_hint(dir) : "");
     }
-    if (exists && S_ISLNK(pre.st_mode)) {
-      unsafe(dir, "it is a symbolic link (looplock never follows one)",
-             "Replace it with a regular file, or remove the link and let looplock create the file.");
-    }
-    if (exists && !S_ISREG(pre.st_mode)) {
-      unsafe(dir, "it is " + file_kind(pre.st_mode) + ", not a regular file",
-             "Move it away; looplock creates a regular file there.");
+    if (exists && (S_ISLNK(pre.st_mode) || !S_ISREG(pre.st_mode))) {
+      refused(dir, *refuse_lock_file(pre, dir.st, geteuid()));
     }
 
     int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK;
     bool read_only = false;
     int fd;
     if (!exists) {
-      fd = sys::retry_eintr([&] { return openat(dir.fd.get(), kLockName, flags | O_CREAT | O_EXCL, 0644); });
+      fd = sys::retry_eintr([&] { return openat(dir.fd.get(), kLockName, flags | O_CREAT | O_EXCL, kCreateMode); });
       if (fd < 0 && errno == EEXIST) continue;  // created meanwhile: look again
     } else {
       fd = sys::retry_eintr([&] { return openat(dir.fd.get(), kLockName, flags); });
@@ -245,10 +276,7 @@ LockFile open_lock_file(const LockDir& dir) {
     }
     if (fd < 0) {
       int err = errno;
-      if (err == ELOOP) {
-        unsafe(dir, "it is a symbolic link (looplock never follows one)",
-               "Replace it with a regular file, or remove the link and let looplock create the file.");
-      }
+      if (err == ELOOP) refused(dir, Refusal{kSymlinkWhy, kSymlinkHint, "unsafe_lock_file"});
       std::string hint;
       if (err == EROFS) {
         hint = "DIR is on a read-only file system: create " + std::string(kLockName) +
@@ -264,18 +292,8 @@ LockFile open_lock_file(const LockDir& dir) {
     if (!f.fd) fail_errno(exit_code::kOsError, "cannot open " + lock_display(dir), errno);
     f.read_only = read_only;
     if (fstat(f.fd.get(), &f.st) != 0) fail_errno(exit_code::kOsError, "cannot stat " + lock_display(dir), errno);
-    if (!S_ISREG(f.st.st_mode)) {
-      unsafe(dir, "it is " + file_kind(f.st.st_mode) + ", not a regular file", "Move it away; looplock creates a regular file there.");
-    }
-    if (f.st.st_nlink == 0) continue;  // replaced between open and fstat
-    if (f.st.st_nlink > 1) {
-      unsafe(dir, "it has " + std::to_string(f.st.st_nlink) + " hard links; a lock file must have exactly one",
-             "Another name for the same file could be swapped; replace it with a fresh regular file.");
-    }
-    if (f.st.st_uid != geteuid() && f.st.st_uid != dir.st.st_uid) {
-      unsafe(dir, "it is owned by uid " + std::to_string(f.st.st_uid) + ", neither you nor DIR's owner",
-             "Only the caller or DIR's owner may own the lock file; ask its owner, or run as DIR's owner.");
-    }
+    if (S_ISREG(f.st.st_mode) && f.st.st_nlink == 0) continue;  // replaced between open and fstat
+    if (auto r = refuse_lock_file(f.st, dir.st, geteuid())) refused(dir, *r);
     return f;
   }
   throw Fatal(exit_code::kCantCreate, "cannot open " + lock_display(dir) + ": it keeps being replaced",

@@ -7,6 +7,8 @@
 
 #include <sys/stat.h>
 
+#include <sys/types.h>
+
 #include <optional>
 #include <string>
 
@@ -36,9 +38,27 @@ struct LockFile {
   bool read_only = false;  // opened O_RDONLY: locked, but no record can be written
 };
 
-// Opens DIR/.state.lock, creating it (0644 before umask) if missing. Throws
-// Fatal 73 if it is unsafe (symlink, not a regular file, more than one link,
-// foreign owner) or cannot be opened, 71 on resource exhaustion.
+// The mode a new lock file (and every file looplock creates beside it: the
+// incidents file) is created with, before the umask: flock(2) needs only a
+// read descriptor, so whoever can open the file can take the lock.
+inline constexpr mode_t kCreateMode = 0660;
+
+// Why a run refuses a lock file (exit 73): the rule, as a run and --inspect
+// both judge it.
+struct Refusal {
+  std::string why;    // "it has 2 hard links; a lock file must have exactly one"
+  std::string hint;   // the fix
+  std::string event;  // unsafe_loop_dir, unsafe_lock_file
+};
+// DIR itself: world-writable without the sticky bit.
+std::optional<Refusal> refuse_dir(const struct stat& dir, const std::string& shown_dir);
+// The lock file as found at the path (lstat): a symlink, not a regular file,
+// more than one link, or owned by neither `euid` nor DIR's owner.
+std::optional<Refusal> refuse_lock_file(const struct stat& file, const struct stat& dir, uid_t euid);
+
+// Opens DIR/.state.lock, creating it (kCreateMode before umask) if missing.
+// Throws Fatal 73 if it is unsafe (refuse_lock_file) or cannot be opened, 71
+// on resource exhaustion.
 LockFile open_lock_file(const LockDir& dir);
 
 enum class LockMode { Exclusive, Shared };

@@ -176,7 +176,7 @@ def holders():
 
 def lock_is_free(loop_dir):
     """Whether a non-blocking flock on DIR/.state.lock succeeds right now."""
-    fd = os.open(Path(loop_dir) / ".state.lock", os.O_RDONLY | os.O_CREAT, 0o644)
+    fd = os.open(Path(loop_dir) / ".state.lock", os.O_RDONLY | os.O_CREAT, 0o660)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         return True

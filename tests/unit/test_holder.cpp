@@ -38,6 +38,7 @@ void check_same(const HolderRecord& a, const HolderRecord& b) {
   CHECK(a.policy == b.policy);
   CHECK(a.acquired_at == b.acquired_at);
   CHECK(a.released_at == b.released_at);
+  CHECK(a.no_fork == b.no_fork);
 }
 
 size_t count_char(const std::string& s, char c) {
@@ -80,6 +81,27 @@ TEST_CASE("encode and parse round trip") {
       R"("acquired_at":"2026-11-30T17:00:00.123Z","released_at":null)";
   CHECK(looplock::encode_holder(sample()) ==
         body + R"(,"check":")" + looplock::sha256_hex(body).substr(0, 16) + "\"}\n");
+}
+
+TEST_CASE("an -F run's record says no_fork; older records and readers do without it") {
+  HolderRecord r = sample();
+  r.no_fork = true;
+  const std::string text = looplock::encode_holder(r);
+  CHECK(text.find(R"("released_at":null,"no_fork":true,"check":")") != std::string::npos);
+  auto back = looplock::parse_holder(text);
+  REQUIRE(back);
+  CHECK(back->no_fork);
+  CHECK(looplock::dump_json(looplock::holder_to_json(r)).find(R"("no_fork":true)") != std::string::npos);
+  // Without it (every earlier record): no_fork is false, and the field is not written.
+  CHECK(looplock::encode_holder(sample()).find("no_fork") == std::string::npos);
+  CHECK_FALSE(looplock::parse_holder(looplock::encode_holder(sample()))->no_fork);
+  // The same text as the JSON encoder, field by field.
+  const std::string body = text.substr(0, text.find(R"(,"check":")"));
+  CHECK(body + "}" == looplock::dump_json(looplock::holder_to_json(r)));
+  // A no_fork that is not a boolean is not a record.
+  CHECK_FALSE(looplock::holder_from_json(looplock::Json::parse(
+      R"({"schema":"file_lock_holder_v0","lock_id":"x","pid":1,"pid_start":"","agent_id":"a","operation":"o",)"
+      R"("policy":"mutation","acquired_at":"2026-11-30T17:00:00.123Z","released_at":null,"no_fork":1})")));
 }
 
 TEST_CASE("a record read while it was being rewritten fails its check") {

@@ -159,7 +159,7 @@ TEST_CASE("wrong schema, missing fields and wrong types are rejected") {
   }
 }
 
-TEST_CASE("append_incident creates the file 0644 and appends one line per call") {
+TEST_CASE("append_incident creates the file 0660 (as the lock file) and appends one line per call") {
   TempDir dir;
   UniqueFd dfd = open_dir(dir.path());
   REQUIRE(dfd);
@@ -171,7 +171,7 @@ TEST_CASE("append_incident creates the file 0644 and appends one line per call")
   struct stat st {};
   REQUIRE(lstat(path.c_str(), &st) == 0);
   CHECK(S_ISREG(st.st_mode));
-  CHECK((st.st_mode & 07777) == 0644);
+  CHECK((st.st_mode & 07777) == 0660);
 
   REQUIRE(looplock::append_incident(dfd.get(), looplock::encode_incident(sample(false, "2026-11-30T17:00:02.000Z"))) == 0);
   REQUIRE(looplock::append_incident(dfd.get(), looplock::encode_incident(sample(true, "2026-11-30T17:00:03.000Z"))) == 0);

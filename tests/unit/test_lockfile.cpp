@@ -132,7 +132,7 @@ TEST_CASE("dir_mode_unsafe") {
   CHECK_FALSE(looplock::dir_mode_unsafe(0700));
 }
 
-TEST_CASE("open_lock_file creates a 0644 regular file and never truncates") {
+TEST_CASE("open_lock_file creates a 0660 regular file (other users cannot open it) and never truncates") {
   TempDir dir;
   LockDir d = looplock::open_lock_dir(dir.path());
   const std::string path = dir / ".state.lock";
@@ -144,7 +144,7 @@ TEST_CASE("open_lock_file creates a 0644 regular file and never truncates") {
   struct stat st {};
   REQUIRE(lstat(path.c_str(), &st) == 0);
   CHECK(S_ISREG(st.st_mode));
-  CHECK((st.st_mode & 07777) == 0644);
+  CHECK((st.st_mode & 07777) == 0660);
   CHECK(st.st_size == 0);
   CHECK(st.st_ino == f.st.st_ino);
   CHECK((fcntl(f.fd.get(), F_GETFD) & FD_CLOEXEC) != 0);
@@ -517,4 +517,56 @@ TEST_CASE("network file systems are named; local ones are not") {
   REQUIRE(proc);
   CHECK_FALSE(looplock::network_file_system(proc.get()));
   CHECK_FALSE(looplock::network_file_system(-1));  // an error is not a warning
+}
+
+TEST_CASE("the umask applies to the lock file's 0660, and an existing file's mode is never changed") {
+  TempDir dir;
+  LockDir d = looplock::open_lock_dir(dir.path());
+  const std::string path = dir / ".state.lock";
+  mode_t old = umask(027);
+  { LockFile f = looplock::open_lock_file(d); }
+  umask(old);
+  struct stat st {};
+  REQUIRE(lstat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0640);
+  REQUIRE(chmod(path.c_str(), 0644) == 0);
+  { LockFile f = looplock::open_lock_file(d); }
+  REQUIRE(lstat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0644);
+}
+
+TEST_CASE("refuse_lock_file: the rules a run and --inspect share") {
+  struct stat dir {};
+  dir.st_mode = S_IFDIR | 0755;
+  dir.st_uid = 1000;
+  struct stat f {};
+  f.st_mode = S_IFREG | 0660;
+  f.st_nlink = 1;
+  f.st_uid = 1000;
+  CHECK_FALSE(looplock::refuse_lock_file(f, dir, 1000));
+  CHECK_FALSE(looplock::refuse_lock_file(f, dir, 0));  // DIR's owner's file, for root too
+  f.st_uid = 0;
+  CHECK_FALSE(looplock::refuse_lock_file(f, dir, 0));  // the caller's own
+  f.st_uid = 2000;
+  auto r = looplock::refuse_lock_file(f, dir, 0);
+  REQUIRE(r);
+  CHECK(r->why == "it is owned by uid 2000, neither you nor DIR's owner");
+  CHECK(r->event == "unsafe_lock_file");
+  f.st_uid = 1000;
+  f.st_nlink = 2;
+  r = looplock::refuse_lock_file(f, dir, 1000);
+  REQUIRE(r);
+  CHECK(r->why == "it has 2 hard links; a lock file must have exactly one");
+  f.st_nlink = 1;
+  f.st_mode = S_IFLNK | 0777;
+  CHECK(looplock::refuse_lock_file(f, dir, 1000)->why.find("symbolic link") != std::string::npos);
+  f.st_mode = S_IFIFO | 0644;
+  CHECK(looplock::refuse_lock_file(f, dir, 1000)->why == "it is a FIFO, not a regular file");
+  dir.st_mode = S_IFDIR | 0777;
+  auto d = looplock::refuse_dir(dir, "D");
+  REQUIRE(d);
+  CHECK(d->event == "unsafe_loop_dir");
+  CHECK(d->hint.find("chmod o-w D") != std::string::npos);
+  dir.st_mode = S_IFDIR | 01777;
+  CHECK_FALSE(looplock::refuse_dir(dir, "D"));
 }
