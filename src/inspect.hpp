@@ -71,9 +71,6 @@ struct InspectReport {
 
 InspectReport build_report(const InspectFacts& facts);
 
-// Milliseconds since the epoch for "2026-11-30T17:00:00.123Z"; nullopt if not
-// in that form.
-std::optional<long long> parse_utc_ms(const std::string& iso);
 
 // What a looplock process with these arguments would record as its agent and
 // operation (nullopt when they do not parse).

@@ -51,6 +51,9 @@ long long monotonic_ns();
 std::string utc_now_iso8601();
 // The same for `ms` milliseconds since the epoch.
 std::string utc_iso8601(long long ms);
+// Milliseconds since the epoch for "2026-11-30T17:00:00.123Z" (exactly that
+// form); nullopt otherwise.
+std::optional<long long> parse_utc_ms(const std::string& iso);
 // Milliseconds since the epoch for the current time.
 long long realtime_ms();
 

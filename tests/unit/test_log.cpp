@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "inspect.hpp"
+#include "sys.hpp"
 
 #include <doctest/doctest.h>
 
@@ -85,7 +86,7 @@ TEST_CASE("JSON lines") {
   for (auto it = j.begin(); it != j.end(); ++it) keys.push_back(it.key());
   CHECK(keys == std::vector<std::string>{"ts", "pid", "level", "event", "message", "hint", "waited_ms", "holder_pids"});
   CHECK(j["pid"] == getpid());
-  CHECK(looplock::parse_utc_ms(j["ts"].get<std::string>()));  // UTC with milliseconds
+  CHECK(looplock::sys::parse_utc_ms(j["ts"].get<std::string>()));  // UTC with milliseconds
 
   // No hint: no key. Non-object fields are ignored. The lock_id, once known.
   j = Json::parse(log.format_line("info", "acquired", "took 3 ms", "", Json()));
