@@ -28,6 +28,10 @@ not hold the lock), or no /proc, never bypasses the lock: _loop_lock then
 takes it as usual. It never unlocks or closes an inherited descriptor: that
 would release the lock for looplock too.
 
+A missing lock file is created with mode 0660 (less the umask), as looplock
+creates it: flock(2) needs only a read descriptor, so any local user who can
+read the file can take the lock and stall every run.
+
 As a script, `python3 loop_lock.py LOOP_DIR` takes the lock and says how
 ("inherited fd N", "held by ancestor pid P" or "opened fd N").
 """
@@ -106,7 +110,7 @@ def _loop_lock(loop_path, timeout=None):
     if outer is not None:
         yield outer[1] if outer[0] is None else None  # never unlock or close it
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o660)
     try:
         if timeout is None:
             fcntl.flock(fd, fcntl.LOCK_EX)

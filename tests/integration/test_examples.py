@@ -657,3 +657,20 @@ def test_forged_holder_environment_never_bypasses_the_lock(tmp_path, holders):
     finally:
         os.close(unlocked)
         os.close(elsewhere)
+
+
+def test_loop_lock_creates_the_lock_file_for_owner_and_group_only(tmp_path):
+    """0660 less the umask, as looplock creates it: flock(2) needs only a
+    read descriptor, so a lock file that others can read is one that any
+    local user can hold and stall every run with."""
+    code = python_code(
+        "import os\n"
+        "os.umask(int(sys.argv[2], 8))\n"
+        "with _loop_lock(sys.argv[1]):\n"
+        "    pass\n"
+        "print(oct(os.stat(os.path.join(sys.argv[1], '.state.lock')).st_mode & 0o777))\n")
+    for umask, mode in (("0", "0o660"), ("022", "0o640"), ("002", "0o660")):
+        loop = tmp_path / f"loop-{umask}"
+        loop.mkdir()
+        r = run_py(code, [loop, umask])
+        assert (r.returncode, r.stdout) == (0, mode + "\n"), (umask, r.stderr)
