@@ -157,8 +157,85 @@ def test_crontab_jobs_run_under_the_lock(site, holders):
     h.release()
     (prom,) = metrics.glob("looplock_*.prom")
     text = prom.read_text()
-    assert re.search(r'looplock_runs_total\{[^}]*operation="[^"]*",outcome="skipped"\} 3\n', text), text
-    assert re.search(r'looplock_runs_total\{[^}]*operation="[^"]*",outcome="success"\} 2\n', text), text
+    tick_op, monitor_op = operation_of(tick[0]), operation_of(monitor[0])
+    assert re.search(rf'looplock_runs_total\{{[^}}]*operation="{monitor_op}",outcome="skipped"\}} 3\n', text), text
+    for op in (tick_op, monitor_op):
+        assert re.search(rf'looplock_runs_total\{{[^}}]*operation="{op}",outcome="success"\}} 1\n', text), text
+
+
+
+MAN_PAGE = ROOT / "man" / "looplock.1.scd"
+
+
+def no_tick_alert():
+    """The man page's "no successful tick" rule, as (label selector, threshold)
+    of its expression time() - looplock_last_success_timestamp_seconds{...} > N."""
+    m = re.search(r"- alert: LoopNoSuccessfulTick\n\s+expr: time\(\) - "
+                  r"looplock_last_success_timestamp_seconds\{([^}]*)\} > (\d+)\n", MAN_PAGE.read_text())
+    assert m, "the man page's LoopNoSuccessfulTick rule has another shape: update this test"
+    return dict(re.findall(r'(\w+)="([^"]*)"', m.group(1))), int(m.group(2))
+
+
+def alert_fires(prom_text, selector, threshold, now):
+    """Evaluates time() - looplock_last_success_timestamp_seconds{selector} > threshold
+    at time() = now on the samples of a textfile (parsed as Prometheus does):
+    the values for which it holds. Asserts the selector selects a series (a
+    rule that selects nothing never fires either)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    selected = [s.value for f in text_string_to_metric_families(prom_text) for s in f.samples
+                if s.name == "looplock_last_success_timestamp_seconds"
+                and all(s.labels.get(k) == v for k, v in selector.items())]
+    assert selected, f"no series matches {selector}:\n{prom_text}"
+    return [now - v for v in selected if now - v > threshold]
+
+
+def operation_of(cmd):
+    m = re.search(r" --operation (\S+) ", cmd)
+    return m and m.group(1)
+
+
+def test_crontab_a_failing_tick_fires_the_alert_though_the_monitor_passes(site, tmp_path):
+    """The tick and the monitor of examples/crontab, as shipped, each in its
+    own metrics series: after a failing tick and a passing monitor, the man
+    page's "no successful tick for an hour" alert fires (evaluated on the
+    textfile's samples). With the old crontab (no --operation: both lines are
+    status.py) and its rule (operation="status.py"), the monitor's success
+    refreshed the tick's series and the same evaluation stayed silent."""
+    pytest.importorskip("prometheus_client.parser", reason="python3-prometheus-client is not installed")
+    cron_env, jobs = crontab_entries()
+    [tick] = [cmd for _, cmd in jobs if "--tick" in cmd]
+    [monitor] = [cmd for _, cmd in jobs if "--check-gate" in cmd]
+    selector, threshold = no_tick_alert()
+    assert operation_of(tick) and operation_of(monitor) and operation_of(tick) != operation_of(monitor)
+    assert selector == {"operation": operation_of(tick)}, "the man page's alert selects the crontab's tick"
+
+    def run_both(lines, name):
+        metrics = tmp_path / name
+        metrics.mkdir()
+        env = site.env(**dict(cron_env, LOOPLOCK_METRICS_DIR=str(metrics), FAKE_STATUS_FAIL="--tick"))
+        # The fake under the name status.py, so the default operation is the real one's.
+        lines = [site.substitute(cmd.replace("/srv/loops/scripts/status.py", str(site.work / "scripts" / "status.py")))
+                 for cmd in lines]
+        r = sh_c(lines[0], env)
+        assert r.returncode == 1, r.stderr  # the tick failed, and looplock says so by its status
+        r = sh_c(lines[1], env)
+        assert (r.returncode, r.stdout, r.stderr) == (0, "", "")  # the monitor passed, silently
+        now = time.time()
+        (prom,) = metrics.glob("looplock_*.prom")
+        return prom.read_text(), now
+
+    text, now = run_both([tick, monitor], "shipped")
+    assert re.search(rf'operation="{operation_of(tick)}",outcome="failure"\}} 1\n', text), text
+    assert re.search(rf'operation="{operation_of(monitor)}",outcome="success"\}} 1\n', text), text
+    # No tick has succeeded: the tick's last success is 0, an hour ago and more.
+    assert alert_fires(text, selector, threshold, now), text
+
+    # The old crontab: the same lines without --operation.
+    old = [re.sub(r" --operation \S+", "", cmd) for cmd in (tick, monitor)]
+    assert not any(operation_of(cmd) for cmd in old)
+    text, now = run_both(old, "old")
+    assert re.search(r'operation="status.py",outcome="failure"\} 1\n', text), text  # one series for both
+    assert not alert_fires(text, {"operation": "status.py"}, threshold, now), text
 
 
 # -- systemd -------------------------------------------------------------------
