@@ -238,6 +238,37 @@ def test_crontab_a_failing_tick_fires_the_alert_though_the_monitor_passes(site, 
     assert not alert_fires(text, {"operation": "status.py"}, threshold, now), text
 
 
+
+def man_cron_lines():
+    """The crontab lines of the man page's EXAMPLES (five time fields, then
+    the command)."""
+    examples = re.search(r"^# EXAMPLES\n(.*?)(?=^# )", MAN_PAGE.read_text(), re.S | re.M).group(1)
+    out = []
+    for block in re.findall(r"```\n(.*?)```", examples, re.S):
+        for line in block.splitlines():
+            fields = line.split(None, 5)
+            if len(fields) == 6 and all(re.fullmatch(r"[0-9*/,-]+", f) for f in fields[:5]):
+                out.append(fields[5])
+    return out
+
+
+def test_man_page_cron_monitor_is_silent_when_it_skips(site, tmp_path, holders):
+    """The man page's cron monitor skips while the lock is held with status 0
+    and no output at all (cron mails whatever a job prints)."""
+    [monitor] = [cmd for cmd in man_cron_lines() if "single_flight" in cmd]
+    script = tmp_path / "monitor.sh"
+    script.write_text("#!/bin/sh\necho monitor ran\n")
+    script.chmod(0o755)
+    cmd = site.substitute(monitor).replace("/srv/loops/scripts/monitor.sh", str(script))
+    env = site.env()  # a bare `looplock` is the built one, from site.bin
+    r = sh_c(cmd, env)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "monitor ran\n", "")  # the control: it runs when free
+    h = holders(site.loop, tool="flock")
+    r = sh_c(cmd, env)
+    h.release()
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", ""), cmd
+
+
 # -- systemd -------------------------------------------------------------------
 
 
