@@ -10,13 +10,30 @@ When this code already runs under looplock for the same loop (say
 `looplock /srv/loops/nightly -- python3 status.py --tick`), opening
 .state.lock again and locking it would wait for its own parent, forever: a
 flock(2) lock belongs to an open file, and the new open is another one. So
-_loop_lock first checks whether it inherited the lock (LOOPLOCK_FD, for the
-same directory, the same file, and locked exclusively through that fd) and
-then simply runs inside the parent's critical section. It never unlocks or
-closes an inherited fd: that would release the lock for looplock too.
+_loop_lock first checks, as a nested looplock does (looplock(1), ENVIRONMENT,
+Nesting), whether it already runs inside that looplock's critical section,
+and then simply runs there:
+
+- its own descriptor LOOPLOCK_HOLDER_FD (or LOOPLOCK_FD), inherited from
+  looplock, is this very lock file and holds the lock; or
+- that descriptor is gone (under `looplock -o`, or in a child that Python's
+  subprocess started without pass_fds), but LOOPLOCK_HOLDER_PID is an
+  ancestor of this process whose descriptor LOOPLOCK_HOLDER_FD is this very
+  lock file and holds the lock.
+
+Linux shows both in /proc (/proc/PID/fdinfo/N lists the locks held through
+descriptor N). A forged or stale environment (variables copied into a cron
+line, a holder that has exited, another loop's lock, a descriptor that does
+not hold the lock), or no /proc, never bypasses the lock: _loop_lock then
+takes it as usual. It never unlocks or closes an inherited descriptor: that
+would release the lock for looplock too.
+
+A missing lock file is created with mode 0660 (less the umask), as looplock
+creates it: flock(2) needs only a read descriptor, so any local user who can
+read the file can take the lock and stall every run.
 
 As a script, `python3 loop_lock.py LOOP_DIR` takes the lock and says how
-("inherited fd N" or "opened fd N").
+("inherited fd N", "held by ancestor pid P" or "opened fd N").
 """
 import contextlib
 import fcntl
@@ -26,48 +43,74 @@ import time
 LOCK_NAME = ".state.lock"
 
 
-def _inherited_lock_fd(loop_path):
-    """The lock fd inherited from a looplock that holds LOOP_PATH's lock
-    exclusively, or None."""
+def _lock_mode(pid, fd, lock):
+    """"WRITE" (exclusive) or "READ" (shared) if descriptor FD of process PID
+    ("self" or a number) is the file LOCK (an os.stat_result) and holds its
+    flock(2) lock; else None."""
     try:
-        fd = int(os.environ["LOOPLOCK_FD"])
-    except (KeyError, ValueError):
-        return None
-    if os.environ.get("LOOPLOCK_DIR") != os.path.realpath(loop_path):
-        return None  # running under looplock, but for another loop
+        st = os.stat(f"/proc/{pid}/fd/{fd}")
+        if (st.st_dev, st.st_ino) != (lock.st_dev, lock.st_ino):
+            return None
+        with open(f"/proc/{pid}/fdinfo/{fd}") as f:
+            for line in f:  # lock:  1: FLOCK  ADVISORY  WRITE 2181 fe:00:10952825 0 EOF
+                words = line.split()
+                if words[:1] == ["lock:"] and words[2:4] == ["FLOCK", "ADVISORY"]:
+                    return words[4]
+    except (OSError, IndexError):
+        pass
+    return None
+
+
+def _is_ancestor(pid):
+    """Whether PID is this process or one of its ancestors."""
     try:
-        held = os.fstat(fd)
-        lock = os.stat(os.path.join(loop_path, LOCK_NAME), follow_symlinks=False)
+        if os.readlink("/proc/self") != str(os.getpid()):
+            return False  # /proc of another pid namespace: its pids are not ours
+        p = os.getpid()
+        while p > 0 and p != pid:
+            with open(f"/proc/{p}/stat") as f:  # "PID (COMM) STATE PPID ..."
+                p = int(f.read().rpartition(")")[2].split()[1])
+        return p == pid
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def _outer_lock(lock_path):
+    """(pid, fd) when the looplock this process runs under holds LOCK_PATH
+    exclusively through descriptor fd: of this process (pid None), inherited,
+    or of that ancestor looplock (pid). None when nothing confirms it."""
+    try:
+        lock = os.stat(lock_path, follow_symlinks=False)
     except OSError:
-        return None  # the fd was closed (or the file is gone): not inherited
-    if (held.st_dev, held.st_ino) != (lock.st_dev, lock.st_ino):
-        return None  # a stale LOOPLOCK_FD that now names some other file
-    # Linux lists the locks held through an open file in /proc/self/fdinfo.
-    try:
-        with open(f"/proc/self/fdinfo/{fd}") as f:
-            info = f.read()
-    except OSError:
-        return fd  # no /proc: trust the checks above
-    if "FLOCK  ADVISORY  WRITE" in info.replace("\t", " "):
-        return fd
-    if "FLOCK  ADVISORY  READ" in info.replace("\t", " "):
-        raise RuntimeError(
-            f"running under `looplock -s` for {loop_path}: the inherited lock is shared, "
-            "and converting it to exclusive could lose it; use looplock without -s")
-    return None  # the fd is the lock file, but nothing is locked through it
+        return None  # no lock file: nobody holds it
+    env = os.environ
+    pid, holder_fd = env.get("LOOPLOCK_HOLDER_PID", ""), env.get("LOOPLOCK_HOLDER_FD", "")
+    candidates = [("self", holder_fd), ("self", env.get("LOOPLOCK_FD", ""))]
+    if pid.isdigit() and _is_ancestor(int(pid)):
+        candidates.append((pid, holder_fd))
+    for who, fd in candidates:
+        mode = _lock_mode(who, fd, lock) if fd.isdigit() else None
+        if mode == "READ":
+            raise RuntimeError(
+                f"running under `looplock -s` for {lock_path}: the lock is held shared, "
+                "and converting it to exclusive could lose it; use looplock without -s")
+        if mode == "WRITE":
+            return (None if who == "self" else int(who)), int(fd)
+    return None
 
 
 @contextlib.contextmanager
 def _loop_lock(loop_path, timeout=None):
-    """Holds LOOP_PATH/.state.lock exclusively for the `with` block; yields
-    the lock fd. timeout (seconds) bounds the wait: TimeoutError after it
-    (None waits without limit)."""
-    fd = _inherited_lock_fd(loop_path)
-    if fd is not None:
-        yield fd  # looplock holds it for us: never unlock or close it
+    """Holds LOOP_PATH/.state.lock exclusively for the `with` block. Yields
+    the descriptor this process holds it through, or None when an ancestor
+    looplock holds it on this process's behalf. timeout (seconds) bounds the
+    wait: TimeoutError after it (None waits without limit)."""
+    path = os.path.join(loop_path, LOCK_NAME)
+    outer = _outer_lock(path)
+    if outer is not None:
+        yield outer[1] if outer[0] is None else None  # never unlock or close it
         return
-    fd = os.open(os.path.join(loop_path, LOCK_NAME),
-                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o660)
     try:
         if timeout is None:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -79,7 +122,7 @@ def _loop_lock(loop_path, timeout=None):
                     break
                 except BlockingIOError:
                     if time.monotonic() >= deadline:
-                        raise TimeoutError(f"{loop_path}/{LOCK_NAME} still held after {timeout} s") from None
+                        raise TimeoutError(f"{path} still held after {timeout} s") from None
                     time.sleep(0.01)
         yield fd
     finally:
@@ -90,6 +133,11 @@ if __name__ == "__main__":
     import sys
 
     loop = sys.argv[1]
-    inherited = _inherited_lock_fd(loop) is not None
+    outer = _outer_lock(os.path.join(loop, LOCK_NAME))
     with _loop_lock(loop) as lock_fd:
-        print(f"{'inherited' if inherited else 'opened'} fd {lock_fd}", flush=True)
+        if outer is None:
+            print(f"opened fd {lock_fd}", flush=True)
+        elif outer[0] is None:
+            print(f"inherited fd {lock_fd}", flush=True)
+        else:
+            print(f"held by ancestor pid {outer[0]}", flush=True)

@@ -7,6 +7,7 @@ status.py by helpers/fake_status.py, which logs each call with whether the
 loop's lock was held while it ran. scripts/deb verifies the systemd units as
 shipped, against the installed package.
 """
+import fcntl
 import json
 import os
 import re
@@ -19,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LOOPLOCK, PY, ROOT, TIMEOUT, expect_line, lock_is_free, read_record, running
+from conftest import LOOPLOCK, PY, ROOT, TIMEOUT, expect_line, fds_on, lock_is_free, read_record, running
+from conftest import blocked_waiters as waiting_pids
 
 EXAMPLES = ROOT / "examples"
 FAKE_STATUS = ROOT / "tests" / "integration" / "helpers" / "fake_status.py"
@@ -155,8 +157,116 @@ def test_crontab_jobs_run_under_the_lock(site, holders):
     h.release()
     (prom,) = metrics.glob("looplock_*.prom")
     text = prom.read_text()
-    assert re.search(r'looplock_runs_total\{[^}]*operation="[^"]*",outcome="skipped"\} 3\n', text), text
-    assert re.search(r'looplock_runs_total\{[^}]*operation="[^"]*",outcome="success"\} 2\n', text), text
+    tick_op, monitor_op = operation_of(tick[0]), operation_of(monitor[0])
+    assert re.search(rf'looplock_runs_total\{{[^}}]*operation="{monitor_op}",outcome="skipped"\}} 3\n', text), text
+    for op in (tick_op, monitor_op):
+        assert re.search(rf'looplock_runs_total\{{[^}}]*operation="{op}",outcome="success"\}} 1\n', text), text
+
+
+
+MAN_PAGE = ROOT / "man" / "looplock.1.scd"
+
+
+def no_tick_alert():
+    """The man page's "no successful tick" rule, as (label selector, threshold)
+    of its expression time() - looplock_last_success_timestamp_seconds{...} > N."""
+    m = re.search(r"- alert: LoopNoSuccessfulTick\n\s+expr: time\(\) - "
+                  r"looplock_last_success_timestamp_seconds\{([^}]*)\} > (\d+)\n", MAN_PAGE.read_text())
+    assert m, "the man page's LoopNoSuccessfulTick rule has another shape: update this test"
+    return dict(re.findall(r'(\w+)="([^"]*)"', m.group(1))), int(m.group(2))
+
+
+def alert_fires(prom_text, selector, threshold, now):
+    """Evaluates time() - looplock_last_success_timestamp_seconds{selector} > threshold
+    at time() = now on the samples of a textfile (parsed as Prometheus does):
+    the values for which it holds. Asserts the selector selects a series (a
+    rule that selects nothing never fires either)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    selected = [s.value for f in text_string_to_metric_families(prom_text) for s in f.samples
+                if s.name == "looplock_last_success_timestamp_seconds"
+                and all(s.labels.get(k) == v for k, v in selector.items())]
+    assert selected, f"no series matches {selector}:\n{prom_text}"
+    return [now - v for v in selected if now - v > threshold]
+
+
+def operation_of(cmd):
+    m = re.search(r" --operation (\S+) ", cmd)
+    return m and m.group(1)
+
+
+def test_crontab_a_failing_tick_fires_the_alert_though_the_monitor_passes(site, tmp_path):
+    """The tick and the monitor of examples/crontab, as shipped, each in its
+    own metrics series: after a failing tick and a passing monitor, the man
+    page's "no successful tick for an hour" alert fires (evaluated on the
+    textfile's samples). With the old crontab (no --operation: both lines are
+    status.py) and its rule (operation="status.py"), the monitor's success
+    refreshed the tick's series and the same evaluation stayed silent."""
+    pytest.importorskip("prometheus_client.parser", reason="python3-prometheus-client is not installed")
+    cron_env, jobs = crontab_entries()
+    [tick] = [cmd for _, cmd in jobs if "--tick" in cmd]
+    [monitor] = [cmd for _, cmd in jobs if "--check-gate" in cmd]
+    selector, threshold = no_tick_alert()
+    assert operation_of(tick) and operation_of(monitor) and operation_of(tick) != operation_of(monitor)
+    assert selector == {"operation": operation_of(tick)}, "the man page's alert selects the crontab's tick"
+
+    def run_both(lines, name):
+        metrics = tmp_path / name
+        metrics.mkdir()
+        env = site.env(**dict(cron_env, LOOPLOCK_METRICS_DIR=str(metrics), FAKE_STATUS_FAIL="--tick"))
+        # The fake under the name status.py, so the default operation is the real one's.
+        lines = [site.substitute(cmd.replace("/srv/loops/scripts/status.py", str(site.work / "scripts" / "status.py")))
+                 for cmd in lines]
+        r = sh_c(lines[0], env)
+        assert r.returncode == 1, r.stderr  # the tick failed, and looplock says so by its status
+        r = sh_c(lines[1], env)
+        assert (r.returncode, r.stdout, r.stderr) == (0, "", "")  # the monitor passed, silently
+        now = time.time()
+        (prom,) = metrics.glob("looplock_*.prom")
+        return prom.read_text(), now
+
+    text, now = run_both([tick, monitor], "shipped")
+    assert re.search(rf'operation="{operation_of(tick)}",outcome="failure"\}} 1\n', text), text
+    assert re.search(rf'operation="{operation_of(monitor)}",outcome="success"\}} 1\n', text), text
+    # No tick has succeeded: the tick's last success is 0, an hour ago and more.
+    assert alert_fires(text, selector, threshold, now), text
+
+    # The old crontab: the same lines without --operation.
+    old = [re.sub(r" --operation \S+", "", cmd) for cmd in (tick, monitor)]
+    assert not any(operation_of(cmd) for cmd in old)
+    text, now = run_both(old, "old")
+    assert re.search(r'operation="status.py",outcome="failure"\} 1\n', text), text  # one series for both
+    assert not alert_fires(text, {"operation": "status.py"}, threshold, now), text
+
+
+
+def man_cron_lines():
+    """The crontab lines of the man page's EXAMPLES (five time fields, then
+    the command)."""
+    examples = re.search(r"^# EXAMPLES\n(.*?)(?=^# )", MAN_PAGE.read_text(), re.S | re.M).group(1)
+    out = []
+    for block in re.findall(r"```\n(.*?)```", examples, re.S):
+        for line in block.splitlines():
+            fields = line.split(None, 5)
+            if len(fields) == 6 and all(re.fullmatch(r"[0-9*/,-]+", f) for f in fields[:5]):
+                out.append(fields[5])
+    return out
+
+
+def test_man_page_cron_monitor_is_silent_when_it_skips(site, tmp_path, holders):
+    """The man page's cron monitor skips while the lock is held with status 0
+    and no output at all (cron mails whatever a job prints)."""
+    [monitor] = [cmd for cmd in man_cron_lines() if "single_flight" in cmd]
+    script = tmp_path / "monitor.sh"
+    script.write_text("#!/bin/sh\necho monitor ran\n")
+    script.chmod(0o755)
+    cmd = site.substitute(monitor).replace("/srv/loops/scripts/monitor.sh", str(script))
+    env = site.env()  # a bare `looplock` is the built one, from site.bin
+    r = sh_c(cmd, env)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "monitor ran\n", "")  # the control: it runs when free
+    h = holders(site.loop, tool="flock")
+    r = sh_c(cmd, env)
+    h.release()
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", ""), cmd
 
 
 # -- systemd -------------------------------------------------------------------
@@ -484,3 +594,191 @@ def test_naive_loop_lock_deadlocks_under_looplock(loop_dir):
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate(timeout=TIMEOUT)
     assert "got it" not in out
+
+
+# -- python/loop_lock.py nesting without the descriptor ---------------------------------
+
+# examples/python/loop_lock.py as it was when it trusted LOOPLOCK_FD alone:
+# the tests below run it in the same setups to show that it waited for its
+# own parent there (so that they can fail).
+FD_ONLY_LOOP_LOCK_DIR = ROOT / "tests" / "integration" / "helpers" / "loop_lock_fd_only"
+
+NESTED_CHILD = """\
+import fcntl, os, sys
+sys.path.insert(0, {module_dir!r})
+from loop_lock import _loop_lock
+lock = os.path.join(sys.argv[1], '.state.lock')
+try:
+    own = os.stat(lock).st_ino == os.fstat(int(os.environ['LOOPLOCK_FD'])).st_ino
+except (KeyError, ValueError, OSError):
+    own = False
+print('locking', flush=True)
+with _loop_lock(sys.argv[1]) as fd:
+    probe = os.open(lock, os.O_RDONLY)
+    try:
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        print('inside, lock free', flush=True)
+    except BlockingIOError:
+        print('inside, lock held, fd', fd, flush=True)
+print('LOOPLOCK_FD open:', own, flush=True)
+"""
+
+# Runs the child through subprocess.run, which closes every descriptor but
+# 0, 1 and 2 (close_fds=True, no pass_fds).
+SUBPROCESS_PARENT = """\
+import subprocess, sys
+r = subprocess.run([sys.executable, sys.argv[1], sys.argv[2]], timeout=30)
+sys.exit(r.returncode)
+"""
+
+
+def start_nested(setup, module_dir, loop, tmp_path):
+    """looplock LOOP running the nested child with `module_dir`'s loop_lock,
+    either directly under `looplock -o` or under `looplock` through a
+    parent.py that starts it with subprocess.run."""
+    child = tmp_path / "child.py"
+    child.write_text(NESTED_CHILD.format(module_dir=str(module_dir)))
+    if setup == "-o":
+        cmd = [LOOPLOCK, "-o", "-p", "blocking", str(loop), "--", PY, str(child), str(loop)]
+    else:
+        parent = tmp_path / "parent.py"
+        parent.write_text(SUBPROCESS_PARENT)
+        cmd = [LOOPLOCK, "-p", "blocking", str(loop), "--", PY, str(parent), str(child), str(loop)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def end_group(proc):
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    return proc.communicate(timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize("setup", ["-o", "subprocess"])
+def test_loop_lock_nests_without_the_descriptor(loop_dir, tmp_path, setup):
+    """Under `looplock -o` and in a child started by subprocess.run, the
+    descriptor is gone; _loop_lock finds the ancestor looplock that holds the
+    lock and runs at once inside its hold."""
+    proc = start_nested(setup, LOOP_LOCK_DIR, loop_dir, tmp_path)
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        end_group(proc)
+    assert proc.returncode == 0, out + err
+    assert out == "locking\ninside, lock held, fd None\nLOOPLOCK_FD open: False\n", out + err
+    assert lock_is_free(loop_dir)
+    # The script form names the looplock that holds the lock for it.
+    script = [PY, str(LOOP_LOCK_DIR / "loop_lock.py"), str(loop_dir)]
+    proc = subprocess.Popen([LOOPLOCK, "-o", str(loop_dir), "--", *script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    out, err = proc.communicate(timeout=TIMEOUT)
+    assert (proc.returncode, out) == (0, f"held by ancestor pid {proc.pid}\n"), err
+
+
+@pytest.mark.parametrize("setup", ["-o", "subprocess"])
+def test_fd_only_loop_lock_waits_for_its_parent_without_the_descriptor(loop_dir, tmp_path, setup):
+    """The same setups with the LOOPLOCK_FD-only check: the child opens the
+    lock file again and sleeps in flock(2) behind its own ancestor, for good."""
+    proc = start_nested(setup, FD_ONLY_LOOP_LOCK_DIR, loop_dir, tmp_path)
+    waiting = set()
+    try:
+        expect_line(proc, "locking")
+        lock = loop_dir / ".state.lock"
+        end = time.monotonic() + TIMEOUT
+        while not waiting:  # the child sleeps in flock(2)
+            assert time.monotonic() < end, "the fd-only child never waited for the lock"
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.02)
+            waiting = waiting_pids(lock)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=1)  # it would wait as long as its parent holds the lock: forever
+        assert waiting_pids(lock) == waiting
+    finally:
+        for pid in waiting:  # first, or it gets the lock once its ancestors are killed
+            os.kill(pid, signal.SIGKILL)
+        out, _ = end_group(proc)
+    assert "inside" not in out
+
+
+def looplock_fd(pid, loop):
+    """The descriptor through which looplock PID holds LOOP's lock (by /proc)."""
+    lock = Path(loop) / ".state.lock"
+    for fd in fds_on(pid, lock):
+        if "FLOCK  ADVISORY  WRITE" in Path(f"/proc/{pid}/fdinfo/{fd}").read_text():
+            return fd
+    raise AssertionError(f"pid {pid} holds no descriptor locked on {lock}")
+
+
+TRY_LOCK = python_code(
+    "try:\n"
+    "    with _loop_lock(sys.argv[1], timeout=0.3) as fd:\n"
+    "        print('inside', fd)\n"
+    "except TimeoutError:\n"
+    "    print('timeout')\n")
+
+
+def try_lock_with(loop, env):
+    """_loop_lock(LOOP, timeout=0.3) in a child with LOOPLOCK_* from `env`
+    only (nothing inherited from this test's own environment)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("LOOPLOCK_")}
+    r = subprocess.run([PY, "-c", TRY_LOCK, str(loop)], env=base | env, capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_forged_holder_environment_never_bypasses_the_lock(tmp_path, holders):
+    """LOOPLOCK_HOLDER_PID/FD that name a holder of the lock which is not an
+    ancestor, a live ancestor (this test) whose descriptor does not hold the
+    lock or holds another loop's, or a looplock that has exited (a copied
+    environment): _loop_lock waits for the lock like anyone (and times out
+    while another process holds it)."""
+    loop, other = tmp_path / "loop", tmp_path / "other"
+    loop.mkdir()
+    other.mkdir()
+    lock = loop / ".state.lock"
+    env_of = lambda pid, fd: {"LOOPLOCK_HOLDER_PID": str(pid), "LOOPLOCK_HOLDER_FD": str(fd),
+                              "LOOPLOCK_FD": str(fd), "LOOPLOCK_DIR": os.path.realpath(loop)}
+
+    # A copied environment: the variables of a looplock run that has ended.
+    r = subprocess.run([LOOPLOCK, str(loop), "--", "env"], capture_output=True, text=True, timeout=TIMEOUT)
+    copied = dict(line.split("=", 1) for line in r.stdout.splitlines() if line.startswith("LOOPLOCK_"))
+    assert {"LOOPLOCK_HOLDER_PID", "LOOPLOCK_HOLDER_FD", "LOOPLOCK_FD"} <= copied.keys(), r.stdout
+    assert not running(int(copied["LOOPLOCK_HOLDER_PID"]))
+
+    h = holders(loop, tool="looplock")  # a live holder that is no ancestor of the children
+    sibling = env_of(h.pid, looplock_fd(h.pid, loop))
+    unlocked = os.open(lock, os.O_RDONLY)  # this test: an ancestor, its fd on the lock file holds nothing
+    elsewhere = os.open(other / ".state.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(elsewhere, fcntl.LOCK_EX)  # ... and another loop's lock, held
+    try:
+        for name, env in [("copied", copied), ("sibling", sibling), ("unlocked", env_of(os.getpid(), unlocked)),
+                          ("other loop", env_of(os.getpid(), elsewhere))]:
+            assert try_lock_with(loop, env) == "timeout\n", name
+        h.release()
+        # The control: the same shape of environment, from an ancestor that
+        # really holds the lock (this test, through `unlocked` now), nests.
+        fcntl.flock(unlocked, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert try_lock_with(loop, env_of(os.getpid(), unlocked)) == "inside None\n"
+        fcntl.flock(unlocked, fcntl.LOCK_UN)
+        assert try_lock_with(loop, env_of(os.getpid(), unlocked)).startswith("inside ")  # its own lock now
+    finally:
+        os.close(unlocked)
+        os.close(elsewhere)
+
+
+def test_loop_lock_creates_the_lock_file_for_owner_and_group_only(tmp_path):
+    """0660 less the umask, as looplock creates it: flock(2) needs only a
+    read descriptor, so a lock file that others can read is one that any
+    local user can hold and stall every run with."""
+    code = python_code(
+        "import os\n"
+        "os.umask(int(sys.argv[2], 8))\n"
+        "with _loop_lock(sys.argv[1]):\n"
+        "    pass\n"
+        "print(oct(os.stat(os.path.join(sys.argv[1], '.state.lock')).st_mode & 0o777))\n")
+    for umask, mode in (("0", "0o660"), ("022", "0o640"), ("002", "0o660")):
+        loop = tmp_path / f"loop-{umask}"
+        loop.mkdir()
+        r = run_py(code, [loop, umask])
+        assert (r.returncode, r.stdout) == (0, mode + "\n"), (umask, r.stderr)

@@ -8,7 +8,8 @@ read-modify-write of DIR/.state.loop (iteration_count += 1).
 
 The loop dir is $FAKE_STATUS_LOOP, else $LOOPLOCK_DIR. With $FAKE_STATUS_HANG
 set it then prints "ready" and hangs (a tick that never ends) until a signal
-ends it.
+ends it. With $FAKE_STATUS_FAIL set to one of its arguments (--tick, say) it
+exits 1 after logging the call (a failing tick).
 
 usage: fake_status.py [--tick | --approve --loop NAME | --check-gate | ...]
 """
@@ -60,6 +61,9 @@ if "--tick" in sys.argv[1:]:
 
 with open(log, "a") as f:
     f.write(json.dumps(entry) + "\n")
+
+if os.environ.get("FAKE_STATUS_FAIL") in sys.argv[1:]:
+    sys.exit(1)
 
 if os.environ.get("FAKE_STATUS_HANG"):
     print("ready", flush=True)
