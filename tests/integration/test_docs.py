@@ -314,6 +314,8 @@ def events_in_source():
             last = re.search(r',\s*(?:[a-z_]+ \? )?"([a-z]+(?:_[a-z]+)+)"(?:\s*:\s*"([a-z]+(?:_[a-z]+)+)")?\)\s*$', call)
             if last:
                 events |= {e for e in last.groups() if e}
+        # The event of a refusal (lockfile.cpp's Refusal{why, hint, event}).
+        events |= set(re.findall(r'Refusal\{[^;]*?"([a-z]+(?:_[a-z]+)+)"\}', text, re.S))
     events |= set(re.findall(r'return "([a-z_]+)";', (SRC / "error.cpp").read_text()))
     events |= set(re.findall(r'\\"event\\":\\"([a-z_]+)\\"', (SRC / "app.cpp").read_text()))
     return events
