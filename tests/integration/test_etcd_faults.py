@@ -220,7 +220,14 @@ def test_a_signal_reaches_the_job_while_a_renewal_hangs(etcd, relays, tmp_path, 
 # -- failover --------------------------------------------------------------------
 
 
-def test_a_blackholed_first_endpoint_costs_tens_of_milliseconds(etcd, relays, tmp_path):
+def test_a_blackholed_first_endpoint_costs_a_short_connect_not_an_attempt(etcd, relays, tmp_path):
+    """The first endpoint drops every SYN: a run costs one short connect
+    attempt on it (40 ms at first, see CLUSTER in the man page), then goes on
+    to the next endpoint, instead of spending the request's attempt on it.
+    At TTL 20 an attempt is 2 s, so a run that waited for it (or for the old
+    1 s connect timeout) takes at least that long; a run that fails over
+    ends well below both. How long failover takes is scripts/bench's cluster
+    row, not a bound here."""
     relay = relays(etcd.url)
     relay.set("blackhole")
     # The control: the relay does drop connections (a connect hangs).
@@ -229,11 +236,14 @@ def test_a_blackholed_first_endpoint_costs_tens_of_milliseconds(etcd, relays, tm
     took = []
     for i in range(3):
         r = run(["-v", "--log-format", "json", "--etcd", f"{relay.url},{etcd.url}", "--lock-name", fresh_name(),
-                 tmp_path, "--", "true"])
+                 "--ttl", "20", tmp_path, "--", "true"])
         assert r.returncode == 0, r.stderr
         (acquired,) = [o for o in map(json.loads, r.stderr.splitlines()) if o["event"] == "acquired" and "lock_name" in o]
         took.append(acquired["waited_ms"] / 1000)
-    assert statistics.median(took) < 0.2, took  # was 1 s: the old connect timeout
+    # The attempt (2 s) and the old connect timeout (1 s) are the bounds that
+    # matter; half the attempt leaves a busy machine 10 times what failover
+    # costs on an idle one.
+    assert statistics.median(took) < 1.0, took
 
 
 # -- etcd frozen -----------------------------------------------------------------
