@@ -73,6 +73,9 @@ def test_quick_mode_writes_every_section_and_keeps_what_was_tried(tmp_path):
     body = text[text.find("## 6. Cluster lock"):]
     body = body[:body.find("\n## ", 1)]
     assert "Skipped:" in body or ("`etcdctl lock`" in body and "|---" in body), body
+    # With the failover row: a run whose first endpoint is blackholed (what
+    # test_etcd_faults.py checks only behaviourally, without a speed bound).
+    assert "Skipped:" in body or "| blackholed first: median ms |" in body, body
     # A smoke run judges nothing.
     assert "not judged (--quick)" in text
     assert "**not met**" not in text and "| met |" not in text

@@ -61,7 +61,9 @@ def test_timeout_0_is_one_attempt(loop_dir, holders):
     marker = loop_dir / "ran"
     r, took = timed(["-w", "0", loop_dir, "--", "touch", marker])
     assert_timed_out(r, marker)
-    assert took < 1.0, took
+    assert incident_rows(loop_dir)[-1]["deadline_ms"] == 0
+    # It did not wait: not for mutation's default 5 s, nor for the holder.
+    assert took < 2.5, took
 
 
 def test_mutation_default_deadline_is_5s(loop_dir, holders):
@@ -190,7 +192,9 @@ def test_waiter_gets_lock_promptly_after_release(loop_dir, holders, tool, wait):
         h.proc.stdin.close()
         expect_line(w, "acquired", timeout=10)
         took = time.monotonic() - released
-        assert took < 1.0, took
+        # Woken by the release, not by its deadline (20 s) or never
+        # (blocking); how soon is scripts/bench's hand-off latency.
+        assert took < 3.0, took
         w.communicate(timeout=TIMEOUT)
         assert w.returncode == 0
         h.release()

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import socket
-import statistics
 import time
 
 import pytest
@@ -220,20 +219,37 @@ def test_a_signal_reaches_the_job_while_a_renewal_hangs(etcd, relays, tmp_path, 
 # -- failover --------------------------------------------------------------------
 
 
-def test_a_blackholed_first_endpoint_costs_tens_of_milliseconds(etcd, relays, tmp_path):
+def test_a_blackholed_first_endpoint_costs_a_short_connect_not_an_attempt(etcd, relays, tmp_path):
+    """The first endpoint drops every SYN: a run gives it one short connect
+    attempt (40 ms at first, see CLUSTER in the man page), then goes on to
+    the next endpoint, instead of spending the request's attempt on it. At
+    TTL 20 an attempt is 2 s, so a run that waited for it took 2 s longer
+    than the same run against the member alone; one that fails over, tens
+    of milliseconds. How long failover takes is scripts/bench's cluster
+    section, not a bound here."""
     relay = relays(etcd.url)
     relay.set("blackhole")
     # The control: the relay does drop connections (a connect hangs).
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", relay.port), timeout=0.3)
-    took = []
-    for i in range(3):
-        r = run(["-v", "--log-format", "json", "--etcd", f"{relay.url},{etcd.url}", "--lock-name", fresh_name(),
+
+    def waited(endpoints):
+        r = run(["-v", "--log-format", "json", "--etcd", endpoints, "--lock-name", fresh_name(), "--ttl", "20",
                  tmp_path, "--", "true"])
         assert r.returncode == 0, r.stderr
         (acquired,) = [o for o in map(json.loads, r.stderr.splitlines()) if o["event"] == "acquired" and "lock_name" in o]
-        took.append(acquired["waited_ms"] / 1000)
-    assert statistics.median(took) < 0.2, took  # was 1 s: the old connect timeout
+        return acquired["waited_ms"] / 1000
+
+    alone, blackholed = [], []
+    for _ in range(3):  # interleaved, so that a busy machine slows both alike
+        alone.append(waited(etcd.url))
+        blackholed.append(waited(f"{relay.url},{etcd.url}"))
+    # What the blackholed endpoint added, from the fastest run of each (load
+    # only ever adds time; a cluster run of the ASan build under CPU hogs
+    # takes 0.6-1.2 s by itself, either way): under half the 2 s attempt. A
+    # stalled first endpoint (accepted, never answered), which does cost the
+    # attempt, adds 2.0 s here.
+    assert min(blackholed) - min(alone) < 1.0, (alone, blackholed)
 
 
 # -- etcd frozen -----------------------------------------------------------------
