@@ -5,7 +5,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <ctime>
 
 #include "cluster.hpp"
 #include "cluster_exec.hpp"
@@ -21,7 +23,10 @@
 #include "nesting.hpp"
 #include "procfs.hpp"
 #include "spawn.hpp"
+#include "survey.hpp"
 #include "sys.hpp"
+#include "terminal.hpp"
+#include "verdict.hpp"
 #include "version.hpp"
 
 namespace looplock {
@@ -67,43 +72,60 @@ struct Blocker {
   std::string what;          // "DIR/.state.lock", or "cluster lock NAME (etcd)"
   std::string who;           // "pid 1234 (agent cron, operation tick.py, ...)"
   std::string inspect_hint;  // the command that shows more
-  std::optional<HolderRecord> holder;
-  std::optional<bool> holder_alive;
-  std::vector<pid_t> holder_pids;
+  std::optional<Verdict> verdict;  // the local lock's
   Json cluster = nullptr;    // the incident row's "cluster" object
+  std::string confirm = "the holder";  // whom the operator confirms stalled: "pid 12", "pids 12, 13"
+  bool many = false;                   // more than one of them
   std::string action_extra;  // added to the policy's operator_action
 };
 
+// The holders as hints for a later look (the kernel's locks, as found).
+std::vector<procfs::KernelLock> as_hint(const LockFacts& f) {
+  std::vector<procfs::KernelLock> out;
+  for (const auto& h : f.holders) {
+    if (!h.exited) out.push_back({h.pid, h.exclusive, h.locked_by});
+  }
+  return out;
+}
+
 Blocker local_blocker(const Options& o, const LockFile& file, const std::vector<procfs::KernelLock>& hint) {
-  HolderRead hr = read_holder(file.fd.get());
-  auto kernel = kernel_holders(hr, file.st, hint);
   Blocker b;
   b.what = lock_display(o.dir);
-  b.who = describe_holder(hr, kernel);
+  b.verdict = judge(survey_held(file, b.what, hint));
+  b.who = holder_phrase(*b.verdict);
   b.inspect_hint = "looplock --inspect " + o.dir;
-  b.holder = hr.record;
-  if (hr.record) b.holder_alive = holder_process_alive(*hr.record);
-  for (const auto& k : kernel) b.holder_pids.push_back(k.pid);
+  if (!b.verdict->confirm.empty()) {
+    b.confirm = pids_text(b.verdict->confirm);
+    b.many = b.verdict->confirm.size() > 1;
+  }
   return b;
 }
 
-Blocker cluster_blocker(const Options& o, const ClusterLock& c) {
+Blocker cluster_blocker(const Options& o, const ClusterLock& c, const std::string& this_host) {
   Blocker b;
   b.what = "cluster lock " + printable(c.name()) + " (etcd)";
   b.who = describe_cluster_holder(c.blocker());
-  b.inspect_hint = "looplock --inspect --etcd ENDPOINTS " + o.dir;
+  b.inspect_hint = "looplock --inspect --etcd " + o.etcd + " " + o.dir;
   b.cluster = Json{{"lock_name", c.name()}, {"endpoint", c.endpoint()},
                    {"holder", c.blocker() ? *c.blocker() : Json(nullptr)}};
-  b.action_extra = "; the lock is held on another host (cluster lock " + c.name() +
-                   "): inspect it with 'looplock --inspect --etcd ENDPOINTS DIR' on any host.";
+  const Json& h = c.blocker() ? *c.blocker() : Json(nullptr);
+  const bool here = h.is_object() && h.value("host", std::string()) == this_host;
+  if (here && h.contains("pid") && h["pid"].is_number_integer()) b.confirm = "pid " + std::to_string(h["pid"].get<long long>());
+  b.action_extra = std::string("; the cluster lock ") + c.name() + " is held " +
+                   (here ? "by another looplock on this host" : "on another host") + ": inspect it with '" +
+                   b.inspect_hint + "'" + (here ? "" : " on any host") + ".";
   return b;
 }
 
 Json blocker_fields(const Options& o, const Blocker& b, const std::string& lock_id) {
-  Json j = {{"lock_id", lock_id},
-            {"policy", policy_name(o.policy)},
-            {"holder_pids", b.holder_pids},
-            {"holder", b.holder ? holder_to_json(*b.holder) : Json(nullptr)}};
+  Json j = {{"lock_id", lock_id}, {"policy", policy_name(o.policy)}, {"holder_pids", Json::array()}, {"holder", nullptr}};
+  if (const auto& v = b.verdict) {
+    for (const auto& h : v->holders) j["holder_pids"].push_back(h.pid);
+    if (v->record == RecordState::Current) j["holder"] = holder_to_json(*v->read);
+    j["record_status"] = record_state_name(v->record);
+    if (v->read && v->record != RecordState::Current) j["record"] = holder_to_json(*v->read);
+    if (!v->warnings.empty()) j["warnings"] = v->warnings;
+  }
   if (!b.cluster.is_null()) j["cluster"] = b.cluster;
   return j;
 }
@@ -140,11 +162,18 @@ void report_timeout(const Options& o, const Context& ctx, const LockDir& dir, co
   Incident inc = incident_of(o, ctx, lock_id, "lock_acquire_timeout");
   inc.deadline_ms = plan.deadline_ns / kMs;
   inc.waited_ms = waited_ns / kMs;
-  inc.holder = b.holder;
-  inc.holder_alive = b.holder_alive;
-  inc.holder_pids = b.holder_pids;
+  if (const auto& v = b.verdict) {
+    for (const auto& h : v->holders) inc.holder_pids.push_back(h.pid);
+    if (v->record == RecordState::Current) {
+      inc.holder = v->read;
+      inc.holder_alive = v->read_alive;
+    }
+    inc.record_status = record_state_name(v->record);
+    if (v->read && v->record != RecordState::Current) inc.record = v->read;
+    inc.warnings = v->warnings;
+  }
   inc.cluster = b.cluster;
-  inc.operator_action = operator_action(o.policy) + b.action_extra;
+  inc.operator_action = operator_action(o.policy, b.confirm, b.many) + b.action_extra;
   append_row(o, dir, inc, log);
   Json fields = blocker_fields(o, b, lock_id);
   fields["waited_ms"] = inc.waited_ms;
@@ -172,10 +201,10 @@ public:
   void on_wait(const LockFile& file) override {
     wait_started_ns_ = sys::monotonic_ns();
     if (!log_.is_verbose() && plan_.kind != WaitPlan::Kind::Bounded && !status_line_) return;
-    HolderRead hr = read_holder(file.fd.get());
-    holders_at_start_ = kernel_holders(hr, file.st);
-    who_ = describe_holder(hr, holders_at_start_);
-    log_.verbose("waiting", "waiting for " + lock_display(o_.dir) + ", held by " + who_,
+    const LockFacts facts = survey_held(file, lock_display(o_.dir));
+    holders_at_start_ = as_hint(facts);
+    who_ = holder_phrase(judge(facts));
+    log_.verbose("waiting", "waiting for " + who_ + " on " + lock_display(o_.dir),
                  {{"policy", policy_name(o_.policy)}});
   }
   const std::vector<procfs::KernelLock>& holders_at_start() const { return holders_at_start_; }
@@ -191,15 +220,12 @@ public:
     const long long now = sys::monotonic_ns();
     if (now - wait_started_ns_ < kSec || (drawn_ && now - last_draw_ns_ < kSec)) return;
     last_draw_ns_ = now;
-    // The times first: a line cut to the terminal's width keeps them.
-    const std::string left = plan_.kind == WaitPlan::Kind::Bounded
-                                 ? format_duration(start_ns_ + plan_.deadline_ns - now) + " left"
-                                 : "no deadline";
-    std::string line = printable("looplock: waiting " + format_duration(now - wait_started_ns_) + " (" + left +
-                                 ") for " + lock_display(o_.dir) + ", held by " + who_);
+    std::optional<long long> left;
+    if (plan_.kind == WaitPlan::Kind::Bounded) left = start_ns_ + plan_.deadline_ns - now;
     winsize ws{};
     const size_t width = ioctl(log_.fd(), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 ? ws.ws_col - 1u : 79u;
-    if (line.size() > width) line.resize(width);
+    const std::string line = wait_status_line(now - wait_started_ns_, left, printable(who_),
+                                              printable(lock_display(o_.dir)), width);
     (void)sys::write_all(log_.fd(), "\r" + line + "\x1b[K");
     drawn_ = true;
   }
@@ -351,6 +377,34 @@ void report_lease_lost(const Options& o, const Context& ctx, const LockDir& dir,
             "Another host may hold the lock now. Check etcd (" + c.endpoint() + ") and the network.", fields);
 }
 
+// --- after the release ---------------------------------------------------------------
+
+// How long a process that is ending may take to close the lock descriptor
+// before it counts as keeping the lock.
+constexpr long long kEndingGraceNs = 200 * kMs;
+
+// The descendants of looplock that still hold the lock through the inherited
+// descriptor once the job has ended. Those that are ending (exiting in the
+// kernel, or in the job's group when looplock sent it a signal: a TERM
+// forwarded from timeout(1) takes a moment to act) get up to 200 ms to close
+// it; what still holds it then is a leak, named every time. Only a run that
+// finds a holder here pays the wait.
+std::vector<pid_t> leaked_holders(pid_t self, const struct stat& file, const JobEnd& job) {
+  std::vector<pid_t> leaked = procfs::pids_holding_flock(procfs::descendants(self), file);
+  const long long until = sys::monotonic_ns() + kEndingGraceNs;
+  while (!leaked.empty() && sys::monotonic_ns() < until) {
+    const bool ending = std::any_of(leaked.begin(), leaked.end(), [&](pid_t p) {
+      const auto st = procfs::proc_stat(p);
+      return !st || st->exiting() || (job.signalled && st->pgrp == job.pgid);
+    });
+    if (!ending) break;
+    timespec pause{0, 5'000'000};
+    nanosleep(&pause, nullptr);
+    leaked = procfs::pids_holding_flock(leaked, file);
+  }
+  return leaked;
+}
+
 // --- nesting ---------------------------------------------------------------------------
 
 // Inside a looplock that already holds this lock: the command runs at once.
@@ -417,16 +471,16 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log, RunFacts& f
   if (!o.etcd.empty()) {
     cluster.emplace(*ctx.etcd, etcd::parse_endpoints(o.etcd).endpoints, cluster_lock_name(o, t), o.ttl_s,
                     o.lease_kill_after_ns, log, cluster_access(o, log));
-    const auto got =
-        cluster->acquire(plan, ctx.start_ns, ClusterHolder{host_name(), ctx.pid, o.agent, o.operation, {}, {}, 0});
+    const std::string host = host_name();
+    const auto got = cluster->acquire(plan, ctx.start_ns, ClusterHolder{host, ctx.pid, o.agent, o.operation, {}, {}, 0});
     facts.waited_ns = sys::monotonic_ns() - ctx.start_ns;
     if (got == ClusterLock::Outcome::Busy) {
-      report_skip(o, cluster_blocker(o, *cluster), t.lock_id, log);
+      report_skip(o, cluster_blocker(o, *cluster, host), t.lock_id, log);
       facts.outcome = RunOutcome::Skipped;
       return exit_status(o.skip_exit_code);
     }
     if (got == ClusterLock::Outcome::TimedOut) {
-      report_timeout(o, ctx, dir, cluster_blocker(o, *cluster), plan, facts.waited_ns, t.lock_id, log);
+      report_timeout(o, ctx, dir, cluster_blocker(o, *cluster, host), plan, facts.waited_ns, t.lock_id, log);
       facts.outcome = RunOutcome::Timeout;
       return exit_status(o.conflict_exit_code);
     }
@@ -468,7 +522,7 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log, RunFacts& f
                                           " is read-only for looplock: the lock is held, but no holder record can be written");
     } else {
       record = HolderRecord{t.lock_id, ctx.pid, pid_start, o.agent, o.operation,
-                            std::string(policy_name(o.policy)), sys::utc_now_iso8601(), std::nullopt};
+                            std::string(policy_name(o.policy)), sys::utc_now_iso8601(), std::nullopt, o.no_fork};
       if (!write_holder(file.fd.get(), *record)) {
         log.warn("holder_write_failed", errno_message("cannot write the holder record into " + lock_display(o.dir), errno));
         record.reset();
@@ -516,13 +570,13 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log, RunFacts& f
   // the lock stays held after looplock exits. (Checked after the release, so
   // that the next holder does not wait for it.)
   if (!o.close_fd) {
-    auto leaked = procfs::pids_holding_flock(procfs::descendants(ctx.pid), file.st);
-    if (!leaked.empty()) {
-      std::string pids;
-      for (pid_t p : leaked) pids += (pids.empty() ? "" : ", ") + std::to_string(p);
-      log.warn_always("lock_leaked", "the command exited, but pid " + pids + " that it started still holds " +
-                                         lock_display(o.dir) + " through the inherited lock fd; the lock stays held "
-                                         "until it exits. Use -o/--close for commands that start background processes",
+    if (auto leaked = leaked_holders(ctx.pid, file.st, job); !leaked.empty()) {
+      const bool many = leaked.size() > 1;
+      log.warn_always("lock_leaked", "the command exited, but " + pids_text(leaked) + " that it started still " +
+                                         (many ? "hold " : "holds ") + lock_display(o.dir) +
+                                         " through the inherited lock fd; the lock stays held until " +
+                                         (many ? "they exit" : "it exits") +
+                                         ". Use -o/--close for commands that start background processes",
                       {{"pids", leaked}});
     }
   }

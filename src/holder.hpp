@@ -18,7 +18,6 @@
 #include <string_view>
 #include <vector>
 
-#include "procfs.hpp"
 
 namespace looplock {
 
@@ -70,32 +69,6 @@ struct HolderRead {
 // Reads and validates the record, retrying a few times (a few ms apart) while
 // the content does not validate, since a holder may be writing it.
 HolderRead read_holder(int fd);
-
-// Whether the record's pid is alive and is still the process that wrote it
-// (when its start time was recorded and can be read).
-bool holder_process_alive(const HolderRecord& r);
-
-// The processes that hold the lock on `file` now, with the mode: the pids
-// /proc/locks names, each confirmed through its descriptors; when one no
-// longer holds it (it exited after passing the descriptor on: the kernel
-// keeps naming the process that took the lock), whoever has the descriptor
-// now, found among all processes. Empty when /proc/locks cannot be read or
-// shows no holder.
-std::vector<procfs::KernelLock> live_holders(const struct stat& file);
-
-// The processes holding the lock on `file`, found the cheap way when
-// possible: the pids of `hint` (an earlier answer) or the record's pid, each
-// confirmed through /proc/PID/fdinfo; otherwise live_holders(), whose read
-// of /proc/locks takes the kernel's file-lock rwsem for writing (an RCU
-// grace period: up to tens of milliseconds, and it stalls every flock(2) on
-// the machine meanwhile).
-std::vector<procfs::KernelLock> kernel_holders(const HolderRead& read, const struct stat& file,
-                                               const std::vector<procfs::KernelLock>& hint = {});
-
-// "pid 1234 (agent cron, operation status.py, policy mutation, since
-// 2026-11-30T17:00:00.123Z)" from the record and the kernel's view, for the
-// lines that name who blocks.
-std::string describe_holder(const HolderRead& read, const std::vector<procfs::KernelLock>& kernel);
 
 // Cuts to at most `max` bytes (the JSON encoder then replaces any sequence cut
 // in half).

@@ -26,6 +26,9 @@ Json incident_to_json(const Incident& i) {
   j["holder"] = i.holder ? holder_to_json(*i.holder) : Json(nullptr);
   j["holder_alive"] = i.holder_alive ? Json(*i.holder_alive) : Json(nullptr);
   j["holder_pids"] = i.holder_pids;
+  if (!i.record_status.empty()) j["record_status"] = i.record_status;
+  if (i.record) j["record"] = holder_to_json(*i.record);
+  if (!i.warnings.empty()) j["warnings"] = i.warnings;
   j["waiter"] = {{"pid", i.waiter_pid},
                  {"agent_id", clip_bytes(i.waiter_agent)},
                  {"operation", clip_bytes(i.waiter_operation)}};

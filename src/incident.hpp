@@ -32,6 +32,12 @@ struct Incident {
   std::optional<HolderRecord> holder;
   std::optional<bool> holder_alive;  // about the record's pid; null without a record
   std::vector<pid_t> holder_pids;
+  // The lock's verdict on the record (verdict.hpp's record_state_name:
+  // "current", "stale", ...), the record as read when it is not the
+  // holder's, and the verdict's warnings; each written only when set.
+  std::string record_status;
+  std::optional<HolderRecord> record;
+  std::vector<std::string> warnings;
   pid_t waiter_pid = 0;
   std::string waiter_agent;
   std::string waiter_operation;

@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <ctime>
 
 #include "cluster.hpp"
 #include "duration.hpp"
@@ -14,25 +13,18 @@
 #include "exit_codes.hpp"
 #include "lock_id.hpp"
 #include "lockfile.hpp"
+#include "survey.hpp"
 #include "sys.hpp"
-#include "unique_fd.hpp"
 
 namespace looplock {
 
 namespace {
 
-std::string ms_text(long long ms) { return format_duration(ms * 1'000'000LL); }
+constexpr long long kMs = 1'000'000LL;
 
-std::string pid_list(const std::vector<procfs::KernelLock>& kernel) {
-  std::string out;
-  for (const auto& k : kernel) {
-    if (!out.empty()) out += ", ";
-    out += std::to_string(k.pid);
-  }
-  return out;
-}
+std::string ms_text(long long ms) { return format_duration(ms * kMs); }
 
-const char* state_name(HolderRead::State s) {
+const char* read_state_name(HolderRead::State s) {
   switch (s) {
     case HolderRead::State::Empty: return "empty";
     case HolderRead::State::Valid: return "valid";
@@ -42,98 +34,103 @@ const char* state_name(HolderRead::State s) {
   return "error";
 }
 
+// The pids /proc/locks names: a holder's own, or the one that locked the
+// descriptor it holds the lock through.
+std::vector<pid_t> kernel_named(const std::vector<LockHolder>& holders) {
+  std::vector<pid_t> out;
+  for (const auto& h : holders) {
+    const pid_t p = h.locked_by != 0 ? h.locked_by : h.pid;
+    if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+  }
+  return out;
+}
+
+std::string plain_pids(const std::vector<pid_t>& pids) {
+  std::string out;
+  for (pid_t p : pids) out += (out.empty() ? "" : ", ") + std::to_string(p);
+  return out;
+}
+
+// "process" line of a record that claims the lock.
+std::string process_text(const LockFacts& f, const HolderRecord& rec) {
+  std::string proc = !f.record_pid_alive            ? "unknown"
+                     : !*f.record_pid_alive         ? "dead"
+                     : !f.record_same_process       ? "alive (its start time cannot be compared)"
+                     : !*f.record_same_process      ? "pid reused by another process"
+                                                    : "alive, same process";
+  if (!f.record_pid_note.empty()) proc += ", " + f.record_pid_note;
+  return proc + " (pid_start " + (rec.pid_start.empty() ? std::string("unknown") : rec.pid_start) + ")";
+}
+
+std::string record_state_text(RecordState s) {
+  switch (s) {
+    case RecordState::Current: return "current";
+    case RecordState::Unconfirmed: return "unconfirmed (the kernel cannot confirm it)";
+    case RecordState::Stale: return "stale (not the holder)";
+    case RecordState::Released: return "released";
+    case RecordState::Ended: return "ended (an -F run writes no release)";
+    case RecordState::Crashed: return "left behind (its holder crashed or was killed)";
+    case RecordState::Idle: return "not released (its process lives but does not hold the lock)";
+    default: return std::string(record_state_name(s));
+  }
+}
+
+// The latest incident row in a few words.
+std::string incident_text(const Json& l) {
+  const Json& w = l.contains("waiter") && l["waiter"].is_object() ? l["waiter"] : Json::object();
+  const std::string who = "pid " + std::to_string(w.value("pid", 0)) + " (" + w.value("operation", std::string("?")) + ")";
+  const std::string code = l.value("error_code", std::string("?"));
+  std::string out = l.value("at", std::string("?")) + " " + code + ": ";
+  if (l.contains("ran_ms") && l["ran_ms"].is_number_integer()) {
+    return out + who + " ran " + ms_text(l["ran_ms"].get<long long>());  // a job looplock ended
+  }
+  return out + "waiter " + who + " waited " + ms_text(l.value("waited_ms", 0LL));
+}
+
 }  // namespace
 
-InspectReport build_report(const InspectFacts& f) {
-  std::vector<std::string> warnings;
-  const bool held = !f.kernel.empty();
-  bool exclusive = false;
-  for (const auto& k : f.kernel) exclusive = exclusive || k.exclusive;
-  const HolderRecord* rec = f.holder.record ? &*f.holder.record : nullptr;
-  const bool claims = rec && !rec->released_at;  // the record says "held"
-  auto kernel_has = [&](pid_t pid) {
-    for (const auto& k : f.kernel)
-      if (k.pid == pid) return true;
-    return false;
-  };
+Json error_entry(const std::string& dir, int status, const std::string& event, const std::string& message,
+                 const std::string& hint) {
+  Json j = Json::object();
+  j["lock_file"] = dir + (dir.ends_with('/') ? "" : "/") + kLockName;
+  j["error"] = {{"status", status}, {"event", event}, {"message", message}, {"hint", hint.empty() ? Json(nullptr) : Json(hint)}};
+  return j;
+}
 
-  if (f.network_fs) {
-    warnings.push_back("the loop directory is on a network file system (" + *f.network_fs +
-                       "): flock(2) there may not exclude processes on other hosts");
-  }
-  if (!f.dead_kernel_pids.empty()) {
-    std::string dead, alive;
-    for (pid_t p : f.dead_kernel_pids) dead += (dead.empty() ? "" : ", ") + std::to_string(p);
-    for (pid_t p : f.fd_holders) alive += (alive.empty() ? "" : ", ") + std::to_string(p);
-    warnings.push_back("the kernel names pid " + dead + ", which has exited: the lock is held through a descriptor it passed on" +
-                       (alive.empty() ? std::string(" (the holding process could not be found: try fuser or lsof on the lock file)")
-                                      : ", by pid " + alive) +
-                       "; a background process started under looplock without -o/--close keeps the lock");
-  }
-  if (f.dir_unsafe) warnings.push_back("the loop directory is world-writable without the sticky bit: looplock refuses to lock it");
-  if (f.not_regular) warnings.push_back("the lock path is " + *f.not_regular + ", not a regular file: looplock refuses to lock it");
-  if (f.holder.state == HolderRead::State::Unreadable) {
-    warnings.push_back("the lock file holds " + std::to_string(f.holder.size) +
-                       " bytes that are not a valid holder record (garbage, or a writer from another tool)");
-  }
+InspectReport build_report(const InspectFacts& facts) {
+  const LockFacts& f = facts.lock;
+  const Verdict v = judge(f);
+  const bool held = v.state == LockState::Held;
   const bool known = f.kernel_unknown.empty();
-  if (!known) warnings.push_back("the kernel's view is unknown: " + f.kernel_unknown);
-  if (claims && !held && known) {
-    warnings.push_back("the record says pid " + std::to_string(rec->pid) +
-                       " holds the lock, but the kernel says it is free: the holder crashed or was killed before "
-                       "releasing; the next run overwrites the record");
-  }
-  if (claims && f.pid_alive && !*f.pid_alive) {
-    warnings.push_back("the record's pid " + std::to_string(rec->pid) + " is dead");
-  } else if (claims && f.same_process && !*f.same_process) {
-    warnings.push_back("the record's pid " + std::to_string(rec->pid) +
-                       " now belongs to another process (pid reused): the recorded holder is gone");
-  }
-  if (held && claims && !kernel_has(rec->pid)) {
-    warnings.push_back("the kernel says pid " + pid_list(f.kernel) + " holds the lock, not the record's pid " +
-                       std::to_string(rec->pid));
-  }
-  if (held && !claims && exclusive && f.dead_kernel_pids.empty()) {
-    warnings.push_back("held by pid " + pid_list(f.kernel) +
-                       " without a current holder record (flock(1), Python fcntl.flock or another tool)");
-  }
-  if (held && claims && f.age_ms && *f.age_ms > f.stale_after_ms) {
-    warnings.push_back("held for " + ms_text(*f.age_ms) + ", longer than --stale-after " +
-                       ms_text(f.stale_after_ms) + ": check whether pid " + std::to_string(rec->pid) +
-                       " is stalled before terminating it");
-  }
-
-  std::string action;
-  if (!held && !known) {
-    action = "unknown: looplock cannot see whether the lock is held (" + f.kernel_unknown +
-             "); look from where the holder is visible (the host, another pid namespace), or with fuser or lsof on "
-             "the lock file. Never delete the lock file.";
-  } else if (!held) {
-    action = "none: the lock is free";
-  } else {
-    std::string who = claims && kernel_has(rec->pid) ? std::to_string(rec->pid) : pid_list(f.kernel);
-    if (!f.fd_holders.empty()) {
-      who.clear();
-      for (pid_t p : f.fd_holders) who += (who.empty() ? "" : ", ") + std::to_string(p);
-    }
-    action = "if the holder is stuck: confirm that pid " + who +
-             " is alive and stalled (ps, strace) before terminating it; the kernel frees the lock when it exits. "
-             "Never delete the lock file.";
-  }
+  const HolderRecord* rec = v.read ? &*v.read : nullptr;
+  const std::vector<pid_t> named = kernel_named(v.holders);
 
   Json j = Json::object();
   j["lock_file"] = f.lock_path;
-  j["lock_id"] = f.lock_id;
+  j["lock_id"] = facts.lock_id;
   j["exists"] = f.exists;
   j["kernel"] = {{"held", held || known ? Json(held) : Json(nullptr)},
                  {"unknown", known ? Json(nullptr) : Json(f.kernel_unknown)},
-                 {"mode", held ? Json(exclusive ? "exclusive" : "shared") : Json(nullptr)},
-                 {"holder_pids", Json::array()},
-                 {"fd_holder_pids", f.fd_holders}};
-  for (const auto& k : f.kernel) j["kernel"]["holder_pids"].push_back(k.pid);
+                 {"mode", held && !v.holders.empty() ? Json(v.exclusive ? "exclusive" : "shared") : Json(nullptr)},
+                 {"holder_pids", named},
+                 {"fd_holder_pids", Json::array()}};
+  for (const auto& h : v.holders) {
+    if (h.locked_by != 0) j["kernel"]["fd_holder_pids"].push_back(h.pid);
+  }
+  j["holder"] = holder_phrase(v);
+  Json holders = Json::array();
+  for (const auto& h : v.holders) {
+    holders.push_back({{"pid", h.pid},
+                       {"command", h.command.empty() ? Json(nullptr) : Json(h.command)},
+                       {"mode", h.exclusive ? "exclusive" : "shared"},
+                       {"locked_by", h.locked_by ? Json(h.locked_by) : Json(nullptr)},
+                       {"uid", h.uid ? Json(*h.uid) : Json(nullptr)},
+                       {"exited", h.exited}});
+  }
+  j["holders"] = std::move(holders);
   j["network_fs"] = f.network_fs ? Json(*f.network_fs) : Json(nullptr);
   Json waiters = Json::array();
-  for (const auto& w : f.waiters) {
+  for (const auto& w : facts.waiters) {
     Json x = {{"pid", w.pid}, {"mode", w.exclusive ? "exclusive" : "shared"}, {"command", w.command}};
     x["agent_id"] = w.agent_id ? Json(*w.agent_id) : Json(nullptr);
     x["operation"] = w.operation ? Json(*w.operation) : Json(nullptr);
@@ -142,19 +139,22 @@ InspectReport build_report(const InspectFacts& f) {
   }
   j["waiters"] = std::move(waiters);
   Json r = Json::object();
-  r["state"] = !f.exists ? "missing" : f.not_regular ? "not read" : state_name(f.holder.state);
+  r["state"] = !f.exists ? "missing" : f.refusal && !rec && f.record.state == HolderRead::State::Empty
+                                           ? "not read"
+                                           : read_state_name(f.record.state);
+  r["status"] = record_state_name(v.record);
   r["holder"] = rec ? holder_to_json(*rec) : Json(nullptr);
   r["released"] = rec ? Json(rec->released_at.has_value()) : Json(nullptr);
-  r["age_ms"] = f.age_ms ? Json(*f.age_ms) : Json(nullptr);
-  r["pid_alive"] = f.pid_alive ? Json(*f.pid_alive) : Json(nullptr);
-  r["same_process"] = f.same_process ? Json(*f.same_process) : Json(nullptr);
-  r["pid_note"] = f.pid_note.empty() ? Json(nullptr) : Json(f.pid_note);
+  r["age_ms"] = f.record_age_ms ? Json(*f.record_age_ms) : Json(nullptr);
+  r["pid_alive"] = f.record_pid_alive ? Json(*f.record_pid_alive) : Json(nullptr);
+  r["same_process"] = f.record_same_process ? Json(*f.record_same_process) : Json(nullptr);
+  r["pid_note"] = f.record_pid_note.empty() ? Json(nullptr) : Json(f.record_pid_note);
   j["record"] = r;
-  j["incidents"] = {{"count", f.incidents.count},
-                    {"malformed", f.incidents.malformed},
-                    {"latest", f.incidents.latest ? *f.incidents.latest : Json(nullptr)}};
-  j["warnings"] = warnings;
-  j["operator_action"] = action;
+  j["incidents"] = {{"count", facts.incidents.count},
+                    {"malformed", facts.incidents.malformed},
+                    {"latest", facts.incidents.latest ? *facts.incidents.latest : Json(nullptr)}};
+  j["warnings"] = v.warnings;
+  j["operator_action"] = v.action;
 
   std::string t;
   auto line = [&](const char* label, const std::string& value) {
@@ -162,38 +162,30 @@ InspectReport build_report(const InspectFacts& f) {
     std::snprintf(head, sizeof head, "%-10s", label);
     t += head + printable(value) + "\n";
   };
-  line("lock", f.lock_path + " (lock_id " + f.lock_id + ")");
-  if (!f.exists) {
-    line("file", "missing: no looplock has run here yet");
-  }
-  line("kernel", held    ? std::string("held (") + (exclusive ? "exclusive" : "shared") + ") by pid " + pid_list(f.kernel)
-                : known ? std::string("free")
-                        : "unknown (" + f.kernel_unknown + ")");
+  line("lock", f.lock_path + " (lock_id " + facts.lock_id + ")");
+  if (!f.exists) line("file", "missing: no looplock has run here yet");
+  line("kernel", held && !named.empty() ? std::string("held (") + (v.exclusive ? "exclusive" : "shared") + ") by " +
+                                              (named.size() > 1 ? "pids " : "pid ") + plain_pids(named)
+                 : held  ? std::string("held")
+                 : known ? std::string("free")
+                         : "unknown (" + f.kernel_unknown + ")");
+  line("holder", holder_phrase(v));
   if (rec) {
-    line("holder", "pid " + std::to_string(rec->pid) + ", agent " + rec->agent_id + ", operation " + rec->operation +
-                       ", policy " + rec->policy);
+    line("record", record_state_text(v.record) + ": " + record_summary(*rec));
     std::string since = "acquired " + rec->acquired_at;
-    if (f.age_ms) since += " (" + ms_text(*f.age_ms) + " ago)";
-    since += rec->released_at ? ", released " + *rec->released_at : std::string(", not released");
+    if (f.record_age_ms) since += " (" + ms_text(*f.record_age_ms) + " ago)";
+    since += rec->released_at ? ", released " + *rec->released_at
+                              : std::string(rec->no_fork ? ", not released (-F)" : ", not released");
     line("", since);
-    if (!rec->released_at) {
-      std::string proc = !f.pid_alive              ? "unknown"
-                         : !*f.pid_alive           ? "dead"
-                         : !f.same_process         ? "alive (its start time cannot be compared)"
-                         : !*f.same_process        ? "pid reused by another process"
-                                                   : "alive, same process";
-      if (!f.pid_note.empty()) proc += ", " + f.pid_note;
-      line("process", proc + " (pid_start " + (rec->pid_start.empty() ? std::string("unknown") : rec->pid_start) + ")");
-    }
+    if (!rec->released_at) line("process", process_text(f, *rec));
   } else {
-    line("holder", !f.exists       ? std::string("no record")
-                   : f.not_regular ? std::string("not read (not a regular file)")
-                                   : std::string("no record (") + state_name(f.holder.state) + ")");
+    line("record", !f.exists                                        ? std::string("none")
+                   : f.record.state == HolderRead::State::Unreadable ? std::string("unreadable")
+                   : f.record.state == HolderRead::State::Error      ? std::string("not read")
+                                                                     : std::string("none (the file is empty)"));
   }
-  if (f.waiters.empty()) {
-    line("waiting", known ? "none" : "unknown");
-  }
-  for (const auto& w : f.waiters) {
+  if (facts.waiters.empty()) line("waiting", known ? "none" : "unknown");
+  for (const auto& w : facts.waiters) {
     std::string who = "pid " + std::to_string(w.pid) + " (" + w.command;
     if (w.agent_id || w.operation) {
       who += ": agent " + w.agent_id.value_or("?") + ", operation " + w.operation.value_or("?");
@@ -202,34 +194,20 @@ InspectReport build_report(const InspectFacts& f) {
     if (w.at_most_ms) who += ", for at most " + ms_text(*w.at_most_ms);
     line("waiting", who);
   }
-  if (f.incidents.count == 0) {
+  if (facts.incidents.count == 0) {
     line("incidents", "none");
   } else {
-    std::string inc = std::to_string(f.incidents.count);
-    if (f.incidents.malformed) inc += " (" + std::to_string(f.incidents.malformed) + " malformed)";
-    if (const auto& l = f.incidents.latest) {
-      inc += "; latest " + l->value("at", std::string("?")) + " " + l->value("error_code", std::string("?")) +
-             ": waiter pid " + std::to_string(l->at("waiter").value("pid", 0)) + " (" +
-             l->at("waiter").value("operation", std::string("?")) + ") waited " +
-             ms_text(l->value("waited_ms", 0LL));
-    }
+    std::string inc = std::to_string(facts.incidents.count);
+    if (facts.incidents.malformed) inc += " (" + std::to_string(facts.incidents.malformed) + " malformed)";
+    if (const auto& l = facts.incidents.latest) inc += "; latest " + incident_text(*l);
     line("incidents", inc);
   }
-  for (const auto& w : warnings) line("warning", w);
-  line("action", action);
+  for (const auto& w : v.warnings) line("warning", w);
+  line("action", v.action);
   return {std::move(j), std::move(t)};
 }
 
 namespace {
-
-// Whether this process is in a pid namespace other than the initial one:
-// there /proc/locks (of its own /proc) does not list a lock held from outside.
-bool in_child_pid_namespace() {
-  char buf[64];
-  const ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
-  if (n <= 0) return false;  // cannot tell: assume the usual
-  return std::string_view(buf, static_cast<size_t>(n)) != "pid:[4026531836]";  // PROC_PID_INIT_INO
-}
 
 InspectFacts::Waiter describe_waiter(const procfs::KernelLock& k) {
   InspectFacts::Waiter w;
@@ -254,60 +232,6 @@ InspectFacts::Waiter describe_waiter(const procfs::KernelLock& k) {
     }
   }
   return w;
-}
-
-void gather_kernel(InspectFacts& f, const struct stat& st) {
-  errno = 0;
-  auto table = procfs::lock_table(st);
-  if (!table) {
-    f.kernel_unknown = errno_message("cannot read /proc/locks", errno ? errno : EIO);
-    return;
-  }
-  for (const auto& k : table->waiters) f.waiters.push_back(describe_waiter(k));
-  f.kernel = table->holders;
-  if (f.kernel.empty()) {
-    if (in_child_pid_namespace() && procfs::ns_pids(0).size() <= 1) {
-      f.kernel_unknown = "no holder is listed, but this runs in a pid namespace of its own, whose /proc/locks does "
-                         "not list a holder outside it";
-    }
-    return;
-  }
-  for (const auto& k : f.kernel) {
-    if (!procfs::pid_alive(k.pid)) f.dead_kernel_pids.push_back(k.pid);
-  }
-  if (!f.dead_kernel_pids.empty()) f.fd_holders = procfs::pids_holding_flock(procfs::all_pids(), st);
-}
-
-// Whether the record's pid is alive, is the process that wrote it, and how
-// it is seen from here: a holder that wrote its record inside a pid namespace
-// of its own appears here under another pid (NSpid), with the same start
-// time.
-void gather_record_process(InspectFacts& f, const HolderRecord& rec) {
-  for (const auto& k : f.kernel) {
-    if (k.pid == rec.pid) continue;
-    auto nspids = procfs::ns_pids(k.pid);
-    if (nspids.size() > 1 && std::find(nspids.begin() + 1, nspids.end(), rec.pid) != nspids.end()) {
-      auto start = procfs::pid_start(k.pid);
-      if (!rec.pid_start.empty() && start && *start == rec.pid_start) {
-        f.pid_alive = true;
-        f.same_process = true;
-        f.pid_note = "pid " + std::to_string(rec.pid) + " in its own pid namespace, pid " + std::to_string(k.pid) +
-                     " here";
-        return;
-      }
-    }
-  }
-  f.pid_alive = procfs::pid_alive(rec.pid);
-  if (!*f.pid_alive) {
-    if (in_child_pid_namespace()) {
-      f.pid_alive.reset();
-      f.pid_note = "not visible from this pid namespace (the record may come from outside it)";
-    }
-    return;
-  }
-  auto start = procfs::pid_start(rec.pid);
-  if (start && !rec.pid_start.empty()) f.same_process = *start == rec.pid_start;
-  if (!f.same_process) f.pid_note = rec.pid_start.empty() ? "no start time was recorded" : "its start time cannot be read";
 }
 
 }  // namespace
@@ -380,39 +304,16 @@ void inspect_cluster(const Options& o, const LockDir& dir, etcd::Transport* etcd
   report.text += "cluster   " + printable(text) + "\n";
 }
 
+
 InspectReport inspect_dir(const Options& o, const std::string& path, etcd::Transport* etcd, const Logger& log,
                           int& status) {
   LockDir dir = open_lock_dir(path, /*check_safety=*/false);
   InspectFacts f;
-  f.lock_path = path + (path.ends_with('/') ? "" : "/") + kLockName;
   f.lock_id = lock_id_for_path(canonical_lock_path(dir.fd.get(), path));
-  f.dir_unsafe = dir_mode_unsafe(dir.st.st_mode);
-  f.stale_after_ms = o.stale_after_ns / 1'000'000;
-  f.network_fs = network_file_system(dir.fd.get());
-
-  struct stat st {};
-  if (fstatat(dir.fd.get(), kLockName, &st, AT_SYMLINK_NOFOLLOW) == 0) {
-    f.exists = true;
-    if (!S_ISREG(st.st_mode)) {
-      f.not_regular = S_ISLNK(st.st_mode) ? "a symbolic link" : S_ISDIR(st.st_mode) ? "a directory" : "a special file";
-    } else {
-      UniqueFd fd(sys::retry_eintr(
-          [&] { return openat(dir.fd.get(), kLockName, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); }));
-      if (fd) {
-        fstat(fd.get(), &st);
-        f.holder = read_holder(fd.get());
-      } else {
-        f.holder.state = HolderRead::State::Error;
-      }
-      gather_kernel(f, st);
-    }
-  } else if (errno != ENOENT) {
-    fail_errno(exit_code::kOsError, "cannot stat " + f.lock_path, errno);
-  }
-  if (const auto& rec = f.holder.record) {
-    if (auto at = sys::parse_utc_ms(rec->acquired_at)) f.age_ms = sys::realtime_ms() - *at;
-    gather_record_process(f, *rec);
-  }
+  std::vector<procfs::KernelLock> waiters;
+  f.lock = survey_lock(dir, path + (path.ends_with('/') ? "" : "/") + kLockName, waiters);
+  f.lock.stale_after_ms = o.stale_after_ns / kMs;
+  for (const auto& k : waiters) f.waiters.push_back(describe_waiter(k));
   f.incidents = summarize_incidents(dir.fd.get());
 
   InspectReport report = build_report(f);
@@ -424,7 +325,7 @@ InspectReport inspect_dir(const Options& o, const std::string& path, etcd::Trans
 
 int inspect(const Options& o, const Logger& log, etcd::Transport* etcd) {
   const std::vector<std::string> dirs = o.dirs.empty() ? std::vector<std::string>{o.dir} : o.dirs;
-  int status = exit_code::kOk;  // a DIR that could not be inspected (66, 71), or etcd (69)
+  int status = exit_code::kOk;  // a DIR that could not be inspected (73, 66, 71), or etcd (69)
   bool warned = false;
   Json all = Json::array();
   std::string text;
@@ -436,8 +337,9 @@ int inspect(const Options& o, const Logger& log, etcd::Transport* etcd) {
       text += r.text;
       all.push_back(std::move(r.json));
     } catch (const Fatal& e) {
-      if (dirs.size() == 1) throw;
+      if (dirs.size() == 1 && !o.json) throw;
       log.error(e.event(), e.what(), e.hint());
+      all.push_back(error_entry(d, e.status(), e.event(), e.what(), e.hint()));
       if (status == exit_code::kOk) status = e.status();
     }
   }

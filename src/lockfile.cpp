@@ -245,17 +245,18 @@ LockDir open_lock_dir(const std::string& path, bool check_safety) {
   return dir;
 }
 
+void lock_stat_failed(const LockDir& dir, int err) {
+  fail_errno(status_for_errno(err, exit_code::kCantCreate), "cannot stat " + lock_display(dir), err,
+             err == EACCES ? search_hint(dir) : "");
+}
+
 LockFile open_lock_file(const LockDir& dir) {
   // A file that vanishes between our steps (nlink 0, ENOENT, EEXIST races)
   // is retried; a persistent race is reported rather than looping forever.
   for (int attempt = 0; attempt < 1000; ++attempt) {
     struct stat pre {};
     bool exists = fstatat(dir.fd.get(), kLockName, &pre, AT_SYMLINK_NOFOLLOW) == 0;
-    if (!exists && errno != ENOENT) {
-      int err = errno;
-      fail_errno(status_for_errno(err, exit_code::kCantCreate), "cannot stat " + lock_display(dir), err,
-                 err == EACCES ? search_hint(dir) : "");
-    }
+    if (!exists && errno != ENOENT) lock_stat_failed(dir, errno);
     if (exists && (S_ISLNK(pre.st_mode) || !S_ISREG(pre.st_mode))) {
       refused(dir, *refuse_lock_file(pre, dir.st, geteuid()));
     }

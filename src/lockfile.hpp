@@ -56,6 +56,10 @@ std::optional<Refusal> refuse_dir(const struct stat& dir, const std::string& sho
 // more than one link, or owned by neither `euid` nor DIR's owner.
 std::optional<Refusal> refuse_lock_file(const struct stat& file, const struct stat& dir, uid_t euid);
 
+// DIR/.state.lock cannot be looked at (fstatat failed with `err`): Fatal 73
+// (71 for resource exhaustion), with the fix when DIR lacks search permission.
+[[noreturn]] void lock_stat_failed(const LockDir& dir, int err);
+
 // Opens DIR/.state.lock, creating it (kCreateMode before umask) if missing.
 // Throws Fatal 73 if it is unsafe (refuse_lock_file) or cannot be opened, 71
 // on resource exhaustion.

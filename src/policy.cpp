@@ -43,10 +43,10 @@ WaitPlan wait_plan(Policy policy, std::optional<long long> timeout_ns) {
   }
 }
 
-std::string operator_action(Policy policy) {
-  std::string common =
-      "inspect the holder pid (looplock --inspect DIR); confirm it is still running and actually "
-      "stalled before terminating it; never delete the lock file";
+std::string operator_action(Policy policy, const std::string& who, bool many) {
+  std::string common = "inspect " + who + " (looplock --inspect DIR); confirm " + (many ? "they are" : "it is") +
+                       " still running and actually stalled before terminating " + (many ? "them" : "it") +
+                       "; never delete the lock file";
   switch (policy) {
     case Policy::Monitor:
       return common + "; the monitor retries at its next scheduled poll, not in a tight loop";

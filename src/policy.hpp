@@ -38,7 +38,9 @@ long long default_deadline_ns(Policy policy);
 bool policy_takes_timeout(Policy policy);
 
 // What the operator should do after a timeout under this policy (incident
-// rows and the lock_acquire_timeout line's hint).
-std::string operator_action(Policy policy);
+// rows): inspect `who` ("pid 12", "pids 12, 13", or "the holder" when the
+// kernel does not name it; `many` for more than one), confirm it is stalled
+// before terminating it, retry as the policy says.
+std::string operator_action(Policy policy, const std::string& who = "the holder", bool many = false);
 
 }  // namespace looplock

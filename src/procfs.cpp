@@ -106,6 +106,22 @@ std::optional<pid_t> parse_stat_ppid(std::string_view stat) {
   return static_cast<pid_t>(*v);
 }
 
+std::optional<ProcStat> parse_proc_stat(std::string_view stat) {
+  auto f = stat_fields_after_comm(stat);
+  // After comm: state is index 0, pgrp index 2, flags (field 9) index 6.
+  if (f.size() < 7 || f[0].size() != 1) return std::nullopt;
+  auto pgrp = to_number<long>(f[2]);
+  auto flags = to_number<unsigned long>(f[6]);
+  if (!pgrp || !flags) return std::nullopt;
+  return ProcStat{f[0][0], static_cast<pid_t>(*pgrp), *flags};
+}
+
+std::optional<ProcStat> proc_stat(pid_t pid) {
+  auto s = sys::read_file(proc_path(pid, "stat"), 4096);
+  if (!s) return std::nullopt;
+  return parse_proc_stat(*s);
+}
+
 std::optional<std::string> pid_start(pid_t pid) {
   auto s = sys::read_file(proc_path(pid, "stat"), 4096);
   if (!s) return std::nullopt;

@@ -24,6 +24,17 @@ std::optional<std::string> parse_stat_start(std::string_view stat);
 std::optional<pid_t> parent_pid(pid_t pid);
 std::optional<pid_t> parse_stat_ppid(std::string_view stat);
 
+// State, process group and flags from /proc/PID/stat (fields 3, 5 and 9).
+struct ProcStat {
+  char state = '?';  // R, S, D, Z, X, ...
+  pid_t pgrp = 0;
+  unsigned long flags = 0;  // the kernel's PF_* flags
+  // Exiting: a zombie, dead, or PF_EXITING set (it is closing its files).
+  bool exiting() const { return state == 'Z' || state == 'X' || (flags & 0x4) != 0; }
+};
+std::optional<ProcStat> proc_stat(pid_t pid);
+std::optional<ProcStat> parse_proc_stat(std::string_view stat);
+
 // Whether `pid` is `self` or one of its ancestors.
 bool is_self_or_ancestor(pid_t pid, pid_t self);
 

@@ -211,6 +211,7 @@ JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, c
   }
 
   const Job job(child, tty);
+  end.pgid = child;
   const int wait_flags = WNOHANG | (tty.present() ? WUNTRACED : 0);
   Ending ending;
   long long max_time_at = spec.max_time_ns && *spec.max_time_ns > 0 ? later(end.started_ns, *spec.max_time_ns) : 0;
@@ -223,6 +224,7 @@ JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, c
     if (!ending.term_sent) {
       job.signal(SIGTERM);
       job.signal(SIGCONT);
+      end.signalled = true;
       ending.term_sent = true;
       end.term_sent_ns = sys::monotonic_ns();
     }
@@ -271,6 +273,7 @@ JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, c
                                  ? "the command did not end within --kill-after of the TERM sent at --max-time; sending KILL"
                                  : "the command did not end before the lease could expire; sending KILL");
       job.signal(SIGKILL);
+      end.signalled = true;
       ending.kill_at = 0;
       ending.killed = true;
       continue;
@@ -326,6 +329,7 @@ JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, c
       continue;
     }
     job.signal(sig);
+    end.signalled = true;
     if ((sig == SIGTERM || sig == SIGINT) && spec.kill_after_ns && !ending.kill_after_armed) {
       ending.kill_after_armed = true;
       ending.whole_group = true;

@@ -62,6 +62,8 @@ struct JobEnd {
   long long started_ns = 0;     // when the command was started
   long long term_sent_ns = 0;   // when looplock sent TERM (MaxTime, Lease)
   long long ended_ns = 0;       // when the whole job had ended
+  pid_t pgid = 0;               // the job's process group
+  bool signalled = false;       // looplock sent the job's group a signal (forwarded, TERM or KILL of its own)
 };
 
 // Starts the command and supervises it until it has ended (and, when

@@ -5,7 +5,24 @@
 
 #include <initializer_list>
 
+#include "duration.hpp"
+
 namespace looplock {
+
+std::string wait_status_line(long long waited_ns, std::optional<long long> left_ns, const std::string& who,
+                             const std::string& path, size_t width) {
+  const std::string head = "looplock: waiting " + format_duration(waited_ns) + " (" +
+                           (left_ns ? format_duration(*left_ns) + " left" : std::string("no deadline")) + ") for " +
+                           who;
+  const std::string on = " on ";
+  if (head.size() + on.size() + path.size() <= width) return head + on + path;
+  // The path's end (its loop dir and .state.lock) says the most: cut its start.
+  const std::string cut = "...";
+  const size_t room = width > head.size() + on.size() + cut.size() ? width - head.size() - on.size() - cut.size() : 0;
+  if (room >= 12) return head + on + cut + path.substr(path.size() - room);
+  if (head.size() <= width) return head;
+  return head.substr(0, width);
+}
 
 Terminal Terminal::find() {
   Terminal t;

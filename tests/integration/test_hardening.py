@@ -289,17 +289,25 @@ def test_writable_and_searchable_but_unreadable_dir_works(nobody_base):
 @pytest.mark.parametrize("with_lock_file", [False, True], ids=["no-lock-file", "lock-file"])
 def test_dir_without_search_permission(nobody_base, mode, with_lock_file):
     """Without x on DIR nothing in it can be reached: 73 (the lock file cannot
-    be opened), naming the cause; --inspect fails with its own status for an
-    operating-system failure (71), never a crash or a report of a free lock."""
+    be opened), naming the cause and the fix; --inspect gives the same status
+    and hint (an error entry with --json), never a crash or a report of a free
+    lock."""
     d = make_dir(nobody_base, mode, with_lock_file)
     marker = nobody_base / "ran"
     with untouched(nobody_base, d):
         r = run_as_nobody([d, "--", "touch", marker])
         assert_error(r, EX_CANTCREAT, ".state.lock", "Permission denied")
+        assert "looplock needs search permission on DIR" in r.stderr
         assert not marker.exists()
         i = run_as_nobody(["--inspect", d])
-        assert_error(i, EX_OSERR, "Permission denied")
+        assert_error(i, EX_CANTCREAT, "Permission denied")
+        assert "looplock needs search permission on DIR" in i.stderr
         assert i.stdout == ""
+        j = run_as_nobody(["--inspect", "--json", d])
+        assert j.returncode == EX_CANTCREAT
+        entry = json.loads(j.stdout)
+        assert entry["error"]["status"] == EX_CANTCREAT
+        assert "search permission" in entry["error"]["hint"]
     os.chmod(d, 0o755)
     assert os.listdir(d) == ([LOCK] if with_lock_file else [])
     if with_lock_file:
@@ -688,3 +696,59 @@ def test_control_characters_in_dir_cannot_forge_log_lines(tmp_path, name):
             assert line.startswith("looplock: "), f"forged line {line!r} in {r.stderr!r}"
             assert not line.startswith("looplock: FORGED"), f"forged line {line!r} in {r.stderr!r}"
         assert "\x1b" not in r.stderr and "\r" not in r.stderr, repr(r.stderr)
+
+
+# --- who may hold the lock: a group shares a loop ------------------------------------
+
+NOBODY_IN_GROUP = ["setpriv", "--reuid=65534", "--regid=65534", "--groups=65534"]
+
+
+def test_a_group_shares_a_loop_through_a_lock_file_its_owner_made(nobody_base):
+    """The man page's recipe: DIR's owner (root here) gives DIR to the group
+    and creates the lock file 0660; a member (uid 65534, group 65534) can lock
+    it. A lock file that another member made is refused (73)."""
+    d = nobody_base / "shared"
+    d.mkdir()
+    os.chown(d, 0, 65534)
+    os.chmod(d, 0o2770)
+    lock = d / LOCK
+    subprocess.run(["install", "-m", "0660", "-g", "65534", "/dev/null", str(lock)], check=True, timeout=TIMEOUT)
+    r = subprocess.run([*NOBODY_IN_GROUP, LOOPLOCK, str(d), "--", "true"], capture_output=True, text=True,
+                       timeout=TIMEOUT, cwd="/")
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    rec = json.loads(lock.read_text())
+    assert rec["agent_id"] == "nobody" and rec["released_at"] is not None
+    assert os.stat(lock).st_mode & 0o777 == 0o660  # never changed
+    # Made by another member of the group (uid 65533): refused, and said why.
+    os.chown(lock, 65533, 65534)
+    r = subprocess.run([*NOBODY_IN_GROUP, LOOPLOCK, str(d), "--", "true"], capture_output=True, text=True,
+                       timeout=TIMEOUT, cwd="/")
+    assert_error(r, EX_CANTCREAT, "owned by uid 65533, neither you nor DIR's owner")
+    i = subprocess.run([*NOBODY_IN_GROUP, LOOPLOCK, "--inspect", "--check", str(d)], capture_output=True, text=True,
+                       timeout=TIMEOUT, cwd="/")
+    assert i.returncode == 1 and "looplock refuses to lock it" in i.stdout, i.stdout + i.stderr
+
+
+def test_a_holder_who_is_neither_owner_is_named(nobody_base):
+    """Anyone who can read the lock file can take the lock: --inspect names a
+    holder whose uid is neither the file's owner nor DIR's."""
+    d = nobody_base / "loop"
+    d.mkdir()
+    os.chmod(d, 0o755)
+    assert run([d, "--", "true"]).returncode == 0
+    os.chmod(d / LOCK, 0o644)  # as earlier versions made it: readable by anyone
+    probe = "import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDONLY)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint('ready', flush=True)\nsys.stdin.read()\n"
+    h = subprocess.Popen([*NOBODY, "/usr/bin/python3", "-c", probe, str(d / LOCK)], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True, cwd="/")
+    try:
+        assert h.stdout.readline().strip() == "ready"
+        i = run(["--inspect", "--json", d])
+        w = json.loads(i.stdout)["warnings"]
+        assert any("any local user can take this lock" in x for x in w), w
+        assert any(f"pid {h.pid} holds the lock as uid 65534" in x for x in w), w
+        r = run(["-w", "0.1", d, "--", "true"])
+        assert r.returncode == EX_TEMPFAIL
+        assert f"by pid {h.pid} (python3): no looplock record" in r.stderr, r.stderr
+    finally:
+        h.stdin.close()
+        h.wait(timeout=TIMEOUT)

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (EX_NOINPUT, EX_TEMPFAIL, LOOPLOCK, NO_PROC, PID_NS, PY, TIMEOUT, Holder, eventually, expect_line,
-                      helper, incident_rows, lock_is_free, need_no_proc, need_pid_namespace, run, running)
+from conftest import (EX_CANTCREAT, EX_NOINPUT, EX_TEMPFAIL, LOOPLOCK, NO_PROC, PID_NS, PY, TIMEOUT, Holder, eventually,
+                      expect_line, helper, incident_rows, lock_is_free, need_no_proc, need_pid_namespace, read_record,
+                      run, running, start, wait_until)
 
 LOCK = ".state.lock"
 INCIDENTS = ".state.lock.incidents.jsonl"
@@ -92,6 +93,17 @@ def forged_record(loop_dir, **fields):
            "policy": "mutation", "acquired_at": iso(datetime.now(timezone.utc)), "released_at": None}
     rec.update(fields)
     return rec
+
+
+def write_lock(loop_dir, data):
+    """Writes DIR/.state.lock as looplock creates it: mode 0660 (a file other
+    users can read is warned about)."""
+    p = loop_dir / LOCK
+    if isinstance(data, bytes):
+        p.write_bytes(data)
+    else:
+        p.write_text(data)
+    os.chmod(p, 0o660)
 
 
 @pytest.fixture
@@ -200,7 +212,7 @@ def test_record_left_by_a_killed_holder(loop_dir, holders):
 
 def test_reused_pid_in_a_stale_record(loop_dir):
     # The record names a live process (this test) but with another start time.
-    (loop_dir / LOCK).write_text(json.dumps(forged_record(loop_dir, pid_start="1")) + "\n")
+    write_lock(loop_dir, json.dumps(forged_record(loop_dir, pid_start="1")) + "\n")
     obj, text = inspect(loop_dir)
     assert obj["kernel"]["held"] is False
     assert obj["record"]["state"] == "valid"
@@ -222,7 +234,7 @@ def test_reused_pid_while_another_process_holds(loop_dir, forged_holder):
 
 
 def test_control_matching_record_has_no_reuse_warning(loop_dir):
-    (loop_dir / LOCK).write_text(json.dumps(forged_record(loop_dir)) + "\n")
+    write_lock(loop_dir, json.dumps(forged_record(loop_dir)) + "\n")
     obj, _ = inspect(loop_dir)
     assert obj["record"]["same_process"] is True
     assert not any(re.search(r"reuse", w, re.I) for w in obj["warnings"]), obj["warnings"]
@@ -264,7 +276,7 @@ def test_garbage_lock_file_is_reported_unreadable(loop_dir, kind):
         content = whole + whole
     elif kind == "huge_after_record":
         content = whole + b"x" * (2 * 1024 * 1024)
-    (loop_dir / LOCK).write_bytes(content)
+    write_lock(loop_dir, content)
     obj, text = inspect(loop_dir)
     assert obj["exists"] is True
     assert obj["record"]["state"] == "unreadable"
@@ -275,7 +287,7 @@ def test_garbage_lock_file_is_reported_unreadable(loop_dir, kind):
 
 
 def test_garbage_while_held_by_python(loop_dir, holders):
-    (loop_dir / LOCK).write_bytes(b"\xff\xfe garbage {")
+    write_lock(loop_dir, b"\xff\xfe garbage {")
     h = holders(loop_dir, tool="python")
     obj, _ = inspect(loop_dir)
     assert obj["kernel"]["held"] is True and obj["kernel"]["holder_pids"] == [h.pid]
@@ -347,11 +359,17 @@ def test_incident_count_and_latest_row(loop_dir, holders):
 
 
 def test_missing_dir_exits_66(tmp_path):
-    for opts in ([], ["--json"]):
-        r = run(["--inspect", *opts, tmp_path / "nope"])
-        assert r.returncode == EX_NOINPUT, r.stderr
-        assert r.stderr.startswith("looplock: ")
-        assert r.stdout == ""
+    r = run(["--inspect", tmp_path / "nope"])
+    assert r.returncode == EX_NOINPUT, r.stderr
+    assert r.stderr.startswith("looplock: ")
+    assert r.stdout == ""
+    # --json: an entry a pipeline can index, with its error.
+    r = run(["--inspect", "--json", tmp_path / "nope"])
+    assert r.returncode == EX_NOINPUT, r.stderr
+    assert r.stderr.startswith("looplock: ")
+    entry = json.loads(r.stdout)
+    assert entry["lock_file"] == f"{tmp_path / 'nope'}/.state.lock"
+    assert entry["error"]["status"] == EX_NOINPUT and entry["error"]["event"] == "dir_missing"
     assert not (tmp_path / "nope").exists()
     f = tmp_path / "file"
     f.write_text("")
@@ -459,3 +477,86 @@ def test_a_record_without_a_start_time_is_not_a_reused_pid(loop_dir, forged_hold
     r = run(["-w", "0.1", loop_dir, "--", "true"])
     assert r.returncode == EX_TEMPFAIL
     assert incident_rows(loop_dir)[-1]["holder_alive"] is True
+
+
+def test_json_has_one_entry_per_dir_in_order_errors_included(tmp_path, loop_dir):
+    """`--inspect --json /nonexistent D` printed one element: a pipeline could
+    not index the output by argument."""
+    other = tmp_path / "other"
+    other.mkdir()
+    (tmp_path / "file-not-dir").write_text("")
+    r = run(["--inspect", "--json", tmp_path / "nope", loop_dir, tmp_path / "file-not-dir", other])
+    assert r.returncode == EX_NOINPUT, r.stderr
+    entries = json.loads(r.stdout)
+    assert [e["lock_file"] for e in entries] == [f"{p}/.state.lock" for p in
+                                                 (tmp_path / "nope", loop_dir, tmp_path / "file-not-dir", other)]
+    assert [("error" in e) for e in entries] == [True, False, True, False]
+    assert entries[2]["error"]["event"] == "not_a_directory"
+    assert entries[1]["lock_id"] == expected_lock_id(loop_dir)
+
+
+def test_a_lock_file_other_users_can_read_is_warned_about(loop_dir):
+    """flock(2) needs only a read descriptor: any local user who can read the
+    lock file can take the lock and stall every run."""
+    r = run([loop_dir, "--", "true"])
+    assert r.returncode == 0, r.stderr
+    assert os.stat(loop_dir / LOCK).st_mode & 0o777 == 0o660 & ~current_umask()
+    obj, _ = inspect(loop_dir)
+    assert obj["warnings"] == [], obj["warnings"]
+    os.chmod(loop_dir / LOCK, 0o644)  # as earlier versions created it
+    obj, text = inspect(loop_dir)
+    assert any("any local user can take this lock" in w and f"chmod o-rw {loop_dir}/.state.lock" in w
+               for w in obj["warnings"]), obj["warnings"]
+    assert run(["--inspect", "--check", loop_dir]).returncode == 1
+    # A run says nothing about it, and never changes the mode.
+    r = run([loop_dir, "--", "true"])
+    assert (r.returncode, r.stderr) == (0, "")
+    assert os.stat(loop_dir / LOCK).st_mode & 0o777 == 0o644
+
+
+def current_umask():
+    old = os.umask(0)
+    os.umask(old)
+    return old
+
+
+@pytest.mark.parametrize("how", ["two-links", "foreign-owner"])
+def test_check_fails_what_every_run_refuses(loop_dir, how):
+    """A lock file that every run refuses (73) is a warning, and --check
+    fails: it said "action none: the lock is free" and exited 0."""
+    assert run([loop_dir, "--", "true"]).returncode == 0
+    if how == "two-links":
+        os.link(loop_dir / LOCK, loop_dir / "another-name")
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("needs root to give the lock file to another user")
+        os.chown(loop_dir / LOCK, 65534, 65534)
+    r = run([loop_dir, "--", "echo", "ran"])
+    assert r.returncode == EX_CANTCREAT and r.stdout == "", r.stderr
+    obj, text = inspect(loop_dir)
+    refused = [w for w in obj["warnings"] if "looplock refuses to lock it (every run exits 73)" in w]
+    assert refused, obj["warnings"]
+    assert ("2 hard links" in refused[0]) if how == "two-links" else ("owned by uid 65534" in refused[0])
+    assert obj["operator_action"].startswith("every run refuses this lock file (exit 73): ")
+    assert "looplock refuses to lock it" in text
+    assert run(["--inspect", "--check", loop_dir]).returncode == 1
+
+
+def test_check_passes_after_an_ordinary_no_fork_run(loop_dir):
+    """-F leaves no release behind by design: its record says no_fork, and
+    --check stays green (it failed with "the holder crashed")."""
+    r = run(["-F", loop_dir, "--", "true"])
+    assert r.returncode == 0, r.stderr
+    assert read_record(loop_dir)["no_fork"] is True
+    obj, text = inspect(loop_dir)
+    assert obj["warnings"] == [], obj["warnings"]
+    assert obj["record"]["status"] == "ended"
+    assert "ended (an -F run writes no release)" in text
+    assert run(["--inspect", "--check", loop_dir]).returncode == 0
+    # A looplock that did not end normally is still one: --check fails.
+    h = start([loop_dir, "--", PY, helper("wait_stdin.py")])
+    expect_line(h, "ready")
+    os.kill(h.pid, signal.SIGKILL)
+    h.wait(timeout=TIMEOUT)
+    wait_until(lambda: lock_is_free(loop_dir), "the lock to be free")
+    assert run(["--inspect", "--check", loop_dir]).returncode == 1

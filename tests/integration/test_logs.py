@@ -123,7 +123,7 @@ def test_a_leaked_lock_event(loop_dir):
 @pytest.mark.parametrize("args,first", [
     (["--bogus", "DIR", "--", "true"], "looplock: unknown option '--bogus'"),
     (["--bogus=1", "DIR", "--", "true"], "looplock: unknown option '--bogus'"),
-    (["-x", "DIR", "--", "true"], "looplock: unknown option '-x'"),
+    (["-Z", "DIR", "--", "true"], "looplock: unknown option '-Z'"),
     (["--quiet=yes", "DIR", "--", "true"], "looplock: option '--quiet' takes no value"),
     (["DIR", "-p"], "looplock: option '-p' needs a value"),
     (["DIR"], "looplock: missing '--' before the command"),

@@ -320,7 +320,9 @@ def test_inspect_a_missing_dir_among_others(tmp_path):
     good.mkdir()
     r = run(["--inspect", "--json", good, tmp_path / "missing"])
     assert r.returncode == EX_NOINPUT
-    assert len(json.loads(r.stdout)) == 1
+    entries = json.loads(r.stdout)
+    assert len(entries) == 2 and "error" not in entries[0]
+    assert entries[1]["error"]["status"] == EX_NOINPUT
     assert "does not exist" in r.stderr
 
 
@@ -368,13 +370,40 @@ def test_a_wait_on_a_terminal_shows_one_status_line(loop_dir, holders):
     try:
         first = read_pty(master, b"\x1b[K")
         assert re.match(rb"\rlooplock: waiting 1\.\ds \(no deadline\) for ", first), first
-        assert f"held by pid {h.pid} (agent ".encode() in first
+        assert f"for pid {h.pid} (agent ".encode() in first
+        assert f"on {loop_dir}/.state.lock".encode() in first
         second = read_pty(master, b"\x1b[K")  # rewritten in place, not a new line
         assert re.match(rb"\rlooplock: waiting [12]\.\ds", second), second
         assert b"\n" not in first + second
         h.release()
         rest = read_pty(master, b"ran")
         assert b"\r\x1b[K" in rest  # erased before the command's output
+        assert p.wait(timeout=TIMEOUT) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+        os.close(master)
+
+
+def test_at_80_columns_the_path_is_cut_never_the_holder(tmp_path, holders):
+    """The line was cut before the holder's pid, which is the point of it."""
+    d = tmp_path / "srv" / "loops" / "nightly-build-with-a-long-name"
+    d.mkdir(parents=True)
+    h = holders(d, tool="flock")
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    try:
+        p = subprocess.Popen([LOOPLOCK, "-p", "blocking", str(d), "--", "true"], stdin=slave, stdout=slave,
+                             stderr=slave)
+    finally:
+        os.close(slave)
+    try:
+        line = read_pty(master, b"\x1b[K").split(b"\r")[-1].replace(b"\x1b[K", b"")
+        assert len(line) <= 79, line
+        assert f"for pid {h.pid} (flock): no looplock record".encode() in line, line
+        # The path is cut from its start, or left out: here it does not fit at all.
+        assert b"/srv/loops" not in line, line
+        h.release()
         assert p.wait(timeout=TIMEOUT) == 0
     finally:
         if p.poll() is None:

@@ -357,65 +357,6 @@ TEST_CASE("read_holder on garbage, partial and unreadable content") {
   CHECK((errno == EBADF || errno == EINVAL));  // ftruncate(2) says EINVAL, write(2) EBADF
 }
 
-TEST_CASE("describe_holder") {
-  HolderRead read;
-  read.state = HolderRead::State::Valid;
-  read.record = sample();
-  const std::string full =
-      "pid 1234 (agent cron, operation status.py, policy mutation, since 2026-11-30T17:00:00.123Z)";
-  CHECK(looplock::describe_holder(read, {}) == full);
-  CHECK(looplock::describe_holder(read, {{1234, true}}) == full);
-  // Pids that name no process (so no name is shown for them).
-  constexpr pid_t a = 4'194'300, b = 4'194'301;
-  const std::string ab = std::to_string(a) + ", " + std::to_string(b);
-  // The kernel names someone else while the record's looplock has exited:
-  // what it started holds the lock through the descriptor it inherited.
-  pid_t gone = fork();
-  REQUIRE(gone >= 0);
-  if (gone == 0) _exit(0);
-  REQUIRE(testutil::wait_child(gone));
-  read.record->pid = gone;
-  CHECK(looplock::describe_holder(read, {{a, true}}) ==
-        "pid " + std::to_string(a) + ", left holding the lock by looplock pid " + std::to_string(gone) +
-            " (agent cron, operation status.py, policy mutation, since 2026-11-30T17:00:00.123Z), which has exited");
-  // A live process is named with what it runs.
-  CHECK(looplock::describe_holder(read, {{getpid(), true}}).starts_with("pid " + std::to_string(getpid()) +
-                                                                       " (test_holder), left holding the lock"));
-
-  read.record = sample("2026-11-30T17:00:05.000Z");  // released
-  CHECK(looplock::describe_holder(read, {{a, true}, {b, false}}) ==
-        "pids " + ab + " (no holder record: flock(1) or another tool)");
-  CHECK(looplock::describe_holder(read, {}) == "another process (the kernel does not say which)");
-  // Shared holders write no record, and that is said.
-  CHECK(looplock::describe_holder(read, {{a, false}, {b, false}}) ==
-        "pids " + ab + " (shared lock: readers write no holder record)");
-
-  HolderRead none;
-  CHECK(looplock::describe_holder(none, {}) == "another process (the kernel does not say which)");
-  CHECK(looplock::describe_holder(none, {{a, true}}) ==
-        "pid " + std::to_string(a) + " (no holder record: flock(1) or another tool)");
-}
-
-TEST_CASE("holder_process_alive") {
-  HolderRecord r = sample();
-  r.pid = getpid();
-  auto start = looplock::procfs::pid_start(getpid());
-  REQUIRE(start);
-  r.pid_start = *start;
-  CHECK(looplock::holder_process_alive(r));
-  r.pid_start = "1";  // the pid was reused by another process
-  CHECK_FALSE(looplock::holder_process_alive(r));
-  r.pid_start = "";  // no start time recorded (no /proc when it was written): trust kill(pid, 0)
-  CHECK(looplock::holder_process_alive(r));
-
-  pid_t child = fork();
-  REQUIRE(child >= 0);
-  if (child == 0) _exit(0);
-  REQUIRE(testutil::wait_child(child));
-  r.pid = child;
-  CHECK_FALSE(looplock::holder_process_alive(r));
-}
-
 TEST_CASE("encode_holder writes exactly what nlohmann-json makes of holder_to_json") {
   std::vector<HolderRecord> records = {sample(), sample("2026-11-30T17:00:05.000Z")};
   HolderRecord hostile = sample();

@@ -13,33 +13,31 @@ using looplock::InspectFacts;
 using looplock::InspectReport;
 using looplock::Json;
 
+// The report renders the lock's verdict (its judgement is tested in
+// test_verdict.cpp): these tests are about the rendering, text and JSON.
+
 namespace {
-
-constexpr long long kHourMs = 3'600'000;
-
-HolderRecord record(std::optional<std::string> released = std::nullopt) {
-  return testutil::sample_record(std::move(released));
-}
 
 InspectFacts base() {
   InspectFacts f;
-  f.lock_path = "loops/nightly/.state.lock";
+  f.lock.lock_path = "loops/nightly/.state.lock";
   f.lock_id = "0123456789abcdef";
-  f.exists = true;
-  f.holder.state = HolderRead::State::Empty;
-  f.stale_after_ms = 2 * kHourMs;
+  f.lock.record.state = HolderRead::State::Empty;
   return f;
 }
 
 // A live holder with its record: the ordinary "held" case.
 InspectFacts held_by_record() {
   InspectFacts f = base();
-  f.kernel = {{1234, true}};
-  f.holder.state = HolderRead::State::Valid;
-  f.holder.record = record();
-  f.age_ms = 60'000;
-  f.pid_alive = true;
-  f.same_process = true;
+  looplock::LockHolder h;
+  h.pid = 1234;
+  h.command = "looplock";
+  f.lock.holders = {h};
+  f.lock.record.state = HolderRead::State::Valid;
+  f.lock.record.record = testutil::sample_record();
+  f.lock.record_age_ms = 60'000;
+  f.lock.record_pid_alive = true;
+  f.lock.record_same_process = true;
   return f;
 }
 
@@ -49,16 +47,19 @@ std::vector<std::string> warnings(const InspectReport& r) {
   return out;
 }
 
-bool any_contains(const std::vector<std::string>& v, const std::string& needle) {
-  for (const auto& s : v)
-    if (s.find(needle) != std::string::npos) return true;
-  return false;
-}
-
 std::vector<std::string> keys(const Json& j) {
   std::vector<std::string> out;
   for (auto it = j.begin(); it != j.end(); ++it) out.push_back(it.key());
   return out;
+}
+
+Json incident(const char* code, const char* extra) {
+  return Json::parse(std::string(R"({"schema":"file_lock_incident_v0","at":"2026-11-30T17:00:05.126Z","error_code":")") +
+                     code +
+                     R"(","lock_id":"0123456789abcdef","policy":"mutation","deadline_ms":5000,"waited_ms":5003,)"
+                     R"("holder":null,"holder_alive":null,"holder_pids":[1234],)"
+                     R"("waiter":{"pid":4321,"agent_id":"ci","operation":"deploy.py"},)" +
+                     extra + R"("operator_action":"x"})");
 }
 
 }  // namespace
@@ -70,26 +71,33 @@ TEST_CASE("free lock without a record: no warnings") {
   CHECK(r.json["kernel"]["mode"].is_null());
   CHECK(r.json["kernel"]["holder_pids"] == Json::array());
   CHECK(r.json["record"]["state"] == "empty");
+  CHECK(r.json["record"]["status"] == "none");
   CHECK(r.json["record"]["holder"].is_null());
+  CHECK(r.json["holder"] == "none");
   CHECK(r.json["operator_action"] == "none: the lock is free");
-  CHECK(r.text.find("free") != std::string::npos);
+  CHECK(r.text.find("kernel    free\n") != std::string::npos);
+  CHECK(r.text.find("holder    none\n") != std::string::npos);
+  CHECK(r.text.find("record    none (the file is empty)\n") != std::string::npos);
   CHECK(r.text.find("warning") == std::string::npos);
   CHECK(r.text.find("incidents none") != std::string::npos);
 }
 
 TEST_CASE("JSON keys") {
   InspectReport r = looplock::build_report(held_by_record());
-  CHECK(keys(r.json) == std::vector<std::string>{"lock_file", "lock_id", "exists", "kernel", "network_fs", "waiters",
-                                                 "record", "incidents", "warnings", "operator_action"});
+  CHECK(keys(r.json) == std::vector<std::string>{"lock_file", "lock_id", "exists", "kernel", "holder", "holders",
+                                                 "network_fs", "waiters", "record", "incidents", "warnings",
+                                                 "operator_action"});
   CHECK(r.json["waiters"] == Json::array());
   CHECK(keys(r.json["kernel"]) ==
         std::vector<std::string>{"held", "unknown", "mode", "holder_pids", "fd_holder_pids"});
   CHECK(r.json["kernel"]["unknown"].is_null());
   CHECK(r.json["kernel"]["fd_holder_pids"] == Json::array());
   CHECK(r.json["network_fs"].is_null());
-  CHECK(keys(r.json["record"]) ==
-        std::vector<std::string>{"state", "holder", "released", "age_ms", "pid_alive", "same_process", "pid_note"});
+  CHECK(keys(r.json["record"]) == std::vector<std::string>{"state", "status", "holder", "released", "age_ms",
+                                                           "pid_alive", "same_process", "pid_note"});
   CHECK(keys(r.json["incidents"]) == std::vector<std::string>{"count", "malformed", "latest"});
+  CHECK(r.json["holders"] == Json::parse(R"([{"pid":1234,"command":"looplock","mode":"exclusive","locked_by":null,)"
+                                         R"("uid":null,"exited":false}])"));
   CHECK(r.json["lock_file"] == "loops/nightly/.state.lock");
   CHECK(r.json["lock_id"] == "0123456789abcdef");
   CHECK(r.json["exists"] == true);
@@ -97,6 +105,7 @@ TEST_CASE("JSON keys") {
   CHECK(r.json["kernel"]["mode"] == "exclusive");
   CHECK(r.json["kernel"]["holder_pids"] == Json::array({1234}));
   CHECK(r.json["record"]["state"] == "valid");
+  CHECK(r.json["record"]["status"] == "current");
   CHECK(r.json["record"]["holder"]["pid"] == 1234);
   CHECK(r.json["record"]["holder"]["schema"] == "file_lock_holder_v0");
   CHECK(r.json["record"]["released"] == false);
@@ -111,174 +120,87 @@ TEST_CASE("JSON keys") {
   CHECK(dumped.find('\n') == std::string::npos);
 }
 
-TEST_CASE("held by the recorded holder: text report and action") {
+TEST_CASE("held by the recorded holder: the text report names it as every run does") {
   InspectReport r = looplock::build_report(held_by_record());
-  CHECK(r.text.find("held (exclusive) by pid 1234") != std::string::npos);
-  CHECK(r.text.find("pid 1234, agent cron, operation status.py, policy mutation") != std::string::npos);
+  CHECK(r.text.find("kernel    held (exclusive) by pid 1234\n") != std::string::npos);
+  CHECK(r.text.find("holder    pid 1234 (agent cron, operation status.py, policy mutation, since "
+                    "2026-11-30T17:00:00.123Z)\n") != std::string::npos);
+  CHECK(r.text.find("record    current: pid 1234, agent cron, operation status.py, policy mutation\n") !=
+        std::string::npos);
   CHECK(r.text.find("acquired 2026-11-30T17:00:00.123Z (1.0m ago), not released") != std::string::npos);
-  CHECK(r.text.find("alive, same process") != std::string::npos);
+  CHECK(r.text.find("process   alive, same process (pid_start 987654)") != std::string::npos);
   std::string action = r.json["operator_action"];
   CHECK(action.find("pid 1234") != std::string::npos);
-  CHECK(action.find("Never delete the lock file") != std::string::npos);
   CHECK(r.text.find(action) != std::string::npos);
   // Every text line ends with a newline and no line is empty.
   CHECK(r.text.back() == '\n');
   CHECK(r.text.find("\n\n") == std::string::npos);
 }
 
-TEST_CASE("free lock with an unreleased record: the holder crashed") {
+TEST_CASE("a stale record is shown as such, apart from the holder") {
   InspectFacts f = held_by_record();
-  f.kernel.clear();
-  f.pid_alive = false;
-  f.same_process.reset();
+  f.lock.holders[0].pid = 2001;
+  f.lock.holders[0].command = "flock";
+  f.lock.record_pid_alive = false;
+  f.lock.record_same_process.reset();
   InspectReport r = looplock::build_report(f);
-  auto w = warnings(r);
-  CHECK(any_contains(w, "crashed"));
-  CHECK(any_contains(w, "pid 1234 is dead"));
-  CHECK(r.json["operator_action"] == "none: the lock is free");
-  CHECK(r.text.find("dead") != std::string::npos);
-
-  // A record whose process still lives but holds nothing: crashed is still said.
-  f.pid_alive = true;
-  f.same_process = true;
-  r = looplock::build_report(f);
-  CHECK(any_contains(warnings(r), "crashed"));
+  CHECK(r.text.find("holder    pid 2001 (flock): no looplock record\n") != std::string::npos);
+  CHECK(r.text.find("record    stale (not the holder): pid 1234, agent cron") != std::string::npos);
+  CHECK(r.text.find("process   dead (pid_start 987654)") != std::string::npos);
+  CHECK(r.json["record"]["status"] == "stale");
+  CHECK(r.json["holder"] == "pid 2001 (flock): no looplock record");
 }
 
-TEST_CASE("free lock with a released record: nothing to warn about") {
-  InspectFacts f = base();
-  f.holder.state = HolderRead::State::Valid;
-  f.holder.record = record("2026-11-30T17:00:05.000Z");
-  f.pid_alive = false;
+TEST_CASE("an -F run's record that ended, a released one, a missing file, unreadable content") {
+  InspectFacts f = held_by_record();
+  f.lock.holders.clear();
+  f.lock.record.record->no_fork = true;
+  f.lock.record_pid_alive = false;
   InspectReport r = looplock::build_report(f);
   CHECK(warnings(r).empty());
-  CHECK(r.json["record"]["released"] == true);
+  CHECK(r.text.find("record    ended (an -F run writes no release): pid 1234") != std::string::npos);
+  CHECK(r.text.find("not released (-F)") != std::string::npos);
+  CHECK(r.json["record"]["holder"]["no_fork"] == true);
+
+  f.lock.record.record = testutil::sample_record("2026-11-30T17:00:05.000Z");
+  r = looplock::build_report(f);
+  CHECK(r.text.find("record    released: pid 1234") != std::string::npos);
   CHECK(r.text.find("released 2026-11-30T17:00:05.000Z") != std::string::npos);
-}
+  CHECK(r.text.find("process") == std::string::npos);
 
-TEST_CASE("held without a record (flock(1) or another tool)") {
-  for (auto state : {HolderRead::State::Empty, HolderRead::State::Valid}) {
-    InspectFacts f = base();
-    f.kernel = {{555, true}};
-    if (state == HolderRead::State::Valid) {
-      f.holder.state = state;
-      f.holder.record = record("2026-11-30T17:00:05.000Z");  // an old released record
-    }
-    InspectReport r = looplock::build_report(f);
-    auto w = warnings(r);
-    CHECK(any_contains(w, "held by pid 555 without a current holder record"));
-    CHECK(std::string(r.json["operator_action"]).find("pid 555") != std::string::npos);
-  }
-  // A shared hold writes no record: that is normal.
-  InspectFacts f = base();
-  f.kernel = {{7, false}, {8, false}};
-  InspectReport r = looplock::build_report(f);
-  CHECK(warnings(r).empty());
-  CHECK(r.json["kernel"]["mode"] == "shared");
-  CHECK(r.json["kernel"]["holder_pids"] == Json::array({7, 8}));
-  CHECK(r.text.find("held (shared) by pid 7, 8") != std::string::npos);
-}
-
-TEST_CASE("the record's pid was reused by another process") {
-  InspectFacts f = held_by_record();
-  f.same_process = false;
-  InspectReport r = looplock::build_report(f);
-  CHECK(any_contains(warnings(r), "pid reused"));
-  CHECK(r.json["record"]["same_process"] == false);
-  CHECK(r.text.find("pid reused by another process") != std::string::npos);
-}
-
-TEST_CASE("the kernel names another pid than the record") {
-  InspectFacts f = held_by_record();
-  f.kernel = {{99, true}};
-  InspectReport r = looplock::build_report(f);
-  CHECK(any_contains(warnings(r), "the kernel says pid 99 holds the lock, not the record's pid 1234"));
-  CHECK(std::string(r.json["operator_action"]).find("pid 99") != std::string::npos);
-}
-
-TEST_CASE("stale: held longer than --stale-after") {
-  InspectFacts f = held_by_record();
-  f.age_ms = 3 * kHourMs + 5 * 60'000;
-  InspectReport r = looplock::build_report(f);
-  auto w = warnings(r);
-  CHECK(any_contains(w, "held for 3.0h, longer than --stale-after 2.0h"));
-  CHECK(any_contains(w, "pid 1234"));
-
-  f.age_ms = kHourMs;
-  CHECK(warnings(looplock::build_report(f)).empty());
-  f.age_ms = 2 * kHourMs;  // exactly the limit is not stale yet
-  CHECK(warnings(looplock::build_report(f)).empty());
-  f.stale_after_ms = 30 * 60'000;
-  CHECK(any_contains(warnings(looplock::build_report(f)), "longer than --stale-after 30.0m"));
-  // Unknown age (acquired_at not parseable): no stale warning, no crash.
-  f.age_ms.reset();
-  InspectReport no_age = looplock::build_report(f);
-  CHECK(warnings(no_age).empty());
-  CHECK(no_age.json["record"]["age_ms"].is_null());
-}
-
-TEST_CASE("unreadable content is reported as such") {
-  InspectFacts f = base();
-  f.holder.state = HolderRead::State::Unreadable;
-  f.holder.size = 17;
-  InspectReport r = looplock::build_report(f);
-  CHECK(any_contains(warnings(r), "17 bytes that are not a valid holder record"));
-  CHECK(r.json["record"]["state"] == "unreadable");
-  CHECK(r.json["record"]["holder"].is_null());
-  CHECK(r.text.find("no record (unreadable)") != std::string::npos);
-
-  f.holder.state = HolderRead::State::Error;
+  f = base();
+  f.lock.exists = false;
   r = looplock::build_report(f);
-  CHECK(r.json["record"]["state"] == "error");
-}
-
-TEST_CASE("missing lock file, unsafe directory and non-regular lock path") {
-  InspectFacts f = base();
-  f.exists = false;
-  InspectReport r = looplock::build_report(f);
   CHECK(r.json["exists"] == false);
   CHECK(r.json["record"]["state"] == "missing");
-  CHECK(r.text.find("missing") != std::string::npos);
+  CHECK(r.text.find("file      missing: no looplock has run here yet") != std::string::npos);
   CHECK(warnings(r).empty());
 
   f = base();
-  f.dir_unsafe = true;
-  CHECK(any_contains(warnings(looplock::build_report(f)), "world-writable without the sticky bit"));
-
-  f = base();
-  f.not_regular = "a symbolic link";
+  f.lock.record.state = HolderRead::State::Unreadable;
+  f.lock.record.size = 17;
   r = looplock::build_report(f);
-  CHECK(any_contains(warnings(r), "the lock path is a symbolic link, not a regular file"));
-  CHECK(r.json["record"]["state"] == "not read");
-  CHECK(r.text.find("not read (not a regular file)") != std::string::npos);
-}
-
-TEST_CASE("a network file system is warned about") {
-  InspectFacts f = base();
-  f.network_fs = "nfs";
-  InspectReport r = looplock::build_report(f);
-  CHECK(any_contains(warnings(r), "network file system (nfs)"));
-  CHECK(r.json["network_fs"] == "nfs");
+  CHECK(r.json["record"]["state"] == "unreadable");
+  CHECK(r.text.find("record    unreadable\n") != std::string::npos);
+  f.lock.record.state = HolderRead::State::Error;
+  CHECK(looplock::build_report(f).json["record"]["state"] == "error");
 }
 
 TEST_CASE("a lock held through a descriptor its dead locker passed on") {
   InspectFacts f = base();
-  f.kernel = {{4000, true}};
-  f.dead_kernel_pids = {4000};
-  f.fd_holders = {4100, 4101};
+  looplock::LockHolder a, b;
+  a.pid = 4100;
+  a.locked_by = 4000;
+  b.pid = 4101;
+  b.locked_by = 4000;
+  f.lock.holders = {a, b};
+  f.lock.dead_kernel_pids = {4000};
   InspectReport r = looplock::build_report(f);
-  auto w = warnings(r);
-  CHECK(any_contains(w, "the kernel names pid 4000, which has exited"));
-  CHECK(any_contains(w, "by pid 4100, 4101"));
+  CHECK(r.json["kernel"]["holder_pids"] == Json::array({4000}));  // as /proc/locks names it
   CHECK(r.json["kernel"]["fd_holder_pids"] == Json::array({4100, 4101}));
-  // The action names the processes that really hold it.
   std::string action = r.json["operator_action"];
-  CHECK(action.find("pid 4100, 4101") != std::string::npos);
+  CHECK(action.find("pids 4100, 4101 are alive") != std::string::npos);
   CHECK(action.find("4000") == std::string::npos);
-
-  f.fd_holders.clear();
-  r = looplock::build_report(f);
-  CHECK(any_contains(warnings(r), "could not be found"));
 }
 
 TEST_CASE("waiters: who, doing what, for how long at most") {
@@ -297,6 +219,33 @@ TEST_CASE("waiters: who, doing what, for how long at most") {
   CHECK(looplock::build_report(base()).text.find("waiting   none\n") != std::string::npos);
 }
 
+TEST_CASE("incidents: count, malformed and the latest row; a job looplock ended ran, it did not wait") {
+  InspectFacts f = held_by_record();
+  f.incidents.exists = true;
+  f.incidents.count = 3;
+  f.incidents.malformed = 1;
+  f.incidents.latest = incident("lock_acquire_timeout", "");
+  InspectReport r = looplock::build_report(f);
+  CHECK(r.json["incidents"]["count"] == 3);
+  CHECK(r.json["incidents"]["malformed"] == 1);
+  CHECK(r.json["incidents"]["latest"]["waiter"]["pid"] == 4321);
+  CHECK(r.text.find("3 (1 malformed); latest 2026-11-30T17:00:05.126Z lock_acquire_timeout: waiter pid 4321 "
+                    "(deploy.py) waited 5.0s") != std::string::npos);
+  for (const char* code : {"max_time_exceeded", "lease_lost"}) {
+    CAPTURE(code);
+    f.incidents.latest = incident(code, R"("ran_ms":304,"killed":false,"ran_after_term_ms":3,)");
+    r = looplock::build_report(f);
+    CHECK(r.text.find(std::string(code) + ": pid 4321 (deploy.py) ran 304ms") != std::string::npos);
+    CHECK(r.text.find("waited") == std::string::npos);
+  }
+}
+
+TEST_CASE("the JSON entry of a DIR that could not be inspected") {
+  Json e = looplock::error_entry("/nope", 66, "dir_missing", "loop directory /nope does not exist", "Create it.");
+  CHECK(e == Json::parse(R"({"lock_file":"/nope/.state.lock","error":{"status":66,"event":"dir_missing",)"
+                         R"("message":"loop directory /nope does not exist","hint":"Create it."}})"));
+}
+
 TEST_CASE("looplock_identity reads a waiter's command line as looplock does") {
   looplock::Environment env{std::string("cron"), std::nullopt, std::nullopt, [] { return std::string("user"); }};
   auto id = looplock::looplock_identity({"looplock", "-w", "5", "/srv/loops/n", "--", "python3", "/x/tick.py", "--secret"},
@@ -310,23 +259,5 @@ TEST_CASE("looplock_identity reads a waiter's command line as looplock does") {
   CHECK(*id == std::make_pair(std::string("user"), std::string("op")));
   CHECK_FALSE(looplock::looplock_identity({"looplock", "--inspect", "D"}, env));
   CHECK_FALSE(looplock::looplock_identity({"looplock", "--bogus"}, env));
-}
-
-TEST_CASE("incidents: count, malformed and the latest row") {
-  InspectFacts f = held_by_record();
-  f.incidents.exists = true;
-  f.incidents.count = 3;
-  f.incidents.malformed = 1;
-  f.incidents.latest = Json::parse(
-      R"({"schema":"file_lock_incident_v0","at":"2026-11-30T17:00:05.126Z","error_code":"lock_acquire_timeout",)"
-      R"("lock_id":"0123456789abcdef","policy":"mutation","deadline_ms":5000,"waited_ms":5003,"holder":null,)"
-      R"("holder_alive":null,"holder_pids":[1234],"waiter":{"pid":4321,"agent_id":"ci","operation":"deploy.py"},)"
-      R"("operator_action":"x"})");
-  InspectReport r = looplock::build_report(f);
-  CHECK(r.json["incidents"]["count"] == 3);
-  CHECK(r.json["incidents"]["malformed"] == 1);
-  CHECK(r.json["incidents"]["latest"]["waiter"]["pid"] == 4321);
-  CHECK(r.text.find("3 (1 malformed); latest 2026-11-30T17:00:05.126Z lock_acquire_timeout: waiter pid 4321 "
-                    "(deploy.py) waited 5.0s") != std::string::npos);
 }
 

@@ -59,7 +59,7 @@ TEST_CASE("operator_action tells what to do, per policy") {
   for (Policy p : {Policy::Mutation, Policy::Monitor, Policy::SingleFlight, Policy::Blocking}) {
     std::string a = looplock::operator_action(p);
     CAPTURE(a);
-    CHECK(contains(a, "inspect the holder pid"));
+    CHECK(contains(a, "inspect the holder (looplock --inspect DIR); confirm it is still running"));
     CHECK(contains(a, "looplock --inspect"));
     CHECK(contains(a, "stalled before terminating"));
     CHECK(contains(a, "never delete the lock file"));
@@ -72,4 +72,11 @@ TEST_CASE("operator_action tells what to do, per policy") {
   CHECK(contains(mutation, "retry"));
   CHECK_FALSE(contains(mutation, "poll"));
   CHECK(mutation != monitor);
+  // Naming the holders the kernel shows, in agreement with their number.
+  CHECK(looplock::operator_action(Policy::Mutation, "pid 12").starts_with(
+      "inspect pid 12 (looplock --inspect DIR); confirm it is still running and actually stalled before "
+      "terminating it;"));
+  CHECK(looplock::operator_action(Policy::Mutation, "pids 12, 13", true).starts_with(
+      "inspect pids 12, 13 (looplock --inspect DIR); confirm they are still running and actually stalled before "
+      "terminating them;"));
 }

@@ -8,7 +8,7 @@ import os
 import sys
 
 path = sys.argv[1]
-fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o660)
 fcntl.flock(fd, fcntl.LOCK_SH if "--shared" in sys.argv[2:] else fcntl.LOCK_EX)
 print("ready", flush=True)
 sys.stdin.read()

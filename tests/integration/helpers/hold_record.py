@@ -22,7 +22,7 @@ def pid_start(pid):
 
 
 path, record = sys.argv[1], json.loads(sys.argv[2])
-fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o660)
 fcntl.flock(fd, fcntl.LOCK_EX)
 blank_start = record.pop("blank_start", False)
 if not record.pop("keep_pid", False):
