@@ -11,6 +11,7 @@
 #include "error.hpp"
 #include "exit_codes.hpp"
 #include "holder.hpp"
+#include "options.hpp"
 #include "sys.hpp"
 #include "unique_fd.hpp"
 
@@ -56,6 +57,18 @@ long long max_kill_after_ns(int ttl_s) {
   return ttl_ns(ttl_s) - margin_ns(ttl_s) - renewal_interval_ns(ttl_s) - ttl_ns(ttl_s) / 4;
 }
 }  // namespace lease_timing
+
+std::string cluster_lock_name(const std::string& lock_name_option, const std::string& canonical_dir) {
+  if (!lock_name_option.empty()) return lock_name_option;
+  const size_t slash = canonical_dir.rfind('/');
+  std::string base = slash == std::string::npos ? canonical_dir : canonical_dir.substr(slash + 1);
+  if (base.empty()) base = "/";
+  if (!valid_lock_name(base)) {
+    throw Fatal(exit_code::kUsage, "the loop directory's base name cannot name a cluster lock",
+                "Give one with --lock-name NAME.");
+  }
+  return base;
+}
 
 std::string encode_cluster_holder(const ClusterHolder& h) {
   Json j = Json::object();

@@ -60,6 +60,13 @@ long long default_kill_after_ns(int ttl_s);
 long long max_kill_after_ns(int ttl_s);
 }  // namespace lease_timing
 
+// The cluster lock's name for a loop directory: `lock_name_option`
+// (--lock-name) when given, else the base name of `canonical_dir` (DIR's
+// canonical path; "/" for the root directory, whose path is empty here).
+// Throws Fatal 64 when that base name cannot name a lock (valid_lock_name()).
+// A run and --inspect both take the name from here.
+std::string cluster_lock_name(const std::string& lock_name_option, const std::string& canonical_dir);
+
 // What looplock writes as the value of its lock key (JSON).
 struct ClusterHolder {
   std::string host;

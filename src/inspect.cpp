@@ -371,12 +371,9 @@ namespace {
 // take it; read only.
 void inspect_cluster(const Options& o, const LockDir& dir, etcd::Transport* etcd, const Logger& log,
                      InspectReport& report, int& status) {
-  std::string name = o.lock_name;
-  if (name.empty()) {
-    std::string canonical = canonical_lock_path(dir.fd.get(), dir.path);
-    canonical.resize(canonical.size() - std::string_view(kLockName).size() - 1);
-    name = canonical.substr(canonical.rfind('/') + 1);
-  }
+  std::string canonical = canonical_lock_path(dir.fd.get(), dir.path);
+  canonical.resize(canonical.size() - std::string_view(kLockName).size() - 1);
+  const std::string name = cluster_lock_name(o.lock_name, canonical);
   if (!etcd) throw Fatal(exit_code::kOsError, "internal error: --inspect --etcd without an HTTP client");
   const ClusterAccess access = cluster_access(o, log);
   etcd->configure(access.tls);

@@ -332,6 +332,22 @@ def test_inspect_names_the_cluster_holder(etcd, name, hosts, cluster_holders):
     assert r.returncode == EX_UNAVAILABLE
 
 
+def test_a_run_and_inspect_name_the_root_directorys_cluster_lock_alike(etcd, hosts, cluster_holders):
+    """DIR=/ is cluster lock "/" for a run and for --inspect (one rule)."""
+    r = subprocess.run([LOOPLOCK, "--inspect", "--json", "--etcd", etcd.url, "/"], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["cluster"]["lock_name"] == "/"
+    # What a run on / takes (a run there would create /.state.lock: --lock-name / elsewhere stands in for it).
+    a = cluster_holders(etcd, "/", hosts[0])
+    r = subprocess.run([LOOPLOCK, "--inspect", "--json", "--etcd", etcd.url, "/"], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    c = json.loads(r.stdout)["cluster"]
+    assert c["held"] is True and c["holder"]["pid"] == a.proc.pid
+    assert c["holder"]["key"].startswith("looplock/%2F/lock/")
+    a.release()
+
+
 def test_inspect_reads_a_holder_of_the_old_layout(etcd, name, hosts):
     """An earlier looplock (etcd's lock service) left the lock key's value
     empty and wrote its holder beside the prefix: --inspect still names it."""

@@ -158,6 +158,21 @@ TEST_CASE("contenders: by create revision, each once, nothing deeper than a leas
   CHECK(contenders(prefixes, {}).empty());
 }
 
+TEST_CASE("cluster lock name: --lock-name, else DIR's base name, '/' for the root") {
+  CHECK(cluster_lock_name("", "") == "/");  // DIR=/ (its canonical path without the trailing '/')
+  CHECK(cluster_lock_name("", "/srv/loops/nightly") == "nightly");
+  CHECK(cluster_lock_name("given", "/srv/loops/nightly") == "given");
+  CHECK(cluster_lock_name("given", "") == "given");
+  CHECK(cluster_lock_name("", "/srv/a b") == "a b");
+  try {
+    cluster_lock_name("", "/srv/bad\nname");
+    FAIL("no throw");
+  } catch (const Fatal& f) {
+    CHECK(f.status() == 64);
+    CHECK(std::string(f.hint()).find("--lock-name") != std::string::npos);
+  }
+}
+
 TEST_CASE("request bodies") {
   CHECK(Json::parse(lease_grant_body(10)) == Json::parse(R"({"TTL":10})"));
   CHECK(Json::parse(lease_id_body(7587)) == Json::parse(R"({"ID":"7587"})"));
