@@ -213,6 +213,18 @@ def test_unreachable_endpoint_fails_on_time_with_69(hosts):
     # The next endpoint is tried when the first refuses.
 
 
+def test_https_to_a_plain_http_port_says_to_use_http(etcd, name, hosts):
+    tls = etcd.url.replace("http://", "https://")
+    r = run(["--etcd", tls, "--lock-name", name, "-w", "1", hosts[0], "--", "echo", "must not run"])
+    assert (r.returncode, r.stdout) == (EX_UNAVAILABLE, ""), r.stderr
+    assert "the endpoint speaks plain HTTP" in r.stderr, r.stderr
+    assert f"Use {etcd.url} for this endpoint" in r.stderr, r.stderr
+    assert "Check --etcd-cacert" not in r.stderr  # not a certificate problem
+    r = subprocess.run([LOOPLOCK, "--inspect", "--etcd", tls, hosts[0]], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == EX_UNAVAILABLE and "speaks plain HTTP" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
 def test_endpoints_are_tried_in_order(etcd, name, hosts):
     r = run(["--etcd", f"http://127.0.0.1:1,{etcd.url}", "--lock-name", name, hosts[0], "--", "echo", "ok"])
     assert (r.returncode, r.stdout) == (0, "ok\n"), r.stderr
