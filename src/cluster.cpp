@@ -88,12 +88,22 @@ std::optional<Json> parse_cluster_holder(std::string_view value) {
   return j;
 }
 
-std::string describe_cluster_holder(const std::optional<Json>& holder) {
-  if (!holder) return "a holder that left no value (another client, such as etcdctl lock)";
-  const Json& h = *holder;
+namespace {
+std::string describe_contender(const Json& h, const char* when, const char* field) {
   std::string pid = h.contains("pid") && h["pid"].is_number_integer() ? std::to_string(h["pid"].get<long long>()) : "?";
   return printable("host " + text_field(h, "host") + " pid " + pid + " (agent " + text_field(h, "agent_id") +
-                   ", operation " + text_field(h, "operation") + ", since " + text_field(h, "acquired_at") + ")");
+                   ", operation " + text_field(h, "operation") + ", " + when + " " + text_field(h, field) + ")");
+}
+}  // namespace
+
+std::string describe_cluster_holder(const std::optional<Json>& holder) {
+  if (!holder) return "a holder that left no value (another client, such as etcdctl lock)";
+  return describe_contender(*holder, "since", "acquired_at");
+}
+
+std::string describe_cluster_waiter(const std::optional<Json>& waiter) {
+  if (!waiter) return "a waiter that left no value (another client, such as etcdctl lock)";
+  return describe_contender(*waiter, "queued", waiter->contains("queued_at") ? "queued_at" : "acquired_at");
 }
 
 namespace {

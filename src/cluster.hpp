@@ -83,6 +83,9 @@ std::optional<Json> parse_cluster_holder(std::string_view value);
 // "host h1 pid 12 (agent a, operation o, since T)", or a description of a
 // holder that left no value.
 std::string describe_cluster_holder(const std::optional<Json>& holder);
+// "host h2 pid 13 (agent a, operation o, queued T)": a waiter, whose value's
+// acquired_at (queued_at in --inspect --json) says when it queued.
+std::string describe_cluster_waiter(const std::optional<Json>& waiter);
 
 // TLS and authentication, from the options; the password file is read here.
 struct ClusterAccess {

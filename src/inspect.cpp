@@ -395,11 +395,16 @@ void inspect_cluster(const Options& o, const LockDir& dir, etcd::Transport* etcd
     }
     reads.push_back(std::move(keys.value));
   }
+  // The key too when the contender is on the unencoded prefix of an encoded
+  // name (an earlier looplock, etcdctl lock) or wrote no value.
+  auto key_note = [&](const std::optional<Json>& value, const etcd::KeyValue& kv) {
+    return !value || !etcd::is_contender_key(prefixes.front(), kv.key) ? ", key " + kv.key : std::string();
+  };
   Json c = {{"lock_name", name}};
-  std::string text;
+  std::vector<std::string> lines;
   if (!error.empty()) {
     c["error"] = error;
-    text = "cannot read from etcd: " + error;
+    lines.push_back("cannot read from etcd: " + error);
     status = exit_code::kClusterUnavailable;
   } else {
     const auto kvs = etcd::contenders(prefixes, reads);
@@ -418,20 +423,33 @@ void inspect_cluster(const Options& o, const LockDir& dir, etcd::Transport* etcd
     }
     Json waiting = Json::array();
     for (size_t i = 1; i < kvs.size(); ++i) {
-      Json w = parse_cluster_holder(kvs[i].value).value_or(Json::object());
+      std::optional<Json> value = parse_cluster_holder(kvs[i].value);
+      Json w = value.value_or(Json::object());
+      // A waiter's value says when it queued, not an acquisition.
+      if (w.contains("acquired_at")) {
+        w["queued_at"] = w["acquired_at"];
+        w.erase("acquired_at");
+      }
       w["key"] = kvs[i].key;
+      const std::optional<Json> shown = value ? std::optional<Json>(w) : std::nullopt;
+      lines.push_back("waiting " + std::to_string(i) + ": " + describe_cluster_waiter(shown) + key_note(value, kvs[i]));
       waiting.push_back(std::move(w));
     }
     c["held"] = !kvs.empty();
     c["contenders"] = kvs.size();
     c["holder"] = holder ? *holder : Json(nullptr);
     c["waiting"] = waiting;
-    text = kvs.empty() ? "free (lock name " + name + ")"
-                       : "held by " + describe_cluster_holder(holder) + "; " + std::to_string(kvs.size() - 1) +
-                             " waiting (lock name " + name + ")";
+    if (kvs.empty()) {
+      lines.insert(lines.begin(), "free (lock name " + name + ")");
+    } else {
+      lines.insert(lines.begin(), "held by " + describe_cluster_holder(holder) + key_note(holder, kvs.front()) +
+                                      ", fencing token " + std::to_string(kvs.front().create_revision) +
+                                      " (lock name " + name + ")");
+      if (kvs.size() == 1) lines.push_back("waiting none");
+    }
   }
   report.json["cluster"] = c;
-  report.text += "cluster   " + printable(text) + "\n";
+  for (const auto& l : lines) report.text += "cluster   " + printable(l) + "\n";
 }
 
 InspectReport inspect_dir(const Options& o, const std::string& path, etcd::Transport* etcd, const Logger& log,

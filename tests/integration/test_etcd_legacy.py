@@ -10,6 +10,7 @@ which commands ran comes from what they wrote, never from timing."""
 import json
 import os
 import re
+import socket
 import subprocess
 
 import pytest
@@ -18,6 +19,8 @@ from conftest import EX_TEMPFAIL, LOOPLOCK, PY, TIMEOUT, expect_line, expect_std
 from etcdtest import ETCDCTL, bounded_wait, fresh_name, legacy_helper, needs_etcd, start_member
 
 pytestmark = needs_etcd
+
+HOST = socket.gethostname()
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +174,10 @@ def test_a_legacy_holder_blocks_a_new_contender(etcd, legacy, dirs, procs, tmp_p
     assert c["holder"]["pid"] == h.pid and c["holder"]["key"].startswith(f"looplock/{name}/lock/")
     assert [x["pid"] for x in c["waiting"]] == [w.pid]
     assert c["waiting"][0]["key"].startswith(f"looplock/{name.replace('/', '%2F')}/lock/")
+    text = run(["--inspect", *cluster(etcd, name), dirs[1]]).stdout
+    assert f"cluster   held by host {HOST} pid {h.pid} " in text, text
+    assert f"key looplock/{name}/lock/" in text  # the legacy layout, named
+    assert f"cluster   waiting 1: host {HOST} pid {w.pid} " in text, text
     release(h)
     assert w.wait(timeout=TIMEOUT) == 0, w.stderr.read()
     assert log.read_text() == f"{os.path.basename(legacy)} end\nnew start\n"

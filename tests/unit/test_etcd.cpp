@@ -1257,4 +1257,9 @@ TEST_CASE("cluster holder value") {
   CHECK(d.find("pid 42") != std::string::npos);
   CHECK(d.find('\n') == std::string::npos);  // control characters escaped
   CHECK_FALSE(parse_cluster_holder("[]"));
+  std::string q = describe_cluster_waiter(j);
+  CHECK(q == "host host\\n1 pid 42 (agent cron, operation tick.py, queued 2026-11-30T17:00:00.000Z)");
+  (*j)["queued_at"] = "Q";
+  CHECK(describe_cluster_waiter(j).ends_with("queued Q)"));
+  CHECK(describe_cluster_waiter(std::nullopt).find("etcdctl") != std::string::npos);
 }
