@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 
 #include "error.hpp"
 #include "exit_codes.hpp"
@@ -219,14 +220,17 @@ constexpr const char* kTlsHint =
 }  // namespace
 
 TlsFailure classify_tls_failure(CURLcode code, std::string_view message) {
-  if (message.find("alert") != std::string_view::npos) return TlsFailure::Alert;
-  if (code != CURLE_SSL_CONNECT_ERROR) return TlsFailure::Other;
-  if (message.find("wrong version number") != std::string_view::npos ||
-      message.find("packet length too long") != std::string_view::npos) {
-    return TlsFailure::NotTls;
-  }
-  if (message.find("SSL_ERROR_SYSCALL") != std::string_view::npos ||
-      message.find("unexpected eof") != std::string_view::npos) {
+  auto says = [&](std::initializer_list<std::string_view> words) {
+    return std::any_of(words.begin(), words.end(),
+                       [&](std::string_view w) { return message.find(w) != std::string_view::npos; });
+  };
+  if (says({"alert"})) return TlsFailure::Alert;
+  const bool closed_early = code == CURLE_RECV_ERROR || code == CURLE_SEND_ERROR || code == CURLE_GOT_NOTHING;
+  if (code != CURLE_SSL_CONNECT_ERROR && !closed_early) return TlsFailure::Other;
+  if (says({"wrong version number", "packet length too long"})) return TlsFailure::NotTls;
+  // Closed or reset in the middle of the handshake, without a word of TLS.
+  if (closed_early || says({"SSL_ERROR_SYSCALL", "unexpected eof", "Connection reset", "Recv failure",
+                            "Send failure", "Broken pipe"})) {
     return TlsFailure::NoTlsAnswer;
   }
   return TlsFailure::Other;
@@ -406,10 +410,16 @@ Exchange CurlTransport::post(const Endpoint& ep, const Request& req, HttpRespons
   // A TLS handshake with a plain-HTTP port: what comes back is not TLS, or
   // nothing (etcd closes the connection). Only then is it asked (one plain
   // GET /version, once per endpoint) whether it speaks HTTP.
-  const TlsFailure tls_how = tls_failure(rc) ? classify_tls_failure(rc, message) : TlsFailure::Other;
+  const bool closed_early = rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR || rc == CURLE_GOT_NOTHING;
+  const TlsFailure tls_how =
+      ep.tls && (tls_failure(rc) || (nothing_back && closed_early)) ? classify_tls_failure(rc, message)
+                                                                    : TlsFailure::Other;
+  // An endpoint found to speak plain HTTP fails every handshake the same way.
   const bool tls_to_plain =
-      ep.tls && (tls_how == TlsFailure::NotTls || tls_how == TlsFailure::NoTlsAnswer) &&
-      speaks_plain_http(ep, std::min(req.deadline_ns, sys::monotonic_ns() + 250'000'000LL));
+      ep.tls && (tls_failure(rc) || (nothing_back && closed_early)) &&
+      (plain_http_.contains(ep.text) ||
+       ((tls_how == TlsFailure::NotTls || tls_how == TlsFailure::NoTlsAnswer) &&
+        speaks_plain_http(ep, std::min(req.deadline_ns, sys::monotonic_ns() + 250'000'000LL))));
   close_new_sockets_on_exec();
   pthread_sigmask(SIG_SETMASK, &watch.caller_mask, nullptr);
 
@@ -434,7 +444,8 @@ Exchange CurlTransport::post(const Endpoint& ep, const Request& req, HttpRespons
   }
   if (tls_to_plain) {
     const std::string plain = "http://" + ep.text.substr(8);
-    error = ep.text + ": TLS: " + message + ": the endpoint speaks plain HTTP, not TLS";
+    error = ep.text + ": TLS: " + (message[0] ? message : curl_easy_strerror(rc)) +
+            ": the endpoint speaks plain HTTP, not TLS";
     out.hint = "Use " + plain + " for this endpoint (it speaks plain HTTP; --etcd-cacert and the client "
                "certificate apply only to TLS).";
     return Exchange::TlsFailed;

@@ -32,8 +32,9 @@ namespace looplock::etcd {
 
 // How a failed TLS handshake (libcurl's `code`, OpenSSL's reason in
 // `message`) ended, as far as it tells: the server sent a TLS alert, or
-// nothing that reads as TLS (the connection closed during the handshake,
-// "SSL_ERROR_SYSCALL": etcd on a plain-HTTP port; or "wrong version number",
+// nothing that reads as TLS (the connection closed or reset during the
+// handshake, "SSL_ERROR_SYSCALL", "Connection reset by peer": etcd on a
+// plain-HTTP port, which closes after reading a ClientHello; or "wrong version number",
 // "packet length too long": a plain-HTTP answer read as a TLS record), or
 // anything else (a certificate rejected here, a file that cannot be loaded).
 enum class TlsFailure { Other, Alert, NoTlsAnswer, NotTls };
