@@ -293,16 +293,6 @@ std::string host_name() {
   return buf;
 }
 
-// The cluster lock's name: --lock-name, else the loop dir's base name.
-std::string cluster_lock_name(const Options& o, const Target& t) {
-  if (!o.lock_name.empty()) return o.lock_name;
-  if (!valid_lock_name(t.loop)) {
-    throw Fatal(exit_code::kUsage, "the loop directory's base name cannot name a cluster lock",
-                "Give one with --lock-name NAME.");
-  }
-  return t.loop;
-}
-
 // The cluster lock's lease as the job loop sees it: its renewals, and the
 // deadlines by which the job must have been sent TERM and KILL.
 class ClusterLease final : public Lease {
@@ -469,7 +459,7 @@ Outcome run(const Options& o, const Context& ctx, const Logger& log, RunFacts& f
   const WaitPlan plan = wait_plan(o.policy, o.timeout_ns);
   std::optional<ClusterLock> cluster;
   if (!o.etcd.empty()) {
-    cluster.emplace(*ctx.etcd, etcd::parse_endpoints(o.etcd).endpoints, cluster_lock_name(o, t), o.ttl_s,
+    cluster.emplace(*ctx.etcd, etcd::parse_endpoints(o.etcd).endpoints, cluster_lock_name(o.lock_name, t.canonical_dir), o.ttl_s,
                     o.lease_kill_after_ns, log, cluster_access(o, log));
     const std::string host = host_name();
     const auto got = cluster->acquire(plan, ctx.start_ns, ClusterHolder{host, ctx.pid, o.agent, o.operation, {}, {}, 0});

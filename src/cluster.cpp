@@ -12,6 +12,7 @@
 #include "error.hpp"
 #include "exit_codes.hpp"
 #include "holder.hpp"
+#include "options.hpp"
 #include "sys.hpp"
 #include "unique_fd.hpp"
 
@@ -53,6 +54,18 @@ long long max_kill_after_ns(int ttl_s) {
 }
 }  // namespace lease_timing
 
+std::string cluster_lock_name(const std::string& lock_name_option, const std::string& canonical_dir) {
+  if (!lock_name_option.empty()) return lock_name_option;
+  const size_t slash = canonical_dir.rfind('/');
+  std::string base = slash == std::string::npos ? canonical_dir : canonical_dir.substr(slash + 1);
+  if (base.empty()) base = "/";
+  if (!valid_lock_name(base)) {
+    throw Fatal(exit_code::kUsage, "the loop directory's base name cannot name a cluster lock",
+                "Give one with --lock-name NAME.");
+  }
+  return base;
+}
+
 std::string encode_cluster_holder(const ClusterHolder& h) {
   Json j = Json::object();
   j["host"] = clip_bytes(h.host);
@@ -71,12 +84,22 @@ std::optional<Json> parse_cluster_holder(std::string_view value) {
   return j;
 }
 
-std::string describe_cluster_holder(const std::optional<Json>& holder) {
-  if (!holder) return "a holder that left no value (another client, such as etcdctl lock)";
-  const Json& h = *holder;
+namespace {
+std::string describe_contender(const Json& h, const char* when, const char* field) {
   std::string pid = h.contains("pid") && h["pid"].is_number_integer() ? std::to_string(h["pid"].get<long long>()) : "?";
   return printable("host " + text_field(h, "host") + " pid " + pid + " (agent " + text_field(h, "agent_id") +
-                   ", operation " + text_field(h, "operation") + ", since " + text_field(h, "acquired_at") + ")");
+                   ", operation " + text_field(h, "operation") + ", " + when + " " + text_field(h, field) + ")");
+}
+}  // namespace
+
+std::string describe_cluster_holder(const std::optional<Json>& holder) {
+  if (!holder) return "a holder that left no value (another client, such as etcdctl lock)";
+  return describe_contender(*holder, "since", "acquired_at");
+}
+
+std::string describe_cluster_waiter(const std::optional<Json>& waiter) {
+  if (!waiter) return "a waiter that left no value (another client, such as etcdctl lock)";
+  return describe_contender(*waiter, "queued", waiter->contains("queued_at") ? "queued_at" : "acquired_at");
 }
 
 namespace {
@@ -137,6 +160,7 @@ ClusterLock::ClusterLock(etcd::Transport& transport, std::vector<etcd::Endpoint>
     : clock_(clock),
       client_(transport, std::move(endpoints), clock),
       name_(std::move(name)),
+      prefixes_(etcd::contender_prefixes(name_)),
       ttl_s_(ttl_s),
       kill_after_ns_(kill_after_ns),
       log_(log) {
@@ -198,7 +222,9 @@ bool ClusterLock::grant(long long deadline_ns, etcd::Result<long long>& r) {
   last_ok_ns_ = r.sent_ns;
   ttl_granted_ns_ = lease_timing::ttl_ns(ttl_s_);
   next_renewal_ns_ = r.sent_ns + lease_timing::renewal_interval_ns(ttl_s_);
-  key_ = etcd::lock_prefix(name_) + etcd::lease_hex(lease_);
+  keys_.clear();
+  for (const auto& p : prefixes_) keys_.push_back(p + etcd::lease_hex(lease_));
+  key_ = keys_.front();
   return true;
 }
 
@@ -207,8 +233,9 @@ std::optional<Json> ClusterLock::holder_of(const etcd::KeyValue& kv, long long d
     if (!h->contains("fencing_token")) (*h)["fencing_token"] = kv.create_revision;
     return h;
   }
-  // No value: an earlier looplock, which used etcd's lock service (its value lies beside the prefix), or
-  // another client of the same keys (etcdctl lock).
+  // No value: an earlier looplock, which used etcd's lock service (its value lies beside the unencoded
+  // prefix), or another client of the same keys (etcdctl lock).
+  if (!etcd::is_contender_key(etcd::legacy_lock_prefix(name_), kv.key)) return std::nullopt;
   auto old = client_.range({etcd::holder_key(name_)}, {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
   if (!old.ok() || old.value.kvs.empty()) return std::nullopt;
   return parse_cluster_holder(old.value.kvs.front().value);
@@ -228,16 +255,35 @@ ClusterLock::Outcome ClusterLock::acquire(const WaitPlan& plan, long long start_
   if (!nowait) return wait_in_queue(bounded, deadline);
 
   // single_flight: take the lock only if nobody holds or waits for it.
-  const std::string prefix = etcd::lock_prefix(name_);
-  auto t = client_.txn(etcd::create_if_free_txn_body(key_, holder_value(false), lease_, prefix),
+  auto t = client_.txn(etcd::create_if_free_txn_body(keys_, holder_value(false), lease_, prefixes_),
                        {std::max(reach_by, now() + kMinAttemptNs), lease_timing::attempt_ns(ttl_s_)});
   if (!t.ok()) unavailable("take the lock", t);
   if (t.value.succeeded) {
     token_ = t.value.revision;
     return Outcome::Acquired;
   }
-  if (!t.value.ranges.empty() && !t.value.ranges[0].kvs.empty()) {
-    blocker_ = holder_of(t.value.ranges[0].kvs[0], now() + kSec);
+  const auto others = etcd::contenders(prefixes_, t.value.ranges);
+  if (others.empty()) {
+    // Only keys of other names deeper under a prefix (an earlier looplock's
+    // "NAME/lock/..."): queue, and take the lock only if first.
+    auto q = client_.txn(etcd::queue_txn_body(keys_, holder_value(false), lease_, prefixes_),
+                         {std::max(reach_by, now() + kMinAttemptNs), lease_timing::attempt_ns(ttl_s_)});
+    if (!q.ok()) unavailable("take the lock", q);
+    const size_t skip = q.value.succeeded ? 0 : 1;
+    const long long mine = q.value.succeeded ? q.value.revision
+                           : !q.value.ranges.empty() && !q.value.ranges[0].kvs.empty()
+                               ? q.value.ranges[0].kvs[0].create_revision
+                               : 0;
+    std::vector<etcd::RangeResult> reads(q.value.ranges.begin() + std::min(skip, q.value.ranges.size()),
+                                         q.value.ranges.end());
+    const auto queue = etcd::contenders(prefixes_, reads);
+    if (mine != 0 && !queue.empty() && queue.front().create_revision == mine) {
+      token_ = mine;
+      return Outcome::Acquired;
+    }
+    if (!queue.empty() && queue.front().create_revision != mine) blocker_ = holder_of(queue.front(), now() + kSec);
+  } else {
+    blocker_ = holder_of(others.front(), now() + kSec);
   }
   release();
   return Outcome::Busy;
@@ -256,12 +302,35 @@ bool ClusterLock::acquired(long long revision, bool waited) {
 }
 
 ClusterLock::Outcome ClusterLock::wait_in_queue(bool bounded, long long deadline) {
-  const std::string prefix = etcd::lock_prefix(name_);
   const long long attempt = lease_timing::attempt_ns(ttl_s_);
-  long long my_rev = 0;  // our key's create revision, once queued
-  std::optional<etcd::KeyValue> before;  // the key just before ours, to watch
+  long long my_rev = 0;  // our keys' create revision, once queued
+  std::optional<etcd::KeyValue> before;  // the contender just before us, to watch
   long long watch_from = 0;
   bool said_waiting = false;
+  // Where we stand in the queue, as read at `revision`: the lock is ours
+  // (true), or `before` is set to the contender just before us (false, and
+  // my_rev 0 when our key is gone).
+  auto place = [&](const std::vector<etcd::KeyValue>& queue, long long revision, long long step_end) {
+    auto mine = std::find_if(queue.begin(), queue.end(),
+                             [&](const etcd::KeyValue& kv) { return kv.create_revision == my_rev; });
+    if (mine == queue.end()) {
+      // Our key is gone: the lease expired during an outage. Renew to find
+      // out (etcd says it is gone: queue again).
+      next_renewal_ns_ = now();
+      my_rev = 0;
+      return false;
+    }
+    if (mine == queue.begin()) return true;
+    if (!said_waiting) {
+      blocker_ = holder_of(queue.front(), step_end);
+      said_waiting = true;
+      log_.verbose("waiting", "waiting for cluster lock " + printable(name_) + " on etcd, held by " +
+                                  describe_cluster_holder(blocker_));
+    }
+    before = *std::prev(mine);
+    watch_from = revision + 1;
+    return false;
+  };
   for (bool first = true;; first = false) {
     const long long t0 = now();
     if (!first && bounded && t0 >= deadline) break;
@@ -291,8 +360,9 @@ ClusterLock::Outcome ClusterLock::wait_in_queue(bool bounded, long long deadline
       }
     }
     if (my_rev == 0) {
-      // Join the queue: one transaction, once (again only if the lease expired).
-      auto t = client_.txn(etcd::queue_txn_body(key_, holder_value(false), lease_, prefix), {step_end, attempt});
+      // Join the queue: one transaction, once (again only if the lease
+      // expired), which also reads every contender.
+      auto t = client_.txn(etcd::queue_txn_body(keys_, holder_value(false), lease_, prefixes_), {step_end, attempt});
       if (!t.ok()) {
         if (t.status == etcd::Status::Failed && t.code == 5) {  // "requested lease not found": it expired
           lease_ = 0;
@@ -304,58 +374,47 @@ ClusterLock::Outcome ClusterLock::wait_in_queue(bool bounded, long long deadline
       }
       note_answering();
       const etcd::TxnResult& r = t.value;
-      const size_t owner_at = r.succeeded ? 0 : 1;
+      const size_t reads_at = r.succeeded ? 0 : 1;
       if (r.succeeded) {
         my_rev = r.revision;
       } else if (!r.ranges.empty() && !r.ranges[0].kvs.empty()) {
         my_rev = r.ranges[0].kvs[0].create_revision;  // an attempt that timed out created it after all
       }
-      if (my_rev == 0 || r.ranges.size() <= owner_at) continue;
-      const auto& owners = r.ranges[owner_at].kvs;
-      if (owners.empty() || owners[0].create_revision == my_rev) {
+      if (my_rev == 0 || r.ranges.size() < reads_at + prefixes_.size()) continue;
+      const std::vector<etcd::RangeResult> reads(r.ranges.begin() + static_cast<long>(reads_at), r.ranges.end());
+      if (place(etcd::contenders(prefixes_, reads), r.revision, step_end)) {
         if (acquired(my_rev, said_waiting)) return Outcome::Acquired;
         lease_ = 0;
         my_rev = 0;
         continue;
       }
-      blocker_ = holder_of(owners[0], step_end);
-      if (!said_waiting) {
-        said_waiting = true;
-        log_.verbose("waiting", "waiting for cluster lock " + printable(name_) + " on etcd, held by " +
-                                    describe_cluster_holder(blocker_));
-      }
-      // The same transaction read the two newest keys: ours, then the one before it.
-      if (r.succeeded && r.ranges.size() > 1 && r.ranges[1].kvs.size() == 2 &&
-          r.ranges[1].kvs[0].create_revision == my_rev) {
-        before = r.ranges[1].kvs[1];
-        watch_from = r.revision + 1;
-      }
+      if (my_rev == 0) continue;
     }
     if (!before) {
-      // Queued: the key just before ours (by create revision), if any.
-      auto q = client_.range({prefix, true, 2, etcd::RangeQuery::Order::LastCreated, my_rev}, {step_end, attempt});
-      if (!q.ok()) {
-        if (q.status == etcd::Status::Failed) unavailable("read the lock", q);
-        note_unavailable(q.error);
-        continue;
+      // Queued: the contenders up to us (by create revision).
+      std::vector<etcd::RangeResult> reads;
+      long long revision = LLONG_MAX;
+      bool answered = true;
+      for (const auto& p : prefixes_) {
+        auto q = client_.range({p, true, 0, etcd::RangeQuery::Order::FirstCreated, my_rev}, {step_end, attempt});
+        if (!q.ok()) {
+          if (q.status == etcd::Status::Failed) unavailable("read the lock", q);
+          note_unavailable(q.error);
+          answered = false;
+          break;
+        }
+        revision = std::min(revision, q.value.revision);
+        reads.push_back(std::move(q.value));
       }
+      if (!answered) continue;
       note_answering();
-      const auto& kvs = q.value.kvs;
-      if (kvs.empty() || kvs[0].create_revision != my_rev) {
-        // Our key is gone: the lease expired during an outage. Renew to
-        // find out (etcd says it is gone: queue again).
-        next_renewal_ns_ = now();
-        my_rev = 0;
-        continue;
-      }
-      if (kvs.size() == 1) {
+      if (place(etcd::contenders(prefixes_, reads), revision, step_end)) {
         if (acquired(my_rev, said_waiting)) return Outcome::Acquired;
         lease_ = 0;
         my_rev = 0;
         continue;
       }
-      before = kvs[1];
-      watch_from = q.value.revision + 1;
+      if (!before) continue;
     }
     // Wait for that key's deletion (its holder's release, or its lease's
     // expiry), at most until the next renewal; then read again.
@@ -364,9 +423,15 @@ ClusterLock::Outcome ClusterLock::wait_in_queue(bool bounded, long long deadline
     if (!w.ok() && w.status != etcd::Status::Timeout) note_unavailable(w.error);
   }
   // The deadline passed: who holds the lock now, for the report (briefly).
-  auto owner = client_.range({prefix, true, 1, etcd::RangeQuery::Order::FirstCreated, 0}, {now() + kMinAttemptNs, 0});
-  if (owner.ok() && !owner.value.kvs.empty() && owner.value.kvs[0].create_revision != my_rev) {
-    blocker_ = holder_of(owner.value.kvs[0], now() + kMinAttemptNs);
+  std::vector<etcd::RangeResult> reads;
+  for (const auto& p : prefixes_) {
+    auto owner = client_.range({p, true, 0, etcd::RangeQuery::Order::FirstCreated, 0}, {now() + kMinAttemptNs, 0});
+    if (!owner.ok()) break;
+    reads.push_back(std::move(owner.value));
+  }
+  const auto queue = etcd::contenders(prefixes_, reads);
+  if (!queue.empty() && queue.front().create_revision != my_rev) {
+    blocker_ = holder_of(queue.front(), now() + kMinAttemptNs);
   }
   release();
   return Outcome::TimedOut;
@@ -388,7 +453,7 @@ bool ClusterLock::renew(long long return_by_ns, const sigset_t* interrupt_on) {
       // effort, once, off the hand-off's path.
       update_value_ = false;
       who_.acquired_at = acquired_at_;
-      (void)client_.txn(etcd::update_txn_body(key_, holder_value(true), lease_, token_),
+      (void)client_.txn(etcd::update_txn_body(keys_, holder_value(true), lease_, token_),
                         {return_by_ns, lease_timing::attempt_ns(ttl_s_), true, interrupt_on});
     }
     return true;

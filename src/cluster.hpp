@@ -1,6 +1,8 @@
 // The cluster lock (--etcd): an etcd lease and, under it, one key per
 // contender, looplock/NAME/lock/<lease hex>, whose value is the contender's
-// holder JSON. The contender whose key has the lowest create revision holds
+// holder JSON (NAME percent-encoded when it holds '/' or '%', and then the
+// same key under the unencoded prefix too, for earlier versions: see
+// etcd.hpp). The contender whose key has the lowest create revision holds
 // the lock (etcd's concurrency.Mutex, which etcdctl lock and etcd's lock
 // service use: they exclude each other). A waiter creates its key once, in
 // one transaction, and keeps it and its lease for the whole wait, so waiters
@@ -37,6 +39,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "etcd.hpp"
 #include "log.hpp"
@@ -57,6 +60,13 @@ long long default_kill_after_ns(int ttl_s);
 long long max_kill_after_ns(int ttl_s);
 }  // namespace lease_timing
 
+// The cluster lock's name for a loop directory: `lock_name_option`
+// (--lock-name) when given, else the base name of `canonical_dir` (DIR's
+// canonical path; "/" for the root directory, whose path is empty here).
+// Throws Fatal 64 when that base name cannot name a lock (valid_lock_name()).
+// A run and --inspect both take the name from here.
+std::string cluster_lock_name(const std::string& lock_name_option, const std::string& canonical_dir);
+
 // What looplock writes as the value of its lock key (JSON).
 struct ClusterHolder {
   std::string host;
@@ -73,6 +83,9 @@ std::optional<Json> parse_cluster_holder(std::string_view value);
 // "host h1 pid 12 (agent a, operation o, since T)", or a description of a
 // holder that left no value.
 std::string describe_cluster_holder(const std::optional<Json>& holder);
+// "host h2 pid 13 (agent a, operation o, queued T)": a waiter, whose value's
+// acquired_at (queued_at in --inspect --json) says when it queued.
+std::string describe_cluster_waiter(const std::optional<Json>& waiter);
 
 // TLS and authentication, from the options; the password file is read here.
 struct ClusterAccess {
@@ -159,13 +172,15 @@ private:
   etcd::Clock& clock_;
   etcd::Client client_;
   std::string name_;
+  std::vector<std::string> prefixes_;  // etcd::contender_prefixes(name_)
   int ttl_s_;
   long long kill_after_ns_;
   const Logger& log_;
   ClusterHolder who_;
   long long lease_ = 0;     // the live lease (0: none granted, or released)
   long long lease_id_ = 0;  // the lease the lock was taken with (kept after release, for reports)
-  std::string key_;
+  std::vector<std::string> keys_;  // our key under each of prefixes_
+  std::string key_;                // keys_[0]
   long long token_ = 0;
   long long last_ok_ns_ = 0;   // send time of the last answered grant or keepalive
   long long ttl_granted_ns_ = 0;

@@ -143,8 +143,43 @@ std::string prefix_range_end(std::string_view prefix) {
   return std::string(1, '\0');
 }
 
-std::string lock_service_name(std::string_view name) { return std::string(kKeyRoot) + std::string(name) + "/lock"; }
+std::string lock_key_name(std::string_view name) {
+  if (name.find_first_of("/%") == std::string_view::npos) return std::string(name);
+  std::string out;
+  out.reserve(name.size() + 8);
+  for (char c : name) {
+    if (c == '%') {
+      out += "%25";
+    } else if (c == '/') {
+      out += "%2F";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+bool lock_name_encoded(std::string_view name) { return name.find_first_of("/%") != std::string_view::npos; }
+std::string lock_service_name(std::string_view name) { return std::string(kKeyRoot) + lock_key_name(name) + "/lock"; }
 std::string lock_prefix(std::string_view name) { return lock_service_name(name) + "/"; }
+std::string legacy_lock_prefix(std::string_view name) { return std::string(kKeyRoot) + std::string(name) + "/lock/"; }
+bool is_lock_key_name(std::string_view name) {
+  if (name.find('/') != std::string_view::npos) return false;
+  for (size_t at = name.find('%'); at != std::string_view::npos; at = name.find('%', at + 1)) {
+    const std::string_view escape = name.substr(at, 3);
+    if (escape != "%25" && escape != "%2F") return false;
+  }
+  return true;
+}
+std::vector<std::string> contender_prefixes(std::string_view name) {
+  std::vector<std::string> out{lock_prefix(name)};
+  // Not when the unencoded prefix is another name's encoded one: those keys are that name's.
+  if (lock_name_encoded(name) && !is_lock_key_name(name)) out.push_back(legacy_lock_prefix(name));
+  return out;
+}
+bool is_contender_key(std::string_view prefix, std::string_view key) {
+  if (!key.starts_with(prefix) || key.size() == prefix.size()) return false;
+  return key.find('/', prefix.size()) == std::string_view::npos;
+}
 std::string holder_key(std::string_view name) { return std::string(kKeyRoot) + std::string(name) + "/holder"; }
 
 std::string lease_hex(long long id) {
@@ -202,26 +237,59 @@ std::string watch_delete_body(std::string_view key, long long start_revision) {
                           {"filters", Json::array({"NOPUT"})}}}});
 }
 
-std::string queue_txn_body(std::string_view key, std::string_view value, long long lease, std::string_view prefix) {
-  Json last_two{{"request_range", range_json({std::string(prefix), true, 2, RangeQuery::Order::LastCreated, 0})}};
-  return dump_json(Json{
-      {"compare", Json::array({create_revision_is(key, 0)})},
-      {"success", Json::array({Json{{"request_put", put_json(key, value, lease)}}, first_created(prefix, 1), last_two})},
-      {"failure",
-       Json::array({Json{{"request_range", range_json({std::string(key), false, 0, RangeQuery::Order::None, 0})}},
-                    first_created(prefix, 1)})}});
+namespace {
+Json puts(const std::vector<std::string>& keys, std::string_view value, long long lease) {
+  Json ops = Json::array();
+  for (const auto& k : keys) ops.push_back(Json{{"request_put", put_json(k, value, lease)}});
+  return ops;
+}
+void add_reads(Json& ops, const std::vector<std::string>& prefixes) {
+  for (const auto& p : prefixes) ops.push_back(first_created(p, 0));
+}
+}  // namespace
+
+std::string queue_txn_body(const std::vector<std::string>& keys, std::string_view value, long long lease,
+                           const std::vector<std::string>& prefixes) {
+  Json success = puts(keys, value, lease);
+  add_reads(success, prefixes);
+  Json failure =
+      Json::array({Json{{"request_range", range_json({keys.at(0), false, 0, RangeQuery::Order::None, 0})}}});
+  add_reads(failure, prefixes);
+  return dump_json(Json{{"compare", Json::array({create_revision_is(keys.at(0), 0)})},
+                        {"success", std::move(success)},
+                        {"failure", std::move(failure)}});
 }
 
-std::string create_if_free_txn_body(std::string_view key, std::string_view value, long long lease,
-                                    std::string_view prefix) {
-  return dump_json(Json{{"compare", Json::array({create_revision_is(prefix, 0, true)})},
-                        {"success", Json::array({Json{{"request_put", put_json(key, value, lease)}}})},
-                        {"failure", Json::array({first_created(prefix, 1)})}});
+std::string create_if_free_txn_body(const std::vector<std::string>& keys, std::string_view value, long long lease,
+                                    const std::vector<std::string>& prefixes) {
+  Json compare = Json::array();
+  for (const auto& p : prefixes) compare.push_back(create_revision_is(p, 0, true));
+  Json failure = Json::array();
+  add_reads(failure, prefixes);
+  return dump_json(Json{{"compare", std::move(compare)},
+                        {"success", puts(keys, value, lease)},
+                        {"failure", std::move(failure)}});
 }
 
-std::string update_txn_body(std::string_view key, std::string_view value, long long lease, long long create_revision) {
-  return dump_json(Json{{"compare", Json::array({create_revision_is(key, create_revision)})},
-                        {"success", Json::array({Json{{"request_put", put_json(key, value, lease)}}})}});
+std::string update_txn_body(const std::vector<std::string>& keys, std::string_view value, long long lease,
+                            long long create_revision) {
+  return dump_json(Json{{"compare", Json::array({create_revision_is(keys.at(0), create_revision)})},
+                        {"success", puts(keys, value, lease)}});
+}
+
+std::vector<KeyValue> contenders(const std::vector<std::string>& prefixes, const std::vector<RangeResult>& ranges) {
+  std::vector<KeyValue> out;
+  for (size_t i = 0; i < prefixes.size() && i < ranges.size(); ++i) {
+    for (const auto& kv : ranges[i].kvs) {
+      if (!is_contender_key(prefixes[i], kv.key)) continue;
+      const bool seen = std::any_of(out.begin(), out.end(),
+                                    [&](const KeyValue& o) { return o.create_revision == kv.create_revision; });
+      if (!seen) out.push_back(kv);
+    }
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const KeyValue& a, const KeyValue& b) { return a.create_revision < b.create_revision; });
+  return out;
 }
 
 std::optional<Json> parse_answer(std::string_view body) {

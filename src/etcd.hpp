@@ -57,10 +57,40 @@ std::string prefix_range_end(std::string_view prefix);
 // of etcdctl lock, so they exclude each other), whose value is the
 // contender's holder JSON. Earlier versions (etcd's lock service) wrote the holder value beside
 // the prefix, under holder_key(); --inspect still reads it there.
+//
+// NAME is one segment of the key: itself when it holds neither '/' nor '%'
+// (the keys of every earlier version), otherwise percent-encoded, '%' as
+// "%25" and '/' as "%2F" (every other byte as it is). The encoding is
+// injective: an encoded name holds a '%' and a name kept as it is does not,
+// and "%25" and "%2F" decode one way only. No segment holds a '/', so no
+// name's prefix lies under another's (earlier versions put "x/lock/y"'s keys
+// under "x"'s prefix: the two excluded each other).
+//
+// For an encoded name, earlier versions (and etcdctl lock looplock/NAME/lock)
+// used the unencoded prefix, legacy_lock_prefix(): a contender writes its key
+// there too (the same lease, the same transaction, so the same create
+// revision), so that they see it, and counts theirs there as contenders.
+// Except for a name that is itself another name's encoding (no '/', every
+// '%' beginning "%25" or "%2F": "x%2Flock%2Fy" is "x/lock/y"'s): its
+// unencoded prefix is that name's encoded prefix, whose keys are that name's.
+//
+// A contender's key is its prefix and one more segment, the lease id: a key
+// deeper under a prefix ("looplock/x/lock/y/lock/<lease>" under "x"'s) is
+// another name's, and is not counted (is_contender_key()).
 inline constexpr std::string_view kKeyRoot = "looplock/";
-std::string lock_service_name(std::string_view name);  // "looplock/NAME/lock"
-std::string lock_prefix(std::string_view name);        // "looplock/NAME/lock/"
-std::string holder_key(std::string_view name);         // "looplock/NAME/holder"
+std::string lock_key_name(std::string_view name);      // NAME, or NAME percent-encoded
+bool lock_name_encoded(std::string_view name);         // lock_key_name(name) != name
+std::string lock_service_name(std::string_view name);  // "looplock/<key name>/lock"
+std::string lock_prefix(std::string_view name);        // "looplock/<key name>/lock/"
+std::string legacy_lock_prefix(std::string_view name); // "looplock/NAME/lock/", as earlier versions wrote it
+// Where NAME's contenders' keys lie: lock_prefix(), then legacy_lock_prefix()
+// when NAME is encoded and is not another name's encoding.
+std::vector<std::string> contender_prefixes(std::string_view name);
+// Whether `name` is what lock_key_name() makes of some name that it changes
+// or keeps: no '/', and every '%' begins "%25" or "%2F".
+bool is_lock_key_name(std::string_view name);
+bool is_contender_key(std::string_view prefix, std::string_view key);
+std::string holder_key(std::string_view name);         // "looplock/NAME/holder" (earlier versions: unencoded)
 
 // The lease id as etcdctl prints it (lower-case hex), which is also the last
 // part of the lock key.
@@ -83,20 +113,25 @@ std::string put_body(std::string_view key, std::string_view value, long long lea
 std::string authenticate_body(std::string_view user, std::string_view password);
 // Watches `key` for its deletion from `start_revision` on (puts filtered out).
 std::string watch_delete_body(std::string_view key, long long start_revision);
-// The cluster lock's transactions. queue: if `key` does not exist, create it
-// with `value` under `lease`; either way read the first contender of
-// `prefix` (the holder) and the contender just before `key`... see cluster.cpp.
-//   success: put key; range prefix first-created limit 1; range prefix
-//            last-created limit 2 (the new key, then its predecessor)
-//   failure: range key; range prefix first-created limit 1
-std::string queue_txn_body(std::string_view key, std::string_view value, long long lease, std::string_view prefix);
-// single_flight: create `key` only if no key under `prefix` exists;
-//   failure: range prefix first-created limit 1 (who holds or waits).
-std::string create_if_free_txn_body(std::string_view key, std::string_view value, long long lease,
-                                    std::string_view prefix);
-// Rewrites `key`'s value (same lease) only if it is still the key created at
-// `create_revision` (never recreates a key that expired meanwhile).
-std::string update_txn_body(std::string_view key, std::string_view value, long long lease, long long create_revision);
+// The cluster lock's transactions, over the lock's `prefixes`
+// (contender_prefixes()) and `keys` (a contender's key under each prefix, in
+// the same order). queue: if keys[0] does not exist, create every key with
+// `value` under `lease`; either way read every prefix, by create revision,
+// in the same transaction (see cluster.cpp):
+//   success: put each key; range each prefix first-created
+//   failure: range keys[0]; range each prefix first-created
+std::string queue_txn_body(const std::vector<std::string>& keys, std::string_view value, long long lease,
+                           const std::vector<std::string>& prefixes);
+// single_flight: create the keys only if no key under any prefix exists;
+//   failure: range each prefix first-created (who holds or waits; keys of
+//   other names deeper under a prefix fail the compare too: cluster.cpp then
+//   queues and looks).
+std::string create_if_free_txn_body(const std::vector<std::string>& keys, std::string_view value, long long lease,
+                                    const std::vector<std::string>& prefixes);
+// Rewrites the keys' value (same lease) only if keys[0] is still the key
+// created at `create_revision` (never recreates a key that expired meanwhile).
+std::string update_txn_body(const std::vector<std::string>& keys, std::string_view value, long long lease,
+                            long long create_revision);
 
 struct KeyValue {
   std::string key;
@@ -117,6 +152,12 @@ struct TxnResult {
   long long revision = 0;  // the header's: a put's create revision when it created the key
   std::vector<RangeResult> ranges;  // the range responses, in order
 };
+
+// The contenders of a lock in the order they take it (by create revision),
+// from the ranges of its prefixes (`ranges[i]` read `prefixes[i]`): only
+// contender keys (is_contender_key()), and each contender once (its keys
+// under both prefixes share a create revision; the first prefix's is kept).
+std::vector<KeyValue> contenders(const std::vector<std::string>& prefixes, const std::vector<RangeResult>& ranges);
 
 // What a gateway answer says; nullopt when malformed. A stream's answer is
 // {"result": {...}} per line; the first line's inner object is used.

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 
 #include "error.hpp"
 #include "exit_codes.hpp"
@@ -205,11 +206,35 @@ bool tls_failure(CURLcode rc) {
   }
 }
 
+// The first bytes of an answer (a probe's).
+size_t keep_some(char* data, size_t size, size_t count, void* user) {
+  auto* body = static_cast<std::string*>(user);
+  body->append(data, std::min(size * count, size_t{4096} - std::min(body->size(), size_t{4096})));
+  return size * count;
+}
+
 constexpr const char* kTlsHint =
     "Check --etcd-cacert (the CA that signed etcd's certificates) and, when etcd asks for client certificates, "
     "--etcd-cert and --etcd-key ($LOOPLOCK_ETCD_CACERT, $LOOPLOCK_ETCD_CLIENT_CERT, $LOOPLOCK_ETCD_CLIENT_KEY).";
 
 }  // namespace
+
+TlsFailure classify_tls_failure(CURLcode code, std::string_view message) {
+  auto says = [&](std::initializer_list<std::string_view> words) {
+    return std::any_of(words.begin(), words.end(),
+                       [&](std::string_view w) { return message.find(w) != std::string_view::npos; });
+  };
+  if (says({"alert"})) return TlsFailure::Alert;
+  const bool closed_early = code == CURLE_RECV_ERROR || code == CURLE_SEND_ERROR || code == CURLE_GOT_NOTHING;
+  if (code != CURLE_SSL_CONNECT_ERROR && !closed_early) return TlsFailure::Other;
+  if (says({"wrong version number", "packet length too long"})) return TlsFailure::NotTls;
+  // Closed or reset in the middle of the handshake, without a word of TLS.
+  if (closed_early || says({"SSL_ERROR_SYSCALL", "unexpected eof", "Connection reset", "Recv failure",
+                            "Send failure", "Broken pipe"})) {
+    return TlsFailure::NoTlsAnswer;
+  }
+  return TlsFailure::Other;
+}
 
 CurlTransport::CurlTransport() : sockets_before_(open_sockets()) {}
 
@@ -293,6 +318,34 @@ bool CurlTransport::speaks_tls(const Endpoint& ep, long long deadline_ns) const 
   return rc == CURLE_OK || (tls_failure(rc) && std::string_view(message).find("alert") != std::string_view::npos);
 }
 
+bool CurlTransport::speaks_plain_http(const Endpoint& ep, long long deadline_ns) {
+  if (plain_http_.contains(ep.text)) return true;
+  if (not_plain_http_.contains(ep.text)) return false;
+  CURL* probe = curl_easy_init();
+  if (!probe) return false;
+  // etcd answers GET /version; any HTTP answer says the port speaks plain
+  // HTTP, but for a TLS server's to a plain request (Go's "Client sent an
+  // HTTP request to an HTTPS server.").
+  const std::string url = "http://" + ep.text.substr(ep.text.find("://") + 3) + "/version";
+  std::string body;
+  set(probe, CURLOPT_URL, url.c_str());
+  set(probe, CURLOPT_NOSIGNAL, 1L);
+  set(probe, CURLOPT_PROXY, "");
+  set(probe, CURLOPT_QUICK_EXIT, 1L);
+  set(probe, CURLOPT_OPENSOCKETFUNCTION, open_socket);
+  set(probe, CURLOPT_WRITEFUNCTION, keep_some);
+  set(probe, CURLOPT_WRITEDATA, &body);
+  set(probe, CURLOPT_CONNECTTIMEOUT_MS, ms_until(deadline_ns));
+  set(probe, CURLOPT_TIMEOUT_MS, ms_until(deadline_ns));
+  (void)curl_easy_perform(probe);
+  long status = 0;
+  curl_easy_getinfo(probe, CURLINFO_RESPONSE_CODE, &status);
+  curl_easy_cleanup(probe);
+  const bool plain = status > 0 && body.find("HTTPS server") == std::string::npos;
+  (plain ? plain_http_ : not_plain_http_).insert(ep.text);
+  return plain;
+}
+
 Exchange CurlTransport::post(const Endpoint& ep, const Request& req, HttpResponse& out, std::string& error) {
   if (!easy_) set_up();
   const std::string url = ep.text + std::string(req.path);
@@ -354,6 +407,19 @@ Exchange CurlTransport::post(const Endpoint& ep, const Request& req, HttpRespons
       !ep.tls && nothing_back &&
       (rc == CURLE_GOT_NOTHING || rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR) &&
       speaks_tls(ep, std::min(req.deadline_ns, sys::monotonic_ns() + 250'000'000LL));
+  // A TLS handshake with a plain-HTTP port: what comes back is not TLS, or
+  // nothing (etcd closes the connection). Only then is it asked (one plain
+  // GET /version, once per endpoint) whether it speaks HTTP.
+  const bool closed_early = rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR || rc == CURLE_GOT_NOTHING;
+  const TlsFailure tls_how =
+      ep.tls && (tls_failure(rc) || (nothing_back && closed_early)) ? classify_tls_failure(rc, message)
+                                                                    : TlsFailure::Other;
+  // An endpoint found to speak plain HTTP fails every handshake the same way.
+  const bool tls_to_plain =
+      ep.tls && (tls_failure(rc) || (nothing_back && closed_early)) &&
+      (plain_http_.contains(ep.text) ||
+       ((tls_how == TlsFailure::NotTls || tls_how == TlsFailure::NoTlsAnswer) &&
+        speaks_plain_http(ep, std::min(req.deadline_ns, sys::monotonic_ns() + 250'000'000LL))));
   close_new_sockets_on_exec();
   pthread_sigmask(SIG_SETMASK, &watch.caller_mask, nullptr);
 
@@ -376,6 +442,14 @@ Exchange CurlTransport::post(const Endpoint& ep, const Request& req, HttpRespons
     out.hint = "Use https://" + ep.text.substr(7) + " (and --etcd-cacert) for this endpoint.";
     return Exchange::ConnectFailed;
   }
+  if (tls_to_plain) {
+    const std::string plain = "http://" + ep.text.substr(8);
+    error = ep.text + ": TLS: " + (message[0] ? message : curl_easy_strerror(rc)) +
+            ": the endpoint speaks plain HTTP, not TLS";
+    out.hint = "Use " + plain + " for this endpoint (it speaks plain HTTP; --etcd-cacert and the client "
+               "certificate apply only to TLS).";
+    return Exchange::TlsFailed;
+  }
   // TLS 1.3: a server that refuses the client's certificate says so (an
   // alert) or just closes, after the client saw the handshake complete.
   const bool tls_alert = ep.tls && nothing_back &&
@@ -388,7 +462,11 @@ Exchange CurlTransport::post(const Endpoint& ep, const Request& req, HttpRespons
             (tls_alert && !said ? " (the server closed the connection after the handshake: it refused the client "
                                   "certificate?)"
                                 : "");
-    out.hint = kTlsHint;
+    // An answer that is not TLS is no certificate problem.
+    out.hint = ep.tls && tls_how == TlsFailure::NotTls
+                   ? "The endpoint does not answer in TLS: check that HOST:PORT is an etcd client URL, and "
+                     "its scheme (http:// for a member that speaks plain HTTP)."
+                   : kTlsHint;
     return Exchange::TlsFailed;
   }
   switch (rc) {

@@ -23,10 +23,22 @@
 #include <curl/curl.h>
 
 #include <set>
+#include <string>
+#include <string_view>
 
 #include "etcd.hpp"
 
 namespace looplock::etcd {
+
+// How a failed TLS handshake (libcurl's `code`, OpenSSL's reason in
+// `message`) ended, as far as it tells: the server sent a TLS alert, or
+// nothing that reads as TLS (the connection closed or reset during the
+// handshake, "SSL_ERROR_SYSCALL", "Connection reset by peer": etcd on a
+// plain-HTTP port, which closes after reading a ClientHello; or "wrong version number",
+// "packet length too long": a plain-HTTP answer read as a TLS record), or
+// anything else (a certificate rejected here, a file that cannot be loaded).
+enum class TlsFailure { Other, Alert, NoTlsAnswer, NotTls };
+TlsFailure classify_tls_failure(CURLcode code, std::string_view message);
 
 class CurlTransport final : public Transport {
 public:
@@ -46,12 +58,17 @@ private:
   // Whether `ep` (an http:// endpoint that closed without an answer) completes
   // a TLS handshake: then the user gets a hint to use https://.
   bool speaks_tls(const Endpoint& ep, long long deadline_ns) const;
+  // Whether `ep` (an https:// endpoint that answered the handshake with
+  // something else) answers a plain HTTP request: then the user gets a hint
+  // to use http://. Asked once per endpoint.
+  bool speaks_plain_http(const Endpoint& ep, long long deadline_ns);
 
   Security security_;
   bool global_ = false;  // curl_global_init done
   CURL* easy_ = nullptr;
   curl_slist* headers_ = nullptr;
   std::set<int> sockets_before_;  // inherited ones: they pass to the command as they came
+  std::set<std::string> plain_http_, not_plain_http_;  // endpoints speaks_plain_http() asked
 };
 
 }  // namespace looplock::etcd

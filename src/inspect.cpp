@@ -253,12 +253,9 @@ namespace {
 // take it; read only.
 void inspect_cluster(const Options& o, const LockDir& dir, etcd::Transport* etcd, const Logger& log,
                      InspectReport& report, int& status) {
-  std::string name = o.lock_name;
-  if (name.empty()) {
-    std::string canonical = canonical_lock_path(dir.fd.get(), dir.path);
-    canonical.resize(canonical.size() - std::string_view(kLockName).size() - 1);
-    name = canonical.substr(canonical.rfind('/') + 1);
-  }
+  std::string canonical = canonical_lock_path(dir.fd.get(), dir.path);
+  canonical.resize(canonical.size() - std::string_view(kLockName).size() - 1);
+  const std::string name = cluster_lock_name(o.lock_name, canonical);
   if (!etcd) throw Fatal(exit_code::kOsError, "internal error: --inspect --etcd without an HTTP client");
   const ClusterAccess access = cluster_access(o, log);
   etcd->configure(access.tls);
@@ -266,42 +263,75 @@ void inspect_cluster(const Options& o, const LockDir& dir, etcd::Transport* etcd
   if (!access.user.empty()) client.set_credentials(access.user, access.password);
   const long long deadline = sys::monotonic_ns() + 5'000'000'000LL;
   const etcd::Deadline bound{deadline, 1'000'000'000LL};
-  // The contenders in the order they take the lock: the first holds it.
-  auto keys = client.range({etcd::lock_prefix(name), true, 0, etcd::RangeQuery::Order::FirstCreated, 0}, bound);
+  // The contenders in the order they take the lock: the first holds it. An
+  // encoded name's are read under the unencoded prefix too (earlier
+  // versions, etcdctl lock).
+  const std::vector<std::string> prefixes = etcd::contender_prefixes(name);
+  std::vector<etcd::RangeResult> reads;
+  std::string error;
+  for (const auto& p : prefixes) {
+    auto keys = client.range({p, true, 0, etcd::RangeQuery::Order::FirstCreated, 0}, bound);
+    if (!keys.ok()) {
+      error = keys.error;
+      break;
+    }
+    reads.push_back(std::move(keys.value));
+  }
+  // The key too when the contender is on the unencoded prefix of an encoded
+  // name (an earlier looplock, etcdctl lock) or wrote no value.
+  auto key_note = [&](const std::optional<Json>& value, const etcd::KeyValue& kv) {
+    return !value || !etcd::is_contender_key(prefixes.front(), kv.key) ? ", key " + kv.key : std::string();
+  };
   Json c = {{"lock_name", name}};
-  std::string text;
-  if (!keys.ok()) {
-    c["error"] = keys.error;
-    text = "cannot read from etcd: " + keys.error;
+  std::vector<std::string> lines;
+  if (!error.empty()) {
+    c["error"] = error;
+    lines.push_back("cannot read from etcd: " + error);
     status = exit_code::kClusterUnavailable;
   } else {
-    const auto& kvs = keys.value.kvs;
+    const auto kvs = etcd::contenders(prefixes, reads);
     std::optional<Json> holder;
     if (!kvs.empty()) {
       holder = parse_cluster_holder(kvs.front().value);
-      if (!holder) {
+      if (!holder && etcd::is_contender_key(etcd::legacy_lock_prefix(name), kvs.front().key)) {
         // An earlier looplock (etcd's lock service) kept its value beside the prefix.
         auto h = client.range({etcd::holder_key(name)}, bound);
         if (h.ok() && !h.value.kvs.empty()) holder = parse_cluster_holder(h.value.kvs.front().value);
       }
-      if (holder) (*holder)["fencing_token"] = kvs.front().create_revision;
+      if (holder) {
+        (*holder)["fencing_token"] = kvs.front().create_revision;
+        (*holder)["key"] = kvs.front().key;
+      }
     }
     Json waiting = Json::array();
     for (size_t i = 1; i < kvs.size(); ++i) {
-      Json w = parse_cluster_holder(kvs[i].value).value_or(Json::object());
+      std::optional<Json> value = parse_cluster_holder(kvs[i].value);
+      Json w = value.value_or(Json::object());
+      // A waiter's value says when it queued, not an acquisition.
+      if (w.contains("acquired_at")) {
+        w["queued_at"] = w["acquired_at"];
+        w.erase("acquired_at");
+      }
       w["key"] = kvs[i].key;
+      const std::optional<Json> shown = value ? std::optional<Json>(w) : std::nullopt;
+      lines.push_back("waiting " + std::to_string(i) + ": " + describe_cluster_waiter(shown) + key_note(value, kvs[i]));
       waiting.push_back(std::move(w));
     }
     c["held"] = !kvs.empty();
     c["contenders"] = kvs.size();
     c["holder"] = holder ? *holder : Json(nullptr);
     c["waiting"] = waiting;
-    text = kvs.empty() ? "free (lock name " + name + ")"
-                       : "held by " + describe_cluster_holder(holder) + "; " + std::to_string(kvs.size() - 1) +
-                             " waiting (lock name " + name + ")";
+    if (kvs.empty()) {
+      lines.insert(lines.begin(), "free (lock name " + name + ")");
+    } else {
+      lines.insert(lines.begin(), "held by " + describe_cluster_holder(holder) + key_note(holder, kvs.front()) +
+                                      ", fencing token " + std::to_string(kvs.front().create_revision) +
+                                      " (lock name " + name + ")");
+      if (kvs.size() == 1) lines.push_back("waiting none");
+    }
   }
   report.json["cluster"] = c;
-  report.text += "cluster   " + printable(text) + "\n";
+  for (const auto& l : lines) report.text += "cluster   " + printable(l) + "\n";
 }
 
 

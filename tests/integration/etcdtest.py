@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HELPERS, LOOPLOCK, PY, TIMEOUT
+from conftest import HELPERS, LOOPLOCK, PY, ROOT, TIMEOUT
 
 ETCD = "/usr/bin/etcd"
 ETCDCTL = "/usr/bin/etcdctl"
@@ -89,6 +89,56 @@ def bounded_wait(pred, what, timeout=TIMEOUT, step=0.02):
         if time.monotonic() > end:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(step)
+
+
+# -- the cluster lock of an earlier version -----------------------------------
+
+# The last commit whose cluster lock keys were NAME unencoded: there
+# "--lock-name x/lock/y" lay under "x"'s prefix (the two names collided).
+LEGACY_COMMIT = "ae0975f"
+
+
+def legacy_helper():
+    """looplock-etcd as it was at LEGACY_COMMIT: built once from `git archive`
+    (that program alone, no tests or man page, unoptimized) into
+    $LOOPLOCK_LEGACY_BUILD/LEGACY_COMMIT, by default beside the build tree
+    (scripts/test gives every stage the same directory, so a CI run builds it
+    once). Skips when the source tree has no git history (a tarball)."""
+    base = os.environ.get("LOOPLOCK_LEGACY_BUILD") or str(Path(LOOPLOCK).resolve().parents[2] / "build-legacy")
+    cache = Path(base) / LEGACY_COMMIT
+    exe = cache / "build" / "src" / "looplock-etcd"
+    done = cache / "built"
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as lock:
+        # Another test process building it holds this; its steps are bounded below.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists() and os.access(exe, os.X_OK):
+            return str(exe)
+        git = shutil.which("git")
+        if not git or not (ROOT / ".git").exists():
+            pytest.skip(f"no git history in {ROOT}: the looplock of {LEGACY_COMMIT} cannot be built")
+        r = subprocess.run([git, "-C", str(ROOT), "cat-file", "-e", f"{LEGACY_COMMIT}^{{commit}}"],
+                           capture_output=True, timeout=TIMEOUT)
+        if r.returncode != 0:
+            pytest.skip(f"commit {LEGACY_COMMIT} is not in this clone (shallow?): its looplock cannot be built")
+        src, build = cache / "src", cache / "build"
+        shutil.rmtree(src, ignore_errors=True)
+        shutil.rmtree(build, ignore_errors=True)
+        src.mkdir()
+        archive = subprocess.run([git, "-C", str(ROOT), "archive", LEGACY_COMMIT], capture_output=True,
+                                 timeout=120, check=True)
+        subprocess.run(["tar", "-x", "-C", str(src)], input=archive.stdout, capture_output=True, timeout=120,
+                       check=True)
+        for cmd, limit in ((["meson", "setup", str(build), str(src), "-Dtests=false", "-Dman=disabled",
+                             "-Detcd=enabled", "-Dbuildtype=plain", "-Doptimization=0", "-Ddebug=false",
+                             "-Dstatic_link=false"], 300),
+                           (["ninja", "-C", str(build), "src/looplock-etcd"], 1200)):
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+            assert r.returncode == 0, f"{' '.join(cmd)}:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
+        r = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=TIMEOUT)
+        assert r.returncode == 0 and f"commit: {LEGACY_COMMIT}" in r.stdout, r.stdout + r.stderr
+        done.write_text(r.stdout)
+    return str(exe)
 
 
 # -- certificates ------------------------------------------------------------

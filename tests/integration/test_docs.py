@@ -10,7 +10,9 @@ for width compares the same, and "..." in a sample stands for anything.
 The runs: a holder (agent cron, operation status.py) with a waiter (agent ci,
 operation deploy.py) behind it; a timeout and a skip behind it; --inspect
 then; a holder killed with KILL, and --inspect after; a command that leaves a
-daemon holding the lock; a wait on a terminal; a metrics directory.
+daemon holding the lock; a wait on a terminal; a metrics directory. And with
+a real etcd on loopback (skipped without one): a cluster lock holder with two
+waiters queued behind it, and --inspect --etcd then.
 """
 import json
 import os
@@ -22,8 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (LOOPLOCK, PY, TIMEOUT, blocked_waiters, expect_line, helper, kill_and_wait_gone, run, start,
-                      wait_until)
+from etcdtest import ETCD, HELPER, start_member
+
+from conftest import (LOOPLOCK, PY, TIMEOUT, blocked_waiters, expect_line, expect_stderr, helper, kill_and_wait_gone,
+                      run, start, wait_until)
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = {"README.md": ROOT / "README.md", "looplock(1)": ROOT / "man" / "looplock.1.scd"}
@@ -35,6 +39,7 @@ def normalize(text, base):
     t = text.replace(str(base), DOC_BASE)
     t = t.replace("\\\\", "\\")  # scdoc escapes a backslash
     t = re.sub(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", "<TS>", t)
+    t = re.sub(r"\bhost \S+ pid\b", "host <HOST> pid", t)  # the cluster lock's hosts
     t = re.sub(r"\b[0-9a-f]{16}\b", "<ID>", t)
     t = re.sub(r"\b\d+(?:\.\d+)?(?:ms|s|m|h|d)\b", "<DUR>", t)
     t = re.sub(r"\d+(?:\.\d+)?", "<N>", t)
@@ -66,6 +71,8 @@ def doc_blocks():
             first = block.lstrip().splitlines()[0] if block.strip() else ""
             if first.startswith("looplock: "):
                 out.append((doc, "stderr", block))
+            elif first.startswith("$ looplock --inspect --etcd"):
+                out.append((doc, "cluster", block.split("\n", 1)[1]))
             elif first.startswith(("$ looplock --inspect", "lock      ")):
                 out.append((doc, "inspect", block.replace("$ looplock --inspect /srv/loops/nightly\n", "")))
             elif first.startswith('{"schema":"file_lock_holder_v0"'):
@@ -186,6 +193,44 @@ def runs(tmp_path_factory):
     return R
 
 
+@pytest.fixture(scope="module")
+def cluster_runs(tmp_path_factory):
+    """--inspect --etcd, text and JSON, while a holder (agent cron, operation
+    status.py) has two waiters (agent ci, operation deploy.py) queued behind
+    it on cluster lock nightly; None without etcd or looplock-etcd."""
+    if not os.access(ETCD, os.X_OK) or not HELPER or not os.access(HELPER, os.X_OK):
+        return None
+    base = tmp_path_factory.mktemp("docs-cluster") / "loops"
+    scripts = base / "scripts"
+    scripts.mkdir(parents=True)
+    (scripts / "status.py").write_text((Path(helper("wait_stdin.py"))).read_text())
+    (scripts / "deploy.py").write_text("import sys; sys.stdin.read()\n")
+    hosts = [base / f"web-{i}" / "nightly" for i in (1, 2, 3)]
+    for d in hosts:
+        d.mkdir(parents=True)
+    etcd = start_member()
+    procs = []
+    try:
+        cl = ["--etcd", etcd.url]
+        holder = start([*cl, "--agent", "cron", hosts[0], "--", "python3", scripts / "status.py"])
+        procs.append(holder)
+        expect_line(holder, "ready")
+        for d in hosts[1:]:
+            w = start(["-v", *cl, "--agent", "ci", "-p", "blocking", d, "--", "python3", scripts / "deploy.py"])
+            procs.append(w)
+            expect_stderr(w, "waiting for cluster lock")  # queued, before the next one
+        text = run(["--inspect", *cl, hosts[0]]).stdout
+        report = json.loads(run(["--inspect", "--json", *cl, hosts[0]]).stdout)
+        assert [w["pid"] for w in report["cluster"]["waiting"]] == [p.pid for p in procs[1:]]
+        return {"base": base, "text": text, "json": report}
+    finally:
+        for p in procs:
+            p.stdin.close()
+        for p in procs:
+            p.wait(timeout=TIMEOUT)
+        etcd.remove()
+
+
 # --- the comparisons ---------------------------------------------------------------
 
 
@@ -205,6 +250,16 @@ def test_documented_inspect_reports_are_printed(runs, block):
     doc, _, sample = block
     assert any(found_in(sample, real, runs.base) for real in runs.inspect), \
         f"{doc}'s --inspect report differs from every real one:\n{sample}\n--- real reports:\n" + "\n".join(runs.inspect)
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b[1] == "cluster"], ids=ids)
+def test_documented_cluster_reports_are_printed(cluster_runs, block):
+    if cluster_runs is None:
+        pytest.skip(f"{ETCD} or looplock-etcd is missing: the cluster samples cannot be compared")
+    doc, _, sample = block
+    real = cluster_runs["text"]
+    assert found_in(sample, real, cluster_runs["base"]), \
+        f"{doc}'s --inspect --etcd report differs from the real one:\n{sample}\n--- real report:\n{real}"
 
 
 def shape(value, real, base, where=""):
@@ -264,6 +319,7 @@ def test_every_documented_sample_is_checked():
     kinds = {(doc, kind) for doc, kind, _ in BLOCKS}
     for doc in DOCS:
         assert (doc, "stderr") in kinds and (doc, "inspect") in kinds
+    assert ("looplock(1)", "cluster") in kinds
     assert ("looplock(1)", "metrics") in kinds and ("looplock(1)", "record") in kinds
 
 
@@ -289,9 +345,10 @@ def keys_of(value, out):
     return out
 
 
-def test_the_man_page_names_every_json_key(runs):
-    """Of holder records, incident rows, --inspect --json reports and log lines."""
-    found = set()
+def test_the_man_page_names_every_json_key(runs, cluster_runs):
+    """Of holder records, incident rows, --inspect --json reports (--etcd
+    too) and log lines."""
+    found = keys_of(cluster_runs["json"]["cluster"], {"cluster"}) if cluster_runs else set()
     for text in runs.records + runs.incidents:
         keys_of(json.loads(text.strip()), found)
     for obj in runs.inspect_json + runs.log_json:

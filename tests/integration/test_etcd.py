@@ -215,6 +215,18 @@ def test_unreachable_endpoint_fails_on_time_with_69(hosts):
     # The next endpoint is tried when the first refuses.
 
 
+def test_https_to_a_plain_http_port_says_to_use_http(etcd, name, hosts):
+    tls = etcd.url.replace("http://", "https://")
+    r = run(["--etcd", tls, "--lock-name", name, "-w", "1", hosts[0], "--", "echo", "must not run"])
+    assert (r.returncode, r.stdout) == (EX_UNAVAILABLE, ""), r.stderr
+    assert "the endpoint speaks plain HTTP" in r.stderr, r.stderr
+    assert f"Use {etcd.url} for this endpoint" in r.stderr, r.stderr
+    assert "Check --etcd-cacert" not in r.stderr  # not a certificate problem
+    r = subprocess.run([LOOPLOCK, "--inspect", "--etcd", tls, hosts[0]], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == EX_UNAVAILABLE and "speaks plain HTTP" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
 def test_endpoints_are_tried_in_order(etcd, name, hosts):
     r = run(["--etcd", f"http://127.0.0.1:1,{etcd.url}", "--lock-name", name, hosts[0], "--", "echo", "ok"])
     assert (r.returncode, r.stdout) == (0, "ok\n"), r.stderr
@@ -319,7 +331,7 @@ def test_inspect_names_the_cluster_holder(etcd, name, hosts, cluster_holders):
         r = subprocess.run([LOOPLOCK, "--inspect", *cluster(etcd, name), hosts[1]], capture_output=True, text=True,
                            timeout=TIMEOUT)
         assert f"cluster   held by host {socket.gethostname()} pid {a.proc.pid}" in r.stdout
-        assert "; 1 waiting" in r.stdout
+        assert f"cluster   waiting 1: host {socket.gethostname()} pid {w.pid} " in r.stdout
         r = subprocess.run([LOOPLOCK, "--inspect", "--json", *cluster(etcd, name), hosts[1]], capture_output=True,
                            text=True, timeout=TIMEOUT)
         assert [x["pid"] for x in json.loads(r.stdout)["cluster"]["waiting"]] == [w.pid]
@@ -332,6 +344,73 @@ def test_inspect_names_the_cluster_holder(etcd, name, hosts, cluster_holders):
     r = subprocess.run([LOOPLOCK, "--inspect", "--etcd", "http://127.0.0.1:1", hosts[1]], capture_output=True,
                        text=True, timeout=TIMEOUT)
     assert r.returncode == EX_UNAVAILABLE
+
+
+TS = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"
+
+
+def test_inspect_shows_the_fencing_token_and_every_waiter_in_queue_order(etcd, name, hosts, cluster_holders, tmp_path):
+    a = cluster_holders(etcd, name, hosts[0], "--agent", "cron", "--operation", "tick")
+    host = socket.gethostname()
+    waiters = []
+    try:
+        for i, d in enumerate((hosts[1], hosts[2])):
+            w = start(["-v", *cluster(etcd, name), "--agent", f"ci{i}", "--operation", f"deploy{i}", "-p", "blocking", d,
+                       "--", "true"])
+            waiters.append(w)
+            expect_stderr(w, "waiting for cluster lock")  # queued: the next one queues behind it
+        r = subprocess.run([LOOPLOCK, "--inspect", "--json", *cluster(etcd, name), tmp_path], capture_output=True,
+                           text=True, timeout=TIMEOUT)
+        assert r.returncode == 0, r.stderr
+        c = json.loads(r.stdout)["cluster"]
+        token = c["holder"]["fencing_token"]
+        assert c["held"] is True and c["contenders"] == 3
+        assert c["holder"]["pid"] == a.proc.pid and token > 0 and re.fullmatch(TS, c["holder"]["acquired_at"])
+        assert [w["pid"] for w in c["waiting"]] == [w.pid for w in waiters]
+        for i, w in enumerate(c["waiting"]):
+            # A waiter's time is when it queued, not an acquisition.
+            assert "acquired_at" not in w and re.fullmatch(TS, w["queued_at"]), w
+            assert (w["host"], w["agent_id"], w["operation"]) == (host, f"ci{i}", f"deploy{i}")
+        assert c["waiting"][0]["queued_at"] <= c["waiting"][1]["queued_at"]
+        r = subprocess.run([LOOPLOCK, "--inspect", *cluster(etcd, name), tmp_path], capture_output=True, text=True,
+                           timeout=TIMEOUT)
+        assert r.returncode == 0, r.stderr
+        lines = [line for line in r.stdout.splitlines() if line.startswith("cluster")]
+        assert len(lines) == 3, r.stdout
+        assert re.fullmatch(rf"cluster   held by host {re.escape(host)} pid {a.proc.pid} \(agent cron, operation tick, "
+                            rf"since {TS}\), fencing token {token} \(lock name {name}\)", lines[0]), lines[0]
+        for i, (line, w) in enumerate(zip(lines[1:], waiters)):
+            assert re.fullmatch(rf"cluster   waiting {i + 1}: host {re.escape(host)} pid {w.pid} \(agent ci{i}, "
+                                rf"operation deploy{i}, queued {TS}\)", line), line
+        a.release()
+        for w in waiters:
+            assert w.wait(timeout=TIMEOUT) == 0, w.stderr.read()
+    finally:
+        for w in waiters:
+            if w.poll() is None:
+                w.kill()
+            w.wait(timeout=TIMEOUT)
+    # A holder without waiters says so.
+    a = cluster_holders(etcd, name, hosts[0])
+    r = subprocess.run([LOOPLOCK, "--inspect", *cluster(etcd, name), tmp_path], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert [line for line in r.stdout.splitlines() if line.startswith("cluster")][1] == "cluster   waiting none"
+
+
+def test_a_run_and_inspect_name_the_root_directorys_cluster_lock_alike(etcd, hosts, cluster_holders):
+    """DIR=/ is cluster lock "/" for a run and for --inspect (one rule)."""
+    r = subprocess.run([LOOPLOCK, "--inspect", "--json", "--etcd", etcd.url, "/"], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["cluster"]["lock_name"] == "/"
+    # What a run on / takes (a run there would create /.state.lock: --lock-name / elsewhere stands in for it).
+    a = cluster_holders(etcd, "/", hosts[0])
+    r = subprocess.run([LOOPLOCK, "--inspect", "--json", "--etcd", etcd.url, "/"], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    c = json.loads(r.stdout)["cluster"]
+    assert c["held"] is True and c["holder"]["pid"] == a.proc.pid
+    assert c["holder"]["key"].startswith("looplock/%2F/lock/")
+    a.release()
 
 
 def test_inspect_reads_a_holder_of_the_old_layout(etcd, name, hosts):

@@ -62,6 +62,8 @@ TEST_CASE("base64 round trip and RFC 4648 vectors") {
 TEST_CASE("keys and prefix ranges") {
   CHECK(lock_service_name("nightly") == "looplock/nightly/lock");
   CHECK(lock_prefix("nightly") == "looplock/nightly/lock/");
+  CHECK(legacy_lock_prefix("nightly") == "looplock/nightly/lock/");
+  CHECK(contender_prefixes("nightly") == std::vector<std::string>{"looplock/nightly/lock/"});
   CHECK(holder_key("nightly") == "looplock/nightly/holder");
   // The old holder value lies outside the contenders' prefix.
   CHECK_FALSE(holder_key("n").starts_with(lock_prefix("n")));
@@ -69,6 +71,106 @@ TEST_CASE("keys and prefix ranges") {
   CHECK(prefix_range_end(std::string("a\xff", 2)) == "b");
   CHECK(prefix_range_end("") == std::string(1, '\0'));
   CHECK(lease_hex(0x694d5765fc71500b) == "694d5765fc71500b");
+}
+
+TEST_CASE("lock names: kept as they are without '/' and '%', else percent-encoded, injectively") {
+  // Today's keys for ordinary names (earlier versions and etcdctl lock agree).
+  for (const char* kept : {"x", "nightly", "a b", "x.lock.y", "\xc3\xa9t\xc3\xa9", "\xe2\x9c\x93", "-"}) {
+    CAPTURE(kept);
+    CHECK(lock_key_name(kept) == kept);
+    CHECK_FALSE(lock_name_encoded(kept));
+    CHECK(contender_prefixes(kept).size() == 1);
+  }
+  CHECK(lock_key_name("x/lock/y") == "x%2Flock%2Fy");
+  CHECK(lock_key_name("%") == "%25");
+  CHECK(lock_key_name("/") == "%2F");
+  CHECK(lock_key_name("a//b") == "a%2F%2Fb");
+  CHECK(lock_key_name("x%2Flock%2Fy") == "x%252Flock%252Fy");
+  CHECK(lock_key_name("50%/\xc3\xa9") == "50%25%2F\xc3\xa9");
+  CHECK(lock_prefix("x/lock/y") == "looplock/x%2Flock%2Fy/lock/");
+  CHECK(legacy_lock_prefix("x/lock/y") == "looplock/x/lock/y/lock/");
+  CHECK(contender_prefixes("x/lock/y") ==
+        std::vector<std::string>{"looplock/x%2Flock%2Fy/lock/", "looplock/x/lock/y/lock/"});
+  CHECK(lock_name_encoded("%"));
+  CHECK(lock_name_encoded("/"));
+  // A name that is another's encoding has no legacy prefix of its own: the
+  // unencoded "looplock/x%2Flock%2Fy/lock/" is where "x/lock/y" keeps its keys now.
+  CHECK(is_lock_key_name("x%2Flock%2Fy"));
+  CHECK(is_lock_key_name("%25"));
+  CHECK(is_lock_key_name("plain"));
+  CHECK(contender_prefixes("x%2Flock%2Fy") == std::vector<std::string>{"looplock/x%252Flock%252Fy/lock/"});
+  CHECK(legacy_lock_prefix("x%2Flock%2Fy") == lock_prefix("x/lock/y"));
+  for (const char* odd : {"50%", "%2f", "%41", "%2", "a%2Fb/c"}) {
+    CAPTURE(odd);
+    CHECK_FALSE(is_lock_key_name(odd));
+    CHECK(contender_prefixes(odd).size() == 2);
+  }
+
+  // Injective over tricky names, and no name's keys under another's prefix.
+  const std::vector<std::string> names = {
+      "x", "x/lock/y", "x%2Flock%2Fy", "x%2Flock%2Fy/lock/z", "%", "%25", "%2F", "/", "//", "a//b", "a/b", "a%2Fb",
+      "a%252Fb", "x/lock", "x/lock/", "lock", "x/y/lock", "\xc3\xa9t\xc3\xa9/\xe2\x9c\x93", "\xc3\xa9t\xc3\xa9%2F\xe2\x9c\x93",
+      "a b/c", " ", "y/lock/x", "50%", "%2f", "%2F%", "50%/x"};
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string key = lock_prefix(names[i]) + lease_hex(0x694d5765fc71500b);
+    CHECK(is_contender_key(lock_prefix(names[i]), key));
+    CHECK(lock_key_name(names[i]).find('/') == std::string::npos);
+    for (size_t j = 0; j < names.size(); ++j) {
+      if (i == j) continue;
+      CAPTURE(names[i]);
+      CAPTURE(names[j]);
+      CHECK(lock_key_name(names[i]) != lock_key_name(names[j]));
+      CHECK_FALSE(key.starts_with(lock_prefix(names[j])));
+      // An encoded name's key under its legacy prefix too: another name's
+      // keys may lie under either prefix, but never as contenders.
+      for (const auto& mine : contender_prefixes(names[i])) {
+        for (const auto& p : contender_prefixes(names[j])) {
+          CHECK_FALSE(is_contender_key(p, mine + lease_hex(0x694d5765fc71500b)));
+        }
+      }
+    }
+  }
+  // The legacy layout collides: "x/lock/y"'s key lies under "x"'s prefix. A
+  // contender is the prefix and the lease id, nothing deeper.
+  const std::string legacy_key = legacy_lock_prefix("x/lock/y") + "694d5765fc71500b";
+  CHECK(legacy_key.starts_with(lock_prefix("x")));
+  CHECK_FALSE(is_contender_key(lock_prefix("x"), legacy_key));
+  CHECK(is_contender_key(legacy_lock_prefix("x/lock/y"), legacy_key));
+  CHECK(is_contender_key("p/", "p/1"));
+  CHECK_FALSE(is_contender_key("p/", "p/"));
+  CHECK_FALSE(is_contender_key("p/", "q/1"));
+  CHECK_FALSE(is_contender_key("p/", "p/1/"));
+}
+
+TEST_CASE("contenders: by create revision, each once, nothing deeper than a lease id") {
+  const std::vector<std::string> prefixes = contender_prefixes("a/b");
+  auto kv = [](std::string key, long long rev) { return KeyValue{std::move(key), "", rev, rev, 1}; };
+  RangeResult encoded{10, {kv("looplock/a%2Fb/lock/7", 5), kv("looplock/a%2Fb/lock/9", 8)}, 2};
+  RangeResult legacy{10,
+                     {kv("looplock/a/b/lock/3", 3), kv("looplock/a/b/lock/7", 5), kv("looplock/a/b/lock/c/lock/4", 4),
+                      kv("looplock/a/b/lock/9", 8)},
+                     4};
+  auto q = contenders(prefixes, {encoded, legacy});
+  REQUIRE(q.size() == 3);
+  CHECK(q[0].key == "looplock/a/b/lock/3");     // an earlier looplock's, or etcdctl lock's: first
+  CHECK(q[1].key == "looplock/a%2Fb/lock/7");   // a new contender's two keys: once, the encoded one
+  CHECK(q[2].key == "looplock/a%2Fb/lock/9");
+  CHECK(contenders(prefixes, {}).empty());
+}
+
+TEST_CASE("cluster lock name: --lock-name, else DIR's base name, '/' for the root") {
+  CHECK(cluster_lock_name("", "") == "/");  // DIR=/ (its canonical path without the trailing '/')
+  CHECK(cluster_lock_name("", "/srv/loops/nightly") == "nightly");
+  CHECK(cluster_lock_name("given", "/srv/loops/nightly") == "given");
+  CHECK(cluster_lock_name("given", "") == "given");
+  CHECK(cluster_lock_name("", "/srv/a b") == "a b");
+  try {
+    cluster_lock_name("", "/srv/bad\nname");
+    FAIL("no throw");
+  } catch (const Fatal& f) {
+    CHECK(f.status() == 64);
+    CHECK(std::string(f.hint()).find("--lock-name") != std::string::npos);
+  }
 }
 
 TEST_CASE("request bodies") {
@@ -85,24 +187,36 @@ TEST_CASE("request bodies") {
   CHECK(Json::parse(watch_delete_body("k", 12)) ==
         Json::parse(R"({"create_request":{"key":"aw==","start_revision":"12","filters":["NOPUT"]}})"));
 
-  // Join the queue: create our key if absent; read the holder and the key
-  // before ours in the same transaction.
-  auto q = Json::parse(queue_txn_body("a/1", "v", 1, "a/"));
+  // Join the queue: create our key if absent; read every contender in the
+  // same transaction.
+  auto q = Json::parse(queue_txn_body({"a/1"}, "v", 1, {"a/"}));
   CHECK(q["compare"] == Json::parse(R"([{"key":"YS8x","target":"CREATE","result":"EQUAL","create_revision":"0"}])"));
+  CHECK(q["success"].size() == 2);
   CHECK(q["success"][0] == Json::parse(R"({"request_put":{"key":"YS8x","value":"dg==","lease":"1"}})"));
-  CHECK(q["success"][1]["request_range"]["sort_order"] == "ASCEND");
-  CHECK(q["success"][1]["request_range"]["limit"] == "1");
-  CHECK(q["success"][2]["request_range"]["sort_order"] == "DESCEND");
-  CHECK(q["success"][2]["request_range"]["limit"] == "2");
+  CHECK(q["success"][1] == Json::parse(R"({"request_range":{"key":"YS8=","range_end":"YTA=","sort_order":"ASCEND",
+                                                            "sort_target":"CREATE"}})"));
   CHECK(q["failure"][0] == Json::parse(R"({"request_range":{"key":"YS8x"}})"));
   CHECK(q["failure"][1] == q["success"][1]);
-  // single_flight: only when nothing is under the prefix (a compare on the range).
-  auto f = Json::parse(create_if_free_txn_body("a/1", "v", 1, "a/"));
+  // An encoded name: both keys in one transaction (one create revision), both prefixes read.
+  auto q2 = Json::parse(queue_txn_body({"a/1", "b/1"}, "v", 1, {"a/", "b/"}));
+  CHECK(q2["compare"].size() == 1);
+  CHECK(q2["success"].size() == 4);
+  CHECK(q2["success"][1]["request_put"]["key"] == "Yi8x");
+  CHECK(q2["success"][3]["request_range"]["key"] == "Yi8=");
+  CHECK(q2["failure"].size() == 3);
+  // single_flight: only when nothing is under any prefix (a compare on each range).
+  auto f = Json::parse(create_if_free_txn_body({"a/1", "b/1"}, "v", 1, {"a/", "b/"}));
+  CHECK(f["compare"].size() == 2);
   CHECK(f["compare"][0]["range_end"] == "YTA=");
   CHECK(f["compare"][0]["create_revision"] == "0");
+  CHECK(f["compare"][1]["range_end"] == "YjA=");
+  CHECK(f["success"].size() == 2);
+  CHECK(f["failure"].size() == 2);
   CHECK(f["failure"][0]["request_range"]["sort_target"] == "CREATE");
-  auto u = Json::parse(update_txn_body("a/1", "v", 1, 17));
+  auto u = Json::parse(update_txn_body({"a/1", "b/1"}, "v", 1, 17));
+  CHECK(u["compare"].size() == 1);
   CHECK(u["compare"][0]["create_revision"] == "17");
+  CHECK(u["success"].size() == 2);
   CHECK_FALSE(u.contains("failure"));
 }
 
@@ -569,10 +683,21 @@ struct MiniEtcd {
   }
   // Another host's contender key (and lease), as its looplock would make it.
   long long contender(const std::string& name, const std::string& value, long long ttl_ns = 3600 * kSec) {
+    return contender_at(lock_prefix(name), value, ttl_ns);
+  }
+  // A contender under `prefix`: an earlier looplock's (or etcdctl lock's) on
+  // legacy_lock_prefix(), say.
+  long long contender_at(const std::string& prefix, const std::string& value, long long ttl_ns = 3600 * kSec) {
     const long long id = next_lease++;
     leases[id] = {ttl_ns, clock.t + ttl_ns};
-    kvs[lock_prefix(name) + lease_hex(id)] = {value, ++revision, id};
+    kvs[prefix + lease_hex(id)] = {value, ++revision, id};
     return id;
+  }
+  std::vector<std::string> keys_of(long long lease) const {
+    std::vector<std::string> out;
+    for (const auto& [k, v] : kvs)
+      if (v.lease == lease) out.push_back(k);
+    return out;
   }
 
   static std::string b64(const std::string& s) { return base64_encode(s); }
@@ -1016,6 +1141,109 @@ TEST_CASE("cluster lock: etcd unreachable from the start is 69 within the deadli
   CHECK(clock.t == t0 + 500 * kMs);
 }
 
+TEST_CASE("cluster lock: x and x/lock/y have keys of their own and do not exclude each other") {
+  FakeClock clock;
+  MiniEtcd etcd(clock);
+  Logger log = quiet_log();
+  ClusterLock nested(etcd.transport, endpoints(1), "x/lock/y", 3, 600 * kMs, log, {}, clock);
+  REQUIRE(nested.acquire(bounded(kSec), clock.t, me()) == ClusterLock::Outcome::Acquired);
+  CHECK(nested.key() == "looplock/x%2Flock%2Fy/lock/" + lease_hex(nested.lease()));
+  // The same key under the unencoded prefix too, in the same transaction, for
+  // earlier versions and etcdctl lock.
+  const auto keys = etcd.keys_of(nested.lease());
+  REQUIRE(keys.size() == 2);
+  const std::string legacy = "looplock/x/lock/y/lock/" + lease_hex(nested.lease());
+  REQUIRE(etcd.kvs.contains(legacy));
+  CHECK(etcd.kvs.at(legacy).create == nested.fencing_token());
+  CHECK(etcd.kvs.at(legacy).value == etcd.kvs.at(nested.key()).value);
+  // That legacy key lies under "x"'s prefix, but it is not x's contender.
+  for (auto plan : {WaitPlan{WaitPlan::Kind::NoWait, 0}, bounded(kSec), kBlocking}) {
+    ClusterLock x(etcd.transport, endpoints(1), "x", 3, 600 * kMs, log, {}, clock);
+    const long long t0 = clock.t;
+    CHECK(x.acquire(plan, t0, me()) == ClusterLock::Outcome::Acquired);
+    CHECK(clock.t < t0 + 100 * kMs);
+    CHECK(x.key() == "looplock/x/lock/" + lease_hex(x.lease()));
+    // ... and x's key is not x/lock/y's.
+    ClusterLock other(etcd.transport, endpoints(1), "x/lock/y", 3, 600 * kMs, log, {}, clock);
+    CHECK(other.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == ClusterLock::Outcome::Busy);
+    REQUIRE(other.blocker());
+    CHECK((*other.blocker())["lease"] == lease_hex(nested.lease()));
+    x.release();
+  }
+  nested.release();
+  CHECK(etcd.kvs.empty());  // the revoke deleted both keys
+}
+
+TEST_CASE("cluster lock: an encoded name's legacy contender (an earlier looplock, etcdctl lock) holds it") {
+  for (const char* value : {"", R"({"host":"old","pid":7,"agent_id":"cron","operation":"o","acquired_at":"T","lease":"1"})"}) {
+    CAPTURE(value);
+    FakeClock clock;
+    MiniEtcd etcd(clock);
+    Logger log = quiet_log();
+    const long long old = etcd.contender_at(legacy_lock_prefix("a/b"), value);
+    // single_flight skips, naming it.
+    ClusterLock sf(etcd.transport, endpoints(1), "a/b", 3, 600 * kMs, log, {}, clock);
+    REQUIRE(sf.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == ClusterLock::Outcome::Busy);
+    CHECK(etcd.kvs.size() == 1);
+    if (*value) {
+      REQUIRE(sf.blocker());
+      CHECK((*sf.blocker())["pid"] == 7);
+    } else {
+      CHECK_FALSE(sf.blocker());
+    }
+    // The deadline times out, naming it.
+    ClusterLock w(etcd.transport, endpoints(1), "a/b", 3, 600 * kMs, log, {}, clock);
+    long long t0 = clock.t;
+    REQUIRE(w.acquire(bounded(kSec), t0, me()) == ClusterLock::Outcome::TimedOut);
+    CHECK(clock.t >= t0 + kSec);
+    CHECK(etcd.kvs.size() == 1);
+    if (*value) CHECK((*w.blocker())["pid"] == 7);
+    // A waiter waits for it, and takes the lock when it is gone.
+    t0 = clock.t;
+    etcd.at(t0 + 2 * kSec, [&] { etcd.drop_lease(old); });
+    ClusterLock b(etcd.transport, endpoints(1), "a/b", 3, 600 * kMs, log, {}, clock);
+    REQUIRE(b.acquire(kBlocking, t0, me()) == ClusterLock::Outcome::Acquired);
+    CHECK(clock.t >= t0 + 2 * kSec);
+    CHECK(clock.t < t0 + 2 * kSec + 10 * kMs);
+  }
+}
+
+TEST_CASE("cluster lock: new and legacy contenders of an encoded name queue in one order") {
+  FakeClock clock;
+  MiniEtcd etcd(clock);
+  Logger log = quiet_log();
+  const long long t0 = clock.t;
+  // A new holder (both keys), then an earlier looplock queued behind it (legacy key only).
+  ClusterLock first(etcd.transport, endpoints(1), "a/b", 3, 600 * kMs, log, {}, clock);
+  REQUIRE(first.acquire(bounded(kSec), t0, me()) == ClusterLock::Outcome::Acquired);
+  const long long old = etcd.contender_at(legacy_lock_prefix("a/b"), "");
+  const long long first_lease = first.lease();
+  etcd.at(t0 + kSec, [&] { etcd.drop_lease(first_lease); });  // its release (the revoke deletes both keys)
+  etcd.at(t0 + 2 * kSec, [&] { etcd.drop_lease(old); });
+  ClusterLock third(etcd.transport, endpoints(1), "a/b", 3, 600 * kMs, log, {}, clock);
+  REQUIRE(third.acquire(kBlocking, t0, me()) == ClusterLock::Outcome::Acquired);
+  // Not at the first release: the legacy contender came before it.
+  CHECK(clock.t >= t0 + 2 * kSec);
+  CHECK(third.fencing_token() > etcd.kvs.size());
+}
+
+TEST_CASE("cluster lock: another name's keys deeper under the prefix do not hold it") {
+  FakeClock clock;
+  MiniEtcd etcd(clock);
+  Logger log = quiet_log();
+  // An earlier looplock holding "x/lock/y" (its key under x's prefix).
+  etcd.contender_at(legacy_lock_prefix("x/lock/y"), encode_cluster_holder({"old", 9, "a", "o", "T", "1", 0}));
+  ClusterLock sf(etcd.transport, endpoints(1), "x", 3, 600 * kMs, log, {}, clock);
+  REQUIRE(sf.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == ClusterLock::Outcome::Acquired);
+  // The compare on the prefix failed: queued, found first, holds.
+  CHECK(etcd.transport.count("/v3/kv/txn") == 2);
+  ClusterLock sf2(etcd.transport, endpoints(1), "x", 3, 600 * kMs, log, {}, clock);
+  REQUIRE(sf2.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == ClusterLock::Outcome::Busy);
+  REQUIRE(sf2.blocker());
+  CHECK((*sf2.blocker())["lease"] == lease_hex(sf.lease()));
+  CHECK(etcd.kvs.size() == 2);  // sf2's key went with its lease
+}
+
 TEST_CASE("cluster holder value") {
   ClusterHolder h{"host\n1", 42, "cron", "tick.py", "2026-11-30T17:00:00.000Z", "abc", 7};
   auto j = parse_cluster_holder(encode_cluster_holder(h));
@@ -1029,4 +1257,9 @@ TEST_CASE("cluster holder value") {
   CHECK(d.find("pid 42") != std::string::npos);
   CHECK(d.find('\n') == std::string::npos);  // control characters escaped
   CHECK_FALSE(parse_cluster_holder("[]"));
+  std::string q = describe_cluster_waiter(j);
+  CHECK(q == "host host\\n1 pid 42 (agent cron, operation tick.py, queued 2026-11-30T17:00:00.000Z)");
+  (*j)["queued_at"] = "Q";
+  CHECK(describe_cluster_waiter(j).ends_with("queued Q)"));
+  CHECK(describe_cluster_waiter(std::nullopt).find("etcdctl") != std::string::npos);
 }

@@ -324,25 +324,47 @@ TEST_CASE("a kept connection whose server went away: the next request connects a
   CHECK(second.starts_with("POST /v3/kv/range"));
 }
 
-TEST_CASE("https:// to a plain-HTTP server fails as a TLS failure, saying so") {
-  CurlTransport t;
-  Listener l;
-  // A plain HTTP server answers the TLS ClientHello as a bad request.
-  auto server = std::thread([fd = l.fd.get()] {
-    UniqueFd c(accept4(fd, nullptr, nullptr, SOCK_CLOEXEC));
-    if (!c) return;
-    char buf[4096];
-    if (read(c.get(), buf, sizeof buf) > 0) sys::write_all(c.get(), "HTTP/1.1 400 Bad Request\r\n\r\n");
-  });
-  HttpResponse out;
-  std::string error;
-  auto ep = parse_endpoints("https://127.0.0.1:" + std::to_string(l.port)).endpoints.at(0);
-  const long long now = sys::monotonic_ns();
-  auto ex = post(t, ep, "/v3/kv/range", "{}", now + 1000 * kMs, now + 2000 * kMs, false, out, error);
-  server.join();
-  CHECK(ex == Exchange::TlsFailed);
-  CHECK(error.find("TLS") != std::string::npos);
-  CHECK(out.hint.find("--etcd-cacert") != std::string::npos);
+TEST_CASE("https:// to a plain-HTTP server fails as a TLS failure that says to use http://") {
+  // closes: the server reads the ClientHello and closes without a word (etcd).
+  for (auto [answers_http, closes] : {std::pair{true, false}, {false, false}, {true, true}}) {
+    CAPTURE(answers_http);
+    CAPTURE(closes);
+    CurlTransport t;
+    Listener l;
+    // A plain HTTP server answers the TLS ClientHello as a bad request; then
+    // (answers_http) looplock's plain GET /version, or (not) it closes.
+    std::string probe;
+    auto server = std::thread([fd = l.fd.get(), answers_http, closes, &probe] {
+      for (int i = 0; i < 2; ++i) {
+        UniqueFd c(accept4(fd, nullptr, nullptr, SOCK_CLOEXEC));
+        if (!c) return;
+        char buf[4096];
+        const ssize_t n = read(c.get(), buf, sizeof buf);
+        if (n <= 0) return;
+        if (i == 1) probe.assign(buf, static_cast<size_t>(n));
+        if ((i == 0 && !closes) || (i == 1 && answers_http)) {
+          sys::write_all(c.get(), "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n");
+        }
+      }
+    });
+    HttpResponse out;
+    std::string error;
+    auto ep = parse_endpoints("https://127.0.0.1:" + std::to_string(l.port)).endpoints.at(0);
+    const long long now = sys::monotonic_ns();
+    auto ex = post(t, ep, "/v3/kv/range", "{}", now + 1000 * kMs, now + 2000 * kMs, false, out, error);
+    server.join();
+    CHECK(ex == Exchange::TlsFailed);
+    CHECK(error.find("TLS") != std::string::npos);
+    if (!closes) CHECK(error.find("wrong version number") != std::string::npos);
+    CHECK(out.hint.find("Check --etcd-cacert") == std::string::npos);  // no certificate problem
+    if (answers_http) {
+      CHECK(probe.starts_with("GET /version HTTP/1.1"));
+      CHECK(error.find("the endpoint speaks plain HTTP") != std::string::npos);
+      CHECK(out.hint.starts_with("Use http://127.0.0.1:" + std::to_string(l.port) + " for this endpoint"));
+    } else {
+      CHECK(out.hint.find("does not answer in TLS") != std::string::npos);
+    }
+  }
 }
 
 TEST_CASE("a blackholed endpoint is ConnectFailed at the connect deadline, not the request's") {
@@ -375,4 +397,31 @@ TEST_CASE("a blackholed endpoint is ConnectFailed at the connect deadline, not t
   CHECK(took >= 55 * kMs);
   CHECK(took < 1000 * kMs);
   CHECK(sockets_without_cloexec() == 0);
+}
+
+TEST_CASE("a failed TLS handshake: an alert, no TLS answer, not TLS at all, or something else") {
+  // https:// to a plain-HTTP port: its "HTTP/1.1 400" read as a TLS record, or
+  // (etcd) the connection closed in the middle of the handshake.
+  CHECK(classify_tls_failure(CURLE_SSL_CONNECT_ERROR,
+                             "OpenSSL/3.0.19: error:0A00010B:SSL routines::wrong version number") == TlsFailure::NotTls);
+  CHECK(classify_tls_failure(CURLE_SSL_CONNECT_ERROR, "error:0A0000C6:SSL routines::packet length too long") ==
+        TlsFailure::NotTls);
+  CHECK(classify_tls_failure(CURLE_SSL_CONNECT_ERROR,
+                             "OpenSSL SSL_connect: SSL_ERROR_SYSCALL in connection to 127.0.0.1:2379 ") ==
+        TlsFailure::NoTlsAnswer);
+  CHECK(classify_tls_failure(CURLE_SSL_CONNECT_ERROR, "error:0A000126:SSL routines::unexpected eof while reading") ==
+        TlsFailure::NoTlsAnswer);
+  CHECK(classify_tls_failure(CURLE_SSL_CONNECT_ERROR, "Recv failure: Connection reset by peer") ==
+        TlsFailure::NoTlsAnswer);
+  CHECK(classify_tls_failure(CURLE_RECV_ERROR, "Recv failure: Connection reset by peer") == TlsFailure::NoTlsAnswer);
+  CHECK(classify_tls_failure(CURLE_GOT_NOTHING, "") == TlsFailure::NoTlsAnswer);
+  // A TLS server that refused something: certificates, not the scheme.
+  CHECK(classify_tls_failure(CURLE_SSL_CONNECT_ERROR,
+                             "error:0A000410:SSL routines::sslv3 alert handshake failure") == TlsFailure::Alert);
+  CHECK(classify_tls_failure(CURLE_RECV_ERROR, "error:0A00045C:SSL routines::tlsv13 alert certificate required") ==
+        TlsFailure::Alert);
+  CHECK(classify_tls_failure(CURLE_PEER_FAILED_VERIFICATION,
+                             "SSL certificate problem: unable to get local issuer certificate") == TlsFailure::Other);
+  CHECK(classify_tls_failure(CURLE_SSL_CERTPROBLEM, "could not load PEM client certificate") == TlsFailure::Other);
+  CHECK(classify_tls_failure(CURLE_SSL_CONNECT_ERROR, "") == TlsFailure::Other);
 }
