@@ -75,7 +75,9 @@ struct ChildReport {
 // The job: its process group, and what looplock does to it.
 class Job {
 public:
-  Job(pid_t leader, const Terminal& tty) : pgid_(leader), tty_(tty) {}
+  // `has_terminal`: the job was made the terminal's foreground group.
+  Job(pid_t leader, const Terminal& tty, bool has_terminal)
+      : pgid_(leader), tty_(tty), has_terminal_(has_terminal) {}
   pid_t pgid() const { return pgid_; }
 
   void signal(int sig) const { (void)kill(-pgid_, sig); }
@@ -88,8 +90,8 @@ public:
   // cannot pass upwards (no job control above it) leaves the job stopped, as
   // whoever sent it meant; a terminal stop is then undone, as the kernel
   // discards it for a process group without job control.
-  void stopped(int sig) const {
-    tty_.take_back_from(pgid_);
+  void stopped(int sig) {
+    take_back();
     const bool explicit_stop = sig == SIGSTOP;
     const bool continued = stop_self(explicit_stop ? SIGTSTP : sig);
     if (continued || !explicit_stop) resume();
@@ -97,16 +99,30 @@ public:
 
   // SIGCONT for the job (looplock was continued, or a CONT was sent to it):
   // the terminal goes with it while looplock is in the foreground.
-  void resume() const {
-    (void)tty_.give_to(pgid_);
+  void resume() {
+    has_terminal_ = tty_.looplock_in_foreground() && tty_.give_to(pgid_);
     signal(SIGCONT);
   }
 
-  void ended() const { tty_.take_back_from(pgid_); }
+  void ended() { take_back(); }
+
+  // Whether the terminal's hangup reaches the job from the kernel itself:
+  // the job was the terminal's foreground group when it hung up, and the
+  // session leader is another process (a shell), whose exit sends that group
+  // HUP. The shell's own HUP to looplock's group then must not be forwarded
+  // as a second one. (When looplock leads the session, the kernel sends the
+  // hangup to looplock alone, and looplock forwards it.)
+  bool hangup_reaches_it_directly() const { return has_terminal_ && tty_.hung_up() && getsid(0) != getpid(); }
 
 private:
+  void take_back() {
+    tty_.take_back_from(pgid_);
+    has_terminal_ = false;
+  }
+
   pid_t pgid_;
   const Terminal& tty_;
+  bool has_terminal_;
 };
 
 // Once looplock has decided to end the job (a forwarded TERM/INT with
@@ -210,7 +226,7 @@ JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, c
     log.warn("terminal", errno_message("cannot give the terminal to the command", report.terminal_err));
   }
 
-  const Job job(child, tty);
+  Job job(child, tty, give_terminal && report.terminal_err == 0);
   end.pgid = child;
   const int wait_flags = WNOHANG | (tty.present() ? WUNTRACED : 0);
   Ending ending;
@@ -328,6 +344,7 @@ JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, c
       job.resume();
       continue;
     }
+    if (sig == SIGHUP && job.hangup_reaches_it_directly()) continue;
     job.signal(sig);
     end.signalled = true;
     if ((sig == SIGTERM || sig == SIGINT) && spec.kill_after_ns && !ending.kill_after_armed) {

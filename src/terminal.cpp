@@ -47,4 +47,6 @@ void Terminal::take_back_from(pid_t pgid) const {
   if (fd_ >= 0 && tcgetpgrp(fd_) == pgid) (void)tcsetpgrp(fd_, own_pgrp_);
 }
 
+bool Terminal::hung_up() const { return fd_ >= 0 && tcgetpgrp(fd_) < 0; }
+
 }  // namespace looplock

@@ -42,6 +42,9 @@ public:
   bool give_to(pid_t pgid) const;
   // Takes the terminal back for looplock's group if `pgid` has it.
   void take_back_from(pid_t pgid) const;
+  // Whether the terminal has hung up (it is no longer looplock's
+  // controlling terminal: tcgetpgrp fails).
+  bool hung_up() const;
 
 private:
   int fd_ = -1;

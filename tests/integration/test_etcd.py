@@ -122,6 +122,12 @@ def test_deadline_and_single_flight_while_another_host_holds(etcd, name, hosts, 
     assert rows[0]["deadline_ms"] == 500
     assert rows[0]["cluster"]["lock_name"] == name
     assert rows[0]["cluster"]["holder"]["pid"] == a.proc.pid
+    # The holder is on this host, and the hints name the endpoints in use
+    # (they said "held on another host" and "--etcd ENDPOINTS").
+    action = rows[0]["operator_action"]
+    assert action.startswith(f"inspect pid {a.proc.pid} ") and "held by another looplock on this host" in action, action
+    assert "another host" not in action and "ENDPOINTS" not in action + r.stderr, action + r.stderr
+    assert f"looplock --inspect --etcd {etcd.url} {hosts[1]}" in r.stderr, r.stderr
 
     assert run([*cluster(etcd, name), "-w", "0", "-E", "9", hosts[1], "--", "true"]).returncode == 9
 

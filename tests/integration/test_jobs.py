@@ -13,6 +13,7 @@ waits) before the test acts; every wait is bounded.
 """
 import fcntl
 import os
+import shutil
 import resource
 import signal
 import subprocess
@@ -36,6 +37,7 @@ from conftest import (
     incident_rows,
     lock_is_free,
     need_pid_namespace,
+    only_child,
     run,
     running,
     wait_until,
@@ -164,6 +166,56 @@ def test_hangup_reaches_the_job_of_a_session_leader(loop_dir, procs):
     assert out.next() == "hup"
     assert p.wait(timeout=TIMEOUT) == 0
     assert lock_is_free(loop_dir)
+
+
+def test_a_hangup_reaches_the_job_once_with_bash_as_the_session_leader(loop_dir, procs, tmp_path):
+    """bash leads the session and looplock is its foreground job (the command
+    the terminal's foreground group). On a hangup the kernel sends HUP to
+    bash, bash sends HUP to its jobs (looplock's group), and when bash exits
+    the kernel sends HUP to the terminal's last foreground group: the
+    command. looplock must not forward bash's HUP as a second one. Alone, the
+    command gets one."""
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("bash is not installed")
+    try:
+        master, slave = os.openpty()
+    except OSError as e:
+        pytest.skip(f"no pseudo-terminal available: {e}")
+    out_file = tmp_path / "signals"
+    fifo = tmp_path / "stdin"
+    os.mkfifo(fifo)
+    keep = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)  # the command's stdin; closed at the end
+
+    def leader():
+        fresh_signal_state()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # after setsid (start_new_session)
+
+    try:
+        shell = procs.popen([bash, "--norc", "--noprofile", "-i"], stdin=slave, stdout=slave, stderr=slave,
+                            start_new_session=True, preexec_fn=leader, env={"PATH": os.environ["PATH"], "PS1": "$ "})
+    finally:
+        os.close(slave)
+    try:
+        os.write(master, f"{LOOPLOCK} -p blocking {loop_dir} -- {PY} {SIGWAIT} --origin <{fifo} >{out_file}\n".encode())
+        wait_until(lambda: out_file.exists() and "ready" in out_file.read_text(), "the command to start", TIMEOUT)
+        looplock = only_child(shell.pid)
+        procs.extra_pids.append(looplock)
+        os.close(master)  # the terminal goes away
+        master = -1
+        wait_until(lambda: "SIGHUP" in out_file.read_text(), "the hangup to reach the command", TIMEOUT)
+        shell.wait(timeout=TIMEOUT)  # bash has passed it on, and exited
+        # A marker through looplock: a HUP it had still to forward comes first
+        # (the lowest pending signal is taken first).
+        os.kill(looplock, signal.SIGUSR2)
+        wait_until(lambda: "SIGUSR2" in out_file.read_text(), "the marker to be forwarded", TIMEOUT)
+    finally:
+        if master >= 0:
+            os.close(master)
+        os.close(keep)
+    wait_until(lambda: not running(looplock), "looplock to end", TIMEOUT)
+    lines = out_file.read_text().splitlines()
+    assert [l for l in lines if l.startswith("SIGHUP")] == ["SIGHUP kernel"], lines
 
 
 # --- PID 1 of a pid namespace ----------------------------------------------------
