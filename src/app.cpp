@@ -104,13 +104,13 @@ Blocker local_blocker(const Options& o, const LockFile& file, const std::vector<
 Blocker cluster_blocker(const Options& o, const ClusterLock& c, const std::string& this_host) {
   Blocker b;
   b.what = "cluster lock " + printable(c.name()) + " (etcd)";
-  b.who = describe_cluster_holder(c.blocker());
+  const ClusterVerdict v = judge_cluster(c.blocker(), this_host);
+  const bool here = v.on_this_host;
+  b.who = v.holder;
+  b.confirm = v.confirm;
   b.inspect_hint = "looplock --inspect --etcd " + o.etcd + " " + o.dir;
   b.cluster = Json{{"lock_name", c.name()}, {"endpoint", c.endpoint()},
                    {"holder", c.blocker() ? *c.blocker() : Json(nullptr)}};
-  const Json& h = c.blocker() ? *c.blocker() : Json(nullptr);
-  const bool here = h.is_object() && h.value("host", std::string()) == this_host;
-  if (here && h.contains("pid") && h["pid"].is_number_integer()) b.confirm = "pid " + std::to_string(h["pid"].get<long long>());
   b.action_extra = std::string("; the cluster lock ") + c.name() + " is held " +
                    (here ? "by another looplock on this host" : "on another host") + ": inspect it with '" +
                    b.inspect_hint + "'" + (here ? "" : " on any host") + ".";

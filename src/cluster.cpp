@@ -12,6 +12,7 @@
 #include "error.hpp"
 #include "exit_codes.hpp"
 #include "holder.hpp"
+#include "verdict.hpp"
 #include "options.hpp"
 #include "sys.hpp"
 #include "unique_fd.hpp"
@@ -36,9 +37,6 @@ constexpr long long kRenewRetryNs = 25 * kMs;
 // A password file is a line, not a document.
 constexpr size_t kMaxPasswordFile = 4096;
 
-std::string text_field(const Json& j, const char* k) {
-  return j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : std::string("?");
-}
 
 
 }  // namespace
@@ -84,23 +82,6 @@ std::optional<Json> parse_cluster_holder(std::string_view value) {
   return j;
 }
 
-namespace {
-std::string describe_contender(const Json& h, const char* when, const char* field) {
-  std::string pid = h.contains("pid") && h["pid"].is_number_integer() ? std::to_string(h["pid"].get<long long>()) : "?";
-  return printable("host " + text_field(h, "host") + " pid " + pid + " (agent " + text_field(h, "agent_id") +
-                   ", operation " + text_field(h, "operation") + ", " + when + " " + text_field(h, field) + ")");
-}
-}  // namespace
-
-std::string describe_cluster_holder(const std::optional<Json>& holder) {
-  if (!holder) return "a holder that left no value (another client, such as etcdctl lock)";
-  return describe_contender(*holder, "since", "acquired_at");
-}
-
-std::string describe_cluster_waiter(const std::optional<Json>& waiter) {
-  if (!waiter) return "a waiter that left no value (another client, such as etcdctl lock)";
-  return describe_contender(*waiter, "queued", waiter->contains("queued_at") ? "queued_at" : "acquired_at");
-}
 
 namespace {
 

@@ -80,12 +80,6 @@ struct ClusterHolder {
 std::string encode_cluster_holder(const ClusterHolder& h);
 // The holder JSON as read (any object), or nullopt when not an object.
 std::optional<Json> parse_cluster_holder(std::string_view value);
-// "host h1 pid 12 (agent a, operation o, since T)", or a description of a
-// holder that left no value.
-std::string describe_cluster_holder(const std::optional<Json>& holder);
-// "host h2 pid 13 (agent a, operation o, queued T)": a waiter, whose value's
-// acquired_at (queued_at in --inspect --json) says when it queued.
-std::string describe_cluster_waiter(const std::optional<Json>& waiter);
 
 // TLS and authentication, from the options; the password file is read here.
 struct ClusterAccess {

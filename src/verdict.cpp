@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "duration.hpp"
+#include "log.hpp"
 
 namespace looplock {
 
@@ -263,6 +264,40 @@ std::string holder_phrase(const Verdict& v) {
   if (v.state == LockState::Held) return "another process (the kernel does not say which)";
   if (v.state == LockState::Unknown) return "unknown";
   return "none";
+}
+
+namespace {
+
+std::string text_field(const Json& j, const char* k) {
+  return j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : std::string("?");
+}
+
+std::string describe_contender(const Json& h, const char* when, const char* field) {
+  std::string pid = h.contains("pid") && h["pid"].is_number_integer() ? std::to_string(h["pid"].get<long long>()) : "?";
+  return printable("host " + text_field(h, "host") + " pid " + pid + " (agent " + text_field(h, "agent_id") +
+                   ", operation " + text_field(h, "operation") + ", " + when + " " + text_field(h, field) + ")");
+}
+}  // namespace
+
+std::string describe_cluster_holder(const std::optional<Json>& holder) {
+  if (!holder) return "a holder that left no value (another client, such as etcdctl lock)";
+  return describe_contender(*holder, "since", "acquired_at");
+}
+
+std::string describe_cluster_waiter(const std::optional<Json>& waiter) {
+  if (!waiter) return "a waiter that left no value (another client, such as etcdctl lock)";
+  return describe_contender(*waiter, "queued", waiter->contains("queued_at") ? "queued_at" : "acquired_at");
+}
+
+ClusterVerdict judge_cluster(const std::optional<Json>& holder, const std::string& this_host) {
+  ClusterVerdict v;
+  v.holder = describe_cluster_holder(holder);
+  v.on_this_host = holder && holder->is_object() && holder->value("host", std::string()) == this_host;
+  v.confirm = "the holder";
+  if (v.on_this_host && holder->contains("pid") && (*holder)["pid"].is_number_integer()) {
+    v.confirm = "pid " + std::to_string((*holder)["pid"].get<long long>());
+  }
+  return v;
 }
 
 }  // namespace looplock

@@ -115,4 +115,22 @@ std::string pids_text(const std::vector<pid_t>& pids, std::string_view one, std:
 // "pid 1234, agent cron, operation status.py, policy mutation"
 std::string record_summary(const HolderRecord& r);
 
+// --- the cluster lock (--etcd) ---------------------------------------------------
+//
+// Who holds it and who waits, as the contenders' key values (holder JSON)
+// say: "host h1 pid 12 (agent a, operation o, since T)", or a description of
+// a contender that left no value (etcdctl lock).
+std::string describe_cluster_holder(const std::optional<Json>& holder);
+// "host h2 pid 13 (agent a, operation o, queued T)": a waiter, whose value's
+// acquired_at (queued_at in --inspect --json) says when it queued.
+std::string describe_cluster_waiter(const std::optional<Json>& waiter);
+
+// The cluster holder as an operator on `this_host` meets it.
+struct ClusterVerdict {
+  std::string holder;          // describe_cluster_holder
+  bool on_this_host = false;   // the holder's value names this host
+  std::string confirm;         // "pid 12" when it is on this host, else "the holder"
+};
+ClusterVerdict judge_cluster(const std::optional<Json>& holder, const std::string& this_host);
+
 }  // namespace looplock

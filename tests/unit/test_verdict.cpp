@@ -291,3 +291,26 @@ TEST_CASE("pids_text agrees in number") {
   CHECK(looplock::pids_text({12}, "holds", "hold") == "pid 12 holds");
   CHECK(looplock::pids_text({12, 13}, "holds", "hold") == "pids 12, 13 hold");
 }
+
+TEST_CASE("the cluster holder and its waiters, named; a holder on this host is said to be here") {
+  using looplock::Json;
+  Json j = Json::parse(R"({"host":"host\n1","pid":42,"agent_id":"cron","operation":"tick.py",)"
+                       R"("acquired_at":"2026-11-30T17:00:00.000Z","lease":"abc"})");
+  std::string d = looplock::describe_cluster_holder(j);
+  CHECK(d == "host host\\n1 pid 42 (agent cron, operation tick.py, since 2026-11-30T17:00:00.000Z)");
+  CHECK(d.find('\n') == std::string::npos);  // control characters escaped
+  CHECK(looplock::describe_cluster_waiter(j) ==
+        "host host\\n1 pid 42 (agent cron, operation tick.py, queued 2026-11-30T17:00:00.000Z)");
+  j["queued_at"] = "Q";
+  CHECK(looplock::describe_cluster_waiter(j).ends_with("queued Q)"));
+  CHECK(looplock::describe_cluster_waiter(std::nullopt).find("etcdctl") != std::string::npos);
+  CHECK(looplock::describe_cluster_holder(std::nullopt).find("etcdctl") != std::string::npos);
+
+  auto here = looplock::judge_cluster(j, "host\n1");
+  CHECK(here.on_this_host);
+  CHECK(here.confirm == "pid 42");
+  auto there = looplock::judge_cluster(j, "elsewhere");
+  CHECK_FALSE(there.on_this_host);
+  CHECK(there.confirm == "the holder");
+  CHECK_FALSE(looplock::judge_cluster(std::nullopt, "host\n1").on_this_host);
+}
