@@ -250,6 +250,10 @@ def test_max_time_terms_a_job_that_ignored_a_forwarded_int(loop_dir, procs):
     (row,) = incident_rows(loop_dir)
     assert row["error_code"] == "max_time_exceeded" and row["killed"] is False
     assert 0 <= row["ran_after_term_ms"] < 10_000
+    # --inspect says the job ran that long (it said "waited").
+    text = run(["--inspect", loop_dir]).stdout
+    assert re.search(r"max_time_exceeded: pid \d+ \(sh\) ran \d", text), text
+    assert "waited" not in text
 
 
 def test_durations_of_centuries_are_deadlines_that_never_come(loop_dir, procs):

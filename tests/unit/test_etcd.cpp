@@ -1030,6 +1030,9 @@ TEST_CASE("cluster lock: unanswered renewals leave term_by where it was; then th
   CHECK(lock.lost());
   CHECK(lock.lost_at_ns() == clock.t);
   CHECK(lock.lost_why().find("safety window") != std::string::npos);
+  // Durations in the one grammar looplock prints (it said "0.60 s").
+  CHECK(lock.lost_why().find("(TTL 3.0s, kill-after 600ms, margin 230ms; last answered one sent ") != std::string::npos);
+  CHECK(lock.lost_why().find(" s,") == std::string::npos);
   CHECK(lock.kill_by_ns() - lock.term_by_ns() == 600 * kMs);
   lock.set_kill_after_ns(kSec);
   CHECK(lock.kill_by_ns() - lock.term_by_ns() == kSec);
