@@ -41,16 +41,6 @@ constexpr size_t kMaxPasswordFile = 4096;
 
 }  // namespace
 
-namespace lease_timing {
-long long ttl_ns(int ttl_s) { return static_cast<long long>(ttl_s) * kSec; }
-long long margin_ns(int ttl_s) { return 200 * kMs + ttl_ns(ttl_s) / 100; }
-long long renewal_interval_ns(int ttl_s) { return ttl_ns(ttl_s) / 12; }
-long long attempt_ns(int ttl_s) { return std::clamp(ttl_ns(ttl_s) / 10, 250 * kMs, 2 * kSec); }
-long long default_kill_after_ns(int ttl_s) { return std::min(5 * kSec, ttl_ns(ttl_s) / 6); }
-long long max_kill_after_ns(int ttl_s) {
-  return ttl_ns(ttl_s) - margin_ns(ttl_s) - renewal_interval_ns(ttl_s) - ttl_ns(ttl_s) / 4;
-}
-}  // namespace lease_timing
 
 std::string cluster_lock_name(const std::string& lock_name_option, const std::string& canonical_dir) {
   if (!lock_name_option.empty()) return lock_name_option;
@@ -121,6 +111,35 @@ std::string read_password_file(const std::string& path, const Logger& log) {
 
 }  // namespace
 
+std::string cause_hint(etcd::Cause cause, std::string_view endpoint) {
+  // "HOST:PORT" of "http://HOST:PORT" or "https://HOST:PORT".
+  const std::string_view hostport = endpoint.substr(std::min(endpoint.find("//"), endpoint.size() - 2) + 2);
+  switch (cause) {
+    case etcd::Cause::None: return {};
+    case etcd::Cause::SpeaksTls:
+      return "The endpoint speaks TLS: use https://" + std::string(hostport) + " (and --etcd-cacert).";
+    case etcd::Cause::SpeaksPlainHttp:
+      return "Use http://" + std::string(hostport) +
+             " for this endpoint (it speaks plain HTTP; --etcd-cacert and the client certificate apply only to TLS).";
+    case etcd::Cause::NotTls:
+      return "The endpoint does not answer in TLS: check that HOST:PORT is an etcd client URL, and its scheme "
+             "(http:// for a member that speaks plain HTTP).";
+    case etcd::Cause::TlsRejected:
+      return "Check --etcd-cacert (the CA that signed etcd's certificates) and, when etcd asks for client "
+             "certificates, --etcd-cert and --etcd-key ($LOOPLOCK_ETCD_CACERT, $LOOPLOCK_ETCD_CLIENT_CERT, "
+             "$LOOPLOCK_ETCD_CLIENT_KEY).";
+    case etcd::Cause::CommonNameRefused:
+      return "With authentication enabled, etcd's HTTP gateway refuses client certificates that have a CommonName: "
+             "give --etcd-cert a certificate without one (its names as subjectAltNames only), and log in with "
+             "--etcd-user.";
+    case etcd::Cause::PermissionDenied:
+      return "Give the etcd user (--etcd-user) read and write permission on the key prefix looplock/.";
+    case etcd::Cause::BadCredentials:
+      return "Check --etcd-user and its password ($LOOPLOCK_ETCD_PASSWORD or --etcd-password-file).";
+  }
+  return {};
+}
+
 ClusterAccess cluster_access(const Options& o, const Logger& log) {
   ClusterAccess a;
   a.tls = {o.etcd_cacert, o.etcd_cert, o.etcd_key};
@@ -154,7 +173,7 @@ ClusterLock::~ClusterLock() { release(); }
 template <typename T>
 void ClusterLock::unavailable(const std::string& what, const etcd::Result<T>& r) const {
   const bool down = r.status == etcd::Status::Unavailable || r.status == etcd::Status::Timeout;
-  std::string hint = r.hint;
+  std::string hint = cause_hint(r.cause, r.cause_endpoint);
   if (hint.empty()) {
     hint = down ? "Check that etcd answers at the --etcd endpoints ($LOOPLOCK_ETCD)." : "Check etcd's logs.";
   }

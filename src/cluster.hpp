@@ -42,23 +42,13 @@
 #include <vector>
 
 #include "etcd.hpp"
+#include "lease.hpp"
 #include "log.hpp"
+#include "options.hpp"
 #include "policy.hpp"
 
 namespace looplock {
 
-// The lease's timing for a TTL of `ttl_s` seconds (ns); see above.
-namespace lease_timing {
-long long ttl_ns(int ttl_s);
-long long margin_ns(int ttl_s);
-long long renewal_interval_ns(int ttl_s);
-long long attempt_ns(int ttl_s);
-long long default_kill_after_ns(int ttl_s);
-// The longest --kill-after that still leaves a quarter of the TTL, after the
-// first renewal is due, to ride out an outage before TERM:
-// T − margin − T/12 − T/4 (1.77 s at --ttl 3, 6.36 s at 10 s).
-long long max_kill_after_ns(int ttl_s);
-}  // namespace lease_timing
 
 // The cluster lock's name for a loop directory: `lock_name_option`
 // (--lock-name) when given, else the base name of `canonical_dir` (DIR's
@@ -80,6 +70,10 @@ struct ClusterHolder {
 std::string encode_cluster_holder(const ClusterHolder& h);
 // The holder JSON as read (any object), or nullopt when not an object.
 std::optional<Json> parse_cluster_holder(std::string_view value);
+
+// The fix for a failure's cause, in looplock's options (empty for None).
+// `endpoint`: the endpoint it is about ("http://HOST:PORT").
+std::string cause_hint(etcd::Cause cause, std::string_view endpoint);
 
 // TLS and authentication, from the options; the password file is read here.
 struct ClusterAccess {

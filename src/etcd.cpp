@@ -5,6 +5,7 @@
 #include <ctime>
 
 #include "sys.hpp"
+#include "text.hpp"
 
 namespace looplock::etcd {
 
@@ -535,7 +536,8 @@ Result<Json> Client::attempts(const CallSpec& spec, bool with_token) {
   Result<Json> r;
   std::vector<std::string> last_error(endpoints_.size());
   bool reached = false;  // some endpoint took the request (Timeout rather than Unavailable at the end)
-  std::string hint;
+  Cause cause = Cause::None;
+  std::string cause_endpoint;
   const long long deadline = spec.deadline.at_ns;
   auto finish = [&](Status status) {
     r.status = status;
@@ -544,7 +546,8 @@ Result<Json> Client::attempts(const CallSpec& spec, bool with_token) {
       if (!e.empty() && errors.find(e) == std::string::npos) errors += (errors.empty() ? "" : "; ") + e;
     }
     r.error = errors.empty() ? (endpoints_.empty() ? "no endpoint" : "deadline passed") : errors;
-    r.hint = hint;
+    r.cause = cause;
+    r.cause_endpoint = cause_endpoint;
     return r;
   };
   if (endpoints_.empty()) return finish(Status::Unavailable);
@@ -576,7 +579,10 @@ Result<Json> Client::attempts(const CallSpec& spec, bool with_token) {
       HttpResponse resp;
       std::string error;
       const Exchange ex = transport_.post(endpoints_[i], req, resp, error);
-      if (!resp.hint.empty()) hint = resp.hint;
+      if (resp.cause != Cause::None) {
+        cause = resp.cause;
+        cause_endpoint = endpoints_[i].text;
+      }
       if (ex == Exchange::Interrupted) {
         fresh_[i] = true;  // cut mid-request: that connection is not to be reused
         r.status = Status::Interrupted;
@@ -633,15 +639,14 @@ Result<Json> Client::attempts(const CallSpec& spec, bool with_token) {
       r.code = code;
       r.error = what;
       if (token_rejected(code, message)) r.code = kCodeUnauthenticated;
+      r.cause_endpoint = endpoints_[i].text;
       if (message.find("CommonName of client sending a request against gateway") != std::string::npos) {
-        r.hint = "With authentication enabled, etcd's HTTP gateway refuses client certificates that have a "
-                 "CommonName: give --etcd-cert a certificate without one (its names as subjectAltNames only), "
-                 "and log in with --etcd-user.";
+        r.cause = Cause::CommonNameRefused;
       } else if (code == kCodePermissionDenied) {
-        r.hint = "Give the etcd user (--etcd-user) read and write permission on the key prefix looplock/.";
+        r.cause = Cause::PermissionDenied;
       } else if (message.find("user name is empty") != std::string::npos ||
                  (code == kCodeInvalidArgument && message.find("authentication failed") != std::string::npos)) {
-        r.hint = "Check --etcd-user and its password ($LOOPLOCK_ETCD_PASSWORD or --etcd-password-file).";
+        r.cause = Cause::BadCredentials;
       }
       return r;
     }
@@ -674,9 +679,7 @@ bool Client::authenticate(long long deadline_ns, long long attempt_ns, Result<Js
   failure = std::move(r);
   failure.error = "cannot log in as etcd user " + printable(user_) + ": " + failure.error;
   if (failure.status == Status::Failed) {
-    if (failure.hint.empty()) {
-      failure.hint = "Check --etcd-user and its password ($LOOPLOCK_ETCD_PASSWORD or --etcd-password-file).";
-    }
+    if (failure.cause == Cause::None) failure.cause = Cause::BadCredentials;
   }
   return false;
 }
@@ -700,13 +703,14 @@ Result<Json> Client::call(const CallSpec& spec) {
 
 namespace {
 // A call's answer as a typed result: `parse` gives the value (nullopt: the
-// answer is malformed); a failed call's status, error and hint carry over.
+// answer is malformed); a failed call's status, error and cause carry over.
 template <typename T, typename Parse>
 Result<T> interpret(const Result<Json>& answer, const char* what, Parse parse) {
   Result<T> r;
   r.status = answer.status;
   r.error = answer.error;
-  r.hint = answer.hint;
+  r.cause = answer.cause;
+  r.cause_endpoint = answer.cause_endpoint;
   r.code = answer.code;
   r.sent_ns = answer.sent_ns;
   if (!answer.ok()) return r;
@@ -763,7 +767,8 @@ Result<bool> Client::watch_delete(std::string_view key, long long start_revision
   Result<bool> r;
   r.status = answer.status;
   r.error = answer.error;
-  r.hint = answer.hint;
+  r.cause = answer.cause;
+  r.cause_endpoint = answer.cause_endpoint;
   r.code = answer.code;
   if (!answer.ok()) return r;
   const WatchProgress w = parse_watch(raw);

@@ -24,7 +24,7 @@
 #include <string_view>
 #include <vector>
 
-#include "log.hpp"
+#include "json.hpp"
 
 namespace looplock::etcd {
 
@@ -192,12 +192,26 @@ enum class Status {
 };
 std::string_view status_name(Status s);
 
+// Why a call failed, when the cause has a known fix; the cluster lock words
+// the fix in looplock's options (cluster.cpp): this layer knows only etcd.
+enum class Cause {
+  None,
+  SpeaksTls,          // a plain-HTTP request to an endpoint that speaks TLS
+  SpeaksPlainHttp,    // a TLS handshake with an endpoint that speaks plain HTTP
+  NotTls,             // a TLS handshake answered by something that is not TLS (nor etcd's HTTP)
+  TlsRejected,        // the handshake failed: a certificate not trusted, or the client's refused
+  CommonNameRefused,  // etcd's gateway refuses a client certificate with a CommonName under authentication
+  PermissionDenied,   // the etcd user lacks permission on the keys
+  BadCredentials,     // the etcd user or its password was refused
+};
+
 template <typename T>
 struct Result {
   Status status = Status::Failed;
   T value{};
   std::string error;  // for messages, when not Ok
-  std::string hint;   // a fix, when one is known (TLS options, https://, credentials)
+  Cause cause = Cause::None;  // when it has a known fix
+  std::string cause_endpoint;  // the endpoint the cause is about ("http://HOST:PORT")
   int code = 0;       // etcd's gRPC code of a Failed answer (5: not found, 7: permission denied, ...)
   long long sent_ns = 0;  // when the attempt that succeeded began
   bool ok() const { return status == Status::Ok; }
@@ -207,7 +221,7 @@ struct Result {
 struct HttpResponse {
   int status = 0;
   std::string body;
-  std::string hint;  // a fix the transport knows (a TLS port spoken to in plain HTTP, ...)
+  Cause cause = Cause::None;  // a cause the transport recognised (a TLS port spoken to in plain HTTP, ...)
 };
 enum class Exchange {
   Ok,

@@ -213,9 +213,6 @@ size_t keep_some(char* data, size_t size, size_t count, void* user) {
   return size * count;
 }
 
-constexpr const char* kTlsHint =
-    "Check --etcd-cacert (the CA that signed etcd's certificates) and, when etcd asks for client certificates, "
-    "--etcd-cert and --etcd-key ($LOOPLOCK_ETCD_CACERT, $LOOPLOCK_ETCD_CLIENT_CERT, $LOOPLOCK_ETCD_CLIENT_KEY).";
 
 }  // namespace
 
@@ -429,7 +426,7 @@ Exchange CurlTransport::post(const Endpoint& ep, const Request& req, HttpRespons
     out.status = static_cast<int>(status);
     out.body = std::move(sink.body);
     if (!ep.tls && status == 400 && out.body.find("HTTPS server") != std::string::npos) {
-      out.hint = "The endpoint speaks TLS: use https://" + ep.text.substr(7) + " (and --etcd-cacert).";
+      out.cause = Cause::SpeaksTls;
     }
     return Exchange::Ok;
   }
@@ -439,15 +436,13 @@ Exchange CurlTransport::post(const Endpoint& ep, const Request& req, HttpRespons
   }
   if (plain_to_tls) {
     error = ep.text + ": closed the connection without an answer: the endpoint speaks TLS";
-    out.hint = "Use https://" + ep.text.substr(7) + " (and --etcd-cacert) for this endpoint.";
+    out.cause = Cause::SpeaksTls;
     return Exchange::ConnectFailed;
   }
   if (tls_to_plain) {
-    const std::string plain = "http://" + ep.text.substr(8);
     error = ep.text + ": TLS: " + (message[0] ? message : curl_easy_strerror(rc)) +
             ": the endpoint speaks plain HTTP, not TLS";
-    out.hint = "Use " + plain + " for this endpoint (it speaks plain HTTP; --etcd-cacert and the client "
-               "certificate apply only to TLS).";
+    out.cause = Cause::SpeaksPlainHttp;
     return Exchange::TlsFailed;
   }
   // TLS 1.3: a server that refuses the client's certificate says so (an
@@ -463,10 +458,7 @@ Exchange CurlTransport::post(const Endpoint& ep, const Request& req, HttpRespons
                                   "certificate?)"
                                 : "");
     // An answer that is not TLS is no certificate problem.
-    out.hint = ep.tls && tls_how == TlsFailure::NotTls
-                   ? "The endpoint does not answer in TLS: check that HOST:PORT is an etcd client URL, and "
-                     "its scheme (http:// for a member that speaks plain HTTP)."
-                   : kTlsHint;
+    out.cause = ep.tls && tls_how == TlsFailure::NotTls ? Cause::NotTls : Cause::TlsRejected;
     return Exchange::TlsFailed;
   }
   switch (rc) {

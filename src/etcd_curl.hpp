@@ -56,11 +56,11 @@ private:
   void apply_security();
   void close_new_sockets_on_exec() const;
   // Whether `ep` (an http:// endpoint that closed without an answer) completes
-  // a TLS handshake: then the user gets a hint to use https://.
+  // a TLS handshake: Cause::SpeaksTls.
   bool speaks_tls(const Endpoint& ep, long long deadline_ns) const;
   // Whether `ep` (an https:// endpoint that answered the handshake with
-  // something else) answers a plain HTTP request: then the user gets a hint
-  // to use http://. Asked once per endpoint.
+  // something else) answers a plain HTTP request: Cause::SpeaksPlainHttp.
+  // Asked once per endpoint.
   bool speaks_plain_http(const Endpoint& ep, long long deadline_ns);
 
   Security security_;

@@ -7,7 +7,6 @@
 #include <ctime>
 
 #include "lock_id.hpp"
-#include "log.hpp"
 #include "sys.hpp"
 
 namespace looplock {

@@ -9,9 +9,7 @@
 
 #include <sys/types.h>
 
-#include <nlohmann/json.hpp>
-
-#include "log.hpp"
+#include "json.hpp"
 
 #include <optional>
 #include <string>

@@ -1,20 +1,18 @@
 // Everything looplock says goes to stderr through a Logger: one line per
 // message, "looplock: ..." as text, or one JSON object per line with
-// --log-format json. The Logger is built from Options and passed down.
+// --log-format json. The Logger is built from the options and passed down.
 #pragma once
-
-#include <nlohmann/json.hpp>
 
 #include <string>
 #include <string_view>
 
-#include "options.hpp"
+#include "json.hpp"
+#include "text.hpp"
 
 namespace looplock {
 
-// Insertion-ordered JSON, so records read in the order of SPEC.md
-// ({"schema":..., "lock_id":..., ...}).
-using Json = nlohmann::ordered_json;
+enum class Verbosity { Quiet, Normal, Verbose };
+enum class LogFormat { Text, Json };
 
 class Logger {
 public:
@@ -58,14 +56,5 @@ private:
   // is printed, not state the run depends on).
   mutable std::string lock_id_;
 };
-
-// `text` with control characters shown as \n, \r, \t or \xNN, so that an
-// agent id or operation from a holder record can never start a line of its
-// own or drive the terminal.
-std::string printable(std::string_view text);
-
-// Serialises JSON for records and log lines: invalid UTF-8 becomes U+FFFD,
-// never an exception.
-std::string dump_json(const Json& j);
 
 }  // namespace looplock

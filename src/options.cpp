@@ -8,7 +8,7 @@
 #include <string_view>
 
 #include "error.hpp"
-#include "cluster.hpp"
+#include "lease.hpp"
 #include "etcd.hpp"
 #include "duration.hpp"
 #include "exit_codes.hpp"

@@ -11,13 +11,12 @@
 #include <vector>
 
 #include "duration.hpp"
+#include "log.hpp"
 #include "policy.hpp"
 
 namespace looplock {
 
 enum class Mode { Run, Inspect, Help, Version };
-enum class Verbosity { Quiet, Normal, Verbose };
-enum class LogFormat { Text, Json };
 
 struct Options {
   Mode mode = Mode::Run;
@@ -106,7 +105,7 @@ bool valid_lock_name(std::string_view name);
 // --kill-after (`given_text` as typed, for the message), or by default a
 // sixth of the TTL, at most 5 s. Throws Fatal 64 for 0 (a lease holder must
 // be killable before its lease expires) and for a value that leaves no room
-// to renew the lease inside the TTL (see lease_timing in cluster.hpp).
+// to renew the lease inside the TTL (lease.hpp).
 long long lease_kill_after_ns(std::optional<long long> given, int ttl_s, std::string_view given_text = {});
 
 const std::string& help_text();

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "duration.hpp"
-#include "log.hpp"
+#include "text.hpp"
 
 namespace looplock {
 

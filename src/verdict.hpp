@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "holder.hpp"
+#include "json.hpp"
 #include "lockfile.hpp"
 
 namespace looplock {

@@ -362,7 +362,7 @@ struct FakeTransport : Transport {
         return Exchange::TimedOut;
       case Step::TlsError:
         error = ep.text + ": TLS: certificate verify failed";
-        out.hint = "check the CA";
+        out.cause = Cause::TlsRejected;
         return Exchange::TlsFailed;
       case Step::Signal:  // a signal of req.interrupt_on became pending
         REQUIRE(req.interrupt_on != nullptr);
@@ -592,7 +592,7 @@ TEST_CASE("client: a wrong password fails with a hint and never shows the passwo
   CHECK(r.status == Status::Failed);
   CHECK(r.error.find("cannot log in as etcd user loop") != std::string::npos);
   CHECK(r.error.find("s3cret") == std::string::npos);
-  CHECK(r.hint.find("--etcd-user") != std::string::npos);
+  CHECK(r.cause == Cause::BadCredentials);
   CHECK(t.calls.size() == 1);
 }
 
@@ -617,7 +617,8 @@ TEST_CASE("client: a TLS failure tries the next endpoint and keeps the reason an
   auto r = c.range({"k"}, {clock.t + 100 * kMs, 0});
   CHECK(r.status == Status::Unavailable);
   CHECK(r.error.find("TLS: certificate verify failed") != std::string::npos);
-  CHECK(r.hint == "check the CA");
+  CHECK(r.cause == Cause::TlsRejected);
+  CHECK(r.cause_endpoint.starts_with("http://"));
 }
 
 // -- the cluster lock against a small etcd in memory ------------------------
@@ -1258,4 +1259,15 @@ TEST_CASE("cluster holder value") {
   h.fencing_token = 0;
   CHECK_FALSE(parse_cluster_holder(encode_cluster_holder(h))->contains("fencing_token"));
   CHECK_FALSE(parse_cluster_holder("[]"));
+}
+
+TEST_CASE("the cluster lock words each cause's fix in looplock's options") {
+  CHECK(cause_hint(Cause::None, "http://h:1").empty());
+  CHECK(cause_hint(Cause::SpeaksTls, "http://h:1") == "The endpoint speaks TLS: use https://h:1 (and --etcd-cacert).");
+  CHECK(cause_hint(Cause::SpeaksPlainHttp, "https://h:1").starts_with("Use http://h:1 for this endpoint"));
+  CHECK(cause_hint(Cause::TlsRejected, "https://h:1").starts_with("Check --etcd-cacert"));
+  CHECK(cause_hint(Cause::NotTls, "https://h:1").find("does not answer in TLS") != std::string::npos);
+  CHECK(cause_hint(Cause::BadCredentials, "").find("--etcd-user") != std::string::npos);
+  CHECK(cause_hint(Cause::PermissionDenied, "").find("looplock/") != std::string::npos);
+  CHECK(cause_hint(Cause::CommonNameRefused, "").find("CommonName") != std::string::npos);
 }
