@@ -89,4 +89,15 @@ std::string canonical_lock_path(const std::string& dir) {
   return p + kLockName;
 }
 
+LockTarget target_of(int dirfd, const std::string& given_dir) {
+  const std::string canonical = canonical_lock_path(dirfd, given_dir);
+  LockTarget t;
+  t.canonical_dir = canonical.substr(0, canonical.size() - std::string_view(kLockName).size() - 1);
+  t.lock_id = lock_id_for_path(canonical);
+  const auto slash = t.canonical_dir.rfind('/');
+  t.loop = slash == std::string::npos ? t.canonical_dir : t.canonical_dir.substr(slash + 1);
+  if (t.loop.empty()) t.loop = "/";
+  return t;
+}
+
 }  // namespace looplock

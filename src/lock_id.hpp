@@ -22,4 +22,13 @@ std::string canonical_lock_path(const std::string& dir);
 // /proc/self/fd/N, falling back to canonical_lock_path(dir).
 std::string canonical_lock_path(int dirfd, const std::string& dir);
 
+// The lock as a run names it: DIR's canonical path, the lock's lock_id, and
+// DIR's base name ("/" for the root directory).
+struct LockTarget {
+  std::string canonical_dir;
+  std::string lock_id;
+  std::string loop;
+};
+LockTarget target_of(int dirfd, const std::string& given_dir);
+
 }  // namespace looplock

@@ -133,6 +133,12 @@ bool same_file(const struct stat& a, const struct stat& b) {
   return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
+std::string host_name() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "unknown";
+  return buf;
+}
+
 std::string user_name(uid_t uid) {
   const std::string id = std::to_string(uid);
   if (auto passwd = read_file("/etc/passwd", 4 << 20)) {

@@ -59,6 +59,9 @@ long long realtime_ms();
 
 bool same_file(const struct stat& a, const struct stat& b);
 
+// This host's name (gethostname(2)), or "unknown".
+std::string host_name();
+
 // The name of user `uid`: from /etc/passwd when it is there (one read, no NSS
 // machinery on the hot path), else from getpwuid(3) (LDAP and other NSS
 // sources), else the number.

@@ -1,0 +1,74 @@
+#include "etcd_lock.hpp"
+
+#include "duration.hpp"
+#include "etcd.hpp"
+#include "sys.hpp"
+
+namespace looplock {
+
+namespace {
+constexpr long long kMs = 1'000'000LL;
+}  // namespace
+
+EtcdLock::EtcdLock(const Options& options, pid_t pid, const Logger& log, const Reporter& reporter,
+                   etcd::Transport& transport, const LockTarget& target)
+    : o_(options),
+      pid_(pid),
+      log_(log),
+      reporter_(reporter),
+      host_(sys::host_name()),
+      lock_(transport, etcd::parse_endpoints(options.etcd).endpoints,
+            cluster_lock_name(options.lock_name, target.canonical_dir), options.ttl_s, options.lease_kill_after_ns,
+            log, cluster_access(options, log)) {}
+
+Acquisition EtcdLock::acquire(const WaitPlan& plan, long long start_ns) {
+  const auto got = lock_.acquire(plan, start_ns, ClusterHolder{host_, pid_, o_.agent, o_.operation, {}, {}, 0});
+  if (got == ClusterLock::Outcome::Busy) return Acquisition::Busy;
+  if (got == ClusterLock::Outcome::TimedOut) return Acquisition::TimedOut;
+  const long long waited = sys::monotonic_ns() - start_ns;
+  log_.verbose("acquired", "cluster lock " + printable(lock_.name()) + " acquired on etcd after " +
+                               format_duration(waited) + " (fencing token " + std::to_string(lock_.fencing_token()) +
+                               ")",
+               {{"lock_name", lock_.name()}, {"fencing_token", lock_.fencing_token()}, {"waited_ms", waited / kMs}});
+  return Acquisition::Acquired;
+}
+
+Blocker EtcdLock::blocker() const {
+  Blocker b;
+  const ClusterVerdict v = judge_cluster(lock_.blocker(), host_);
+  b.what = "cluster lock " + printable(lock_.name()) + " (etcd)";
+  b.who = v.holder;
+  b.confirm = v.confirm;
+  b.inspect_hint = "looplock --inspect --etcd " + o_.etcd + " " + o_.dir;
+  b.cluster = Json{{"lock_name", lock_.name()},
+                   {"endpoint", lock_.endpoint()},
+                   {"holder", lock_.blocker() ? *lock_.blocker() : Json(nullptr)}};
+  b.action_extra = "; the cluster lock " + lock_.name() + " is held " +
+                   (v.on_this_host ? "by another looplock on this host" : "on another host") + ": inspect it with '" +
+                   b.inspect_hint + "'" + (v.on_this_host ? "" : " on any host") + ".";
+  return b;
+}
+
+void EtcdLock::export_to(CommandSpec& spec) {
+  spec.env = env_with(spec.env, {{env_name::kFencingToken, std::to_string(lock_.fencing_token())},
+                                 {env_name::kEtcdKey, lock_.key()},
+                                 {env_name::kEtcdLease, etcd::lease_hex(lock_.lease())}});
+}
+
+void EtcdLock::release(Ending& ending) {
+  const JobEnd& job = ending.job;
+  // The job loop ended the job at the lease's TERM deadline: the lease is
+  // lost from looplock's point of view even if etcd never said so.
+  if (job.lease_lost && !lock_.lost()) lock_.declare_lost(lock_.overdue_why());
+  if (job.lease_lost) {
+    ending.lease_lost = true;
+    reporter_.lease_lost(LeaseLoss{lock_.name(), lock_.endpoint(), lock_.ttl_s(), lock_.since_last_keepalive_ns(),
+                                   lock_.fencing_token(), etcd::lease_hex(lock_.lease()), lock_.lost_why(),
+                                   lock_.lost_at_ns()},
+                         job, ending.record);
+  }
+  lock_.release();  // after the local lock, as promised
+  log_.verbose("released", "released cluster lock " + printable(lock_.name()) + " on etcd");
+}
+
+}  // namespace looplock

@@ -1,0 +1,57 @@
+// The cluster lock of a run (lock.hpp), on etcd (cluster.hpp): taken before
+// the local lock and released after it, its lease renewed by the job loop,
+// its fencing token exported to the command.
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+
+#include "cluster.hpp"
+#include "lock.hpp"
+#include "lock_id.hpp"
+#include "log.hpp"
+#include "options.hpp"
+#include "report.hpp"
+
+namespace looplock {
+
+class EtcdLock final : public Lock {
+public:
+  EtcdLock(const Options& options, pid_t pid, const Logger& log, const Reporter& reporter, etcd::Transport& transport,
+           const LockTarget& target);
+
+  Acquisition acquire(const WaitPlan& plan, long long start_ns) override;
+  Blocker blocker() const override;
+  void export_to(CommandSpec& spec) override;
+  Lease* lease() override { return &lease_; }
+  void release(Ending& ending) override;
+
+private:
+  // The lease as the job loop sees it: its renewals, and the deadlines by
+  // which the job must have been sent TERM and KILL.
+  class JobLease final : public Lease {
+  public:
+    explicit JobLease(ClusterLock& c) : c_(c) {}
+    long long next_renewal_ns() const override { return c_.next_renewal_ns(); }
+    bool renew(long long return_by_ns, const sigset_t& interrupt_on) override {
+      return c_.renew(return_by_ns, &interrupt_on);
+    }
+    long long term_by_ns() const override { return c_.term_by_ns(); }
+    long long kill_by_ns() const override { return c_.kill_by_ns(); }
+
+  private:
+    ClusterLock& c_;
+  };
+
+  const Options& o_;
+  pid_t pid_;
+  const Logger& log_;
+  const Reporter& reporter_;
+  std::string host_;
+  ClusterLock lock_;
+  JobLease lease_{lock_};
+};
+
+}  // namespace looplock

@@ -1,0 +1,282 @@
+#include "local_lock.hpp"
+
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <ctime>
+
+#include "duration.hpp"
+#include "error.hpp"
+#include "exit_codes.hpp"
+#include "procfs.hpp"
+#include "signals.hpp"
+#include "survey.hpp"
+#include "sys.hpp"
+#include "terminal.hpp"
+
+namespace looplock {
+
+namespace {
+
+constexpr long long kMs = 1'000'000LL;
+constexpr long long kSec = 1000 * kMs;
+// How long a process that is ending may take to close the lock descriptor
+// before it counts as keeping the lock.
+constexpr long long kEndingGraceNs = 200 * kMs;
+
+std::string lock_display(const std::string& dir) { return dir + (dir.ends_with('/') ? "" : "/") + kLockName; }
+
+// The holders as hints for a later look (the kernel's locks, as found).
+std::vector<procfs::KernelLock> as_hint(const LockFacts& f) {
+  std::vector<procfs::KernelLock> out;
+  for (const auto& h : f.holders) {
+    if (!h.exited) out.push_back({h.pid, h.exclusive, h.locked_by});
+  }
+  return out;
+}
+
+// Reports the wait: with -v once (naming the holder); on a terminal a status
+// line rewritten in place at most once a second (how long so far, how long
+// is left, whom it waits for), erased when the wait ends. For a wait that may
+// time out, it also notes who holds the lock when the wait starts, so that
+// the timeout's report only has to confirm it (cheaply) instead of reading
+// /proc/locks after the deadline.
+class WaitReporter : public AcquireObserver {
+public:
+  WaitReporter(const Options& o, const Logger& log, const WaitPlan& plan, long long start_ns, std::string shown,
+               std::vector<procfs::KernelLock>& holders_at_start)
+      : o_(o), log_(log), plan_(plan), start_ns_(start_ns), shown_(std::move(shown)),
+        holders_at_start_(holders_at_start), status_line_(!log.is_quiet() && log.is_text() && isatty(log.fd()) == 1) {}
+
+  void on_wait(const LockFile& file) override {
+    wait_started_ns_ = sys::monotonic_ns();
+    if (!log_.is_verbose() && plan_.kind != WaitPlan::Kind::Bounded && !status_line_) return;
+    const LockFacts facts = survey_held(file, shown_);
+    holders_at_start_ = as_hint(facts);
+    who_ = holder_phrase(judge(facts));
+    log_.verbose("waiting", "waiting for " + who_ + " on " + shown_, {{"policy", policy_name(o_.policy)}});
+  }
+  void on_replaced(int count) override {
+    log_.warn("lock_file_replaced",
+              shown_ + " was deleted or replaced while looplock waited for it; locking the new file"
+                       " (never delete the lock file)",
+              {{"count", count}});
+  }
+
+  long long tick_interval_ns() const override { return status_line_ ? kSec / 4 : 0; }
+  void on_tick() override {
+    const long long now = sys::monotonic_ns();
+    if (now - wait_started_ns_ < kSec || (drawn_ && now - last_draw_ns_ < kSec)) return;
+    last_draw_ns_ = now;
+    std::optional<long long> left;
+    if (plan_.kind == WaitPlan::Kind::Bounded) left = start_ns_ + plan_.deadline_ns - now;
+    winsize ws{};
+    const size_t width = ioctl(log_.fd(), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 ? ws.ws_col - 1u : 79u;
+    const std::string line =
+        wait_status_line(now - wait_started_ns_, left, printable(who_), printable(shown_), width);
+    (void)sys::write_all(log_.fd(), "\r" + line + "\x1b[K");
+    drawn_ = true;
+  }
+  void on_wait_end() override {
+    if (drawn_) (void)sys::write_all(log_.fd(), "\r\x1b[K");
+    drawn_ = false;
+  }
+
+private:
+  const Options& o_;
+  const Logger& log_;
+  const WaitPlan& plan_;
+  long long start_ns_;
+  std::string shown_;
+  std::vector<procfs::KernelLock>& holders_at_start_;
+  bool status_line_;
+  std::string who_ = "another process";
+  long long wait_started_ns_ = 0;
+  long long last_draw_ns_ = 0;
+  bool drawn_ = false;
+};
+
+// The descendants of looplock that still hold the lock through the inherited
+// descriptor once the job has ended. Those that are ending (exiting in the
+// kernel, or in the job's group when looplock sent it a signal: a TERM
+// forwarded from timeout(1) takes a moment to act) get up to 200 ms to close
+// it; what still holds it then is a leak, named every time. Only a run that
+// finds a holder here pays the wait.
+std::vector<pid_t> leaked_holders(pid_t self, const struct stat& file, const JobEnd& job) {
+  std::vector<pid_t> leaked = procfs::pids_holding_flock(procfs::descendants(self), file);
+  const long long until = sys::monotonic_ns() + kEndingGraceNs;
+  while (!leaked.empty() && sys::monotonic_ns() < until) {
+    const bool ending = std::any_of(leaked.begin(), leaked.end(), [&](pid_t p) {
+      const auto st = procfs::proc_stat(p);
+      return !st || st->exiting() || (job.signalled && st->pgrp == job.pgid);
+    });
+    if (!ending) break;
+    timespec pause{0, 5'000'000};
+    nanosleep(&pause, nullptr);
+    leaked = procfs::pids_holding_flock(leaked, file);
+  }
+  return leaked;
+}
+
+}  // namespace
+
+LocalLock::LocalLock(const Options& options, pid_t pid, const Logger& log, LockDir& dir, LockTarget target)
+    : o_(options), pid_(pid), log_(log), dir_(dir), target_(std::move(target)), shown_(lock_display(options.dir)) {}
+
+Acquisition LocalLock::acquire(const WaitPlan& plan, long long start_ns) {
+  const LockMode mode = o_.shared ? LockMode::Shared : LockMode::Exclusive;
+  // Work that does not need the lock is done before waiting for it.
+  if (mode == LockMode::Exclusive) pid_start_ = procfs::own_start().value_or("");
+  WaitReporter reporter(o_, log_, plan, start_ns, shown_, holders_at_start_);
+  AcquireResult res = acquire_lock(dir_, plan, mode, reporter, start_ns);
+  file_ = std::move(res.file);
+  if (res.status == AcquireResult::Status::Busy) return Acquisition::Busy;
+  if (res.status == AcquireResult::Status::TimedOut) return Acquisition::TimedOut;
+  log_.verbose("acquired", std::string(o_.shared ? "shared" : "exclusive") + " lock on " + shown_ + " acquired after " +
+                               format_duration(res.waited_ns),
+               {{"lock_id", target_.lock_id}, {"waited_ms", res.waited_ns / kMs}});
+  if (mode == LockMode::Exclusive) write_record();
+  return Acquisition::Acquired;
+}
+
+// Held: record who holds it.
+void LocalLock::write_record() {
+  if (file_.read_only) {
+    log_.warn("read_only_lock_file", shown_ + " is read-only for looplock: the lock is held, but no holder record can "
+                                              "be written");
+    return;
+  }
+  record_ = HolderRecord{target_.lock_id, pid_,        pid_start_,
+                         o_.agent,        o_.operation, std::string(policy_name(o_.policy)),
+                         sys::utc_now_iso8601(), std::nullopt, o_.no_fork};
+  if (!write_holder(file_.fd.get(), *record_)) {
+    log_.warn("holder_write_failed", errno_message("cannot write the holder record into " + shown_, errno));
+    record_.reset();
+  }
+}
+
+Blocker LocalLock::blocker() const {
+  Blocker b;
+  b.what = shown_;
+  b.verdict = judge(survey_held(file_, b.what, holders_at_start_));
+  b.who = holder_phrase(*b.verdict);
+  b.inspect_hint = "looplock --inspect " + o_.dir;
+  if (!b.verdict->confirm.empty()) {
+    b.confirm = pids_text(b.verdict->confirm);
+    b.many = b.verdict->confirm.size() > 1;
+  }
+  return b;
+}
+
+void LocalLock::prepare(CommandSpec& spec) {
+  spec.env = env_with(spec.env,
+                      {{env_name::kDir, target_.canonical_dir},
+                       {env_name::kLockId, target_.lock_id},
+                       {env_name::kPolicy, std::string(policy_name(o_.policy))},
+                       {env_name::kHolderPid, std::to_string(pid_)}},
+                      {env_name::kFd, env_name::kHolderFd, env_name::kEtcdPassword});
+}
+
+void LocalLock::export_to(CommandSpec& spec) {
+  const std::string fd = std::to_string(file_.fd.get());
+  spec.env.push_back(std::string(env_name::kHolderFd) + "=" + fd);
+  if (!o_.close_fd) spec.env.push_back(std::string(env_name::kFd) + "=" + fd);
+  spec.pass_fd = o_.close_fd ? -1 : file_.fd.get();
+}
+
+void LocalLock::release(Ending& ending) {
+  // The command has ended; looplock still holds the lock. Was it protecting
+  // the real file all along?
+  const IntactCheck check = lock_intact(dir_, file_);
+  if (!check.intact) {
+    log_.warn("intact_unknown",
+              errno_message("cannot check whether " + shown_ + " is still the file that was locked", check.err) +
+                  "; not reporting it as vanished");
+  }
+  ending.intact = check.intact.value_or(true);
+  if (record_ && ending.intact) {
+    record_->released_at = sys::utc_now_iso8601();
+    if (!write_holder(file_.fd.get(), *record_)) {
+      log_.warn("holder_write_failed", errno_message("cannot write the release into " + shown_, errno));
+    }
+  }
+  ending.record = record_;
+  file_.fd.reset();  // release
+  if (!o_.close_fd) report_leaks(ending.job);
+  const int status = ending.job.status;
+  log_.verbose("released", "released " + shown_ + "; the command " +
+                               (WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
+                                                    : "exited with " + std::to_string(shell_status(status))),
+               {{"lock_id", target_.lock_id},
+                {"exit_status", shell_status(status)},
+                {"ran_ms", (ending.job.ended_ns - ending.job.started_ns) / kMs}});
+  if (!ending.intact) {
+    const bool command_failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    log_.error("loop_dir_vanished",
+               "loop dir vanished mid-lock: " + shown_ +
+                   " was deleted or replaced while the command ran, so the lock no longer protected it",
+               command_failed ? "The command failed too; looplock exits with its status."
+                              : "Check what removed it; never delete the lock file or the loop directory of a running "
+                                "loop.");
+  }
+}
+
+// A process the command started may still hold the inherited lock fd: then
+// the lock stays held after looplock exits. (Checked after the release, so
+// that the next holder does not wait for it.)
+void LocalLock::report_leaks(const JobEnd& job) const {
+  const auto leaked = leaked_holders(pid_, file_.st, job);
+  if (leaked.empty()) return;
+  const bool many = leaked.size() > 1;
+  log_.warn_always("lock_leaked", "the command exited, but " + pids_text(leaked) + " that it started still " +
+                                      (many ? "hold " : "holds ") + shown_ +
+                                      " through the inherited lock fd; the lock stays held until " +
+                                      (many ? "they exit" : "it exits") +
+                                      ". Use -o/--close for commands that start background processes",
+                   {{"pids", leaked}});
+}
+
+void LocalLock::abandon() {
+  if (!record_) return;
+  record_->released_at = sys::utc_now_iso8601();
+  (void)write_holder(file_.fd.get(), *record_);
+}
+
+// --- nested -------------------------------------------------------------------
+
+std::optional<OuterHolder> outer_holder(const Options& o, const EnvList& env, const LockDir& dir, pid_t self,
+                                        struct stat& lock_file) {
+  if (!env_get(env, env_name::kHolderFd) ||
+      fstatat(dir.fd.get(), kLockName, &lock_file, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(lock_file.st_mode)) {
+    return std::nullopt;
+  }
+  return find_outer_holder(env, dir.fd.get(), lock_file, !o.shared, self);
+}
+
+InheritedLock::InheritedLock(const Options& options, const Logger& log, const OuterHolder& outer,
+                             const struct stat& lock_file)
+    : o_(options), log_(log), outer_(outer), lock_file_(lock_file) {}
+
+// No open, so no ownership check: the outer looplock made it; the command may
+// run as another user, under su or runuser, with the descriptor kept.
+Acquisition InheritedLock::acquire(const WaitPlan& /*plan*/, long long /*start_ns*/) {
+  log_.verbose("nested", std::string("already held ") +
+                             (outer_.inherited ? "through the lock descriptor this run inherited"
+                                               : "by looplock pid " + std::to_string(outer_.pid) + " (an ancestor)") +
+                             "; running inside its critical section");
+  return Acquisition::Acquired;
+}
+
+void InheritedLock::export_to(CommandSpec& spec) {
+  if (!o_.close_fd) return;
+  // -o holds inside a nested run too: the command gets no lock fd.
+  if (auto fd = inherited_lock_fd(spec.env, lock_file_); fd && fcntl(*fd, F_SETFD, FD_CLOEXEC) != 0) {
+    fail_errno(exit_code::kOsError, "cannot keep the lock descriptor from the command (-o)", errno);
+  }
+  spec.env = env_with(spec.env, {}, {env_name::kFd});
+}
+
+}  // namespace looplock

@@ -1,0 +1,93 @@
+// One run of looplock, as the tool's script: open DIR, acquire each lock of
+// the stack in order (the cluster lock, then the local one; inside an outer
+// looplock only the lock it already holds) with one conflict path, run the
+// job, release the locks in reverse, and conclude once.
+#pragma once
+
+#include <sys/types.h>
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "environment.hpp"
+#include "lock.hpp"
+#include "lock_id.hpp"
+#include "lockfile.hpp"
+#include "log.hpp"
+#include "metrics.hpp"
+#include "options.hpp"
+#include "report.hpp"
+#include "signals.hpp"
+
+namespace looplock {
+
+namespace etcd {
+class Transport;
+}
+
+struct Context {
+  EnvList env;  // the environment looplock was started with
+  pid_t pid = 0;
+  long long start_ns = 0;  // CLOCK_MONOTONIC when looplock started
+  // The cluster lock's HTTP exchange: libcurl's in looplock-etcd, null in
+  // looplock, which hands runs with --etcd to looplock-etcd (cluster_exec.hpp).
+  etcd::Transport* etcd = nullptr;
+};
+
+// How looplock ends: with an exit status, or like a wait status (exit N, or
+// die of the signal that killed the command).
+struct Outcome {
+  enum class Kind { ExitStatus, LikeWaitStatus };
+  Kind kind = Kind::ExitStatus;
+  int value = 0;
+};
+
+// A run's conclusion: how looplock ends, and what the metrics count.
+struct Conclusion {
+  Outcome exit;
+  RunOutcome outcome = RunOutcome::Error;
+};
+
+// The conclusion of a job that ran: a lost lease (76) comes first, then
+// --max-time (124), then a lock file or DIR that vanished under a command
+// that succeeded (74), then the command's own status.
+Conclusion conclude(const JobEnd& job, bool lease_lost, bool intact);
+
+// What a run came to, for the metrics (--metrics-dir): filled in as the run
+// learns it (the lock_id stays empty when the run ended before).
+struct RunFacts {
+  std::string lock_id;
+  std::string loop;  // DIR's base name
+  long long waited_ns = 0;
+  long long ran_ns = 0;  // the command's run
+  std::optional<RunOutcome> outcome;  // unset: an error
+};
+
+class Run {
+public:
+  Run(const Options& options, const Context& context, const Logger& log, RunFacts& facts);
+  // The script. Returns how looplock ends; throws Fatal for an error.
+  Outcome run();
+
+private:
+  void open();
+  std::optional<Conclusion> acquire(Lock& lock);
+  JobEnd run_job();
+  Conclusion release(const JobEnd& job);
+  Outcome finish(const Conclusion& c);
+
+  const Options& o_;
+  const Context& ctx_;
+  const Logger& log_;
+  RunFacts& facts_;
+  Reporter reporter_;
+  InheritedSignals inherited_;
+  WaitPlan plan_;
+  LockDir dir_;
+  LockTarget target_;
+  CommandSpec spec_;
+  std::vector<std::unique_ptr<Lock>> locks_;  // in the order they are taken
+};
+
+}  // namespace looplock
