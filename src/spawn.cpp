@@ -12,6 +12,7 @@
 
 #include "error.hpp"
 #include "exit_codes.hpp"
+#include "supervisor.hpp"
 #include "sys.hpp"
 #include "terminal.hpp"
 
@@ -125,55 +126,35 @@ private:
   bool has_terminal_;
 };
 
-// Once looplock has decided to end the job (a forwarded TERM/INT with
-// --kill-after, --max-time, the lease): whether TERM went out, the KILL
-// deadline, and that the whole process group is then waited for, not only
-// the command's first process.
-struct Ending {
-  bool kill_after_armed = false;  // a forwarded TERM/INT started --kill-after
-  bool term_sent = false;         // looplock sent its own TERM (--max-time, the lease)
-  long long kill_at = 0;          // 0: no KILL planned
-  bool whole_group = false;
-  bool killed = false;
-};
-
-long long min_deadline(long long a, long long b) { return a == 0 ? b : (b == 0 ? a : std::min(a, b)); }
-
-// t + d for a deadline, saturating: a duration of centuries (--max-time
-// 100000d) is a deadline that never comes, not an overflow.
-long long later(long long t, long long d) {
-  return d > std::numeric_limits<long long>::max() - t ? std::numeric_limits<long long>::max() : t + d;
-}
-
-}  // namespace
-
-int exec_failure_status(int err) {
-  return (err == ENOENT || err == ENOTDIR || err == ENAMETOOLONG) ? exit_code::kNotFound
-                                                                  : exit_code::kNotExecutable;
-}
-
-JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log) {
-  auto argv = c_strings(spec.argv);
-  auto envp = c_strings(spec.env);
-
-  // Every signal is blocked from here on and taken in the loop below; they
-  // stay blocked after the command has ended, until looplock exits (there is
-  // nobody to pass them to any more).
-  const sigset_t supervised = supervised_signals();
+// The signal state of a job's run: every signal looplock supervises is
+// blocked from the start and taken in the loop; they stay blocked after the
+// command has ended, until looplock exits (there is nobody to pass them to
+// any more).
+struct SignalSets {
+  sigset_t supervised;
   // A lease renewal that etcd does not answer gives way to any of these
   // (CHLD aside: a job's orphans may send it often, and the command's end
   // can wait for the renewal).
-  sigset_t interrupting = supervised;
-  sigdelset(&interrupting, SIGCHLD);
-  if (sigprocmask(SIG_BLOCK, &supervised, nullptr) != 0) {
+  sigset_t interrupting;
+};
+
+SignalSets block_signals() {
+  SignalSets s{supervised_signals(), supervised_signals()};
+  sigdelset(&s.interrupting, SIGCHLD);
+  if (sigprocmask(SIG_BLOCK, &s.supervised, nullptr) != 0) {
     fail_errno(exit_code::kOsError, "cannot block signals to run the command", errno);
   }
-  // Orphans of the job are reparented to looplock and reaped here: that
-  // keeps the job's processes findable (a lock they keep is reported) and,
-  // as PID 1 of a pid namespace, reaps what would otherwise pile up.
-  (void)prctl(PR_SET_CHILD_SUBREAPER, 1);
+  return s;
+}
 
-  const Terminal tty = Terminal::find();
+// Starts the command: a process group of its own, the terminal's foreground
+// group when looplock is in the foreground, the lock descriptor passed on
+// purpose and the inherited signal state restored. Returns its pid, and in
+// `has_terminal` whether it got the terminal.
+pid_t start_job(const CommandSpec& spec, const InheritedSignals& inherited, const Terminal& tty, const Logger& log,
+                bool& has_terminal) {
+  auto argv = c_strings(spec.argv);
+  auto envp = c_strings(spec.env);
   const bool give_terminal = tty.looplock_in_foreground();
   const pid_t parent = getpid();
 
@@ -214,8 +195,6 @@ JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, c
     report.failed = ChildStep::Exec;
     _exit(exec_failure_status(errno));
   }
-  JobEnd end;
-  end.started_ns = sys::monotonic_ns();
   if (report.failed != ChildStep::None) {
     int st = 0;
     (void)sys::retry_eintr([&] { return waitpid(child, &st, 0); });
@@ -225,136 +204,206 @@ JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, c
   if (report.terminal_err != 0) {
     log.warn("terminal", errno_message("cannot give the terminal to the command", report.terminal_err));
   }
+  has_terminal = give_terminal && report.terminal_err == 0;
+  return child;
+}
 
-  Job job(child, tty, give_terminal && report.terminal_err == 0);
-  end.pgid = child;
-  const int wait_flags = WNOHANG | (tty.present() ? WUNTRACED : 0);
-  Ending ending;
-  long long max_time_at = spec.max_time_ns && *spec.max_time_ns > 0 ? later(end.started_ns, *spec.max_time_ns) : 0;
-  bool lease_live = spec.lease != nullptr;
-  bool leader_done = false;
+// The loop that runs until the job has ended (tini's, dumb-init's): reap
+// what ended, carry out what next_step() says is due, else wait for a signal
+// and pass it on to the job.
+class Supervisor {
+public:
+  Supervisor(const CommandSpec& spec, const Logger& log, const SignalSets& signals, Job& job, JobEnd& end,
+             bool has_tty)
+      : spec_(spec), log_(log), signals_(signals), job_(job), end_(end), parent_(getpid()),
+        wait_flags_(WNOHANG | (has_tty ? WUNTRACED : 0)), lease_live_(spec.lease != nullptr) {
+    if (spec.max_time_ns && *spec.max_time_ns > 0) max_time_at_ = later(end.started_ns, *spec.max_time_ns);
+  }
 
-  // looplock ends the job: TERM (and CONT, for a stopped job) to the group,
-  // once; KILL by `kill_at` (0: never); and the whole group is waited for.
-  auto terminate = [&](JobEnd::EndedBy by, long long kill_at) {
-    if (!ending.term_sent) {
-      job.signal(SIGTERM);
-      job.signal(SIGCONT);
-      end.signalled = true;
-      ending.term_sent = true;
-      end.term_sent_ns = sys::monotonic_ns();
+  void run() {
+    for (;;) {
+      reap();
+      const long long now = sys::monotonic_ns();
+      if (leader_done_ && (!whole_group_ || job_.gone())) break;
+      const NextStep next = next_step(deadlines(now), now);
+      if (next.action != JobAction::None) {
+        act(next, now);
+        continue;
+      }
+      take_signal(next.until, now);
     }
-    if (end.ended_by == JobEnd::EndedBy::Command) end.ended_by = by;
-    ending.whole_group = true;
-    ending.kill_at = min_deadline(ending.kill_at, kill_at);
-  };
+    end_.killed = killed_;
+    end_.ended_ns = sys::monotonic_ns();
+  }
 
-  for (;;) {
-    // Reap the command and any orphan of the job handed to looplock.
+private:
+  JobDeadlines deadlines(long long now) const {
+    JobDeadlines d;
+    d.kill_at = kill_at_;
+    d.max_time_at = max_time_at_;
+    if (lease_live_) {
+      d.lease_term_at = spec_.lease->term_by_ns();
+      d.renew_at = spec_.lease->next_renewal_ns();
+    }
+    if (leader_done_) d.group_poll_at = now + kGroupPollNs;
+    return d;
+  }
+
+  // Reaps the command and any orphan of the job handed to looplock.
+  void reap() {
     for (;;) {
       int st = 0;
-      const pid_t r = waitpid(-1, &st, wait_flags);
-      if (r == 0) break;
+      const pid_t r = waitpid(-1, &st, wait_flags_);
+      if (r == 0) return;
       if (r < 0) {
         if (errno == EINTR) continue;
         const int err = errno;
-        if (err == ECHILD && leader_done) break;
+        if (err == ECHILD && leader_done_) return;
         // looplock cannot follow the job any more: it must not run on while
         // the lock is released.
-        job.signal(SIGKILL);
-        job.ended();
+        job_.signal(SIGKILL);
+        job_.ended();
         fail_errno(exit_code::kOsError,
                    err == ECHILD ? "lost track of the command: wait(2) says looplock has no child"
                                  : "cannot wait for the command",
                    err, "The command's process group was sent KILL.");
       }
-      if (r != child) continue;  // an orphan, reaped
+      if (r != job_.pgid()) continue;  // an orphan, reaped
       if (WIFSTOPPED(st)) {
-        job.stopped(WSTOPSIG(st));
+        job_.stopped(WSTOPSIG(st));
         continue;
       }
-      end.status = st;
-      leader_done = true;
-      job.ended();
+      end_.status = st;
+      leader_done_ = true;
+      job_.ended();
     }
-    const long long now = sys::monotonic_ns();
-    if (leader_done && (!ending.whole_group || job.gone())) break;
+  }
 
-    // Deadlines: KILL, --max-time, the lease (renewed for as long as any of
-    // the job runs).
-    if (ending.kill_at != 0 && now >= ending.kill_at) {
-      log.warn("kill_after", end.ended_by == JobEnd::EndedBy::Command
-                                 ? "the command did not end within --kill-after of the TERM/INT it was sent; sending KILL"
-                             : end.ended_by == JobEnd::EndedBy::MaxTime
-                                 ? "the command did not end within --kill-after of the TERM sent at --max-time; sending KILL"
-                                 : "the command did not end before the lease could expire; sending KILL");
-      job.signal(SIGKILL);
-      end.signalled = true;
-      ending.kill_at = 0;
-      ending.killed = true;
-      continue;
-    }
-    if (max_time_at != 0 && now >= max_time_at) {
-      max_time_at = 0;
-      const auto& k = spec.max_time_kill_after_ns;
-      terminate(JobEnd::EndedBy::MaxTime, k && *k > 0 ? later(now, *k) : 0);
-      continue;
-    }
-    if (lease_live && now >= spec.lease->term_by_ns()) {
-      lease_live = false;
-      end.lease_lost = true;
-      terminate(JobEnd::EndedBy::Lease, spec.lease->kill_by_ns());
-      continue;
-    }
-    if (lease_live && now >= spec.lease->next_renewal_ns()) {
-      // While etcd does not answer, a renewal round takes until TERM is due
-      // at the latest; it must not hold up looplock's own deadlines.
-      if (!spec.lease->renew(min_deadline(spec.lease->term_by_ns(), min_deadline(ending.kill_at, max_time_at)),
-                             interrupting)) {
-        // Gone for good: another host may hold the lock already, so KILL
-        // comes no later than the lease's kill-after from now.
-        lease_live = false;
-        end.lease_lost = true;
-        const long long kill_after = std::max(spec.lease->kill_by_ns() - spec.lease->term_by_ns(), 0LL);
-        terminate(JobEnd::EndedBy::Lease, std::min(spec.lease->kill_by_ns(), sys::monotonic_ns() + kill_after));
+  void act(const NextStep& next, long long now) {
+    switch (next.action) {
+      case JobAction::Kill:
+        log_.warn("kill_after",
+                  end_.ended_by == JobEnd::EndedBy::Command
+                      ? "the command did not end within --kill-after of the TERM/INT it was sent; sending KILL"
+                  : end_.ended_by == JobEnd::EndedBy::MaxTime
+                      ? "the command did not end within --kill-after of the TERM sent at --max-time; sending KILL"
+                      : "the command did not end before the lease could expire; sending KILL");
+        job_.signal(SIGKILL);
+        end_.signalled = true;
+        kill_at_ = 0;
+        killed_ = true;
+        return;
+      case JobAction::MaxTimeTerm: {
+        max_time_at_ = 0;
+        const auto& k = spec_.max_time_kill_after_ns;
+        terminate(JobEnd::EndedBy::MaxTime, k && *k > 0 ? later(now, *k) : 0);
+        return;
       }
-      continue;
+      case JobAction::LeaseTerm:
+        lease_live_ = false;
+        end_.lease_lost = true;
+        terminate(JobEnd::EndedBy::Lease, spec_.lease->kill_by_ns());
+        return;
+      case JobAction::Renew:
+        if (!spec_.lease->renew(next.until, signals_.interrupting)) {
+          // Gone for good: another host may hold the lock already, so KILL
+          // comes no later than the lease's kill-after from now.
+          lease_live_ = false;
+          end_.lease_lost = true;
+          const long long kill_after = std::max(spec_.lease->kill_by_ns() - spec_.lease->term_by_ns(), 0LL);
+          terminate(JobEnd::EndedBy::Lease, std::min(spec_.lease->kill_by_ns(), sys::monotonic_ns() + kill_after));
+        }
+        return;
+      case JobAction::Warn:
+      case JobAction::None:
+        return;
     }
+  }
 
-    long long until = min_deadline(ending.kill_at, max_time_at);
-    if (lease_live) until = min_deadline(until, std::min(spec.lease->term_by_ns(), spec.lease->next_renewal_ns()));
-    if (leader_done) until = min_deadline(until, now + kGroupPollNs);
+  // looplock ends the job: TERM (and CONT, for a stopped job) to the group,
+  // once; KILL by `kill_at` (0: never); and the whole group is waited for.
+  void terminate(JobEnd::EndedBy by, long long kill_at) {
+    if (!term_sent_) {
+      job_.signal(SIGTERM);
+      job_.signal(SIGCONT);
+      end_.signalled = true;
+      term_sent_ = true;
+      end_.term_sent_ns = sys::monotonic_ns();
+    }
+    if (end_.ended_by == JobEnd::EndedBy::Command) end_.ended_by = by;
+    whole_group_ = true;
+    kill_at_ = earliest(kill_at_, kill_at);
+  }
 
+  // Waits for a signal until `until` (0: without limit) and passes it on.
+  void take_signal(long long until, long long now) {
     siginfo_t info{};
     int sig;
     if (until != 0) {
       const long long left = std::max(until - now, 1LL);
       const timespec ts{static_cast<time_t>(left / kSec), static_cast<long>(left % kSec)};
-      sig = sigtimedwait(&supervised, &info, &ts);
+      sig = sigtimedwait(&signals_.supervised, &info, &ts);
     } else {
-      sig = sigwaitinfo(&supervised, &info);
+      sig = sigwaitinfo(&signals_.supervised, &info);
     }
-    if (sig < 0) continue;  // EINTR, or EAGAIN: a deadline came
+    if (sig < 0) return;  // EINTR, or EAGAIN: a deadline came
     const bool sent = info.si_code == SI_USER || info.si_code == SI_QUEUE || info.si_code == SI_TKILL;
-    if (sig == SIGCHLD && !sent) continue;  // a child changed state: reaped above
+    if (sig == SIGCHLD && !sent) return;  // a child changed state: reaped next
     // looplock's own: a write of its own to a closed pipe or past
     // RLIMIT_FSIZE (the kernel sends PIPE or XFSZ as from looplock itself).
-    if (sent && info.si_pid == parent) continue;
+    if (sent && info.si_pid == parent_) return;
     if (sig == SIGCONT) {
-      job.resume();
-      continue;
+      job_.resume();
+      return;
     }
-    if (sig == SIGHUP && job.hangup_reaches_it_directly()) continue;
-    job.signal(sig);
-    end.signalled = true;
-    if ((sig == SIGTERM || sig == SIGINT) && spec.kill_after_ns && !ending.kill_after_armed) {
-      ending.kill_after_armed = true;
-      ending.whole_group = true;
-      ending.kill_at = min_deadline(ending.kill_at, later(sys::monotonic_ns(), *spec.kill_after_ns));
+    if (sig == SIGHUP && job_.hangup_reaches_it_directly()) return;
+    job_.signal(sig);
+    end_.signalled = true;
+    if ((sig == SIGTERM || sig == SIGINT) && spec_.kill_after_ns && !kill_after_armed_) {
+      kill_after_armed_ = true;
+      whole_group_ = true;
+      kill_at_ = earliest(kill_at_, later(sys::monotonic_ns(), *spec_.kill_after_ns));
     }
   }
-  end.killed = ending.killed;
-  end.ended_ns = sys::monotonic_ns();
+
+  const CommandSpec& spec_;
+  const Logger& log_;
+  const SignalSets& signals_;
+  Job& job_;
+  JobEnd& end_;
+  const pid_t parent_;
+  const int wait_flags_;
+  bool lease_live_;
+  long long max_time_at_ = 0;
+  long long kill_at_ = 0;         // 0: no KILL planned
+  bool kill_after_armed_ = false;  // a forwarded TERM/INT started --kill-after
+  bool term_sent_ = false;         // looplock sent its own TERM (--max-time, the lease)
+  bool whole_group_ = false;       // wait for the whole group, not only the command's first process
+  bool killed_ = false;
+  bool leader_done_ = false;
+};
+
+}  // namespace
+
+int exec_failure_status(int err) {
+  return (err == ENOENT || err == ENOTDIR || err == ENAMETOOLONG) ? exit_code::kNotFound
+                                                                  : exit_code::kNotExecutable;
+}
+
+JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log) {
+  const SignalSets signals = block_signals();
+  // Orphans of the job are reparented to looplock and reaped here: that
+  // keeps the job's processes findable (a lock they keep is reported) and,
+  // as PID 1 of a pid namespace, reaps what would otherwise pile up.
+  (void)prctl(PR_SET_CHILD_SUBREAPER, 1);
+  const Terminal tty = Terminal::find();
+  bool has_terminal = false;
+  const pid_t child = start_job(spec, inherited, tty, log, has_terminal);
+  JobEnd end;
+  end.started_ns = sys::monotonic_ns();
+  end.pgid = child;
+  Job job(child, tty, has_terminal);
+  Supervisor(spec, log, signals, job, end, tty.present()).run();
   return end;
 }
 

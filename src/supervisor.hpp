@@ -1,0 +1,38 @@
+// What the job loop (spawn.cpp) does next: a pure function of the job's
+// deadlines and the time, so that the deadline rules looplock adds to a
+// command (--kill-after, --max-time, the lease's TERM and its renewals, the
+// warning before them) are tested without processes. All times are
+// CLOCK_MONOTONIC ns; 0 means "none".
+#pragma once
+
+namespace looplock {
+
+struct JobDeadlines {
+  long long kill_at = 0;        // KILL the job's group (--kill-after after a TERM, or the lease's)
+  long long warn_at = 0;        // send the job the warning signal (--warn-before), once
+  long long max_time_at = 0;    // --max-time's TERM
+  long long lease_term_at = 0;  // the lease's TERM deadline, while the lease is live
+  long long renew_at = 0;       // the lease's next renewal, while it is live
+  long long group_poll_at = 0;  // the command has ended, the rest of its group is looked for then
+};
+
+enum class JobAction { None, Kill, Warn, MaxTimeTerm, LeaseTerm, Renew };
+
+struct NextStep {
+  JobAction action = JobAction::None;
+  // None: wait for a signal until then (0: without limit). Renew: the
+  // renewal must return by then (it must not hold up another deadline).
+  long long until = 0;
+};
+
+// The first deadline that is due, in this order: KILL, the warning,
+// --max-time's TERM, the lease's TERM, a renewal; else how long to wait.
+NextStep next_step(const JobDeadlines& d, long long now);
+
+// The earlier of two deadlines (0: none).
+long long earliest(long long a, long long b);
+// t + d for a deadline, saturating: a duration of centuries (--max-time
+// 100000d) is a deadline that never comes, not an overflow.
+long long later(long long t, long long d);
+
+}  // namespace looplock
