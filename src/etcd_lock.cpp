@@ -17,7 +17,7 @@ EtcdLock::EtcdLock(const Options& options, pid_t pid, const Logger& log, const R
       log_(log),
       reporter_(reporter),
       host_(sys::host_name()),
-      lock_(transport, etcd::parse_endpoints(options.etcd).endpoints,
+      lock_(transport, options.endpoints,
             cluster_lock_name(options.lock_name, target.canonical_dir), options.ttl_s, options.lease_kill_after_ns,
             log, cluster_access(options, log)) {}
 

@@ -259,7 +259,7 @@ void inspect_cluster(const Options& o, const LockDir& dir, etcd::Transport* etcd
   if (!etcd) throw Fatal(exit_code::kOsError, "internal error: --inspect --etcd without an HTTP client");
   const ClusterAccess access = cluster_access(o, log);
   etcd->configure(access.tls);
-  etcd::Client client(*etcd, etcd::parse_endpoints(o.etcd).endpoints);
+  etcd::Client client(*etcd, o.endpoints);
   if (!access.user.empty()) client.set_credentials(access.user, access.password);
   const long long deadline = sys::monotonic_ns() + 5'000'000'000LL;
   const etcd::Deadline bound{deadline, 1'000'000'000LL};

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "error.hpp"
+#include "option_table.hpp"
 #include "lease.hpp"
 #include "etcd.hpp"
 #include "duration.hpp"
@@ -23,22 +24,19 @@ constexpr std::string_view kTryHelp = "Try 'looplock --help' for more informatio
   throw Fatal(exit_code::kUsage, message, std::move(hint));
 }
 
-// Options that take a value: the splitter must skip their values when it
-// looks for "--" and "-c". Keep in sync with build_parser() (a unit test
-// checks that every option declared there is classified here).
-constexpr std::array kValueShort = {'p', 'w', 'E'};
-constexpr std::array<std::string_view, 19> kValueLong = {
-    "policy", "timeout", "conflict-exit-code", "skip-exit-code", "agent",
-    "operation", "log-format", "kill-after", "max-time", "metrics-dir",
-    "stale-after", "etcd", "lock-name", "ttl",
-    // the cluster lock's TLS and authentication
-    "etcd-cacert", "etcd-cert", "etcd-key", "etcd-user", "etcd-password-file"};
+// Options that take a value (from the table): the splitter must skip their
+// values when it looks for "--" and "-c".
+bool letter_takes_value(char c) {
+  const auto table = option_table();
+  return std::any_of(table.begin(), table.end(), [&](const OptionSpec& o) { return o.letter == c && !o.value.empty(); });
+}
 
 bool long_takes_value(std::string_view arg) {
   // "--name" (value in the next argument); "--name=value" carries its own.
   if (!arg.starts_with("--") || arg.find('=') != std::string_view::npos) return false;
   arg.remove_prefix(2);
-  return std::find(kValueLong.begin(), kValueLong.end(), arg) != kValueLong.end();
+  const OptionSpec* o = find_option(arg);
+  return o && !o->value.empty();
 }
 
 // For a group of short options like "-qw": whether its last value-taking
@@ -46,7 +44,7 @@ bool long_takes_value(std::string_view arg) {
 bool short_group_takes_next(std::string_view arg) {
   if (arg.size() < 2 || arg[0] != '-' || arg[1] == '-') return false;
   for (size_t i = 1; i < arg.size(); ++i) {
-    if (std::find(kValueShort.begin(), kValueShort.end(), arg[i]) != kValueShort.end()) {
+    if (letter_takes_value(arg[i])) {
       return i + 1 == arg.size();  // "-w5" carries its value
     }
   }
@@ -57,7 +55,7 @@ bool short_group_takes_next(std::string_view arg) {
 std::optional<size_t> attached_short_value(std::string_view arg) {
   if (arg.size() < 3 || arg[0] != '-' || arg[1] == '-') return std::nullopt;
   for (size_t i = 1; i < arg.size(); ++i) {
-    if (std::find(kValueShort.begin(), kValueShort.end(), arg[i]) != kValueShort.end()) {
+    if (letter_takes_value(arg[i])) {
       if (i + 1 < arg.size()) return i + 1;
       return std::nullopt;
     }
@@ -111,51 +109,23 @@ Split split_argv(const std::vector<std::string>& argv) {
   return s;
 }
 
-// `cluster_access`: declare the --etcd-* TLS and authentication options too.
-// Each declared option costs cxxopts start-up time (about 11 K instructions,
-// docs/BENCHMARKS.md), so they are declared only when the command line names
-// one: the run of every loop pays nothing for them.
-cxxopts::Options build_parser(bool cluster_access) {
-  cxxopts::Options o("looplock", "");
-  o.add_options()
-      ("h,help", "")
-      ("V,version", "")
-      ("p,policy", "", cxxopts::value<std::string>())
-      ("w,timeout", "", cxxopts::value<std::string>())
-      ("E,conflict-exit-code", "", cxxopts::value<std::string>())
-      ("skip-exit-code", "", cxxopts::value<std::string>())
-      ("s,shared", "")
-      ("x,exclusive", "")
-      ("n,nonblock", "")
-      ("u,unlock", "")
-      ("o,close", "")
-      ("F,no-fork", "")
-      ("agent", "", cxxopts::value<std::string>())
-      ("operation", "", cxxopts::value<std::string>())
-      ("v,verbose", "")
-      ("q,quiet", "")
-      ("log-format", "", cxxopts::value<std::string>())
-      ("kill-after", "", cxxopts::value<std::string>())
-      ("max-time", "", cxxopts::value<std::string>())
-      ("metrics-dir", "", cxxopts::value<std::string>())
-      ("check", "")
-      ("inspect", "")
-      ("json", "")
-      ("stale-after", "", cxxopts::value<std::string>())
-      ("etcd", "", cxxopts::value<std::string>())
-      ("lock-name", "", cxxopts::value<std::string>())
-      ("ttl", "", cxxopts::value<std::string>())
-      ("positional", "", cxxopts::value<std::vector<std::string>>());
-  if (cluster_access) {
-    o.add_options()
-        ("etcd-cacert", "", cxxopts::value<std::string>())
-        ("etcd-cert", "", cxxopts::value<std::string>())
-        ("etcd-key", "", cxxopts::value<std::string>())
-        ("etcd-user", "", cxxopts::value<std::string>())
-        ("etcd-password-file", "", cxxopts::value<std::string>());
+// Declares the table's options to cxxopts. Each declared option costs
+// start-up time (about 11 K instructions, docs/BENCHMARKS.md): the on-demand
+// ones (--etcd-*) are declared only when the command line names one.
+cxxopts::Options build_parser(bool on_demand) {
+  cxxopts::Options parser("looplock", "");
+  for (const auto& o : option_table()) {
+    if (o.on_demand && !on_demand) continue;
+    const std::string names = (o.letter ? std::string(1, o.letter) + "," : std::string()) + std::string(o.name);
+    if (o.value.empty()) {
+      parser.add_options()(names, "");
+    } else {
+      parser.add_options()(names, "", cxxopts::value<std::string>());
+    }
   }
-  o.parse_positional({"positional"});
-  return o;
+  parser.add_options()("positional", "", cxxopts::value<std::vector<std::string>>());
+  parser.parse_positional({"positional"});
+  return parser;
 }
 
 // cxxopts' exception in looplock's words, with the option as it is typed
@@ -238,59 +208,6 @@ Family interpreter_family(std::string_view base) {
       base == "Rscript")
     return Family::Perl;
   return Family::None;
-}
-
-// --etcd-cacert, --etcd-cert, --etcd-key, --etcd-user, --etcd-password-file
-// and their environment defaults.
-void parse_cluster_access(const cxxopts::ParseResult& r, const Environment& env, Options& o) {
-  const auto endpoints = etcd::parse_endpoints(o.etcd).endpoints;
-  const bool any_tls = std::any_of(endpoints.begin(), endpoints.end(), [](const etcd::Endpoint& e) { return e.tls; });
-  struct File {
-    const char* option;
-    const std::optional<std::string>& env_default;
-    std::string& out;
-  };
-  for (File f : {File{"etcd-cacert", env.looplock_etcd_cacert, o.etcd_cacert},
-                 File{"etcd-cert", env.looplock_etcd_client_cert, o.etcd_cert},
-                 File{"etcd-key", env.looplock_etcd_client_key, o.etcd_key}}) {
-    const std::string option = std::string("--") + f.option;
-    if (r.count(f.option)) {
-      f.out = r[f.option].as<std::string>();
-      if (f.out.empty()) usage_error("invalid " + option + " '': expected a file name");
-      if (o.etcd.empty()) usage_error(option + " '" + f.out + "' applies only with --etcd ENDPOINTS");
-      if (!any_tls) {
-        usage_error(option + " '" + f.out + "' applies only to https:// endpoints",
-                    "Give the etcd endpoints as https://HOST:PORT.");
-      }
-    } else if (any_tls && f.env_default && !f.env_default->empty()) {
-      f.out = *f.env_default;  // the environment's default: only for https:// endpoints
-    }
-  }
-  if (o.etcd_cert.empty() != o.etcd_key.empty()) {
-    usage_error(std::string(o.etcd_cert.empty() ? "--etcd-key" : "--etcd-cert") + " needs " +
-                    (o.etcd_cert.empty() ? "--etcd-cert" : "--etcd-key") + " too",
-                "A client certificate goes with its private key: give both (or $LOOPLOCK_ETCD_CLIENT_CERT and "
-                "$LOOPLOCK_ETCD_CLIENT_KEY).");
-  }
-  if (r.count("etcd-user")) {
-    o.etcd_user = r["etcd-user"].as<std::string>();
-    if (o.etcd_user.empty()) usage_error("invalid --etcd-user '': expected an etcd user name");
-    if (o.etcd.empty()) usage_error("--etcd-user '" + o.etcd_user + "' applies only with --etcd ENDPOINTS");
-  }
-  if (r.count("etcd-password-file")) {
-    o.etcd_password_file = r["etcd-password-file"].as<std::string>();
-    if (o.etcd_user.empty()) {
-      usage_error("--etcd-password-file '" + o.etcd_password_file + "' applies only with --etcd-user NAME");
-    }
-    if (o.etcd_password_file.empty()) usage_error("invalid --etcd-password-file '': expected a file name");
-  } else if (!o.etcd_user.empty()) {
-    if (!env.looplock_etcd_password || env.looplock_etcd_password->empty()) {
-      usage_error("--etcd-user '" + o.etcd_user + "' needs a password",
-                  "Put it in $LOOPLOCK_ETCD_PASSWORD, or in a file for --etcd-password-file FILE (never on the "
-                  "command line).");
-    }
-    o.etcd_password = env.looplock_etcd_password;
-  }
 }
 
 }  // namespace
@@ -385,40 +302,33 @@ std::string derive_operation(const std::vector<std::string>& command) {
   return base;
 }
 
-Options parse_options(const std::vector<std::string>& argv, const Environment& env) {
-  Split split = split_argv(argv);
+namespace {
 
-  const bool cluster_access = std::any_of(split.own.begin(), split.own.end(),
-                                          [](const std::string& a) { return a.starts_with("--etcd-"); });
-  cxxopts::Options parser = build_parser(cluster_access);
-  std::vector<const char*> cargv;
-  cargv.reserve(split.own.size());
-  for (const auto& a : split.own) cargv.push_back(a.c_str());
-
+// The cxxopts parse of looplock's own arguments (never the command's).
+cxxopts::ParseResult parse_own(const Split& split) {
   for (const auto& a : split.own) {
     if (a == "--etcd-password" || a.starts_with("--etcd-password=")) {
       usage_error("--etcd-password is not an option: a password on the command line is visible to every user",
                   "Put it in $LOOPLOCK_ETCD_PASSWORD, or in a file for --etcd-password-file FILE.");
     }
   }
-  cxxopts::ParseResult r;
+  const bool on_demand = std::any_of(split.own.begin(), split.own.end(),
+                                     [](const std::string& a) { return a.starts_with("--etcd-"); });
+  cxxopts::Options parser = build_parser(on_demand);
+  std::vector<const char*> cargv;
+  cargv.reserve(split.own.size());
+  for (const auto& a : split.own) cargv.push_back(a.c_str());
   try {
-    r = parser.parse(static_cast<int>(cargv.size()), cargv.data());
+    return parser.parse(static_cast<int>(cargv.size()), cargv.data());
   } catch (const cxxopts::exceptions::exception& e) {
     usage_error(cxxopts_message(e, split.own));
   }
+}
 
-  Options o;
-  if (r.count("help")) {
-    o.mode = Mode::Help;
-    return o;
-  }
-  if (r.count("version")) {
-    o.mode = Mode::Version;
-    return o;
-  }
-  if (r.count("inspect")) o.mode = Mode::Inspect;
+const std::string& text_of(const cxxopts::ParseResult& r, const char* name) { return r[name].as<std::string>(); }
 
+// DIR (or the DIRs of --inspect), and flock(1)'s -u pointed elsewhere.
+void read_dirs(const cxxopts::ParseResult& r, Options& o) {
   if (r.count("unlock")) {
     usage_error("-u/--unlock is not an option: looplock releases the lock itself when the command has ended",
                 "flock -u unlocks a descriptor; under looplock, a command that must let go early can close "
@@ -432,133 +342,218 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
                                    : "Give the loop directory, then the command: looplock [OPTIONS] DIR -- COMMAND "
                                      "[ARG]...");
   }
-  o.dir = positional[0];
   for (const auto& d : positional) {
     if (d.empty()) usage_error("DIR is an empty string");
   }
   if (positional.size() > 1 && o.mode != Mode::Inspect) {
-    usage_error("unexpected argument '" + positional[1] + "' before '--'",
+    usage_error("unexpected argument " + quote(positional[1]) + " before '--'",
                 "Put the command after '--': looplock DIR -- " + positional[1] + " ...");
   }
+  o.dir = positional[0];
   o.dirs = positional;
+}
 
+// Whether option `name` is given (--etcd also by $LOOPLOCK_ETCD).
+bool given(const cxxopts::ParseResult& r, const Options& o, std::string_view name) {
+  if (name == "etcd" && !o.etcd.empty()) return true;
+  return r.count(std::string(name)) > 0;
+}
+
+// The table's rules: each option applies in its modes only, some only with
+// --etcd, some not with -F; and the pairs that exclude each other.
+void check_applicable(const cxxopts::ParseResult& r, const Options& o) {
+  const bool no_fork = r.count("no-fork") > 0;
+  for (const auto& spec : option_table()) {
+    if (!given(r, o, spec.name) || (spec.name == "etcd" && !r.count("etcd"))) continue;
+    const std::string shown = option_shown(spec);
+    if (o.mode == Mode::Inspect && !(spec.applies & kInInspect)) usage_error(shown + " does not apply to --inspect");
+    if (o.mode == Mode::Run && !(spec.applies & kInRun)) {
+      usage_error(shown + " only applies to --inspect",
+                  spec.name == "json" ? "Use --log-format json for JSON log lines." : std::string(kTryHelp));
+    }
+    if (spec.needs_etcd && o.etcd.empty()) usage_error(shown + " applies only with --etcd ENDPOINTS");
+  }
+  if (o.mode != Mode::Run) return;
+  for (const auto& spec : option_table()) {
+    if (spec.not_with_no_fork && no_fork && given(r, o, spec.name)) {
+      usage_error(option_shown(spec) + (spec.name == "etcd" && !r.count("etcd") ? " ($LOOPLOCK_ETCD)" : "") +
+                      " needs looplock to stay the command's parent; drop -F/--no-fork",
+                  spec.name == "etcd" ? "looplock must stay to keep the etcd lease alive." : std::string(kTryHelp));
+    }
+  }
+  for (const auto& c : option_conflicts()) {
+    if (given(r, o, c.a) && given(r, o, c.b)) {
+      usage_error(option_shown(*find_option(c.a)) + " and " + option_shown(*find_option(c.b)) +
+                      " cannot be combined" + (c.why.empty() ? "" : ": " + std::string(c.why)),
+                  c.hint.empty() ? std::string(kTryHelp) : std::string(c.hint));
+    }
+  }
+}
+
+// -p, -w, -n, -E, --skip-exit-code.
+void read_policy(const cxxopts::ParseResult& r, Options& o) {
   if (r.count("policy")) {
-    auto p = parse_policy(r["policy"].as<std::string>());
+    auto p = parse_policy(text_of(r, "policy"));
     if (!p) {
-      usage_error("unknown policy '" + r["policy"].as<std::string>() + "'",
+      usage_error("unknown policy " + quote(text_of(r, "policy")),
                   "Policies: mutation (default), monitor, single_flight, blocking.");
     }
     o.policy = *p;
   }
   // -n/--nonblock is flock(1)'s spelling of -w 0: one attempt under the policy in force.
-  if (r.count("nonblock") && r.count("timeout")) usage_error("-n/--nonblock and -w/--timeout cannot be combined");
   if (r.count("timeout") || r.count("nonblock")) {
-    const char* given = r.count("timeout") ? "-w/--timeout" : "-n/--nonblock";
+    const bool w = r.count("timeout") > 0;
     if (!policy_takes_timeout(o.policy)) {
-      usage_error(std::string(given) + " does not apply to policy " + std::string(policy_name(o.policy)),
+      usage_error(std::string(w ? "-w/--timeout" : "-n/--nonblock") + " does not apply to policy " +
+                      std::string(policy_name(o.policy)),
                   "single_flight never waits and blocking waits without limit; use -p mutation or -p monitor with " +
-                      std::string(r.count("timeout") ? "-w." : "-n (or -p single_flight -q for a silent skip)."));
+                      std::string(w ? "-w." : "-n (or -p single_flight -q for a silent skip)."));
     }
-    o.timeout_ns = r.count("timeout") ? duration_option("timeout", r["timeout"].as<std::string>()) : 0;
+    o.timeout_ns = w ? duration_option("timeout", text_of(r, "timeout")) : 0;
   }
   if (r.count("conflict-exit-code")) o.conflict_exit_code = parse_exit_code(r, "conflict-exit-code", 1, 255);
   if (r.count("skip-exit-code")) o.skip_exit_code = parse_exit_code(r, "skip-exit-code", 0, 255);
+}
+
+// -s, -o, -F, --kill-after, --max-time (and what they resolve to).
+void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
   o.shared = r.count("shared") > 0;
-  if (o.shared && r.count("exclusive")) usage_error("-s/--shared and -x/--exclusive cannot be combined");
   o.close_fd = r.count("close") > 0;
   o.no_fork = r.count("no-fork") > 0;
-  if (o.no_fork && o.close_fd) {
-    usage_error("-F/--no-fork and -o/--close cannot be combined",
-                "With -F the command itself holds the lock; drop one of them.");
-  }
-  if (r.count("kill-after")) {
-    const auto& text = r["kill-after"].as<std::string>();
-    o.kill_after_ns = duration_option("kill-after", text);  // 0 and inf: never, as in timeout(1)
-    if (o.no_fork) usage_error("--kill-after needs looplock to stay the command's parent; drop -F/--no-fork");
-  }
+  if (r.count("kill-after")) o.kill_after_ns = duration_option("kill-after", text_of(r, "kill-after"));
   if (r.count("max-time")) {
-    const auto& text = r["max-time"].as<std::string>();
-    if (const long long d = duration_option("max-time", text); d != 0 && d != kForever) o.max_time_ns = d;
-    if (o.no_fork) usage_error("--max-time needs looplock to stay the command's parent; drop -F/--no-fork");
+    if (const long long d = duration_option("max-time", text_of(r, "max-time")); d != 0 && d != kForever) {
+      o.max_time_ns = d;
+    }
   }
-  if (r.count("metrics-dir")) {
-    o.metrics_dir = r["metrics-dir"].as<std::string>();
-    if (o.metrics_dir.empty()) usage_error("invalid --metrics-dir '': expected a directory");
-  } else if (env.metrics_dir) {
-    o.metrics_dir = *env.metrics_dir;
-  }
-  if (r.count("verbose") && r.count("quiet")) usage_error("-v/--verbose and -q/--quiet cannot be combined");
+  // KILL after a forwarded TERM/INT: --kill-after, where 0 and inf mean
+  // never, as in timeout(1); after --max-time's TERM: the same, or 5 s when
+  // it was not given.
+  if (o.kill_after_ns && *o.kill_after_ns != 0 && *o.kill_after_ns != kForever) o.signal_kill_after_ns = o.kill_after_ns;
+  o.max_time_kill_after_ns = o.kill_after_ns ? o.signal_kill_after_ns : std::optional<long long>(kDefaultKillAfterNs);
+}
+
+// -v, -q, --log-format, --metrics-dir.
+void read_output(const cxxopts::ParseResult& r, const Environment& env, Options& o) {
   if (r.count("verbose")) o.verbosity = Verbosity::Verbose;
   if (r.count("quiet")) o.verbosity = Verbosity::Quiet;
   if (r.count("log-format")) {
-    const auto& f = r["log-format"].as<std::string>();
-    if (f == "text") o.log_format = LogFormat::Text;
-    else if (f == "json") o.log_format = LogFormat::Json;
-    else usage_error("invalid --log-format '" + f + "': expected text or json");
+    const auto& f = text_of(r, "log-format");
+    if (f == "text") {
+      o.log_format = LogFormat::Text;
+    } else if (f == "json") {
+      o.log_format = LogFormat::Json;
+    } else {
+      usage_error("invalid --log-format " + quote(f) + ": expected text or json");
+    }
   }
+  if (r.count("metrics-dir")) {
+    o.metrics_dir = text_of(r, "metrics-dir");
+    if (o.metrics_dir.empty()) usage_error("invalid --metrics-dir '': expected a directory");
+  } else if (env.metrics_dir && o.mode == Mode::Run) {
+    o.metrics_dir = *env.metrics_dir;
+  }
+}
 
-  // Cluster lock.
+// --etcd (or $LOOPLOCK_ETCD), before the rules are checked: whether the
+// cluster lock is asked for decides which options apply.
+void read_endpoints(const cxxopts::ParseResult& r, const Environment& env, Options& o) {
   if (r.count("etcd")) {
-    o.etcd = r["etcd"].as<std::string>();
+    o.etcd = text_of(r, "etcd");
     if (o.etcd.empty()) usage_error("invalid --etcd '': expected endpoints such as http://127.0.0.1:2379");
   } else if (env.looplock_etcd && !env.looplock_etcd->empty()) {
     o.etcd = *env.looplock_etcd;
   }
-  if (!o.etcd.empty()) {
-    if (auto parsed = etcd::parse_endpoints(o.etcd); !parsed.error.empty()) {
-      usage_error("invalid --etcd '" + o.etcd + "' (or $LOOPLOCK_ETCD): " + parsed.error,
-                  "Give comma-separated http://HOST:PORT or https://HOST:PORT endpoints of the etcd cluster "
-                  "(etcd 3.4+).");
+  if (o.etcd.empty()) return;
+  auto parsed = etcd::parse_endpoints(o.etcd);
+  if (!parsed.error.empty()) {
+    usage_error("invalid --etcd " + quote(o.etcd) + " (or $LOOPLOCK_ETCD): " + parsed.error,
+                "Give comma-separated http://HOST:PORT or https://HOST:PORT endpoints of the etcd cluster "
+                "(etcd 3.4+).");
+  }
+  o.endpoints = std::move(parsed.endpoints);
+}
+
+// --etcd-cacert, --etcd-cert, --etcd-key, --etcd-user, --etcd-password-file
+// and their environment defaults.
+void read_cluster_access(const cxxopts::ParseResult& r, const Environment& env, Options& o) {
+  const bool any_tls = std::any_of(o.endpoints.begin(), o.endpoints.end(), [](const etcd::Endpoint& e) { return e.tls; });
+  struct File {
+    const char* option;
+    const std::optional<std::string>& env_default;
+    std::string& out;
+  };
+  for (File f : {File{"etcd-cacert", env.looplock_etcd_cacert, o.etcd_cacert},
+                 File{"etcd-cert", env.looplock_etcd_client_cert, o.etcd_cert},
+                 File{"etcd-key", env.looplock_etcd_client_key, o.etcd_key}}) {
+    const std::string option = std::string("--") + f.option;
+    if (r.count(f.option)) {
+      f.out = text_of(r, f.option);
+      if (f.out.empty()) usage_error("invalid " + option + " '': expected a file name");
+      if (!any_tls) {
+        usage_error(option + " " + quote(f.out) + " applies only to https:// endpoints",
+                    "Give the etcd endpoints as https://HOST:PORT.");
+      }
+    } else if (any_tls && f.env_default && !f.env_default->empty()) {
+      f.out = *f.env_default;  // the environment's default: only for https:// endpoints
     }
   }
+  if (o.etcd_cert.empty() != o.etcd_key.empty()) {
+    usage_error(std::string(o.etcd_cert.empty() ? "--etcd-key" : "--etcd-cert") + " needs " +
+                    (o.etcd_cert.empty() ? "--etcd-cert" : "--etcd-key") + " too",
+                "A client certificate goes with its private key: give both (or $LOOPLOCK_ETCD_CLIENT_CERT and "
+                "$LOOPLOCK_ETCD_CLIENT_KEY).");
+  }
+  if (r.count("etcd-user")) {
+    o.etcd_user = text_of(r, "etcd-user");
+    if (o.etcd_user.empty()) usage_error("invalid --etcd-user '': expected an etcd user name");
+  }
+  if (r.count("etcd-password-file")) {
+    o.etcd_password_file = text_of(r, "etcd-password-file");
+    if (o.etcd_user.empty()) {
+      usage_error("--etcd-password-file " + quote(o.etcd_password_file) + " applies only with --etcd-user NAME");
+    }
+    if (o.etcd_password_file.empty()) usage_error("invalid --etcd-password-file '': expected a file name");
+  } else if (!o.etcd_user.empty()) {
+    if (!env.looplock_etcd_password || env.looplock_etcd_password->empty()) {
+      usage_error("--etcd-user " + quote(o.etcd_user) + " needs a password",
+                  "Put it in $LOOPLOCK_ETCD_PASSWORD, or in a file for --etcd-password-file FILE (never on the "
+                  "command line).");
+    }
+    o.etcd_password = env.looplock_etcd_password;
+  }
+}
+
+// --lock-name, --ttl, TLS and login.
+void read_cluster(const cxxopts::ParseResult& r, const Environment& env, Options& o) {
+  if (o.etcd.empty()) return;
   if (r.count("lock-name")) {
-    o.lock_name = r["lock-name"].as<std::string>();
-    if (o.etcd.empty()) usage_error("--lock-name '" + o.lock_name + "' applies only with --etcd ENDPOINTS");
+    o.lock_name = text_of(r, "lock-name");
     if (!valid_lock_name(o.lock_name)) {
-      usage_error("invalid --lock-name '" + o.lock_name + "': expected 1 to 255 bytes without control characters");
+      usage_error("invalid --lock-name " + quote(o.lock_name) + ": expected 1 to 255 bytes without control characters");
     }
   }
   if (r.count("ttl")) {
-    const auto& text = r["ttl"].as<std::string>();
-    if (o.etcd.empty()) usage_error("--ttl '" + text + "' applies only with --etcd ENDPOINTS");
+    const auto& text = text_of(r, "ttl");
     auto v = parse_int(text);
-    if (!v || *v < 2 || *v > 86400) usage_error("invalid --ttl '" + text + "': expected whole seconds from 2 to 86400");
-    if (o.mode == Mode::Inspect) usage_error("--ttl does not apply to --inspect");
+    if (!v || *v < 2 || *v > 86400) usage_error("invalid --ttl " + quote(text) + ": expected whole seconds from 2 to 86400");
     o.ttl_s = *v;
   }
-  parse_cluster_access(r, env, o);
-  if (!o.etcd.empty() && o.mode == Mode::Run) {
-    o.lease_kill_after_ns = lease_kill_after_ns(
-        o.kill_after_ns, o.ttl_s, r.count("kill-after") ? r["kill-after"].as<std::string>() : std::string());
-    if (o.shared) {
-      usage_error("--etcd cannot be combined with -s/--shared: shared cluster locks are not supported",
-                  "Drop -s, or run without --etcd (and without $LOOPLOCK_ETCD) for a shared local lock.");
-    }
-    if (o.no_fork) {
-      usage_error("--etcd cannot be combined with -F/--no-fork: looplock must stay to keep the etcd lease alive",
-                  "Drop -F; the command then runs as looplock's child.");
-    }
-  }
+  read_cluster_access(r, env, o);
+}
 
-  if (o.mode == Mode::Inspect) {
-    o.json = r.count("json") > 0;
-    o.check = r.count("check") > 0;
-    for (const char* name : {"max-time", "kill-after", "metrics-dir"}) {
-      if (r.count(name)) usage_error("--" + std::string(name) + " does not apply to --inspect");
-    }
-    if (r.count("stale-after")) {
-      const auto& text = r["stale-after"].as<std::string>();
-      o.stale_after_ns = duration_option("stale-after", text);
-    }
-    if (split.saw_dashdash || split.shell_command) {
-      usage_error("--inspect takes no command", "Give only directories: looplock --inspect [--json] [--check] DIR...");
-    }
-    return o;
+// --json, --check, --stale-after; and no command.
+void read_inspect(const cxxopts::ParseResult& r, const Split& split, Options& o) {
+  o.json = r.count("json") > 0;
+  o.check = r.count("check") > 0;
+  if (r.count("stale-after")) o.stale_after_ns = duration_option("stale-after", text_of(r, "stale-after"));
+  if (split.saw_dashdash || split.shell_command) {
+    usage_error("--inspect takes no command", "Give only directories: looplock --inspect [--json] [--check] DIR...");
   }
-  if (r.count("json")) usage_error("--json only applies to --inspect", "Use --log-format json for JSON log lines.");
-  if (r.count("check")) usage_error("--check only applies to --inspect");
-  if (r.count("stale-after")) usage_error("--stale-after only applies to --inspect");
+}
 
+// The command, and who runs what: --agent, --operation and their defaults.
+void read_command(const cxxopts::ParseResult& r, const Split& split, const Environment& env, Options& o) {
   if (split.shell_command) {
     if (split.shell_command->empty()) {
       usage_error("option -c needs a non-empty SHELL-COMMAND", "Example: looplock DIR -c 'python3 status.py --tick'");
@@ -566,12 +561,10 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
     o.shell_form = true;
     o.command = {"/bin/sh", "-c", "--", *split.shell_command};  // "--": a string may start with "-"
   } else if (split.saw_dashdash) {
-    if (split.command.empty()) {
-      usage_error("no command after '--'", "Example: looplock DIR -- python3 status.py --tick");
-    }
+    if (split.command.empty()) usage_error("no command after '--'", "Example: looplock DIR -- python3 status.py --tick");
     o.command = split.command;
   } else if (!o.dir.empty() && o.dir.find_first_not_of("0123456789") == std::string::npos) {
-    usage_error("missing '--' before the command; '" + o.dir + "' is taken as DIR, not as a descriptor",
+    usage_error("missing '--' before the command; " + quote(o.dir) + " is taken as DIR, not as a descriptor",
                 "looplock locks a loop directory, not a descriptor (flock's 'flock N' form). Under looplock the "
                 "command already holds the lock through $LOOPLOCK_FD; run it as looplock [OPTIONS] DIR -- COMMAND.");
   } else {
@@ -579,20 +572,53 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
                 "Put '--' between DIR and the command: looplock [OPTIONS] DIR -- COMMAND [ARG]..., or use "
                 "-c SHELL-COMMAND.");
   }
-
   for (const char* name : {"agent", "operation"}) {
-    if (r.count(name) && r[name].as<std::string>().empty()) {
+    if (r.count(name) && text_of(r, name).empty()) {
       usage_error("invalid --" + std::string(name) + " '': expected a non-empty " +
-                  (name == std::string_view("agent") ? "ID" : "NAME"),
+                      (name == std::string_view("agent") ? "ID" : "NAME"),
                   "Records, incident rows and metrics labels name the run by it; leave the option out for the "
                   "default.");
     }
   }
-  o.agent = r.count("agent") ? r["agent"].as<std::string>()
-                              : (env.looplock_agent && !env.looplock_agent->empty() ? *env.looplock_agent
-                                                  : (env.user_name ? env.user_name() : std::string("unknown")));
-  o.operation = r.count("operation") ? r["operation"].as<std::string>()
+  o.agent = r.count("agent") ? text_of(r, "agent")
+                             : (env.looplock_agent && !env.looplock_agent->empty()
+                                    ? *env.looplock_agent
+                                    : (env.user_name ? env.user_name() : std::string("unknown")));
+  o.operation = r.count("operation") ? text_of(r, "operation")
                                      : (o.shell_form ? std::string("sh") : derive_operation(o.command));
+}
+
+}  // namespace
+
+Options parse_options(const std::vector<std::string>& argv, const Environment& env) {
+  const Split split = split_argv(argv);
+  const cxxopts::ParseResult r = parse_own(split);
+  Options o;
+  if (r.count("help")) {
+    o.mode = Mode::Help;
+    return o;
+  }
+  if (r.count("version")) {
+    o.mode = Mode::Version;
+    return o;
+  }
+  o.mode = r.count("inspect") ? Mode::Inspect : Mode::Run;
+  read_dirs(r, o);
+  read_endpoints(r, env, o);
+  check_applicable(r, o);
+  read_output(r, env, o);
+  read_cluster(r, env, o);
+  if (o.mode == Mode::Inspect) {
+    read_inspect(r, split, o);
+    return o;
+  }
+  read_policy(r, o);
+  read_lock_and_job(r, o);
+  if (!o.etcd.empty()) {
+    o.lease_kill_after_ns =
+        lease_kill_after_ns(o.kill_after_ns, o.ttl_s, r.count("kill-after") ? text_of(r, "kill-after") : std::string());
+  }
+  read_command(r, split, env, o);
   return o;
 }
 
@@ -610,68 +636,15 @@ LogFormat requested_log_format(int argc, char** argv) {
   return f;
 }
 
-std::optional<long long> signal_kill_after(const Options& o) {
-  if (!o.kill_after_ns || *o.kill_after_ns == 0 || *o.kill_after_ns == kForever) return std::nullopt;
-  return o.kill_after_ns;
-}
-
-std::optional<long long> max_time_kill_after(const Options& o) {
-  if (!o.kill_after_ns) return kDefaultKillAfterNs;
-  return signal_kill_after(o);
-}
-
 const std::string& help_text() {
-  static const std::string text = R"(Usage: looplock [OPTIONS] DIR -- COMMAND [ARG]...
+  static const std::string text = std::string(R"(Usage: looplock [OPTIONS] DIR -- COMMAND [ARG]...
        looplock [OPTIONS] DIR -c SHELL-COMMAND
        looplock --inspect [--json] [--check] [--stale-after DURATION] DIR...
 
 Run COMMAND while holding the advisory lock on DIR/.state.lock (flock(2)),
 then exit exactly as COMMAND exited.
 
-Policy:
-  -p, --policy NAME           mutation (wait 5 s, default), monitor (1 s),
-                              single_flight (no wait: skip, exit 0),
-                              blocking (wait without limit)
-  -w, --timeout DURATION      deadline for mutation/monitor (0: one attempt)
-  -n, --nonblock              one attempt: -w 0 (as flock -n)
-  -E, --conflict-exit-code N  status when the deadline passes (default 75)
-      --skip-exit-code N      status of a single_flight skip (default 0)
-Lock and command:
-  -s, --shared                take a shared (reader) lock
-  -x, --exclusive             take an exclusive lock (the default)
-  -o, --close                 do not pass the lock fd to COMMAND
-  -F, --no-fork               exec COMMAND in place of looplock
-      --kill-after DURATION   send KILL to the job if a forwarded TERM/INT
-                              has not ended it within DURATION (0: never)
-      --max-time DURATION     end the job once it has run this long: TERM,
-                              KILL --kill-after later (default 5s); exit 124
-      --agent ID              who runs it (default $LOOPLOCK_AGENT or user)
-      --operation NAME        what runs (default: the command or script name)
-Output:
-  -v, --verbose               report waiting, acquiring and releasing
-  -q, --quiet                 errors only (a single_flight skip is silent)
-      --log-format FORMAT     stderr lines as text (default) or json
-      --metrics-dir DIR       write a node_exporter textfile per lock there
-                              (default $LOOPLOCK_METRICS_DIR)
-Inspect:
-      --inspect               report who holds and who waits for each DIR's
-                              lock; change nothing
-      --json                  print the reports as JSON (an array for several)
-      --check                 exit 1 when a report carries a warning
-      --stale-after DURATION  warn about holds older than this (default 2h)
-Cluster:
-      --etcd ENDPOINTS        also lock across hosts on etcd (comma-separated
-                              http[s]://HOST:PORT; default $LOOPLOCK_ETCD)
-      --lock-name NAME        cluster lock name (default: DIR's base name)
-      --ttl SECONDS           etcd lease time to live (default 10, >= 2)
-      --etcd-cacert FILE      CA of etcd's certificates (https:// endpoints)
-      --etcd-cert FILE        client certificate for etcd (with --etcd-key)
-      --etcd-key FILE         the client certificate's private key
-      --etcd-user NAME        etcd user; the password is in
-                              $LOOPLOCK_ETCD_PASSWORD or --etcd-password-file
-      --etcd-password-file FILE  file holding the etcd user's password
-  -h, --help                  show this help;  -V, --version  show version
-
+)") + options_help() + R"(
 Examples:
   looplock /srv/loops/nightly -- python3 scripts/status.py --tick
   looplock -p single_flight /srv/loops/nightly -- ./monitor.sh

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "duration.hpp"
+#include "etcd.hpp"
 #include "log.hpp"
 #include "policy.hpp"
 
@@ -34,6 +35,11 @@ struct Options {
   bool close_fd = false;                 // -o
   bool no_fork = false;                  // -F
   std::optional<long long> kill_after_ns;  // --kill-after as given (0 and kForever: never)
+  // Resolved from it: KILL this long after a TERM or INT looplock forwarded
+  // (nullopt: never, as timeout(1)); and after --max-time's TERM (--kill-after
+  // as above, or kDefaultKillAfterNs when it was not given).
+  std::optional<long long> signal_kill_after_ns;
+  std::optional<long long> max_time_kill_after_ns;
   std::optional<long long> max_time_ns;    // --max-time (nullopt: no limit)
   std::string metrics_dir;                 // --metrics-dir or $LOOPLOCK_METRICS_DIR; empty: none
 
@@ -45,6 +51,7 @@ struct Options {
 
   // Cluster (--etcd): a lock on etcd taken before the local one.
   std::string etcd;                  // the endpoints as given; empty: no cluster lock
+  std::vector<etcd::Endpoint> endpoints;  // parsed
   std::string lock_name;             // --lock-name; empty: the loop dir's base name
   int ttl_s = 10;                    // --ttl: the lease's time to live
   // The kill-after of the lease's deadlines (lease_kill_after_ns()): --kill-after,
@@ -85,13 +92,8 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
 // error is written in that format): looked for before "--" or "-c" only.
 LogFormat requested_log_format(int argc, char** argv);
 
-// When KILL follows a TERM or INT looplock forwarded: --kill-after, where 0
-// and inf mean never (nullopt), as in timeout(1).
-std::optional<long long> signal_kill_after(const Options& o);
-// When KILL follows --max-time's TERM: --kill-after as above, or
-// kDefaultKillAfterNs when it was not given.
+// The KILL after --max-time's TERM when --kill-after is not given.
 inline constexpr long long kDefaultKillAfterNs = 5'000'000'000LL;
-std::optional<long long> max_time_kill_after(const Options& o);
 
 // The default operation name for a command: its base name, or the script's
 // base name when the command is an interpreter followed by a script. Never an

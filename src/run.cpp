@@ -66,9 +66,9 @@ void Run::open() {
 
   spec_.argv = o_.command;
   spec_.env = ctx_.env;
-  spec_.kill_after_ns = signal_kill_after(o_);
+  spec_.kill_after_ns = o_.signal_kill_after_ns;
   spec_.max_time_ns = o_.max_time_ns;
-  spec_.max_time_kill_after_ns = max_time_kill_after(o_);
+  spec_.max_time_kill_after_ns = o_.max_time_kill_after_ns;
 
   struct stat lock_file {};
   if (auto outer = outer_holder(o_, ctx_.env, dir_, ctx_.pid, lock_file)) {

@@ -11,8 +11,9 @@ import pytest
 
 from conftest import EX_TEMPFAIL, EX_USAGE, LOOPLOCK, ROOT, TIMEOUT, incident_rows, read_record, run
 
-# The exact --help text (mirrors help_text() in src/options.cpp). A change to
-# the help must be made in both places on purpose.
+# The exact --help text (help_text() in src/options.cpp, its options from the
+# table in src/option_table.cpp). A change to the help must be made in both
+# places on purpose.
 HELP = """\
 Usage: looplock [OPTIONS] DIR -- COMMAND [ARG]...
        looplock [OPTIONS] DIR -c SHELL-COMMAND
@@ -63,7 +64,9 @@ Cluster:
       --etcd-user NAME        etcd user; the password is in
                               $LOOPLOCK_ETCD_PASSWORD or --etcd-password-file
       --etcd-password-file FILE  file holding the etcd user's password
-  -h, --help                  show this help;  -V, --version  show version
+Other:
+  -h, --help                  show this help
+  -V, --version               show the version
 
 Examples:
   looplock /srv/loops/nightly -- python3 scripts/status.py --tick

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "error.hpp"
+#include "option_table.hpp"
 #include "exit_codes.hpp"
 
 using looplock::Environment;
@@ -153,32 +154,38 @@ TEST_CASE("every value-taking option is classified by the splitter") {
     // The value is "--": if the splitter did not know that the option takes
     // a value, it would cut the command line there instead of at the real --.
     Args args;
+    // The cluster's options apply only with --etcd: give one.
+    const bool cluster = spelling.starts_with("--etcd-") || spelling == "--lock-name" || spelling == "--ttl";
+    const Args etcd = cluster ? Args{"--etcd", "https://127.0.0.1:2379"} : Args{};
     if (spelling == "--stale-after") {
       args = {"--inspect", spelling, "--", "DIR"};
     } else {
       args = {spelling, "--", "DIR", "--", "x"};
     }
+    args.insert(args.begin(), etcd.begin(), etcd.end());
     std::optional<Failure> f = parse_failure(args);
     if (!f) {
       Options o = parse(args);
       CHECK(o.dir == "DIR");
       CHECK(o.command == Args{"x"});
-      CHECK((o.agent == "--" || o.operation == "--" || o.metrics_dir == "--"));
+      CHECK((o.agent == "--" || o.operation == "--" || o.metrics_dir == "--" || o.lock_name == "--" ||
+             o.etcd_cacert == "--"));
     } else {
       // The option got "--" as its value and rejected it by name.
       CHECK(f->status == 64);
-      CHECK(f->message.find("'--'") != std::string::npos);
+      CHECK((f->message.find("'--'") != std::string::npos || f->message.find("needs --etcd-") != std::string::npos));
     }
     // The same for "-c" as the value: it must not start a shell command.
     if (spelling != "--stale-after") {
       args = {spelling, "-c", "DIR", "--", "x"};
+      args.insert(args.begin(), etcd.begin(), etcd.end());
       f = parse_failure(args);
       if (!f) {
         Options o = parse(args);
         CHECK(o.command == Args{"x"});
         CHECK_FALSE(o.shell_form);
       } else {
-        CHECK(f->message.find("'-c'") != std::string::npos);
+        CHECK((f->message.find("'-c'") != std::string::npos || f->message.find("needs --etcd-") != std::string::npos));
       }
     }
   }
@@ -382,8 +389,8 @@ TEST_CASE("--max-time, --metrics-dir, --check and several --inspect DIRs") {
 }
 
 TEST_CASE("--kill-after 0 and inf mean never; -w inf waits without limit") {
-  using looplock::max_time_kill_after;
-  using looplock::signal_kill_after;
+  auto signal_kill_after = [](const Options& o) { return o.signal_kill_after_ns; };
+  auto max_time_kill_after = [](const Options& o) { return o.max_time_kill_after_ns; };
   CHECK_FALSE(signal_kill_after(parse({"DIR", "--", "x"})));
   CHECK_FALSE(signal_kill_after(parse({"--kill-after", "0", "DIR", "--", "x"})));
   CHECK_FALSE(signal_kill_after(parse({"--kill-after", "inf", "DIR", "--", "x"})));
@@ -643,4 +650,75 @@ TEST_CASE("--inspect without DIR shows the --inspect synopsis") {
   CHECK(f->message == "missing DIR");
   CHECK(f->hint == "Give the loop directories: looplock --inspect [--json] [--check] DIR...");
   CHECK(parse_failure({"--", "x"}).value().hint.find("DIR -- COMMAND") != std::string::npos);
+}
+
+TEST_CASE("the option table: every option is a usage error where it does not apply, and --help lists it") {
+  const std::string& help = looplock::help_text();
+  for (const auto& spec : looplock::option_table()) {
+    const std::string name(spec.name);
+    CAPTURE(name);
+    if (name == "help" || name == "version" || name == "inspect" || name == "unlock") continue;
+    Args given = {"--" + name};
+    if (!spec.value.empty()) given.push_back(name == "etcd" ? "http://127.0.0.1:2379" : "1");
+    const Args etcd = spec.needs_etcd ? Args{"--etcd", "http://127.0.0.1:2379"} : Args{};
+    auto with = [&](Args head, Args tail) {
+      Args a = std::move(head);
+      a.insert(a.end(), etcd.begin(), etcd.end());
+      a.insert(a.end(), given.begin(), given.end());
+      a.insert(a.end(), tail.begin(), tail.end());
+      return a;
+    };
+    const std::string shown = looplock::option_shown(spec);
+    if (!(spec.applies & looplock::kInInspect)) {
+      auto f = parse_failure(with({"--inspect"}, {"DIR"}));
+      REQUIRE(f);
+      CHECK(f->status == 64);
+      CHECK(f->message == shown + " does not apply to --inspect");
+    }
+    if (!(spec.applies & looplock::kInRun)) {
+      auto f = parse_failure(with({}, {"DIR", "--", "x"}));
+      REQUIRE(f);
+      CHECK(f->message == shown + " only applies to --inspect");
+    }
+    if (spec.needs_etcd) {
+      Args a = given;
+      a.insert(a.begin(), {"--inspect"});
+      if (!(spec.applies & looplock::kInInspect)) a = Args{given.begin(), given.end()};
+      a.push_back("DIR");
+      if (!(spec.applies & looplock::kInInspect)) a.insert(a.end(), {"--", "x"});
+      auto f = parse_failure(a);
+      REQUIRE(f);
+      CHECK(f->message == shown + " applies only with --etcd ENDPOINTS");
+    }
+    if (spec.not_with_no_fork) {
+      auto f = parse_failure(with({"-F"}, {"DIR", "--", "x"}));
+      REQUIRE(f);
+      CHECK(f->message.starts_with(shown + " needs looplock to stay the command's parent"));
+    }
+    // --help lists it in its section: after the section's title, before the next one.
+    if (spec.help.empty()) continue;
+    const std::string title = std::string(looplock::section_title(spec.section)) + ":\n";
+    const size_t at = help.find(title);
+    REQUIRE(at != std::string::npos);
+    const size_t next = help.find(":\n", at + title.size());
+    const size_t line = help.find("--" + name + (spec.value.empty() ? " " : " " + std::string(spec.value)), at);
+    CHECK(line != std::string::npos);
+    CHECK(line < (next == std::string::npos ? help.size() : help.rfind('\n', next)));
+  }
+}
+
+TEST_CASE("options that exclude each other, from the table") {
+  for (const auto& c : looplock::option_conflicts()) {
+    CAPTURE(std::string(c.a));
+    Args a;
+    for (std::string_view n : {c.a, c.b}) {
+      a.push_back("--" + std::string(n));
+      if (!looplock::find_option(n)->value.empty()) a.push_back(n == "etcd" ? "http://127.0.0.1:2379" : "1");
+    }
+    a.insert(a.end(), {"DIR", "--", "x"});
+    auto f = parse_failure(a);
+    REQUIRE(f);
+    CHECK(f->message.starts_with(looplock::option_shown(*looplock::find_option(c.a)) + " and " +
+                                 looplock::option_shown(*looplock::find_option(c.b)) + " cannot be combined"));
+  }
 }
