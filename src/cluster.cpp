@@ -301,51 +301,121 @@ bool ClusterLock::acquired(long long revision, bool waited) {
   return true;
 }
 
+// Where we stand in the queue, as read at `revision`: the lock is ours, or
+// `q.before` is set to the contender just before us, or our key is gone.
+ClusterLock::Step ClusterLock::place(Queue& q, const std::vector<etcd::KeyValue>& queue, long long revision,
+                                     long long step_end) {
+  auto mine = std::find_if(queue.begin(), queue.end(),
+                           [&](const etcd::KeyValue& kv) { return kv.create_revision == q.my_rev; });
+  if (mine == queue.end()) {
+    // Our key is gone: the lease expired during an outage. Renew to find out
+    // (etcd says it is gone: queue again).
+    next_renewal_ns_ = now();
+    q.my_rev = 0;
+    return Step::Again;
+  }
+  if (mine == queue.begin()) return Step::Ours;
+  if (!q.said_waiting) {
+    blocker_ = holder_of(queue.front(), step_end);
+    q.said_waiting = true;
+    log_.verbose("waiting", "waiting for cluster lock " + printable(name_) + " on etcd, held by " +
+                                describe_cluster_holder(blocker_));
+  }
+  q.before = *std::prev(mine);
+  q.watch_from = revision + 1;
+  return Step::Next;
+}
+
+// Every step of a wait ends by the next renewal: the lease is our place in
+// the queue. One that expired meanwhile queues again.
+void ClusterLock::renew_in_queue(Queue& q, long long t0, long long deadline) {
+  if (!renew(std::min(deadline, t0 + lease_timing::renewal_interval_ns(ttl_s_)))) {
+    log_.verbose("lease_expired", "the etcd lease expired while waiting for cluster lock " + printable(name_) +
+                                      " (etcd did not answer for too long): queuing again");
+    lease_ = 0;
+    q.my_rev = 0;
+  } else if (renewed_) {
+    note_answering();
+  } else {
+    note_unavailable(last_error_);
+  }
+}
+
+// Joins the queue: one transaction, once (again only if the lease expired),
+// which also reads every contender.
+ClusterLock::Step ClusterLock::join(Queue& q, long long step_end) {
+  auto t = client_.txn(etcd::queue_txn_body(keys_, holder_value(false), lease_, prefixes_),
+                       {step_end, lease_timing::attempt_ns(ttl_s_)});
+  if (!t.ok()) {
+    if (t.status == etcd::Status::Failed && t.code == 5) {  // "requested lease not found": it expired
+      lease_ = 0;
+      return Step::Again;
+    }
+    if (t.status == etcd::Status::Failed) unavailable("take the lock", t);
+    note_unavailable(t.error);
+    return Step::Again;
+  }
+  note_answering();
+  const etcd::TxnResult& r = t.value;
+  const size_t reads_at = r.succeeded ? 0 : 1;
+  if (r.succeeded) {
+    q.my_rev = r.revision;
+  } else if (!r.ranges.empty() && !r.ranges[0].kvs.empty()) {
+    q.my_rev = r.ranges[0].kvs[0].create_revision;  // an attempt that timed out created it after all
+  }
+  if (q.my_rev == 0 || r.ranges.size() < reads_at + prefixes_.size()) return Step::Again;
+  const std::vector<etcd::RangeResult> reads(r.ranges.begin() + static_cast<long>(reads_at), r.ranges.end());
+  return place(q, etcd::contenders(prefixes_, reads), r.revision, step_end);
+}
+
+// Queued: reads the contenders up to us (by create revision).
+ClusterLock::Step ClusterLock::read_queue(Queue& q, long long step_end) {
+  std::vector<etcd::RangeResult> reads;
+  long long revision = LLONG_MAX;
+  for (const auto& p : prefixes_) {
+    auto r = client_.range({p, true, 0, etcd::RangeQuery::Order::FirstCreated, q.my_rev},
+                           {step_end, lease_timing::attempt_ns(ttl_s_)});
+    if (!r.ok()) {
+      if (r.status == etcd::Status::Failed) unavailable("read the lock", r);
+      note_unavailable(r.error);
+      return Step::Again;
+    }
+    revision = std::min(revision, r.value.revision);
+    reads.push_back(std::move(r.value));
+  }
+  note_answering();
+  return place(q, etcd::contenders(prefixes_, reads), revision, step_end);
+}
+
+// Waits for the deletion of the key before ours (its holder's release, or
+// its lease's expiry), at most until the next renewal.
+void ClusterLock::watch_before(Queue& q, long long step_end) {
+  auto w = client_.watch_delete(q.before->key, q.watch_from, {step_end, 0});
+  q.before.reset();
+  if (!w.ok() && w.status != etcd::Status::Timeout) note_unavailable(w.error);
+}
+
+// The deadline passed: who holds the lock now, for the report (briefly).
+void ClusterLock::note_blocker(long long my_rev) {
+  std::vector<etcd::RangeResult> reads;
+  for (const auto& p : prefixes_) {
+    auto owner = client_.range({p, true, 0, etcd::RangeQuery::Order::FirstCreated, 0}, {now() + kMinAttemptNs, 0});
+    if (!owner.ok()) break;
+    reads.push_back(std::move(owner.value));
+  }
+  const auto queue = etcd::contenders(prefixes_, reads);
+  if (!queue.empty() && queue.front().create_revision != my_rev) {
+    blocker_ = holder_of(queue.front(), now() + kMinAttemptNs);
+  }
+}
+
 ClusterLock::Outcome ClusterLock::wait_in_queue(bool bounded, long long deadline) {
-  const long long attempt = lease_timing::attempt_ns(ttl_s_);
-  long long my_rev = 0;  // our keys' create revision, once queued
-  std::optional<etcd::KeyValue> before;  // the contender just before us, to watch
-  long long watch_from = 0;
-  bool said_waiting = false;
-  // Where we stand in the queue, as read at `revision`: the lock is ours
-  // (true), or `before` is set to the contender just before us (false, and
-  // my_rev 0 when our key is gone).
-  auto place = [&](const std::vector<etcd::KeyValue>& queue, long long revision, long long step_end) {
-    auto mine = std::find_if(queue.begin(), queue.end(),
-                             [&](const etcd::KeyValue& kv) { return kv.create_revision == my_rev; });
-    if (mine == queue.end()) {
-      // Our key is gone: the lease expired during an outage. Renew to find
-      // out (etcd says it is gone: queue again).
-      next_renewal_ns_ = now();
-      my_rev = 0;
-      return false;
-    }
-    if (mine == queue.begin()) return true;
-    if (!said_waiting) {
-      blocker_ = holder_of(queue.front(), step_end);
-      said_waiting = true;
-      log_.verbose("waiting", "waiting for cluster lock " + printable(name_) + " on etcd, held by " +
-                                  describe_cluster_holder(blocker_));
-    }
-    before = *std::prev(mine);
-    watch_from = revision + 1;
-    return false;
-  };
+  Queue q;
   for (bool first = true;; first = false) {
     const long long t0 = now();
     if (!first && bounded && t0 >= deadline) break;
-    // Every step ends by the next renewal: the lease is our place in the queue.
     if (!first && lease_ != 0 && t0 >= next_renewal_ns_) {
-      if (!renew(std::min(deadline, t0 + lease_timing::renewal_interval_ns(ttl_s_)))) {
-        log_.verbose("lease_expired", "the etcd lease expired while waiting for cluster lock " + printable(name_) +
-                                          " (etcd did not answer for too long): queuing again");
-        lease_ = 0;
-        my_rev = 0;
-      } else if (renewed_) {
-        note_answering();
-      } else {
-        note_unavailable(last_error_);
-      }
+      renew_in_queue(q, t0, deadline);
       continue;
     }
     long long step_end =
@@ -359,80 +429,18 @@ ClusterLock::Outcome ClusterLock::wait_in_queue(bool bounded, long long deadline
         continue;
       }
     }
-    if (my_rev == 0) {
-      // Join the queue: one transaction, once (again only if the lease
-      // expired), which also reads every contender.
-      auto t = client_.txn(etcd::queue_txn_body(keys_, holder_value(false), lease_, prefixes_), {step_end, attempt});
-      if (!t.ok()) {
-        if (t.status == etcd::Status::Failed && t.code == 5) {  // "requested lease not found": it expired
-          lease_ = 0;
-          continue;
-        }
-        if (t.status == etcd::Status::Failed) unavailable("take the lock", t);
-        note_unavailable(t.error);
-        continue;
-      }
-      note_answering();
-      const etcd::TxnResult& r = t.value;
-      const size_t reads_at = r.succeeded ? 0 : 1;
-      if (r.succeeded) {
-        my_rev = r.revision;
-      } else if (!r.ranges.empty() && !r.ranges[0].kvs.empty()) {
-        my_rev = r.ranges[0].kvs[0].create_revision;  // an attempt that timed out created it after all
-      }
-      if (my_rev == 0 || r.ranges.size() < reads_at + prefixes_.size()) continue;
-      const std::vector<etcd::RangeResult> reads(r.ranges.begin() + static_cast<long>(reads_at), r.ranges.end());
-      if (place(etcd::contenders(prefixes_, reads), r.revision, step_end)) {
-        if (acquired(my_rev, said_waiting)) return Outcome::Acquired;
-        lease_ = 0;
-        my_rev = 0;
-        continue;
-      }
-      if (my_rev == 0) continue;
+    Step step = q.my_rev == 0 ? join(q, step_end) : Step::Next;
+    if (step == Step::Next && !q.before) step = read_queue(q, step_end);
+    if (step == Step::Ours) {
+      if (acquired(q.my_rev, q.said_waiting)) return Outcome::Acquired;
+      lease_ = 0;
+      q.my_rev = 0;
+      continue;
     }
-    if (!before) {
-      // Queued: the contenders up to us (by create revision).
-      std::vector<etcd::RangeResult> reads;
-      long long revision = LLONG_MAX;
-      bool answered = true;
-      for (const auto& p : prefixes_) {
-        auto q = client_.range({p, true, 0, etcd::RangeQuery::Order::FirstCreated, my_rev}, {step_end, attempt});
-        if (!q.ok()) {
-          if (q.status == etcd::Status::Failed) unavailable("read the lock", q);
-          note_unavailable(q.error);
-          answered = false;
-          break;
-        }
-        revision = std::min(revision, q.value.revision);
-        reads.push_back(std::move(q.value));
-      }
-      if (!answered) continue;
-      note_answering();
-      if (place(etcd::contenders(prefixes_, reads), revision, step_end)) {
-        if (acquired(my_rev, said_waiting)) return Outcome::Acquired;
-        lease_ = 0;
-        my_rev = 0;
-        continue;
-      }
-      if (!before) continue;
-    }
-    // Wait for that key's deletion (its holder's release, or its lease's
-    // expiry), at most until the next renewal; then read again.
-    auto w = client_.watch_delete(before->key, watch_from, {step_end, 0});
-    before.reset();
-    if (!w.ok() && w.status != etcd::Status::Timeout) note_unavailable(w.error);
+    if (step == Step::Again || !q.before) continue;
+    watch_before(q, step_end);
   }
-  // The deadline passed: who holds the lock now, for the report (briefly).
-  std::vector<etcd::RangeResult> reads;
-  for (const auto& p : prefixes_) {
-    auto owner = client_.range({p, true, 0, etcd::RangeQuery::Order::FirstCreated, 0}, {now() + kMinAttemptNs, 0});
-    if (!owner.ok()) break;
-    reads.push_back(std::move(owner.value));
-  }
-  const auto queue = etcd::contenders(prefixes_, reads);
-  if (!queue.empty() && queue.front().create_revision != my_rev) {
-    blocker_ = holder_of(queue.front(), now() + kMinAttemptNs);
-  }
+  note_blocker(q.my_rev);
   release();
   return Outcome::TimedOut;
 }

@@ -149,7 +149,24 @@ private:
   template <typename T>
   [[noreturn]] void unavailable(const std::string& what, const etcd::Result<T>& r) const;
   bool grant(long long deadline_ns, etcd::Result<long long>& r);
+  // A wait in the queue, step by step: join it (one transaction), read where
+  // we stand, watch the key before ours, renew the lease between steps.
+  struct Queue {
+    long long my_rev = 0;  // our keys' create revision, once queued
+    std::optional<etcd::KeyValue> before;  // the contender just before us, to watch
+    long long watch_from = 0;
+    bool said_waiting = false;
+  };
+  // What a step found: the lock is ours, go on to the next step, or start
+  // the round again.
+  enum class Step { Ours, Next, Again };
   Outcome wait_in_queue(bool bounded, long long deadline_ns);
+  Step place(Queue& q, const std::vector<etcd::KeyValue>& queue, long long revision, long long step_end);
+  void renew_in_queue(Queue& q, long long t0, long long deadline);
+  Step join(Queue& q, long long step_end);
+  Step read_queue(Queue& q, long long step_end);
+  void watch_before(Queue& q, long long step_end);
+  void note_blocker(long long my_rev);
   bool acquired(long long revision, bool waited);
   std::optional<Json> holder_of(const etcd::KeyValue& kv, long long deadline_ns);
   void note_unavailable(const std::string& error);

@@ -532,126 +532,159 @@ void Client::set_credentials(std::string user, std::string password) {
   token_.clear();
 }
 
-Result<Json> Client::attempts(const CallSpec& spec, bool with_token) {
-  Result<Json> r;
-  std::vector<std::string> last_error(endpoints_.size());
-  bool reached = false;  // some endpoint took the request (Timeout rather than Unavailable at the end)
-  Cause cause = Cause::None;
-  std::string cause_endpoint;
-  const long long deadline = spec.deadline.at_ns;
-  auto finish = [&](Status status) {
-    r.status = status;
-    std::string errors;
-    for (const auto& e : last_error) {
-      if (!e.empty() && errors.find(e) == std::string::npos) errors += (errors.empty() ? "" : "; ") + e;
-    }
-    r.error = errors.empty() ? (endpoints_.empty() ? "no endpoint" : "deadline passed") : errors;
-    r.cause = cause;
-    r.cause_endpoint = cause_endpoint;
-    return r;
-  };
-  if (endpoints_.empty()) return finish(Status::Unavailable);
+namespace {
 
+// What an endpoint's answer says: an answer, something another member (or
+// this one a moment later) may not say, or a failure that retrying will not
+// mend.
+struct Answer {
+  enum class Kind { Ok, Retry, Failed } kind = Kind::Retry;
+  Json value;
+  std::string what;  // for messages, when not Ok
+  int code = 0;      // etcd's gRPC code
+  Cause cause = Cause::None;
+};
+
+Answer classify_answer(const HttpResponse& resp, const std::string& endpoint) {
+  Answer a;
+  auto answer = parse_answer(resp.body);
+  const bool error_frame =
+      answer && answer->contains("error") && !answer->contains("header") && (*answer)["error"].is_object();
+  if (resp.status == 200 && answer && !error_frame) {
+    a.kind = Answer::Kind::Ok;
+    a.value = std::move(*answer);
+    return a;
+  }
+  a.code = answer_code(answer);
+  const std::string message = answer_message(answer, resp.body);
+  a.what = endpoint + ": " + (resp.status != 200 ? "HTTP " + std::to_string(resp.status) + ": " : "") + message;
+  // Unreadable but for a client error (4xx: the request is refused), or
+  // transient: another member, or this one a moment later, may answer.
+  const bool refused = resp.status >= 400 && resp.status < 500;
+  if ((!answer && !refused) || transient(resp.status, a.code)) return a;
+  a.kind = Answer::Kind::Failed;
+  if (token_rejected(a.code, message)) a.code = kCodeUnauthenticated;
+  if (message.find("CommonName of client sending a request against gateway") != std::string::npos) {
+    a.cause = Cause::CommonNameRefused;
+  } else if (a.code == kCodePermissionDenied) {
+    a.cause = Cause::PermissionDenied;
+  } else if (message.find("user name is empty") != std::string::npos ||
+             (a.code == kCodeInvalidArgument && message.find("authentication failed") != std::string::npos)) {
+    a.cause = Cause::BadCredentials;
+  }
+  return a;
+}
+
+}  // namespace
+
+Result<Json> Client::gave_up(const CallProgress& p, Status status) const {
+  Result<Json> r;
+  r.status = status;
+  std::string errors;
+  for (const auto& e : p.last_error) {
+    if (!e.empty() && errors.find(e) == std::string::npos) errors += (errors.empty() ? "" : "; ") + e;
+  }
+  r.error = errors.empty() ? (endpoints_.empty() ? "no endpoint" : "deadline passed") : errors;
+  r.cause = p.cause;
+  r.cause_endpoint = p.cause_endpoint;
+  return r;
+}
+
+std::optional<Result<Json>> Client::attempt(const CallSpec& spec, bool with_token, size_t i, int round,
+                                            CallProgress& p) {
+  const long long begin = clock_.now_ns();
+  const long long deadline = spec.deadline.at_ns;
+  if (begin >= deadline) return gave_up(p, p.reached ? Status::Timeout : Status::Unavailable);
+  long long attempt_deadline = deadline;
+  if (spec.deadline.attempt_ns > 0) {
+    const int doublings = spec.deadline.grow ? std::min(round, kMaxAttemptDoublings) : 0;
+    attempt_deadline = std::min(deadline, begin + (spec.deadline.attempt_ns << doublings));
+  }
+  Request req;
+  req.path = spec.path;
+  req.body = spec.body;
+  if (with_token) req.token = token_;
+  req.connect_deadline_ns = std::min(attempt_deadline, begin + connect_ns_[i]);
+  req.deadline_ns = attempt_deadline;
+  req.enough = spec.enough;
+  req.fresh_connection = fresh_[i];
+  req.interrupt_on = spec.deadline.interrupt_on;
+  HttpResponse resp;
+  std::string error;
+  const Exchange ex = transport_.post(endpoints_[i], req, resp, error);
+  if (resp.cause != Cause::None) {
+    p.cause = resp.cause;
+    p.cause_endpoint = endpoints_[i].text;
+  }
+  Result<Json> r;
+  switch (ex) {
+    case Exchange::Interrupted:
+      fresh_[i] = true;  // cut mid-request: that connection is not to be reused
+      r.status = Status::Interrupted;
+      r.error = error;
+      return r;
+    case Exchange::ConnectFailed:
+    case Exchange::TlsFailed:
+      // A connect that ran out its timeout: give this endpoint longer next time.
+      if (ex == Exchange::ConnectFailed && clock_.now_ns() >= req.connect_deadline_ns) {
+        connect_ns_[i] = std::min(connect_ns_[i] * 2, kMaxConnectNs);
+      }
+      // A TLS failure says more than a later timeout on the same endpoint.
+      if (ex == Exchange::TlsFailed || p.last_error[i].find(": TLS: ") == std::string::npos) p.last_error[i] = error;
+      return std::nullopt;
+    case Exchange::TimedOut:
+    case Exchange::Broken:
+      p.reached = true;
+      fresh_[i] = true;  // a kept connection to a member that went silent must not be reused
+      p.last_error[i] = error;
+      if (ex == Exchange::TimedOut && spec.timeout_ends) {
+        first_ = i;
+        r.status = Status::Timeout;
+        r.error = error;
+        return r;
+      }
+      return std::nullopt;
+    case Exchange::Ok:
+      break;
+  }
+  fresh_[i] = false;
+  p.reached = true;
+  if (spec.raw) *spec.raw = resp.body;
+  Answer a = classify_answer(resp, endpoints_[i].text);
+  if (a.kind == Answer::Kind::Retry) {
+    p.last_error[i] = a.what;
+    return std::nullopt;
+  }
+  first_ = i;
+  if (a.kind == Answer::Kind::Ok) {
+    r.status = Status::Ok;
+    r.value = std::move(a.value);
+    r.sent_ns = begin;
+    return r;
+  }
+  r.status = Status::Failed;
+  r.code = a.code;
+  r.error = a.what;
+  r.cause = a.cause;
+  r.cause_endpoint = endpoints_[i].text;
+  return r;
+}
+
+Result<Json> Client::attempts(const CallSpec& spec, bool with_token) {
+  CallProgress p;
+  p.last_error.resize(endpoints_.size());
+  if (endpoints_.empty()) return gave_up(p, Status::Unavailable);
+  const long long deadline = spec.deadline.at_ns;
   // Pauses stay short beside the attempts (a lease's renewal has little time).
   const long long max_pause =
       spec.deadline.attempt_ns > 0 ? std::min(kMaxPauseNs, spec.deadline.attempt_ns / 4) : kMaxPauseNs;
   long long pause = std::min(kFirstPauseNs, max_pause);
   for (int round = 0;; ++round) {
     for (size_t k = 0; k < endpoints_.size(); ++k) {
-      const size_t i = (first_ + k) % endpoints_.size();
-      const long long begin = clock_.now_ns();
-      if (begin >= deadline) return finish(reached ? Status::Timeout : Status::Unavailable);
-      long long attempt_deadline = deadline;
-      if (spec.deadline.attempt_ns > 0) {
-        const int doublings = spec.deadline.grow ? std::min(round, kMaxAttemptDoublings) : 0;
-        const long long attempt = spec.deadline.attempt_ns << doublings;
-        attempt_deadline = std::min(deadline, begin + attempt);
-      }
-      Request req;
-      req.path = spec.path;
-      req.body = spec.body;
-      if (with_token) req.token = token_;
-      req.connect_deadline_ns = std::min(attempt_deadline, begin + connect_ns_[i]);
-      req.deadline_ns = attempt_deadline;
-      req.enough = spec.enough;
-      req.fresh_connection = fresh_[i];
-      req.interrupt_on = spec.deadline.interrupt_on;
-      HttpResponse resp;
-      std::string error;
-      const Exchange ex = transport_.post(endpoints_[i], req, resp, error);
-      if (resp.cause != Cause::None) {
-        cause = resp.cause;
-        cause_endpoint = endpoints_[i].text;
-      }
-      if (ex == Exchange::Interrupted) {
-        fresh_[i] = true;  // cut mid-request: that connection is not to be reused
-        r.status = Status::Interrupted;
-        r.error = error;
-        return r;
-      }
-      if (ex == Exchange::ConnectFailed || ex == Exchange::TlsFailed) {
-        // A connect that ran out its timeout: give this endpoint longer next time.
-        if (ex == Exchange::ConnectFailed && clock_.now_ns() >= req.connect_deadline_ns) {
-          connect_ns_[i] = std::min(connect_ns_[i] * 2, kMaxConnectNs);
-        }
-        // A TLS failure says more than a later timeout on the same endpoint.
-        if (ex == Exchange::TlsFailed || last_error[i].find(": TLS: ") == std::string::npos) last_error[i] = error;
-        continue;
-      }
-      if (ex == Exchange::TimedOut || ex == Exchange::Broken) {
-        reached = true;
-        fresh_[i] = true;  // a kept connection to a member that went silent must not be reused
-        last_error[i] = error;
-        if (ex == Exchange::TimedOut && spec.timeout_ends) {
-          first_ = i;
-          r.status = Status::Timeout;
-          r.error = error;
-          return r;
-        }
-        continue;
-      }
-      fresh_[i] = false;
-      reached = true;
-      if (spec.raw) *spec.raw = resp.body;
-      auto answer = parse_answer(resp.body);
-      const bool error_frame = answer && answer->contains("error") && !answer->contains("header") &&
-                               (*answer)["error"].is_object();
-      if (resp.status == 200 && answer && !error_frame) {
-        first_ = i;
-        r.status = Status::Ok;
-        r.value = std::move(*answer);
-        r.sent_ns = begin;
-        return r;
-      }
-      const int code = answer_code(answer);
-      const std::string message = answer_message(answer, resp.body);
-      const std::string what = endpoints_[i].text + ": " +
-                               (resp.status != 200 ? "HTTP " + std::to_string(resp.status) + ": " : "") + message;
-      // Unreadable but for a client error (4xx: the request is refused),
-      // or transient: another member, or this one a moment later, may answer.
-      const bool refused = resp.status >= 400 && resp.status < 500;
-      if ((!answer && !refused) || transient(resp.status, code)) {
-        last_error[i] = what;
-        continue;
-      }
-      first_ = i;
-      r.status = Status::Failed;
-      r.code = code;
-      r.error = what;
-      if (token_rejected(code, message)) r.code = kCodeUnauthenticated;
-      r.cause_endpoint = endpoints_[i].text;
-      if (message.find("CommonName of client sending a request against gateway") != std::string::npos) {
-        r.cause = Cause::CommonNameRefused;
-      } else if (code == kCodePermissionDenied) {
-        r.cause = Cause::PermissionDenied;
-      } else if (message.find("user name is empty") != std::string::npos ||
-                 (code == kCodeInvalidArgument && message.find("authentication failed") != std::string::npos)) {
-        r.cause = Cause::BadCredentials;
-      }
-      return r;
+      if (auto r = attempt(spec, with_token, (first_ + k) % endpoints_.size(), round, p)) return std::move(*r);
     }
     const long long now = clock_.now_ns();
-    if (now >= deadline) return finish(reached ? Status::Timeout : Status::Unavailable);
+    if (now >= deadline) return gave_up(p, p.reached ? Status::Timeout : Status::Unavailable);
     clock_.sleep_until(std::min(deadline, now + pause));
     pause = std::min(pause * 2, max_pause);
   }

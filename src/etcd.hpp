@@ -322,8 +322,20 @@ private:
     std::function<bool(std::string_view)> enough;
     std::string* raw = nullptr;  // receives the whole body (a stream's lines)
   };
+  // What the attempts of one call found so far.
+  struct CallProgress {
+    std::vector<std::string> last_error;  // per endpoint
+    bool reached = false;  // some endpoint took the request (Timeout rather than Unavailable at the end)
+    Cause cause = Cause::None;
+    std::string cause_endpoint;
+  };
   Result<Json> call(const CallSpec& spec);
+  // Rounds over the endpoints until an answer, a failure, or the deadline.
   Result<Json> attempts(const CallSpec& spec, bool with_token);
+  // One attempt on endpoint `i`: the call's result when it ends here, or
+  // nullopt to go on to the next endpoint.
+  std::optional<Result<Json>> attempt(const CallSpec& spec, bool with_token, size_t i, int round, CallProgress& p);
+  Result<Json> gave_up(const CallProgress& p, Status status) const;
   // Asks for a token; false (with `failure` set) when etcd refuses.
   bool authenticate(long long deadline_ns, long long attempt_ns, Result<Json>& failure);
 

@@ -343,7 +343,7 @@ bool CurlTransport::speaks_plain_http(const Endpoint& ep, long long deadline_ns)
   return plain;
 }
 
-Exchange CurlTransport::post(const Endpoint& ep, const Request& req, HttpResponse& out, std::string& error) {
+Transfer CurlTransport::perform(const Endpoint& ep, const Request& req) {
   if (!easy_) set_up();
   const std::string url = ep.text + std::string(req.path);
   const std::string body(req.body);
@@ -388,115 +388,118 @@ Exchange CurlTransport::post(const Endpoint& ep, const Request& req, HttpRespons
   watch.interrupt_on = req.interrupt_on;
   pthread_sigmask(SIG_BLOCK, &all, &watch.caller_mask);
   set(easy_, CURLOPT_XFERINFODATA, &watch);
-  const CURLcode rc = curl_easy_perform(easy_);
+  Transfer t;
+  t.rc = curl_easy_perform(easy_);
   set(easy_, CURLOPT_ERRORBUFFER, static_cast<char*>(nullptr));  // `message` ends here
   set(easy_, CURLOPT_HTTPHEADER, headers_);
   curl_slist_free_all(with_token);
-
-  long status = 0;
-  curl_easy_getinfo(easy_, CURLINFO_RESPONSE_CODE, &status);
-  long sent = 0;  // bytes of request headers sent: 0 means no connection was made
-  curl_easy_getinfo(easy_, CURLINFO_REQUEST_SIZE, &sent);
-  const bool nothing_back = status == 0 && sink.body.empty();
-  // A plain-HTTP request to a TLS port: the server closes without a word.
-  // Only then is it asked (one handshake, never a request) whether it speaks TLS.
-  const bool plain_to_tls =
-      !ep.tls && nothing_back &&
-      (rc == CURLE_GOT_NOTHING || rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR) &&
-      speaks_tls(ep, std::min(req.deadline_ns, sys::monotonic_ns() + 250'000'000LL));
-  // A TLS handshake with a plain-HTTP port: what comes back is not TLS, or
-  // nothing (etcd closes the connection). Only then is it asked (one plain
-  // GET /version, once per endpoint) whether it speaks HTTP.
-  const bool closed_early = rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR || rc == CURLE_GOT_NOTHING;
-  const TlsFailure tls_how =
-      ep.tls && (tls_failure(rc) || (nothing_back && closed_early)) ? classify_tls_failure(rc, message)
-                                                                    : TlsFailure::Other;
-  // An endpoint found to speak plain HTTP fails every handshake the same way.
-  const bool tls_to_plain =
-      ep.tls && (tls_failure(rc) || (nothing_back && closed_early)) &&
-      (plain_http_.contains(ep.text) ||
-       ((tls_how == TlsFailure::NotTls || tls_how == TlsFailure::NoTlsAnswer) &&
-        speaks_plain_http(ep, std::min(req.deadline_ns, sys::monotonic_ns() + 250'000'000LL))));
+  curl_easy_getinfo(easy_, CURLINFO_RESPONSE_CODE, &t.status);
+  curl_easy_getinfo(easy_, CURLINFO_REQUEST_SIZE, &t.sent);
+  t.message = message;
+  t.body = std::move(sink.body);
+  t.too_large = sink.too_large;
+  t.stopped = sink.stopped;
+  t.connect_timed_out = connecting.timed_out;
+  t.connect_error = connecting.error;
+  t.interrupted = watch.interrupted;
+  probe(ep, req, t);
   close_new_sockets_on_exec();
   pthread_sigmask(SIG_SETMASK, &watch.caller_mask, nullptr);
+  return t;
+}
 
-  const std::string why = ep.text + ": " + (message[0] ? message : curl_easy_strerror(rc));
+// The questions a failed transfer may need answered, asked only then.
+void CurlTransport::probe(const Endpoint& ep, const Request& req, Transfer& t) {
+  const long long by = std::min(req.deadline_ns, sys::monotonic_ns() + 250'000'000LL);
+  const bool nothing_back = t.status == 0 && t.body.empty();
+  const bool closed_early = t.rc == CURLE_RECV_ERROR || t.rc == CURLE_SEND_ERROR || t.rc == CURLE_GOT_NOTHING;
+  // A plain-HTTP request to a TLS port: the server closes without a word.
+  // Only then is it asked (one handshake, never a request) whether it speaks TLS.
+  if (!ep.tls && nothing_back && closed_early) t.speaks_tls = speaks_tls(ep, by);
+  // A TLS handshake with a plain-HTTP port: what comes back is not TLS, or
+  // nothing (etcd closes the connection). Only then is it asked (one plain
+  // GET /version, once per endpoint) whether it speaks HTTP. An endpoint
+  // found to speak plain HTTP fails every handshake the same way.
+  if (ep.tls && (tls_failure(t.rc) || (nothing_back && closed_early))) {
+    const TlsFailure how = classify_tls_failure(t.rc, t.message);
+    t.speaks_plain_http = plain_http_.contains(ep.text) ||
+                          ((how == TlsFailure::NotTls || how == TlsFailure::NoTlsAnswer) && speaks_plain_http(ep, by));
+  }
+}
 
-  if (rc == CURLE_OK || (rc == CURLE_WRITE_ERROR && sink.stopped)) {
-    out.status = static_cast<int>(status);
-    out.body = std::move(sink.body);
-    if (!ep.tls && status == 400 && out.body.find("HTTPS server") != std::string::npos) {
-      out.cause = Cause::SpeaksTls;
-    }
-    return Exchange::Ok;
+Classified classify_transfer(const Endpoint& ep, const Transfer& t) {
+  const std::string said = t.message.empty() ? curl_easy_strerror(t.rc) : t.message;
+  const std::string why = ep.text + ": " + said;
+  const bool nothing_back = t.status == 0 && t.body.empty();
+  const bool closed_early = t.rc == CURLE_RECV_ERROR || t.rc == CURLE_SEND_ERROR || t.rc == CURLE_GOT_NOTHING;
+  if (t.rc == CURLE_OK || (t.rc == CURLE_WRITE_ERROR && t.stopped)) {
+    const bool https_answer = !ep.tls && t.status == 400 && t.body.find("HTTPS server") != std::string::npos;
+    return {Exchange::Ok, "", https_answer ? Cause::SpeaksTls : Cause::None};
   }
-  if (sink.too_large) {
-    error = ep.text + ": answer too large";
-    return Exchange::Broken;
+  if (t.too_large) return {Exchange::Broken, ep.text + ": answer too large", Cause::None};
+  if (t.speaks_tls) {
+    return {Exchange::ConnectFailed, ep.text + ": closed the connection without an answer: the endpoint speaks TLS",
+            Cause::SpeaksTls};
   }
-  if (plain_to_tls) {
-    error = ep.text + ": closed the connection without an answer: the endpoint speaks TLS";
-    out.cause = Cause::SpeaksTls;
-    return Exchange::ConnectFailed;
-  }
-  if (tls_to_plain) {
-    error = ep.text + ": TLS: " + (message[0] ? message : curl_easy_strerror(rc)) +
-            ": the endpoint speaks plain HTTP, not TLS";
-    out.cause = Cause::SpeaksPlainHttp;
-    return Exchange::TlsFailed;
+  if (t.speaks_plain_http) {
+    return {Exchange::TlsFailed, ep.text + ": TLS: " + said + ": the endpoint speaks plain HTTP, not TLS",
+            Cause::SpeaksPlainHttp};
   }
   // TLS 1.3: a server that refuses the client's certificate says so (an
   // alert) or just closes, after the client saw the handshake complete.
-  const bool tls_alert = ep.tls && nothing_back &&
-                         (rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR || rc == CURLE_GOT_NOTHING);
-  if (tls_failure(rc) || tls_alert) {
+  const bool tls_alert = ep.tls && nothing_back && closed_early;
+  if (tls_failure(t.rc) || tls_alert) {
     // Certificates and handshakes: the same for every member, usually, but
     // the next endpoint is tried all the same.
-    const bool said = std::string_view(message).find("alert") != std::string_view::npos;
-    error = ep.text + ": TLS: " + (message[0] ? message : curl_easy_strerror(rc)) +
-            (tls_alert && !said ? " (the server closed the connection after the handshake: it refused the client "
-                                  "certificate?)"
-                                : "");
+    const bool alert_said = t.message.find("alert") != std::string::npos;
+    const std::string error =
+        ep.text + ": TLS: " + said +
+        (tls_alert && !alert_said
+             ? " (the server closed the connection after the handshake: it refused the client certificate?)"
+             : "");
     // An answer that is not TLS is no certificate problem.
-    out.cause = ep.tls && tls_how == TlsFailure::NotTls ? Cause::NotTls : Cause::TlsRejected;
-    return Exchange::TlsFailed;
+    const bool not_tls = ep.tls && classify_tls_failure(t.rc, t.message) == TlsFailure::NotTls;
+    return {Exchange::TlsFailed, error, not_tls ? Cause::NotTls : Cause::TlsRejected};
   }
-  switch (rc) {
+  switch (t.rc) {
     case CURLE_COULDNT_CONNECT:
-      if (connecting.timed_out) {
-        error = ep.text + ": connection timed out";
-      } else if (connecting.error != 0) {
-        error = ep.text + ": cannot connect: " + std::strerror(connecting.error);
-      } else {
-        error = why;
+      if (t.connect_timed_out) return {Exchange::ConnectFailed, ep.text + ": connection timed out", Cause::None};
+      if (t.connect_error != 0) {
+        return {Exchange::ConnectFailed, ep.text + ": cannot connect: " + std::strerror(t.connect_error), Cause::None};
       }
-      return Exchange::ConnectFailed;
-    case CURLE_COULDNT_RESOLVE_HOST:
-      error = why;
-      return Exchange::ConnectFailed;
+      return {Exchange::ConnectFailed, why, Cause::None};
+    case CURLE_COULDNT_RESOLVE_HOST: return {Exchange::ConnectFailed, why, Cause::None};
     case CURLE_OPERATION_TIMEDOUT:
-      if (sent == 0) {
-        error = ep.text + (ep.tls ? ": connection or TLS handshake timed out" : ": connection timed out");
-        return Exchange::ConnectFailed;
+      if (t.sent == 0) {
+        return {Exchange::ConnectFailed,
+                ep.text + (ep.tls ? ": connection or TLS handshake timed out" : ": connection timed out"), Cause::None};
       }
-      error = ep.text + ": no answer before the deadline";
-      return Exchange::TimedOut;
+      return {Exchange::TimedOut, ep.text + ": no answer before the deadline", Cause::None};
     case CURLE_GOT_NOTHING:
     case CURLE_SEND_ERROR:
     case CURLE_RECV_ERROR:
-      if (sent == 0 || nothing_back) {
-        error = ep.text + ": closed the connection without an answer";
-        return Exchange::ConnectFailed;
+      if (t.sent == 0 || nothing_back) {
+        return {Exchange::ConnectFailed, ep.text + ": closed the connection without an answer", Cause::None};
       }
-      error = why;
-      return Exchange::Broken;
+      return {Exchange::Broken, why, Cause::None};
     case CURLE_ABORTED_BY_CALLBACK:
-      error = ep.text + ": interrupted by a signal";
-      return watch.interrupted ? Exchange::Interrupted : Exchange::Broken;
-    default:
-      error = why;
-      return Exchange::Broken;
+      return {t.interrupted ? Exchange::Interrupted : Exchange::Broken, ep.text + ": interrupted by a signal",
+              Cause::None};
+    default: return {Exchange::Broken, why, Cause::None};
   }
+}
+
+Exchange CurlTransport::post(const Endpoint& ep, const Request& req, HttpResponse& out, std::string& error) {
+  Transfer t = perform(ep, req);
+  Classified c = classify_transfer(ep, t);
+  out.cause = c.cause;
+  if (c.exchange == Exchange::Ok) {
+    out.status = static_cast<int>(t.status);
+    out.body = std::move(t.body);
+  } else {
+    error = std::move(c.error);
+  }
+  return c.exchange;
 }
 
 }  // namespace looplock::etcd

@@ -40,6 +40,30 @@ namespace looplock::etcd {
 enum class TlsFailure { Other, Alert, NoTlsAnswer, NotTls };
 TlsFailure classify_tls_failure(CURLcode code, std::string_view message);
 
+// What one transfer came to, as libcurl and looplock's probes saw it.
+struct Transfer {
+  CURLcode rc = CURLE_OK;
+  long status = 0;  // the HTTP status (0: none)
+  long sent = 0;    // bytes of request headers sent: 0 means no connection was made
+  std::string message;  // libcurl's error buffer
+  std::string body;
+  bool too_large = false;  // the answer passed the size limit
+  bool stopped = false;    // a stream said enough
+  bool connect_timed_out = false;
+  int connect_error = 0;
+  bool interrupted = false;  // a signal of Request::interrupt_on ended it
+  bool speaks_tls = false;         // an http:// endpoint that closed without an answer completes a TLS handshake
+  bool speaks_plain_http = false;  // an https:// endpoint answers plain HTTP
+};
+
+// How a transfer ended, in the Transport's terms (pure: table-tested).
+struct Classified {
+  Exchange exchange = Exchange::Broken;
+  std::string error;  // for anything but Ok
+  Cause cause = Cause::None;
+};
+Classified classify_transfer(const Endpoint& ep, const Transfer& t);
+
 class CurlTransport final : public Transport {
 public:
   CurlTransport();  // only notes the open sockets: cannot fail
@@ -55,6 +79,9 @@ private:
   void set_up();
   void apply_security();
   void close_new_sockets_on_exec() const;
+  // One POST: set up, performed, and the probes a failure needs.
+  Transfer perform(const Endpoint& ep, const Request& req);
+  void probe(const Endpoint& ep, const Request& req, Transfer& t);
   // Whether `ep` (an http:// endpoint that closed without an answer) completes
   // a TLS handshake: Cause::SpeaksTls.
   bool speaks_tls(const Endpoint& ep, long long deadline_ns) const;

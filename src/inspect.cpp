@@ -97,9 +97,10 @@ Json error_entry(const std::string& dir, int status, const std::string& event, c
   return j;
 }
 
-InspectReport build_report(const InspectFacts& facts) {
+namespace {
+
+Json report_json(const InspectFacts& facts, const Verdict& v) {
   const LockFacts& f = facts.lock;
-  const Verdict v = judge(f);
   const bool held = v.state == LockState::Held;
   const bool known = f.kernel_unknown.empty();
   const HolderRecord* rec = v.read ? &*v.read : nullptr;
@@ -155,7 +156,15 @@ InspectReport build_report(const InspectFacts& facts) {
                     {"latest", facts.incidents.latest ? *facts.incidents.latest : Json(nullptr)}};
   j["warnings"] = v.warnings;
   j["operator_action"] = v.action;
+  return j;
+}
 
+std::string report_text(const InspectFacts& facts, const Verdict& v) {
+  const LockFacts& f = facts.lock;
+  const bool held = v.state == LockState::Held;
+  const bool known = f.kernel_unknown.empty();
+  const HolderRecord* rec = v.read ? &*v.read : nullptr;
+  const std::vector<pid_t> named = kernel_named(v.holders);
   std::string t;
   auto line = [&](const char* label, const std::string& value) {
     char head[16];
@@ -204,7 +213,14 @@ InspectReport build_report(const InspectFacts& facts) {
   }
   for (const auto& w : v.warnings) line("warning", w);
   line("action", v.action);
-  return {std::move(j), std::move(t)};
+  return t;
+}
+
+}  // namespace
+
+InspectReport build_report(const InspectFacts& facts) {
+  const Verdict v = judge(facts.lock);
+  return {report_json(facts, v), report_text(facts, v)};
 }
 
 namespace {

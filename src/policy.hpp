@@ -1,4 +1,4 @@
-// The acquisition policies of SPEC.md: how long to wait and what a conflict
+// The acquisition policies (looplock(1), POLICIES): how long to wait and what a conflict
 // means. Pure data and pure functions, no I/O.
 #pragma once
 

@@ -1,4 +1,4 @@
-"""Every row of SPEC.md's "Exit status" table, each shown with the real
+"""Every row of the man page's EXIT STATUS table, each shown with the real
 binary, plus -F (exec in place)."""
 import os
 import resource

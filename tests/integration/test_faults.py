@@ -149,7 +149,7 @@ def waiter_behind_a_dir_remover(loop_dir, action):
 def test_waiter_when_dir_is_gone_fails_cleanly(loop_dir, action):
     """DIR is gone from its path when the waiter gets its turn: the waiter
     must not run the command (least of all on the lock file in the moved
-    directory: SPEC, "it must not run the command on an orphaned inode"),
+    directory: the man page, "it never runs the command on a lock that no longer protects DIR"),
     must create nothing, and must say so in one clean error (66: DIR is
     missing, as for a run started now; 73 is tolerated: the lock file cannot
     be created)."""
@@ -163,7 +163,7 @@ def test_waiter_when_dir_is_gone_fails_cleanly(loop_dir, action):
 @pytest.mark.parametrize("action", ["removed_and_recreated", "moved_and_recreated"])
 def test_waiter_when_dir_is_replaced_locks_the_new_dir(loop_dir, action):
     """DIR was replaced by a new directory while a waiter waited: as for a
-    lock file replaced meanwhile (SPEC: "it retries within the deadline"),
+    lock file replaced meanwhile (the man page: "retries on the new file within the same deadline"),
     the waiter must lock DIR/.state.lock as the path now names it and run
     there; never on the old directory's lock file (another looplock started
     now would lock the new one: two holders), nor fail for a directory that
@@ -338,7 +338,7 @@ def test_endless_eintr_storm_under_blocking_waits_and_ends_on_term(tmp_path, loo
     """With every flock(2) but the first faked to EINTR (strace never lets
     the call reach the kernel), -p blocking cannot acquire even after the
     holder released: it keeps waiting (it never runs the command unlocked),
-    and TERM still ends the wait at once, as SPEC says for a waiter."""
+    and TERM still ends the wait at once, as the man page says for a waiter."""
     need_strace()
     trace = tmp_path / "trace"
     h = flock_holder(loop_dir / LOCK)

@@ -678,7 +678,7 @@ def test_non_utf8_command_name_gives_a_valid_operation(tmp_path, loop_dir):
 
 @pytest.mark.parametrize("name", ["loop\nlooplock: FORGED all clear", "loop\x1b[2J\rX"], ids=["newline", "escape"])
 def test_control_characters_in_dir_cannot_forge_log_lines(tmp_path, name):
-    """SPEC: every message starts with "looplock: ". A DIR name is as hostile
+    """The man page: every message starts with "looplock: ". A DIR name is as hostile
     as a holder identity (a loop over directories others may create), so it
     must not split a message into lines or carry raw control characters."""
     d = tmp_path / name

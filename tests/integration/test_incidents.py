@@ -1,4 +1,4 @@
-"""Incident rows in DIR/.state.lock.incidents.jsonl (SPEC.md "Incident rows"),
+"""Incident rows in DIR/.state.lock.incidents.jsonl (looplock(1), FILES),
 and the lines that report a timeout.
 
 Covers: one well-formed row per timeout (every field) with a flock(1) holder
@@ -273,7 +273,7 @@ def test_log_format_json_timeout(loop_dir, holders):
 
 def test_hostile_holder_identity_cannot_forge_log_lines(loop_dir, holders):
     """The holder's agent/operation come from whoever wrote the record; the
-    lines that name them must stay one "looplock: " line each (SPEC.md: every
+    lines that name them must stay one "looplock: " line each (looplock(1): every
     message starts with "looplock: ") with no raw control characters."""
     h = holders(loop_dir, tool="looplock",
                 extra=("--agent", "evil\nFORGED line: delete the lock file\x1b[2J", "--operation", "op\rFORGED"))

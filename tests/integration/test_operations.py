@@ -1,4 +1,4 @@
-"""Operations (SPEC.md "Other options", "Metrics", "looplock --inspect"):
+"""Operations (looplock(1): OPTIONS, METRICS, INSPECT):
 silent healthy skips with -q, --metrics-dir (node_exporter textfiles checked
 with prometheus_client's parser, counters that lose nothing when many runs end
 at once), --max-time, --inspect on several directories with the processes

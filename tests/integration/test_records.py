@@ -1,4 +1,4 @@
-"""The holder record inside DIR/.state.lock (SPEC.md "Holder record").
+"""The holder record inside DIR/.state.lock (looplock(1), FILES).
 
 Covers: the schema and every field while held (read from inside the command
 and from outside), pid / pid_start against /proc, the UTC timestamp form,
@@ -60,7 +60,7 @@ def iso_to_epoch(s):
 
 
 def check_shape(rec):
-    """Every field of SPEC.md, with its type, and nothing malformed."""
+    """Every field the man page documents, with its type, and nothing malformed."""
     assert isinstance(rec, dict), rec
     for k, t in FIELDS.items():
         assert k in rec, f"record lacks {k}: {rec}"
@@ -142,7 +142,7 @@ def test_record_read_from_inside_the_command(loop_dir, status_py, monkeypatch):
     assert {k: v for k, v in after_rec.items() if k not in ("released_at", "check")} == {
         k: v for k, v in rec.items() if k not in ("released_at", "check")
     }
-    # Both versions carry a matching check (SPEC: readers can validate).
+    # Both versions carry a matching check (the man page: readers can validate).
     assert check_matches(raw.encode()) and check_matches((loop_dir / ".state.lock").read_bytes())
 
 
@@ -411,7 +411,7 @@ def with_check(rec):
 
 
 def check_matches(raw):
-    """What a validating reader does first (SPEC: readers validate): the
+    """What a validating reader does first (the man page: readers validate): the
     record's check must match the text before it."""
     text = raw.rstrip(b"\n").rstrip(b" ")
     at = text.rfind(CHECK_KEY)

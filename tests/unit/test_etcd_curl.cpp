@@ -425,3 +425,78 @@ TEST_CASE("a failed TLS handshake: an alert, no TLS answer, not TLS at all, or s
   CHECK(classify_tls_failure(CURLE_SSL_CERTPROBLEM, "could not load PEM client certificate") == TlsFailure::Other);
   CHECK(classify_tls_failure(CURLE_SSL_CONNECT_ERROR, "") == TlsFailure::Other);
 }
+
+TEST_CASE("classify_transfer: how a transfer ended, from what libcurl and the probes saw") {
+  Endpoint plain{"127.0.0.1", 2379, false, "http://127.0.0.1:2379"};
+  Endpoint tls{"127.0.0.1", 2379, true, "https://127.0.0.1:2379"};
+  auto transfer = [](CURLcode rc) {
+    Transfer t;
+    t.rc = rc;
+    return t;
+  };
+  struct Row {
+    const char* what;
+    Endpoint ep;
+    Transfer t;
+    Exchange exchange;
+    Cause cause;
+    const char* error_has;
+  };
+  Transfer ok = transfer(CURLE_OK);
+  ok.status = 200;
+  ok.body = "{}";
+  Transfer https_answer = ok;
+  https_answer.status = 400;
+  https_answer.body = "Client sent an HTTP request to an HTTPS server.";
+  Transfer stopped = transfer(CURLE_WRITE_ERROR);
+  stopped.stopped = true;
+  Transfer big = transfer(CURLE_WRITE_ERROR);
+  big.too_large = true;
+  Transfer tls_port = transfer(CURLE_GOT_NOTHING);
+  tls_port.speaks_tls = true;
+  Transfer plain_port = transfer(CURLE_SSL_CONNECT_ERROR);
+  plain_port.message = "error:0A00010B:SSL routines::wrong version number";
+  plain_port.speaks_plain_http = true;
+  Transfer bad_ca = transfer(CURLE_PEER_FAILED_VERIFICATION);
+  bad_ca.message = "SSL certificate problem: unable to get local issuer certificate";
+  Transfer refused_cert = transfer(CURLE_RECV_ERROR);
+  Transfer timed_connect = transfer(CURLE_COULDNT_CONNECT);
+  timed_connect.connect_timed_out = true;
+  Transfer refused = transfer(CURLE_COULDNT_CONNECT);
+  refused.connect_error = ECONNREFUSED;
+  Transfer silent = transfer(CURLE_OPERATION_TIMEDOUT);
+  silent.sent = 100;
+  Transfer no_connection = transfer(CURLE_OPERATION_TIMEDOUT);
+  Transfer cut = transfer(CURLE_RECV_ERROR);
+  cut.sent = 100;
+  cut.body = "{\"par";
+  Transfer closed = transfer(CURLE_GOT_NOTHING);
+  closed.sent = 100;
+  Transfer signal = transfer(CURLE_ABORTED_BY_CALLBACK);
+  signal.interrupted = true;
+  const Row rows[] = {
+      {"an answer", plain, ok, Exchange::Ok, Cause::None, ""},
+      {"a TLS port's answer to plain HTTP", plain, https_answer, Exchange::Ok, Cause::SpeaksTls, ""},
+      {"a stream that said enough", plain, stopped, Exchange::Ok, Cause::None, ""},
+      {"an answer too large", plain, big, Exchange::Broken, Cause::None, "answer too large"},
+      {"plain HTTP to a TLS port", plain, tls_port, Exchange::ConnectFailed, Cause::SpeaksTls, "speaks TLS"},
+      {"TLS to a plain-HTTP port", tls, plain_port, Exchange::TlsFailed, Cause::SpeaksPlainHttp, "speaks plain HTTP"},
+      {"a certificate not trusted", tls, bad_ca, Exchange::TlsFailed, Cause::TlsRejected, "unable to get local issuer"},
+      {"closed after the handshake", tls, refused_cert, Exchange::TlsFailed, Cause::TlsRejected, "refused the client"},
+      {"a connect that timed out", plain, timed_connect, Exchange::ConnectFailed, Cause::None, "connection timed out"},
+      {"a connect refused", plain, refused, Exchange::ConnectFailed, Cause::None, "Connection refused"},
+      {"sent, no answer in time", plain, silent, Exchange::TimedOut, Cause::None, "no answer before the deadline"},
+      {"no connection in time", tls, no_connection, Exchange::ConnectFailed, Cause::None, "TLS handshake timed out"},
+      {"an answer cut short", plain, cut, Exchange::Broken, Cause::None, ""},
+      {"closed without an answer", plain, closed, Exchange::ConnectFailed, Cause::None, "without an answer"},
+      {"a signal", plain, signal, Exchange::Interrupted, Cause::None, "interrupted by a signal"},
+  };
+  for (const Row& r : rows) {
+    CAPTURE(r.what);
+    const Classified c = classify_transfer(r.ep, r.t);
+    CHECK(c.exchange == r.exchange);
+    CHECK(c.cause == r.cause);
+    CHECK(c.error.find(r.error_has) != std::string::npos);
+    if (c.exchange != Exchange::Ok) CHECK(c.error.starts_with(r.ep.text + ": "));
+  }
+}
