@@ -65,10 +65,10 @@ int main_program(int argc, char** argv, char** envp, etcd::Transport* etcd) {
     log = Logger(o.verbosity, o.log_format);
     if (!o.etcd.empty() && !ctx.etcd) exec_cluster_helper(argv, ctx.env, ctx.start_ns);
     if (o.mode == Mode::Inspect) return inspect(o, log, ctx.etcd);
-    Outcome out = Run(o, ctx, log, facts).run();
-    const int status = out.kind == Outcome::Kind::LikeWaitStatus ? shell_status(out.value) : out.value;
+    Exit out = Run(o, ctx, log, facts).run();
+    const int status = out.kind == Exit::Kind::LikeWaitStatus ? shell_status(out.value) : out.value;
     write_metrics(o, facts, status, start_wall_ms, log);
-    if (out.kind == Outcome::Kind::LikeWaitStatus) exit_like(out.value);
+    if (out.kind == Exit::Kind::LikeWaitStatus) exit_like(out.value);
     return out.value;
   } catch (const Fatal& e) {
     log.error(e.event(), e.what(), e.hint());

@@ -241,7 +241,7 @@ std::optional<Json> ClusterLock::holder_of(const etcd::KeyValue& kv, long long d
   return parse_cluster_holder(old.value.kvs.front().value);
 }
 
-ClusterLock::Outcome ClusterLock::acquire(const WaitPlan& plan, long long start_ns, ClusterHolder who) {
+Acquisition ClusterLock::acquire(const WaitPlan& plan, long long start_ns, ClusterHolder who) {
   const bool bounded = plan.kind == WaitPlan::Kind::Bounded;
   const bool nowait = plan.kind == WaitPlan::Kind::NoWait;
   const long long deadline = bounded ? start_ns + plan.deadline_ns : kNever;
@@ -260,7 +260,7 @@ ClusterLock::Outcome ClusterLock::acquire(const WaitPlan& plan, long long start_
   if (!t.ok()) unavailable("take the lock", t);
   if (t.value.succeeded) {
     token_ = t.value.revision;
-    return Outcome::Acquired;
+    return Acquisition::Acquired;
   }
   const auto others = etcd::contenders(prefixes_, t.value.ranges);
   if (others.empty()) {
@@ -279,14 +279,14 @@ ClusterLock::Outcome ClusterLock::acquire(const WaitPlan& plan, long long start_
     const auto queue = etcd::contenders(prefixes_, reads);
     if (mine != 0 && !queue.empty() && queue.front().create_revision == mine) {
       token_ = mine;
-      return Outcome::Acquired;
+      return Acquisition::Acquired;
     }
     if (!queue.empty() && queue.front().create_revision != mine) blocker_ = holder_of(queue.front(), now() + kSec);
   } else {
     blocker_ = holder_of(others.front(), now() + kSec);
   }
   release();
-  return Outcome::Busy;
+  return Acquisition::Busy;
 }
 
 bool ClusterLock::acquired(long long revision, bool waited) {
@@ -409,7 +409,7 @@ void ClusterLock::note_blocker(long long my_rev) {
   }
 }
 
-ClusterLock::Outcome ClusterLock::wait_in_queue(bool bounded, long long deadline) {
+Acquisition ClusterLock::wait_in_queue(bool bounded, long long deadline) {
   Queue q;
   for (bool first = true;; first = false) {
     const long long t0 = now();
@@ -432,7 +432,7 @@ ClusterLock::Outcome ClusterLock::wait_in_queue(bool bounded, long long deadline
     Step step = q.my_rev == 0 ? join(q, step_end) : Step::Next;
     if (step == Step::Next && !q.before) step = read_queue(q, step_end);
     if (step == Step::Ours) {
-      if (acquired(q.my_rev, q.said_waiting)) return Outcome::Acquired;
+      if (acquired(q.my_rev, q.said_waiting)) return Acquisition::Acquired;
       lease_ = 0;
       q.my_rev = 0;
       continue;
@@ -442,7 +442,7 @@ ClusterLock::Outcome ClusterLock::wait_in_queue(bool bounded, long long deadline
   }
   note_blocker(q.my_rev);
   release();
-  return Outcome::TimedOut;
+  return Acquisition::TimedOut;
 }
 
 bool ClusterLock::renew(long long return_by_ns, const sigset_t* interrupt_on) {

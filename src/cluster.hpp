@@ -86,8 +86,6 @@ ClusterAccess cluster_access(const Options& o, const Logger& log);
 
 class ClusterLock {
 public:
-  enum class Outcome { Acquired, Busy, TimedOut };
-
   // `kill_after_ns`: the effective kill-after of the lease's deadlines
   // (lease_kill_after_ns() in options.hpp).
   ClusterLock(etcd::Transport& transport, std::vector<etcd::Endpoint> endpoints, std::string name, int ttl_s,
@@ -103,7 +101,7 @@ public:
   // until etcd answers again). Throws Fatal 69 when etcd cannot be reached at
   // all (within the deadline; 5 s for single_flight and blocking) or answers
   // with an error that waiting will not mend.
-  Outcome acquire(const WaitPlan& plan, long long start_ns, ClusterHolder who);
+  Acquisition acquire(const WaitPlan& plan, long long start_ns, ClusterHolder who);
 
   // The lease, as the job loop sees it (CLOCK_MONOTONIC ns).
   long long next_renewal_ns() const;  // when renew() should next be called
@@ -160,7 +158,7 @@ private:
   // What a step found: the lock is ours, go on to the next step, or start
   // the round again.
   enum class Step { Ours, Next, Again };
-  Outcome wait_in_queue(bool bounded, long long deadline_ns);
+  Acquisition wait_in_queue(bool bounded, long long deadline_ns);
   Step place(Queue& q, const std::vector<etcd::KeyValue>& queue, long long revision, long long step_end);
   void renew_in_queue(Queue& q, long long t0, long long deadline);
   Step join(Queue& q, long long step_end);

@@ -22,9 +22,8 @@ EtcdLock::EtcdLock(const Options& options, pid_t pid, const Logger& log, const R
             log, cluster_access(options, log)) {}
 
 Acquisition EtcdLock::acquire(const WaitPlan& plan, long long start_ns) {
-  const auto got = lock_.acquire(plan, start_ns, ClusterHolder{host_, pid_, o_.agent, o_.operation, {}, {}, 0});
-  if (got == ClusterLock::Outcome::Busy) return Acquisition::Busy;
-  if (got == ClusterLock::Outcome::TimedOut) return Acquisition::TimedOut;
+  const Acquisition got = lock_.acquire(plan, start_ns, ClusterHolder{host_, pid_, o_.agent, o_.operation, {}, {}, 0});
+  if (got != Acquisition::Acquired) return got;
   const long long waited = sys::monotonic_ns() - start_ns;
   log_.verbose("acquired", "cluster lock " + printable(lock_.name()) + " acquired on etcd after " +
                                format_duration(waited) + " (fencing token " + std::to_string(lock_.fencing_token()) +

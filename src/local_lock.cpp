@@ -133,8 +133,7 @@ Acquisition LocalLock::acquire(const WaitPlan& plan, long long start_ns) {
   WaitReporter reporter(o_, log_, plan, start_ns, shown_, holders_at_start_);
   AcquireResult res = acquire_lock(dir_, plan, mode, reporter, start_ns);
   file_ = std::move(res.file);
-  if (res.status == AcquireResult::Status::Busy) return Acquisition::Busy;
-  if (res.status == AcquireResult::Status::TimedOut) return Acquisition::TimedOut;
+  if (res.status != Acquisition::Acquired) return res.status;
   log_.verbose("acquired", std::string(o_.shared ? "shared" : "exclusive") + " lock on " + shown_ + " acquired after " +
                                format_duration(res.waited_ns),
                {{"lock_id", target_.lock_id}, {"waited_ms", res.waited_ns / kMs}});

@@ -17,8 +17,6 @@
 
 namespace looplock {
 
-enum class Acquisition { Acquired, Busy, TimedOut };
-
 // Who is in the way of a lock that was not acquired: what the skip and
 // timeout lines and the incident row say (report.hpp renders it).
 struct Blocker {

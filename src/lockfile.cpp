@@ -360,8 +360,8 @@ AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, Ac
     if (try_lock(dir, file, op) != 0) {
       bool give_up = plan.kind == WaitPlan::Kind::NoWait || (bounded && sys::monotonic_ns() >= deadline);
       if (give_up) {
-        result.status = plan.kind == WaitPlan::Kind::NoWait ? AcquireResult::Status::Busy
-                                                            : AcquireResult::Status::TimedOut;
+        result.status = plan.kind == WaitPlan::Kind::NoWait ? Acquisition::Busy
+                                                            : Acquisition::TimedOut;
         result.file = std::move(file);
         result.waited_ns = sys::monotonic_ns() - start;
         wait_over();
@@ -386,7 +386,7 @@ AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, Ac
         if (bounded && sys::monotonic_ns() >= deadline) {
           // One last non-blocking attempt: a release exactly at the deadline wins.
           if (try_lock(dir, file, op) == 0) break;
-          result.status = AcquireResult::Status::TimedOut;
+          result.status = Acquisition::TimedOut;
           result.file = std::move(file);
           result.waited_ns = sys::monotonic_ns() - start;
           wait_over();
@@ -402,7 +402,7 @@ AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, Ac
                  "The command was not run.");
     }
     if (*check.intact) {
-      result.status = AcquireResult::Status::Acquired;
+      result.status = Acquisition::Acquired;
       result.file = std::move(file);
       result.waited_ns = sys::monotonic_ns() - start;
       wait_over();

@@ -84,8 +84,7 @@ public:
 };
 
 struct AcquireResult {
-  enum class Status { Acquired, Busy, TimedOut };
-  Status status = Status::Busy;
+  Acquisition status = Acquisition::Busy;
   // Acquired: the locked file. Busy/TimedOut: the file that was found held
   // (open, not locked), for reading who holds it.
   LockFile file;

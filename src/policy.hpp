@@ -13,6 +13,10 @@ enum class Policy { Mutation, Monitor, SingleFlight, Blocking };
 std::optional<Policy> parse_policy(std::string_view name);
 std::string_view policy_name(Policy p);
 
+// How an attempt to take a lock ended, for every kind of lock: taken, held
+// by another (a policy that does not wait), or held past the deadline.
+enum class Acquisition { Acquired, Busy, TimedOut };
+
 // How the lock is waited for.
 struct WaitPlan {
   enum class Kind {

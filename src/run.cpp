@@ -13,7 +13,7 @@ namespace looplock {
 
 namespace {
 
-Outcome exit_status(int status) { return {Outcome::Kind::ExitStatus, status}; }
+Exit exit_status(int status) { return {Exit::Kind::ExitStatus, status}; }
 
 RunOutcome outcome_of(int wait_status) {
   if (WIFSIGNALED(wait_status)) return RunOutcome::Signaled;
@@ -27,13 +27,13 @@ Conclusion conclude(const JobEnd& job, bool lease_lost, bool intact) {
   if (job.ended_by == JobEnd::EndedBy::MaxTime) return {exit_status(exit_code::kMaxTime), RunOutcome::MaxTime};
   const RunOutcome outcome = outcome_of(job.status);
   if (!intact && outcome == RunOutcome::Success) return {exit_status(exit_code::kVanished), RunOutcome::Error};
-  return {{Outcome::Kind::LikeWaitStatus, job.status}, outcome};
+  return {{Exit::Kind::LikeWaitStatus, job.status}, outcome};
 }
 
 Run::Run(const Options& options, const Context& context, const Logger& log, RunFacts& facts)
     : o_(options), ctx_(context), log_(log), facts_(facts), reporter_(options, context.pid, log) {}
 
-Outcome Run::run() {
+Exit Run::run() {
   open();
   for (auto& lock : locks_) {
     lock->prepare(spec_);
@@ -117,7 +117,7 @@ Conclusion Run::release(const JobEnd& job) {
   return conclude(job, ending.lease_lost, ending.intact);
 }
 
-Outcome Run::finish(const Conclusion& c) {
+Exit Run::finish(const Conclusion& c) {
   facts_.outcome = c.outcome;
   return c.exit;
 }

@@ -37,7 +37,7 @@ struct Context {
 
 // How looplock ends: with an exit status, or like a wait status (exit N, or
 // die of the signal that killed the command).
-struct Outcome {
+struct Exit {
   enum class Kind { ExitStatus, LikeWaitStatus };
   Kind kind = Kind::ExitStatus;
   int value = 0;
@@ -45,7 +45,7 @@ struct Outcome {
 
 // A run's conclusion: how looplock ends, and what the metrics count.
 struct Conclusion {
-  Outcome exit;
+  Exit exit;
   RunOutcome outcome = RunOutcome::Error;
 };
 
@@ -68,14 +68,14 @@ class Run {
 public:
   Run(const Options& options, const Context& context, const Logger& log, RunFacts& facts);
   // The script. Returns how looplock ends; throws Fatal for an error.
-  Outcome run();
+  Exit run();
 
 private:
   void open();
   std::optional<Conclusion> acquire(Lock& lock);
   JobEnd run_job();
   Conclusion release(const JobEnd& job);
-  Outcome finish(const Conclusion& c);
+  Exit finish(const Conclusion& c);
 
   const Options& o_;
   const Context& ctx_;

@@ -868,7 +868,7 @@ TEST_CASE("cluster lock: uncontended, two requests; the deadlines count from the
   Logger log = quiet_log();
   ClusterLock lock(etcd.transport, endpoints(3), "nightly", 3, 600 * kMs, log, {}, clock);
   const long long t0 = clock.t;
-  REQUIRE(lock.acquire(bounded(5 * kSec), t0, me()) == ClusterLock::Outcome::Acquired);
+  REQUIRE(lock.acquire(bounded(5 * kSec), t0, me()) == Acquisition::Acquired);
   CHECK(etcd.transport.calls.size() == 2);  // grant, then the queue's txn
   CHECK(etcd.transport.calls[1].path == "/v3/kv/txn");
   CHECK(lock.key() == "looplock/nightly/lock/" + lease_hex(lock.lease()));
@@ -894,7 +894,7 @@ TEST_CASE("cluster lock: a slow keepalive moves the expiry to when it was sent")
   MiniEtcd etcd(clock);
   Logger log = quiet_log();
   ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == ClusterLock::Outcome::Acquired);
+  REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == Acquisition::Acquired);
   clock.t = lock.next_renewal_ns();
   const long long sent = clock.t;
   etcd.answer_ns = 250 * kMs;  // answered, slowly (within the 300 ms attempt)
@@ -910,7 +910,7 @@ TEST_CASE("cluster lock: renew fails over within its bound and returns by it") {
   MiniEtcd etcd(clock);
   Logger log = quiet_log();
   ClusterLock lock(etcd.transport, endpoints(3), "n", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == ClusterLock::Outcome::Acquired);
+  REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == Acquisition::Acquired);
   const std::string first = etcd.transport.calls.back().url.substr(0, 20);
   // The member that answered so far goes silent (blackholed, connection kept).
   etcd.fault = [&](const Endpoint& ep, const Request&) -> std::optional<Step> {
@@ -947,7 +947,7 @@ TEST_CASE("cluster lock: a leader election shorter than the outage tolerance doe
       MiniEtcd etcd(clock);
       Logger log = quiet_log();
       ClusterLock lock(etcd.transport, endpoints(3), "n", 3, lease_timing::default_kill_after_ns(3), log, {}, clock);
-      REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == ClusterLock::Outcome::Acquired);
+      REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == Acquisition::Acquired);
       const long long start = lock.next_renewal_ns() - kMs;
       const long long election_end = start + election;
       const std::string alive = "{\"result\":{\"ID\":\"" + std::to_string(lock.lease()) + "\",\"TTL\":\"3\"}}\n";
@@ -982,7 +982,7 @@ TEST_CASE("cluster lock: an outage longer than the tolerance ends in TERM before
   MiniEtcd etcd(clock);
   Logger log = quiet_log();
   ClusterLock lock(etcd.transport, endpoints(3), "n", 3, lease_timing::default_kill_after_ns(3), log, {}, clock);
-  REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == ClusterLock::Outcome::Acquired);
+  REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == Acquisition::Acquired);
   const long long last_sent = lock.expiry_ns() - 3 * kSec;
   etcd.fault = [&](const Endpoint&, const Request&) -> std::optional<Step> { return silent(); };
   while (clock.t < lock.term_by_ns()) {
@@ -1002,7 +1002,7 @@ TEST_CASE("cluster lock: etcd says the lease is gone: renew is false, with the r
   MiniEtcd etcd(clock);
   Logger log = quiet_log();
   ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == ClusterLock::Outcome::Acquired);
+  REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == Acquisition::Acquired);
   etcd.drop_lease(lock.lease());  // revoked by an operator
   clock.t = lock.next_renewal_ns();
   CHECK(lock.lost_at_ns() == 0);
@@ -1017,7 +1017,7 @@ TEST_CASE("cluster lock: unanswered renewals leave term_by where it was; then th
   MiniEtcd etcd(clock);
   Logger log = quiet_log();
   ClusterLock lock(etcd.transport, endpoints(2), "n", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == ClusterLock::Outcome::Acquired);
+  REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == Acquisition::Acquired);
   etcd.fault = [&](const Endpoint&, const Request&) -> std::optional<Step> { return refused(); };
   const long long term_by = lock.term_by_ns();
   // As the job loop does: renew when due, never past term_by.
@@ -1049,7 +1049,7 @@ TEST_CASE("cluster lock: a waiter queues once and takes the lock in its turn, re
   etcd.at(t0 + 2 * kSec, [&] { etcd.drop_lease(a); });
   etcd.at(t0 + 4 * kSec, [&] { etcd.drop_lease(b); });
   ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(lock.acquire(kBlocking, t0, me()) == ClusterLock::Outcome::Acquired);
+  REQUIRE(lock.acquire(kBlocking, t0, me()) == Acquisition::Acquired);
   CHECK(clock.t >= t0 + 4 * kSec);
   CHECK(clock.t < t0 + 4 * kSec + 10 * kMs);  // woken by the deletion, not by a poll
   CHECK(etcd.transport.count("/v3/kv/txn") == 1);  // queued once
@@ -1071,7 +1071,7 @@ TEST_CASE("cluster lock: a bounded wait times out, naming the holder, and leaves
   etcd.contender("n", encode_cluster_holder({"hA", 77, "x", "y", "T", "1", 0}));
   ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
   const long long t0 = clock.t;
-  REQUIRE(lock.acquire(bounded(1500 * kMs), t0, me()) == ClusterLock::Outcome::TimedOut);
+  REQUIRE(lock.acquire(bounded(1500 * kMs), t0, me()) == Acquisition::TimedOut);
   CHECK(clock.t >= t0 + 1500 * kMs);
   CHECK(clock.t < t0 + 1600 * kMs);
   REQUIRE(lock.blocker());
@@ -1085,12 +1085,12 @@ TEST_CASE("cluster lock: single_flight skips without queuing when any contender 
   Logger log = quiet_log();
   etcd.contender("n", "");  // etcdctl lock: no value
   ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(lock.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == ClusterLock::Outcome::Busy);
+  REQUIRE(lock.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == Acquisition::Busy);
   CHECK(etcd.kvs.size() == 1);
   CHECK_FALSE(lock.blocker());
   CHECK(describe_cluster_holder(lock.blocker()).find("etcdctl") != std::string::npos);
   ClusterLock free_lock(etcd.transport, endpoints(1), "m", 3, 600 * kMs, log, {}, clock);
-  CHECK(free_lock.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == ClusterLock::Outcome::Acquired);
+  CHECK(free_lock.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == Acquisition::Acquired);
 }
 
 TEST_CASE("cluster lock: a blocking waiter rides out etcd being unavailable and keeps its place") {
@@ -1107,7 +1107,7 @@ TEST_CASE("cluster lock: a blocking waiter rides out etcd being unavailable and 
   };
   etcd.at(t0 + 5 * kSec, [&] { etcd.drop_lease(a); });
   ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(lock.acquire(kBlocking, t0, me()) == ClusterLock::Outcome::Acquired);
+  REQUIRE(lock.acquire(kBlocking, t0, me()) == Acquisition::Acquired);
   CHECK(clock.t >= t0 + 5 * kSec);
   CHECK(etcd.transport.count("/v3/kv/txn") == 1);  // 2.5 s < TTL: the lease and the place survived
 }
@@ -1124,7 +1124,7 @@ TEST_CASE("cluster lock: a waiter whose lease expired in a long outage queues ag
   };
   etcd.at(t0 + 6 * kSec, [&] { etcd.drop_lease(a); });
   ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(lock.acquire(kBlocking, t0, me()) == ClusterLock::Outcome::Acquired);
+  REQUIRE(lock.acquire(kBlocking, t0, me()) == Acquisition::Acquired);
   CHECK(etcd.transport.count("/v3/lease/grant") == 2);
   CHECK(etcd.transport.count("/v3/kv/txn") == 2);
 }
@@ -1151,7 +1151,7 @@ TEST_CASE("cluster lock: x and x/lock/y have keys of their own and do not exclud
   MiniEtcd etcd(clock);
   Logger log = quiet_log();
   ClusterLock nested(etcd.transport, endpoints(1), "x/lock/y", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(nested.acquire(bounded(kSec), clock.t, me()) == ClusterLock::Outcome::Acquired);
+  REQUIRE(nested.acquire(bounded(kSec), clock.t, me()) == Acquisition::Acquired);
   CHECK(nested.key() == "looplock/x%2Flock%2Fy/lock/" + lease_hex(nested.lease()));
   // The same key under the unencoded prefix too, in the same transaction, for
   // earlier versions and etcdctl lock.
@@ -1165,12 +1165,12 @@ TEST_CASE("cluster lock: x and x/lock/y have keys of their own and do not exclud
   for (auto plan : {WaitPlan{WaitPlan::Kind::NoWait, 0}, bounded(kSec), kBlocking}) {
     ClusterLock x(etcd.transport, endpoints(1), "x", 3, 600 * kMs, log, {}, clock);
     const long long t0 = clock.t;
-    CHECK(x.acquire(plan, t0, me()) == ClusterLock::Outcome::Acquired);
+    CHECK(x.acquire(plan, t0, me()) == Acquisition::Acquired);
     CHECK(clock.t < t0 + 100 * kMs);
     CHECK(x.key() == "looplock/x/lock/" + lease_hex(x.lease()));
     // ... and x's key is not x/lock/y's.
     ClusterLock other(etcd.transport, endpoints(1), "x/lock/y", 3, 600 * kMs, log, {}, clock);
-    CHECK(other.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == ClusterLock::Outcome::Busy);
+    CHECK(other.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == Acquisition::Busy);
     REQUIRE(other.blocker());
     CHECK((*other.blocker())["lease"] == lease_hex(nested.lease()));
     x.release();
@@ -1188,7 +1188,7 @@ TEST_CASE("cluster lock: an encoded name's legacy contender (an earlier looplock
     const long long old = etcd.contender_at(legacy_lock_prefix("a/b"), value);
     // single_flight skips, naming it.
     ClusterLock sf(etcd.transport, endpoints(1), "a/b", 3, 600 * kMs, log, {}, clock);
-    REQUIRE(sf.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == ClusterLock::Outcome::Busy);
+    REQUIRE(sf.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == Acquisition::Busy);
     CHECK(etcd.kvs.size() == 1);
     if (*value) {
       REQUIRE(sf.blocker());
@@ -1199,7 +1199,7 @@ TEST_CASE("cluster lock: an encoded name's legacy contender (an earlier looplock
     // The deadline times out, naming it.
     ClusterLock w(etcd.transport, endpoints(1), "a/b", 3, 600 * kMs, log, {}, clock);
     long long t0 = clock.t;
-    REQUIRE(w.acquire(bounded(kSec), t0, me()) == ClusterLock::Outcome::TimedOut);
+    REQUIRE(w.acquire(bounded(kSec), t0, me()) == Acquisition::TimedOut);
     CHECK(clock.t >= t0 + kSec);
     CHECK(etcd.kvs.size() == 1);
     if (*value) CHECK((*w.blocker())["pid"] == 7);
@@ -1207,7 +1207,7 @@ TEST_CASE("cluster lock: an encoded name's legacy contender (an earlier looplock
     t0 = clock.t;
     etcd.at(t0 + 2 * kSec, [&] { etcd.drop_lease(old); });
     ClusterLock b(etcd.transport, endpoints(1), "a/b", 3, 600 * kMs, log, {}, clock);
-    REQUIRE(b.acquire(kBlocking, t0, me()) == ClusterLock::Outcome::Acquired);
+    REQUIRE(b.acquire(kBlocking, t0, me()) == Acquisition::Acquired);
     CHECK(clock.t >= t0 + 2 * kSec);
     CHECK(clock.t < t0 + 2 * kSec + 10 * kMs);
   }
@@ -1220,13 +1220,13 @@ TEST_CASE("cluster lock: new and legacy contenders of an encoded name queue in o
   const long long t0 = clock.t;
   // A new holder (both keys), then an earlier looplock queued behind it (legacy key only).
   ClusterLock first(etcd.transport, endpoints(1), "a/b", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(first.acquire(bounded(kSec), t0, me()) == ClusterLock::Outcome::Acquired);
+  REQUIRE(first.acquire(bounded(kSec), t0, me()) == Acquisition::Acquired);
   const long long old = etcd.contender_at(legacy_lock_prefix("a/b"), "");
   const long long first_lease = first.lease();
   etcd.at(t0 + kSec, [&] { etcd.drop_lease(first_lease); });  // its release (the revoke deletes both keys)
   etcd.at(t0 + 2 * kSec, [&] { etcd.drop_lease(old); });
   ClusterLock third(etcd.transport, endpoints(1), "a/b", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(third.acquire(kBlocking, t0, me()) == ClusterLock::Outcome::Acquired);
+  REQUIRE(third.acquire(kBlocking, t0, me()) == Acquisition::Acquired);
   // Not at the first release: the legacy contender came before it.
   CHECK(clock.t >= t0 + 2 * kSec);
   CHECK(third.fencing_token() > etcd.kvs.size());
@@ -1239,11 +1239,11 @@ TEST_CASE("cluster lock: another name's keys deeper under the prefix do not hold
   // An earlier looplock holding "x/lock/y" (its key under x's prefix).
   etcd.contender_at(legacy_lock_prefix("x/lock/y"), encode_cluster_holder({"old", 9, "a", "o", "T", "1", 0}));
   ClusterLock sf(etcd.transport, endpoints(1), "x", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(sf.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == ClusterLock::Outcome::Acquired);
+  REQUIRE(sf.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == Acquisition::Acquired);
   // The compare on the prefix failed: queued, found first, holds.
   CHECK(etcd.transport.count("/v3/kv/txn") == 2);
   ClusterLock sf2(etcd.transport, endpoints(1), "x", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(sf2.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == ClusterLock::Outcome::Busy);
+  REQUIRE(sf2.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == Acquisition::Busy);
   REQUIRE(sf2.blocker());
   CHECK((*sf2.blocker())["lease"] == lease_hex(sf.lease()));
   CHECK(etcd.kvs.size() == 2);  // sf2's key went with its lease

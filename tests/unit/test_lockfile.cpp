@@ -19,6 +19,7 @@
 #include "testutil.hpp"
 #include "unique_fd.hpp"
 
+using looplock::Acquisition;
 using looplock::AcquireResult;
 using looplock::Fatal;
 using looplock::LockDir;
@@ -238,7 +239,7 @@ TEST_CASE("acquire_lock on a free lock") {
                         WaitPlan{WaitPlan::Kind::NoWait, 0}, WaitPlan{WaitPlan::Kind::Unbounded, 0}}) {
     CountingObserver obs;
     AcquireResult r = looplock::acquire_lock(d, plan, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
-    REQUIRE(r.status == AcquireResult::Status::Acquired);
+    REQUIRE(r.status == Acquisition::Acquired);
     CHECK(r.file.fd);
     CHECK(r.replaced == 0);
     CHECK(obs.waits == 0);
@@ -261,7 +262,7 @@ TEST_CASE("acquire_lock while another open file description holds the lock") {
     CountingObserver obs;
     auto t0 = std::chrono::steady_clock::now();
     AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::NoWait, 0}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
-    CHECK(r.status == AcquireResult::Status::Busy);
+    CHECK(r.status == Acquisition::Busy);
     CHECK(seconds_since(t0) < 1.0);
     CHECK(r.file.fd);
     CHECK(obs.waits == 0);
@@ -273,7 +274,7 @@ TEST_CASE("acquire_lock while another open file description holds the lock") {
     CountingObserver obs;
     auto t0 = std::chrono::steady_clock::now();
     AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 0}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
-    CHECK(r.status == AcquireResult::Status::TimedOut);
+    CHECK(r.status == Acquisition::TimedOut);
     CHECK(seconds_since(t0) < 1.0);
     CHECK(obs.waits == 0);
     CHECK(r.file.fd);
@@ -283,7 +284,7 @@ TEST_CASE("acquire_lock while another open file description holds the lock") {
     auto t0 = std::chrono::steady_clock::now();
     AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 100 * kMs}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
     double took = seconds_since(t0);
-    CHECK(r.status == AcquireResult::Status::TimedOut);
+    CHECK(r.status == Acquisition::TimedOut);
     CHECK(took >= 0.09);
     CHECK(took < 2.0);
     CHECK(r.waited_ns >= 90 * kMs);
@@ -294,7 +295,7 @@ TEST_CASE("acquire_lock while another open file description holds the lock") {
   SUBCASE("Shared against an exclusive holder: Busy") {
     CountingObserver obs;
     AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::NoWait, 0}, LockMode::Shared, obs, looplock::sys::monotonic_ns());
-    CHECK(r.status == AcquireResult::Status::Busy);
+    CHECK(r.status == Acquisition::Busy);
   }
   CHECK(lock_taken(path));  // the holder still holds it
 }
@@ -306,9 +307,9 @@ TEST_CASE("shared locks coexist; exclusive waits for them") {
   UniqueFd reader = hold(path, LOCK_SH);
   CountingObserver obs;
   AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 0}, LockMode::Shared, obs, looplock::sys::monotonic_ns());
-  CHECK(r.status == AcquireResult::Status::Acquired);
+  CHECK(r.status == Acquisition::Acquired);
   AcquireResult x = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 0}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
-  CHECK(x.status == AcquireResult::Status::TimedOut);
+  CHECK(x.status == Acquisition::TimedOut);
 }
 
 TEST_CASE("a waiter takes the lock as soon as it is released") {
@@ -331,7 +332,7 @@ TEST_CASE("a waiter takes the lock as soon as it is released") {
     AcquireResult r = looplock::acquire_lock(d, plan, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
     double took = seconds_since(t0);
     if (releaser.joinable()) releaser.join();
-    CHECK(r.status == AcquireResult::Status::Acquired);
+    CHECK(r.status == Acquisition::Acquired);
     CHECK(obs.waits == 1);
     CHECK(took >= 0.04);
     CHECK(took < 5.0);  // the deadline is 10 s: it did not wait for it
@@ -370,7 +371,7 @@ TEST_CASE("the deadline holds with SIGALRM blocked or ignored, and the signal st
   sigprocmask(SIG_SETMASK, &old_mask, nullptr);
   sigaction(SIGALRM, &saved, nullptr);
 
-  CHECK(r.status == AcquireResult::Status::TimedOut);
+  CHECK(r.status == Acquisition::TimedOut);
   CHECK(took >= 0.14);
   CHECK(took < 2.0);
   CHECK((after.sa_handler == SIG_IGN));
@@ -395,7 +396,7 @@ TEST_CASE("the deadline holds with a SA_RESTART SIGALRM handler installed") {
   double took = seconds_since(t0);
   struct sigaction after {};
   sigaction(SIGALRM, &saved, &after);
-  CHECK(r.status == AcquireResult::Status::TimedOut);
+  CHECK(r.status == Acquisition::TimedOut);
   CHECK(took < 2.0);
   CHECK((after.sa_handler == restart.sa_handler));  // the caller's handler is back
 }
@@ -407,7 +408,7 @@ TEST_CASE("lock_path_intact and dir_intact") {
   const std::string path = dir / "loop/.state.lock";
   CountingObserver obs;
   AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 0}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
-  REQUIRE(r.status == AcquireResult::Status::Acquired);
+  REQUIRE(r.status == Acquisition::Acquired);
   CHECK(looplock::lock_path_intact(d, r.file) == true);
   CHECK(looplock::dir_intact(d) == true);
 
@@ -454,7 +455,7 @@ TEST_CASE("a lock file replaced while waited for is retaken on the new file") {
   };
   AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 5000 * kMs}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
   if (replacer.joinable()) replacer.join();
-  REQUIRE(r.status == AcquireResult::Status::Acquired);
+  REQUIRE(r.status == Acquisition::Acquired);
   CHECK(r.replaced == 1);
   CHECK(obs.replaced == 1);
   struct stat st {};
@@ -495,7 +496,7 @@ TEST_CASE("an EINTR storm does not stretch the deadline") {
   testutil::wait_child(storm);
   sigaction(SIGUSR1, &saved, nullptr);
 
-  CHECK(r.status == AcquireResult::Status::TimedOut);
+  CHECK(r.status == Acquisition::TimedOut);
   CHECK(took >= 0.29);
   CHECK(took < 2.0);
   CHECK(seen > 0);  // the storm did reach this process

@@ -6,7 +6,7 @@
 
 using looplock::Conclusion;
 using looplock::JobEnd;
-using looplock::Outcome;
+using looplock::Exit;
 using looplock::RunOutcome;
 
 namespace {
@@ -31,23 +31,23 @@ TEST_CASE("the conclusion of a job that ran: the command's own status, or looplo
     JobEnd job;
     bool lease_lost;
     bool intact;
-    Outcome::Kind kind;
+    Exit::Kind kind;
     int value;
     RunOutcome outcome;
   };
   JobEnd max_time = exited(143);
   max_time.ended_by = JobEnd::EndedBy::MaxTime;
   const Row rows[] = {
-      {"success", exited(0), false, true, Outcome::Kind::LikeWaitStatus, 0, RunOutcome::Success},
-      {"failure", exited(3), false, true, Outcome::Kind::LikeWaitStatus, 3 << 8, RunOutcome::Failure},
-      {"signal", killed_by(SIGTERM), false, true, Outcome::Kind::LikeWaitStatus, SIGTERM, RunOutcome::Signaled},
-      {"vanished under a success", exited(0), false, false, Outcome::Kind::ExitStatus, 74, RunOutcome::Error},
-      {"vanished under a failure: its status wins", exited(3), false, false, Outcome::Kind::LikeWaitStatus, 3 << 8,
+      {"success", exited(0), false, true, Exit::Kind::LikeWaitStatus, 0, RunOutcome::Success},
+      {"failure", exited(3), false, true, Exit::Kind::LikeWaitStatus, 3 << 8, RunOutcome::Failure},
+      {"signal", killed_by(SIGTERM), false, true, Exit::Kind::LikeWaitStatus, SIGTERM, RunOutcome::Signaled},
+      {"vanished under a success", exited(0), false, false, Exit::Kind::ExitStatus, 74, RunOutcome::Error},
+      {"vanished under a failure: its status wins", exited(3), false, false, Exit::Kind::LikeWaitStatus, 3 << 8,
        RunOutcome::Failure},
-      {"max-time", max_time, false, true, Outcome::Kind::ExitStatus, 124, RunOutcome::MaxTime},
-      {"max-time beats vanished", max_time, false, false, Outcome::Kind::ExitStatus, 124, RunOutcome::MaxTime},
-      {"lease lost beats max-time", max_time, true, false, Outcome::Kind::ExitStatus, 76, RunOutcome::LeaseLost},
-      {"lease lost", exited(0), true, true, Outcome::Kind::ExitStatus, 76, RunOutcome::LeaseLost},
+      {"max-time", max_time, false, true, Exit::Kind::ExitStatus, 124, RunOutcome::MaxTime},
+      {"max-time beats vanished", max_time, false, false, Exit::Kind::ExitStatus, 124, RunOutcome::MaxTime},
+      {"lease lost beats max-time", max_time, true, false, Exit::Kind::ExitStatus, 76, RunOutcome::LeaseLost},
+      {"lease lost", exited(0), true, true, Exit::Kind::ExitStatus, 76, RunOutcome::LeaseLost},
   };
   for (const Row& r : rows) {
     CAPTURE(r.what);
