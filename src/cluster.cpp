@@ -15,6 +15,7 @@
 #include "verdict.hpp"
 #include "options.hpp"
 #include "sys.hpp"
+#include "text.hpp"
 #include "unique_fd.hpp"
 
 namespace looplock {
@@ -78,7 +79,7 @@ namespace {
 void check_readable(const std::string& option, const std::string& path) {
   UniqueFd fd(sys::retry_eintr([&] { return open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK); }));
   if (!fd) {
-    throw Fatal(exit_code::kUsage, errno_message("cannot read " + option + " '" + path + "'", errno),
+    throw Fatal(exit_code::kUsage, errno_message("cannot read " + option + " " + quote(path), errno),
                 "Give a readable PEM file (or leave the option out).");
   }
 }
@@ -87,7 +88,7 @@ void check_readable(const std::string& option, const std::string& path) {
 // hang or stream), at most 4 KiB, its one line without the newline. Its
 // content appears in no message.
 std::string read_password_file(const std::string& path, const Logger& log) {
-  const std::string what = "cannot read --etcd-password-file '" + path + "'";
+  const std::string what = "cannot read --etcd-password-file " + quote(path);
   const std::string hint = "Give a file that holds the etcd user's password on one line (mode 0600).";
   UniqueFd fd(sys::retry_eintr([&] { return open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK); }));
   if (!fd) throw Fatal(exit_code::kUsage, errno_message(what, errno), hint);
@@ -104,7 +105,7 @@ std::string read_password_file(const std::string& path, const Logger& log) {
   if (text->empty()) throw Fatal(exit_code::kUsage, what + ": it is empty", hint);
   if (text->find('\n') != std::string::npos) throw Fatal(exit_code::kUsage, what + ": more than one line", hint);
   if (st.st_mode & S_IROTH) {
-    log.warn("password_file_readable", "--etcd-password-file '" + path + "' is readable by every user (chmod 600 it)");
+    log.warn("password_file_readable", "--etcd-password-file " + quote(path) + " is readable by every user (chmod 600 it)");
   }
   return std::move(*text);
 }

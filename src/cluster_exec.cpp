@@ -10,6 +10,7 @@
 
 #include "error.hpp"
 #include "exit_codes.hpp"
+#include "text.hpp"
 
 #ifndef LOOPLOCK_HELPER_DIR
 #define LOOPLOCK_HELPER_DIR "/usr/local/libexec/looplock"
@@ -30,11 +31,6 @@ std::vector<std::string> installed_helper_paths() {
   return cluster_helper_paths(self_exe, LOOPLOCK_HELPER_DIR);
 }
 
-std::string joined(const std::vector<std::string>& paths) {
-  std::string out;
-  for (const auto& p : paths) out += (out.empty() ? "" : ", ") + p;
-  return out;
-}
 }  // namespace
 
 std::vector<std::string> cluster_helper_paths(std::string_view self_exe, std::string_view libexec_dir) {
@@ -58,7 +54,7 @@ std::string cluster_helper_status() {
     }
     return "available, through " + path;
   }
-  return "not available: " + std::string(kClusterHelperName) + " is not installed (looked for " + joined(paths) +
+  return "not available: " + std::string(kClusterHelperName) + " is not installed (looked for " + join(paths) +
          "); " + std::string(kInstallHint);
 }
 
@@ -85,7 +81,7 @@ void exec_cluster_helper(char** argv, const EnvList& env, long long start_ns) {
   }
   throw Fatal(exit_code::kClusterUnavailable,
               "cluster locking (--etcd or $LOOPLOCK_ETCD) needs " + std::string(kClusterHelperName) +
-                  ", which is not installed (looked for " + joined(paths) + ")",
+                  ", which is not installed (looked for " + join(paths) + ")",
               "Install the looplock-etcd package (apt-get install looplock-etcd), or from source build with "
               "libcurl (meson setup -Detcd=enabled) and install it; or run without --etcd and without "
               "$LOOPLOCK_ETCD. The command did not run.",

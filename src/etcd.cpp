@@ -49,7 +49,7 @@ ParsedEndpoints parse_endpoints(std::string_view text) {
     } else if (item.starts_with("http://")) {
       item.remove_prefix(7);
     } else {
-      return fail("'" + shown + "' does not start with http:// or https://");
+      return fail(quote(shown) + " does not start with http:// or https://");
     }
     const std::string scheme = e.tls ? "https://" : "http://";
     if (item.ends_with('/')) item.remove_suffix(1);
@@ -58,20 +58,20 @@ ParsedEndpoints parse_endpoints(std::string_view text) {
     if (item.starts_with('[')) {
       size_t close = item.find(']');
       if (close == std::string_view::npos || close + 1 >= item.size() || item[close + 1] != ':') {
-        return fail("'" + shown + "': expected " + scheme + "[IPV6]:PORT");
+        return fail(quote(shown) + ": expected " + scheme + "[IPV6]:PORT");
       }
       e.host = std::string(item.substr(1, close - 1));
       colon = close + 1;
     } else {
       colon = item.rfind(':');
-      if (colon == std::string_view::npos) return fail("'" + shown + "' has no :PORT");
+      if (colon == std::string_view::npos) return fail(quote(shown) + " has no :PORT");
       e.host = std::string(item.substr(0, colon));
     }
     auto port = parse_port(item.substr(colon + 1));
-    if (!port) return fail("'" + shown + "' has no valid port (1-65535)");
+    if (!port) return fail(quote(shown) + " has no valid port (1-65535)");
     e.port = *port;
     if (e.host.empty() || e.host.find_first_of("/?#@ \t") != std::string::npos) {
-      return fail("'" + shown + "' has no valid host");
+      return fail(quote(shown) + " has no valid host");
     }
     out.endpoints.push_back(std::move(e));
     if (comma == std::string_view::npos) break;

@@ -45,11 +45,6 @@ std::vector<pid_t> kernel_named(const std::vector<LockHolder>& holders) {
   return out;
 }
 
-std::string plain_pids(const std::vector<pid_t>& pids) {
-  std::string out;
-  for (pid_t p : pids) out += (out.empty() ? "" : ", ") + std::to_string(p);
-  return out;
-}
 
 // "process" line of a record that claims the lock.
 std::string process_text(const LockFacts& f, const HolderRecord& rec) {
@@ -174,7 +169,7 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
   line("lock", f.lock_path + " (lock_id " + facts.lock_id + ")");
   if (!f.exists) line("file", "missing: no looplock has run here yet");
   line("kernel", held && !named.empty() ? std::string("held (") + (v.exclusive ? "exclusive" : "shared") + ") by " +
-                                              (named.size() > 1 ? "pids " : "pid ") + plain_pids(named)
+                                              pids_text(named)
                  : held  ? std::string("held")
                  : known ? std::string("free")
                          : "unknown (" + f.kernel_unknown + ")");

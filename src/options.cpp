@@ -90,7 +90,7 @@ Split split_argv(const std::vector<std::string>& argv) {
       }
       s.shell_command = argv[i + 1];
       if (i + 2 < argv.size()) {
-        usage_error("unexpected argument '" + argv[i + 2] + "' after -c SHELL-COMMAND",
+        usage_error("unexpected argument " + quote(argv[i + 2]) + " after -c SHELL-COMMAND",
                     "Quote the whole shell command as one argument, or use '--' instead of -c.");
       }
       return s;
@@ -146,19 +146,19 @@ std::string cxxopts_message(const cxxopts::exceptions::exception& e, const std::
     if (auto b = text.find('\'', a + 1); b != std::string::npos) name = text.substr(a + 1, b - a - 1);
   }
   const std::string typed = name.size() == 1 ? "-" + name : "--" + name;
-  if (dynamic_cast<const cxxopts::exceptions::no_such_option*>(&e)) return "unknown option '" + typed + "'";
+  if (dynamic_cast<const cxxopts::exceptions::no_such_option*>(&e)) return "unknown option " + quote(typed);
   if (dynamic_cast<const cxxopts::exceptions::missing_argument*>(&e) ||
       dynamic_cast<const cxxopts::exceptions::option_requires_argument*>(&e)) {
-    return "option '" + typed + "' needs a value";
+    return "option " + quote(typed) + " needs a value";
   }
   if (dynamic_cast<const cxxopts::exceptions::gratuitous_argument_for_option*>(&e)) {
-    return "option '" + typed + "' takes no value";
+    return "option " + quote(typed) + " takes no value";
   }
-  if (dynamic_cast<const cxxopts::exceptions::invalid_option_syntax*>(&e)) return "invalid option '" + name + "'";
+  if (dynamic_cast<const cxxopts::exceptions::invalid_option_syntax*>(&e)) return "invalid option " + quote(name);
   if (dynamic_cast<const cxxopts::exceptions::incorrect_argument_type*>(&e)) {
     // "--quiet=x": a flag given a value.
     for (const auto& a : own) {
-      if (a.starts_with("--") && a.ends_with("=" + name)) return "option '" + a.substr(0, a.find('=')) + "' takes no value";
+      if (a.starts_with("--") && a.ends_with("=" + name)) return "option " + quote(a.substr(0, a.find('='))) + " takes no value";
     }
   }
   return "invalid command line: " + text;
@@ -167,7 +167,7 @@ std::string cxxopts_message(const cxxopts::exceptions::exception& e, const std::
 long long duration_option(const char* name, const std::string& text) {
   std::string why;
   auto d = parse_duration(text, &why);
-  if (!d) usage_error("invalid --" + std::string(name) + " '" + text + "': " + why);
+  if (!d) usage_error("invalid --" + std::string(name) + " " + quote(text) + ": " + why);
   return *d;
 }
 
@@ -182,7 +182,7 @@ int parse_exit_code(const cxxopts::ParseResult& r, const char* name, int lo, int
   const auto& text = r[name].as<std::string>();
   auto v = parse_int(text);
   if (!v || *v < lo || *v > hi) {
-    usage_error("invalid --" + std::string(name) + " '" + text + "': expected an integer from " +
+    usage_error("invalid --" + std::string(name) + " " + quote(text) + ": expected an integer from " +
                 std::to_string(lo) + " to " + std::to_string(hi));
   }
   return *v;
@@ -222,7 +222,7 @@ bool valid_lock_name(std::string_view name) {
 long long lease_kill_after_ns(std::optional<long long> given, int ttl_s, std::string_view given_text) {
   if (!given) return lease_timing::default_kill_after_ns(ttl_s);
   const std::string shown = given_text.empty() ? format_duration(*given) : std::string(given_text);
-  const std::string what = "invalid --kill-after '" + shown + "' with --ttl " + std::to_string(ttl_s);
+  const std::string what = "invalid --kill-after " + quote(shown) + " with --ttl " + std::to_string(ttl_s);
   // Truncated to 10 ms; the hint shows at most that (format_duration cuts), so the number shown is accepted.
   const long long most = lease_timing::max_kill_after_ns(ttl_s) / 10'000'000LL * 10'000'000LL;
   const std::string room = "Give --kill-after " + format_duration(most) + " or less (default at --ttl " +

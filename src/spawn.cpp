@@ -14,6 +14,7 @@
 #include "exit_codes.hpp"
 #include "supervisor.hpp"
 #include "sys.hpp"
+#include "text.hpp"
 #include "terminal.hpp"
 
 namespace looplock {
@@ -43,7 +44,7 @@ std::string exec_hint(int err, const std::string& name) {
 }
 
 [[noreturn]] void exec_failed(const std::string& name, int err) {
-  throw Fatal(exec_failure_status(err), errno_message("cannot run '" + name + "'", err), exec_hint(err, name));
+  throw Fatal(exec_failure_status(err), errno_message("cannot run " + quote(name), err), exec_hint(err, name));
 }
 
 // What the child reports back through the memory it shares with looplock
