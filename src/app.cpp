@@ -47,9 +47,9 @@ int main_program(int argc, char** argv, char** envp, etcd::Transport* etcd) {
     Context ctx{env_from(envp), getpid(), now_ns, etcd};
     // looplock-etcd: the deadline counts from when looplock started.
     if (auto handed = take_handed_start(ctx.env, now_ns); handed && etcd) ctx.start_ns = *handed;
-    Environment penv{env_get(ctx.env, env_name::kAgent),       env_get(ctx.env, env_name::kEtcd),
-                     env_get(ctx.env, env_name::kMetricsDir),  [] { return sys::user_name(getuid()); },
-                     env_get(ctx.env, env_name::kEtcdCacert),  env_get(ctx.env, env_name::kEtcdClientCert),
+    Environment penv{env_get(ctx.env, env_name::kAgent),         env_get(ctx.env, env_name::kEtcd),
+                     env_get(ctx.env, env_name::kMetricsDir),    [] { return sys::user_name(getuid()); },
+                     env_get(ctx.env, env_name::kEtcdCacert),    env_get(ctx.env, env_name::kEtcdClientCert),
                      env_get(ctx.env, env_name::kEtcdClientKey), env_get(ctx.env, env_name::kEtcdPassword)};
     const Options& o = options.emplace(parse_options(args, penv));
     if (o.mode == Mode::Help) {
@@ -76,8 +76,9 @@ int main_program(int argc, char** argv, char** envp, etcd::Transport* etcd) {
     return e.status();
   } catch (const std::bad_alloc&) {
     // No allocation here: there may be nothing left to allocate.
-    (void)sys::write_all(2, log.is_text() ? "looplock: out of memory\n"
-                                          : "{\"level\":\"error\",\"event\":\"out_of_memory\",\"message\":\"out of memory\"}\n");
+    (void)sys::write_all(2, log.is_text()
+                                ? "looplock: out of memory\n"
+                                : "{\"level\":\"error\",\"event\":\"out_of_memory\",\"message\":\"out of memory\"}\n");
     return exit_code::kOsError;
   } catch (const std::exception& e) {
     log.error("internal_error", std::string("internal error: ") + e.what());

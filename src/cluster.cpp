@@ -12,11 +12,11 @@
 #include "error.hpp"
 #include "exit_codes.hpp"
 #include "holder.hpp"
-#include "verdict.hpp"
 #include "options.hpp"
 #include "sys.hpp"
 #include "text.hpp"
 #include "unique_fd.hpp"
+#include "verdict.hpp"
 
 namespace looplock {
 
@@ -38,10 +38,7 @@ constexpr long long kRenewRetryNs = 25 * kMs;
 // A password file is a line, not a document.
 constexpr size_t kMaxPasswordFile = 4096;
 
-
-
 }  // namespace
-
 
 std::string cluster_lock_name(const std::string& lock_name_option, const std::string& canonical_dir) {
   if (!lock_name_option.empty()) return lock_name_option;
@@ -72,7 +69,6 @@ std::optional<Json> parse_cluster_holder(std::string_view value) {
   if (j.is_discarded() || !j.is_object()) return std::nullopt;
   return j;
 }
-
 
 namespace {
 
@@ -105,7 +101,8 @@ std::string read_password_file(const std::string& path, const Logger& log) {
   if (text->empty()) throw Fatal(exit_code::kUsage, what + ": it is empty", hint);
   if (text->find('\n') != std::string::npos) throw Fatal(exit_code::kUsage, what + ": more than one line", hint);
   if (st.st_mode & S_IROTH) {
-    log.warn("password_file_readable", "--etcd-password-file " + quote(path) + " is readable by every user (chmod 600 it)");
+    log.warn("password_file_readable",
+             "--etcd-password-file " + quote(path) + " is readable by every user (chmod 600 it)");
   }
   return std::move(*text);
 }
@@ -149,15 +146,14 @@ ClusterAccess cluster_access(const Options& o, const Logger& log) {
   if (!o.etcd_key.empty()) check_readable("--etcd-key", o.etcd_key);
   a.user = o.etcd_user;
   if (!o.etcd_user.empty()) {
-    a.password = o.etcd_password_file.empty() ? o.etcd_password.value_or("")
-                                              : read_password_file(o.etcd_password_file, log);
+    a.password =
+        o.etcd_password_file.empty() ? o.etcd_password.value_or("") : read_password_file(o.etcd_password_file, log);
   }
   return a;
 }
 
-ClusterLock::ClusterLock(etcd::Transport& transport, std::vector<etcd::Endpoint> endpoints, std::string name,
-                         int ttl_s, long long kill_after_ns, const Logger& log, const ClusterAccess& access,
-                         etcd::Clock& clock)
+ClusterLock::ClusterLock(etcd::Transport& transport, std::vector<etcd::Endpoint> endpoints, std::string name, int ttl_s,
+                         long long kill_after_ns, const Logger& log, const ClusterAccess& access, etcd::Clock& clock)
     : clock_(clock),
       client_(transport, std::move(endpoints), clock),
       name_(std::move(name)),
@@ -487,9 +483,10 @@ void ClusterLock::declare_lost(std::string why) {
 }
 
 std::string ClusterLock::overdue_why() const {
-  return "no keepalive was answered within the lease's safety window (TTL " + format_duration(lease_timing::ttl_ns(ttl_s_)) +
-         ", kill-after " + format_duration(kill_after_ns_) + ", margin " + format_duration(lease_timing::margin_ns(ttl_s_)) +
-         "; last answered one sent " + format_duration(since_last_keepalive_ns()) + " ago" +
+  return "no keepalive was answered within the lease's safety window (TTL " +
+         format_duration(lease_timing::ttl_ns(ttl_s_)) + ", kill-after " + format_duration(kill_after_ns_) +
+         ", margin " + format_duration(lease_timing::margin_ns(ttl_s_)) + "; last answered one sent " +
+         format_duration(since_last_keepalive_ns()) + " ago" +
          (last_error_.empty() ? "" : "; last error: " + last_error_) + ")";
 }
 

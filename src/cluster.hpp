@@ -49,7 +49,6 @@
 
 namespace looplock {
 
-
 // The cluster lock's name for a loop directory: `lock_name_option`
 // (--lock-name) when given, else the base name of `canonical_dir` (DIR's
 // canonical path; "/" for the root directory, whose path is empty here).
@@ -64,7 +63,7 @@ struct ClusterHolder {
   std::string agent_id;
   std::string operation;
   std::string acquired_at;
-  std::string lease;  // hex, as etcdctl prints it
+  std::string lease;            // hex, as etcdctl prints it
   long long fencing_token = 0;  // 0: not written (the key's create revision is the token)
 };
 std::string encode_cluster_holder(const ClusterHolder& h);
@@ -126,7 +125,6 @@ public:
   // The reason to give when term_by passed without a renewal.
   std::string overdue_why() const;
 
-
   // Revokes the lease, which deletes the lock key (bounded; best effort).
   void release();
 
@@ -150,7 +148,7 @@ private:
   // A wait in the queue, step by step: join it (one transaction), read where
   // we stand, watch the key before ours, renew the lease between steps.
   struct Queue {
-    long long my_rev = 0;  // our keys' create revision, once queued
+    long long my_rev = 0;                  // our keys' create revision, once queued
     std::optional<etcd::KeyValue> before;  // the contender just before us, to watch
     long long watch_from = 0;
     bool said_waiting = false;
@@ -180,12 +178,12 @@ private:
   long long kill_after_ns_;
   const Logger& log_;
   ClusterHolder who_;
-  long long lease_ = 0;     // the live lease (0: none granted, or released)
-  long long lease_id_ = 0;  // the lease the lock was taken with (kept after release, for reports)
+  long long lease_ = 0;            // the live lease (0: none granted, or released)
+  long long lease_id_ = 0;         // the lease the lock was taken with (kept after release, for reports)
   std::vector<std::string> keys_;  // our key under each of prefixes_
   std::string key_;                // keys_[0]
   long long token_ = 0;
-  long long last_ok_ns_ = 0;   // send time of the last answered grant or keepalive
+  long long last_ok_ns_ = 0;  // send time of the last answered grant or keepalive
   long long ttl_granted_ns_ = 0;
   long long next_renewal_ns_ = 0;
   bool gone_ = false;  // etcd said the lease is gone
@@ -193,7 +191,7 @@ private:
   long long lost_at_ns_ = 0;
   bool update_value_ = false;  // acquired after waiting: the next renewal rewrites acquired_at
   std::string acquired_at_;
-  bool renewed_ = false;       // the last renew() renewed
+  bool renewed_ = false;  // the last renew() renewed
   bool said_unavailable_ = false;
   bool unavailable_now_ = false;
   std::string last_error_;

@@ -39,7 +39,8 @@ std::vector<std::string> cluster_helper_paths(std::string_view self_exe, std::st
     out.push_back(std::string(self_exe.substr(0, slash + 1)) + std::string(kClusterHelperName));
   }
   if (!libexec_dir.empty()) {
-    std::string p = std::string(libexec_dir) + (libexec_dir.ends_with('/') ? "" : "/") + std::string(kClusterHelperName);
+    std::string p =
+        std::string(libexec_dir) + (libexec_dir.ends_with('/') ? "" : "/") + std::string(kClusterHelperName);
     if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(std::move(p));
   }
   return out;
@@ -54,8 +55,8 @@ std::string cluster_helper_status() {
     }
     return "available, through " + path;
   }
-  return "not available: " + std::string(kClusterHelperName) + " is not installed (looked for " + join(paths) +
-         "); " + std::string(kInstallHint);
+  return "not available: " + std::string(kClusterHelperName) + " is not installed (looked for " + join(paths) + "); " +
+         std::string(kInstallHint);
 }
 
 void exec_cluster_helper(char** argv, const EnvList& env, long long start_ns) {

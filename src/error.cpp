@@ -8,9 +8,7 @@
 
 namespace looplock {
 
-std::string errno_message(const std::string& what, int err) {
-  return what + ": " + std::strerror(err);
-}
+std::string errno_message(const std::string& what, int err) { return what + ": " + std::strerror(err); }
 
 void fail_errno(int status, const std::string& what, int err, std::string hint) {
   throw Fatal(status, errno_message(what, err), std::move(hint));
@@ -43,10 +41,8 @@ int status_for_errno(int err, int otherwise) {
     case ENOMEM:
     case ENOLCK:
     case EAGAIN:
-    case EIO:
-      return exit_code::kOsError;
-    default:
-      return otherwise;
+    case EIO: return exit_code::kOsError;
+    default: return otherwise;
   }
 }
 

@@ -12,7 +12,9 @@ namespace looplock {
 class Fatal : public std::runtime_error {
 public:
   Fatal(int exit_status, std::string message, std::string hint = {}, std::string event = {})
-      : std::runtime_error(std::move(message)), status_(exit_status), hint_(std::move(hint)),
+      : std::runtime_error(std::move(message)),
+        status_(exit_status),
+        hint_(std::move(hint)),
         event_(std::move(event)) {}
 
   int status() const noexcept { return status_; }

@@ -40,7 +40,8 @@ ParsedEndpoints parse_endpoints(std::string_view text) {
   size_t start = 0;
   for (;;) {
     size_t comma = text.find(',', start);
-    std::string_view item = text.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+    std::string_view item =
+        text.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
     std::string shown(item);
     Endpoint e;
     if (item.starts_with("https://")) {
@@ -211,7 +212,9 @@ Json put_json(std::string_view key, std::string_view value, long long lease) {
 
 // A txn compare on the create revision of `key` (or of every key under it).
 Json create_revision_is(std::string_view key, long long revision, bool prefix = false) {
-  Json j{{"key", base64_encode(key)}, {"target", "CREATE"}, {"result", "EQUAL"},
+  Json j{{"key", base64_encode(key)},
+         {"target", "CREATE"},
+         {"result", "EQUAL"},
          {"create_revision", std::to_string(revision)}};
   if (prefix) j["range_end"] = base64_encode(prefix_range_end(key));
   return j;
@@ -234,7 +237,8 @@ std::string authenticate_body(std::string_view user, std::string_view password) 
 }
 std::string watch_delete_body(std::string_view key, long long start_revision) {
   return dump_json(Json{{"create_request",
-                         {{"key", base64_encode(key)}, {"start_revision", std::to_string(start_revision)},
+                         {{"key", base64_encode(key)},
+                          {"start_revision", std::to_string(start_revision)},
                           {"filters", Json::array({"NOPUT"})}}}});
 }
 
@@ -253,8 +257,7 @@ std::string queue_txn_body(const std::vector<std::string>& keys, std::string_vie
                            const std::vector<std::string>& prefixes) {
   Json success = puts(keys, value, lease);
   add_reads(success, prefixes);
-  Json failure =
-      Json::array({Json{{"request_range", range_json({keys.at(0), false, 0, RangeQuery::Order::None, 0})}}});
+  Json failure = Json::array({Json{{"request_range", range_json({keys.at(0), false, 0, RangeQuery::Order::None, 0})}}});
   add_reads(failure, prefixes);
   return dump_json(Json{{"compare", Json::array({create_revision_is(keys.at(0), 0)})},
                         {"success", std::move(success)},
@@ -267,9 +270,8 @@ std::string create_if_free_txn_body(const std::vector<std::string>& keys, std::s
   for (const auto& p : prefixes) compare.push_back(create_revision_is(p, 0, true));
   Json failure = Json::array();
   add_reads(failure, prefixes);
-  return dump_json(Json{{"compare", std::move(compare)},
-                        {"success", puts(keys, value, lease)},
-                        {"failure", std::move(failure)}});
+  return dump_json(
+      Json{{"compare", std::move(compare)}, {"success", puts(keys, value, lease)}, {"failure", std::move(failure)}});
 }
 
 std::string update_txn_body(const std::vector<std::string>& keys, std::string_view value, long long lease,
@@ -644,8 +646,7 @@ std::optional<Result<Json>> Client::attempt(const CallSpec& spec, bool with_toke
         return r;
       }
       return std::nullopt;
-    case Exchange::Ok:
-      break;
+    case Exchange::Ok: break;
   }
   fresh_[i] = false;
   p.reached = true;
@@ -691,8 +692,8 @@ Result<Json> Client::attempts(const CallSpec& spec, bool with_token) {
 }
 
 bool Client::authenticate(long long deadline_ns, long long attempt_ns, Result<Json>& failure) {
-  CallSpec spec{"/v3/auth/authenticate", authenticate_body(user_, password_), {deadline_ns, attempt_ns}, false, {},
-                nullptr};
+  CallSpec spec{
+      "/v3/auth/authenticate", authenticate_body(user_, password_), {deadline_ns, attempt_ns}, false, {}, nullptr};
   Result<Json> r = attempts(spec, false);
   if (r.ok()) {
     auto token = parse_token(r.value);

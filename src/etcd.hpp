@@ -78,11 +78,11 @@ std::string prefix_range_end(std::string_view prefix);
 // deeper under a prefix ("looplock/x/lock/y/lock/<lease>" under "x"'s) is
 // another name's, and is not counted (is_contender_key()).
 inline constexpr std::string_view kKeyRoot = "looplock/";
-std::string lock_key_name(std::string_view name);      // NAME, or NAME percent-encoded
-bool lock_name_encoded(std::string_view name);         // lock_key_name(name) != name
-std::string lock_service_name(std::string_view name);  // "looplock/<key name>/lock"
-std::string lock_prefix(std::string_view name);        // "looplock/<key name>/lock/"
-std::string legacy_lock_prefix(std::string_view name); // "looplock/NAME/lock/", as earlier versions wrote it
+std::string lock_key_name(std::string_view name);       // NAME, or NAME percent-encoded
+bool lock_name_encoded(std::string_view name);          // lock_key_name(name) != name
+std::string lock_service_name(std::string_view name);   // "looplock/<key name>/lock"
+std::string lock_prefix(std::string_view name);         // "looplock/<key name>/lock/"
+std::string legacy_lock_prefix(std::string_view name);  // "looplock/NAME/lock/", as earlier versions wrote it
 // Where NAME's contenders' keys lie: lock_prefix(), then legacy_lock_prefix()
 // when NAME is encoded and is not another name's encoding.
 std::vector<std::string> contender_prefixes(std::string_view name);
@@ -90,7 +90,7 @@ std::vector<std::string> contender_prefixes(std::string_view name);
 // or keeps: no '/', and every '%' begins "%25" or "%2F".
 bool is_lock_key_name(std::string_view name);
 bool is_contender_key(std::string_view prefix, std::string_view key);
-std::string holder_key(std::string_view name);         // "looplock/NAME/holder" (earlier versions: unencoded)
+std::string holder_key(std::string_view name);  // "looplock/NAME/holder" (earlier versions: unencoded)
 
 // The lease id as etcdctl prints it (lower-case hex), which is also the last
 // part of the lock key.
@@ -149,7 +149,7 @@ struct RangeResult {
 
 struct TxnResult {
   bool succeeded = false;
-  long long revision = 0;  // the header's: a put's create revision when it created the key
+  long long revision = 0;           // the header's: a put's create revision when it created the key
   std::vector<RangeResult> ranges;  // the range responses, in order
 };
 
@@ -165,8 +165,8 @@ std::optional<Json> parse_answer(std::string_view body);
 // An int64 field, which the gateway writes as a string ("123") and accepts as
 // either; 0 when missing (proto3 leaves out zero values).
 std::optional<long long> int64_field(const Json& j, const char* name);
-std::optional<long long> parse_lease_grant(const Json& answer);   // the lease id
-long long parse_keepalive_ttl(const Json& answer);                 // 0: the lease is gone
+std::optional<long long> parse_lease_grant(const Json& answer);  // the lease id
+long long parse_keepalive_ttl(const Json& answer);               // 0: the lease is gone
 std::optional<std::vector<KeyValue>> parse_kvs(const Json& answer);
 std::optional<RangeResult> parse_range(const Json& answer);
 std::optional<TxnResult> parse_txn(const Json& answer);
@@ -209,11 +209,11 @@ template <typename T>
 struct Result {
   Status status = Status::Failed;
   T value{};
-  std::string error;  // for messages, when not Ok
-  Cause cause = Cause::None;  // when it has a known fix
+  std::string error;           // for messages, when not Ok
+  Cause cause = Cause::None;   // when it has a known fix
   std::string cause_endpoint;  // the endpoint the cause is about ("http://HOST:PORT")
-  int code = 0;       // etcd's gRPC code of a Failed answer (5: not found, 7: permission denied, ...)
-  long long sent_ns = 0;  // when the attempt that succeeded began
+  int code = 0;                // etcd's gRPC code of a Failed answer (5: not found, 7: permission denied, ...)
+  long long sent_ns = 0;       // when the attempt that succeeded began
   bool ok() const { return status == Status::Ok; }
 };
 
@@ -233,9 +233,9 @@ enum class Exchange {
 };
 
 struct Request {
-  std::string_view path;   // "/v3/kv/range"
-  std::string_view body;   // JSON
-  std::string_view token;  // etcd's auth token, sent as the Authorization header; empty: none
+  std::string_view path;              // "/v3/kv/range"
+  std::string_view body;              // JSON
+  std::string_view token;             // etcd's auth token, sent as the Authorization header; empty: none
   long long connect_deadline_ns = 0;  // connecting (and a TLS handshake) must end by then
   long long deadline_ns = 0;          // the whole exchange must end by then
   // A stream's answer never ends by itself: it is complete once `enough`
@@ -325,7 +325,7 @@ private:
   // What the attempts of one call found so far.
   struct CallProgress {
     std::vector<std::string> last_error;  // per endpoint
-    bool reached = false;  // some endpoint took the request (Timeout rather than Unavailable at the end)
+    bool reached = false;                 // some endpoint took the request (Timeout rather than Unavailable at the end)
     Cause cause = Cause::None;
     std::string cause_endpoint;
   };

@@ -4,11 +4,11 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
-#include <unistd.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -33,7 +33,7 @@ constexpr long kMaxFdScan = 65536;
 struct Sink {
   std::string body;
   const std::function<bool(std::string_view)>* enough = nullptr;  // a stream's end, as the caller sees it
-  bool stopped = false;  // stopped on purpose: the stream said enough
+  bool stopped = false;                                           // stopped on purpose: the stream said enough
   bool too_large = false;
 };
 
@@ -56,11 +56,15 @@ size_t on_data(char* data, size_t size, size_t count, void* user) {
 // ignored, stops or continues it by default).
 bool ends_process(int sig) {
   switch (sig) {
-    case SIGCHLD: case SIGCONT: case SIGURG: case SIGWINCH:
-    case SIGSTOP: case SIGTSTP: case SIGTTIN: case SIGTTOU:
-      return false;
-    default:
-      return true;
+    case SIGCHLD:
+    case SIGCONT:
+    case SIGURG:
+    case SIGWINCH:
+    case SIGSTOP:
+    case SIGTSTP:
+    case SIGTTIN:
+    case SIGTTOU: return false;
+    default: return true;
   }
 }
 
@@ -199,10 +203,8 @@ bool tls_failure(CURLcode rc) {
     case CURLE_SSL_ENGINE_NOTFOUND:
     case CURLE_SSL_ENGINE_SETFAILED:
     case CURLE_SSL_ENGINE_INITFAILED:
-    case CURLE_USE_SSL_FAILED:
-      return true;
-    default:
-      return false;
+    case CURLE_USE_SSL_FAILED: return true;
+    default: return false;
   }
 }
 
@@ -212,7 +214,6 @@ size_t keep_some(char* data, size_t size, size_t count, void* user) {
   body->append(data, std::min(size * count, size_t{4096} - std::min(body->size(), size_t{4096})));
   return size * count;
 }
-
 
 }  // namespace
 
@@ -226,8 +227,8 @@ TlsFailure classify_tls_failure(CURLcode code, std::string_view message) {
   if (code != CURLE_SSL_CONNECT_ERROR && !closed_early) return TlsFailure::Other;
   if (says({"wrong version number", "packet length too long"})) return TlsFailure::NotTls;
   // Closed or reset in the middle of the handshake, without a word of TLS.
-  if (closed_early || says({"SSL_ERROR_SYSCALL", "unexpected eof", "Connection reset", "Recv failure",
-                            "Send failure", "Broken pipe"})) {
+  if (closed_early || says({"SSL_ERROR_SYSCALL", "unexpected eof", "Connection reset", "Recv failure", "Send failure",
+                            "Broken pipe"})) {
     return TlsFailure::NoTlsAnswer;
   }
   return TlsFailure::Other;

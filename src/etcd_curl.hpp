@@ -43,15 +43,15 @@ TlsFailure classify_tls_failure(CURLcode code, std::string_view message);
 // What one transfer came to, as libcurl and looplock's probes saw it.
 struct Transfer {
   CURLcode rc = CURLE_OK;
-  long status = 0;  // the HTTP status (0: none)
-  long sent = 0;    // bytes of request headers sent: 0 means no connection was made
+  long status = 0;      // the HTTP status (0: none)
+  long sent = 0;        // bytes of request headers sent: 0 means no connection was made
   std::string message;  // libcurl's error buffer
   std::string body;
   bool too_large = false;  // the answer passed the size limit
   bool stopped = false;    // a stream said enough
   bool connect_timed_out = false;
   int connect_error = 0;
-  bool interrupted = false;  // a signal of Request::interrupt_on ended it
+  bool interrupted = false;        // a signal of Request::interrupt_on ended it
   bool speaks_tls = false;         // an http:// endpoint that closed without an answer completes a TLS handshake
   bool speaks_plain_http = false;  // an https:// endpoint answers plain HTTP
 };
@@ -94,7 +94,7 @@ private:
   bool global_ = false;  // curl_global_init done
   CURL* easy_ = nullptr;
   curl_slist* headers_ = nullptr;
-  std::set<int> sockets_before_;  // inherited ones: they pass to the command as they came
+  std::set<int> sockets_before_;                       // inherited ones: they pass to the command as they came
   std::set<std::string> plain_http_, not_plain_http_;  // endpoints speaks_plain_http() asked
 };
 

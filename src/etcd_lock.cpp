@@ -17,17 +17,16 @@ EtcdLock::EtcdLock(const Options& options, pid_t pid, const Logger& log, const R
       log_(log),
       reporter_(reporter),
       host_(sys::host_name()),
-      lock_(transport, options.endpoints,
-            cluster_lock_name(options.lock_name, target.canonical_dir), options.ttl_s, options.lease_kill_after_ns,
-            log, cluster_access(options, log)) {}
+      lock_(transport, options.endpoints, cluster_lock_name(options.lock_name, target.canonical_dir), options.ttl_s,
+            options.lease_kill_after_ns, log, cluster_access(options, log)) {}
 
 Acquisition EtcdLock::acquire(const WaitPlan& plan, long long start_ns) {
   const Acquisition got = lock_.acquire(plan, start_ns, ClusterHolder{host_, pid_, o_.agent, o_.operation, {}, {}, 0});
   if (got != Acquisition::Acquired) return got;
   const long long waited = sys::monotonic_ns() - start_ns;
-  log_.verbose("acquired", "cluster lock " + printable(lock_.name()) + " acquired on etcd after " +
-                               format_duration(waited) + " (fencing token " + std::to_string(lock_.fencing_token()) +
-                               ")",
+  log_.verbose("acquired",
+               "cluster lock " + printable(lock_.name()) + " acquired on etcd after " + format_duration(waited) +
+                   " (fencing token " + std::to_string(lock_.fencing_token()) + ")",
                {{"lock_name", lock_.name()}, {"fencing_token", lock_.fencing_token()}, {"waited_ms", waited / kMs}});
   return Acquisition::Acquired;
 }
@@ -61,10 +60,10 @@ void EtcdLock::release(Ending& ending) {
   if (job.lease_lost && !lock_.lost()) lock_.declare_lost(lock_.overdue_why());
   if (job.lease_lost) {
     ending.lease_lost = true;
-    reporter_.lease_lost(LeaseLoss{lock_.name(), lock_.endpoint(), lock_.ttl_s(), lock_.since_last_keepalive_ns(),
-                                   lock_.fencing_token(), etcd::lease_hex(lock_.lease()), lock_.lost_why(),
-                                   lock_.lost_at_ns()},
-                         job, ending.record);
+    reporter_.lease_lost(
+        LeaseLoss{lock_.name(), lock_.endpoint(), lock_.ttl_s(), lock_.since_last_keepalive_ns(), lock_.fencing_token(),
+                  etcd::lease_hex(lock_.lease()), lock_.lost_why(), lock_.lost_at_ns()},
+        job, ending.record);
   }
   lock_.release();  // after the local lock, as promised
   log_.verbose("released", "released cluster lock " + printable(lock_.name()) + " on etcd");

@@ -43,8 +43,7 @@ std::optional<HolderRecord> holder_from_json(const Json& j) {
       !str("acquired_at"))
     return std::nullopt;
   if (!j.contains("pid") || !j["pid"].is_number_integer()) return std::nullopt;
-  if (!j.contains("released_at") || !(j["released_at"].is_null() || j["released_at"].is_string()))
-    return std::nullopt;
+  if (!j.contains("released_at") || !(j["released_at"].is_null() || j["released_at"].is_string())) return std::nullopt;
   if (j.contains("no_fork") && !j["no_fork"].is_boolean()) return std::nullopt;
   long long pid = j["pid"].get<long long>();
   if (pid <= 0 || pid > 0x7fffffff) return std::nullopt;
@@ -139,8 +138,8 @@ bool write_holder(int fd, const HolderRecord& r) {
   }
   size_t done = 0;
   while (done < data.size()) {
-    ssize_t n = sys::retry_eintr(
-        [&] { return pwrite(fd, data.data() + done, data.size() - done, static_cast<off_t>(done)); });
+    ssize_t n =
+        sys::retry_eintr([&] { return pwrite(fd, data.data() + done, data.size() - done, static_cast<off_t>(done)); });
     if (n < 0) return false;
     done += static_cast<size_t>(n);
   }

@@ -16,7 +16,6 @@
 #include <string_view>
 #include <vector>
 
-
 namespace looplock {
 
 inline constexpr std::string_view kHolderSchema = "file_lock_holder_v0";

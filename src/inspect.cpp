@@ -45,14 +45,13 @@ std::vector<pid_t> kernel_named(const std::vector<LockHolder>& holders) {
   return out;
 }
 
-
 // "process" line of a record that claims the lock.
 std::string process_text(const LockFacts& f, const HolderRecord& rec) {
-  std::string proc = !f.record_pid_alive            ? "unknown"
-                     : !*f.record_pid_alive         ? "dead"
-                     : !f.record_same_process       ? "alive (its start time cannot be compared)"
-                     : !*f.record_same_process      ? "pid reused by another process"
-                                                    : "alive, same process";
+  std::string proc = !f.record_pid_alive       ? "unknown"
+                     : !*f.record_pid_alive    ? "dead"
+                     : !f.record_same_process  ? "alive (its start time cannot be compared)"
+                     : !*f.record_same_process ? "pid reused by another process"
+                                               : "alive, same process";
   if (!f.record_pid_note.empty()) proc += ", " + f.record_pid_note;
   return proc + " (pid_start " + (rec.pid_start.empty() ? std::string("unknown") : rec.pid_start) + ")";
 }
@@ -73,7 +72,8 @@ std::string record_state_text(RecordState s) {
 // The latest incident row in a few words.
 std::string incident_text(const Json& l) {
   const Json& w = l.contains("waiter") && l["waiter"].is_object() ? l["waiter"] : Json::object();
-  const std::string who = "pid " + std::to_string(w.value("pid", 0)) + " (" + w.value("operation", std::string("?")) + ")";
+  const std::string who =
+      "pid " + std::to_string(w.value("pid", 0)) + " (" + w.value("operation", std::string("?")) + ")";
   const std::string code = l.value("error_code", std::string("?"));
   std::string out = l.value("at", std::string("?")) + " " + code + ": ";
   if (l.contains("ran_ms") && l["ran_ms"].is_number_integer()) {
@@ -88,7 +88,8 @@ Json error_entry(const std::string& dir, int status, const std::string& event, c
                  const std::string& hint) {
   Json j = Json::object();
   j["lock_file"] = dir + (dir.ends_with('/') ? "" : "/") + kLockName;
-  j["error"] = {{"status", status}, {"event", event}, {"message", message}, {"hint", hint.empty() ? Json(nullptr) : Json(hint)}};
+  j["error"] = {
+      {"status", status}, {"event", event}, {"message", message}, {"hint", hint.empty() ? Json(nullptr) : Json(hint)}};
   return j;
 }
 
@@ -135,9 +136,9 @@ Json report_json(const InspectFacts& facts, const Verdict& v) {
   }
   j["waiters"] = std::move(waiters);
   Json r = Json::object();
-  r["state"] = !f.exists ? "missing" : f.refusal && !rec && f.record.state == HolderRead::State::Empty
-                                           ? "not read"
-                                           : read_state_name(f.record.state);
+  r["state"] = !f.exists                                                         ? "missing"
+               : f.refusal && !rec && f.record.state == HolderRead::State::Empty ? "not read"
+                                                                                 : read_state_name(f.record.state);
   r["status"] = record_state_name(v.record);
   r["holder"] = rec ? holder_to_json(*rec) : Json(nullptr);
   r["released"] = rec ? Json(rec->released_at.has_value()) : Json(nullptr);
@@ -168,8 +169,8 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
   };
   line("lock", f.lock_path + " (lock_id " + facts.lock_id + ")");
   if (!f.exists) line("file", "missing: no looplock has run here yet");
-  line("kernel", held && !named.empty() ? std::string("held (") + (v.exclusive ? "exclusive" : "shared") + ") by " +
-                                              pids_text(named)
+  line("kernel", held && !named.empty()
+                     ? std::string("held (") + (v.exclusive ? "exclusive" : "shared") + ") by " + pids_text(named)
                  : held  ? std::string("held")
                  : known ? std::string("free")
                          : "unknown (" + f.kernel_unknown + ")");
@@ -183,7 +184,7 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
     line("", since);
     if (!rec->released_at) line("process", process_text(f, *rec));
   } else {
-    line("record", !f.exists                                        ? std::string("none")
+    line("record", !f.exists                                         ? std::string("none")
                    : f.record.state == HolderRead::State::Unreadable ? std::string("unreadable")
                    : f.record.state == HolderRead::State::Error      ? std::string("not read")
                                                                      : std::string("none (the file is empty)"));
@@ -344,7 +345,6 @@ void inspect_cluster(const Options& o, const LockDir& dir, etcd::Transport* etcd
   report.json["cluster"] = c;
   for (const auto& l : lines) report.text += "cluster   " + printable(l) + "\n";
 }
-
 
 InspectReport inspect_dir(const Options& o, const std::string& path, etcd::Transport* etcd, const Logger& log,
                           int& status) {

@@ -48,8 +48,13 @@ class WaitReporter : public AcquireObserver {
 public:
   WaitReporter(const Options& o, const Logger& log, const WaitPlan& plan, long long start_ns, std::string shown,
                std::vector<procfs::KernelLock>& holders_at_start)
-      : o_(o), log_(log), plan_(plan), start_ns_(start_ns), shown_(std::move(shown)),
-        holders_at_start_(holders_at_start), status_line_(!log.is_quiet() && log.is_text() && isatty(log.fd()) == 1) {}
+      : o_(o),
+        log_(log),
+        plan_(plan),
+        start_ns_(start_ns),
+        shown_(std::move(shown)),
+        holders_at_start_(holders_at_start),
+        status_line_(!log.is_quiet() && log.is_text() && isatty(log.fd()) == 1) {}
 
   void on_wait(const LockFile& file) override {
     wait_started_ns_ = sys::monotonic_ns();
@@ -61,8 +66,9 @@ public:
   }
   void on_replaced(int count) override {
     log_.warn("lock_file_replaced",
-              shown_ + " was deleted or replaced while looplock waited for it; locking the new file"
-                       " (never delete the lock file)",
+              shown_ +
+                  " was deleted or replaced while looplock waited for it; locking the new file"
+                  " (never delete the lock file)",
               {{"count", count}});
   }
 
@@ -75,8 +81,7 @@ public:
     if (plan_.kind == WaitPlan::Kind::Bounded) left = start_ns_ + plan_.deadline_ns - now;
     winsize ws{};
     const size_t width = ioctl(log_.fd(), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 ? ws.ws_col - 1u : 79u;
-    const std::string line =
-        wait_status_line(now - wait_started_ns_, left, printable(who_), printable(shown_), width);
+    const std::string line = wait_status_line(now - wait_started_ns_, left, printable(who_), printable(shown_), width);
     (void)sys::write_all(log_.fd(), "\r" + line + "\x1b[K");
     drawn_ = true;
   }
@@ -134,8 +139,9 @@ Acquisition LocalLock::acquire(const WaitPlan& plan, long long start_ns) {
   AcquireResult res = acquire_lock(dir_, plan, mode, reporter, start_ns);
   file_ = std::move(res.file);
   if (res.status != Acquisition::Acquired) return res.status;
-  log_.verbose("acquired", std::string(o_.shared ? "shared" : "exclusive") + " lock on " + shown_ + " acquired after " +
-                               format_duration(res.waited_ns),
+  log_.verbose("acquired",
+               std::string(o_.shared ? "shared" : "exclusive") + " lock on " + shown_ + " acquired after " +
+                   format_duration(res.waited_ns),
                {{"lock_id", target_.lock_id}, {"waited_ms", res.waited_ns / kMs}});
   if (mode == LockMode::Exclusive) write_record();
   return Acquisition::Acquired;
@@ -144,13 +150,14 @@ Acquisition LocalLock::acquire(const WaitPlan& plan, long long start_ns) {
 // Held: record who holds it.
 void LocalLock::write_record() {
   if (file_.read_only) {
-    log_.warn("read_only_lock_file", shown_ + " is read-only for looplock: the lock is held, but no holder record can "
-                                              "be written");
+    log_.warn("read_only_lock_file", shown_ +
+                                         " is read-only for looplock: the lock is held, but no holder record can "
+                                         "be written");
     return;
   }
-  record_ = HolderRecord{target_.lock_id, pid_,        pid_start_,
-                         o_.agent,        o_.operation, std::string(policy_name(o_.policy)),
-                         sys::utc_now_iso8601(), std::nullopt, o_.no_fork};
+  record_ = HolderRecord{
+      target_.lock_id,        pid_,         pid_start_, o_.agent, o_.operation, std::string(policy_name(o_.policy)),
+      sys::utc_now_iso8601(), std::nullopt, o_.no_fork};
   if (!write_holder(file_.fd.get(), *record_)) {
     log_.warn("holder_write_failed", errno_message("cannot write the holder record into " + shown_, errno));
     record_.reset();
@@ -206,9 +213,10 @@ void LocalLock::release(Ending& ending) {
   file_.fd.reset();  // release
   if (!o_.close_fd) report_leaks(ending.job);
   const int status = ending.job.status;
-  log_.verbose("released", "released " + shown_ + "; the command " +
-                               (WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
-                                                    : "exited with " + std::to_string(shell_status(status))),
+  log_.verbose("released",
+               "released " + shown_ + "; the command " +
+                   (WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
+                                        : "exited with " + std::to_string(shell_status(status))),
                {{"lock_id", target_.lock_id},
                 {"exit_status", shell_status(status)},
                 {"ran_ms", (ending.job.ended_ns - ending.job.started_ns) / kMs}});
@@ -230,12 +238,12 @@ void LocalLock::report_leaks(const JobEnd& job) const {
   const auto leaked = leaked_holders(pid_, file_.st, job);
   if (leaked.empty()) return;
   const bool many = leaked.size() > 1;
-  log_.warn_always("lock_leaked", "the command exited, but " + pids_text(leaked) + " that it started still " +
-                                      (many ? "hold " : "holds ") + shown_ +
-                                      " through the inherited lock fd; the lock stays held until " +
-                                      (many ? "they exit" : "it exits") +
-                                      ". Use -o/--close for commands that start background processes",
-                   {{"pids", leaked}});
+  log_.warn_always(
+      "lock_leaked",
+      "the command exited, but " + pids_text(leaked) + " that it started still " + (many ? "hold " : "holds ") +
+          shown_ + " through the inherited lock fd; the lock stays held until " + (many ? "they exit" : "it exits") +
+          ". Use -o/--close for commands that start background processes",
+      {{"pids", leaked}});
 }
 
 void LocalLock::abandon() {
@@ -248,8 +256,8 @@ void LocalLock::abandon() {
 
 std::optional<OuterHolder> outer_holder(const Options& o, const EnvList& env, const LockDir& dir, pid_t self,
                                         struct stat& lock_file) {
-  if (!env_get(env, env_name::kHolderFd) ||
-      fstatat(dir.fd.get(), kLockName, &lock_file, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(lock_file.st_mode)) {
+  if (!env_get(env, env_name::kHolderFd) || fstatat(dir.fd.get(), kLockName, &lock_file, AT_SYMLINK_NOFOLLOW) != 0 ||
+      !S_ISREG(lock_file.st_mode)) {
     return std::nullopt;
   }
   return find_outer_holder(env, dir.fd.get(), lock_file, !o.shared, self);

@@ -43,8 +43,8 @@ private:
   const Logger& log_;
   LockDir& dir_;
   LockTarget target_;
-  std::string shown_;  // DIR/.state.lock as given, for messages
-  LockFile file_;      // acquired: the locked file; else the one found held
+  std::string shown_;                                 // DIR/.state.lock as given, for messages
+  LockFile file_;                                     // acquired: the locked file; else the one found held
   std::vector<procfs::KernelLock> holders_at_start_;  // who held it when the wait began
   std::string pid_start_;
   std::optional<HolderRecord> record_;

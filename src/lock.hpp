@@ -20,14 +20,14 @@ namespace looplock {
 // Who is in the way of a lock that was not acquired: what the skip and
 // timeout lines and the incident row say (report.hpp renders it).
 struct Blocker {
-  std::string what;          // "DIR/.state.lock", or "cluster lock NAME (etcd)"
-  std::string who;           // "pid 1234 (agent cron, operation tick.py, ...)"
-  std::string inspect_hint;  // the command that shows more
-  std::optional<Verdict> verdict;  // the local lock's
-  Json cluster = nullptr;    // the incident row's "cluster" object
+  std::string what;                    // "DIR/.state.lock", or "cluster lock NAME (etcd)"
+  std::string who;                     // "pid 1234 (agent cron, operation tick.py, ...)"
+  std::string inspect_hint;            // the command that shows more
+  std::optional<Verdict> verdict;      // the local lock's
+  Json cluster = nullptr;              // the incident row's "cluster" object
   std::string confirm = "the holder";  // whom the operator confirms stalled: "pid 12", "pids 12, 13"
   bool many = false;                   // more than one of them
-  std::string action_extra;  // added to the policy's operator_action
+  std::string action_extra;            // added to the policy's operator_action
 };
 
 // One run, as a run ledger keeps it (the schedules' --once-per).

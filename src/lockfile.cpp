@@ -39,15 +39,15 @@ std::string file_kind(mode_t m) {
 }
 
 [[noreturn]] void refused(const LockDir& dir, const Refusal& r) {
-  throw Fatal(exit_code::kCantCreate,
-              (r.event == "unsafe_loop_dir" ? "unsafe loop directory " + dir.path : "unsafe lock file " + lock_display(dir)) +
-                  ": " + r.why,
-              r.hint, r.event);
+  throw Fatal(
+      exit_code::kCantCreate,
+      (r.event == "unsafe_loop_dir" ? "unsafe loop directory " + dir.path : "unsafe lock file " + lock_display(dir)) +
+          ": " + r.why,
+      r.hint, r.event);
 }
 
 const char* const kSymlinkWhy = "it is a symbolic link (looplock never follows one)";
-const char* const kSymlinkHint =
-    "Replace it with a regular file, or remove the link and let looplock create the file.";
+const char* const kSymlinkHint = "Replace it with a regular file, or remove the link and let looplock create the file.";
 
 // Moves fd to 3 or above, so that a command started with stdin, stdout or
 // stderr closed never finds the lock file there.
@@ -283,7 +283,8 @@ LockFile open_lock_file(const LockDir& dir) {
         hint = "DIR is on a read-only file system: create " + std::string(kLockName) +
                " there while it is writable (an existing lock file is locked read-only).";
       } else if (err == EACCES) {
-        hint = exists ? "Check the lock file's permissions." : "looplock must be able to create the lock file in DIR; check DIR's permissions.";
+        hint = exists ? "Check the lock file's permissions."
+                      : "looplock must be able to create the lock file in DIR; check DIR's permissions.";
       }
       fail_errno(status_for_errno(err, exit_code::kCantCreate),
                  std::string(exists ? "cannot open " : "cannot create ") + lock_display(dir), err, hint);
@@ -326,8 +327,8 @@ std::optional<bool> dir_intact(const LockDir& dir) {
 
 IntactCheck lock_intact(const LockDir& dir, const LockFile& file) {
   IntactCheck c;
-  for (auto check : {+[](const LockDir& d, const LockFile&) { return dir_intact(d); },
-                     +[](const LockDir& d, const LockFile& f) { return lock_path_intact(d, f); }}) {
+  for (auto check : {+[](const LockDir&d, const LockFile&) { return dir_intact(d); },
+                     +[](const LockDir&d, const LockFile&f) { return lock_path_intact(d, f); }}) {
     errno = 0;
     auto r = check(dir, file);
     if (r && !*r) return {false, 0};
@@ -343,7 +344,7 @@ AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, Ac
   const long long start = start_ns;
   const bool bounded = plan.kind == WaitPlan::Kind::Bounded;
   const long long deadline = start + plan.deadline_ns;
-  std::optional<DeadlineAlarm> alarm;  // armed only when the first attempt finds the lock held
+  std::optional<DeadlineAlarm> alarm;   // armed only when the first attempt finds the lock held
   std::optional<DeadlineAlarm> ticker;  // the observer's ticks (a status line)
   bool told_wait = false;
   // The wait is over: the timers stop (the ticker first: it was armed after
@@ -360,8 +361,7 @@ AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, Ac
     if (try_lock(dir, file, op) != 0) {
       bool give_up = plan.kind == WaitPlan::Kind::NoWait || (bounded && sys::monotonic_ns() >= deadline);
       if (give_up) {
-        result.status = plan.kind == WaitPlan::Kind::NoWait ? Acquisition::Busy
-                                                            : Acquisition::TimedOut;
+        result.status = plan.kind == WaitPlan::Kind::NoWait ? Acquisition::Busy : Acquisition::TimedOut;
         result.file = std::move(file);
         result.waited_ns = sys::monotonic_ns() - start;
         wait_over();

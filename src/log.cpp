@@ -30,8 +30,8 @@ std::string Logger::format_line(const char* level, const std::string& event, con
   return line;
 }
 
-void Logger::emit(const char* level, const std::string& event, const std::string& message,
-                  const std::string& hint, const Json& fields) const {
+void Logger::emit(const char* level, const std::string& event, const std::string& message, const std::string& hint,
+                  const Json& fields) const {
   // One write(2) per message, so that lines from concurrent processes on a
   // shared stderr do not interleave. A failed write to stderr is ignored: there
   // is nowhere else to report it.

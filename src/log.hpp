@@ -45,8 +45,8 @@ public:
                           const std::string& hint, const Json& fields) const;
 
 private:
-  void emit(const char* level, const std::string& event, const std::string& message,
-            const std::string& hint, const Json& fields) const;
+  void emit(const char* level, const std::string& event, const std::string& message, const std::string& hint,
+            const Json& fields) const;
 
   Verbosity verbosity_;
   LogFormat format_;

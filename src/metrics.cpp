@@ -31,11 +31,11 @@ struct Gauge {
   bool timestamp;
 };
 constexpr Gauge kGauges[] = {
-    {"looplock_last_start_timestamp_seconds", "When the last run started (Unix time).",
-     &OperationSeries::last_start, true},
+    {"looplock_last_start_timestamp_seconds", "When the last run started (Unix time).", &OperationSeries::last_start,
+     true},
     {"looplock_last_success_timestamp_seconds",
-     "When the last run whose command exited 0 ended (Unix time; 0 before the first).",
-     &OperationSeries::last_success, true},
+     "When the last run whose command exited 0 ended (Unix time; 0 before the first).", &OperationSeries::last_success,
+     true},
     {"looplock_last_exit_status", "The exit status of the last run (128+N when its command was killed by signal N).",
      &OperationSeries::last_exit_status, false},
     {"looplock_last_duration_seconds", "How long the last run's command ran (0 when it did not run).",
@@ -137,10 +137,14 @@ std::string label_value(std::string_view raw) {
   std::string out;
   out.reserve(valid.size());
   for (char c : valid) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }

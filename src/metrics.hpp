@@ -18,21 +18,21 @@ namespace looplock {
 // How a run ended, for looplock_runs_total{outcome=...}.
 enum class RunOutcome { Success, Failure, Signaled, Skipped, Timeout, LeaseLost, MaxTime, Error };
 std::string_view outcome_name(RunOutcome o);
-inline constexpr RunOutcome kAllOutcomes[] = {RunOutcome::Success,  RunOutcome::Failure,   RunOutcome::Signaled,
-                                             RunOutcome::Skipped,  RunOutcome::Timeout,   RunOutcome::LeaseLost,
-                                             RunOutcome::MaxTime,  RunOutcome::Error};
+inline constexpr RunOutcome kAllOutcomes[] = {RunOutcome::Success, RunOutcome::Failure, RunOutcome::Signaled,
+                                              RunOutcome::Skipped, RunOutcome::Timeout, RunOutcome::LeaseLost,
+                                              RunOutcome::MaxTime, RunOutcome::Error};
 
 // One run, as the metrics see it.
 struct RunMetrics {
   std::string lock_id;
-  std::string loop;       // DIR's base name
+  std::string loop;  // DIR's base name
   std::string operation;
   RunOutcome outcome = RunOutcome::Error;
-  int exit_status = 0;            // looplock's status (128+N for a signal)
-  double start_s = 0;             // wall clock, seconds since the epoch
+  int exit_status = 0;  // looplock's status (128+N for a signal)
+  double start_s = 0;   // wall clock, seconds since the epoch
   double end_s = 0;
-  double wait_s = 0;              // waiting for the lock(s)
-  double duration_s = 0;          // the command's run (0 when it did not run)
+  double wait_s = 0;      // waiting for the lock(s)
+  double duration_s = 0;  // the command's run (0 when it did not run)
 };
 
 // The state kept in one file: per operation, the counters by outcome and the

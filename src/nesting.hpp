@@ -25,8 +25,8 @@
 namespace looplock {
 
 struct OuterHolder {
-  pid_t pid;  // the outer looplock, as the environment names it (0 if it does not)
-  int fd;     // the descriptor through which the lock is held
+  pid_t pid;       // the outer looplock, as the environment names it (0 if it does not)
+  int fd;          // the descriptor through which the lock is held
   bool inherited;  // the descriptor is this process's own
 };
 

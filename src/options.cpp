@@ -7,12 +7,12 @@
 #include <charconv>
 #include <string_view>
 
-#include "error.hpp"
-#include "option_table.hpp"
-#include "lease.hpp"
-#include "etcd.hpp"
 #include "duration.hpp"
+#include "error.hpp"
+#include "etcd.hpp"
 #include "exit_codes.hpp"
+#include "lease.hpp"
+#include "option_table.hpp"
 
 namespace looplock {
 
@@ -28,7 +28,8 @@ constexpr std::string_view kTryHelp = "Try 'looplock --help' for more informatio
 // values when it looks for "--" and "-c".
 bool letter_takes_value(char c) {
   const auto table = option_table();
-  return std::any_of(table.begin(), table.end(), [&](const OptionSpec& o) { return o.letter == c && !o.value.empty(); });
+  return std::any_of(table.begin(), table.end(),
+                     [&](const OptionSpec& o) { return o.letter == c && !o.value.empty(); });
 }
 
 bool long_takes_value(std::string_view arg) {
@@ -158,7 +159,8 @@ std::string cxxopts_message(const cxxopts::exceptions::exception& e, const std::
   if (dynamic_cast<const cxxopts::exceptions::incorrect_argument_type*>(&e)) {
     // "--quiet=x": a flag given a value.
     for (const auto& a : own) {
-      if (a.starts_with("--") && a.ends_with("=" + name)) return "option " + quote(a.substr(0, a.find('='))) + " takes no value";
+      if (a.starts_with("--") && a.ends_with("=" + name))
+        return "option " + quote(a.substr(0, a.find('='))) + " takes no value";
     }
   }
   return "invalid command line: " + text;
@@ -199,13 +201,12 @@ enum class Family { None, Shell, Python, Node, Perl };
 
 Family interpreter_family(std::string_view base) {
   auto starts = [&](std::string_view p) { return base.starts_with(p); };
-  if (base == "sh" || base == "bash" || base == "dash" || base == "zsh" || base == "ksh" ||
-      base == "mksh" || base == "ash" || base == "busybox")
+  if (base == "sh" || base == "bash" || base == "dash" || base == "zsh" || base == "ksh" || base == "mksh" ||
+      base == "ash" || base == "busybox")
     return Family::Shell;
   if (starts("python") || starts("pypy")) return Family::Python;
   if (base == "node" || base == "nodejs" || base == "deno" || base == "bun") return Family::Node;
-  if (starts("perl") || starts("ruby") || starts("php") || starts("lua") || base == "tclsh" ||
-      base == "Rscript")
+  if (starts("perl") || starts("ruby") || starts("php") || starts("lua") || base == "tclsh" || base == "Rscript")
     return Family::Perl;
   return Family::None;
 }
@@ -218,7 +219,6 @@ bool valid_lock_name(std::string_view name) {
                       [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
 }
 
-
 long long lease_kill_after_ns(std::optional<long long> given, int ttl_s, std::string_view given_text) {
   if (!given) return lease_timing::default_kill_after_ns(ttl_s);
   const std::string shown = given_text.empty() ? format_duration(*given) : std::string(given_text);
@@ -226,14 +226,15 @@ long long lease_kill_after_ns(std::optional<long long> given, int ttl_s, std::st
   // Truncated to 10 ms; the hint shows at most that (format_duration cuts), so the number shown is accepted.
   const long long most = lease_timing::max_kill_after_ns(ttl_s) / 10'000'000LL * 10'000'000LL;
   const std::string room = "Give --kill-after " + format_duration(most) + " or less (default at --ttl " +
-                           std::to_string(ttl_s) + ": " +
-                           format_duration(lease_timing::default_kill_after_ns(ttl_s)) + "), or a longer --ttl.";
+                           std::to_string(ttl_s) + ": " + format_duration(lease_timing::default_kill_after_ns(ttl_s)) +
+                           "), or a longer --ttl.";
   if (*given == 0) {
     usage_error(what + ": a lease holder must be killable before its lease expires (0 would never send KILL)", room);
   }
   if (*given > most) {
-    usage_error(what + ": TERM would leave too little of the lease to renew it (a quarter of the TTL must "
-                       "remain to ride out an etcd outage)",
+    usage_error(what +
+                    ": TERM would leave too little of the lease to renew it (a quarter of the TTL must "
+                    "remain to ride out an etcd outage)",
                 room);
   }
   return *given;
@@ -279,7 +280,7 @@ std::string derive_operation(const std::vector<std::string>& command) {
     if (a.empty() || a == "-") break;
     const bool option = a[0] == '-' || (fam == Family::Shell && a[0] == '+' && a.size() > 1);
     if (!option) return script_name(a);  // the first non-option argument is the script
-    if (a[1] == '-') {  // a long option
+    if (a[1] == '-') {                   // a long option
       if (fam == Family::Node && (a == "--eval" || a == "--print")) break;
       if (fam == Family::Node && a == "--require") ++i;
       continue;
@@ -312,8 +313,8 @@ cxxopts::ParseResult parse_own(const Split& split) {
                   "Put it in $LOOPLOCK_ETCD_PASSWORD, or in a file for --etcd-password-file FILE.");
     }
   }
-  const bool on_demand = std::any_of(split.own.begin(), split.own.end(),
-                                     [](const std::string& a) { return a.starts_with("--etcd-"); });
+  const bool on_demand =
+      std::any_of(split.own.begin(), split.own.end(), [](const std::string& a) { return a.starts_with("--etcd-"); });
   cxxopts::Options parser = build_parser(on_demand);
   std::vector<const char*> cargv;
   cargv.reserve(split.own.size());
@@ -383,8 +384,8 @@ void check_applicable(const cxxopts::ParseResult& r, const Options& o) {
   }
   for (const auto& c : option_conflicts()) {
     if (given(r, o, c.a) && given(r, o, c.b)) {
-      usage_error(option_shown(*find_option(c.a)) + " and " + option_shown(*find_option(c.b)) +
-                      " cannot be combined" + (c.why.empty() ? "" : ": " + std::string(c.why)),
+      usage_error(option_shown(*find_option(c.a)) + " and " + option_shown(*find_option(c.b)) + " cannot be combined" +
+                      (c.why.empty() ? "" : ": " + std::string(c.why)),
                   c.hint.empty() ? std::string(kTryHelp) : std::string(c.hint));
     }
   }
@@ -429,7 +430,8 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
   // KILL after a forwarded TERM/INT: --kill-after, where 0 and inf mean
   // never, as in timeout(1); after --max-time's TERM: the same, or 5 s when
   // it was not given.
-  if (o.kill_after_ns && *o.kill_after_ns != 0 && *o.kill_after_ns != kForever) o.signal_kill_after_ns = o.kill_after_ns;
+  if (o.kill_after_ns && *o.kill_after_ns != 0 && *o.kill_after_ns != kForever)
+    o.signal_kill_after_ns = o.kill_after_ns;
   o.max_time_kill_after_ns = o.kill_after_ns ? o.signal_kill_after_ns : std::optional<long long>(kDefaultKillAfterNs);
 }
 
@@ -477,7 +479,8 @@ void read_endpoints(const cxxopts::ParseResult& r, const Environment& env, Optio
 // --etcd-cacert, --etcd-cert, --etcd-key, --etcd-user, --etcd-password-file
 // and their environment defaults.
 void read_cluster_access(const cxxopts::ParseResult& r, const Environment& env, Options& o) {
-  const bool any_tls = std::any_of(o.endpoints.begin(), o.endpoints.end(), [](const etcd::Endpoint& e) { return e.tls; });
+  const bool any_tls =
+      std::any_of(o.endpoints.begin(), o.endpoints.end(), [](const etcd::Endpoint& e) { return e.tls; });
   struct File {
     const char* option;
     const std::optional<std::string>& env_default;
@@ -536,7 +539,8 @@ void read_cluster(const cxxopts::ParseResult& r, const Environment& env, Options
   if (r.count("ttl")) {
     const auto& text = text_of(r, "ttl");
     auto v = parse_int(text);
-    if (!v || *v < 2 || *v > 86400) usage_error("invalid --ttl " + quote(text) + ": expected whole seconds from 2 to 86400");
+    if (!v || *v < 2 || *v > 86400)
+      usage_error("invalid --ttl " + quote(text) + ": expected whole seconds from 2 to 86400");
     o.ttl_s = *v;
   }
   read_cluster_access(r, env, o);
@@ -561,7 +565,8 @@ void read_command(const cxxopts::ParseResult& r, const Split& split, const Envir
     o.shell_form = true;
     o.command = {"/bin/sh", "-c", "--", *split.shell_command};  // "--": a string may start with "-"
   } else if (split.saw_dashdash) {
-    if (split.command.empty()) usage_error("no command after '--'", "Example: looplock DIR -- python3 status.py --tick");
+    if (split.command.empty())
+      usage_error("no command after '--'", "Example: looplock DIR -- python3 status.py --tick");
     o.command = split.command;
   } else if (!o.dir.empty() && o.dir.find_first_not_of("0123456789") == std::string::npos) {
     usage_error("missing '--' before the command; " + quote(o.dir) + " is taken as DIR, not as a descriptor",
@@ -584,8 +589,8 @@ void read_command(const cxxopts::ParseResult& r, const Split& split, const Envir
                              : (env.looplock_agent && !env.looplock_agent->empty()
                                     ? *env.looplock_agent
                                     : (env.user_name ? env.user_name() : std::string("unknown")));
-  o.operation = r.count("operation") ? text_of(r, "operation")
-                                     : (o.shell_form ? std::string("sh") : derive_operation(o.command));
+  o.operation =
+      r.count("operation") ? text_of(r, "operation") : (o.shell_form ? std::string("sh") : derive_operation(o.command));
 }
 
 }  // namespace

@@ -28,20 +28,20 @@ struct Options {
   bool shell_form = false;
 
   Policy policy = Policy::Mutation;
-  std::optional<long long> timeout_ns;  // -w
-  int conflict_exit_code = 75;           // -E
-  int skip_exit_code = 0;                // --skip-exit-code
-  bool shared = false;                   // -s
-  bool close_fd = false;                 // -o
-  bool no_fork = false;                  // -F
+  std::optional<long long> timeout_ns;     // -w
+  int conflict_exit_code = 75;             // -E
+  int skip_exit_code = 0;                  // --skip-exit-code
+  bool shared = false;                     // -s
+  bool close_fd = false;                   // -o
+  bool no_fork = false;                    // -F
   std::optional<long long> kill_after_ns;  // --kill-after as given (0 and kForever: never)
   // Resolved from it: KILL this long after a TERM or INT looplock forwarded
   // (nullopt: never, as timeout(1)); and after --max-time's TERM (--kill-after
   // as above, or kDefaultKillAfterNs when it was not given).
   std::optional<long long> signal_kill_after_ns;
   std::optional<long long> max_time_kill_after_ns;
-  std::optional<long long> max_time_ns;    // --max-time (nullopt: no limit)
-  std::string metrics_dir;                 // --metrics-dir or $LOOPLOCK_METRICS_DIR; empty: none
+  std::optional<long long> max_time_ns;  // --max-time (nullopt: no limit)
+  std::string metrics_dir;               // --metrics-dir or $LOOPLOCK_METRICS_DIR; empty: none
 
   std::string agent;      // resolved: --agent, $LOOPLOCK_AGENT, user name
   std::string operation;  // resolved: --operation or derived from the command
@@ -50,19 +50,19 @@ struct Options {
   LogFormat log_format = LogFormat::Text;
 
   // Cluster (--etcd): a lock on etcd taken before the local one.
-  std::string etcd;                  // the endpoints as given; empty: no cluster lock
+  std::string etcd;                       // the endpoints as given; empty: no cluster lock
   std::vector<etcd::Endpoint> endpoints;  // parsed
-  std::string lock_name;             // --lock-name; empty: the loop dir's base name
-  int ttl_s = 10;                    // --ttl: the lease's time to live
+  std::string lock_name;                  // --lock-name; empty: the loop dir's base name
+  int ttl_s = 10;                         // --ttl: the lease's time to live
   // The kill-after of the lease's deadlines (lease_kill_after_ns()): --kill-after,
   // or a default that fits the TTL.
   long long lease_kill_after_ns = 0;
   // TLS and authentication (https:// endpoints, an etcd user).
-  std::string etcd_cacert;           // --etcd-cacert, $LOOPLOCK_ETCD_CACERT
-  std::string etcd_cert;             // --etcd-cert, $LOOPLOCK_ETCD_CLIENT_CERT
-  std::string etcd_key;              // --etcd-key, $LOOPLOCK_ETCD_CLIENT_KEY
-  std::string etcd_user;             // --etcd-user
-  std::string etcd_password_file;    // --etcd-password-file (read when the lock is taken)
+  std::string etcd_cacert;                   // --etcd-cacert, $LOOPLOCK_ETCD_CACERT
+  std::string etcd_cert;                     // --etcd-cert, $LOOPLOCK_ETCD_CLIENT_CERT
+  std::string etcd_key;                      // --etcd-key, $LOOPLOCK_ETCD_CLIENT_KEY
+  std::string etcd_user;                     // --etcd-user
+  std::string etcd_password_file;            // --etcd-password-file (read when the lock is taken)
   std::optional<std::string> etcd_password;  // $LOOPLOCK_ETCD_PASSWORD, with --etcd-user; never printed
 
   // --inspect

@@ -28,9 +28,7 @@ long long default_deadline_ns(Policy policy) {
   }
 }
 
-bool policy_takes_timeout(Policy policy) {
-  return policy == Policy::Mutation || policy == Policy::Monitor;
-}
+bool policy_takes_timeout(Policy policy) { return policy == Policy::Mutation || policy == Policy::Monitor; }
 
 WaitPlan wait_plan(Policy policy, std::optional<long long> timeout_ns) {
   switch (policy) {
@@ -48,12 +46,9 @@ std::string operator_action(Policy policy, const std::string& who, bool many) {
                        " still running and actually stalled before terminating " + (many ? "them" : "it") +
                        "; never delete the lock file";
   switch (policy) {
-    case Policy::Monitor:
-      return common + "; the monitor retries at its next scheduled poll, not in a tight loop";
-    case Policy::Mutation:
-      return common + "; retry the mutation by hand once the holder has exited";
-    default:
-      return common + "; retry once the holder has exited";
+    case Policy::Monitor: return common + "; the monitor retries at its next scheduled poll, not in a tight loop";
+    case Policy::Mutation: return common + "; retry the mutation by hand once the holder has exited";
+    default: return common + "; retry once the holder has exited";
   }
 }
 

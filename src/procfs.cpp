@@ -1,8 +1,8 @@
 #include "procfs.hpp"
 
 #include <dirent.h>
-#include <sys/sysmacros.h>
 #include <signal.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -34,9 +34,7 @@ std::vector<std::string_view> stat_fields_after_comm(std::string_view stat) {
   return fields;
 }
 
-std::string proc_path(pid_t pid, const char* leaf) {
-  return "/proc/" + std::to_string(pid) + "/" + leaf;
-}
+std::string proc_path(pid_t pid, const char* leaf) { return "/proc/" + std::to_string(pid) + "/" + leaf; }
 
 template <typename T>
 std::optional<T> to_number(std::string_view s, int base = 10) {

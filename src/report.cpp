@@ -45,8 +45,8 @@ void Reporter::append(const Incident& inc) const {
 }
 
 Json Reporter::fields(const Blocker& b) const {
-  Json j = {{"lock_id", lock_id_}, {"policy", policy_name(o_.policy)}, {"holder_pids", Json::array()},
-            {"holder", nullptr}};
+  Json j = {
+      {"lock_id", lock_id_}, {"policy", policy_name(o_.policy)}, {"holder_pids", Json::array()}, {"holder", nullptr}};
   if (const auto& v = b.verdict) {
     for (const auto& h : v->holders) j["holder_pids"].push_back(h.pid);
     if (v->record == RecordState::Current) j["holder"] = holder_to_json(*v->read);
@@ -59,9 +59,10 @@ Json Reporter::fields(const Blocker& b) const {
 }
 
 void Reporter::skip(const Blocker& b) const {
-  log_.result("noop-locked",
-              "noop-locked: " + b.what + " is held by " + b.who + "; skipped " + o_.operation + " (policy single_flight)",
-              fields(b));
+  log_.result(
+      "noop-locked",
+      "noop-locked: " + b.what + " is held by " + b.who + "; skipped " + o_.operation + " (policy single_flight)",
+      fields(b));
 }
 
 void Reporter::timeout(const Blocker& b, const WaitPlan& plan, long long waited_ns) const {
@@ -117,8 +118,8 @@ void Reporter::lease_lost(const LeaseLoss& loss, const JobEnd& job, const std::o
   inc.holder = record;
   if (record) inc.holder_alive = true;
   inc.holder_pids = {pid_};
-  inc.cluster = Json{{"lock_name", loss.lock_name}, {"endpoint", loss.endpoint}, {"holder", nullptr},
-                     {"fencing_token", loss.fencing_token}, {"lease", loss.lease}, {"why", loss.why}};
+  inc.cluster = Json{{"lock_name", loss.lock_name},         {"endpoint", loss.endpoint}, {"holder", nullptr},
+                     {"fencing_token", loss.fencing_token}, {"lease", loss.lease},       {"why", loss.why}};
   inc.details = job_details(job);
   inc.details["ran_after_loss_ms"] = loss.lost_at_ns ? std::max(job.ended_ns - loss.lost_at_ns, 0LL) / kMs : 0;
   inc.operator_action = "The etcd lease was lost while the command ran (" + loss.why +

@@ -60,7 +60,7 @@ struct RunFacts {
   std::string lock_id;
   std::string loop;  // DIR's base name
   long long waited_ns = 0;
-  long long ran_ns = 0;  // the command's run
+  long long ran_ns = 0;               // the command's run
   std::optional<RunOutcome> outcome;  // unset: an error
 };
 

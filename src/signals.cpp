@@ -45,7 +45,9 @@ InheritedSignals take_signal_control() {
   // sent to a waiting looplock): the soft limit goes to 0, the hard one stays
   // so that the command gets the inherited limit back.
   if (getrlimit(RLIMIT_CORE, &in.core) == 0) {
-    struct rlimit none {0, in.core.rlim_max};
+    struct rlimit none {
+      0, in.core.rlim_max
+    };
     in.core_known = setrlimit(RLIMIT_CORE, &none) == 0;
   }
   change(in, SIGCHLD, action(SIG_DFL));
@@ -91,7 +93,9 @@ void exit_like(int wait_status) {
     const int sig = WTERMSIG(wait_status);
     // Die of the same signal, so the caller sees what it would see without
     // looplock; but never leave a core file of looplock's own.
-    struct rlimit no_core {0, 0};
+    struct rlimit no_core {
+      0, 0
+    };
     setrlimit(RLIMIT_CORE, &no_core);
     struct sigaction dfl = action(SIG_DFL);
     sigaction(sig, &dfl, nullptr);

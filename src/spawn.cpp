@@ -14,8 +14,8 @@
 #include "exit_codes.hpp"
 #include "supervisor.hpp"
 #include "sys.hpp"
-#include "text.hpp"
 #include "terminal.hpp"
+#include "text.hpp"
 
 namespace looplock {
 
@@ -68,8 +68,7 @@ struct ChildReport {
     case ChildStep::SignalMask:
       fail_errno(exit_code::kOsError, "cannot give the command its inherited signal mask (sigprocmask)", err);
     case ChildStep::Exec:
-    case ChildStep::None:
-      break;
+    case ChildStep::None: break;
   }
   exec_failed(name, err);
 }
@@ -78,8 +77,7 @@ struct ChildReport {
 class Job {
 public:
   // `has_terminal`: the job was made the terminal's foreground group.
-  Job(pid_t leader, const Terminal& tty, bool has_terminal)
-      : pgid_(leader), tty_(tty), has_terminal_(has_terminal) {}
+  Job(pid_t leader, const Terminal& tty, bool has_terminal) : pgid_(leader), tty_(tty), has_terminal_(has_terminal) {}
   pid_t pgid() const { return pgid_; }
 
   void signal(int sig) const { (void)kill(-pgid_, sig); }
@@ -214,10 +212,15 @@ pid_t start_job(const CommandSpec& spec, const InheritedSignals& inherited, cons
 // and pass it on to the job.
 class Supervisor {
 public:
-  Supervisor(const CommandSpec& spec, const Logger& log, const SignalSets& signals, Job& job, JobEnd& end,
-             bool has_tty)
-      : spec_(spec), log_(log), signals_(signals), job_(job), end_(end), parent_(getpid()),
-        wait_flags_(WNOHANG | (has_tty ? WUNTRACED : 0)), lease_live_(spec.lease != nullptr) {
+  Supervisor(const CommandSpec& spec, const Logger& log, const SignalSets& signals, Job& job, JobEnd& end, bool has_tty)
+      : spec_(spec),
+        log_(log),
+        signals_(signals),
+        job_(job),
+        end_(end),
+        parent_(getpid()),
+        wait_flags_(WNOHANG | (has_tty ? WUNTRACED : 0)),
+        lease_live_(spec.lease != nullptr) {
     if (spec.max_time_ns && *spec.max_time_ns > 0) max_time_at_ = later(end.started_ns, *spec.max_time_ns);
   }
 
@@ -316,8 +319,7 @@ private:
         }
         return;
       case JobAction::Warn:
-      case JobAction::None:
-        return;
+      case JobAction::None: return;
     }
   }
 
@@ -376,7 +378,7 @@ private:
   const int wait_flags_;
   bool lease_live_;
   long long max_time_at_ = 0;
-  long long kill_at_ = 0;         // 0: no KILL planned
+  long long kill_at_ = 0;          // 0: no KILL planned
   bool kill_after_armed_ = false;  // a forwarded TERM/INT started --kill-after
   bool term_sent_ = false;         // looplock sent its own TERM (--max-time, the lease)
   bool whole_group_ = false;       // wait for the whole group, not only the command's first process
@@ -387,8 +389,7 @@ private:
 }  // namespace
 
 int exec_failure_status(int err) {
-  return (err == ENOENT || err == ENOTDIR || err == ENAMETOOLONG) ? exit_code::kNotFound
-                                                                  : exit_code::kNotExecutable;
+  return (err == ENOENT || err == ENOTDIR || err == ENAMETOOLONG) ? exit_code::kNotFound : exit_code::kNotExecutable;
 }
 
 JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log) {

@@ -57,13 +57,13 @@ struct JobEnd {
   };
   int status = 0;  // the wait status of the command (the job's first process)
   EndedBy ended_by = EndedBy::Command;
-  bool killed = false;          // looplock had to send KILL
-  bool lease_lost = false;      // the lease was lost, or about to expire, while the job ran
-  long long started_ns = 0;     // when the command was started
-  long long term_sent_ns = 0;   // when looplock sent TERM (MaxTime, Lease)
-  long long ended_ns = 0;       // when the whole job had ended
-  pid_t pgid = 0;               // the job's process group
-  bool signalled = false;       // looplock sent the job's group a signal (forwarded, TERM or KILL of its own)
+  bool killed = false;         // looplock had to send KILL
+  bool lease_lost = false;     // the lease was lost, or about to expire, while the job ran
+  long long started_ns = 0;    // when the command was started
+  long long term_sent_ns = 0;  // when looplock sent TERM (MaxTime, Lease)
+  long long ended_ns = 0;      // when the whole job had ended
+  pid_t pgid = 0;              // the job's process group
+  bool signalled = false;      // looplock sent the job's group a signal (forwarded, TERM or KILL of its own)
 };
 
 // Starts the command and supervises it until it has ended (and, when

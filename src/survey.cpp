@@ -19,7 +19,7 @@ namespace {
 bool in_child_pid_namespace() {
   char buf[64];
   const ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
-  if (n <= 0) return false;  // cannot tell: assume the usual
+  if (n <= 0) return false;                                                    // cannot tell: assume the usual
   return std::string_view(buf, static_cast<size_t>(n)) != "pid:[4026531836]";  // PROC_PID_INIT_INO
 }
 
@@ -50,8 +50,8 @@ std::vector<procfs::KernelLock> confirm(const std::vector<procfs::KernelLock>& l
 // The kernel's holders with what names them.
 void add_holders(LockFacts& f, const std::vector<procfs::KernelLock>& locks) {
   for (const auto& k : locks) {
-    if (k.locked_by != 0 && std::find(f.dead_kernel_pids.begin(), f.dead_kernel_pids.end(), k.locked_by) ==
-                                f.dead_kernel_pids.end()) {
+    if (k.locked_by != 0 &&
+        std::find(f.dead_kernel_pids.begin(), f.dead_kernel_pids.end(), k.locked_by) == f.dead_kernel_pids.end()) {
       if (!procfs::pid_alive(k.locked_by)) f.dead_kernel_pids.push_back(k.locked_by);
     }
   }
@@ -109,8 +109,8 @@ void survey_record_process(LockFacts& f) {
         f.record_pid_alive = true;
         f.record_same_process = true;
         f.record_pid_here = h.pid;
-        f.record_pid_note = "pid " + std::to_string(rec.pid) + " in its own pid namespace, pid " +
-                            std::to_string(h.pid) + " here";
+        f.record_pid_note =
+            "pid " + std::to_string(rec.pid) + " in its own pid namespace, pid " + std::to_string(h.pid) + " here";
         return;
       }
     }
@@ -130,8 +130,7 @@ void survey_record_process(LockFacts& f) {
   }
 }
 
-LockFacts survey_held(const LockFile& file, const std::string& lock_path,
-                      const std::vector<procfs::KernelLock>& hint) {
+LockFacts survey_held(const LockFile& file, const std::string& lock_path, const std::vector<procfs::KernelLock>& hint) {
   LockFacts f;
   f.lock_path = lock_path;
   f.seen_held = true;
@@ -192,8 +191,9 @@ LockFacts survey_lock(const LockDir& dir, const std::string& lock_path, std::vec
     waiters = table->waiters;
     add_holders(f, confirm(table->holders, st));
     if (f.holders.empty() && in_child_pid_namespace() && procfs::ns_pids(0).size() <= 1) {
-      f.kernel_unknown = "no holder is listed, but this runs in a pid namespace of its own, whose /proc/locks does "
-                         "not list a holder outside it";
+      f.kernel_unknown =
+          "no holder is listed, but this runs in a pid namespace of its own, whose /proc/locks does "
+          "not list a holder outside it";
     }
     const HolderRead again = fd ? read_holder(fd.get()) : f.record;
     const bool same = again.state == f.record.state && again.size == f.record.size &&

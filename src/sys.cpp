@@ -129,9 +129,7 @@ std::optional<long long> parse_utc_ms(const std::string& iso) {
   return static_cast<long long>(secs) * 1000 + ms;
 }
 
-bool same_file(const struct stat& a, const struct stat& b) {
-  return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
-}
+bool same_file(const struct stat& a, const struct stat& b) { return a.st_dev == b.st_dev && a.st_ino == b.st_ino; }
 
 std::string host_name() {
   char buf[256] = {};

@@ -49,7 +49,8 @@ bool record_gone(const LockFacts& f) {
 // What happened to the record's process, for a record that is not the holder's.
 std::string gone_reason(const LockFacts& f) {
   if (f.record_pid_alive && !*f.record_pid_alive) return "has exited";
-  if (f.record_same_process && !*f.record_same_process) return "is gone (pid reused: its pid now belongs to another process)";
+  if (f.record_same_process && !*f.record_same_process)
+    return "is gone (pid reused: its pid now belongs to another process)";
   if (f.record_pid_alive) return "is alive but does not hold the lock";
   return "cannot be seen from here";
 }
@@ -62,8 +63,8 @@ RecordState judge_record(const LockFacts& f, LockState state, bool& left_by_loop
   // The kernel names its pid (and it is the same process), or a process holds
   // the lock through the descriptor the record's looplock locked and passed on.
   const bool direct = !r.released_at && std::any_of(f.holders.begin(), f.holders.end(), [&](const LockHolder& h) {
-    return h.pid == here && h.locked_by == 0 && !h.exited && (!h.start || r.pid_start.empty() || *h.start == r.pid_start ||
-                                                 f.record_pid_here.has_value());
+    return h.pid == here && h.locked_by == 0 && !h.exited &&
+           (!h.start || r.pid_start.empty() || *h.start == r.pid_start || f.record_pid_here.has_value());
   });
   const bool via = std::any_of(f.holders.begin(), f.holders.end(),
                                [&](const LockHolder& h) { return h.locked_by != 0 && h.locked_by == here; });
@@ -86,7 +87,8 @@ void record_warnings(const LockFacts& f, const Verdict& v, std::vector<std::stri
   const std::string pid = std::to_string(r.pid);
   switch (v.record) {
     case RecordState::Crashed:
-      w.push_back("the record says pid " + pid + " holds the lock, but the kernel says it is free: the holder crashed "
+      w.push_back("the record says pid " + pid +
+                  " holds the lock, but the kernel says it is free: the holder crashed "
                   "or was killed before releasing; the next run overwrites the record");
       if (f.record_pid_alive && !*f.record_pid_alive) {
         w.push_back("the record's pid " + pid + " is dead");
@@ -96,8 +98,8 @@ void record_warnings(const LockFacts& f, const Verdict& v, std::vector<std::stri
       }
       break;
     case RecordState::Stale:
-      w.push_back("the holder record is stale: it names looplock pid " + pid + " (since " + r.acquired_at + "), which " +
-                  gone_reason(f) +
+      w.push_back("the holder record is stale: it names looplock pid " + pid + " (since " + r.acquired_at +
+                  "), which " + gone_reason(f) +
                   (pids_of(v.holders).empty()
                        ? std::string()
                        : "; the kernel says " + pids_text(pids_of(v.holders), "holds", "hold") + " the lock") +
@@ -107,8 +109,7 @@ void record_warnings(const LockFacts& f, const Verdict& v, std::vector<std::stri
       w.push_back("the record says pid " + pid + " holds the lock, but the kernel says it is free while pid " + pid +
                   " is alive: it let go of the lock without releasing the record");
       break;
-    default:
-      break;
+    default: break;
   }
 }
 
@@ -120,8 +121,10 @@ std::string held_action(const Verdict& v, const LockFacts& f) {
            "delete the lock file.";
   }
   const bool many = v.confirm.size() > 1;
-  std::string confirm = "confirm that " + pids_text(v.confirm, "is", "are") + " alive and stalled (ps, strace) before "
-                        "terminating " + (many ? "them" : "it") + "; the kernel frees the lock when " +
+  std::string confirm = "confirm that " + pids_text(v.confirm, "is", "are") +
+                        " alive and stalled (ps, strace) before "
+                        "terminating " +
+                        (many ? "them" : "it") + "; the kernel frees the lock when " +
                         (many ? "they exit" : "it exits") + ". Never delete the lock file.";
   if (v.record == RecordState::Unconfirmed && v.holders.empty()) {
     return "if the holder is stuck: its record names pid " + std::to_string(v.read->pid) +
@@ -159,7 +162,8 @@ std::string pids_text(const std::vector<pid_t>& pids, std::string_view one, std:
 }
 
 std::string record_summary(const HolderRecord& r) {
-  return "pid " + std::to_string(r.pid) + ", agent " + r.agent_id + ", operation " + r.operation + ", policy " + r.policy;
+  return "pid " + std::to_string(r.pid) + ", agent " + r.agent_id + ", operation " + r.operation + ", policy " +
+         r.policy;
 }
 
 Verdict judge(const LockFacts& f) {
@@ -186,8 +190,10 @@ Verdict judge(const LockFacts& f) {
                 f.refusal->why + ": looplock refuses to lock it (every run exits 73)");
   }
   if (f.others_can_read) {
-    w.push_back("other users can read " + f.lock_path + ", so any local user can take this lock and stall every "
-                "run: run 'chmod o-rw " + f.lock_path + "'");
+    w.push_back("other users can read " + f.lock_path +
+                ", so any local user can take this lock and stall every "
+                "run: run 'chmod o-rw " +
+                f.lock_path + "'");
   }
   if (f.file_uid && f.dir_uid) {
     for (const auto& h : f.holders) {
@@ -204,9 +210,11 @@ Verdict judge(const LockFacts& f) {
       if (h.locked_by != 0 && contains(f.dead_kernel_pids, h.locked_by)) found.push_back(h.pid);
     }
     w.push_back("the kernel names " + pids_text(f.dead_kernel_pids) +
-                (f.dead_kernel_pids.size() > 1 ? ", which have" : ", which has") + " exited: the lock is held through a descriptor passed on" +
-                (found.empty() ? std::string(" (the holding process could not be found: try fuser or lsof on the lock file)")
-                               : ", by " + pids_text(found)) +
+                (f.dead_kernel_pids.size() > 1 ? ", which have" : ", which has") +
+                " exited: the lock is held through a descriptor passed on" +
+                (found.empty()
+                     ? std::string(" (the holding process could not be found: try fuser or lsof on the lock file)")
+                     : ", by " + pids_text(found)) +
                 "; a background process started under looplock without -o/--close keeps the lock");
   }
   if (f.record.state == HolderRead::State::Unreadable) {
@@ -215,8 +223,8 @@ Verdict judge(const LockFacts& f) {
   }
   if (!known) w.push_back("the kernel's view is unknown: " + f.kernel_unknown);
   record_warnings(f, v, w);
-  const bool no_record = v.record == RecordState::None || v.record == RecordState::Released ||
-                         v.record == RecordState::Unreadable;
+  const bool no_record =
+      v.record == RecordState::None || v.record == RecordState::Released || v.record == RecordState::Unreadable;
   if (!v.holders.empty() && no_record && v.exclusive && f.dead_kernel_pids.empty()) {
     w.push_back("held by " + pids_text(v.confirm) +
                 " without a current holder record (flock(1), Python fcntl.flock or another tool)");

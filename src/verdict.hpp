@@ -55,9 +55,9 @@ struct LockFacts {
   std::optional<uid_t> dir_uid;
   std::optional<std::string> network_fs;
   // The kernel.
-  bool seen_held = false;            // this run's own attempt found the lock held
-  std::vector<LockHolder> holders;   // who holds it
-  std::string kernel_unknown;        // why the kernel's view is not whole ("": it is)
+  bool seen_held = false;               // this run's own attempt found the lock held
+  std::vector<LockHolder> holders;      // who holds it
+  std::string kernel_unknown;           // why the kernel's view is not whole ("": it is)
   std::vector<pid_t> dead_kernel_pids;  // pids /proc/locks names that have exited
   // The record, and its process.
   HolderRead record;
@@ -88,7 +88,7 @@ std::string_view record_state_name(RecordState s);
 struct Verdict {
   LockState state = LockState::Free;
   bool exclusive = false;
-  std::vector<LockHolder> holders;   // who holds it, as the kernel shows them
+  std::vector<LockHolder> holders;  // who holds it, as the kernel shows them
   RecordState record = RecordState::None;
   std::optional<HolderRecord> read;  // the valid record as read (whatever its state)
   std::optional<bool> read_alive;    // whether its process lives (and is the same one); nullopt: unknown
@@ -128,9 +128,9 @@ std::string describe_cluster_waiter(const std::optional<Json>& waiter);
 
 // The cluster holder as an operator on `this_host` meets it.
 struct ClusterVerdict {
-  std::string holder;          // describe_cluster_holder
-  bool on_this_host = false;   // the holder's value names this host
-  std::string confirm;         // "pid 12" when it is on this host, else "the holder"
+  std::string holder;         // describe_cluster_holder
+  bool on_this_host = false;  // the holder's value names this host
+  std::string confirm;        // "pid 12" when it is on this host, else "the holder"
 };
 ClusterVerdict judge_cluster(const std::optional<Json>& holder, const std::string& this_host);
 

@@ -364,7 +364,7 @@ def events_in_source():
     events = set()
     for f in SRC.glob("*.cpp"):
         text = f.read_text()
-        events |= set(re.findall(r'\blog_?\.(?:error|warn|warn_always|result|verbose)\("([a-z_-]+)"', text))
+        events |= set(re.findall(r'\blog_?\.(?:error|warn|warn_always|result|verbose)\(\s*"([a-z_-]+)"', text))
         # An event given to Fatal: its last argument, a literal.
         for m in re.finditer(r"Fatal\(", text):
             call = text[m.end():text.find(";", m.end())]

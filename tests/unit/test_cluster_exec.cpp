@@ -13,7 +13,8 @@ TEST_CASE("looplock-etcd is looked for beside looplock, then in the install's li
   CHECK(p[1] == "/usr/libexec/looplock/looplock-etcd");
   CHECK(cluster_helper_paths("/usr/libexec/looplock/looplock", "/usr/libexec/looplock/").size() == 1);
   // An unknown executable path (no /proc): only the install's.
-  CHECK(cluster_helper_paths("", "/usr/libexec/looplock") == std::vector<std::string>{"/usr/libexec/looplock/looplock-etcd"});
+  CHECK(cluster_helper_paths("", "/usr/libexec/looplock") ==
+        std::vector<std::string>{"/usr/libexec/looplock/looplock-etcd"});
 }
 
 TEST_CASE("the handed start time: taken when believable, removed from the environment always") {

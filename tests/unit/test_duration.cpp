@@ -46,14 +46,14 @@ TEST_CASE("parse_duration reads what timeout(1) reads, and ms") {
   CHECK(parse_duration("inf") == kForever);
   CHECK(parse_duration("Infinity") == kForever);
   CHECK(parse_duration("infd") == kForever);
-  CHECK(parse_duration("1e30") == kForever);                // saturates, as timeout(1) does
+  CHECK(parse_duration("1e30") == kForever);  // saturates, as timeout(1) does
   CHECK(parse_duration("99999999999999999999") == kForever);
   CHECK(parse_duration("106752d") == kForever);
   CHECK(parse_duration("9223372036.854775807") == kForever);
   CHECK(parse_duration("9223372036.854775806") == kForever - 1);
 
-  for (const char* bad : {"", "s", "m", "5x", "1 m", "1M", "m5", "abc", "nan", " 5", "5 ", "1,5", "1..2",
-                          ".", "e3", "1e", "1e+", "++1", "1e3x", "ms", "1mss", "1sm", "1 ms", "1MS"}) {
+  for (const char* bad : {"",     "s", "m",  "5x", "1 m", "1M",  "m5",   "abc", "nan",  " 5",  "5 ",   "1,5",
+                          "1..2", ".", "e3", "1e", "1e+", "++1", "1e3x", "ms",  "1mss", "1sm", "1 ms", "1MS"}) {
     std::string shown = bad;
     CAPTURE(shown);
     std::string why;

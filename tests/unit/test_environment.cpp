@@ -19,8 +19,8 @@ TEST_CASE("env_from copies a NULL-terminated environment") {
 }
 
 TEST_CASE("env_get matches the whole name") {
-  EnvList env = {"LOOPLOCK_FDX=9", "LOOPLOCK_FD=3", "XLOOPLOCK_DIR=/x", "EMPTY=", "NOEQUALS", "DUP=first",
-                 "DUP=second", "EQ==v"};
+  EnvList env = {
+      "LOOPLOCK_FDX=9", "LOOPLOCK_FD=3", "XLOOPLOCK_DIR=/x", "EMPTY=", "NOEQUALS", "DUP=first", "DUP=second", "EQ==v"};
   CHECK(looplock::env_get(env, "LOOPLOCK_FD") == "3");
   CHECK(looplock::env_get(env, "LOOPLOCK_FDX") == "9");
   CHECK_FALSE(looplock::env_get(env, "LOOPLOCK_F"));
@@ -34,8 +34,8 @@ TEST_CASE("env_get matches the whole name") {
 }
 
 TEST_CASE("env_with replaces, adds and removes") {
-  EnvList env = {"PATH=/bin", "LOOPLOCK_FD=7", "LOOPLOCK_FDX=keep", "LOOPLOCK_HOLDER_PID=1", "HOME=/root",
-                 "LOOPLOCK_FD=8"};
+  EnvList env = {"PATH=/bin",  "LOOPLOCK_FD=7", "LOOPLOCK_FDX=keep", "LOOPLOCK_HOLDER_PID=1",
+                 "HOME=/root", "LOOPLOCK_FD=8"};
   EnvList out = looplock::env_with(env, {{looplock::env_name::kFd, "3"}, {looplock::env_name::kDir, "/srv/loop"}},
                                    {looplock::env_name::kHolderPid, "NOT_THERE"});
   CHECK(out == EnvList{"PATH=/bin", "LOOPLOCK_FDX=keep", "HOME=/root", "LOOPLOCK_FD=3", "LOOPLOCK_DIR=/srv/loop"});

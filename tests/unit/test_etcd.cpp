@@ -108,10 +108,32 @@ TEST_CASE("lock names: kept as they are without '/' and '%', else percent-encode
   }
 
   // Injective over tricky names, and no name's keys under another's prefix.
-  const std::vector<std::string> names = {
-      "x", "x/lock/y", "x%2Flock%2Fy", "x%2Flock%2Fy/lock/z", "%", "%25", "%2F", "/", "//", "a//b", "a/b", "a%2Fb",
-      "a%252Fb", "x/lock", "x/lock/", "lock", "x/y/lock", "\xc3\xa9t\xc3\xa9/\xe2\x9c\x93", "\xc3\xa9t\xc3\xa9%2F\xe2\x9c\x93",
-      "a b/c", " ", "y/lock/x", "50%", "%2f", "%2F%", "50%/x"};
+  const std::vector<std::string> names = {"x",
+                                          "x/lock/y",
+                                          "x%2Flock%2Fy",
+                                          "x%2Flock%2Fy/lock/z",
+                                          "%",
+                                          "%25",
+                                          "%2F",
+                                          "/",
+                                          "//",
+                                          "a//b",
+                                          "a/b",
+                                          "a%2Fb",
+                                          "a%252Fb",
+                                          "x/lock",
+                                          "x/lock/",
+                                          "lock",
+                                          "x/y/lock",
+                                          "\xc3\xa9t\xc3\xa9/\xe2\x9c\x93",
+                                          "\xc3\xa9t\xc3\xa9%2F\xe2\x9c\x93",
+                                          "a b/c",
+                                          " ",
+                                          "y/lock/x",
+                                          "50%",
+                                          "%2f",
+                                          "%2F%",
+                                          "50%/x"};
   for (size_t i = 0; i < names.size(); ++i) {
     const std::string key = lock_prefix(names[i]) + lease_hex(0x694d5765fc71500b);
     CHECK(is_contender_key(lock_prefix(names[i]), key));
@@ -153,8 +175,8 @@ TEST_CASE("contenders: by create revision, each once, nothing deeper than a leas
                      4};
   auto q = contenders(prefixes, {encoded, legacy});
   REQUIRE(q.size() == 3);
-  CHECK(q[0].key == "looplock/a/b/lock/3");     // an earlier looplock's, or etcdctl lock's: first
-  CHECK(q[1].key == "looplock/a%2Fb/lock/7");   // a new contender's two keys: once, the encoded one
+  CHECK(q[0].key == "looplock/a/b/lock/3");    // an earlier looplock's, or etcdctl lock's: first
+  CHECK(q[1].key == "looplock/a%2Fb/lock/7");  // a new contender's two keys: once, the encoded one
   CHECK(q[2].key == "looplock/a%2Fb/lock/9");
   CHECK(contenders(prefixes, {}).empty());
 }
@@ -349,9 +371,7 @@ struct FakeTransport : Transport {
       s = script[calls.size() - 1];
     }
     switch (s.kind) {
-      case Step::Refused:
-        error = ep.text + ": connection refused";
-        return Exchange::ConnectFailed;
+      case Step::Refused: error = ep.text + ": connection refused"; return Exchange::ConnectFailed;
       case Step::ConnectTimeout:
         clock.t = std::max(clock.t, req.connect_deadline_ns);
         error = ep.text + ": connection timed out";
@@ -370,8 +390,7 @@ struct FakeTransport : Transport {
         error = ep.text + ": interrupted by a signal";
         return Exchange::Interrupted;
       case Step::Answer:
-      case Step::Delay:
-        break;
+      case Step::Delay: break;
     }
     if (clock.t + s.took_ns > req.deadline_ns) {  // it would have answered too late
       clock.t = req.deadline_ns;
@@ -384,7 +403,8 @@ struct FakeTransport : Transport {
     return Exchange::Ok;
   }
   size_t count(std::string_view path) const {
-    return static_cast<size_t>(std::count_if(calls.begin(), calls.end(), [&](const Call& c) { return c.path == path; }));
+    return static_cast<size_t>(
+        std::count_if(calls.begin(), calls.end(), [&](const Call& c) { return c.path == path; }));
   }
 };
 
@@ -705,8 +725,11 @@ struct MiniEtcd {
   static std::string b64(const std::string& s) { return base64_encode(s); }
   static std::string unb64(const Json& j) { return base64_decode(j.get<std::string>()).value_or(""); }
   Json kv_json(const std::string& key, const Kv& kv) const {
-    return Json{{"key", b64(key)}, {"value", b64(kv.value)}, {"create_revision", std::to_string(kv.create)},
-                {"mod_revision", std::to_string(kv.create)}, {"lease", std::to_string(kv.lease)}};
+    return Json{{"key", b64(key)},
+                {"value", b64(kv.value)},
+                {"create_revision", std::to_string(kv.create)},
+                {"mod_revision", std::to_string(kv.create)},
+                {"lease", std::to_string(kv.lease)}};
   }
   Json range(const Json& q) const {
     const std::string key = unb64(q["key"]);
@@ -714,18 +737,21 @@ struct MiniEtcd {
     std::vector<std::pair<std::string, Kv>> found;
     for (const auto& [k, v] : kvs) {
       const bool in = end.empty() ? k == key : (k >= key && k < end);
-      const long long max_rev = q.contains("max_create_revision") ? std::stoll(q["max_create_revision"].get<std::string>()) : 0;
+      const long long max_rev =
+          q.contains("max_create_revision") ? std::stoll(q["max_create_revision"].get<std::string>()) : 0;
       if (in && (max_rev == 0 || v.create <= max_rev)) found.emplace_back(k, v);
     }
     if (q.value("sort_target", "") == "CREATE") {
       const bool asc = q.value("sort_order", "") == "ASCEND";
-      std::sort(found.begin(), found.end(),
-                [&](const auto& a, const auto& b) { return asc ? a.second.create < b.second.create : a.second.create > b.second.create; });
+      std::sort(found.begin(), found.end(), [&](const auto& a, const auto& b) {
+        return asc ? a.second.create < b.second.create : a.second.create > b.second.create;
+      });
     }
     Json out{{"header", {{"revision", std::to_string(revision)}}}, {"count", std::to_string(found.size())}};
     const size_t limit = q.contains("limit") ? std::stoul(q["limit"].get<std::string>()) : 0;
     Json arr = Json::array();
-    for (size_t i = 0; i < found.size() && (limit == 0 || i < limit); ++i) arr.push_back(kv_json(found[i].first, found[i].second));
+    for (size_t i = 0; i < found.size() && (limit == 0 || i < limit); ++i)
+      arr.push_back(kv_json(found[i].first, found[i].second));
     if (!arr.empty()) out["kvs"] = arr;
     return out;
   }
@@ -749,7 +775,8 @@ struct MiniEtcd {
     for (const auto& op : ops) {
       if (op.contains("request_put")) {
         const long long lease = std::stoll(op["request_put"].value("lease", std::string("0")));
-        if (lease != 0 && !leases.contains(lease)) return http(404, R"({"error":"etcdserver: requested lease not found","code":5})");
+        if (lease != 0 && !leases.contains(lease))
+          return http(404, R"({"error":"etcdserver: requested lease not found","code":5})");
       }
     }
     bool wrote = false;
@@ -788,14 +815,18 @@ struct MiniEtcd {
       const long long id = next_lease++;
       leases[id] = {body["TTL"].get<long long>() * kSec, clock.t + body["TTL"].get<long long>() * kSec};
       ++revision;
-      return answer(R"({"header":{},"ID":")" + std::to_string(id) + R"(","TTL":")" + std::to_string(body["TTL"].get<long long>()) + "\"}", answer_ns);
+      return answer(R"({"header":{},"ID":")" + std::to_string(id) + R"(","TTL":")" +
+                        std::to_string(body["TTL"].get<long long>()) + "\"}",
+                    answer_ns);
     }
     if (path == "/v3/lease/keepalive") {
       const long long id = std::stoll(body["ID"].get<std::string>());
       auto it = leases.find(id);
       if (it == leases.end()) return answer(R"({"result":{"ID":")" + std::to_string(id) + "\"}}\n", answer_ns);
       it->second.expiry = clock.t + it->second.ttl_ns;  // received now
-      return answer(R"({"result":{"ID":")" + std::to_string(id) + R"(","TTL":")" + std::to_string(it->second.ttl_ns / kSec) + "\"}}\n", answer_ns);
+      return answer(R"({"result":{"ID":")" + std::to_string(id) + R"(","TTL":")" +
+                        std::to_string(it->second.ttl_ns / kSec) + "\"}}\n",
+                    answer_ns);
     }
     if (path == "/v3/lease/revoke") {
       const long long id = std::stoll(body["ID"].get<std::string>());
@@ -808,11 +839,13 @@ struct MiniEtcd {
     if (path == "/v3/watch") {
       const std::string key = unb64(body["create_request"]["key"]);
       const long long from = std::stoll(body["create_request"]["start_revision"].get<std::string>());
-      const std::string created = "{\"result\":{\"header\":{\"revision\":\"" + std::to_string(revision) + "\"},\"created\":true}}\n";
+      const std::string created =
+          "{\"result\":{\"header\":{\"revision\":\"" + std::to_string(revision) + "\"},\"created\":true}}\n";
       for (;;) {
         for (const auto& [k, rev] : deletes) {
           if (k == key && rev >= from) {
-            return answer(created + "{\"result\":{\"events\":[{\"type\":\"DELETE\",\"kv\":{\"key\":\"" + b64(key) + "\"}}]}}\n");
+            return answer(created + "{\"result\":{\"events\":[{\"type\":\"DELETE\",\"kv\":{\"key\":\"" + b64(key) +
+                          "\"}}]}}\n");
           }
         }
         // Nothing yet: the next thing that happens, if it happens before the deadline.
@@ -1032,7 +1065,8 @@ TEST_CASE("cluster lock: unanswered renewals leave term_by where it was; then th
   CHECK(lock.lost_at_ns() == clock.t);
   CHECK(lock.lost_why().find("safety window") != std::string::npos);
   // Durations in the one grammar looplock prints (it said "0.60 s").
-  CHECK(lock.lost_why().find("(TTL 3.0s, kill-after 600ms, margin 230ms; last answered one sent ") != std::string::npos);
+  CHECK(lock.lost_why().find("(TTL 3.0s, kill-after 600ms, margin 230ms; last answered one sent ") !=
+        std::string::npos);
   CHECK(lock.lost_why().find(" s,") == std::string::npos);
   CHECK(lock.kill_by_ns() - lock.term_by_ns() == 600 * kMs);
   lock.set_kill_after_ns(kSec);
@@ -1051,8 +1085,8 @@ TEST_CASE("cluster lock: a waiter queues once and takes the lock in its turn, re
   ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
   REQUIRE(lock.acquire(kBlocking, t0, me()) == Acquisition::Acquired);
   CHECK(clock.t >= t0 + 4 * kSec);
-  CHECK(clock.t < t0 + 4 * kSec + 10 * kMs);  // woken by the deletion, not by a poll
-  CHECK(etcd.transport.count("/v3/kv/txn") == 1);  // queued once
+  CHECK(clock.t < t0 + 4 * kSec + 10 * kMs);                 // woken by the deletion, not by a poll
+  CHECK(etcd.transport.count("/v3/kv/txn") == 1);            // queued once
   CHECK(etcd.transport.count("/v3/lease/keepalive") >= 14);  // renewed every 250 ms while waiting
   CHECK(lock.fencing_token() > etcd.kvs.size());
   // Its place was kept: its key is the one created at the start.
@@ -1180,7 +1214,8 @@ TEST_CASE("cluster lock: x and x/lock/y have keys of their own and do not exclud
 }
 
 TEST_CASE("cluster lock: an encoded name's legacy contender (an earlier looplock, etcdctl lock) holds it") {
-  for (const char* value : {"", R"({"host":"old","pid":7,"agent_id":"cron","operation":"o","acquired_at":"T","lease":"1"})"}) {
+  for (const char* value :
+       {"", R"({"host":"old","pid":7,"agent_id":"cron","operation":"o","acquired_at":"T","lease":"1"})"}) {
     CAPTURE(value);
     FakeClock clock;
     MiniEtcd etcd(clock);

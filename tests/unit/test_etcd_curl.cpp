@@ -150,8 +150,8 @@ TEST_CASE("an answer: the POST as sent, the status and body as received") {
   HttpResponse out;
   std::string error;
   const long long now = sys::monotonic_ns();
-  auto ex = post(t, l.endpoint(), "/v3/kv/range", R"({"key":"aw=="})", now + 1000 * kMs, now + 5000 * kMs, false, out,
-                 error);
+  auto ex =
+      post(t, l.endpoint(), "/v3/kv/range", R"({"key":"aw=="})", now + 1000 * kMs, now + 5000 * kMs, false, out, error);
   server.join();
   unsetenv("http_proxy");
   CHECK(ex == Exchange::Ok);
@@ -174,8 +174,8 @@ TEST_CASE("a stream that does not end: its first line is the answer") {
   HttpResponse out;
   std::string error;
   const long long start = sys::monotonic_ns();
-  auto ex = post(t, l.endpoint(), "/v3/watch", R"({"ID":"7"})", start + 1000 * kMs, start + 2000 * kMs, true, out,
-                 error);
+  auto ex =
+      post(t, l.endpoint(), "/v3/watch", R"({"ID":"7"})", start + 1000 * kMs, start + 2000 * kMs, true, out, error);
   const long long took = sys::monotonic_ns() - start;
   server.join();
   CHECK(ex == Exchange::Ok);
@@ -403,7 +403,8 @@ TEST_CASE("a failed TLS handshake: an alert, no TLS answer, not TLS at all, or s
   // https:// to a plain-HTTP port: its "HTTP/1.1 400" read as a TLS record, or
   // (etcd) the connection closed in the middle of the handshake.
   CHECK(classify_tls_failure(CURLE_SSL_CONNECT_ERROR,
-                             "OpenSSL/3.0.19: error:0A00010B:SSL routines::wrong version number") == TlsFailure::NotTls);
+                             "OpenSSL/3.0.19: error:0A00010B:SSL routines::wrong version number") ==
+        TlsFailure::NotTls);
   CHECK(classify_tls_failure(CURLE_SSL_CONNECT_ERROR, "error:0A0000C6:SSL routines::packet length too long") ==
         TlsFailure::NotTls);
   CHECK(classify_tls_failure(CURLE_SSL_CONNECT_ERROR,
@@ -416,8 +417,8 @@ TEST_CASE("a failed TLS handshake: an alert, no TLS answer, not TLS at all, or s
   CHECK(classify_tls_failure(CURLE_RECV_ERROR, "Recv failure: Connection reset by peer") == TlsFailure::NoTlsAnswer);
   CHECK(classify_tls_failure(CURLE_GOT_NOTHING, "") == TlsFailure::NoTlsAnswer);
   // A TLS server that refused something: certificates, not the scheme.
-  CHECK(classify_tls_failure(CURLE_SSL_CONNECT_ERROR,
-                             "error:0A000410:SSL routines::sslv3 alert handshake failure") == TlsFailure::Alert);
+  CHECK(classify_tls_failure(CURLE_SSL_CONNECT_ERROR, "error:0A000410:SSL routines::sslv3 alert handshake failure") ==
+        TlsFailure::Alert);
   CHECK(classify_tls_failure(CURLE_RECV_ERROR, "error:0A00045C:SSL routines::tlsv13 alert certificate required") ==
         TlsFailure::Alert);
   CHECK(classify_tls_failure(CURLE_PEER_FAILED_VERIFICATION,

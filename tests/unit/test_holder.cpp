@@ -59,9 +59,7 @@ std::string with_field(const std::string& key, const Json& value, bool remove = 
   return looplock::dump_json(j) + "\n";
 }
 
-UniqueFd open_rw(const std::string& path) {
-  return UniqueFd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
-}
+UniqueFd open_rw(const std::string& path) { return UniqueFd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)); }
 
 }  // namespace
 
@@ -165,8 +163,8 @@ TEST_CASE("anything after the record is rejected") {
 }
 
 TEST_CASE("missing fields, wrong types and wrong schema are rejected") {
-  const std::vector<std::string> keys = {"schema", "lock_id",  "pid",         "pid_start",  "agent_id",
-                                         "operation", "policy", "acquired_at", "released_at"};
+  const std::vector<std::string> keys = {"schema",    "lock_id", "pid",         "pid_start",  "agent_id",
+                                         "operation", "policy",  "acquired_at", "released_at"};
   for (const auto& k : keys) {
     CAPTURE(k);
     CHECK_FALSE(looplock::parse_holder(with_field(k, nullptr, /*remove=*/true)));
@@ -303,9 +301,8 @@ TEST_CASE("write_holder then read_holder on a file") {
   REQUIRE(got.state == HolderRead::State::Valid);
   check_same(*got.record, shorter);
   std::string shorter_text = looplock::encode_holder(shorter);
-  CHECK(testutil::slurp(dir / ".state.lock") ==
-        shorter_text.substr(0, shorter_text.size() - 1) + std::string(longer_text.size() - shorter_text.size(), ' ') +
-            "\n");
+  CHECK(testutil::slurp(dir / ".state.lock") == shorter_text.substr(0, shorter_text.size() - 1) +
+                                                    std::string(longer_text.size() - shorter_text.size(), ' ') + "\n");
 
   // Garbage larger than any record is cut off rather than padded over.
   {

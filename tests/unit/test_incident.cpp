@@ -45,7 +45,8 @@ UniqueFd open_dir(const std::string& path) { return UniqueFd(::open(path.c_str()
 std::vector<std::string> lines_of(const std::string& s) {
   std::vector<std::string> out;
   size_t start = 0;
-  for (size_t nl; (nl = s.find('\n', start)) != std::string::npos; start = nl + 1) out.push_back(s.substr(start, nl - start));
+  for (size_t nl; (nl = s.find('\n', start)) != std::string::npos; start = nl + 1)
+    out.push_back(s.substr(start, nl - start));
   if (start < s.size()) out.push_back(s.substr(start));
   return out;
 }
@@ -85,9 +86,8 @@ TEST_CASE("encode and parse round trip") {
   // The keys in the order the man page documents (FILES).
   std::vector<std::string> keys;
   for (auto it = j->begin(); it != j->end(); ++it) keys.push_back(it.key());
-  CHECK(keys == std::vector<std::string>{"schema", "at", "error_code", "lock_id", "policy", "deadline_ms",
-                                         "waited_ms", "holder", "holder_alive", "holder_pids", "waiter",
-                                         "operator_action"});
+  CHECK(keys == std::vector<std::string>{"schema", "at", "error_code", "lock_id", "policy", "deadline_ms", "waited_ms",
+                                         "holder", "holder_alive", "holder_pids", "waiter", "operator_action"});
 
   // Without the newline too.
   CHECK(looplock::parse_incident_line(line.substr(0, line.size() - 1)));
@@ -145,7 +145,8 @@ TEST_CASE("wrong schema, missing fields and wrong types are rejected") {
   CHECK_FALSE(looplock::parse_incident_line(with_field("holder_pids", Json::array({1, "2"}))));
   CHECK_FALSE(looplock::parse_incident_line(with_field("holder_pids", 1)));
   CHECK_FALSE(looplock::parse_incident_line(with_field("waiter", Json({{"pid", 1}, {"agent_id", "a"}}))));
-  CHECK_FALSE(looplock::parse_incident_line(with_field("waiter", Json({{"pid", "1"}, {"agent_id", "a"}, {"operation", "o"}}))));
+  CHECK_FALSE(
+      looplock::parse_incident_line(with_field("waiter", Json({{"pid", "1"}, {"agent_id", "a"}, {"operation", "o"}}))));
   CHECK_FALSE(looplock::parse_incident_line(with_field("waiter", nullptr)));
   CHECK(looplock::parse_incident_line(with_field("holder", nullptr)));
   CHECK(looplock::parse_incident_line(with_field("holder_alive", nullptr)));
@@ -173,8 +174,10 @@ TEST_CASE("append_incident creates the file 0660 (as the lock file) and appends 
   CHECK(S_ISREG(st.st_mode));
   CHECK((st.st_mode & 07777) == 0660);
 
-  REQUIRE(looplock::append_incident(dfd.get(), looplock::encode_incident(sample(false, "2026-11-30T17:00:02.000Z"))) == 0);
-  REQUIRE(looplock::append_incident(dfd.get(), looplock::encode_incident(sample(true, "2026-11-30T17:00:03.000Z"))) == 0);
+  REQUIRE(looplock::append_incident(dfd.get(), looplock::encode_incident(sample(false, "2026-11-30T17:00:02.000Z"))) ==
+          0);
+  REQUIRE(looplock::append_incident(dfd.get(), looplock::encode_incident(sample(true, "2026-11-30T17:00:03.000Z"))) ==
+          0);
   auto content = testutil::slurp(path);
   REQUIRE(content);
   auto lines = lines_of(*content);
@@ -221,9 +224,7 @@ TEST_CASE("append_incident refuses a symlink and a non-regular file") {
     char buf[16];
     CHECK(read(reader.get(), buf, sizeof buf) <= 0);  // nothing was written into it
   }
-  SUBCASE("directory fd that is not valid") {
-    CHECK(looplock::append_incident(-1, line) != 0);
-  }
+  SUBCASE("directory fd that is not valid") { CHECK(looplock::append_incident(-1, line) != 0); }
 }
 
 TEST_CASE("summarize_incidents") {
@@ -265,7 +266,9 @@ TEST_CASE("summarize_incidents") {
   }
   SUBCASE("many lines across read buffers") {
     std::string content;
-    for (int n = 0; n < 500; ++n) content += looplock::encode_incident(sample(true, "2026-11-30T17:00:00." + std::to_string(100 + n % 900).substr(0, 3) + "Z"));
+    for (int n = 0; n < 500; ++n)
+      content += looplock::encode_incident(
+          sample(true, "2026-11-30T17:00:00." + std::to_string(100 + n % 900).substr(0, 3) + "Z"));
     content += looplock::encode_incident(sample(true, "2027-01-01T00:00:00.000Z"));
     testutil::write_file(path, content);
     s = looplock::summarize_incidents(dfd.get());

@@ -54,12 +54,12 @@ std::vector<std::string> keys(const Json& j) {
 }
 
 Json incident(const char* code, const char* extra) {
-  return Json::parse(std::string(R"({"schema":"file_lock_incident_v0","at":"2026-11-30T17:00:05.126Z","error_code":")") +
-                     code +
-                     R"(","lock_id":"0123456789abcdef","policy":"mutation","deadline_ms":5000,"waited_ms":5003,)"
-                     R"("holder":null,"holder_alive":null,"holder_pids":[1234],)"
-                     R"("waiter":{"pid":4321,"agent_id":"ci","operation":"deploy.py"},)" +
-                     extra + R"("operator_action":"x"})");
+  return Json::parse(
+      std::string(R"({"schema":"file_lock_incident_v0","at":"2026-11-30T17:00:05.126Z","error_code":")") + code +
+      R"(","lock_id":"0123456789abcdef","policy":"mutation","deadline_ms":5000,"waited_ms":5003,)"
+      R"("holder":null,"holder_alive":null,"holder_pids":[1234],)"
+      R"("waiter":{"pid":4321,"agent_id":"ci","operation":"deploy.py"},)" +
+      extra + R"("operator_action":"x"})");
 }
 
 }  // namespace
@@ -88,8 +88,7 @@ TEST_CASE("JSON keys") {
                                                  "network_fs", "waiters", "record", "incidents", "warnings",
                                                  "operator_action"});
   CHECK(r.json["waiters"] == Json::array());
-  CHECK(keys(r.json["kernel"]) ==
-        std::vector<std::string>{"held", "unknown", "mode", "holder_pids", "fd_holder_pids"});
+  CHECK(keys(r.json["kernel"]) == std::vector<std::string>{"held", "unknown", "mode", "holder_pids", "fd_holder_pids"});
   CHECK(r.json["kernel"]["unknown"].is_null());
   CHECK(r.json["kernel"]["fd_holder_pids"] == Json::array());
   CHECK(r.json["network_fs"].is_null());
@@ -248,8 +247,8 @@ TEST_CASE("the JSON entry of a DIR that could not be inspected") {
 
 TEST_CASE("looplock_identity reads a waiter's command line as looplock does") {
   looplock::Environment env{std::string("cron"), std::nullopt, std::nullopt, [] { return std::string("user"); }};
-  auto id = looplock::looplock_identity({"looplock", "-w", "5", "/srv/loops/n", "--", "python3", "/x/tick.py", "--secret"},
-                                        env);
+  auto id = looplock::looplock_identity(
+      {"looplock", "-w", "5", "/srv/loops/n", "--", "python3", "/x/tick.py", "--secret"}, env);
   REQUIRE(id);
   CHECK(id->first == "cron");
   CHECK(id->second == "tick.py");
@@ -260,4 +259,3 @@ TEST_CASE("looplock_identity reads a waiter's command line as looplock does") {
   CHECK_FALSE(looplock::looplock_identity({"looplock", "--inspect", "D"}, env));
   CHECK_FALSE(looplock::looplock_identity({"looplock", "--bogus"}, env));
 }
-

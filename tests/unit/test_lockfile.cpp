@@ -19,8 +19,8 @@
 #include "testutil.hpp"
 #include "unique_fd.hpp"
 
-using looplock::Acquisition;
 using looplock::AcquireResult;
+using looplock::Acquisition;
 using looplock::Fatal;
 using looplock::LockDir;
 using looplock::LockFile;
@@ -103,7 +103,9 @@ TEST_CASE("open_lock_dir") {
     testutil::write_file(dir / "file", "x");
     CHECK(fatal_status([&] { looplock::open_lock_dir(dir / "file"); }) == 66);
   }
-  SUBCASE("empty path: 66") { CHECK(fatal_status([&] { looplock::open_lock_dir(""); }) == 66); }
+  SUBCASE("empty path: 66") {
+    CHECK(fatal_status([&] { looplock::open_lock_dir(""); }) == 66);
+  }
   SUBCASE("world-writable without the sticky bit: 73") {
     REQUIRE(mkdir((dir / "ww").c_str(), 0755) == 0);
     REQUIRE(chmod((dir / "ww").c_str(), 0777) == 0);
@@ -261,7 +263,8 @@ TEST_CASE("acquire_lock while another open file description holds the lock") {
   SUBCASE("NoWait: Busy at once, the file is returned for reading the holder") {
     CountingObserver obs;
     auto t0 = std::chrono::steady_clock::now();
-    AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::NoWait, 0}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
+    AcquireResult r =
+        looplock::acquire_lock(d, {WaitPlan::Kind::NoWait, 0}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
     CHECK(r.status == Acquisition::Busy);
     CHECK(seconds_since(t0) < 1.0);
     CHECK(r.file.fd);
@@ -273,7 +276,8 @@ TEST_CASE("acquire_lock while another open file description holds the lock") {
   SUBCASE("Bounded 0: one attempt, TimedOut at once") {
     CountingObserver obs;
     auto t0 = std::chrono::steady_clock::now();
-    AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 0}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
+    AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 0}, LockMode::Exclusive, obs,
+                                             looplock::sys::monotonic_ns());
     CHECK(r.status == Acquisition::TimedOut);
     CHECK(seconds_since(t0) < 1.0);
     CHECK(obs.waits == 0);
@@ -282,7 +286,8 @@ TEST_CASE("acquire_lock while another open file description holds the lock") {
   SUBCASE("Bounded 100 ms: TimedOut after the deadline, on_wait once") {
     CountingObserver obs;
     auto t0 = std::chrono::steady_clock::now();
-    AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 100 * kMs}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
+    AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 100 * kMs}, LockMode::Exclusive, obs,
+                                             looplock::sys::monotonic_ns());
     double took = seconds_since(t0);
     CHECK(r.status == Acquisition::TimedOut);
     CHECK(took >= 0.09);
@@ -294,7 +299,8 @@ TEST_CASE("acquire_lock while another open file description holds the lock") {
   }
   SUBCASE("Shared against an exclusive holder: Busy") {
     CountingObserver obs;
-    AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::NoWait, 0}, LockMode::Shared, obs, looplock::sys::monotonic_ns());
+    AcquireResult r =
+        looplock::acquire_lock(d, {WaitPlan::Kind::NoWait, 0}, LockMode::Shared, obs, looplock::sys::monotonic_ns());
     CHECK(r.status == Acquisition::Busy);
   }
   CHECK(lock_taken(path));  // the holder still holds it
@@ -306,9 +312,11 @@ TEST_CASE("shared locks coexist; exclusive waits for them") {
   const std::string path = dir / ".state.lock";
   UniqueFd reader = hold(path, LOCK_SH);
   CountingObserver obs;
-  AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 0}, LockMode::Shared, obs, looplock::sys::monotonic_ns());
+  AcquireResult r =
+      looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 0}, LockMode::Shared, obs, looplock::sys::monotonic_ns());
   CHECK(r.status == Acquisition::Acquired);
-  AcquireResult x = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 0}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
+  AcquireResult x =
+      looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 0}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
   CHECK(x.status == Acquisition::TimedOut);
 }
 
@@ -357,7 +365,8 @@ TEST_CASE("the deadline holds with SIGALRM blocked or ignored, and the signal st
 
   CountingObserver obs;
   auto t0 = std::chrono::steady_clock::now();
-  AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 150 * kMs}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
+  AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 150 * kMs}, LockMode::Exclusive, obs,
+                                           looplock::sys::monotonic_ns());
   double took = seconds_since(t0);
 
   struct sigaction after {};
@@ -392,7 +401,8 @@ TEST_CASE("the deadline holds with a SA_RESTART SIGALRM handler installed") {
   REQUIRE(sigaction(SIGALRM, &restart, &saved) == 0);
   CountingObserver obs;
   auto t0 = std::chrono::steady_clock::now();
-  AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 150 * kMs}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
+  AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 150 * kMs}, LockMode::Exclusive, obs,
+                                           looplock::sys::monotonic_ns());
   double took = seconds_since(t0);
   struct sigaction after {};
   sigaction(SIGALRM, &saved, &after);
@@ -407,7 +417,8 @@ TEST_CASE("lock_path_intact and dir_intact") {
   LockDir d = looplock::open_lock_dir(dir / "loop");
   const std::string path = dir / "loop/.state.lock";
   CountingObserver obs;
-  AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 0}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
+  AcquireResult r =
+      looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 0}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
   REQUIRE(r.status == Acquisition::Acquired);
   CHECK(looplock::lock_path_intact(d, r.file) == true);
   CHECK(looplock::dir_intact(d) == true);
@@ -453,7 +464,8 @@ TEST_CASE("a lock file replaced while waited for is retaken on the new file") {
       holder.reset();
     });
   };
-  AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 5000 * kMs}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
+  AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 5000 * kMs}, LockMode::Exclusive, obs,
+                                           looplock::sys::monotonic_ns());
   if (replacer.joinable()) replacer.join();
   REQUIRE(r.status == Acquisition::Acquired);
   CHECK(r.replaced == 1);
@@ -490,7 +502,8 @@ TEST_CASE("an EINTR storm does not stretch the deadline") {
   }
   CountingObserver obs;
   auto t0 = std::chrono::steady_clock::now();
-  AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 300 * kMs}, LockMode::Exclusive, obs, looplock::sys::monotonic_ns());
+  AcquireResult r = looplock::acquire_lock(d, {WaitPlan::Kind::Bounded, 300 * kMs}, LockMode::Exclusive, obs,
+                                           looplock::sys::monotonic_ns());
   double took = seconds_since(t0);
   kill(storm, SIGKILL);
   testutil::wait_child(storm);

@@ -29,7 +29,8 @@ const std::string kFffd = "\xEF\xBF\xBD";
 std::vector<std::string> lines_of(const std::string& s) {
   std::vector<std::string> out;
   size_t start = 0;
-  for (size_t nl; (nl = s.find('\n', start)) != std::string::npos; start = nl + 1) out.push_back(s.substr(start, nl - start));
+  for (size_t nl; (nl = s.find('\n', start)) != std::string::npos; start = nl + 1)
+    out.push_back(s.substr(start, nl - start));
   if (start < s.size()) out.push_back(s.substr(start));
   return out;
 }

@@ -83,10 +83,11 @@ TEST_CASE("render, then parse, gives the same state; runs add up") {
 }
 
 TEST_CASE("parse skips what it does not understand") {
-  MetricsFile f = looplock::parse_metrics("garbage\n{}\nlooplock_runs_total{outcome=\"success\"} 3\n"
-                                          "looplock_runs_total{operation=\"x\",outcome=\"nope\"} 3\n"
-                                          "looplock_runs_total{operation=\"x\",outcome=\"success\"} abc\n"
-                                          "looplock_runs_total{operation=\"x\",outcome=\"failure\"} 2\n");
+  MetricsFile f = looplock::parse_metrics(
+      "garbage\n{}\nlooplock_runs_total{outcome=\"success\"} 3\n"
+      "looplock_runs_total{operation=\"x\",outcome=\"nope\"} 3\n"
+      "looplock_runs_total{operation=\"x\",outcome=\"success\"} abc\n"
+      "looplock_runs_total{operation=\"x\",outcome=\"failure\"} 2\n");
   REQUIRE(f.operations.size() == 1);
   CHECK(f.operations.at("x").runs.size() == 1);
   CHECK(f.operations.at("x").runs.at(RunOutcome::Failure) == 2);

@@ -43,8 +43,7 @@ struct Lock {
   }
 };
 
-std::optional<looplock::OuterHolder> outer(const EnvList& env, const Lock& l, bool exclusive,
-                                           pid_t self = getpid()) {
+std::optional<looplock::OuterHolder> outer(const EnvList& env, const Lock& l, bool exclusive, pid_t self = getpid()) {
   return looplock::find_outer_holder(env, l.dir.get(), l.st, exclusive, self);
 }
 
@@ -66,8 +65,8 @@ TEST_CASE("no or garbage environment: no outer holder") {
 
   CHECK_FALSE(outer({}, lock, true));
   CHECK_FALSE(outer({"LOOPLOCK_HOLDER_PID=" + pid}, lock, true));
-  for (const auto& f : std::vector<std::string>{"", "x", fd + " ", " " + fd, "-1", "+" + fd, "99999999999999999999",
-                                                "100000"}) {
+  for (const auto& f :
+       std::vector<std::string>{"", "x", fd + " ", " " + fd, "-1", "+" + fd, "99999999999999999999", "100000"}) {
     CAPTURE(f);
     CHECK_FALSE(outer(holder_env(pid, f), lock, true));
   }

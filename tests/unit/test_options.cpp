@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "error.hpp"
-#include "option_table.hpp"
 #include "exit_codes.hpp"
+#include "option_table.hpp"
 
 using looplock::Environment;
 using looplock::Fatal;
@@ -209,22 +209,22 @@ TEST_CASE("-c SHELL-COMMAND") {
 
 TEST_CASE("usage errors exit 64") {
   const std::vector<Args> cases = {
-      {"--", "x"},                                   // missing DIR
-      {},                                            // nothing at all
-      {"DIR"},                                       // missing --
-      {"DIR", "x"},                                  // command without --
-      {"DIR", "x", "--", "y"},                       // extra positional before --
-      {"DIR", "--"},                                 // empty command
-      {"", "--", "x"},                               // empty DIR
-      {"DIR", "-c"},                                 // -c without string
-      {"DIR", "-c", ""},                             // -c ''
-      {"DIR", "-c", "x", "y"},                       // extra after -c
-      {"DIR", "-c", "x", "--", "y"},                 // extra after -c
-      {"--bogus", "DIR", "--", "x"},                 // unknown option
-      {"-Z", "DIR", "--", "x"},                      // unknown short option
-      {"DIR", "--command", "x"},                     // -c has no long form
-      {"-p", "nope", "DIR", "--", "x"},              // unknown policy
-      {"-p", "", "DIR", "--", "x"},                  // empty policy
+      {"--", "x"},                       // missing DIR
+      {},                                // nothing at all
+      {"DIR"},                           // missing --
+      {"DIR", "x"},                      // command without --
+      {"DIR", "x", "--", "y"},           // extra positional before --
+      {"DIR", "--"},                     // empty command
+      {"", "--", "x"},                   // empty DIR
+      {"DIR", "-c"},                     // -c without string
+      {"DIR", "-c", ""},                 // -c ''
+      {"DIR", "-c", "x", "y"},           // extra after -c
+      {"DIR", "-c", "x", "--", "y"},     // extra after -c
+      {"--bogus", "DIR", "--", "x"},     // unknown option
+      {"-Z", "DIR", "--", "x"},          // unknown short option
+      {"DIR", "--command", "x"},         // -c has no long form
+      {"-p", "nope", "DIR", "--", "x"},  // unknown policy
+      {"-p", "", "DIR", "--", "x"},      // empty policy
       {"-p", "single_flight", "-w", "1", "DIR", "--", "x"},
       {"-w", "1", "-p", "single_flight", "DIR", "--", "x"},
       {"-p", "blocking", "-w", "1", "DIR", "--", "x"},
@@ -232,8 +232,8 @@ TEST_CASE("usage errors exit 64") {
       {"-F", "-o", "DIR", "--", "x"},
       {"-Fo", "DIR", "--", "x"},
       {"-v", "-q", "DIR", "--", "x"},
-      {"--json", "DIR", "--", "x"},                  // --json without --inspect
-      {"--stale-after", "1h", "DIR", "--", "x"},     // --stale-after without --inspect
+      {"--json", "DIR", "--", "x"},               // --json without --inspect
+      {"--stale-after", "1h", "DIR", "--", "x"},  // --stale-after without --inspect
       {"--kill-after", "5", "-F", "DIR", "--", "x"},
       {"--kill-after", "soon", "DIR", "--", "x"},
       {"-E", "0", "DIR", "--", "x"},
@@ -250,17 +250,17 @@ TEST_CASE("usage errors exit 64") {
       {"-w", "abc", "DIR", "--", "x"},
       {"-w", "0x10", "DIR", "--", "x"},
       {"--log-format", "xml", "DIR", "--", "x"},
-      {"--inspect", "DIR", "--", "x"},               // --inspect takes no command
+      {"--inspect", "DIR", "--", "x"},  // --inspect takes no command
       {"--inspect", "DIR", "-c", "x"},
-      {"--inspect", "DIR", ""},                      // an empty DIR
-      {"--check", "DIR", "--", "x"},                 // --check without --inspect
+      {"--inspect", "DIR", ""},       // an empty DIR
+      {"--check", "DIR", "--", "x"},  // --check without --inspect
       {"--max-time", "5", "-F", "DIR", "--", "x"},
       {"--max-time", "soon", "DIR", "--", "x"},
       {"--inspect", "--max-time", "5", "DIR"},
       {"--metrics-dir", "", "DIR", "--", "x"},
-      {"--inspect"},                                 // --inspect without DIR
+      {"--inspect"},  // --inspect without DIR
       {"--inspect", "--stale-after", "soon", "DIR"},
-      {"-w"},                                        // value missing at the end
+      {"-w"},  // value missing at the end
   };
   for (const auto& args : cases) {
     std::string shown;
@@ -494,12 +494,13 @@ TEST_CASE("cluster options: --etcd, --lock-name, --ttl") {
   CHECK(parse({"--etcd", "http://h:1", "DIR", "--", "x"}, env).etcd == "http://h:1");
   CHECK(parse({"DIR", "--", "x"}).etcd.empty());
 
-  for (Args bad : {Args{"--etcd", "127.0.0.1:2379", "DIR", "--", "x"}, Args{"--etcd", "", "DIR", "--", "x"},
-                   Args{"--etcd", "ftp://h:1", "DIR", "--", "x"}, Args{"--lock-name", "n", "DIR", "--", "x"},
-                   Args{"--ttl", "5", "DIR", "--", "x"}, Args{"--etcd", E, "--ttl", "1", "DIR", "--", "x"},
-                   Args{"--etcd", E, "--ttl", "2.5", "DIR", "--", "x"}, Args{"--etcd", E, "--lock-name", "", "DIR", "--", "x"},
-                   Args{"--etcd", E, "--lock-name", "a\nb", "DIR", "--", "x"}, Args{"--etcd", E, "-s", "DIR", "--", "x"},
-                   Args{"--etcd", E, "-F", "DIR", "--", "x"}}) {
+  for (Args bad :
+       {Args{"--etcd", "127.0.0.1:2379", "DIR", "--", "x"}, Args{"--etcd", "", "DIR", "--", "x"},
+        Args{"--etcd", "ftp://h:1", "DIR", "--", "x"}, Args{"--lock-name", "n", "DIR", "--", "x"},
+        Args{"--ttl", "5", "DIR", "--", "x"}, Args{"--etcd", E, "--ttl", "1", "DIR", "--", "x"},
+        Args{"--etcd", E, "--ttl", "2.5", "DIR", "--", "x"}, Args{"--etcd", E, "--lock-name", "", "DIR", "--", "x"},
+        Args{"--etcd", E, "--lock-name", "a\nb", "DIR", "--", "x"}, Args{"--etcd", E, "-s", "DIR", "--", "x"},
+        Args{"--etcd", E, "-F", "DIR", "--", "x"}}) {
     CAPTURE(bad);
     auto f = parse_failure(bad);
     REQUIRE(f);
@@ -542,8 +543,9 @@ TEST_CASE("the lease's kill-after: a default that fits the TTL; 0 or too long is
   auto f = parse_failure({"--etcd", E, "--ttl", "3", "--kill-after", "5s", "DIR", "--", "x"});
   REQUIRE(f);
   CHECK(f->status == 64);
-  CHECK(f->message == "invalid --kill-after '5s' with --ttl 3: TERM would leave too little of the lease to renew it "
-                      "(a quarter of the TTL must remain to ride out an etcd outage)");
+  CHECK(f->message ==
+        "invalid --kill-after '5s' with --ttl 3: TERM would leave too little of the lease to renew it "
+        "(a quarter of the TTL must remain to ride out an etcd outage)");
   CHECK(f->hint == "Give --kill-after 1.7s or less (default at --ttl 3: 500ms), or a longer --ttl.");
   f = parse_failure({"--etcd", E, "--kill-after", "0", "DIR", "--", "x"});
   REQUIRE(f);
@@ -554,8 +556,8 @@ TEST_CASE("the lease's kill-after: a default that fits the TTL; 0 or too long is
 TEST_CASE("cluster TLS and authentication options") {
   const std::string S = "https://127.0.0.1:2379";
   const std::string P = "http://127.0.0.1:2379";
-  Options o = parse({"--etcd", S, "--etcd-cacert", "ca.pem", "--etcd-cert", "c.pem", "--etcd-key", "k.pem", "DIR",
-                     "--", "x"});
+  Options o =
+      parse({"--etcd", S, "--etcd-cacert", "ca.pem", "--etcd-cert", "c.pem", "--etcd-key", "k.pem", "DIR", "--", "x"});
   CHECK(o.etcd_cacert == "ca.pem");
   CHECK(o.etcd_cert == "c.pem");
   CHECK(o.etcd_key == "k.pem");

@@ -73,10 +73,12 @@ TEST_CASE("operator_action tells what to do, per policy") {
   CHECK_FALSE(contains(mutation, "poll"));
   CHECK(mutation != monitor);
   // Naming the holders the kernel shows, in agreement with their number.
-  CHECK(looplock::operator_action(Policy::Mutation, "pid 12").starts_with(
-      "inspect pid 12 (looplock --inspect DIR); confirm it is still running and actually stalled before "
-      "terminating it;"));
-  CHECK(looplock::operator_action(Policy::Mutation, "pids 12, 13", true).starts_with(
-      "inspect pids 12, 13 (looplock --inspect DIR); confirm they are still running and actually stalled before "
-      "terminating them;"));
+  CHECK(looplock::operator_action(Policy::Mutation, "pid 12")
+            .starts_with(
+                "inspect pid 12 (looplock --inspect DIR); confirm it is still running and actually stalled before "
+                "terminating it;"));
+  CHECK(looplock::operator_action(Policy::Mutation, "pids 12, 13", true)
+            .starts_with("inspect pids 12, 13 (looplock --inspect DIR); confirm they are still running and actually "
+                         "stalled before "
+                         "terminating them;"));
 }

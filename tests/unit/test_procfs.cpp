@@ -162,13 +162,13 @@ TEST_CASE("parse_proc_locks") {
       "2: -> FLOCK  ADVISORY  WRITE 2183 fe:00:10952825 0 EOF\n"  // a waiter
       "3: POSIX  ADVISORY  WRITE 2184 fe:00:10952825 0 EOF\n"     // fcntl lock, not flock
       "4: OFDLCK ADVISORY  READ  -1 fe:00:10952825 0 EOF\n"
-      "5: FLOCK  ADVISORY  WRITE 2185 fe:00:10952826 0 EOF\n"     // another inode
-      "6: FLOCK  ADVISORY  WRITE 2186 fe:01:10952825 0 EOF\n"     // another device
+      "5: FLOCK  ADVISORY  WRITE 2185 fe:00:10952826 0 EOF\n"  // another inode
+      "6: FLOCK  ADVISORY  WRITE 2186 fe:01:10952825 0 EOF\n"  // another device
       "7: FLOCK  ADVISORY  WRITE 2187 00:2d:10952825 0 EOF\n"
       "8: LEASE  ACTIVE    READ  2188 fe:00:10952825 0 EOF\n"
       "garbage line\n"
       "\n"
-      "9: FLOCK  ADVISORY  WRITE 2189 fe:00:10952825 0 EOF";      // no final newline
+      "9: FLOCK  ADVISORY  WRITE 2189 fe:00:10952825 0 EOF";  // no final newline
   auto locks = procfs::parse_proc_locks(content, file);
   REQUIRE(locks.size() == 3);
   CHECK(locks[0].pid == 2181);
@@ -198,9 +198,12 @@ TEST_CASE("parse_fdinfo_holds") {
   CHECK(procfs::parse_fdinfo_holds(read_lock, file, false));
   CHECK_FALSE(procfs::parse_fdinfo_holds(head, file, false));
   CHECK_FALSE(procfs::parse_fdinfo_holds("", file, false));
-  CHECK_FALSE(procfs::parse_fdinfo_holds(head + "lock:\t1: POSIX  ADVISORY  WRITE 2181 fe:00:10952825 0 EOF\n", file, false));
-  CHECK_FALSE(procfs::parse_fdinfo_holds(head + "lock:\t1: FLOCK  ADVISORY  WRITE 2181 fe:00:10952826 0 EOF\n", file, false));
-  CHECK_FALSE(procfs::parse_fdinfo_holds(head + "lock:\t1: -> FLOCK  ADVISORY  WRITE 2181 fe:00:10952825 0 EOF\n", file, false));
+  CHECK_FALSE(
+      procfs::parse_fdinfo_holds(head + "lock:\t1: POSIX  ADVISORY  WRITE 2181 fe:00:10952825 0 EOF\n", file, false));
+  CHECK_FALSE(
+      procfs::parse_fdinfo_holds(head + "lock:\t1: FLOCK  ADVISORY  WRITE 2181 fe:00:10952826 0 EOF\n", file, false));
+  CHECK_FALSE(procfs::parse_fdinfo_holds(head + "lock:\t1: -> FLOCK  ADVISORY  WRITE 2181 fe:00:10952825 0 EOF\n", file,
+                                         false));
   // A lock line elsewhere than after "lock:" does not count.
   CHECK_FALSE(procfs::parse_fdinfo_holds(head + "1: FLOCK  ADVISORY  WRITE 2181 fe:00:10952825 0 EOF\n", file, false));
 }

@@ -5,8 +5,8 @@
 #include <sys/wait.h>
 
 using looplock::Conclusion;
-using looplock::JobEnd;
 using looplock::Exit;
+using looplock::JobEnd;
 using looplock::RunOutcome;
 
 namespace {

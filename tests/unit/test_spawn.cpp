@@ -62,11 +62,11 @@ struct SignalStateGuard {
 
 // What one run_command in a child "looplock" process came to.
 struct Result {
-  int status = -1;        // the wait status run_command returned
-  int fatal = -1;         // or the status of the Fatal it threw
-  std::string message;    // and its message
-  bool zombies = false;   // a child was left unreaped afterwards
-  int ended_by = -1;      // JobEnd::EndedBy
+  int status = -1;       // the wait status run_command returned
+  int fatal = -1;        // or the status of the Fatal it threw
+  std::string message;   // and its message
+  bool zombies = false;  // a child was left unreaped afterwards
+  int ended_by = -1;     // JobEnd::EndedBy
   bool killed = false;
   bool lease_lost = false;
   long long ran_ms = -1;  // from the command's start to the end of its job
@@ -156,8 +156,8 @@ private:
     for (ssize_t n; (n = pread(logfd, buf, sizeof buf, static_cast<off_t>(logged.size()))) > 0;)
       logged.append(buf, static_cast<size_t>(n));
     std::string out = std::to_string(status) + " " + std::to_string(fatal) + " " + std::to_string(zombies) + " " +
-                      std::to_string(ended_by) + " " + std::to_string(killed) + " " + std::to_string(lease_lost) +
-                      " " + std::to_string(ran_ms) + "\n" + message + "\n--log--\n" + logged;
+                      std::to_string(ended_by) + " " + std::to_string(killed) + " " + std::to_string(lease_lost) + " " +
+                      std::to_string(ran_ms) + "\n" + message + "\n--log--\n" + logged;
     (void)!write(result_fd, out.data(), out.size());
     _exit(0);
   }
@@ -190,7 +190,7 @@ TEST_CASE("shell_status") {
   CHECK(looplock::shell_status(W_EXITCODE(0, SIGTERM)) == 128 + SIGTERM);
   CHECK(looplock::shell_status(W_EXITCODE(0, SIGKILL)) == 137);
   CHECK(looplock::shell_status(W_EXITCODE(0, SIGSEGV) | 0x80) == 128 + SIGSEGV);  // with a core dump
-  CHECK(looplock::shell_status(W_STOPCODE(SIGSTOP)) == 71);  // not an ending
+  CHECK(looplock::shell_status(W_STOPCODE(SIGSTOP)) == 71);                       // not an ending
 
   // Real wait statuses.
   pid_t child = fork();
@@ -221,9 +221,9 @@ TEST_CASE("exec_failure_status") {
 
 TEST_CASE("supervised_signals: every signal but KILL and STOP") {
   sigset_t set = looplock::supervised_signals();
-  for (int s : {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGALRM, SIGPIPE, SIGVTALRM, SIGPROF, SIGXCPU,
-                SIGXFSZ, SIGCHLD, SIGTSTP, SIGTTIN, SIGTTOU, SIGCONT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT,
-                SIGTRAP, SIGSYS, SIGIO, SIGPWR, SIGSTKFLT, SIGWINCH, SIGURG}) {
+  for (int s : {SIGHUP,  SIGINT,  SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGALRM,   SIGPIPE,  SIGVTALRM, SIGPROF,
+                SIGXCPU, SIGXFSZ, SIGCHLD, SIGTSTP, SIGTTIN, SIGTTOU, SIGCONT,   SIGSEGV,  SIGBUS,    SIGFPE,
+                SIGILL,  SIGABRT, SIGTRAP, SIGSYS,  SIGIO,   SIGPWR,  SIGSTKFLT, SIGWINCH, SIGURG}) {
     CAPTURE(s);
     CHECK(sigismember(&set, s) == 1);
   }
@@ -486,9 +486,9 @@ TEST_CASE("a signal sent to looplock reaches every process of the job once") {
   const std::string seen = dir / "seen";
   ReadyPipe ready;
   const std::string n = std::to_string(ready.w.get());
-  CommandSpec spec = sh("trap 'echo leader >> " + seen + "' USR1; sh -c \"trap 'echo child >> " + seen +
-                        "; exit 0' USR1; echo ready >&" + n + "; exec " + n +
-                        ">&-; while :; do sleep 0.05; done\" & wait; wait");
+  CommandSpec spec =
+      sh("trap 'echo leader >> " + seen + "' USR1; sh -c \"trap 'echo child >> " + seen +
+         "; exit 0' USR1; echo ready >&" + n + "; exec " + n + ">&-; while :; do sleep 0.05; done\" & wait; wait");
   spec.pass_fd = ready.w.get();
   Looplock l(spec);
   ready.wait();
@@ -499,7 +499,8 @@ TEST_CASE("a signal sent to looplock reaches every process of the job once") {
   auto text = testutil::slurp(seen);
   REQUIRE(text);
   std::vector<std::string> lines;
-  for (size_t i = 0, nl; (nl = text->find('\n', i)) != std::string::npos; i = nl + 1) lines.push_back(text->substr(i, nl - i));
+  for (size_t i = 0, nl; (nl = text->find('\n', i)) != std::string::npos; i = nl + 1)
+    lines.push_back(text->substr(i, nl - i));
   std::sort(lines.begin(), lines.end());
   CHECK(lines == std::vector<std::string>{"child", "leader"});
 }
@@ -577,7 +578,11 @@ namespace {
 class FakeLease final : public looplock::Lease {
 public:
   FakeLease(long long term_in_ns, long long kill_in_ns, bool extends, bool gone, std::string counter)
-      : start_(now()), term_(start_ + term_in_ns), kill_(start_ + kill_in_ns), extends_(extends), gone_(gone),
+      : start_(now()),
+        term_(start_ + term_in_ns),
+        kill_(start_ + kill_in_ns),
+        extends_(extends),
+        gone_(gone),
         counter_(std::move(counter)) {}
   long long next_renewal_ns() const override { return next_; }
   bool renew(long long return_by, const sigset_t&) override {

@@ -126,7 +126,8 @@ TEST_CASE("same_file compares device and inode") {
   testutil::write_file(dir / "a", "");
   testutil::write_file(dir / "b", "");
   REQUIRE(link((dir / "a").c_str(), (dir / "a2").c_str()) == 0);
-  struct stat a {}, a2 {}, b {};
+  struct stat a {
+  }, a2{}, b{};
   REQUIRE(stat((dir / "a").c_str(), &a) == 0);
   REQUIRE(stat((dir / "a2").c_str(), &a2) == 0);
   REQUIRE(stat((dir / "b").c_str(), &b) == 0);
@@ -174,9 +175,9 @@ TEST_CASE("parse_utc_ms") {
 
 TEST_CASE("parse_utc_ms is strict: fixed digits, no signs, values in range") {
   // "...00.12Z " would otherwise read as 12 ms instead of 120 ms.
-  for (const char* bad : {"2026-11-30T17:00:00.12Z ", "2026-1-30T17:00:00.123Z ", "+026-11-30T17:00:00.123Z",
-                          "2026-11-30T17:00:00.+12Z", "2026-13-01T00:00:00.000Z", "2026-11-30T25:00:00.000Z",
-                          "2026-11-31T00:00:00.000Z"}) {
+  for (const char* bad :
+       {"2026-11-30T17:00:00.12Z ", "2026-1-30T17:00:00.123Z ", "+026-11-30T17:00:00.123Z", "2026-11-30T17:00:00.+12Z",
+        "2026-13-01T00:00:00.000Z", "2026-11-30T25:00:00.000Z", "2026-11-31T00:00:00.000Z"}) {
     std::string shown = bad;
     CAPTURE(shown);
     CHECK_FALSE(looplock::sys::parse_utc_ms(bad));

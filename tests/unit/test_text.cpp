@@ -19,5 +19,5 @@ TEST_CASE("quote: the one quoting rule for operands in messages") {
   CHECK(looplock::quote("--bogus") == "'--bogus'");
   CHECK(looplock::quote("") == "''");
   CHECK(looplock::quote("it's") == "'it'\\''s'");  // as a shell reads it back
-  CHECK(looplock::quote("a\nb") == "'a\\nb'");      // never a line of its own
+  CHECK(looplock::quote("a\nb") == "'a\\nb'");     // never a line of its own
 }

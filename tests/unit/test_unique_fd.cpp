@@ -88,8 +88,6 @@ TEST_CASE("moves transfer ownership") {
   CHECK(z.get() == a);
   CHECK_FALSE(is_closed(a));
 
-  {
-    UniqueFd w(std::move(z));
-  }
+  { UniqueFd w(std::move(z)); }
   CHECK(is_closed(a));
 }

@@ -177,8 +177,8 @@ TEST_CASE("held through a descriptor the recorded looplock passed on before it e
   Verdict v = looplock::judge(f);
   CHECK(v.record == RecordState::Current);
   CHECK(v.left_by_looplock);
-  CHECK(looplock::holder_phrase(v) == "pid 4100 (sleep), left holding the lock by looplock " + kRecordHolder +
-                                          ", which has exited");
+  CHECK(looplock::holder_phrase(v) ==
+        "pid 4100 (sleep), left holding the lock by looplock " + kRecordHolder + ", which has exited");
   CHECK(v.confirm == std::vector<pid_t>{4100});
   CHECK(any_contains(v.warnings, "the kernel names pid 1234, which has exited"));
   CHECK(any_contains(v.warnings, "by pid 4100"));
@@ -231,10 +231,12 @@ TEST_CASE("a record written in a pid namespace of its own names its holder there
 
 TEST_CASE("every reason a run refuses the lock file is a warning") {
   LockFacts f = held_by_record();
-  f.refusal = looplock::Refusal{"it has 2 hard links; a lock file must have exactly one", "Replace it.", "unsafe_lock_file"};
+  f.refusal =
+      looplock::Refusal{"it has 2 hard links; a lock file must have exactly one", "Replace it.", "unsafe_lock_file"};
   Verdict v = looplock::judge(f);
-  CHECK(any_contains(v.warnings, "the lock file: it has 2 hard links; a lock file must have exactly one: looplock "
-                                 "refuses to lock it (every run exits 73)"));
+  CHECK(any_contains(v.warnings,
+                     "the lock file: it has 2 hard links; a lock file must have exactly one: looplock "
+                     "refuses to lock it (every run exits 73)"));
   CHECK(v.action.starts_with("every run refuses this lock file (exit 73): Replace it. Meanwhile, if the holder"));
   f = free_lock();
   f.refusal = looplock::Refusal{"world-writable without the sticky bit", "chmod o-w D.", "unsafe_loop_dir"};
@@ -247,14 +249,16 @@ TEST_CASE("who may hold the lock: readable by others, or held by a foreign user"
   LockFacts f = held_by_record();
   f.others_can_read = true;
   Verdict v = looplock::judge(f);
-  CHECK(any_contains(v.warnings, "other users can read loops/nightly/.state.lock, so any local user can take this "
-                                 "lock and stall every run: run 'chmod o-rw loops/nightly/.state.lock'"));
+  CHECK(any_contains(v.warnings,
+                     "other users can read loops/nightly/.state.lock, so any local user can take this "
+                     "lock and stall every run: run 'chmod o-rw loops/nightly/.state.lock'"));
   f.others_can_read = false;
   f.file_uid = 1000;
   f.dir_uid = 1001;
   f.holders[0].uid = 2000;
-  CHECK(any_contains(looplock::judge(f).warnings,
-                     "pid 1234 holds the lock as uid 2000, neither the lock file's owner (uid 1000) nor DIR's (uid 1001)"));
+  CHECK(any_contains(
+      looplock::judge(f).warnings,
+      "pid 1234 holds the lock as uid 2000, neither the lock file's owner (uid 1000) nor DIR's (uid 1001)"));
   for (uid_t ok : {0u, 1000u, 1001u}) {
     f.holders[0].uid = ok;
     CHECK(looplock::judge(f).warnings.empty());
@@ -264,7 +268,8 @@ TEST_CASE("who may hold the lock: readable by others, or held by a foreign user"
 TEST_CASE("a hold older than stale_after") {
   LockFacts f = held_by_record();
   f.record_age_ms = 3 * kHourMs;
-  CHECK(any_contains(looplock::judge(f).warnings, "held for 3.0h, longer than --stale-after 2.0h: check whether pid 1234"));
+  CHECK(any_contains(looplock::judge(f).warnings,
+                     "held for 3.0h, longer than --stale-after 2.0h: check whether pid 1234"));
   f.record_age_ms = 2 * kHourMs;  // exactly the limit is not stale yet
   CHECK(looplock::judge(f).warnings.empty());
   f.stale_after_ms = 30 * 60'000;

@@ -14,7 +14,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <optional>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
