@@ -11,9 +11,11 @@
 // endpoint, the next round waits a little (25 ms, doubling, up to a quarter of an
 // attempt and at most 400 ms) and doubles the attempt and connect timeouts,
 // so a slow but healthy cluster is still reached. Only calls that may be repeated safely are retried (all of
-// the cluster lock's are: see cluster.cpp). Nothing here throws across the
-// module boundary: results are typed. Time comes from a Clock, so that unit
-// tests can run the deadline arithmetic without waiting.
+// the cluster lock's are: see cluster.cpp). A call's failure is a typed
+// result (Status, Cause), not an exception; only a Transport that cannot be
+// set up throws (Fatal), and memory running out (std::bad_alloc). Time comes
+// from a Clock, so that unit tests can run the deadline arithmetic without
+// waiting.
 #pragma once
 
 #include <signal.h>

@@ -6,6 +6,7 @@ processes that must be in a given state before the test goes on print
 "ready" first (a handshake, never a sleep).
 """
 import fcntl
+import hashlib
 import json
 import os
 import resource
@@ -184,6 +185,12 @@ def lock_is_free(loop_dir):
         return False
     finally:
         os.close(fd)
+
+
+def expected_lock_id(d):
+    """The lock_id any tool computes: the first 16 hex digits of the SHA-256
+    of the lock file's canonical path (looplock(1), FILES)."""
+    return hashlib.sha256((os.path.realpath(d) + "/.state.lock").encode()).hexdigest()[:16]
 
 
 def read_record(loop_dir):

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import (EX_TEMPFAIL, LOOPLOCK, PY, TIMEOUT, blocked_waiters, expect_line, expect_stderr, helper,
-                      incident_rows, run, start, wait_until)
+                      incident_rows, run, start, wait_until, proc_state)
 
 LOCK = ".state.lock"
 
@@ -33,11 +33,6 @@ def assert_timed_out(r, marker=None):
     assert "lock_acquire_timeout" in r.stderr
     if marker is not None:
         assert not marker.exists(), "the command ran without the lock"
-
-
-def proc_state(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(") ", 1)[1][0]
 
 
 def expect_blocked(proc, loop_dir):

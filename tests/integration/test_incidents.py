@@ -8,7 +8,6 @@ a successful run, 16 simultaneous timeouts -> 16 whole rows, a failing append
 changes the timeout, the holder named by the timeout line and by -v's
 "waiting for" line, and --log-format json.
 """
-import hashlib
 import json
 import os
 import re
@@ -16,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import EX_TEMPFAIL, PY, TIMEOUT, incident_rows, run, start
+from conftest import EX_TEMPFAIL, PY, TIMEOUT, incident_rows, run, start, expected_lock_id
 
 INCIDENTS = ".state.lock.incidents.jsonl"
 ISO_MS_Z = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$")
@@ -24,9 +23,6 @@ ROW_FIELDS = ["schema", "at", "error_code", "lock_id", "policy", "deadline_ms", 
               "holder_alive", "holder_pids", "waiter", "operator_action"]
 SECRET = "--password=hunter2-TOPSECRET"
 
-
-def expected_lock_id(d):
-    return hashlib.sha256((os.path.realpath(d) + "/.state.lock").encode()).hexdigest()[:16]
 
 
 def check_row(row, loop_dir, policy, deadline_ms):

@@ -8,7 +8,6 @@ free, 66 without DIR), the --json object's keys, and that inspect never
 changes anything (lock file bytes and mtime, directory listing, a holder
 still holding).
 """
-import hashlib
 import json
 import os
 import re
@@ -19,16 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (EX_CANTCREAT, EX_NOINPUT, EX_TEMPFAIL, LOOPLOCK, NO_PROC, PID_NS, PY, TIMEOUT, Holder, eventually,
-                      expect_line, helper, incident_rows, lock_is_free, need_no_proc, need_pid_namespace, read_record,
-                      run, running, start, wait_until)
+from conftest import (EX_CANTCREAT, EX_NOINPUT, EX_TEMPFAIL, Holder, LOOPLOCK, NO_PROC, PID_NS, PY, TIMEOUT, eventually,
+                      expect_line, expected_lock_id, helper, incident_rows, lock_is_free, need_no_proc,
+                      need_pid_namespace, read_record, run, running, start, wait_until)
 
 LOCK = ".state.lock"
 INCIDENTS = ".state.lock.incidents.jsonl"
 
-
-def expected_lock_id(d):
-    return hashlib.sha256((os.path.realpath(d) + "/" + LOCK).encode()).hexdigest()[:16]
 
 
 def snapshot(loop_dir):

@@ -2,7 +2,6 @@
 fcntl.flock) in both directions, shared locks, the lock fd passed to the
 command (or not, with -o), and the exported environment."""
 import fcntl
-import hashlib
 import json
 import os
 import subprocess
@@ -10,20 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (
-    kill_and_wait_gone,
-    wait_until,
-    blocked_waiters,
-    expect_stderr,
-    EX_TEMPFAIL,
-    PY,
-    TIMEOUT,
-    helper,
-    lock_is_free,
-    read_record,
-    run,
-    start,
-)
+from conftest import (EX_TEMPFAIL, PY, TIMEOUT, blocked_waiters, expect_stderr, expected_lock_id, helper,
+                      kill_and_wait_gone, lock_is_free, read_record, run, start, wait_until)
 
 LOCK = ".state.lock"
 EXTERNAL = ["flock", "python"]
@@ -291,9 +278,6 @@ def test_daemon_started_by_command_keeps_lock_only_without_close(loop_dir, close
 
 
 # --- exported environment --------------------------------------------------------------
-
-def expected_lock_id(d):
-    return hashlib.sha256((os.path.realpath(d) + "/" + LOCK).encode()).hexdigest()[:16]
 
 
 def test_exported_environment(loop_dir):

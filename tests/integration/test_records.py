@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LOOPLOCK, PY, TIMEOUT, expect_line, helper, lock_is_free, read_record, run, start
+from conftest import LOOPLOCK, PY, TIMEOUT, expect_line, helper, lock_is_free, read_record, run, start, expected_lock_id
 
 FIELDS = {
     "schema": str,
@@ -45,9 +45,6 @@ def pid_start(pid):
     stat = Path(f"/proc/{pid}/stat").read_text()
     return stat[stat.rindex(")") + 2:].split()[19]
 
-
-def expected_lock_id(d):
-    return hashlib.sha256((os.path.realpath(d) + "/.state.lock").encode()).hexdigest()[:16]
 
 
 def user_name():

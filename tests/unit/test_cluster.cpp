@@ -1,0 +1,522 @@
+// The cluster lock without a network: ClusterLock against a small in-memory
+// etcd on a fake clock (the queue, renewals, the lease's deadlines, riding
+// out outages, names and their keys), so that the deadline arithmetic is
+// checked exactly and without waiting; the lease timing against the man
+// page's table. The whole against a real etcd: tests/integration/test_etcd*.py.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "cluster.hpp"
+#include "error.hpp"
+#include "etcd.hpp"
+#include "fake_etcd.hpp"
+#include "sys.hpp"
+#include "verdict.hpp"
+
+using namespace looplock;
+using namespace looplock::etcd;
+
+TEST_CASE("cluster lock name: --lock-name, else DIR's base name, '/' for the root") {
+  CHECK(cluster_lock_name("", "") == "/");  // DIR=/ (its canonical path without the trailing '/')
+  CHECK(cluster_lock_name("", "/srv/loops/nightly") == "nightly");
+  CHECK(cluster_lock_name("given", "/srv/loops/nightly") == "given");
+  CHECK(cluster_lock_name("given", "") == "given");
+  CHECK(cluster_lock_name("", "/srv/a b") == "a b");
+  try {
+    cluster_lock_name("", "/srv/bad\nname");
+    FAIL("no throw");
+  } catch (const Fatal& f) {
+    CHECK(f.status() == 64);
+    CHECK(std::string(f.hint()).find("--lock-name") != std::string::npos);
+  }
+}
+
+
+namespace {
+
+// The man page's lease table (CLUSTER): per --ttl, the five numbers in
+// seconds: renewal, kill-after, margin, TERM by, outage.
+std::map<int, std::vector<double>> man_page_lease_table() {
+  std::ifstream in(std::string(LOOPLOCK_SOURCE_ROOT) + "/man/looplock.1.scd");
+  std::stringstream all;
+  all << in.rdbuf();
+  const std::string man = all.str();
+  std::map<int, std::vector<double>> rows;
+  size_t at = man.find("[[ *--ttl*");
+  if (at == std::string::npos) return rows;
+  std::istringstream table(man.substr(at, man.find("\n\n", at) - at));
+  std::string line;
+  int ttl = 0;
+  while (std::getline(table, line)) {
+    if (line.starts_with("|  ")) {
+      ttl = std::stoi(line.substr(3));
+      rows[ttl];
+    } else if (line.starts_with(":  ") && ttl != 0) {
+      rows[ttl].push_back(std::stod(line.substr(3)));
+    }
+  }
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("lease timing: the man page's table is what the code computes") {
+  using namespace lease_timing;
+  const auto rows = man_page_lease_table();
+  REQUIRE(rows.size() >= 3);  // the table was found and read
+  for (const auto& [ttl, numbers] : rows) {
+    CAPTURE(ttl);
+    REQUIRE(numbers.size() == 5);
+    const double s = 1e9;
+    const double expected[] = {renewal_interval_ns(ttl) / s, default_kill_after_ns(ttl) / s, margin_ns(ttl) / s,
+                               (ttl_ns(ttl) - default_kill_after_ns(ttl) - margin_ns(ttl)) / s,
+                               (ttl_ns(ttl) - default_kill_after_ns(ttl) - margin_ns(ttl) - renewal_interval_ns(ttl)) / s};
+    for (size_t i = 0; i < 5; ++i) {
+      CAPTURE(i);
+      CHECK(std::abs(numbers[i] - expected[i]) < 0.01);  // the man page rounds to two decimals
+    }
+  }
+}
+
+TEST_CASE("lease timing: the numbers of the man page's text") {
+  using namespace lease_timing;
+  CHECK(margin_ns(3) == 230 * kMs);
+  CHECK(margin_ns(10) == 300 * kMs);
+  CHECK(renewal_interval_ns(3) == 250 * kMs);
+  CHECK(renewal_interval_ns(10) == 833'333'333LL);
+  CHECK(attempt_ns(2) == 250 * kMs);
+  CHECK(attempt_ns(3) == 300 * kMs);
+  CHECK(attempt_ns(60) == 2 * kSec);
+  CHECK(default_kill_after_ns(3) == 500 * kMs);
+  CHECK(default_kill_after_ns(10) == 1'666'666'666LL);
+  CHECK(default_kill_after_ns(60) == 5 * kSec);
+  // At --ttl 3 with the defaults, an outage that begins just before a
+  // renewal is due may last this long without TERM: more than a 3-member
+  // cluster's leader election (1 to 2 s with etcd's default timeouts).
+  CHECK(ttl_ns(3) - default_kill_after_ns(3) - margin_ns(3) - renewal_interval_ns(3) == 2020 * kMs);
+  CHECK(max_kill_after_ns(3) == 1770 * kMs);
+  for (int ttl : {2, 3, 5, 10, 30, 86400}) {
+    CAPTURE(ttl);
+    CHECK(default_kill_after_ns(ttl) <= max_kill_after_ns(ttl));
+    CHECK(max_kill_after_ns(ttl) > 0);
+  }
+}
+
+TEST_CASE("cluster lock: uncontended, two requests; the deadlines count from the grant's sending") {
+  FakeClock clock;
+  MiniEtcd etcd(clock);
+  etcd.answer_ns = 20 * kMs;  // every answer takes 20 ms
+  Logger log = quiet_log();
+  ClusterLock lock(etcd.transport, endpoints(3), "nightly", 3, 600 * kMs, log, {}, clock);
+  const long long t0 = clock.t;
+  REQUIRE(lock.acquire(bounded(5 * kSec), t0, me()) == Acquisition::Acquired);
+  CHECK(etcd.transport.calls.size() == 2);  // grant, then the queue's txn
+  CHECK(etcd.transport.calls[1].path == "/v3/kv/txn");
+  CHECK(lock.key() == "looplock/nightly/lock/" + lease_hex(lock.lease()));
+  CHECK(lock.fencing_token() == etcd.kvs.at(lock.key()).create);
+  // The holder value is the key's own value, written by the same transaction.
+  auto value = parse_cluster_holder(etcd.kvs.at(lock.key()).value);
+  REQUIRE(value);
+  CHECK((*value)["pid"] == 42);
+  CHECK((*value)["lease"] == lease_hex(lock.lease()));
+  // Expiry: when the grant was sent (t0), not when it came back (t0 + 20 ms).
+  CHECK(lock.expiry_ns() == t0 + 3 * kSec);
+  CHECK(lock.kill_by_ns() == t0 + 3 * kSec - 230 * kMs);
+  CHECK(lock.term_by_ns() == t0 + 3 * kSec - 230 * kMs - 600 * kMs);
+  CHECK(lock.next_renewal_ns() == t0 + 250 * kMs);
+  lock.release();
+  CHECK(etcd.transport.calls.back().path == "/v3/lease/revoke");
+  CHECK(etcd.kvs.empty());  // revoking the lease deleted the key: one write for the release
+  CHECK(etcd.transport.calls.size() == 3);
+}
+
+TEST_CASE("cluster lock: a slow keepalive moves the expiry to when it was sent") {
+  FakeClock clock;
+  MiniEtcd etcd(clock);
+  Logger log = quiet_log();
+  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
+  REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == Acquisition::Acquired);
+  clock.t = lock.next_renewal_ns();
+  const long long sent = clock.t;
+  etcd.answer_ns = 250 * kMs;  // answered, slowly (within the 300 ms attempt)
+  REQUIRE(lock.renew(lock.term_by_ns()));
+  CHECK(clock.t == sent + 250 * kMs);
+  CHECK(lock.expiry_ns() == sent + 3 * kSec);
+  CHECK(lock.term_by_ns() == sent + 3 * kSec - 830 * kMs);
+  CHECK(lock.next_renewal_ns() == sent + 250 * kMs);
+}
+
+TEST_CASE("cluster lock: renew fails over within its bound and returns by it") {
+  FakeClock clock;
+  MiniEtcd etcd(clock);
+  Logger log = quiet_log();
+  ClusterLock lock(etcd.transport, endpoints(3), "n", 3, 600 * kMs, log, {}, clock);
+  REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == Acquisition::Acquired);
+  const std::string first = etcd.transport.calls.back().url.substr(0, 20);
+  // The member that answered so far goes silent (blackholed, connection kept).
+  etcd.fault = [&](const Endpoint& ep, const Request&) -> std::optional<Step> {
+    if (ep.text == "http://10.0.0.1:2379") return silent();
+    return std::nullopt;
+  };
+  clock.t = lock.next_renewal_ns();
+  const long long t1 = clock.t;
+  REQUIRE(lock.renew(lock.term_by_ns()));
+  CHECK(lock.expiry_ns() == t1 + 300 * kMs + 3 * kSec);  // the second attempt began 300 ms later
+  CHECK(lock.endpoint() == "http://10.0.0.2:2379");
+  // Every member silent: renew gives up at its bound, the deadlines unmoved.
+  etcd.fault = [&](const Endpoint&, const Request&) -> std::optional<Step> { return silent(); };
+  const long long term_by = lock.term_by_ns();
+  clock.t = lock.next_renewal_ns();
+  REQUIRE(lock.renew(clock.t + 700 * kMs));
+  CHECK(clock.t <= clock.t);
+  CHECK(lock.term_by_ns() == term_by);
+  CHECK(lock.next_renewal_ns() <= clock.t + 25 * kMs);
+}
+
+TEST_CASE("cluster lock: a leader election shorter than the outage tolerance does not lose the lease") {
+  // TTL 3, default kill-after: the leader dies just before the next renewal
+  // is due, and a new one takes `election` to come up. Meanwhile the dead
+  // leader's port refuses, and the followers either say "no leader" at once
+  // or hold the keepalive until the new leader answers it (etcd 3.4 forwards
+  // a follower's keepalives to the leader), or one of them is blackholed.
+  enum Mode { NoLeader, Held, Blackholed };
+  for (Mode mode : {NoLeader, Held, Blackholed}) {
+    for (long long election : {1000 * kMs, 1600 * kMs, 1900 * kMs}) {
+      CAPTURE(mode);
+      CAPTURE(election);
+      FakeClock clock;
+      MiniEtcd etcd(clock);
+      Logger log = quiet_log();
+      ClusterLock lock(etcd.transport, endpoints(3), "n", 3, lease_timing::default_kill_after_ns(3), log, {}, clock);
+      REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == Acquisition::Acquired);
+      const long long start = lock.next_renewal_ns() - kMs;
+      const long long election_end = start + election;
+      const std::string alive = "{\"result\":{\"ID\":\"" + std::to_string(lock.lease()) + "\",\"TTL\":\"3\"}}\n";
+      etcd.fault = [&](const Endpoint& ep, const Request&) -> std::optional<Step> {
+        if (clock.t >= election_end) return std::nullopt;
+        if (ep.text == "http://10.0.0.1:2379") return refused();  // the dead leader
+        if (mode == Blackholed && ep.text == "http://10.0.0.2:2379") return silent();
+        if (mode == NoLeader) return http(503, R"({"error":"etcdserver: no leader","code":14})");
+        return answer(alive, election_end - clock.t + kMs);  // held until the new leader answers
+      };
+      // The job loop: renew when due, never past the TERM deadline.
+      bool terminated = false;
+      while (clock.t < start + 6 * kSec) {
+        if (clock.t >= lock.term_by_ns()) {
+          terminated = true;
+          break;
+        }
+        if (clock.t >= lock.next_renewal_ns()) {
+          REQUIRE(lock.renew(lock.term_by_ns()));
+          continue;
+        }
+        clock.t = std::min(lock.next_renewal_ns(), lock.term_by_ns());
+      }
+      CHECK_FALSE(terminated);
+      CHECK(lock.expiry_ns() > election_end);
+    }
+  }
+}
+
+TEST_CASE("cluster lock: an outage longer than the tolerance ends in TERM before etcd's expiry") {
+  FakeClock clock;
+  MiniEtcd etcd(clock);
+  Logger log = quiet_log();
+  ClusterLock lock(etcd.transport, endpoints(3), "n", 3, lease_timing::default_kill_after_ns(3), log, {}, clock);
+  REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == Acquisition::Acquired);
+  const long long last_sent = lock.expiry_ns() - 3 * kSec;
+  etcd.fault = [&](const Endpoint&, const Request&) -> std::optional<Step> { return silent(); };
+  while (clock.t < lock.term_by_ns()) {
+    if (clock.t >= lock.next_renewal_ns()) {
+      REQUIRE(lock.renew(lock.term_by_ns()));
+      CHECK(clock.t <= lock.term_by_ns());  // renew returns by its bound
+      continue;
+    }
+    clock.t = std::min(lock.next_renewal_ns(), lock.term_by_ns());
+  }
+  CHECK(lock.term_by_ns() == last_sent + 3 * kSec - 230 * kMs - 500 * kMs);
+  CHECK(lock.kill_by_ns() < last_sent + 3 * kSec);  // and etcd expires it no earlier than it received the grant
+}
+
+TEST_CASE("cluster lock: etcd says the lease is gone: renew is false, with the reason") {
+  FakeClock clock;
+  MiniEtcd etcd(clock);
+  Logger log = quiet_log();
+  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
+  REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == Acquisition::Acquired);
+  etcd.drop_lease(lock.lease());  // revoked by an operator
+  clock.t = lock.next_renewal_ns();
+  CHECK(lock.lost_at_ns() == 0);
+  CHECK_FALSE(lock.renew(lock.term_by_ns()));
+  CHECK(lock.lost());
+  CHECK(lock.lost_at_ns() == clock.t);
+  CHECK(lock.lost_why().find("gone") != std::string::npos);
+}
+
+TEST_CASE("cluster lock: unanswered renewals leave term_by where it was; then the loss is declared") {
+  FakeClock clock;
+  MiniEtcd etcd(clock);
+  Logger log = quiet_log();
+  ClusterLock lock(etcd.transport, endpoints(2), "n", 3, 600 * kMs, log, {}, clock);
+  REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == Acquisition::Acquired);
+  etcd.fault = [&](const Endpoint&, const Request&) -> std::optional<Step> { return refused(); };
+  const long long term_by = lock.term_by_ns();
+  // As the job loop does: renew when due, never past term_by.
+  while (clock.t < lock.term_by_ns()) {
+    if (clock.t >= lock.next_renewal_ns()) CHECK(lock.renew(lock.term_by_ns()));
+    clock.t += 50 * kMs;
+  }
+  CHECK(lock.term_by_ns() == term_by);  // nothing answered: the deadline did not move
+  CHECK_FALSE(lock.lost());
+  lock.declare_lost(lock.overdue_why());
+  CHECK(lock.lost());
+  CHECK(lock.lost_at_ns() == clock.t);
+  CHECK(lock.lost_why().find("safety window") != std::string::npos);
+  // Durations in the one grammar looplock prints (it said "0.60 s").
+  CHECK(lock.lost_why().find("(TTL 3.0s, kill-after 600ms, margin 230ms; last answered one sent ") !=
+        std::string::npos);
+  CHECK(lock.lost_why().find(" s,") == std::string::npos);
+  CHECK(lock.kill_by_ns() - lock.term_by_ns() == 600 * kMs);
+  lock.set_kill_after_ns(kSec);
+  CHECK(lock.kill_by_ns() - lock.term_by_ns() == kSec);
+}
+
+TEST_CASE("cluster lock: a waiter queues once and takes the lock in its turn, renewing meanwhile") {
+  FakeClock clock;
+  MiniEtcd etcd(clock);
+  Logger log = quiet_log();
+  const long long t0 = clock.t;
+  const long long a = etcd.contender("n", encode_cluster_holder({"hA", 1, "x", "y", "T", "1", 0}));
+  const long long b = etcd.contender("n", encode_cluster_holder({"hB", 2, "x", "y", "T", "2", 0}));
+  etcd.at(t0 + 2 * kSec, [&] { etcd.drop_lease(a); });
+  etcd.at(t0 + 4 * kSec, [&] { etcd.drop_lease(b); });
+  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
+  REQUIRE(lock.acquire(kBlocking, t0, me()) == Acquisition::Acquired);
+  CHECK(clock.t >= t0 + 4 * kSec);
+  CHECK(clock.t < t0 + 4 * kSec + 10 * kMs);                 // woken by the deletion, not by a poll
+  CHECK(etcd.transport.count("/v3/kv/txn") == 1);            // queued once
+  CHECK(etcd.transport.count("/v3/lease/keepalive") >= 14);  // renewed every 250 ms while waiting
+  CHECK(lock.fencing_token() > etcd.kvs.size());
+  // Its place was kept: its key is the one created at the start.
+  CHECK(etcd.kvs.at(lock.key()).create == lock.fencing_token());
+  CHECK(lock.expiry_ns() > clock.t + 2 * kSec);
+  // The value's acquired_at is rewritten at the first renewal (off the hand-off's path).
+  clock.t = lock.next_renewal_ns();
+  REQUIRE(lock.renew(lock.term_by_ns()));
+  CHECK(parse_cluster_holder(etcd.kvs.at(lock.key()).value).value()["fencing_token"] == lock.fencing_token());
+}
+
+TEST_CASE("cluster lock: a bounded wait times out, naming the holder, and leaves the queue") {
+  FakeClock clock;
+  MiniEtcd etcd(clock);
+  Logger log = quiet_log();
+  etcd.contender("n", encode_cluster_holder({"hA", 77, "x", "y", "T", "1", 0}));
+  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
+  const long long t0 = clock.t;
+  REQUIRE(lock.acquire(bounded(1500 * kMs), t0, me()) == Acquisition::TimedOut);
+  CHECK(clock.t >= t0 + 1500 * kMs);
+  CHECK(clock.t < t0 + 1600 * kMs);
+  REQUIRE(lock.blocker());
+  CHECK((*lock.blocker())["pid"] == 77);
+  CHECK(etcd.kvs.size() == 1);  // our key went with our lease
+}
+
+TEST_CASE("cluster lock: single_flight skips without queuing when any contender exists") {
+  FakeClock clock;
+  MiniEtcd etcd(clock);
+  Logger log = quiet_log();
+  etcd.contender("n", "");  // etcdctl lock: no value
+  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
+  REQUIRE(lock.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == Acquisition::Busy);
+  CHECK(etcd.kvs.size() == 1);
+  CHECK_FALSE(lock.blocker());
+  CHECK(describe_cluster_holder(lock.blocker()).find("etcdctl") != std::string::npos);
+  ClusterLock free_lock(etcd.transport, endpoints(1), "m", 3, 600 * kMs, log, {}, clock);
+  CHECK(free_lock.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == Acquisition::Acquired);
+}
+
+TEST_CASE("cluster lock: a blocking waiter rides out etcd being unavailable and keeps its place") {
+  FakeClock clock;
+  MiniEtcd etcd(clock);
+  Logger log = quiet_log();
+  const long long t0 = clock.t;
+  const long long a = etcd.contender("n", encode_cluster_holder({"hA", 1, "x", "y", "T", "1", 0}));
+  // etcd freezes at t0 + 1 s for 2.5 s (SIGSTOP: what was sent meanwhile is
+  // answered when it goes on); the holder releases at t0 + 5 s.
+  etcd.fault = [&](const Endpoint&, const Request&) -> std::optional<Step> {
+    if (clock.t >= t0 + kSec && clock.t < t0 + 3500 * kMs) return Step{Step::Delay, 0, "", t0 + 3500 * kMs - clock.t};
+    return std::nullopt;
+  };
+  etcd.at(t0 + 5 * kSec, [&] { etcd.drop_lease(a); });
+  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
+  REQUIRE(lock.acquire(kBlocking, t0, me()) == Acquisition::Acquired);
+  CHECK(clock.t >= t0 + 5 * kSec);
+  CHECK(etcd.transport.count("/v3/kv/txn") == 1);  // 2.5 s < TTL: the lease and the place survived
+}
+
+TEST_CASE("cluster lock: a waiter whose lease expired in a long outage queues again") {
+  FakeClock clock;
+  MiniEtcd etcd(clock);
+  Logger log = quiet_log();
+  const long long t0 = clock.t;
+  const long long a = etcd.contender("n", encode_cluster_holder({"hA", 1, "x", "y", "T", "1", 0}));
+  etcd.fault = [&](const Endpoint&, const Request&) -> std::optional<Step> {
+    if (clock.t >= t0 + kSec && clock.t < t0 + 5 * kSec) return silent();  // longer than the TTL
+    return std::nullopt;
+  };
+  etcd.at(t0 + 6 * kSec, [&] { etcd.drop_lease(a); });
+  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
+  REQUIRE(lock.acquire(kBlocking, t0, me()) == Acquisition::Acquired);
+  CHECK(etcd.transport.count("/v3/lease/grant") == 2);
+  CHECK(etcd.transport.count("/v3/kv/txn") == 2);
+}
+
+TEST_CASE("cluster lock: etcd unreachable from the start is 69 within the deadline") {
+  FakeClock clock;
+  FakeTransport t(clock);
+  t.handler = [](const Endpoint&, const Request&) { return refused(); };
+  Logger log = quiet_log();
+  ClusterLock lock(t, endpoints(2), "n", 3, 600 * kMs, log, {}, clock);
+  const long long t0 = clock.t;
+  try {
+    lock.acquire(bounded(500 * kMs), t0, me());
+    FAIL("no throw");
+  } catch (const Fatal& f) {
+    CHECK(f.status() == 69);
+    CHECK(std::string(f.what()).find("etcd unavailable") != std::string::npos);
+  }
+  CHECK(clock.t == t0 + 500 * kMs);
+}
+
+TEST_CASE("cluster lock: x and x/lock/y have keys of their own and do not exclude each other") {
+  FakeClock clock;
+  MiniEtcd etcd(clock);
+  Logger log = quiet_log();
+  ClusterLock nested(etcd.transport, endpoints(1), "x/lock/y", 3, 600 * kMs, log, {}, clock);
+  REQUIRE(nested.acquire(bounded(kSec), clock.t, me()) == Acquisition::Acquired);
+  CHECK(nested.key() == "looplock/x%2Flock%2Fy/lock/" + lease_hex(nested.lease()));
+  // The same key under the unencoded prefix too, in the same transaction, for
+  // earlier versions and etcdctl lock.
+  const auto keys = etcd.keys_of(nested.lease());
+  REQUIRE(keys.size() == 2);
+  const std::string legacy = "looplock/x/lock/y/lock/" + lease_hex(nested.lease());
+  REQUIRE(etcd.kvs.contains(legacy));
+  CHECK(etcd.kvs.at(legacy).create == nested.fencing_token());
+  CHECK(etcd.kvs.at(legacy).value == etcd.kvs.at(nested.key()).value);
+  // That legacy key lies under "x"'s prefix, but it is not x's contender.
+  for (auto plan : {WaitPlan{WaitPlan::Kind::NoWait, 0}, bounded(kSec), kBlocking}) {
+    ClusterLock x(etcd.transport, endpoints(1), "x", 3, 600 * kMs, log, {}, clock);
+    const long long t0 = clock.t;
+    CHECK(x.acquire(plan, t0, me()) == Acquisition::Acquired);
+    CHECK(clock.t < t0 + 100 * kMs);
+    CHECK(x.key() == "looplock/x/lock/" + lease_hex(x.lease()));
+    // ... and x's key is not x/lock/y's.
+    ClusterLock other(etcd.transport, endpoints(1), "x/lock/y", 3, 600 * kMs, log, {}, clock);
+    CHECK(other.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == Acquisition::Busy);
+    REQUIRE(other.blocker());
+    CHECK((*other.blocker())["lease"] == lease_hex(nested.lease()));
+    x.release();
+  }
+  nested.release();
+  CHECK(etcd.kvs.empty());  // the revoke deleted both keys
+}
+
+TEST_CASE("cluster lock: an encoded name's legacy contender (an earlier looplock, etcdctl lock) holds it") {
+  for (const char* value :
+       {"", R"({"host":"old","pid":7,"agent_id":"cron","operation":"o","acquired_at":"T","lease":"1"})"}) {
+    CAPTURE(value);
+    FakeClock clock;
+    MiniEtcd etcd(clock);
+    Logger log = quiet_log();
+    const long long old = etcd.contender_at(legacy_lock_prefix("a/b"), value);
+    // single_flight skips, naming it.
+    ClusterLock sf(etcd.transport, endpoints(1), "a/b", 3, 600 * kMs, log, {}, clock);
+    REQUIRE(sf.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == Acquisition::Busy);
+    CHECK(etcd.kvs.size() == 1);
+    if (*value) {
+      REQUIRE(sf.blocker());
+      CHECK((*sf.blocker())["pid"] == 7);
+    } else {
+      CHECK_FALSE(sf.blocker());
+    }
+    // The deadline times out, naming it.
+    ClusterLock w(etcd.transport, endpoints(1), "a/b", 3, 600 * kMs, log, {}, clock);
+    long long t0 = clock.t;
+    REQUIRE(w.acquire(bounded(kSec), t0, me()) == Acquisition::TimedOut);
+    CHECK(clock.t >= t0 + kSec);
+    CHECK(etcd.kvs.size() == 1);
+    if (*value) CHECK((*w.blocker())["pid"] == 7);
+    // A waiter waits for it, and takes the lock when it is gone.
+    t0 = clock.t;
+    etcd.at(t0 + 2 * kSec, [&] { etcd.drop_lease(old); });
+    ClusterLock b(etcd.transport, endpoints(1), "a/b", 3, 600 * kMs, log, {}, clock);
+    REQUIRE(b.acquire(kBlocking, t0, me()) == Acquisition::Acquired);
+    CHECK(clock.t >= t0 + 2 * kSec);
+    CHECK(clock.t < t0 + 2 * kSec + 10 * kMs);
+  }
+}
+
+TEST_CASE("cluster lock: new and legacy contenders of an encoded name queue in one order") {
+  FakeClock clock;
+  MiniEtcd etcd(clock);
+  Logger log = quiet_log();
+  const long long t0 = clock.t;
+  // A new holder (both keys), then an earlier looplock queued behind it (legacy key only).
+  ClusterLock first(etcd.transport, endpoints(1), "a/b", 3, 600 * kMs, log, {}, clock);
+  REQUIRE(first.acquire(bounded(kSec), t0, me()) == Acquisition::Acquired);
+  const long long old = etcd.contender_at(legacy_lock_prefix("a/b"), "");
+  const long long first_lease = first.lease();
+  etcd.at(t0 + kSec, [&] { etcd.drop_lease(first_lease); });  // its release (the revoke deletes both keys)
+  etcd.at(t0 + 2 * kSec, [&] { etcd.drop_lease(old); });
+  ClusterLock third(etcd.transport, endpoints(1), "a/b", 3, 600 * kMs, log, {}, clock);
+  REQUIRE(third.acquire(kBlocking, t0, me()) == Acquisition::Acquired);
+  // Not at the first release: the legacy contender came before it.
+  CHECK(clock.t >= t0 + 2 * kSec);
+  CHECK(third.fencing_token() > etcd.kvs.size());
+}
+
+TEST_CASE("cluster lock: another name's keys deeper under the prefix do not hold it") {
+  FakeClock clock;
+  MiniEtcd etcd(clock);
+  Logger log = quiet_log();
+  // An earlier looplock holding "x/lock/y" (its key under x's prefix).
+  etcd.contender_at(legacy_lock_prefix("x/lock/y"), encode_cluster_holder({"old", 9, "a", "o", "T", "1", 0}));
+  ClusterLock sf(etcd.transport, endpoints(1), "x", 3, 600 * kMs, log, {}, clock);
+  REQUIRE(sf.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == Acquisition::Acquired);
+  // The compare on the prefix failed: queued, found first, holds.
+  CHECK(etcd.transport.count("/v3/kv/txn") == 2);
+  ClusterLock sf2(etcd.transport, endpoints(1), "x", 3, 600 * kMs, log, {}, clock);
+  REQUIRE(sf2.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == Acquisition::Busy);
+  REQUIRE(sf2.blocker());
+  CHECK((*sf2.blocker())["lease"] == lease_hex(sf.lease()));
+  CHECK(etcd.kvs.size() == 2);  // sf2's key went with its lease
+}
+
+TEST_CASE("cluster holder value") {
+  ClusterHolder h{"host\n1", 42, "cron", "tick.py", "2026-11-30T17:00:00.000Z", "abc", 7};
+  auto j = parse_cluster_holder(encode_cluster_holder(h));
+  REQUIRE(j);
+  CHECK((*j)["pid"] == 42);
+  CHECK((*j)["fencing_token"] == 7);
+  CHECK((*j)["lease"] == "abc");
+  h.fencing_token = 0;
+  CHECK_FALSE(parse_cluster_holder(encode_cluster_holder(h))->contains("fencing_token"));
+  CHECK_FALSE(parse_cluster_holder("[]"));
+}
+
+TEST_CASE("the cluster lock words each cause's fix in looplock's options") {
+  CHECK(cause_hint(Cause::None, "http://h:1").empty());
+  CHECK(cause_hint(Cause::SpeaksTls, "http://h:1") == "The endpoint speaks TLS: use https://h:1 (and --etcd-cacert).");
+  CHECK(cause_hint(Cause::SpeaksPlainHttp, "https://h:1").starts_with("Use http://h:1 for this endpoint"));
+  CHECK(cause_hint(Cause::TlsRejected, "https://h:1").starts_with("Check --etcd-cacert"));
+  CHECK(cause_hint(Cause::NotTls, "https://h:1").find("does not answer in TLS") != std::string::npos);
+  CHECK(cause_hint(Cause::BadCredentials, "").find("--etcd-user") != std::string::npos);
+  CHECK(cause_hint(Cause::PermissionDenied, "").find("looplock/") != std::string::npos);
+  CHECK(cause_hint(Cause::CommonNameRefused, "").find("CommonName") != std::string::npos);
+}

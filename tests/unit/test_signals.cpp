@@ -1,0 +1,164 @@
+// looplock's own signal state (signals.hpp): what it inherits and gives
+// back to the command, the signals it supervises, and leaving the way the
+// command left (its status, or dying of its signal without a core file).
+#include "signals.hpp"
+
+#include <doctest/doctest.h>
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testutil.hpp"
+
+using looplock::InheritedSignals;
+
+namespace {
+
+// The signal state of the test process, put back after a test that changes
+// it in-process, so that doctest is left as it was found.
+struct SignalStateGuard {
+  sigset_t mask{};
+  struct sigaction chld {};
+  struct sigaction pipe {};
+  SignalStateGuard() {
+    sigprocmask(SIG_BLOCK, nullptr, &mask);
+    sigaction(SIGCHLD, nullptr, &chld);
+    sigaction(SIGPIPE, nullptr, &pipe);
+  }
+  ~SignalStateGuard() {
+    sigaction(SIGCHLD, &chld, nullptr);
+    sigaction(SIGPIPE, &pipe, nullptr);
+    sigprocmask(SIG_SETMASK, &mask, nullptr);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("shell_status") {
+  CHECK(looplock::shell_status(W_EXITCODE(0, 0)) == 0);
+  CHECK(looplock::shell_status(W_EXITCODE(7, 0)) == 7);
+  CHECK(looplock::shell_status(W_EXITCODE(255, 0)) == 255);
+  CHECK(looplock::shell_status(W_EXITCODE(0, SIGTERM)) == 128 + SIGTERM);
+  CHECK(looplock::shell_status(W_EXITCODE(0, SIGKILL)) == 137);
+  CHECK(looplock::shell_status(W_EXITCODE(0, SIGSEGV) | 0x80) == 128 + SIGSEGV);  // with a core dump
+  CHECK(looplock::shell_status(W_STOPCODE(SIGSTOP)) == 71);                       // not an ending
+
+  // Real wait statuses.
+  pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) _exit(42);
+  auto st = testutil::wait_child(child);
+  REQUIRE(st);
+  CHECK(looplock::shell_status(*st) == 42);
+  child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    signal(SIGTERM, SIG_DFL);
+    raise(SIGTERM);
+    _exit(0);
+  }
+  st = testutil::wait_child(child);
+  REQUIRE(st);
+  CHECK(looplock::shell_status(*st) == 143);
+}
+
+TEST_CASE("supervised_signals: every signal but KILL and STOP") {
+  sigset_t set = looplock::supervised_signals();
+  for (int s : {SIGHUP,  SIGINT,  SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGALRM,   SIGPIPE,  SIGVTALRM, SIGPROF,
+                SIGXCPU, SIGXFSZ, SIGCHLD, SIGTSTP, SIGTTIN, SIGTTOU, SIGCONT,   SIGSEGV,  SIGBUS,    SIGFPE,
+                SIGILL,  SIGABRT, SIGTRAP, SIGSYS,  SIGIO,   SIGPWR,  SIGSTKFLT, SIGWINCH, SIGURG}) {
+    CAPTURE(s);
+    CHECK(sigismember(&set, s) == 1);
+  }
+  for (int s = SIGRTMIN; s <= SIGRTMAX; ++s) {
+    CAPTURE(s);
+    CHECK(sigismember(&set, s) == 1);
+  }
+  CHECK(sigismember(&set, SIGKILL) == 0);
+  CHECK(sigismember(&set, SIGSTOP) == 0);
+}
+
+TEST_CASE("take_signal_control captures the inherited state and sets looplock's own") {
+  SignalStateGuard guard;
+  struct sigaction ign {};
+  ign.sa_handler = SIG_IGN;
+  sigemptyset(&ign.sa_mask);
+  sigaction(SIGCHLD, &ign, nullptr);
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(SIGPIPE, &dfl, nullptr);
+  sigset_t blocked;
+  sigemptyset(&blocked);
+  sigaddset(&blocked, SIGTERM);
+  sigaddset(&blocked, SIGUSR2);
+  sigprocmask(SIG_BLOCK, &blocked, nullptr);
+
+  struct rlimit core_before {};
+  REQUIRE(getrlimit(RLIMIT_CORE, &core_before) == 0);
+
+  InheritedSignals in = looplock::take_signal_control();
+  auto inherited = [&](int sig) {
+    for (const auto& [s, act] : in.actions)
+      if (s == sig) return act.sa_handler;
+    FAIL("signal " << sig << " not recorded");
+    return SIG_ERR;
+  };
+  CHECK((inherited(SIGCHLD) == SIG_IGN));
+  CHECK((inherited(SIGPIPE) == SIG_DFL));
+  CHECK(in.core_known);
+  CHECK(in.core.rlim_cur == core_before.rlim_cur);
+  struct rlimit core_now {};
+  REQUIRE(getrlimit(RLIMIT_CORE, &core_now) == 0);
+  CHECK(core_now.rlim_cur == 0);  // no core file of looplock's own
+  CHECK(core_now.rlim_max == core_before.rlim_max);
+  setrlimit(RLIMIT_CORE, &core_before);
+  CHECK(sigismember(&in.mask, SIGTERM));
+  CHECK(sigismember(&in.mask, SIGUSR2));
+
+  struct sigaction now {};
+  sigaction(SIGCHLD, nullptr, &now);
+  CHECK((now.sa_handler == SIG_DFL));  // so that the command can be waited for
+  sigaction(SIGPIPE, nullptr, &now);
+  CHECK((now.sa_handler == SIG_IGN));  // a closed stderr must not kill looplock
+  sigset_t mask;
+  sigprocmask(SIG_BLOCK, nullptr, &mask);
+  CHECK_FALSE(sigismember(&mask, SIGTERM));  // INT, TERM, HUP, QUIT end a wait
+  CHECK(sigismember(&mask, SIGUSR2));        // others stay as they were
+}
+
+TEST_CASE("exit_like exits with the status or dies of the signal, without a core") {
+  auto outcome = [](int wait_status) {
+    pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) looplock::exit_like(wait_status);
+    auto st = testutil::wait_child(child);
+    REQUIRE(st);
+    return *st;
+  };
+  int st = outcome(W_EXITCODE(5, 0));
+  CHECK(WIFEXITED(st));
+  CHECK(WEXITSTATUS(st) == 5);
+  st = outcome(W_EXITCODE(0, SIGTERM));
+  CHECK(WIFSIGNALED(st));
+  CHECK(WTERMSIG(st) == SIGTERM);
+  st = outcome(W_EXITCODE(0, SIGSEGV) | 0x80);  // doctest handles SIGSEGV: exit_like must reset it
+  CHECK(WIFSIGNALED(st));
+  CHECK(WTERMSIG(st) == SIGSEGV);
+  CHECK_FALSE(WCOREDUMP(st));
+  // A signal the caller ignored or blocked is still the one looplock dies of.
+  {
+    SignalStateGuard guard;
+    signal(SIGUSR1, SIG_IGN);
+    sigset_t b;
+    sigemptyset(&b);
+    sigaddset(&b, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &b, nullptr);
+    st = outcome(W_EXITCODE(0, SIGUSR1));
+    signal(SIGUSR1, SIG_DFL);
+  }
+  CHECK(WIFSIGNALED(st));
+  CHECK(WTERMSIG(st) == SIGUSR1);
+}
