@@ -225,17 +225,41 @@ bool ClusterLock::grant(long long deadline_ns, etcd::Result<long long>& r) {
   return true;
 }
 
-std::optional<Json> ClusterLock::holder_of(const etcd::KeyValue& kv, long long deadline_ns) {
-  if (auto h = parse_cluster_holder(kv.value)) {
-    if (!h->contains("fencing_token")) (*h)["fencing_token"] = kv.create_revision;
-    return h;
-  }
-  // No value: an earlier looplock, which used etcd's lock service (its value lies beside the unencoded
-  // prefix), or another client of the same keys (etcdctl lock).
-  if (!etcd::is_contender_key(etcd::legacy_lock_prefix(name_), kv.key)) return std::nullopt;
-  auto old = client_.range({etcd::holder_key(name_)}, {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
+std::optional<Json> contender_value(etcd::Client& client, const std::string& name, const etcd::KeyValue& kv,
+                                    const etcd::Deadline& bound) {
+  if (auto h = parse_cluster_holder(kv.value)) return h;
+  // No value: an earlier looplock, which used etcd's lock service (its value
+  // lies beside the unencoded prefix), or another client of the same keys
+  // (etcdctl lock).
+  if (!etcd::is_contender_key(etcd::legacy_lock_prefix(name), kv.key)) return std::nullopt;
+  auto old = client.range({etcd::holder_key(name)}, bound);
   if (!old.ok() || old.value.kvs.empty()) return std::nullopt;
   return parse_cluster_holder(old.value.kvs.front().value);
+}
+
+ClusterQueueRead read_cluster_queue(etcd::Client& client, const std::string& name, const etcd::Deadline& bound) {
+  ClusterQueueRead q;
+  // An encoded name's contenders are read under the unencoded prefix too
+  // (earlier versions, etcdctl lock).
+  q.prefixes = etcd::contender_prefixes(name);
+  std::vector<etcd::RangeResult> reads;
+  for (const auto& p : q.prefixes) {
+    auto keys = client.range({p, true, 0, etcd::RangeQuery::Order::FirstCreated, 0}, bound);
+    if (!keys.ok()) {
+      q.error = keys.error;
+      return q;
+    }
+    reads.push_back(std::move(keys.value));
+  }
+  q.contenders = etcd::contenders(q.prefixes, reads);
+  if (!q.contenders.empty()) q.holder = contender_value(client, name, q.contenders.front(), bound);
+  return q;
+}
+
+std::optional<Json> ClusterLock::holder_of(const etcd::KeyValue& kv, long long deadline_ns) {
+  auto h = contender_value(client_, name_, kv, {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
+  if (h && !h->contains("fencing_token") && parse_cluster_holder(kv.value)) (*h)["fencing_token"] = kv.create_revision;
+  return h;
 }
 
 Acquisition ClusterLock::acquire(const WaitPlan& plan, long long start_ns, ClusterHolder who) {

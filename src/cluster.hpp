@@ -70,6 +70,22 @@ std::string encode_cluster_holder(const ClusterHolder& h);
 // The holder JSON as read (any object), or nullopt when not an object.
 std::optional<Json> parse_cluster_holder(std::string_view value);
 
+// A contender's holder value: its key's, or (an earlier looplock's key,
+// which has none) the value beside the unencoded prefix; nullopt when it
+// left none (etcdctl lock).
+std::optional<Json> contender_value(etcd::Client& client, const std::string& name, const etcd::KeyValue& kv,
+                                    const etcd::Deadline& bound);
+
+// Who holds cluster lock `name` and who waits, in the order they take it
+// (read only: --inspect --etcd).
+struct ClusterQueueRead {
+  std::string error;                       // why it could not be read; empty when it was
+  std::vector<std::string> prefixes;       // where contenders are looked for (the first is the name's own)
+  std::vector<etcd::KeyValue> contenders;  // the first holds the lock
+  std::optional<Json> holder;              // the first's value
+};
+ClusterQueueRead read_cluster_queue(etcd::Client& client, const std::string& name, const etcd::Deadline& bound);
+
 // The fix for a failure's cause, in looplock's options (empty for None).
 // `endpoint`: the endpoint it is about ("http://HOST:PORT").
 std::string cause_hint(etcd::Cause cause, std::string_view endpoint);

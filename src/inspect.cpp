@@ -275,20 +275,8 @@ void inspect_cluster(const Options& o, const LockDir& dir, etcd::Transport* etcd
   if (!access.user.empty()) client.set_credentials(access.user, access.password);
   const long long deadline = sys::monotonic_ns() + 5'000'000'000LL;
   const etcd::Deadline bound{deadline, 1'000'000'000LL};
-  // The contenders in the order they take the lock: the first holds it. An
-  // encoded name's are read under the unencoded prefix too (earlier
-  // versions, etcdctl lock).
-  const std::vector<std::string> prefixes = etcd::contender_prefixes(name);
-  std::vector<etcd::RangeResult> reads;
-  std::string error;
-  for (const auto& p : prefixes) {
-    auto keys = client.range({p, true, 0, etcd::RangeQuery::Order::FirstCreated, 0}, bound);
-    if (!keys.ok()) {
-      error = keys.error;
-      break;
-    }
-    reads.push_back(std::move(keys.value));
-  }
+  const ClusterQueueRead read = read_cluster_queue(client, name, bound);
+  const auto& prefixes = read.prefixes;
   // The key too when the contender is on the unencoded prefix of an encoded
   // name (an earlier looplock, etcdctl lock) or wrote no value.
   auto key_note = [&](const std::optional<Json>& value, const etcd::KeyValue& kv) {
@@ -296,24 +284,16 @@ void inspect_cluster(const Options& o, const LockDir& dir, etcd::Transport* etcd
   };
   Json c = {{"lock_name", name}};
   std::vector<std::string> lines;
-  if (!error.empty()) {
-    c["error"] = error;
-    lines.push_back("cannot read from etcd: " + error);
+  if (!read.error.empty()) {
+    c["error"] = read.error;
+    lines.push_back("cannot read from etcd: " + read.error);
     status = exit_code::kClusterUnavailable;
   } else {
-    const auto kvs = etcd::contenders(prefixes, reads);
-    std::optional<Json> holder;
-    if (!kvs.empty()) {
-      holder = parse_cluster_holder(kvs.front().value);
-      if (!holder && etcd::is_contender_key(etcd::legacy_lock_prefix(name), kvs.front().key)) {
-        // An earlier looplock (etcd's lock service) kept its value beside the prefix.
-        auto h = client.range({etcd::holder_key(name)}, bound);
-        if (h.ok() && !h.value.kvs.empty()) holder = parse_cluster_holder(h.value.kvs.front().value);
-      }
-      if (holder) {
-        (*holder)["fencing_token"] = kvs.front().create_revision;
-        (*holder)["key"] = kvs.front().key;
-      }
+    const auto& kvs = read.contenders;
+    std::optional<Json> holder = read.holder;
+    if (holder) {
+      (*holder)["fencing_token"] = kvs.front().create_revision;
+      (*holder)["key"] = kvs.front().key;
     }
     Json waiting = Json::array();
     for (size_t i = 1; i < kvs.size(); ++i) {
