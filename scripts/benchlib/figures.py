@@ -95,6 +95,7 @@ def contended_targets(c):
 
 
 def handoff_targets(h):
+    """p50 against flock(1)'s and p99 under 2 ms, both at every N."""
     if h.get("skipped"):
         return [Target("hand-off p50 looplock ≤ flock(1) and p99 < 2 ms", math.nan, "ratio", None)]
     p50_ok, p99_ok = True, True
@@ -125,6 +126,7 @@ def memory_targets(m):
 
 
 def cluster_targets(c):
+    """Uncontended wall time and hand-off p50, each against etcdctl lock."""
     names = ("cluster: uncontended median looplock --etcd ≤ etcdctl lock",
              "cluster: hand-off p50 looplock --etcd ≤ etcdctl lock")
     if c.get("skipped"):

@@ -87,6 +87,7 @@ class Tools:
         os.makedirs(self.metrics, exist_ok=True)
 
     def wrap(self, tool, cmd, policy_args=()):
+        """The argv that runs cmd under tool (policy_args go to looplock)."""
         if tool == "looplock":
             return [self.looplock, *policy_args, self.dir, "--", *cmd]
         if tool == "looplock -F":
