@@ -576,3 +576,40 @@ def world_dir():
         yield d
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+# --- the benchmark report (test_bench_smoke.py, test_bench_report.py) ---------
+
+# Its sections, in order (scripts/benchlib/report.py).
+BENCH_SECTIONS = [
+    "# looplock benchmarks",
+    "## Machine",
+    "## 1. Uncontended",
+    "## 2. Contended throughput",
+    "## 3. Hand-off latency",
+    "## 4. Deadline precision",
+    "## 5. Memory",
+    "## 6. Cluster lock",
+    "## Targets",
+    "## Plot",
+    "## What was tried",
+]
+
+# A "What was tried" section as the lead keeps it by hand: the next report
+# must end with it, verbatim.
+BENCH_TRIED = """## What was tried
+
+- 2026-11-30: tried X; it made no difference (notes kept by hand).
+
+### A sub-heading the lead wrote
+
+| a | b |
+|---|---|
+| 1 | 2 |
+"""
+
+
+def bench_section(text, heading):
+    """The part of a report from heading to the next "## " heading."""
+    body = text[text.find(heading):]
+    return body[:body.find("\n## ", 1)]

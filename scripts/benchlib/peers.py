@@ -1,0 +1,177 @@
+"""The processes a scenario needs beside the tools it measures: the `stamp`
+command of the hand-off scenarios (a small C program compiled at bench
+start), a holder of the lock for the deadline scenario, one etcd member on
+loopback for the cluster scenarios, and a blackholed endpoint for failover."""
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from . import BenchError
+from .launcher import SH, SLEEP
+
+ETCD = "/usr/bin/etcd"
+ETCDCTL = "/usr/bin/etcdctl"
+
+STAMP_C = r"""
+/* The wrapped command of the hand-off scenario: CLOCK_MONOTONIC at start,
+ * an optional hold, CLOCK_MONOTONIC just before exit, one O_APPEND write. */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+static long long now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+int main(int argc, char **argv) {
+  long long t0 = now();
+  if (argc < 3) return 2;
+  int fd = open(argv[1], O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return 3;
+  long hold_us = atol(argv[2]);
+  if (hold_us > 0) {
+    struct timespec d = {hold_us / 1000000, (hold_us % 1000000) * 1000L};
+    while (nanosleep(&d, &d) != 0) {}
+  }
+  char buf[96];
+  long long t1 = now();
+  int n = snprintf(buf, sizeof buf, "%lld %lld %d\n", t0, t1, (int)getpid());
+  if (write(fd, buf, (size_t)n) != n) return 4;
+  return 0;
+}
+"""
+
+
+def build_stamp(work):
+    """(path of the compiled `stamp`, None), or (None, why it could not be built)."""
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if not cc:
+        return None, "no C compiler (cc) found"
+    src = Path(work) / "stamp.c"
+    exe = Path(work) / "stamp"
+    src.write_text(STAMP_C)
+    r = subprocess.run([cc, "-O2", "-o", str(exe), str(src)], capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        return None, f"cc failed: {r.stderr.strip()[:300]}"
+    return str(exe), None
+
+
+class Holder:
+    """`flock DIR/.state.lock sh -c 'echo ready; exec sleep 1000'` in its own
+    process group, so that ending it ends the sleep that shares its fd."""
+
+    def __init__(self, T):
+        self.p = subprocess.Popen([T.flock, T.lock, SH, "-c", f"echo ready; exec {SLEEP} 1000"],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
+                                  start_new_session=True)
+        line = self.p.stdout.readline()
+        if line.strip() != "ready":
+            self.stop()
+            raise BenchError("the holder (flock(1) + sleep) did not start")
+
+    def stop(self):
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.p.wait(timeout=30)
+        self.p.stdout.close()
+
+
+
+class EtcdServer:
+    """One etcd member on loopback. Its data is on tmpfs (/dev/shm) when there
+    is one, so that the disk's fsync latency, the same for both clients,
+    does not drown the difference between them."""
+
+    def __init__(self, work):
+        shm = "/dev/shm"
+        self.data = tempfile.mkdtemp(prefix="looplock-bench-etcd-", dir=shm if os.access(shm, os.W_OK) else work)
+        self.tmpfs = self.data.startswith(shm)
+        def port():
+            with socket.socket() as so:
+                so.bind(("127.0.0.1", 0))
+                return so.getsockname()[1]
+        cport, pport = port(), port()
+        self.url = f"http://127.0.0.1:{cport}"
+        peer = f"http://127.0.0.1:{pport}"
+        self.log = open(Path(work) / "etcd.log", "w")
+        self.p = subprocess.Popen([ETCD, "--name", "bench", "--data-dir", self.data,
+                                   "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+                                   "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                                   "--initial-cluster", f"bench={peer}"],
+                                  stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        end = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
+                    if b'"true"' in r.read():
+                        return
+            except OSError:
+                pass
+            if self.p.poll() is not None or time.monotonic() > end:
+                self.stop()
+                raise BenchError("etcd did not become healthy")
+            time.sleep(0.05)
+
+    def proposals(self):
+        """Raft proposals committed so far: etcd's writes."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("etcd_server_proposals_committed_total "):
+                    return float(line.split()[1])
+        raise BenchError("etcd's /metrics has no etcd_server_proposals_committed_total")
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.kill()
+        self.p.wait(timeout=30)
+        self.log.close()
+        shutil.rmtree(self.data, ignore_errors=True)
+
+
+def cluster_skip_reason(looplock):
+    """Why the cluster scenarios cannot run here, or None."""
+    if not os.access(ETCD, os.X_OK) or not os.access(ETCDCTL, os.X_OK):
+        return f"{ETCD} or {ETCDCTL} is missing (Debian packages etcd-server, etcd-client)"
+    if not os.access(Path(looplock).parent / "looplock-etcd", os.X_OK):
+        return "looplock-etcd was not built beside looplock (libcurl missing)"
+    return None
+
+
+class Blackhole:
+    """A loopback endpoint that drops every SYN, as a partitioned or
+    blackholed member does: a listener whose accept queue (backlog 0) is
+    kept full by two connections that nobody accepts, so a connect to it
+    hangs until the client gives up."""
+
+    def __init__(self):
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(0)
+        port = self.listener.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.fillers = []
+        for _ in range(2):
+            f = socket.socket()
+            f.setblocking(False)
+            f.connect_ex(("127.0.0.1", port))
+            self.fillers.append(f)
+        # The first filler's handshake completes: it fills the queue.
+        if not select.select([], [self.fillers[0]], [], 5)[1]:
+            self.close()
+            raise BenchError("the blackholed endpoint's listener did not fill its queue")
+
+    def close(self):
+        for f in self.fillers:
+            f.close()
+        self.listener.close()

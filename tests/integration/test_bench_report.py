@@ -1,0 +1,289 @@
+"""The benchmark report is a pure function of the results: scripts/benchlib's
+figures.verdicts() and report.render() are run here on results built by
+hand (no process, no file, no clock), and the text is checked: every
+section in order, ratios computed from the numbers given (0.80 from 8 ms /
+10 ms), targets shown met or not met as the numbers say, a --quick report
+judging nothing, a skipped scenario saying why, and the "What was tried"
+notes carried verbatim. No timing of this machine is involved."""
+import copy
+import sys
+
+import pytest
+
+from conftest import BENCH_SECTIONS, BENCH_TRIED, ROOT, bench_section
+
+sys.path.insert(0, str(ROOT / "scripts"))
+from benchlib import figures, report  # noqa: E402
+
+MS = 1_000_000  # nanoseconds
+
+INFO = {
+    "CPU": "Fixture CPU",
+    "CPUs (nproc)": "2",
+    "kernel": "6.0.0-fixture",
+    "looplock": "looplock 0.0.0 (fixture)",
+    "flock(1)": "flock from util-linux 2.38 (fixture)",
+    "lock directory file system": "tmpfs",
+    "date": "2026-01-01 00:00 UTC",
+}
+QUIET = ("0.50 0.40 0.30", "0.60 0.40 0.30")  # below 2 CPUs: no "busy machine" note
+
+
+def ns(*millis):
+    return [round(x * MS) for x in millis]
+
+
+def uncontended():
+    # Medians: looplock 8 ms, flock 10, bare 2, -F 6 against 5, metrics 8.4.
+    wall = {"looplock": ns(7, 8, 9), "flock": ns(9, 10, 11), "bare": ns(1, 2, 3),
+            "looplock -F": ns(5, 6, 7), "flock -F": ns(4, 5, 6), "looplock metrics": ns(8.4, 8.4, 8.4)}
+    cpu = {t: ns(1, 1, 1) for t in wall}
+    cpu["looplock"], cpu["flock"] = ns(4, 4, 4), ns(5, 5, 5)
+    return dict(tools=list(wall), wall=wall, cpu=cpu, runs=3, warmup=1)
+
+
+def contended():
+    rows = [dict(n=1, m=3, per={"looplock": 5 * MS, "flock": 5 * MS, "bare": 2 * MS}, all={}),
+            dict(n=2, m=3, per={"looplock": 4.5 * MS, "flock": 5 * MS, "bare": 2 * MS}, all={})]
+    return dict(tools=["looplock", "flock", "bare"], rows=rows, reps=1)
+
+
+def handoff():
+    stats = {"looplock": {50: 1 * MS, 90: 1.2 * MS, 99: 1.5 * MS, 100: 1.6 * MS},
+             "flock": {50: 1.25 * MS, 90: 1.5 * MS, 99: 2 * MS, 100: 2.5 * MS}}
+    row = dict(n=2, k=3, gaps={"looplock": ns(1, 1, 1, 1.2, 1.6), "flock": ns(1, 1.25, 1.5, 2, 2.5)},
+               overlaps={"looplock": 0, "flock": 0}, stats=stats)
+    return dict(tools=["looplock", "flock"], rows=[row], hold_us=5000, reps=1)
+
+
+def deadline():
+    stats = {"looplock": {50: 3 * MS, 100: 25 * MS}, "flock": {50: 2 * MS, 100: 4 * MS}}
+    return dict(tools=["looplock", "flock"], rows=[dict(deadline=0.05, runs=2, over={}, stats=stats)])
+
+
+def memory():
+    hwm = {"looplock": [1500, 1600, 1700], "flock": [1000, 1100, 1200], "sleep": [600, 650, 700]}
+    rss = {"looplock": [1400, 1400, 1400], "flock": [900, 900, 900]}
+    return dict(tools=["looplock", "flock"], hwm=hwm, rss=rss, reps=3, sleep="0.5")
+
+
+def cluster():
+    failover = {"looplock": {"direct": ns(30, 32, 34), "blackholed": ns(70, 72, 74)},
+                "etcdctl": {"direct": ns(40, 40, 40), "blackholed": ns(1040, 1040, 1040)}}
+    return dict(tools=["looplock", "etcdctl"], wall={"looplock": ns(30, 32, 34), "etcdctl": ns(38, 40, 42)},
+                writes={"looplock": 3.0, "etcdctl": 3.0}, hand={"looplock": ns(5, 6, 7), "etcdctl": ns(4, 5, 6)},
+                runs=3, tmpfs=True, failover=failover, failover_runs=3, hold_us=5000, per_host=60,
+                stamp_missing=False)
+
+
+def results():
+    return dict(uncontended=uncontended(), contended=contended(), handoff=handoff(), deadline=deadline(),
+                memory=memory(), cluster=cluster())
+
+
+def render(res=None, quick=False, plot_note=None, tried=None, load=QUIET):
+    res = results() if res is None else res
+    return report.render(res, INFO, figures.verdicts(res), quick=quick, plot_note=plot_note, tried=tried,
+                         elapsed=42.0, load_start=load[0], load_end=load[1])
+
+
+def rows(body):
+    """The cells of each table row in a part of the report (separators left
+    out)."""
+    return [[c.strip() for c in line.strip().strip("|").split("|")]
+            for line in body.splitlines() if line.startswith("|") and not line.startswith("|--")]
+
+
+def targets(text):
+    """The Targets table: target → (measured, verdict)."""
+    return {r[0]: (r[1], r[2]) for r in rows(bench_section(text, "## Targets"))[1:]}
+
+
+# What the fixture's numbers make of each target.
+EXPECTED_TARGETS = {
+    "uncontended wall time looplock / flock(1) ≤ 1.00": ("0.80", "met"),
+    "uncontended wall time looplock -F / flock -F ≤ 1.00": ("1.20", "**not met**"),
+    "contended time per run looplock / flock(1) ≤ 1.00 at every N": ("worst 1.00", "met"),
+    "hand-off p50 looplock ≤ flock(1) at every N": ("worst p50 ratio 0.80", "met"),
+    "hand-off p99 looplock < 2 ms at every N": ("worst 1.500 ms", "met"),
+    "deadline overshoot looplock p50 < 5 ms": ("worst 3.000 ms", "met"),
+    "deadline overshoot looplock max < 20 ms": ("25.000 ms", "**not met**"),
+    "peak memory looplock ≤ flock(1) + 1 MiB": ("+500 KiB", "met"),
+    "cluster: uncontended median looplock --etcd ≤ etcdctl lock": ("0.80", "met"),
+    "cluster: hand-off p50 looplock --etcd ≤ etcdctl lock": ("1.20", "**not met**"),
+}
+
+
+def test_every_section_is_there_in_order():
+    text = render()
+    positions = [text.find(s) for s in BENCH_SECTIONS]
+    assert all(p >= 0 for p in positions), [s for s, p in zip(BENCH_SECTIONS, positions) if p < 0]
+    assert positions == sorted(positions), "sections out of order"
+    machine = dict((r[0], r[1]) for r in rows(bench_section(text, "## Machine"))[1:])
+    assert {k: machine[k] for k in INFO} == INFO
+    assert machine["load average (start → end)"] == f"{QUIET[0]} → {QUIET[1]}"
+    assert machine["bench wall time"] == "42 s"
+    assert "Busy machine" not in text and "Smoke run" not in text
+    assert "Generated by `scripts/bench`:" in text
+
+
+def test_the_targets_are_met_or_not_as_the_numbers_say():
+    assert targets(render()) == EXPECTED_TARGETS
+    met = {t.name: t.met for t in figures.verdicts(results())}
+    assert met == {name: verdict == "met" for name, (_, verdict) in EXPECTED_TARGETS.items()}
+
+
+def test_the_ratios_are_computed_from_the_numbers():
+    text = render()
+    ratios = dict(rows(bench_section(text, "## 1. Uncontended"))[7:])
+    assert ratios == {
+        "ratio": "value",
+        "looplock / flock(1), wall": "0.80",  # 8 / 10
+        "(looplock − true) / (flock(1) − true), overhead": "0.75",  # (8 − 2) / (10 − 2)
+        "looplock / flock(1), CPU": "0.80",  # 4 / 5
+        "looplock -F / flock -F, wall": "1.20",  # 6 / 5
+        "(looplock -F − true) / (flock -F − true), overhead": "1.33",  # (6 − 2) / (5 − 2)
+        "looplock --metrics-dir / looplock, wall (what the metrics file costs a run)": "1.05",  # 8.4 / 8
+        "looplock --metrics-dir − looplock, ms": "0.400",
+    }
+    tools = rows(bench_section(text, "## 1. Uncontended"))[1:7]
+    assert tools[0] == ["looplock", "`looplock DIR -- /bin/true`", "8.000", "7.200", "8.800", "4.000"]
+    assert rows(bench_section(text, "## 2. Contended"))[1:] == [
+        ["1", "3", "5.000", "5.000", "2.000", "1.00"], ["2", "3", "4.500", "5.000", "2.000", "0.90"]]
+    assert rows(bench_section(text, "## 3. Hand-off"))[1] == [
+        "2", "5", "1.000", "1.200", "1.500", "1.600", "1.250", "1.500", "2.000", "2.500", "0.80", "0.75"]
+    assert rows(bench_section(text, "## 4. Deadline"))[1] == ["0.05", "2", "3.000", "25.000", "2.000", "4.000", "1.50"]
+    memory = bench_section(text, "## 5. Memory")
+    assert rows(memory)[1:] == [["looplock", "1600", "1700", "1400"], ["flock", "1100", "1200", "900"],
+                                ["the command (`sleep`), for scale", "650", "700", "—"]]
+    assert "looplock − flock(1): +500 KiB (ratio 1.45)." in memory
+    cluster = bench_section(text, "## 6. Cluster lock")
+    assert "looplock / etcdctl: uncontended wall 0.80, hand-off p50 1.20." in cluster
+    assert ["`looplock --etcd`", "32.000", "30.400", "33.600", "3.0", "6.000", "6.800", "7.000"] in rows(cluster)
+    assert ["`etcdctl lock`", "40.000", "1040.000", "1040.000", "1000.000"] in rows(cluster)
+
+
+@pytest.mark.parametrize("looplock, flock, shown, met", [
+    (8, 10, "0.80", True), (9, 10, "0.90", True), (10, 10, "1.00", True), (10, 8, "1.25", False)])
+def test_a_ratio_and_its_verdict_follow_the_numbers(looplock, flock, shown, met):
+    res = results()
+    res["uncontended"]["wall"]["looplock"] = ns(looplock, looplock, looplock)
+    res["uncontended"]["wall"]["flock"] = ns(flock, flock, flock)
+    first = figures.verdicts(res)[0]
+    assert first.value == pytest.approx(looplock / flock)
+    assert first.met is met
+    text = render(res)
+    assert f"| looplock / flock(1), wall | {shown} |" in text
+    name = "uncontended wall time looplock / flock(1) ≤ 1.00"
+    assert targets(text)[name] == (shown, "met" if met else "**not met**")
+
+
+def test_what_was_tried_is_carried_verbatim():
+    previous = "# looplock benchmarks\n\nSTALE-GENERATED-CONTENT\n\n" + BENCH_TRIED
+    tried = report.tried_section(previous)
+    assert tried == BENCH_TRIED
+    text = render(tried=tried)
+    assert text.endswith(BENCH_TRIED)
+    assert text.count("## What was tried") == 1
+    assert "STALE-GENERATED-CONTENT" not in text
+    # A section without a final newline gets one; nothing else is touched.
+    assert report.tried_section(previous.rstrip("\n")) == BENCH_TRIED
+
+
+def test_without_previous_notes_the_report_starts_an_empty_section():
+    assert report.tried_section(None) is None
+    assert report.tried_section("# looplock benchmarks\n\n## Targets\n") is None
+    text = render(tried=None)
+    notes = text[text.index("## What was tried"):]
+    assert text.index("## What was tried") > text.index("## Targets")
+    assert "_Nothing recorded yet." in notes and "copies this section verbatim" in notes
+
+
+def test_a_quick_report_judges_nothing():
+    text = render(quick=True)
+    assert "Generated by `scripts/bench --quick`" in text
+    assert "> **Smoke run (`--quick`)**" in text
+    shown = targets(text)
+    assert set(shown) == set(EXPECTED_TARGETS)
+    assert {verdict for _, verdict in shown.values()} == {"not judged (--quick)"}
+    assert {name: measured for name, (measured, _) in shown.items()} == {
+        name: measured for name, (measured, _) in EXPECTED_TARGETS.items()}
+
+
+def test_a_skipped_scenario_says_why_and_its_targets_have_no_data():
+    res = results()
+    res["handoff"] = dict(skipped="no C compiler (cc) found", tools=["looplock", "flock"], rows=[])
+    res["cluster"] = dict(skipped="etcd is missing", tools=["looplock", "etcdctl"])
+    text = render(res)
+    assert "Skipped: no C compiler (cc) found.\n" in bench_section(text, "## 3. Hand-off")
+    assert "Skipped: etcd is missing.\n" in bench_section(text, "## 6. Cluster lock")
+    assert rows(bench_section(text, "## 3. Hand-off")) == []
+    shown = targets(text)
+    assert shown["hand-off p50 looplock ≤ flock(1) and p99 < 2 ms"] == ("—", "no data")
+    assert shown["cluster: uncontended median looplock --etcd ≤ etcdctl lock"] == ("—", "no data")
+    assert shown["cluster: hand-off p50 looplock --etcd ≤ etcdctl lock"] == ("—", "no data")
+    assert shown["peak memory looplock ≤ flock(1) + 1 MiB"] == ("+500 KiB", "met")
+
+
+def test_a_busy_machine_is_said_to_be_busy():
+    text = render(load=("2.50 1.00 0.50", "1.00 1.00 0.50"))
+    assert "> **Busy machine**: the 1-minute load average reached 2.5 on 2 CPUs" in text
+    assert "Busy machine" not in render(load=("1.99 1.00 0.50", "1.00 1.00 0.50"))
+
+
+def test_the_plot_or_why_there_is_none():
+    assert "![hand-off latency and time per run vs N](benchmarks.png)" in render(plot_note=None)
+    text = render(plot_note="No plot: matplotlib is not importable.")
+    assert "## Plot\n\nNo plot: matplotlib is not importable.\n\n" in text
+    assert "benchmarks.png" not in text
+
+
+# Audit events (sys.audit) that would mean I/O: files, processes, sockets,
+# directory listings, imports done late, sleeping.
+IO_EVENTS = ("open", "os.", "subprocess.", "socket.", "shutil.", "urllib.", "import", "time.sleep", "ctypes.")
+_seen = []
+_watching = False
+
+
+def _audit(event, _args):
+    if _watching and event.startswith(IO_EVENTS):
+        _seen.append(event)
+        raise RuntimeError(f"I/O during the report: {event}")
+
+
+sys.addaudithook(_audit)  # for the life of this test process; active only while _watching
+
+
+def without_io(fn):
+    """fn()'s value, and the I/O events it caused (each refused)."""
+    global _watching
+    _seen.clear()
+    _watching = True
+    try:
+        try:
+            value = fn()
+        except RuntimeError as e:
+            value = e
+    finally:
+        _watching = False
+    return value, list(_seen)
+
+
+def test_the_guard_sees_io():
+    value, seen = without_io(lambda: open(__file__).read())
+    assert isinstance(value, RuntimeError) and seen == ["open"]
+
+
+def test_the_report_does_no_io_and_leaves_the_results_alone():
+    res = results()
+    before = copy.deepcopy(res)
+    previous = "# old\n\n" + BENCH_TRIED
+
+    def everything():
+        return render(res, tried=report.tried_section(previous))
+
+    text, seen = without_io(everything)
+    assert seen == []
+    assert isinstance(text, str) and text.endswith(BENCH_TRIED)
+    assert res == before, "render changed its results"
+    assert render(results(), tried=BENCH_TRIED) == text, "the same results gave another report"
