@@ -1,6 +1,8 @@
 #include "environment.hpp"
 
 #include <algorithm>
+#include <charconv>
+#include <cstdio>
 
 namespace looplock {
 
@@ -34,6 +36,29 @@ EnvList env_with(const EnvList& env, const std::vector<std::pair<std::string_vie
   }
   for (const auto& [name, value] : set) out.push_back(std::string(name) + "=" + value);
   return out;
+}
+
+std::string format_deadline(long long ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%lld.%03lld", ms / 1000, ms % 1000);
+  return buf;
+}
+
+std::optional<long long> parse_deadline(const std::optional<std::string>& value) {
+  if (!value) return std::nullopt;
+  const std::string& v = *value;
+  const size_t dot = v.find('.');
+  if (dot == 0 || dot == std::string::npos || v.size() - dot != 4) return std::nullopt;
+  long long s = 0;
+  long long ms = 0;
+  const char* end = v.data() + dot;
+  if (auto [p, ec] = std::from_chars(v.data(), end, s); ec != std::errc() || p != end || s < 0) return std::nullopt;
+  if (!std::all_of(v.begin() + static_cast<long>(dot) + 1, v.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return std::nullopt;
+  }
+  std::from_chars(v.data() + dot + 1, v.data() + v.size(), ms);
+  if (s > 9'000'000'000'000LL) return std::nullopt;
+  return s * 1000 + ms;
 }
 
 }  // namespace looplock

@@ -20,6 +20,9 @@ inline constexpr std::string_view kHolderPid = "LOOPLOCK_HOLDER_PID";
 inline constexpr std::string_view kHolderFd = "LOOPLOCK_HOLDER_FD";
 inline constexpr std::string_view kAgent = "LOOPLOCK_AGENT";
 inline constexpr std::string_view kMetricsDir = "LOOPLOCK_METRICS_DIR";
+// When looplock sends the command TERM for --max-time (Unix time, seconds
+// with milliseconds); nested, the earlier of its own and the inherited one.
+inline constexpr std::string_view kDeadline = "LOOPLOCK_DEADLINE";
 // The cluster lock (--etcd): the default endpoints, and what the command gets.
 inline constexpr std::string_view kEtcd = "LOOPLOCK_ETCD";
 inline constexpr std::string_view kEtcdKey = "LOOPLOCK_ETCD_KEY";
@@ -43,5 +46,11 @@ std::optional<std::string> env_get(const EnvList& env, std::string_view name);
 // and every name in `unset` removed.
 EnvList env_with(const EnvList& env, const std::vector<std::pair<std::string_view, std::string>>& set,
                  const std::vector<std::string_view>& unset = {});
+
+// LOOPLOCK_DEADLINE's value for `ms` since the epoch: "1764601200.123".
+std::string format_deadline(long long ms);
+// Its value read back (ms since the epoch); nullopt when absent or not that
+// form.
+std::optional<long long> parse_deadline(const std::optional<std::string>& value);
 
 }  // namespace looplock

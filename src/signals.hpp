@@ -12,6 +12,9 @@
 #include <sys/resource.h>
 #include <sys/types.h>
 
+#include <optional>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -44,6 +47,12 @@ InheritedSignals take_signal_control();
 // core-file limit and mask. Async-signal-safe (it runs between vfork and
 // exec); returns false (errno set) when the mask cannot be restored.
 bool restore_in_child(const InheritedSignals& inherited);
+
+// A signal by name ("USR1", "SIGUSR1", "usr1"), "RTMIN+N", or number; nullopt
+// when it is none.
+std::optional<int> parse_signal(std::string_view text);
+// "USR1", "RTMIN+2", or the number.
+std::string signal_name(int sig);
 
 // Every signal looplock takes while the command runs: all but KILL and STOP.
 sigset_t supervised_signals();

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <pwd.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -97,6 +98,26 @@ std::string utc_iso8601(long long ms) {
   std::snprintf(buf, sizeof buf, "%04lld-%02lld-%02lldT%02lld:%02lld:%02lld.%03lldZ", year, month, day, rem / 3600,
                 (rem / 60) % 60, rem % 60, millis);
   return buf;
+}
+
+void sleep_until_ns(long long until_ns) {
+  const timespec ts{static_cast<time_t>(until_ns / 1'000'000'000LL), static_cast<long>(until_ns % 1'000'000'000LL)};
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {
+  }
+}
+
+std::optional<unsigned long long> random_below(unsigned long long bound) {
+  // Rejection sampling: no value is likelier than another.
+  const unsigned long long limit = ~0ULL - (~0ULL % bound);
+  for (;;) {
+    unsigned long long v = 0;
+    const ssize_t n = retry_eintr([&] { return getrandom(&v, sizeof v, 0); });
+    if (n != static_cast<ssize_t>(sizeof v)) {
+      if (n >= 0) errno = EIO;
+      return std::nullopt;
+    }
+    if (v < limit) return v % bound;
+  }
 }
 
 std::string utc_now_iso8601() { return utc_iso8601(realtime_ms()); }

@@ -57,6 +57,12 @@ std::optional<long long> parse_utc_ms(const std::string& iso);
 // Milliseconds since the epoch for the current time.
 long long realtime_ms();
 
+// Sleeps until CLOCK_MONOTONIC reaches `until_ns` (EINTR: sleeps on).
+void sleep_until_ns(long long until_ns);
+// A uniformly random number in [0, bound) from getrandom(2) (bound > 0);
+// nullopt (errno set) when the kernel gives none.
+std::optional<unsigned long long> random_below(unsigned long long bound);
+
 bool same_file(const struct stat& a, const struct stat& b);
 
 // This host's name (gethostname(2)), or "unknown".

@@ -58,3 +58,16 @@ TEST_CASE("the exported names") {
   CHECK(looplock::env_name::kHolderPid == "LOOPLOCK_HOLDER_PID");
   CHECK(looplock::env_name::kHolderFd == "LOOPLOCK_HOLDER_FD");
 }
+
+TEST_CASE("LOOPLOCK_DEADLINE: seconds with milliseconds, read back strictly") {
+  CHECK(looplock::format_deadline(1796171903089LL) == "1796171903.089");
+  CHECK(looplock::format_deadline(1796171903000LL) == "1796171903.000");
+  CHECK(looplock::format_deadline(5LL) == "0.005");
+  CHECK(looplock::parse_deadline(std::string("1796171903.089")) == 1796171903089LL);
+  CHECK(looplock::parse_deadline(looplock::format_deadline(42)) == 42);
+  CHECK_FALSE(looplock::parse_deadline(std::nullopt));
+  for (const char* bad : {"", "1796171903", "1796171903.08", "1796171903.0891", ".089", "-1.000", "1e3.000", "12.a00",
+                          "12.00 ", " 12.000", "99999999999999999999.000"}) {
+    CHECK_MESSAGE(!looplock::parse_deadline(std::string(bad)), bad);
+  }
+}

@@ -162,3 +162,20 @@ TEST_CASE("exit_like exits with the status or dies of the signal, without a core
   CHECK(WIFSIGNALED(st));
   CHECK(WTERMSIG(st) == SIGUSR1);
 }
+
+TEST_CASE("parse_signal and signal_name: names with or without SIG, any case, numbers, RTMIN+N") {
+  CHECK(looplock::parse_signal("USR1") == SIGUSR1);
+  CHECK(looplock::parse_signal("SIGUSR2") == SIGUSR2);
+  CHECK(looplock::parse_signal("usr1") == SIGUSR1);
+  CHECK(looplock::parse_signal("sigterm") == SIGTERM);
+  CHECK(looplock::parse_signal("10") == 10);
+  CHECK(looplock::parse_signal("RTMIN+2") == SIGRTMIN + 2);
+  for (const char* bad : {"", "SIG", "USR3", "0", "999", "RTMIN+", "RTMIN+999", "RTMIN+x", "-1", "1 ", "TERM\n"}) {
+    CHECK_MESSAGE(!looplock::parse_signal(bad), bad);
+  }
+  CHECK(looplock::signal_name(SIGUSR1) == "USR1");
+  CHECK(looplock::signal_name(SIGRTMIN + 3) == "RTMIN+3");
+  for (int sig : {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGWINCH, SIGRTMIN + 1}) {
+    CHECK(looplock::parse_signal(looplock::signal_name(sig)) == sig);
+  }
+}

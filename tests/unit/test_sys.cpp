@@ -183,3 +183,24 @@ TEST_CASE("parse_utc_ms is strict: fixed digits, no signs, values in range") {
     CHECK_FALSE(looplock::sys::parse_utc_ms(bad));
   }
 }
+
+TEST_CASE("random_below stays below its bound and reaches all of it") {
+  std::vector<int> seen(7, 0);
+  for (int i = 0; i < 2000; ++i) {
+    const auto v = looplock::sys::random_below(7);
+    REQUIRE(v);
+    REQUIRE(*v < 7);
+    ++seen[*v];
+  }
+  for (int n : seen) CHECK(n > 150);  // 2000/7 = 286 expected each
+  CHECK(looplock::sys::random_below(1) == 0ULL);
+}
+
+TEST_CASE("sleep_until_ns sleeps until then, and not for a time in the past") {
+  const long long t0 = looplock::sys::monotonic_ns();
+  looplock::sys::sleep_until_ns(t0 + 30'000'000);
+  CHECK(looplock::sys::monotonic_ns() >= t0 + 30'000'000);
+  const long long t1 = looplock::sys::monotonic_ns();
+  looplock::sys::sleep_until_ns(t1 - 1'000'000'000);
+  CHECK(looplock::sys::monotonic_ns() - t1 < 1'000'000'000);
+}
