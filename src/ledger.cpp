@@ -1,0 +1,191 @@
+#include "ledger.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "error.hpp"
+#include "exit_codes.hpp"
+#include "holder.hpp"
+#include "sys.hpp"
+#include "text.hpp"
+#include "unique_fd.hpp"
+
+namespace looplock {
+
+namespace {
+
+constexpr size_t kMaxLedgerBytes = 1 << 20;
+
+std::string ledger_display(const LockDir& dir) {
+  return dir.path + (dir.path.ends_with('/') ? "" : "/") + kRunsName;
+}
+
+}  // namespace
+
+std::optional<Refusal> refuse_ledger(const struct stat& file, const struct stat& dir, uid_t euid) {
+  const bool group_shared = (dir.st_mode & S_IWGRP) && !(dir.st_mode & S_ISVTX) && file.st_gid == dir.st_gid;
+  if (!group_shared || file.st_uid == euid) return refuse_lock_file(file, dir, euid);
+  struct stat as_owners = file;
+  as_owners.st_uid = dir.st_uid;
+  return refuse_lock_file(as_owners, dir, euid);
+}
+
+Json run_entry_to_json(const RunEntry& e) {
+  Json j = Json::object();
+  j["operation"] = clip_bytes(e.operation);
+  j["host"] = clip_bytes(e.host);
+  j["pid"] = e.pid;
+  j["agent_id"] = clip_bytes(e.agent);
+  j["started_at"] = sys::utc_iso8601(e.started_ms);
+  j["started_ms"] = e.started_ms;
+  j["ended_at"] = e.ended_ms ? Json(sys::utc_iso8601(*e.ended_ms)) : Json(nullptr);
+  j["ended_ms"] = e.ended_ms ? Json(*e.ended_ms) : Json(nullptr);
+  j["exit_status"] = e.exit_status ? Json(*e.exit_status) : Json(nullptr);
+  if (e.fencing_token != 0) j["fencing_token"] = e.fencing_token;
+  return j;
+}
+
+std::optional<RunEntry> run_entry_from_json(const Json& j) {
+  if (!j.is_object()) return std::nullopt;
+  auto str = [&](const char* k) { return j.contains(k) && j[k].is_string(); };
+  auto num = [&](const char* k) { return j.contains(k) && j[k].is_number_integer(); };
+  auto num_or_null = [&](const char* k) { return j.contains(k) && (j[k].is_null() || j[k].is_number_integer()); };
+  if (!str("operation") || !str("host") || !num("pid") || !str("agent_id") || !num("started_ms")) return std::nullopt;
+  if (!num_or_null("ended_ms") || !num_or_null("exit_status")) return std::nullopt;
+  if (j.contains("fencing_token") && !num("fencing_token")) return std::nullopt;
+  RunEntry e;
+  e.operation = j["operation"].get<std::string>();
+  e.host = j["host"].get<std::string>();
+  e.pid = j["pid"].get<long long>();
+  e.agent = j["agent_id"].get<std::string>();
+  e.started_ms = j["started_ms"].get<long long>();
+  if (j["ended_ms"].is_number_integer()) e.ended_ms = j["ended_ms"].get<long long>();
+  if (j["exit_status"].is_number_integer()) e.exit_status = j["exit_status"].get<int>();
+  if (j.contains("fencing_token")) e.fencing_token = j["fencing_token"].get<long long>();
+  if (e.pid <= 0 || e.started_ms <= 0) return std::nullopt;
+  return e;
+}
+
+std::string describe_run(const RunEntry& e) {
+  std::string out = "host " + e.host + " pid " + std::to_string(e.pid) + " (agent " + e.agent +
+                    "), which started at " + sys::utc_iso8601(e.started_ms);
+  if (e.ended_ms) {
+    out += " and ended at " + sys::utc_iso8601(*e.ended_ms);
+    if (e.exit_status) out += " with status " + std::to_string(*e.exit_status);
+  } else {
+    out += " and has not recorded its end";
+  }
+  return out;
+}
+
+SlotVerdict judge_slot(const std::optional<RunEntry>& entry, long long now_ms, long long once_per_ms) {
+  if (!entry) return {};
+  const long long since = now_ms - entry->started_ms;
+  if (since >= once_per_ms) return {};
+  if (since < -once_per_ms) return {Slot::Damaged, -since};
+  const long long ahead = since < 0 ? -since : 0;
+  return {entry->ended_ms ? Slot::Done : Slot::Running, ahead};
+}
+
+LedgerRead read_ledger(const LockDir& dir) {
+  LedgerRead out;
+  struct stat st {};
+  if (fstatat(dir.fd.get(), kRunsName, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    if (errno == ENOENT) return out;
+    fail_errno(status_for_errno(errno, exit_code::kCantCreate), "cannot stat " + ledger_display(dir), errno);
+  }
+  if (auto r = refuse_ledger(st, dir.st, geteuid())) {
+    throw Fatal(exit_code::kCantCreate, "unsafe run ledger " + ledger_display(dir) + ": " + r->why, r->hint,
+                "unsafe_lock_file");
+  }
+  UniqueFd fd(sys::retry_eintr(
+      [&] { return openat(dir.fd.get(), kRunsName, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); }));
+  if (!fd) fail_errno(status_for_errno(errno, exit_code::kCantCreate), "cannot open " + ledger_display(dir), errno);
+  auto text = sys::pread_all(fd.get(), kMaxLedgerBytes);
+  if (!text) fail_errno(exit_code::kOsError, "cannot read " + ledger_display(dir), errno);
+  const Json j = Json::parse(text->begin(), text->end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object() || j.value("schema", std::string()) != kRunsSchema || !j.contains("runs") ||
+      !j["runs"].is_array()) {
+    out.unreadable = !text->empty();
+    return out;
+  }
+  for (const auto& item : j["runs"]) {
+    if (auto e = run_entry_from_json(item)) {
+      out.entries.push_back(std::move(*e));
+    } else {
+      out.damaged.push_back(item.is_object() && item.contains("operation") && item["operation"].is_string()
+                                ? item["operation"].get<std::string>()
+                                : "?");
+    }
+  }
+  return out;
+}
+
+std::optional<RunEntry> entry_of(const LedgerRead& ledger, const std::string& operation) {
+  for (auto it = ledger.entries.rbegin(); it != ledger.entries.rend(); ++it) {
+    if (it->operation == clip_bytes(operation)) return *it;
+  }
+  return std::nullopt;
+}
+
+std::vector<RunEntry> with_entry(std::vector<RunEntry> entries, const RunEntry& entry) {
+  std::erase_if(entries, [&](const RunEntry& e) { return e.operation == clip_bytes(entry.operation); });
+  RunEntry kept = entry;
+  kept.operation = clip_bytes(entry.operation);
+  entries.push_back(std::move(kept));
+  if (entries.size() > kMaxLedgerOperations) {
+    entries.erase(entries.begin(), entries.begin() + static_cast<long>(entries.size() - kMaxLedgerOperations));
+  }
+  return entries;
+}
+
+std::string encode_ledger(const std::vector<RunEntry>& entries) {
+  Json runs = Json::array();
+  for (const auto& e : entries) runs.push_back(run_entry_to_json(e));
+  return dump_json(Json{{"schema", kRunsSchema}, {"runs", std::move(runs)}}) + "\n";
+}
+
+LedgerLook look_local_ledger(const LockDir& dir, const std::string& operation) {
+  const LedgerRead read = read_ledger(dir);
+  LedgerLook look;
+  look.entry = entry_of(read, operation);
+  look.damaged = read.unreadable ||
+                 std::find(read.damaged.begin(), read.damaged.end(), clip_bytes(operation)) != read.damaged.end() ||
+                 (!look.entry && std::find(read.damaged.begin(), read.damaged.end(), "?") != read.damaged.end());
+  return look;
+}
+
+void record_local_ledger(const LockDir& dir, const RunEntry& entry) {
+  const LedgerRead read = read_ledger(dir);
+  if (const int err = write_ledger(dir, with_entry(read.entries, entry)); err != 0) {
+    fail_errno(status_for_errno(err, exit_code::kCantCreate), "cannot write the run ledger " + ledger_display(dir), err,
+               "--once-per records each run there before the command starts; the command did not run.");
+  }
+}
+
+int write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries) {
+  // Only the lock's holder writes the ledger, so one name for the new file
+  // serves; one left by a looplock that died mid-write is replaced.
+  const auto create = [&] {
+    return sys::retry_eintr([&] {
+      return openat(dir.fd.get(), kRunsNewName, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY,
+                    kCreateMode);
+    });
+  };
+  UniqueFd fd(create());
+  if (!fd && errno == EEXIST) {
+    (void)unlinkat(dir.fd.get(), kRunsNewName, 0);
+    fd.reset(create());
+  }
+  if (!fd) return errno;
+  int err = sys::write_all(fd.get(), encode_ledger(entries)) ? 0 : errno;
+  if (err == 0 && ::close(fd.release()) != 0) err = errno;
+  if (err == 0 && renameat(dir.fd.get(), kRunsNewName, dir.fd.get(), kRunsName) != 0) err = errno;
+  if (err != 0) (void)unlinkat(dir.fd.get(), kRunsNewName, 0);
+  return err;
+}
+
+}  // namespace looplock

@@ -1,0 +1,98 @@
+// The run ledger of --once-per: per operation, the last run of a lock (who
+// ran it, when it started, whether and how it ended), so that a schedule
+// runs once per DURATION across schedulers and hosts. The entry codec and the
+// slot's judgement are pure; the local ledger is the file
+// DIR/.state.lock.runs.json, written only under the lock (the cluster's lives
+// on etcd, cluster.hpp).
+#pragma once
+
+#include <sys/stat.h>
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "json.hpp"
+#include "lockfile.hpp"
+
+namespace looplock {
+
+inline constexpr const char* kRunsName = ".state.lock.runs.json";
+inline constexpr const char* kRunsNewName = ".state.lock.runs.json.new";  // the next ledger, before its rename
+inline constexpr std::string_view kRunsSchema = "looplock_runs_v0";
+// The local ledger keeps this many operations; the oldest go first.
+inline constexpr size_t kMaxLedgerOperations = 64;
+
+// One run, as a ledger keeps it.
+struct RunEntry {
+  std::string operation;
+  std::string host;
+  long long pid = 0;
+  std::string agent;
+  long long started_ms = 0;  // when that looplock started (wall clock, ms since the epoch)
+  std::optional<long long> ended_ms;
+  std::optional<int> exit_status;  // the run's exit status (128+N for a signal), once ended
+  long long fencing_token = 0;     // with --etcd
+};
+
+Json run_entry_to_json(const RunEntry& e);
+// Strict: every field of the right type; nullopt otherwise (a damaged entry).
+std::optional<RunEntry> run_entry_from_json(const Json& j);
+
+// "host h1 pid 12 (agent cron), which started at T and ended at T2 with
+// status 0": a run that ended is never presented as a live process.
+std::string describe_run(const RunEntry& e);
+
+// What a ledger's entry means for this run's slot.
+enum class Slot {
+  Free,      // no entry, or its run started DURATION ago or more: run
+  Done,      // its run started within DURATION and ended: skip
+  Running,   // started within DURATION, not ended: its run is on, or its looplock died before recording the end
+  Damaged,   // started further in the future than DURATION: it does not count
+};
+struct SlotVerdict {
+  Slot slot = Slot::Free;
+  long long ahead_ms = 0;  // how far in the future it started (a clock difference), when it did
+};
+// `now_ms`: when this looplock started; `once_per_ms`: DURATION.
+SlotVerdict judge_slot(const std::optional<RunEntry>& entry, long long now_ms, long long once_per_ms);
+
+// What a look at a ledger found for one operation.
+struct LedgerLook {
+  std::optional<RunEntry> entry;
+  bool damaged = false;   // its entry, or the whole ledger, did not validate (it is rewritten)
+  bool answered = true;   // false: it could not be read (etcd did not answer a look without the lock)
+};
+
+// The local ledger of a loop dir, opened by the lock file's rules (no
+// symbolic link, one link, owned by the caller or DIR's owner).
+struct LedgerRead {
+  std::vector<RunEntry> entries;  // the valid ones, oldest first
+  std::vector<std::string> damaged;  // the operations (or "?") of entries that did not validate
+  bool unreadable = false;          // not JSON, or another schema: read as empty, and rewritten
+};
+// The lock file's rules (lockfile.hpp's refuse_lock_file), but in a DIR its
+// group may write (group-writable, not sticky) a ledger of DIR's group may
+// be owned by any member: each write replaces the file, so its owner is the
+// last writer, and every writer of DIR could replace it anyway.
+std::optional<Refusal> refuse_ledger(const struct stat& file, const struct stat& dir, uid_t euid);
+// Reads DIR/.state.lock.runs.json (missing: empty). Throws Fatal 73 when the
+// file is unsafe, 71 on resource exhaustion.
+LedgerRead read_ledger(const LockDir& dir);
+// The entry of `operation`, if any.
+std::optional<RunEntry> entry_of(const LedgerRead& ledger, const std::string& operation);
+// The ledger with `entry` in the place of its operation's (most recent last;
+// at most kMaxLedgerOperations operations).
+std::vector<RunEntry> with_entry(std::vector<RunEntry> entries, const RunEntry& entry);
+std::string encode_ledger(const std::vector<RunEntry>& entries);
+// Writes the ledger: a new file beside it, renamed over it, so that a crash
+// leaves the old ledger or the new, never half of one. Returns 0 or errno.
+int write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries);
+
+// The local ledger's entry of `operation` (Fatal 73 when the ledger is unsafe).
+LedgerLook look_local_ledger(const LockDir& dir, const std::string& operation);
+// Records `entry` in the local ledger; Fatal 73 when it cannot.
+void record_local_ledger(const LockDir& dir, const RunEntry& entry);
+
+}  // namespace looplock

@@ -1,0 +1,225 @@
+#include "ledger.hpp"
+
+#include <doctest/doctest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "error.hpp"
+#include "lockfile.hpp"
+#include "testutil.hpp"
+
+using looplock::RunEntry;
+using looplock::Slot;
+using testutil::TempDir;
+
+namespace {
+
+RunEntry entry(std::string operation, long long started_ms, std::optional<long long> ended_ms = std::nullopt) {
+  RunEntry e;
+  e.operation = std::move(operation);
+  e.host = "h1";
+  e.pid = 4242;
+  e.agent = "cron";
+  e.started_ms = started_ms;
+  e.ended_ms = ended_ms;
+  if (ended_ms) e.exit_status = 0;
+  return e;
+}
+
+constexpr long long kT = 1'796'000'000'000LL;  // a moment in 2026, in ms
+
+template <typename F>
+int fatal_status(F&& f) {
+  try {
+    f();
+  } catch (const looplock::Fatal& e) {
+    return e.status();
+  }
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("a run entry round-trips through JSON, and a damaged one is none") {
+  RunEntry e = entry("tick.py", kT, kT + 2000);
+  e.exit_status = 137;
+  e.fencing_token = 99;
+  const auto back = looplock::run_entry_from_json(looplock::run_entry_to_json(e));
+  REQUIRE(back);
+  CHECK(back->operation == "tick.py");
+  CHECK(back->host == "h1");
+  CHECK(back->pid == 4242);
+  CHECK(back->agent == "cron");
+  CHECK(back->started_ms == kT);
+  CHECK(back->ended_ms == kT + 2000);
+  CHECK(back->exit_status == 137);
+  CHECK(back->fencing_token == 99);
+
+  const auto running = looplock::run_entry_from_json(looplock::run_entry_to_json(entry("t", kT)));
+  REQUIRE(running);
+  CHECK_FALSE(running->ended_ms);
+  CHECK_FALSE(running->exit_status);
+
+  looplock::Json j = looplock::run_entry_to_json(e);
+  for (const char* key : {"operation", "host", "pid", "agent_id", "started_ms"}) {
+    looplock::Json broken = j;
+    broken.erase(key);
+    CHECK_MESSAGE(!looplock::run_entry_from_json(broken), key);
+    broken = j;
+    broken[key] = looplock::Json::array();
+    CHECK_MESSAGE(!looplock::run_entry_from_json(broken), key);
+  }
+  looplock::Json broken = j;
+  broken["ended_ms"] = "soon";
+  CHECK_FALSE(looplock::run_entry_from_json(broken));
+  broken = j;
+  broken["pid"] = 0;
+  CHECK_FALSE(looplock::run_entry_from_json(broken));
+  CHECK_FALSE(looplock::run_entry_from_json(looplock::Json("x")));
+}
+
+TEST_CASE("describe_run says a run ended, and never presents it as a live process") {
+  const std::string ended = looplock::describe_run(entry("t", kT, kT + 1500));
+  CHECK(ended.find("host h1 pid 4242 (agent cron)") == 0);
+  CHECK(ended.find("started at ") != std::string::npos);
+  CHECK(ended.find("ended at ") != std::string::npos);
+  CHECK(ended.find("with status 0") != std::string::npos);
+  CHECK(ended.find("running") == std::string::npos);
+  const std::string open = looplock::describe_run(entry("t", kT));
+  CHECK(open.find("has not recorded its end") != std::string::npos);
+}
+
+TEST_CASE("judge_slot: the slot is DURATION from the recorded start, by this looplock's start") {
+  const long long d = 4000;
+  CHECK(looplock::judge_slot(std::nullopt, kT, d).slot == Slot::Free);
+  // Ended within DURATION: done; at DURATION or later: free.
+  CHECK(looplock::judge_slot(entry("t", kT - 3999, kT - 3000), kT, d).slot == Slot::Done);
+  CHECK(looplock::judge_slot(entry("t", kT - 4000, kT - 3000), kT, d).slot == Slot::Free);
+  CHECK(looplock::judge_slot(entry("t", kT - 60000, kT - 59000), kT, d).slot == Slot::Free);
+  // Not ended within DURATION: running (or its looplock died).
+  CHECK(looplock::judge_slot(entry("t", kT - 100), kT, d).slot == Slot::Running);
+  // A start in the future (another host's clock is ahead) up to DURATION
+  // counts, with how far ahead; further is damaged.
+  const auto ahead = looplock::judge_slot(entry("t", kT + 3000, kT + 3500), kT, d);
+  CHECK(ahead.slot == Slot::Done);
+  CHECK(ahead.ahead_ms == 3000);
+  CHECK(looplock::judge_slot(entry("t", kT + 4000, kT + 4500), kT, d).slot == Slot::Done);
+  const auto far = looplock::judge_slot(entry("t", kT + 4001, kT + 4500), kT, d);
+  CHECK(far.slot == Slot::Damaged);
+  CHECK(far.ahead_ms == 4001);
+  CHECK(looplock::judge_slot(entry("t", kT - 5, kT - 1), kT, d).ahead_ms == 0);
+}
+
+TEST_CASE("with_entry replaces the operation's entry and keeps at most 64 operations") {
+  std::vector<RunEntry> es;
+  es = looplock::with_entry(es, entry("a", kT));
+  es = looplock::with_entry(es, entry("b", kT + 1));
+  es = looplock::with_entry(es, entry("a", kT + 2, kT + 3));
+  REQUIRE(es.size() == 2);
+  CHECK(es[0].operation == "b");
+  CHECK(es[1].operation == "a");
+  CHECK(es[1].ended_ms == kT + 3);
+  for (int i = 0; i < 100; ++i) es = looplock::with_entry(es, entry("op" + std::to_string(i), kT + i));
+  CHECK(es.size() == looplock::kMaxLedgerOperations);
+  CHECK(es.front().operation == "op36");  // the oldest went first
+  CHECK(es.back().operation == "op99");
+}
+
+TEST_CASE("the local ledger: missing is empty; written by rename; read back") {
+  TempDir dir;
+  const looplock::LockDir d = looplock::open_lock_dir(dir.path());
+  CHECK(looplock::read_ledger(d).entries.empty());
+  CHECK_FALSE(looplock::look_local_ledger(d, "t").entry);
+
+  looplock::record_local_ledger(d, entry("t", kT));
+  looplock::record_local_ledger(d, entry("u", kT + 1, kT + 2));
+  looplock::record_local_ledger(d, entry("t", kT, kT + 5));
+  const auto look = looplock::look_local_ledger(d, "t");
+  REQUIRE(look.entry);
+  CHECK(look.entry->ended_ms == kT + 5);
+  CHECK_FALSE(look.damaged);
+  CHECK(looplock::read_ledger(d).entries.size() == 2);
+  struct stat st {};
+  REQUIRE(stat((dir / looplock::kRunsName).c_str(), &st) == 0);
+  CHECK((st.st_mode & 0007) == 0);  // 0660 less the umask: never for other users
+  CHECK(access((dir / looplock::kRunsNewName).c_str(), F_OK) != 0);
+}
+
+TEST_CASE("a ledger cut short or damaged by a crash blocks nothing: it reads as no entry and is rewritten") {
+  TempDir dir;
+  const looplock::LockDir d = looplock::open_lock_dir(dir.path());
+  looplock::record_local_ledger(d, entry("t", kT, kT + 5));
+  const std::string whole = *testutil::slurp(dir / looplock::kRunsName);
+  // Every prefix of a valid ledger (what a torn write would leave).
+  for (size_t n = 1; n + 1 < whole.size(); n += 7) {
+    testutil::write_file(dir / looplock::kRunsName, whole.substr(0, n), 0640);
+    const auto look = looplock::look_local_ledger(d, "t");
+    CHECK_FALSE(look.entry);
+    CHECK(look.damaged);
+  }
+  // A leftover new file of a looplock that died before its rename.
+  testutil::write_file(dir / looplock::kRunsNewName, "{\"schema\":", 0640);
+  looplock::record_local_ledger(d, entry("t", kT + 9, kT + 10));
+  const auto look = looplock::look_local_ledger(d, "t");
+  REQUIRE(look.entry);
+  CHECK(look.entry->started_ms == kT + 9);
+  CHECK_FALSE(look.damaged);
+  CHECK(access((dir / looplock::kRunsNewName).c_str(), F_OK) != 0);
+
+  // One damaged entry among good ones: that operation has none, the others keep theirs.
+  testutil::write_file(dir / looplock::kRunsName,
+                       R"({"schema":"looplock_runs_v0","runs":[{"operation":"t","pid":"x"},)" +
+                           looplock::dump_json(looplock::run_entry_to_json(entry("u", kT, kT + 1))) + "]}",
+                       0640);
+  const auto t = looplock::look_local_ledger(d, "t");
+  CHECK_FALSE(t.entry);
+  CHECK(t.damaged);
+  const auto u = looplock::look_local_ledger(d, "u");
+  CHECK(u.entry);
+  CHECK_FALSE(u.damaged);
+  // Another schema reads as empty.
+  testutil::write_file(dir / looplock::kRunsName, R"({"schema":"other","runs":[]})", 0640);
+  CHECK(looplock::look_local_ledger(d, "u").damaged);
+}
+
+TEST_CASE("the local ledger follows the lock file's rules") {
+  TempDir dir;
+  const looplock::LockDir d = looplock::open_lock_dir(dir.path());
+  testutil::write_file(dir / "elsewhere", "{}", 0640);
+  REQUIRE(symlink((dir / "elsewhere").c_str(), (dir / looplock::kRunsName).c_str()) == 0);
+  CHECK(fatal_status([&] { looplock::read_ledger(d); }) == 73);
+  CHECK(fatal_status([&] { looplock::record_local_ledger(d, entry("t", kT)); }) == 73);
+  REQUIRE(unlink((dir / looplock::kRunsName).c_str()) == 0);
+  REQUIRE(link((dir / "elsewhere").c_str(), (dir / looplock::kRunsName).c_str()) == 0);
+  CHECK(fatal_status([&] { looplock::read_ledger(d); }) == 73);
+}
+
+TEST_CASE("refuse_ledger: another owner only in a DIR its group shares") {
+  struct stat dir {};
+  dir.st_mode = S_IFDIR | 02770;
+  dir.st_uid = 1000;
+  dir.st_gid = 500;
+  struct stat file {};
+  file.st_mode = S_IFREG | 0660;
+  file.st_nlink = 1;
+  file.st_uid = 1001;  // another member of the group wrote it last
+  file.st_gid = 500;
+  CHECK_FALSE(looplock::refuse_ledger(file, dir, 1002));
+  file.st_gid = 501;  // not DIR's group
+  CHECK(looplock::refuse_ledger(file, dir, 1002));
+  file.st_gid = 500;
+  dir.st_mode = S_IFDIR | 0750;  // DIR not writable by its group
+  CHECK(looplock::refuse_ledger(file, dir, 1002));
+  dir.st_mode = S_IFDIR | 01770;  // sticky: members cannot replace each other's files
+  CHECK(looplock::refuse_ledger(file, dir, 1002));
+  dir.st_mode = S_IFDIR | 02770;
+  file.st_nlink = 2;  // still never a hard link
+  CHECK(looplock::refuse_ledger(file, dir, 1002));
+  file.st_nlink = 1;
+  file.st_uid = 1000;  // DIR's owner
+  dir.st_mode = S_IFDIR | 0755;
+  CHECK_FALSE(looplock::refuse_ledger(file, dir, 1002));
+}
