@@ -276,20 +276,23 @@ Acquisition ClusterLock::acquire(const WaitPlan& plan, long long start_ns, Clust
   if (!nowait) return wait_in_queue(bounded, deadline);
 
   // single_flight: take the lock only if nobody holds or waits for it.
-  auto t = client_.txn(etcd::create_if_free_txn_body(keys_, holder_value(false), lease_, prefixes_),
+  auto t = client_.txn(etcd::create_if_free_txn_body(keys_, holder_value(false), lease_, prefixes_, ledger_key_),
                        {std::max(reach_by, now() + kMinAttemptNs), lease_timing::attempt_ns(ttl_s_)});
   if (!t.ok()) unavailable("take the lock", t);
+  auto ledger_read = pop_ledger_read(t.value);
   if (t.value.succeeded) {
     token_ = t.value.revision;
+    ledger_at_acquisition_ = std::move(ledger_read);
     return Acquisition::Acquired;
   }
   const auto others = etcd::contenders(prefixes_, t.value.ranges);
   if (others.empty()) {
     // Only keys of other names deeper under a prefix (an earlier looplock's
     // "NAME/lock/..."): queue, and take the lock only if first.
-    auto q = client_.txn(etcd::queue_txn_body(keys_, holder_value(false), lease_, prefixes_),
+    auto q = client_.txn(etcd::queue_txn_body(keys_, holder_value(false), lease_, prefixes_, ledger_key_),
                          {std::max(reach_by, now() + kMinAttemptNs), lease_timing::attempt_ns(ttl_s_)});
     if (!q.ok()) unavailable("take the lock", q);
+    auto queued_ledger_read = pop_ledger_read(q.value);
     const size_t skip = q.value.succeeded ? 0 : 1;
     const long long mine = q.value.succeeded ? q.value.revision
                            : !q.value.ranges.empty() && !q.value.ranges[0].kvs.empty()
@@ -300,6 +303,7 @@ Acquisition ClusterLock::acquire(const WaitPlan& plan, long long start_ns, Clust
     const auto queue = etcd::contenders(prefixes_, reads);
     if (mine != 0 && !queue.empty() && queue.front().create_revision == mine) {
       token_ = mine;
+      ledger_at_acquisition_ = std::move(queued_ledger_read);
       return Acquisition::Acquired;
     }
     if (!queue.empty() && queue.front().create_revision != mine) blocker_ = holder_of(queue.front(), now() + kSec);
@@ -365,7 +369,8 @@ void ClusterLock::renew_in_queue(Queue& q, long long t0, long long deadline) {
 // Joins the queue: one transaction, once (again only if the lease expired),
 // which also reads every contender.
 ClusterLock::Step ClusterLock::join(Queue& q, long long step_end) {
-  auto t = client_.txn(etcd::queue_txn_body(keys_, holder_value(false), lease_, prefixes_),
+  ledger_at_acquisition_.reset();
+  auto t = client_.txn(etcd::queue_txn_body(keys_, holder_value(false), lease_, prefixes_, ledger_key_),
                        {step_end, lease_timing::attempt_ns(ttl_s_)});
   if (!t.ok()) {
     if (t.status == etcd::Status::Failed && t.code == 5) {  // "requested lease not found": it expired
@@ -377,6 +382,7 @@ ClusterLock::Step ClusterLock::join(Queue& q, long long step_end) {
     return Step::Again;
   }
   note_answering();
+  auto ledger_read = pop_ledger_read(t.value);
   const etcd::TxnResult& r = t.value;
   const size_t reads_at = r.succeeded ? 0 : 1;
   if (r.succeeded) {
@@ -386,7 +392,65 @@ ClusterLock::Step ClusterLock::join(Queue& q, long long step_end) {
   }
   if (q.my_rev == 0 || r.ranges.size() < reads_at + prefixes_.size()) return Step::Again;
   const std::vector<etcd::RangeResult> reads(r.ranges.begin() + static_cast<long>(reads_at), r.ranges.end());
-  return place(q, etcd::contenders(prefixes_, reads), r.revision, step_end);
+  const Step step = place(q, etcd::contenders(prefixes_, reads), r.revision, step_end);
+  // Taken at once: the ledger read in the same transaction is the locked read.
+  if (step == Step::Ours) ledger_at_acquisition_ = std::move(ledger_read);
+  return step;
+}
+
+std::optional<etcd::RangeResult> ClusterLock::pop_ledger_read(etcd::TxnResult& r) const {
+  if (ledger_key_.empty() || r.ranges.empty()) return std::nullopt;
+  etcd::RangeResult read = std::move(r.ranges.back());
+  r.ranges.pop_back();
+  return read;
+}
+
+void ClusterLock::set_ledger_operation(const std::string& operation) { ledger_key_ = etcd::runs_key(name_, operation); }
+
+namespace {
+ClusterLock::LedgerEntry ledger_entry_of(const etcd::RangeResult& read) {
+  ClusterLock::LedgerEntry e;
+  if (read.kvs.empty()) return e;
+  e.mod_revision = read.kvs.front().mod_revision;
+  e.entry = parse_run_entry(read.kvs.front().value);
+  e.damaged = !e.entry;
+  return e;
+}
+}  // namespace
+
+std::optional<ClusterLock::LedgerEntry> ClusterLock::peek_ledger(long long deadline_ns) {
+  auto r = client_.range({ledger_key_}, {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
+  if (!r.ok()) {
+    last_error_ = r.error;
+    return std::nullopt;
+  }
+  return ledger_entry_of(r.value);
+}
+
+ClusterLock::LedgerEntry ClusterLock::ledger(long long deadline_ns) {
+  LedgerEntry e;
+  if (ledger_at_acquisition_) {
+    e = ledger_entry_of(*ledger_at_acquisition_);
+  } else {
+    auto r = client_.range({ledger_key_}, {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
+    if (!r.ok()) unavailable("read the run ledger", r);
+    e = ledger_entry_of(r.value);
+  }
+  ledger_mod_ = e.mod_revision;
+  return e;
+}
+
+bool ClusterLock::write_ledger(const RunEntry& entry, long long deadline_ns) {
+  auto t = client_.txn(etcd::guarded_put_txn_body(keys_.at(0), token_, ledger_key_, ledger_mod_,
+                                                  dump_json(run_entry_to_json(entry))),
+                       {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
+  if (!t.ok()) {
+    last_error_ = t.error;
+    return false;
+  }
+  if (!t.value.succeeded) return false;
+  ledger_mod_ = t.value.revision;
+  return true;
 }
 
 // Queued: reads the contenders up to us (by create revision).
@@ -473,6 +537,7 @@ bool ClusterLock::renew(long long return_by_ns, const sigset_t* interrupt_on) {
   auto r = client_.lease_keepalive(lease_, {return_by_ns, lease_timing::attempt_ns(ttl_s_), false, interrupt_on});
   if (r.ok() && r.value > 0) {
     renewed_ = true;
+    renewal_failing_ = false;
     last_ok_ns_ = std::max(last_ok_ns_, r.sent_ns);
     ttl_granted_ns_ = std::min(lease_timing::ttl_ns(ttl_s_), r.value * kSec);
     next_renewal_ns_ = r.sent_ns + lease_timing::renewal_interval_ns(ttl_s_);
@@ -495,7 +560,10 @@ bool ClusterLock::renew(long long return_by_ns, const sigset_t* interrupt_on) {
   }
   // No answer (or a signal for the caller came first): the deadlines stand;
   // try again soon.
-  if (r.status != etcd::Status::Interrupted) last_error_ = r.error;
+  if (r.status != etcd::Status::Interrupted) {
+    last_error_ = r.error;
+    renewal_failing_ = true;
+  }
   next_renewal_ns_ = now() + kRenewRetryNs;
   return true;
 }

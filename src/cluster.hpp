@@ -43,6 +43,7 @@
 
 #include "etcd.hpp"
 #include "lease.hpp"
+#include "ledger.hpp"
 #include "log.hpp"
 #include "options.hpp"
 #include "policy.hpp"
@@ -144,6 +145,25 @@ public:
   // Revokes the lease, which deletes the lock key (bounded; best effort).
   void release();
 
+  // The run ledger of --once-per: `operation`'s key (etcd::runs_key), read
+  // inside the acquisition's own transaction when the lock is taken at once.
+  void set_ledger_operation(const std::string& operation);
+  struct LedgerEntry {
+    std::optional<RunEntry> entry;
+    bool damaged = false;       // a value that is not an entry
+    long long mod_revision = 0;  // 0: no key
+  };
+  // Without the lock (before queuing, or once a wait ended): nullopt when
+  // etcd does not answer by `deadline_ns`.
+  std::optional<LedgerEntry> peek_ledger(long long deadline_ns);
+  // Holding the lock: the entry as the acquisition's transaction read it, or
+  // read now (linearizable). Throws Fatal 69 when etcd does not answer.
+  LedgerEntry ledger(long long deadline_ns);
+  // Writes `entry`, guarded by the fencing token and the revision last read
+  // or written: false when etcd rejects it (the lease is gone, or another
+  // wrote meanwhile) or does not answer.
+  bool write_ledger(const RunEntry& entry, long long deadline_ns);
+
   const std::string& name() const { return name_; }
   const std::string& key() const { return key_; }
   long long lease() const { return lease_id_; }
@@ -153,6 +173,10 @@ public:
   bool lost() const { return lost_ || gone_; }
   const std::string& lost_why() const { return why_; }
   long long since_last_keepalive_ns() const;
+  // Whether the last renewal round got no answer.
+  bool renewal_failing() const { return renewal_failing_; }
+  // What the last request that got no answer failed with.
+  const std::string& last_error() const { return last_error_; }
   // Set when acquire() ended Busy or TimedOut: who held the lock.
   const std::optional<Json>& blocker() const { return blocker_; }
   const std::string& endpoint() const { return client_.current_endpoint(); }
@@ -179,6 +203,8 @@ private:
   Step read_queue(Queue& q, long long step_end);
   void watch_before(Queue& q, long long step_end);
   void note_blocker(long long my_rev);
+  // The ledger read a transaction ended with, taken off its ranges.
+  std::optional<etcd::RangeResult> pop_ledger_read(etcd::TxnResult& r) const;
   bool acquired(long long revision, bool waited);
   std::optional<Json> holder_of(const etcd::KeyValue& kv, long long deadline_ns);
   void note_unavailable(const std::string& error);
@@ -208,11 +234,15 @@ private:
   bool update_value_ = false;  // acquired after waiting: the next renewal rewrites acquired_at
   std::string acquired_at_;
   bool renewed_ = false;  // the last renew() renewed
+  bool renewal_failing_ = false;  // the last renewal round got no answer
   bool said_unavailable_ = false;
   bool unavailable_now_ = false;
   std::string last_error_;
   std::string why_;
   std::optional<Json> blocker_;
+  std::string ledger_key_;  // empty: no ledger (no --once-per)
+  std::optional<etcd::RangeResult> ledger_at_acquisition_;
+  long long ledger_mod_ = 0;
 };
 
 }  // namespace looplock

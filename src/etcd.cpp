@@ -183,6 +183,10 @@ bool is_contender_key(std::string_view prefix, std::string_view key) {
   return key.find('/', prefix.size()) == std::string_view::npos;
 }
 std::string holder_key(std::string_view name) { return std::string(kKeyRoot) + std::string(name) + "/holder"; }
+std::string runs_prefix(std::string_view name) { return std::string(kKeyRoot) + lock_key_name(name) + "/runs/"; }
+std::string runs_key(std::string_view name, std::string_view operation) {
+  return runs_prefix(name) + lock_key_name(operation);
+}
 
 std::string lease_hex(long long id) {
   char buf[32];
@@ -253,25 +257,44 @@ void add_reads(Json& ops, const std::vector<std::string>& prefixes) {
 }
 }  // namespace
 
+namespace {
+// The read of `key` at the end of a transaction's operations, when asked for.
+void add_read_also(Json& ops, std::string_view key) {
+  if (!key.empty()) ops.push_back(Json{{"request_range", range_json({std::string(key), false, 0, RangeQuery::Order::None, 0})}});
+}
+}  // namespace
+
 std::string queue_txn_body(const std::vector<std::string>& keys, std::string_view value, long long lease,
-                           const std::vector<std::string>& prefixes) {
+                           const std::vector<std::string>& prefixes, std::string_view also_read) {
   Json success = puts(keys, value, lease);
   add_reads(success, prefixes);
+  add_read_also(success, also_read);
   Json failure = Json::array({Json{{"request_range", range_json({keys.at(0), false, 0, RangeQuery::Order::None, 0})}}});
   add_reads(failure, prefixes);
+  add_read_also(failure, also_read);
   return dump_json(Json{{"compare", Json::array({create_revision_is(keys.at(0), 0)})},
                         {"success", std::move(success)},
                         {"failure", std::move(failure)}});
 }
 
 std::string create_if_free_txn_body(const std::vector<std::string>& keys, std::string_view value, long long lease,
-                                    const std::vector<std::string>& prefixes) {
+                                    const std::vector<std::string>& prefixes, std::string_view also_read) {
   Json compare = Json::array();
   for (const auto& p : prefixes) compare.push_back(create_revision_is(p, 0, true));
+  Json success = puts(keys, value, lease);
+  add_read_also(success, also_read);
   Json failure = Json::array();
   add_reads(failure, prefixes);
-  return dump_json(
-      Json{{"compare", std::move(compare)}, {"success", puts(keys, value, lease)}, {"failure", std::move(failure)}});
+  add_read_also(failure, also_read);
+  return dump_json(Json{{"compare", std::move(compare)}, {"success", std::move(success)}, {"failure", std::move(failure)}});
+}
+
+std::string guarded_put_txn_body(std::string_view guard_key, long long guard_create_revision, std::string_view key,
+                                 long long mod_revision, std::string_view value) {
+  Json mod{{"key", base64_encode(key)}, {"target", "MOD"}, {"result", "EQUAL"},
+           {"mod_revision", std::to_string(mod_revision)}};
+  return dump_json(Json{{"compare", Json::array({create_revision_is(guard_key, guard_create_revision), mod})},
+                        {"success", Json::array({Json{{"request_put", put_json(key, value, 0)}}})}});
 }
 
 std::string update_txn_body(const std::vector<std::string>& keys, std::string_view value, long long lease,

@@ -93,6 +93,11 @@ std::vector<std::string> contender_prefixes(std::string_view name);
 bool is_lock_key_name(std::string_view name);
 bool is_contender_key(std::string_view prefix, std::string_view key);
 std::string holder_key(std::string_view name);  // "looplock/NAME/holder" (earlier versions: unencoded)
+// The run ledger of --once-per: one key per operation, outside the
+// contenders' prefix and without a lease (releasing must not delete it),
+// the operation encoded as names are: "looplock/<key name>/runs/<key op>".
+std::string runs_prefix(std::string_view name);
+std::string runs_key(std::string_view name, std::string_view operation);
 
 // The lease id as etcdctl prints it (lower-case hex), which is also the last
 // part of the lock key.
@@ -122,14 +127,22 @@ std::string watch_delete_body(std::string_view key, long long start_revision);
 // in the same transaction (see cluster.cpp):
 //   success: put each key; range each prefix first-created
 //   failure: range keys[0]; range each prefix first-created
+// With `also_read`, both branches end with a read of that key (the run
+// ledger's, inside the acquisition's own transaction).
 std::string queue_txn_body(const std::vector<std::string>& keys, std::string_view value, long long lease,
-                           const std::vector<std::string>& prefixes);
+                           const std::vector<std::string>& prefixes, std::string_view also_read = {});
 // single_flight: create the keys only if no key under any prefix exists;
 //   failure: range each prefix first-created (who holds or waits; keys of
 //   other names deeper under a prefix fail the compare too: cluster.cpp then
 //   queues and looks).
 std::string create_if_free_txn_body(const std::vector<std::string>& keys, std::string_view value, long long lease,
-                                    const std::vector<std::string>& prefixes);
+                                    const std::vector<std::string>& prefixes, std::string_view also_read = {});
+// Puts `value` at `key` (no lease) only if `guard_key` is still the key
+// created at `guard_create_revision` (the holder's lock key: its fencing
+// token) and `key` is still at `mod_revision` (0: absent): a holder that
+// lost its lease, or a write that raced another, cannot write.
+std::string guarded_put_txn_body(std::string_view guard_key, long long guard_create_revision, std::string_view key,
+                                 long long mod_revision, std::string_view value);
 // Rewrites the keys' value (same lease) only if keys[0] is still the key
 // created at `create_revision` (never recreates a key that expired meanwhile).
 std::string update_txn_body(const std::vector<std::string>& keys, std::string_view value, long long lease,

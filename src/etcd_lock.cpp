@@ -1,13 +1,17 @@
 #include "etcd_lock.hpp"
 
 #include "duration.hpp"
+#include "error.hpp"
 #include "etcd.hpp"
+#include "exit_codes.hpp"
 #include "sys.hpp"
 
 namespace looplock {
 
 namespace {
 constexpr long long kMs = 1'000'000LL;
+constexpr long long kLedgerNs = 5'000'000'000LL;  // a read or write of the run ledger, holding the lock
+constexpr long long kPeekNs = 1'000'000'000LL;    // a look at it without the lock
 }  // namespace
 
 EtcdLock::EtcdLock(const Options& options, pid_t pid, const Logger& log, const Reporter& reporter,
@@ -18,7 +22,9 @@ EtcdLock::EtcdLock(const Options& options, pid_t pid, const Logger& log, const R
       reporter_(reporter),
       host_(sys::host_name()),
       lock_(transport, options.endpoints, cluster_lock_name(options.lock_name, target.canonical_dir), options.ttl_s,
-            options.lease_kill_after_ns, log, cluster_access(options, log)) {}
+            options.lease_kill_after_ns, log, cluster_access(options, log)) {
+  if (o_.once_per_ns) lock_.set_ledger_operation(o_.operation);
+}
 
 Acquisition EtcdLock::acquire(const WaitPlan& plan, long long start_ns) {
   const Acquisition got = lock_.acquire(plan, start_ns, ClusterHolder{host_, pid_, o_.agent, o_.operation, {}, {}, 0});
@@ -41,6 +47,10 @@ Blocker EtcdLock::blocker() const {
   b.cluster = Json{{"lock_name", lock_.name()},
                    {"endpoint", lock_.endpoint()},
                    {"holder", lock_.blocker() ? *lock_.blocker() : Json(nullptr)}};
+  if (const auto& h = lock_.blocker(); h && h->contains("host") && h->contains("pid") && (*h)["pid"].is_number()) {
+    b.holder_ids.emplace_back((*h)["host"].is_string() ? (*h)["host"].get<std::string>() : "",
+                              (*h)["pid"].get<long long>());
+  }
   b.action_extra = "; the cluster lock " + lock_.name() + " is held " +
                    (v.on_this_host ? "by another looplock on this host" : "on another host") + ": inspect it with '" +
                    b.inspect_hint + "'" + (v.on_this_host ? "" : " on any host") + ".";
@@ -68,5 +78,40 @@ void EtcdLock::release(Ending& ending) {
   lock_.release();  // after the local lock, as promised
   log_.verbose("released", "released cluster lock " + printable(lock_.name()) + " on etcd");
 }
+
+LedgerLook EtcdLock::look_ledger(const std::string& /*operation*/, bool locked) {
+  if (locked) {
+    const auto e = lock_.ledger(sys::monotonic_ns() + kLedgerNs);
+    return {e.entry, e.damaged, true};
+  }
+  const auto e = lock_.peek_ledger(sys::monotonic_ns() + kPeekNs);
+  if (!e) return {std::nullopt, false, false};
+  return {e->entry, e->damaged, true};
+}
+
+void EtcdLock::record_start(const RunEntry& entry) {
+  RunEntry e = entry;
+  e.fencing_token = lock_.fencing_token();
+  if (lock_.write_ledger(e, sys::monotonic_ns() + kLedgerNs)) return;
+  throw Fatal(exit_code::kClusterUnavailable,
+              "cannot record this run's start in the run ledger of cluster lock " + printable(lock_.name()) +
+                  " on etcd: " + (lock_.last_error().empty() ? "etcd refused the write (the lease was lost)"
+                                                             : lock_.last_error()),
+              "The command did not run; the next tick tries again.");
+}
+
+bool EtcdLock::record_end(const RunEntry& entry) {
+  RunEntry e = entry;
+  e.fencing_token = lock_.fencing_token();
+  if (lock_.write_ledger(e, sys::monotonic_ns() + kLedgerNs)) return true;
+  log_.warn("run_ledger_write_failed",
+            "cannot record this run's end in the run ledger of cluster lock " + printable(lock_.name()) +
+                " on etcd: " +
+                (lock_.last_error().empty() ? "etcd refused the write (the lease was lost)" : lock_.last_error()) +
+                "; this run does not count, so its slot may run again");
+  return false;
+}
+
+std::string EtcdLock::ledger_name() const { return "run ledger of cluster lock " + printable(lock_.name()) + " on etcd"; }
 
 }  // namespace looplock

@@ -27,6 +27,12 @@ public:
   void export_to(CommandSpec& spec) override;
   Lease* lease() override { return &lease_; }
   void release(Ending& ending) override;
+  void abandon() override { lock_.release(); }
+  bool has_ledger() const override { return o_.once_per_ns.has_value(); }
+  LedgerLook look_ledger(const std::string& operation, bool locked) override;
+  void record_start(const RunEntry& entry) override;
+  bool record_end(const RunEntry& entry) override;
+  std::string ledger_name() const override;
 
 private:
   // The lease as the job loop sees it: its renewals, and the deadlines by
@@ -40,6 +46,7 @@ private:
     }
     long long term_by_ns() const override { return c_.term_by_ns(); }
     long long kill_by_ns() const override { return c_.kill_by_ns(); }
+    bool renewal_failing() const override { return c_.renewal_failing(); }
 
   private:
     ClusterLock& c_;

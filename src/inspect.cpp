@@ -150,6 +150,11 @@ Json report_json(const InspectFacts& facts, const Verdict& v) {
   j["incidents"] = {{"count", facts.incidents.count},
                     {"malformed", facts.incidents.malformed},
                     {"latest", facts.incidents.latest ? *facts.incidents.latest : Json(nullptr)}};
+  Json runs = Json::array();
+  for (const auto& e : facts.runs) runs.push_back(run_entry_to_json(e));
+  j["runs"] = std::move(runs);
+  j["runs_damaged"] = facts.runs_damaged;
+  j["runs_error"] = facts.runs_error.empty() ? Json(nullptr) : Json(facts.runs_error);
   j["warnings"] = v.warnings;
   j["operator_action"] = v.action;
   return j;
@@ -207,6 +212,11 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
     if (const auto& l = facts.incidents.latest) inc += "; latest " + incident_text(*l);
     line("incidents", inc);
   }
+  for (const auto& e : facts.runs) line("last run", "operation " + e.operation + ": " + describe_run(e));
+  for (const auto& d : facts.runs_damaged) {
+    line("last run", "operation " + d + ": a damaged entry (the next --once-per run of it rewrites it)");
+  }
+  if (!facts.runs_error.empty()) line("last run", "not read: " + facts.runs_error);
   for (const auto& w : v.warnings) line("warning", w);
   line("action", v.action);
   return t;
@@ -322,6 +332,25 @@ void inspect_cluster(const Options& o, const LockDir& dir, etcd::Transport* etcd
       if (kvs.size() == 1) lines.push_back("waiting none");
     }
   }
+  if (read.error.empty()) {
+    // The cluster's run ledger (--once-per): one key per operation.
+    auto runs = client.range({etcd::runs_prefix(name), true}, bound);
+    Json entries = Json::array();
+    if (!runs.ok()) {
+      c["runs_error"] = runs.error;
+      lines.push_back("last run  not read: " + runs.error);
+    } else {
+      for (const auto& kv : runs.value.kvs) {
+        if (auto e = parse_run_entry(kv.value)) {
+          lines.push_back("last run  operation " + e->operation + ": " + describe_run(*e));
+          entries.push_back(run_entry_to_json(*e));
+        } else {
+          lines.push_back("last run  a damaged entry, key " + kv.key);
+        }
+      }
+    }
+    c["runs"] = std::move(entries);
+  }
   report.json["cluster"] = c;
   for (const auto& l : lines) report.text += "cluster   " + printable(l) + "\n";
 }
@@ -336,6 +365,14 @@ InspectReport inspect_dir(const Options& o, const std::string& path, etcd::Trans
   f.lock.stale_after_ms = o.stale_after_ns / kMs;
   for (const auto& k : waiters) f.waiters.push_back(describe_waiter(k));
   f.incidents = summarize_incidents(dir.fd.get());
+  try {
+    LedgerRead runs = read_ledger(dir);
+    f.runs = std::move(runs.entries);
+    f.runs_damaged = std::move(runs.damaged);
+    if (runs.unreadable) f.runs_error = std::string(kRunsName) + " is not a run ledger (the next --once-per run rewrites it)";
+  } catch (const Fatal& e) {
+    f.runs_error = e.what();
+  }
 
   InspectReport report = build_report(f);
   if (!o.etcd.empty()) inspect_cluster(o, dir, etcd, log, report, status);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "incident.hpp"
+#include "ledger.hpp"
 #include "log.hpp"
 #include "options.hpp"
 #include "verdict.hpp"
@@ -38,6 +39,10 @@ struct InspectFacts {
     std::optional<long long> at_most_ms;  // the process's age: it cannot have waited longer
   };
   std::vector<Waiter> waiters;
+  // The run ledger of --once-per: the last run of each operation.
+  std::vector<RunEntry> runs;
+  std::vector<std::string> runs_damaged;  // the operations ("?": unknown) of entries that did not validate
+  std::string runs_error;                 // why the ledger could not be read, when it could not
 };
 
 struct InspectReport {

@@ -69,6 +69,11 @@ std::optional<RunEntry> run_entry_from_json(const Json& j) {
   return e;
 }
 
+std::optional<RunEntry> parse_run_entry(std::string_view text) {
+  const Json j = Json::parse(text.begin(), text.end(), nullptr, false);
+  return j.is_discarded() ? std::nullopt : run_entry_from_json(j);
+}
+
 std::string describe_run(const RunEntry& e) {
   std::string out = "host " + e.host + " pid " + std::to_string(e.pid) + " (agent " + e.agent +
                     "), which started at " + sys::utc_iso8601(e.started_ms);

@@ -39,6 +39,8 @@ struct RunEntry {
 Json run_entry_to_json(const RunEntry& e);
 // Strict: every field of the right type; nullopt otherwise (a damaged entry).
 std::optional<RunEntry> run_entry_from_json(const Json& j);
+// The same from an entry's JSON text (an etcd value): nullopt when it is not one.
+std::optional<RunEntry> parse_run_entry(std::string_view text);
 
 // "host h1 pid 12 (agent cron), which started at T and ended at T2 with
 // status 0": a run that ended is never presented as a live process.

@@ -16,6 +16,7 @@
 #include "survey.hpp"
 #include "sys.hpp"
 #include "terminal.hpp"
+#include "unique_fd.hpp"
 
 namespace looplock {
 
@@ -170,6 +171,9 @@ Blocker LocalLock::blocker() const {
   b.verdict = judge(survey_held(file_, b.what, holders_at_start_));
   b.who = holder_phrase(*b.verdict);
   b.inspect_hint = "looplock --inspect " + o_.dir;
+  const std::string host = sys::host_name();
+  for (const auto& h : b.verdict->holders) b.holder_ids.emplace_back(host, h.pid);
+  if (b.verdict->record == RecordState::Current && b.verdict->read) b.holder_ids.emplace_back(host, b.verdict->read->pid);
   if (!b.verdict->confirm.empty()) {
     b.confirm = pids_text(b.verdict->confirm);
     b.many = b.verdict->confirm.size() > 1;
@@ -252,6 +256,41 @@ void LocalLock::abandon() {
   (void)write_holder(file_.fd.get(), *record_);
 }
 
+// --- the local run ledger (--once-per) --------------------------------------------
+
+namespace {
+
+std::string local_ledger_name(const std::string& dir) {
+  return "run ledger " + dir + (dir.ends_with('/') ? "" : "/") + kRunsName;
+}
+
+bool record_end_locally(const LockDir& dir, const RunEntry& entry, const Logger& log) {
+  try {
+    record_local_ledger(dir, entry);
+    return true;
+  } catch (const Fatal& f) {
+    log.warn("run_ledger_write_failed", std::string(f.what()) + "; this run's end is not recorded, so its slot may run "
+                                                               "again");
+    return false;
+  }
+}
+
+}  // namespace
+
+LedgerLook LocalLock::look_ledger(const std::string& operation, bool /*locked*/) {
+  return look_local_ledger(dir_, operation);
+}
+void LocalLock::record_start(const RunEntry& entry) { record_local_ledger(dir_, entry); }
+bool LocalLock::record_end(const RunEntry& entry) { return record_end_locally(dir_, entry, log_); }
+std::string LocalLock::ledger_name() const { return local_ledger_name(o_.dir); }
+
+LedgerLook InheritedLock::look_ledger(const std::string& operation, bool /*locked*/) {
+  return look_local_ledger(dir_, operation);
+}
+void InheritedLock::record_start(const RunEntry& entry) { record_local_ledger(dir_, entry); }
+bool InheritedLock::record_end(const RunEntry& entry) { return record_end_locally(dir_, entry, log_); }
+std::string InheritedLock::ledger_name() const { return local_ledger_name(o_.dir); }
+
 // --- nested -------------------------------------------------------------------
 
 std::optional<OuterHolder> outer_holder(const Options& o, const EnvList& env, const LockDir& dir, pid_t self,
@@ -263,9 +302,17 @@ std::optional<OuterHolder> outer_holder(const Options& o, const EnvList& env, co
   return find_outer_holder(env, dir.fd.get(), lock_file, !o.shared, self);
 }
 
-InheritedLock::InheritedLock(const Options& options, const Logger& log, const OuterHolder& outer,
+InheritedLock::InheritedLock(const Options& options, const Logger& log, const LockDir& dir, const OuterHolder& outer,
                              const struct stat& lock_file)
-    : o_(options), log_(log), outer_(outer), lock_file_(lock_file) {}
+    : o_(options), log_(log), dir_(dir), outer_(outer), lock_file_(lock_file) {
+  if (!o_.once_per_ns) return;
+  // Which operation's slot the outer holder runs: its record says.
+  UniqueFd fd(sys::retry_eintr(
+      [&] { return openat(dir.fd.get(), kLockName, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); }));
+  if (!fd) return;
+  const HolderRead read = read_holder(fd.get());
+  outer_operation_ = read.record && !read.record->released_at && read.record->operation == clip_bytes(o_.operation);
+}
 
 // No open, so no ownership check: the outer looplock made it; the command may
 // run as another user, under su or runuser, with the descriptor kept.

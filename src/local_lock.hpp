@@ -33,6 +33,11 @@ public:
   void export_to(CommandSpec& spec) override;
   void release(Ending& ending) override;
   void abandon() override;
+  bool has_ledger() const override { return o_.once_per_ns.has_value(); }
+  LedgerLook look_ledger(const std::string& operation, bool locked) override;
+  void record_start(const RunEntry& entry) override;
+  bool record_end(const RunEntry& entry) override;
+  std::string ledger_name() const override;
 
 private:
   void write_record();
@@ -55,16 +60,27 @@ private:
 // still gets no lock descriptor.
 class InheritedLock final : public Lock {
 public:
-  InheritedLock(const Options& options, const Logger& log, const OuterHolder& outer, const struct stat& lock_file);
+  InheritedLock(const Options& options, const Logger& log, const LockDir& dir, const OuterHolder& outer,
+                const struct stat& lock_file);
 
   Acquisition acquire(const WaitPlan& plan, long long start_ns) override;
   Blocker blocker() const override { return {}; }
   void export_to(CommandSpec& spec) override;
   void release(Ending& /*ending*/) override {}
+  // Under the outer holder's lock, the local ledger, for an operation of its
+  // own; the outer's own operation is the outer's slot, which this run is
+  // part of: it records nothing.
+  bool has_ledger() const override { return o_.once_per_ns.has_value() && !outer_operation_; }
+  LedgerLook look_ledger(const std::string& operation, bool locked) override;
+  void record_start(const RunEntry& entry) override;
+  bool record_end(const RunEntry& entry) override;
+  std::string ledger_name() const override;
 
 private:
   const Options& o_;
   const Logger& log_;
+  const LockDir& dir_;
+  bool outer_operation_ = false;  // the outer holder's record names this run's operation
   OuterHolder outer_;
   struct stat lock_file_ {};
 };

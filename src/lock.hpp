@@ -7,10 +7,12 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "environment.hpp"
 #include "json.hpp"
+#include "ledger.hpp"
 #include "policy.hpp"
 #include "spawn.hpp"
 #include "verdict.hpp"
@@ -28,18 +30,10 @@ struct Blocker {
   std::string confirm = "the holder";  // whom the operator confirms stalled: "pid 12", "pids 12, 13"
   bool many = false;                   // more than one of them
   std::string action_extra;            // added to the policy's operator_action
+  // The holders, as (host, pid), for matching the run ledger's entry.
+  std::vector<std::pair<std::string, long long>> holder_ids;
 };
 
-// One run, as a run ledger keeps it (the schedules' --once-per).
-struct RunEntry {
-  std::string operation;
-  std::string host;
-  long long pid = 0;
-  std::string agent;
-  std::string started_at;
-  std::optional<std::string> ended_at;
-  std::optional<int> exit_status;
-};
 
 // What the release of the stack found, filled in lock by lock (in reverse
 // order of acquisition), for the run's conclusion and the rows about the job.
@@ -71,11 +65,18 @@ public:
   // The job could not be run (a Fatal error): lets go as cleanly as it can.
   virtual void abandon() {}
 
-  // The run ledger (--once-per): the last recorded run of `operation`, and
-  // this run's start and end. A lock without a ledger has none.
-  virtual std::optional<RunEntry> last_run(const std::string& /*operation*/) { return std::nullopt; }
-  virtual bool record_start(const RunEntry& /*entry*/) { return true; }
-  virtual void record_end(const RunEntry& /*entry*/) {}
+  // The run ledger (--once-per), when this lock keeps one for this run: the
+  // entry of `operation`, read without the lock (before waiting, or once a
+  // wait ended) or holding it (`locked`: the authority; a ledger that cannot
+  // be read then is a Fatal error); this run's start, recorded before the
+  // command starts (Fatal when it cannot be); its end (false when it could
+  // not be recorded: the run then does not count).
+  virtual bool has_ledger() const { return false; }
+  virtual LedgerLook look_ledger(const std::string& /*operation*/, bool /*locked*/) { return {}; }
+  virtual void record_start(const RunEntry& /*entry*/) {}
+  virtual bool record_end(const RunEntry& /*entry*/) { return true; }
+  // Where its ledger is, for messages: "DIR/.state.lock.runs.json", "etcd".
+  virtual std::string ledger_name() const { return {}; }
 };
 
 }  // namespace looplock

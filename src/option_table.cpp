@@ -37,6 +37,16 @@ constexpr std::array kTable = {
   OptionSpec{"operation", 0, "NAME", Section::LockAndCommand, kInRun, false, false,
              "what runs (default: the command or script name)"},
   OptionSpec{"unlock", 'u', "", Section::LockAndCommand, kInRun, false, false, ""},
+  OptionSpec{"warn-before", 0, "DURATION", Section::LockAndCommand, kInRun, false, true,
+             "signal the job DURATION before --max-time's TERM\n"
+             "(or a failing lease's)"},
+  OptionSpec{"warn-signal", 0, "SIG", Section::LockAndCommand, kInRun, false, true,
+             "the signal of --warn-before (default USR1)"},
+  OptionSpec{"once-per", 0, "DURATION", Section::Schedule, kInRun, false, true,
+             "run at most once per DURATION (a run ledger):\n"
+             "skip, exit 0, when the slot's run is done"},
+  OptionSpec{"jitter", 0, "DURATION", Section::Schedule, kInRun, false, false,
+             "wait a random time below DURATION first"},
   OptionSpec{"verbose", 'v', "", Section::Output, kBoth, false, false, "report waiting, acquiring and releasing"},
   OptionSpec{"quiet", 'q', "", Section::Output, kBoth, false, false,
              "errors only (a single_flight skip is silent)"},
@@ -79,6 +89,7 @@ constexpr std::array kConflicts = {
   OptionConflict{"nonblock", "timeout", "", ""},
   OptionConflict{"shared", "exclusive", "", ""},
   OptionConflict{"no-fork", "close", "", "With -F the command itself holds the lock; drop one of them."},
+  OptionConflict{"once-per", "shared", "readers run together, so none of them owns the run ledger", ""},
   OptionConflict{"etcd", "shared", "shared cluster locks are not supported",
                  "Drop -s, or run without --etcd (and without $LOOPLOCK_ETCD) for a shared local lock."},
 };
@@ -90,6 +101,7 @@ std::string_view section_title(Section s) {
   switch (s) {
     case Section::Policy: return "Policy";
     case Section::LockAndCommand: return "Lock and command";
+    case Section::Schedule: return "Schedule";
     case Section::Output: return "Output";
     case Section::Inspect: return "Inspect";
     case Section::Cluster: return "Cluster";
@@ -116,8 +128,8 @@ std::span<const OptionConflict> option_conflicts() { return kConflicts; }
 std::string options_help() {
   constexpr size_t kColumn = 30;  // where the explanations start
   std::string out;
-  for (Section s : {Section::Policy, Section::LockAndCommand, Section::Output, Section::Inspect, Section::Cluster,
-                    Section::Other}) {
+  for (Section s : {Section::Policy, Section::LockAndCommand, Section::Schedule, Section::Output, Section::Inspect,
+                    Section::Cluster, Section::Other}) {
     out += std::string(section_title(s)) + ":\n";
     for (const auto& o : kTable) {
       if (o.section != s || o.help.empty()) continue;

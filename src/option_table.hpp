@@ -11,7 +11,7 @@
 
 namespace looplock {
 
-enum class Section { Policy, LockAndCommand, Output, Inspect, Cluster, Other };
+enum class Section { Policy, LockAndCommand, Schedule, Output, Inspect, Cluster, Other };
 std::string_view section_title(Section s);  // "Policy", "Lock and command", ...
 
 // Where an option applies.

@@ -3,6 +3,7 @@
 #include <cxxopts.hpp>
 
 #include <algorithm>
+#include <csignal>
 #include <array>
 #include <charconv>
 #include <string_view>
@@ -13,6 +14,7 @@
 #include "exit_codes.hpp"
 #include "lease.hpp"
 #include "option_table.hpp"
+#include "signals.hpp"
 
 namespace looplock {
 
@@ -425,6 +427,38 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
   if (r.count("max-time")) {
     if (const long long d = duration_option("max-time", text_of(r, "max-time")); d != 0 && d != kForever) {
       o.max_time_ns = d;
+    }
+  }
+  if (r.count("once-per")) {
+    const long long d = duration_option("once-per", text_of(r, "once-per"));
+    if (d == 0) {
+      usage_error("invalid --once-per " + quote(text_of(r, "once-per")) +
+                  ": expected a duration above 0 (such as 4m for a */5 schedule)");
+    }
+    o.once_per_ns = d;
+  }
+  if (r.count("jitter")) {
+    if (const long long d = duration_option("jitter", text_of(r, "jitter")); d != 0) o.jitter_ns = d;
+  }
+  if (r.count("warn-signal") && !r.count("warn-before")) usage_error("--warn-signal applies only with --warn-before");
+  if (r.count("warn-before")) {
+    o.warn_before_ns = duration_option("warn-before", text_of(r, "warn-before"));
+    if (!o.max_time_ns && o.etcd.empty()) {
+      usage_error("--warn-before applies only with --max-time or --etcd",
+                  "It signals the job before --max-time's TERM, or before a failing lease's.");
+    }
+    if (o.max_time_ns && *o.warn_before_ns >= *o.max_time_ns) {
+      usage_error("invalid --warn-before " + quote(text_of(r, "warn-before")) + ": not shorter than --max-time " +
+                  format_duration(*o.max_time_ns));
+    }
+    if (r.count("warn-signal")) {
+      const auto sig = parse_signal(text_of(r, "warn-signal"));
+      if (!sig) usage_error("invalid --warn-signal " + quote(text_of(r, "warn-signal")) + ": expected a signal name or number");
+      if (*sig == SIGKILL || *sig == SIGSTOP) {
+        usage_error("invalid --warn-signal " + quote(text_of(r, "warn-signal")) +
+                    ": KILL and STOP cannot be handled, so they warn nobody");
+      }
+      o.warn_signal = *sig;
     }
   }
   // KILL after a forwarded TERM/INT: --kill-after, where 0 and inf mean

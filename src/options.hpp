@@ -4,6 +4,7 @@
 // down. Errors are Fatal with exit status 64 and a hint.
 #pragma once
 
+#include <csignal>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -41,6 +42,10 @@ struct Options {
   std::optional<long long> signal_kill_after_ns;
   std::optional<long long> max_time_kill_after_ns;
   std::optional<long long> max_time_ns;  // --max-time (nullopt: no limit)
+  std::optional<long long> warn_before_ns;  // --warn-before
+  int warn_signal = SIGUSR1;                // --warn-signal
+  std::optional<long long> once_per_ns;     // --once-per
+  std::optional<long long> jitter_ns;       // --jitter
   std::string metrics_dir;               // --metrics-dir or $LOOPLOCK_METRICS_DIR; empty: none
 
   std::string agent;      // resolved: --agent, $LOOPLOCK_AGENT, user name

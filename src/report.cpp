@@ -5,6 +5,7 @@
 #include "duration.hpp"
 #include "error.hpp"
 #include "lockfile.hpp"
+#include "signals.hpp"
 #include "sys.hpp"
 
 namespace looplock {
@@ -14,9 +15,14 @@ namespace {
 constexpr long long kMs = 1'000'000LL;
 
 Json job_details(const JobEnd& job) {
-  return Json{{"ran_ms", (job.ended_ns - job.started_ns) / kMs},
-              {"killed", job.killed},
-              {"ran_after_term_ms", job.term_sent_ns ? (job.ended_ns - job.term_sent_ns) / kMs : 0}};
+  Json j{{"ran_ms", (job.ended_ns - job.started_ns) / kMs},
+         {"killed", job.killed},
+         {"ran_after_term_ms", job.term_sent_ns ? (job.ended_ns - job.term_sent_ns) / kMs : 0}};
+  // --warn-before: the warning the job had, and how long before its end.
+  if (job.warned_ns) {
+    j["warned"] = Json{{"signal", signal_name(job.warn_signal)}, {"before_end_ms", (job.ended_ns - job.warned_ns) / kMs}};
+  }
+  return j;
 }
 
 const char* how_it_ended(const JobEnd& job) { return job.killed ? "KILL was needed" : "TERM sufficed"; }
@@ -63,6 +69,21 @@ void Reporter::skip(const Blocker& b) const {
       "noop-locked",
       "noop-locked: " + b.what + " is held by " + b.who + "; skipped " + o_.operation + " (policy single_flight)",
       fields(b));
+}
+
+void Reporter::already_run(const RunEntry& run, bool running_now, const std::string& ledger) const {
+  const std::string who = running_now ? "host " + run.host + " pid " + std::to_string(run.pid) + " (agent " +
+                                            run.agent + "), which started at " + sys::utc_iso8601(run.started_ms) +
+                                            " and holds the lock now"
+                                      : describe_run(run);
+  log_.result("noop-already-run",
+              "noop-already-run: " + o_.operation + " already ran in this slot (--once-per " +
+                  format_duration(*o_.once_per_ns) + ") on " + who + "; skipped " + o_.operation + " (" + ledger + ")",
+              {{"lock_id", lock_id_},
+               {"policy", policy_name(o_.policy)},
+               {"once_per_ms", *o_.once_per_ns / kMs},
+               {"running_now", running_now},
+               {"last_run", run_entry_to_json(run)}});
 }
 
 void Reporter::timeout(const Blocker& b, const WaitPlan& plan, long long waited_ns) const {

@@ -11,6 +11,7 @@
 
 #include "holder.hpp"
 #include "incident.hpp"
+#include "ledger.hpp"
 #include "lock.hpp"
 #include "log.hpp"
 #include "options.hpp"
@@ -41,6 +42,9 @@ public:
 
   // single_flight found the lock held: the noop-locked line.
   void skip(const Blocker& b) const;
+  // --once-per: this lock's operation already ran in this slot (the
+  // noop-already-run line). `running_now`: that run is the lock's holder.
+  void already_run(const RunEntry& run, bool running_now, const std::string& ledger) const;
   // The deadline passed: the row, then the lock_acquire_timeout line.
   void timeout(const Blocker& b, const WaitPlan& plan, long long waited_ns) const;
   // --max-time ended the job.

@@ -2,12 +2,16 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
+
+#include "duration.hpp"
 #include "error.hpp"
 #include "etcd_lock.hpp"
 #include "exit_codes.hpp"
 #include "local_lock.hpp"
 #include "spawn.hpp"
 #include "sys.hpp"
+#include "text.hpp"
 
 namespace looplock {
 
@@ -35,12 +39,15 @@ Run::Run(const Options& options, const Context& context, const Logger& log, RunF
 
 Exit Run::run() {
   open();
+  wait_jitter();
+  if (auto done = ran_before_waiting()) return finish(*done);
   for (auto& lock : locks_) {
     lock->prepare(spec_);
     if (auto conflict = acquire(*lock)) return finish(*conflict);
     lock->export_to(spec_);
     if (Lease* lease = lock->lease()) spec_.lease = lease;
   }
+  if (auto done = claim_slot()) return finish(*done);
   const JobEnd job = run_job();
   return finish(release(job));
 }
@@ -69,10 +76,14 @@ void Run::open() {
   spec_.kill_after_ns = o_.signal_kill_after_ns;
   spec_.max_time_ns = o_.max_time_ns;
   spec_.max_time_kill_after_ns = o_.max_time_kill_after_ns;
+  spec_.warn_before_ns = o_.warn_before_ns;
+  spec_.warn_signal = o_.warn_signal;
+  wait_start_ns_ = ctx_.start_ns;
 
   struct stat lock_file {};
   if (auto outer = outer_holder(o_, ctx_.env, dir_, ctx_.pid, lock_file)) {
-    locks_.push_back(std::make_unique<InheritedLock>(o_, log_, *outer, lock_file));
+    locks_.push_back(std::make_unique<InheritedLock>(o_, log_, dir_, *outer, lock_file));
+    nested_ = true;
     return;
   }
   if (!o_.etcd.empty()) {
@@ -81,36 +92,77 @@ void Run::open() {
   locks_.push_back(std::make_unique<LocalLock>(o_, ctx_.pid, log_, dir_, target_));
 }
 
-// One conflict path for every lock: a skip, or a timeout with its row.
+// --jitter: a random time in [0, DURATION) before the first attempt, which
+// the deadline and the wait's metric do not count. A signal ends it as it
+// ends a wait. Nested runs have no jitter (the outer one had it).
+void Run::wait_jitter() {
+  if (!o_.jitter_ns || nested_) return;
+  const auto r = sys::random_below(static_cast<unsigned long long>(*o_.jitter_ns));
+  if (!r) fail_errno(exit_code::kOsError, "cannot draw --jitter's random wait (getrandom)", errno);
+  const long long jitter = static_cast<long long>(*r);
+  sys::sleep_until_ns(sys::monotonic_ns() + jitter);
+  wait_start_ns_ = sys::monotonic_ns();
+  log_.verbose("jitter", "waited " + format_duration(jitter) + " (--jitter " + format_duration(*o_.jitter_ns) + ")",
+               {{"jitter_ms", jitter / 1'000'000}});
+}
+
+// One conflict path for every lock: a skip, or a timeout with its row (or,
+// with --once-per, the holder running this slot: the slot's skip).
 std::optional<Conclusion> Run::acquire(Lock& lock) {
-  const Acquisition got = lock.acquire(plan_, ctx_.start_ns);
-  facts_.waited_ns = sys::monotonic_ns() - ctx_.start_ns;
+  const Acquisition got = lock.acquire(plan_, wait_start_ns_);
+  facts_.waited_ns = sys::monotonic_ns() - wait_start_ns_;
   if (got == Acquisition::Acquired) return std::nullopt;
+  const Blocker b = lock.blocker();
+  if (auto done = ran_instead_of_conflict(lock, b)) return done;
   if (got == Acquisition::Busy) {
-    reporter_.skip(lock.blocker());
+    reporter_.skip(b);
     return Conclusion{exit_status(o_.skip_exit_code), RunOutcome::Skipped};
   }
-  reporter_.timeout(lock.blocker(), plan_, facts_.waited_ns);
+  reporter_.timeout(b, plan_, facts_.waited_ns);
   return Conclusion{exit_status(o_.conflict_exit_code), RunOutcome::Timeout};
 }
 
 // The command's job, under every lock (-F: in looplock's place).
 JobEnd Run::run_job() {
   try {
+    export_deadline();
     if (o_.no_fork) exec_command(spec_, inherited_);
     JobEnd job = run_command(spec_, inherited_, log_);
     facts_.ran_ns = job.ended_ns - job.started_ns;
     return job;
-  } catch (const Fatal&) {
-    for (auto it = locks_.rbegin(); it != locks_.rend(); ++it) (*it)->abandon();
+  } catch (const Fatal& f) {
+    // A command that cannot run has had its slot (126, 127).
+    if (f.status() == exit_code::kNotExecutable || f.status() == exit_code::kNotFound) record_end(f.status());
+    abandon_locks();
     throw;
   }
+}
+
+// LOOPLOCK_DEADLINE: when --max-time sends TERM, or the inherited deadline
+// when that comes first; removed when there is neither.
+void Run::export_deadline() {
+  std::optional<long long> at = parse_deadline(env_get(ctx_.env, env_name::kDeadline));
+  if (o_.max_time_ns) {
+    const long long own = sys::realtime_ms() + *o_.max_time_ns / 1'000'000;
+    at = at ? std::min(*at, own) : own;
+  }
+  spec_.env = at ? env_with(spec_.env, {{env_name::kDeadline, format_deadline(*at)}})
+                 : env_with(spec_.env, {}, {env_name::kDeadline});
+}
+
+void Run::abandon_locks() {
+  for (auto it = locks_.rbegin(); it != locks_.rend(); ++it) (*it)->abandon();
 }
 
 // The locks in reverse order, then the rows about a job looplock ended
 // (written once it has ended, so that they can say how), then the one
 // conclusion.
 Conclusion Run::release(const JobEnd& job) {
+  // The run's end, in the ledger, under the locks; a lost lease's run does
+  // not count.
+  if (!job.lease_lost) {
+    record_end(job.ended_by == JobEnd::EndedBy::MaxTime ? exit_code::kMaxTime : shell_status(job.status));
+  }
   Ending ending{job, std::nullopt, true, false};
   for (auto it = locks_.rbegin(); it != locks_.rend(); ++it) (*it)->release(ending);
   if (job.ended_by == JobEnd::EndedBy::MaxTime) reporter_.max_time(job, ending.record);
@@ -120,6 +172,112 @@ Conclusion Run::release(const JobEnd& job) {
 Exit Run::finish(const Conclusion& c) {
   facts_.outcome = c.outcome;
   return c.exit;
+}
+
+// --- once per slot (--once-per) ------------------------------------------------
+
+RunEntry Run::this_run() const {
+  RunEntry e;
+  e.operation = o_.operation;
+  e.host = sys::host_name();
+  e.pid = ctx_.pid;
+  e.agent = o_.agent;
+  e.started_ms = ctx_.start_wall_ms;
+  return e;
+}
+
+// Whether a ledger's look shows a run that had this slot: one that started
+// within DURATION of this looplock's start and ended. What looks wrong is
+// said once, by the locked read (a damaged entry, a start beyond DURATION in
+// the future), and a start in the future that counts whenever it skips (the
+// hosts' clocks differ).
+bool Run::counts(const LedgerLook& look, const Lock& lock, bool locked) const {
+  const std::string ledger = lock.ledger_name();
+  if (look.damaged && locked) {
+    log_.warn("run_ledger_damaged", ledger + ": the entry of " + quote(o_.operation) +
+                                        " is damaged; it does not count, and this run rewrites it");
+  }
+  const SlotVerdict v = judge_slot(look.entry, ctx_.start_wall_ms, *o_.once_per_ns / 1'000'000);
+  if ((v.slot == Slot::Damaged && locked) || (v.ahead_ms > 0 && v.slot == Slot::Done)) {
+    const bool counted = v.slot != Slot::Damaged;
+    log_.warn("run_ledger_ahead",
+              ledger + ": the last run of " + quote(o_.operation) + " started " +
+                  format_duration(v.ahead_ms * 1'000'000) +
+                  " after this looplock started, by this host's clock: the hosts' clocks differ by that much; " +
+                  (counted ? "it counts (it is within --once-per)" : "it does not count (beyond --once-per)"),
+              {{"ahead_ms", v.ahead_ms}, {"counted", counted}});
+  }
+  return v.slot == Slot::Done;
+}
+
+Conclusion Run::already_run(const RunEntry& run, bool running_now, const Lock& lock) {
+  reporter_.already_run(run, running_now, lock.ledger_name());
+  return Conclusion{exit_status(o_.skip_exit_code), RunOutcome::Skipped};
+}
+
+// Before waiting: a slot already run skips at once, without queueing (a look
+// without the lock; the locked read stays the authority).
+std::optional<Conclusion> Run::ran_before_waiting() {
+  if (!o_.once_per_ns) return std::nullopt;
+  for (auto& lock : locks_) {
+    if (!lock->has_ledger()) continue;
+    const LedgerLook look = lock->look_ledger(o_.operation, false);
+    if (look.answered && counts(look, *lock, false)) return already_run(*look.entry, false, *lock);
+  }
+  return std::nullopt;
+}
+
+// A wait that ended while the holder is running this slot (or has just run
+// it) is the slot's skip, not a conflict.
+std::optional<Conclusion> Run::ran_instead_of_conflict(Lock& lock, const Blocker& b) {
+  if (!o_.once_per_ns || !lock.has_ledger()) return std::nullopt;
+  const LedgerLook look = lock.look_ledger(o_.operation, false);
+  if (!look.answered || !look.entry) return std::nullopt;
+  const RunEntry& e = *look.entry;
+  const SlotVerdict v = judge_slot(e, ctx_.start_wall_ms, *o_.once_per_ns / 1'000'000);
+  if (v.slot == Slot::Done && counts(look, lock, false)) return already_run(e, false, lock);
+  const bool holder = std::find(b.holder_ids.begin(), b.holder_ids.end(), std::pair{e.host, e.pid}) !=
+                      b.holder_ids.end();
+  if (v.slot == Slot::Running && holder) return already_run(e, true, lock);
+  return std::nullopt;
+}
+
+// Holding every lock: the locked reads decide. A run that had the slot
+// skips (the locks are let go); otherwise this run's start is recorded in
+// each ledger (etcd first) before the command starts.
+std::optional<Conclusion> Run::claim_slot() {
+  if (!o_.once_per_ns) return std::nullopt;
+  try {
+    for (auto& lock : locks_) {
+      if (!lock->has_ledger()) continue;
+      const LedgerLook look = lock->look_ledger(o_.operation, true);
+      if (counts(look, *lock, true)) {
+        abandon_locks();
+        return already_run(*look.entry, false, *lock);
+      }
+    }
+    const RunEntry me = this_run();
+    for (auto& lock : locks_) {
+      if (lock->has_ledger()) lock->record_start(me);
+    }
+  } catch (const Fatal&) {
+    abandon_locks();
+    throw;
+  }
+  claimed_ = true;
+  return std::nullopt;
+}
+
+// The run's end in each ledger, in order; after a failure the rest are not
+// written (the run does not count).
+void Run::record_end(int status) {
+  if (!claimed_) return;
+  RunEntry me = this_run();
+  me.ended_ms = sys::realtime_ms();
+  me.exit_status = status;
+  for (auto& lock : locks_) {
+    if (lock->has_ledger() && !lock->record_end(me)) return;
+  }
 }
 
 }  // namespace looplock

@@ -29,7 +29,8 @@ class Transport;
 struct Context {
   EnvList env;  // the environment looplock was started with
   pid_t pid = 0;
-  long long start_ns = 0;  // CLOCK_MONOTONIC when looplock started
+  long long start_ns = 0;       // CLOCK_MONOTONIC when looplock started
+  long long start_wall_ms = 0;  // the same instant on the wall clock (ms since the epoch)
   // The cluster lock's HTTP exchange: libcurl's in looplock-etcd, null in
   // looplock, which hands runs with --etcd to looplock-etcd (cluster_exec.hpp).
   etcd::Transport* etcd = nullptr;
@@ -72,10 +73,22 @@ public:
 
 private:
   void open();
+  void wait_jitter();
   std::optional<Conclusion> acquire(Lock& lock);
   JobEnd run_job();
   Conclusion release(const JobEnd& job);
   Exit finish(const Conclusion& c);
+
+  // --once-per (ledger.hpp): the slot's checks and records.
+  std::optional<Conclusion> ran_before_waiting();
+  std::optional<Conclusion> ran_instead_of_conflict(Lock& lock, const Blocker& b);
+  std::optional<Conclusion> claim_slot();
+  bool counts(const LedgerLook& look, const Lock& lock, bool locked) const;
+  Conclusion already_run(const RunEntry& run, bool running_now, const Lock& lock);
+  RunEntry this_run() const;
+  void record_end(int status);
+  void abandon_locks();
+  void export_deadline();
 
   const Options& o_;
   const Context& ctx_;
@@ -84,6 +97,9 @@ private:
   Reporter reporter_;
   InheritedSignals inherited_;
   WaitPlan plan_;
+  long long wait_start_ns_ = 0;  // when the first attempt starts: after --jitter
+  bool nested_ = false;          // inside an outer looplock that holds this lock
+  bool claimed_ = false;         // this run's start is in the run ledger
   LockDir dir_;
   LockTarget target_;
   CommandSpec spec_;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 
+#include "duration.hpp"
 #include "error.hpp"
 #include "exit_codes.hpp"
 #include "supervisor.hpp"
@@ -249,6 +250,16 @@ private:
       d.lease_term_at = spec_.lease->term_by_ns();
       d.renew_at = spec_.lease->next_renewal_ns();
     }
+    // The warning, once: before --max-time's TERM, and before the lease's
+    // when its renewals are failing (a short etcd outage may warn without a
+    // TERM following).
+    if (spec_.warn_before_ns && end_.warned_ns == 0) {
+      const long long w = *spec_.warn_before_ns;
+      if (max_time_at_ != 0) d.warn_at = std::max(max_time_at_ - w, 1LL);
+      if (lease_live_ && spec_.lease->renewal_failing()) {
+        d.warn_at = earliest(d.warn_at, std::max(d.lease_term_at - w, 1LL));
+      }
+    }
     if (leader_done_) d.group_poll_at = now + kGroupPollNs;
     return d;
   }
@@ -319,8 +330,26 @@ private:
         }
         return;
       case JobAction::Warn:
-      case JobAction::None: return;
+        warn(now);
+        return;
+      case JobAction::None:
+        return;
     }
+  }
+
+  // --warn-before's signal, once, with one line (-q hides it).
+  void warn(long long now) {
+    const bool by_lease = max_time_at_ == 0 || (lease_live_ && spec_.lease->term_by_ns() < max_time_at_);
+    const long long term_at = by_lease ? spec_.lease->term_by_ns() : max_time_at_;
+    log_.warn("warned",
+              "sent " + signal_name(spec_.warn_signal) + " to the job: " +
+                  (by_lease ? "the lease's renewals are failing, and its TERM comes in " : "--max-time's TERM comes in ") +
+                  format_duration(term_at - now) + " (--warn-before)",
+              {{"signal", signal_name(spec_.warn_signal)}, {"term_in_ms", (term_at - now) / 1'000'000}});
+    job_.signal(spec_.warn_signal);
+    end_.signalled = true;
+    end_.warned_ns = now;
+    end_.warn_signal = spec_.warn_signal;
   }
 
   // looplock ends the job: TERM (and CONT, for a stopped job) to the group,

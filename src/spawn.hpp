@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <csignal>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,6 +33,8 @@ public:
   virtual bool renew(long long return_by_ns, const sigset_t& interrupt_on) = 0;
   virtual long long term_by_ns() const = 0;
   virtual long long kill_by_ns() const = 0;
+  // Whether the last renewal got no answer (term_by_ns() is not moving).
+  virtual bool renewal_failing() const { return false; }
 };
 
 struct CommandSpec {
@@ -45,6 +48,10 @@ struct CommandSpec {
   // max_time_kill_after_ns later (nullopt: never KILL).
   std::optional<long long> max_time_ns;
   std::optional<long long> max_time_kill_after_ns;
+  // --warn-before: send `warn_signal` to the job once, this long before
+  // --max-time's TERM, or (the lease's renewals failing) before its TERM.
+  std::optional<long long> warn_before_ns;
+  int warn_signal = SIGUSR1;
   Lease* lease = nullptr;
 };
 
@@ -64,6 +71,8 @@ struct JobEnd {
   long long ended_ns = 0;      // when the whole job had ended
   pid_t pgid = 0;              // the job's process group
   bool signalled = false;      // looplock sent the job's group a signal (forwarded, TERM or KILL of its own)
+  long long warned_ns = 0;      // when the --warn-before signal was sent (0: not sent)
+  int warn_signal = 0;          // which
 };
 
 // Starts the command and supervises it until it has ended (and, when

@@ -82,11 +82,40 @@ TEST_CASE("free lock without a record: no warnings") {
   CHECK(r.text.find("incidents none") != std::string::npos);
 }
 
+TEST_CASE("the run ledger: one line per operation, an ended run never shown as a live process") {
+  InspectFacts f = base();
+  looplock::RunEntry e;
+  e.operation = "tick";
+  e.host = "h1";
+  e.pid = 77;
+  e.agent = "cron";
+  e.started_ms = 1'790'000'000'000;
+  e.ended_ms = e.started_ms + 1500;
+  e.exit_status = 2;
+  f.runs = {e};
+  f.runs_damaged = {"gate"};
+  InspectReport r = looplock::build_report(f);
+  CHECK(r.text.find("last run  operation tick: host h1 pid 77 (agent cron), which started at ") != std::string::npos);
+  CHECK(r.text.find("with status 2\n") != std::string::npos);
+  CHECK(r.text.find("last run  operation gate: a damaged entry") != std::string::npos);
+  REQUIRE(r.json["runs"].size() == 1);
+  CHECK(r.json["runs"][0]["exit_status"] == 2);
+  CHECK(r.json["runs_damaged"] == Json::array({"gate"}));
+  CHECK(r.json["runs_error"].is_null());
+  CHECK(warnings(r).empty());  // the ledger says what ran, not what is wrong with the lock
+}
+
+TEST_CASE("no run ledger: no line, empty keys") {
+  InspectReport r = looplock::build_report(base());
+  CHECK(r.text.find("last run") == std::string::npos);
+  CHECK(r.json["runs"] == Json::array());
+}
+
 TEST_CASE("JSON keys") {
   InspectReport r = looplock::build_report(held_by_record());
   CHECK(keys(r.json) == std::vector<std::string>{"lock_file", "lock_id", "exists", "kernel", "holder", "holders",
-                                                 "network_fs", "waiters", "record", "incidents", "warnings",
-                                                 "operator_action"});
+                                                 "network_fs", "waiters", "record", "incidents", "runs",
+                                                 "runs_damaged", "runs_error", "warnings", "operator_action"});
   CHECK(r.json["waiters"] == Json::array());
   CHECK(keys(r.json["kernel"]) == std::vector<std::string>{"held", "unknown", "mode", "holder_pids", "fd_holder_pids"});
   CHECK(r.json["kernel"]["unknown"].is_null());

@@ -1,0 +1,408 @@
+"""--once-per (one run per slot of a schedule), --jitter, and the job that
+knows its deadline (LOOPLOCK_DEADLINE, --warn-before), on one host: real
+looplock processes, a real run ledger (DIR/.state.lock.runs.json), real
+signals. The cluster's half (the etcd ledger, two "hosts", clocks apart) is
+in test_once_per_etcd.py."""
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import (EX_CANTCREAT, EX_NOTFOUND, EX_TEMPFAIL, LOOPLOCK, PY, TIMEOUT, expect_line, helper,
+                      incident_rows, run, start)
+
+TICK = helper("slot_tick.py")
+CHECKPOINT = helper("checkpoint_tick.py")
+RUNS = ".state.lock.runs.json"
+
+
+def ticks(history):
+    """The ticks that ran: (label, pid, wall ms, fencing token)."""
+    p = Path(history)
+    if not p.exists():
+        return []
+    return [tuple(line.split()) for line in p.read_text().splitlines()]
+
+
+def ledger(loop_dir):
+    return json.loads((Path(loop_dir) / RUNS).read_text())
+
+
+def once(loop_dir, duration="60s", op="tick", *extra):
+    return ["--once-per", duration, "--operation", op, *extra, str(loop_dir), "--"]
+
+
+def tick(history, label, how="0"):
+    return [PY, TICK, str(history), label, how]
+
+
+def test_two_schedulers_fire_the_same_slot_0_3s_apart_and_it_runs_once(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    a = start([*once(loop_dir), *tick(history, "a", "hold")])
+    expect_line(a)
+    time.sleep(0.3)  # the second scheduler, 0.3 s late
+    b = start([*once(loop_dir), *tick(history, "b")])  # mutation: it waits for a
+    a.stdin.close()
+    assert a.wait(timeout=TIMEOUT) == 0
+    out, err = b.communicate(timeout=TIMEOUT)
+    assert b.returncode == 0, err
+    assert [t[0] for t in ticks(history)] == ["a"]
+    assert "noop-already-run: tick already ran in this slot" in err
+    assert f"pid {a.pid} " in err and " and ended at " in err and "with status 0" in err
+    entry = ledger(loop_dir)["runs"][0]
+    assert entry["pid"] == a.pid and entry["exit_status"] == 0 and entry["ended_ms"] >= entry["started_ms"]
+
+
+def test_control_without_once_per_the_second_scheduler_runs_the_tick_again(loop_dir, tmp_path):
+    """The same two schedulers without --once-per: the lock serialises them
+    and both run (what the test above shows looplock prevents)."""
+    history = tmp_path / "history"
+    a = start(["--operation", "tick", str(loop_dir), "--", *tick(history, "a", "hold")])
+    expect_line(a)
+    time.sleep(0.3)
+    b = start(["--operation", "tick", str(loop_dir), "--", *tick(history, "b")])
+    a.stdin.close()
+    assert a.wait(timeout=TIMEOUT) == 0
+    assert b.wait(timeout=TIMEOUT) == 0
+    assert [t[0] for t in ticks(history)] == ["a", "b"]
+
+
+def test_single_flight_finding_the_slot_running_is_the_slots_skip_not_noop_locked(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    a = start([*once(loop_dir, "60s", "tick", "-p", "single_flight"), *tick(history, "a", "hold")])
+    expect_line(a)
+    r = run([*once(loop_dir, "60s", "tick", "-p", "single_flight"), *tick(history, "b")])
+    assert r.returncode == 0, r.stderr
+    assert "noop-already-run" in r.stderr and "noop-locked" not in r.stderr
+    assert f"pid {a.pid} " in r.stderr and "holds the lock now" in r.stderr
+    # Another operation is not that run's slot: a plain single_flight skip.
+    r = run([*once(loop_dir, "60s", "other", "-p", "single_flight"), *tick(history, "c")])
+    assert r.returncode == 0 and "noop-locked" in r.stderr, r.stderr
+    a.stdin.close()
+    assert a.wait(timeout=TIMEOUT) == 0
+    assert [t[0] for t in ticks(history)] == ["a"]
+
+
+def test_a_deadline_passing_while_the_slot_runs_is_the_skip_without_an_incident_row(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    a = start([*once(loop_dir), *tick(history, "a", "hold")])
+    expect_line(a)
+    r = run([*once(loop_dir, "60s", "tick", "-w", "0.3"), *tick(history, "b")])
+    assert r.returncode == 0, r.stderr
+    assert "noop-already-run" in r.stderr and "lock_acquire_timeout" not in r.stderr
+    assert incident_rows(loop_dir) == []
+    a.stdin.close()
+    assert a.wait(timeout=TIMEOUT) == 0
+    # Without --once-per the same wait is a timeout, with its row.
+    a = start(["--operation", "tick", str(loop_dir), "--", *tick(history, "c", "hold")])
+    expect_line(a)
+    r = run(["--operation", "tick", "-w", "0.3", str(loop_dir), "--", "true"])
+    assert r.returncode == EX_TEMPFAIL
+    assert len(incident_rows(loop_dir)) == 1
+    a.stdin.close()
+    a.wait(timeout=TIMEOUT)
+
+
+def test_a_slot_already_run_skips_before_waiting_without_queueing(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    assert run([*once(loop_dir), *tick(history, "a")]).returncode == 0
+    # Another operation holds the lock; this one's slot has run: skip at once
+    # instead of waiting the whole -w for the lock.
+    holder = start(["--operation", "other", str(loop_dir), "--", *tick(history, "other", "hold")])
+    expect_line(holder)
+    t0 = time.monotonic()
+    r = run([*once(loop_dir, "60s", "tick", "-w", "20"), *tick(history, "b")])
+    took = time.monotonic() - t0
+    assert r.returncode == 0 and "noop-already-run" in r.stderr, r.stderr
+    assert took < 15, took  # it did not wait out -w 20
+    holder.stdin.close()
+    holder.wait(timeout=TIMEOUT)
+    assert [t[0] for t in ticks(history)] == ["a", "other"]
+
+
+def test_after_duration_the_next_slot_runs(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    assert run([*once(loop_dir, "0.5s"), *tick(history, "a")]).returncode == 0
+    assert run([*once(loop_dir, "0.5s"), *tick(history, "b")]).returncode == 0
+    first = int(ticks(history)[0][2])
+    while time.time() * 1000 < first + 700:
+        time.sleep(0.05)
+    assert run([*once(loop_dir, "0.5s"), *tick(history, "c")]).returncode == 0
+    assert [t[0] for t in ticks(history)] == ["a", "c"]
+
+
+def test_another_operation_on_the_same_lock_has_its_own_slot(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    assert run([*once(loop_dir, "60s", "tick"), *tick(history, "tick")]).returncode == 0
+    assert run([*once(loop_dir, "60s", "gate"), *tick(history, "gate")]).returncode == 0
+    assert run([*once(loop_dir, "60s", "tick"), *tick(history, "tick2")]).returncode == 0
+    assert run([*once(loop_dir, "60s", "gate"), *tick(history, "gate2")]).returncode == 0
+    assert [t[0] for t in ticks(history)] == ["tick", "gate"]
+    assert sorted(e["operation"] for e in ledger(loop_dir)["runs"]) == ["gate", "tick"]
+    # Runs without --once-per neither read nor write it, nor are they skipped.
+    assert run(["--operation", "tick", str(loop_dir), "--", *tick(history, "plain")]).returncode == 0
+    assert [t[0] for t in ticks(history)][-1] == "plain"
+
+
+def test_the_skip_exits_like_single_flight_quiet_with_q_and_counts_as_skipped(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    assert run(["--metrics-dir", metrics, *once(loop_dir), *tick(history, "a")]).returncode == 0
+    r = run(["--skip-exit-code", "3", *once(loop_dir), *tick(history, "b")])
+    assert r.returncode == 3
+    r = run(["-q", "--metrics-dir", metrics, *once(loop_dir), *tick(history, "c")])
+    assert r.returncode == 0 and r.stderr == ""
+    r = run(["--log-format", "json", *once(loop_dir), *tick(history, "d")])
+    line = json.loads(r.stderr.splitlines()[-1])
+    assert line["event"] == "noop-already-run"
+    assert line["last_run"]["exit_status"] == 0 and line["running_now"] is False
+    prom = next(metrics.glob("*.prom")).read_text()
+    assert 'outcome="skipped"} 1' in prom and 'outcome="success"} 1' in prom
+    assert [t[0] for t in ticks(history)] == ["a"]
+
+
+def test_a_looplock_killed_mid_run_does_not_consume_the_slot(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    a = start([*once(loop_dir), *tick(history, "a", "hold")], start_new_session=True)
+    expect_line(a)
+    assert ledger(loop_dir)["runs"][0]["ended_ms"] is None  # its start is recorded before the command
+    os.killpg(a.pid, signal.SIGKILL)  # the host dies: looplock and its job
+    a.wait(timeout=TIMEOUT)
+    r = run([*once(loop_dir, "60s", "tick", "-w", "20"), *tick(history, "b")])
+    assert r.returncode == 0, r.stderr
+    assert [t[0] for t in ticks(history)] == ["a", "b"]
+    entry = ledger(loop_dir)["runs"][0]
+    assert entry["pid"] != a.pid and entry["exit_status"] == 0
+
+
+@pytest.mark.parametrize("status", [0, 3])
+def test_a_run_that_ended_counts_however_it_ended(loop_dir, tmp_path, status):
+    history = tmp_path / "history"
+    r = run([*once(loop_dir), "sh", "-c", f"exit {status}"])
+    assert r.returncode == status
+    assert ledger(loop_dir)["runs"][0]["exit_status"] == status
+    r = run([*once(loop_dir), *tick(history, "b")])
+    assert r.returncode == 0 and f"with status {status}" in r.stderr
+    assert ticks(history) == []
+
+
+def test_a_command_that_cannot_run_has_had_its_slot(loop_dir, tmp_path):
+    r = run([*once(loop_dir), str(tmp_path / "no-such-command")])
+    assert r.returncode == EX_NOTFOUND
+    assert ledger(loop_dir)["runs"][0]["exit_status"] == EX_NOTFOUND
+    r = run([*once(loop_dir), "true"])
+    assert r.returncode == 0 and "with status 127" in r.stderr
+
+
+def test_max_time_ending_the_run_counts_with_124(loop_dir):
+    r = run(["--max-time", "0.2s", *once(loop_dir), "sleep", "10"])
+    assert r.returncode == 124
+    assert ledger(loop_dir)["runs"][0]["exit_status"] == 124
+
+
+def test_a_ledger_that_cannot_be_written_fails_the_run_with_73_before_the_command(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    (loop_dir / (RUNS + ".new")).mkdir()  # where the next ledger is written first
+    r = run([*once(loop_dir), *tick(history, "a")])
+    assert r.returncode == EX_CANTCREAT, r.stderr
+    assert "cannot write the run ledger" in r.stderr and "the command did not run" in r.stderr
+    assert ticks(history) == []
+
+
+def test_an_unsafe_ledger_is_refused_like_an_unsafe_lock_file(loop_dir, tmp_path):
+    target = tmp_path / "elsewhere.json"
+    target.write_text("{}")
+    (loop_dir / RUNS).symlink_to(target)
+    r = run([*once(loop_dir), "true"])
+    assert r.returncode == EX_CANTCREAT
+    assert "unsafe run ledger" in r.stderr
+    assert target.read_text() == "{}"
+
+
+def test_a_torn_ledger_blocks_nothing_it_is_reported_and_rewritten(loop_dir, tmp_path):
+    """What a crash mid-write could leave, were the ledger written in place
+    (looplock writes a new file and renames it, so a crash leaves the old or
+    the new one, and at worst a stray new file)."""
+    history = tmp_path / "history"
+    assert run([*once(loop_dir), *tick(history, "a")]).returncode == 0
+    whole = (loop_dir / RUNS).read_text()
+    (loop_dir / RUNS).write_text(whole[: len(whole) // 2])
+    (loop_dir / (RUNS + ".new")).write_text(whole[:10])
+    r = run([*once(loop_dir), *tick(history, "b")])
+    assert r.returncode == 0, r.stderr
+    assert "run_ledger_damaged" in r.stderr or "is damaged" in r.stderr
+    assert [t[0] for t in ticks(history)] == ["a", "b"]
+    assert ledger(loop_dir)["runs"][0]["ended_ms"] is not None
+    assert not (loop_dir / (RUNS + ".new")).exists()
+    r = run([*once(loop_dir), *tick(history, "c")])
+    assert r.returncode == 0 and "noop-already-run" in r.stderr
+
+
+def write_entry(loop_dir, started_ms, ended=True):
+    entry = {"operation": "tick", "host": "h2", "pid": 4242, "agent_id": "cron",
+             "started_at": "2026-01-01T00:00:00.000Z", "started_ms": started_ms,
+             "ended_at": None, "ended_ms": started_ms + 100 if ended else None, "exit_status": 0 if ended else None}
+    (loop_dir / RUNS).write_text(json.dumps({"schema": "looplock_runs_v0", "runs": [entry]}))
+
+
+def test_a_start_in_the_future_counts_within_duration_with_a_warning_and_beyond_it_is_damaged(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    now = int(time.time() * 1000)
+    write_entry(loop_dir, now + 20_000)  # another host's clock, 20 s ahead
+    r = run([*once(loop_dir, "60s"), *tick(history, "a")])
+    assert r.returncode == 0 and "noop-already-run" in r.stderr
+    assert "the hosts' clocks differ" in r.stderr and "it counts" in r.stderr
+    write_entry(loop_dir, now + 600_000)  # 10 min ahead: beyond --once-per
+    r = run([*once(loop_dir, "60s"), *tick(history, "b")])
+    assert r.returncode == 0, r.stderr
+    assert "it does not count" in r.stderr
+    assert [t[0] for t in ticks(history)] == ["b"]
+
+
+def test_a_start_without_an_end_under_the_lock_is_a_crashed_run_and_does_not_count(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    write_entry(loop_dir, int(time.time() * 1000) - 1000, ended=False)
+    r = run([*once(loop_dir), *tick(history, "a")])
+    assert r.returncode == 0, r.stderr
+    assert [t[0] for t in ticks(history)] == ["a"]
+
+
+def test_nested_once_per_uses_the_local_ledger_under_the_outer_lock(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    inner = [LOOPLOCK, "--once-per", "60s", "--operation", "inner", "--jitter", "60s", str(loop_dir), "--",
+             PY, TICK, str(history), "inner"]
+    t0 = time.monotonic()
+    for _ in range(2):
+        r = run(["--operation", "outer", str(loop_dir), "--", *inner])
+        assert r.returncode == 0, r.stderr
+    assert time.monotonic() - t0 < 20  # nested: no --jitter
+    assert [t[0] for t in ticks(history)] == ["inner"]
+    assert [e["operation"] for e in ledger(loop_dir)["runs"]] == ["inner"]
+    # Nested in its own operation, the outer's slot is its own: it runs, and records nothing.
+    same = [LOOPLOCK, "--once-per", "60s", "--operation", "outer", str(loop_dir), "--", PY, TICK, str(history), "same"]
+    r = run(["--operation", "outer", str(loop_dir), "--", *same])
+    assert r.returncode == 0, r.stderr
+    assert [t[0] for t in ticks(history)] == ["inner", "same"]
+    assert [e["operation"] for e in ledger(loop_dir)["runs"]] == ["inner"]
+
+
+def test_inspect_shows_the_last_run_of_each_operation(loop_dir, tmp_path):
+    assert run([*once(loop_dir, "60s", "tick"), "true"]).returncode == 0
+    assert run([*once(loop_dir, "60s", "gate"), "sh", "-c", "exit 2"]).returncode == 2
+    r = run(["--inspect", loop_dir])
+    assert r.returncode == 0, r.stderr
+    runs = [line for line in r.stdout.splitlines() if line.startswith("last run")]
+    assert len(runs) == 2, r.stdout
+    assert any("status 2" in line for line in runs)
+    j = json.loads(run(["--inspect", "--json", loop_dir]).stdout)
+    entry = j[0] if isinstance(j, list) else j
+    got = {e["operation"]: e for e in entry["runs"]}
+    assert set(got) == {"tick", "gate"}
+    assert got["gate"]["exit_status"] == 2 and got["tick"]["host"] == os.uname().nodename
+
+
+# --- --jitter ---------------------------------------------------------------
+
+
+def test_jitter_stays_within_its_bound_and_says_how_long_with_v(loop_dir):
+    waited = []
+    for _ in range(4):
+        t0 = time.monotonic()
+        r = run(["-v", "--log-format", "json", "--jitter", "0.4s", str(loop_dir), "--", "true"])
+        took = time.monotonic() - t0
+        assert r.returncode == 0, r.stderr
+        line = next(json.loads(x) for x in r.stderr.splitlines() if '"jitter"' in x)
+        assert 0 <= line["jitter_ms"] < 400
+        assert took >= line["jitter_ms"] / 1000
+        waited.append(line["jitter_ms"])
+    assert len(set(waited)) > 1  # random, not a constant
+
+
+def test_jitter_is_outside_the_deadline_and_the_wait_metric(loop_dir, tmp_path, holders):
+    h = holders(loop_dir)
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    r = run(["-v", "--log-format", "json", "--metrics-dir", metrics, "--jitter", "1s", "-w", "0.3", str(loop_dir),
+             "--", "true"])
+    assert r.returncode == EX_TEMPFAIL
+    jitter = next(json.loads(x) for x in r.stderr.splitlines() if '"jitter"' in x)["jitter_ms"]
+    row = incident_rows(loop_dir)[0]
+    assert 250 <= row["waited_ms"] < 1000 and row["deadline_ms"] == 300
+    prom = next(metrics.glob("*.prom")).read_text()
+    wait = float(next(line.split()[-1] for line in prom.splitlines() if line.startswith("looplock_last_wait_seconds")))
+    assert 0.25 <= wait < 1.0, (wait, jitter)
+    h.release()
+
+
+def test_a_signal_during_the_jitter_ends_the_run_as_during_a_wait(loop_dir, tmp_path):
+    p = start(["-v", "--jitter", "60s", str(loop_dir), "--", "touch", str(tmp_path / "ran")])
+    time.sleep(0.3)
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=TIMEOUT)
+    assert p.returncode == -signal.SIGTERM
+    assert not (tmp_path / "ran").exists()
+    assert incident_rows(loop_dir) == []
+
+
+# --- the job's deadline ------------------------------------------------------
+
+
+def test_the_command_gets_looplock_deadline_with_max_time_and_never_a_stale_one(loop_dir):
+    show = [PY, "-c", "import os; print(os.environ.get('LOOPLOCK_DEADLINE', 'none'))"]
+    before = time.time()
+    r = run(["--max-time", "30s", str(loop_dir), "--", *show])
+    after = time.time()
+    value = r.stdout.strip()
+    assert value.count(".") == 1 and len(value.split(".")[1]) == 3, value
+    assert before + 30 - 1 <= float(value) <= after + 30 + 1
+    # Without --max-time an inherited value stays (the outer deadline holds),
+    # a malformed one is removed.
+    r = run([str(loop_dir), "--", *show], env={"LOOPLOCK_DEADLINE": "1796000000.500"})
+    assert r.stdout.strip() == "1796000000.500"
+    r = run([str(loop_dir), "--", *show], env={"LOOPLOCK_DEADLINE": "soon"})
+    assert r.stdout.strip() == "none"
+    # Nested: the earlier of its own and the inherited one.
+    inner = [LOOPLOCK, "--max-time", "60s", "--operation", "inner", str(loop_dir), "--", *show]
+    r = run(["--max-time", "30s", "--operation", "outer", str(loop_dir), "--", *inner])
+    assert float(r.stdout.strip()) <= time.time() + 31
+    inner = [LOOPLOCK, "--max-time", "5s", "--operation", "inner", str(loop_dir), "--", *show]
+    r = run(["--max-time", "30s", "--operation", "outer", str(loop_dir), "--", *inner])
+    assert float(r.stdout.strip()) <= time.time() + 6
+
+
+def test_a_tick_warned_before_max_time_checkpoints_and_finishes_cleanly(loop_dir, tmp_path):
+    checkpoint = tmp_path / "checkpoint"
+    p = start(["--max-time", "3s", "--warn-before", "2s", str(loop_dir), "--", PY, CHECKPOINT, str(checkpoint)])
+    expect_line(p)
+    out, err = p.communicate(timeout=TIMEOUT)
+    assert p.returncode == 0, err
+    warned = [line for line in out.splitlines() if line.startswith("warned")]
+    assert len(warned) == 1, out
+    _, after_ms, left_ms = warned[0].split()
+    assert 700 <= int(after_ms) < 3000  # about 1 s in: 2 s before --max-time's TERM
+    assert 0 < int(left_ms) <= 3000
+    assert "checkpointed" in out and int(checkpoint.read_text()) > 0
+    assert "sent USR1 to the job" in err and "--max-time's TERM comes in" in err
+    assert incident_rows(loop_dir) == []
+
+
+def test_the_warning_comes_once_before_term_and_is_in_the_max_time_row(loop_dir, tmp_path):
+    p = start(["--max-time", "1.5s", "--warn-before", "1s", "--warn-signal", "USR1", str(loop_dir), "--", PY,
+               CHECKPOINT, str(tmp_path / "c"), "ignore"])
+    expect_line(p)
+    out, err = p.communicate(timeout=TIMEOUT)
+    assert p.returncode == 124, err
+    lines = [line.split()[0] for line in out.splitlines()]
+    assert lines == ["warned", "term"], out
+    assert out.splitlines()[-1] == "term 1"  # one warning, then TERM
+    row = incident_rows(loop_dir)[0]
+    assert row["error_code"] == "max_time_exceeded"
+    assert row["warned"]["signal"] == "USR1" and row["warned"]["before_end_ms"] >= 300
+    r = run(["-q", "--max-time", "1s", "--warn-before", "0.5s", str(loop_dir), "--", PY, CHECKPOINT,
+             str(tmp_path / "d")])
+    assert r.returncode == 0 and "sent USR1" not in r.stderr  # -q hides the warning's line
