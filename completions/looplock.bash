@@ -10,8 +10,8 @@
 # Options that take a value (the next word, or "--opt=value"), and the short
 # options among them (a group like -qp ends with one).
 _looplock_value_opts='-p --policy -w --timeout -E --conflict-exit-code --skip-exit-code --agent --operation
-    --log-format --kill-after --max-time --metrics-dir --stale-after --etcd --lock-name --ttl
-    --etcd-cacert --etcd-cert --etcd-key --etcd-user --etcd-password-file'
+    --log-format --kill-after --max-time --warn-before --warn-signal --once-per --jitter --metrics-dir
+    --stale-after --etcd --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key --etcd-user --etcd-password-file'
 _looplock_value_shorts=pwE
 
 # The option whose value a word is, for a word "-qp" (a group of short
@@ -121,6 +121,9 @@ _looplock()
             --log-format)
                 mapfile -t COMPREPLY < <(compgen -P "$prefix" -W 'text json' -- "$val")
                 ;;
+            --warn-signal)
+                mapfile -t COMPREPLY < <(compgen -P "$prefix" -W 'USR1 USR2 HUP INT TERM QUIT ALRM WINCH' -- "$val")
+                ;;
             --metrics-dir)
                 compopt -o filenames 2>/dev/null
                 mapfile -t COMPREPLY < <(compgen -P "$prefix" -d -- "$val")
@@ -140,7 +143,7 @@ _looplock()
     if [[ $cur == -* ]]; then
         local opts='-h --help -V --version -p --policy -w --timeout -n --nonblock -E --conflict-exit-code
             --skip-exit-code -s --shared -x --exclusive -o --close -F --no-fork --kill-after --max-time --agent
-            --operation --metrics-dir -v --verbose -q --quiet --log-format --inspect --json --check
+            --operation --warn-before --warn-signal --once-per --jitter --metrics-dir -v --verbose -q --quiet --log-format --inspect --json --check
             --stale-after --etcd --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key --etcd-user
             --etcd-password-file'
         # --inspect takes no command: neither "--" nor -c.

@@ -5,7 +5,8 @@
 
 # Options that take a value (skipped when looking for DIR).
 set -g __looplock_value_opts -p --policy -w --timeout -E --conflict-exit-code --skip-exit-code \
-    --agent --operation --log-format --kill-after --max-time --metrics-dir --stale-after --etcd \
+    --agent --operation --log-format --kill-after --max-time --warn-before --warn-signal --once-per --jitter \
+    --metrics-dir --stale-after --etcd \
     --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key --etcd-user --etcd-password-file
 
 # Whether the command line (before the cursor) has a "--" or "-c": then
@@ -89,6 +90,10 @@ complete -c looplock -n $opts -s o -l close -d 'Do not pass the lock fd to COMMA
 complete -c looplock -n $opts -s F -l no-fork -d 'Exec COMMAND in place of looplock'
 complete -c looplock -n $opts -l kill-after -x -d 'Send KILL if a forwarded TERM/INT has not ended COMMAND'
 complete -c looplock -n $opts -l max-time -x -d 'Terminate COMMAND once it has run this long (exit 124)'
+complete -c looplock -n $opts -l warn-before -x -d "Signal the job DURATION before --max-time's TERM (or a failing lease's)"
+complete -c looplock -n $opts -l warn-signal -x -a 'USR1 USR2 HUP INT TERM QUIT ALRM WINCH' -d 'The signal of --warn-before (default USR1)'
+complete -c looplock -n $opts -l once-per -x -d 'Run at most once per DURATION (a run ledger)'
+complete -c looplock -n $opts -l jitter -x -d 'Wait a random time below DURATION first'
 complete -c looplock -n $opts -l agent -x -d 'Who runs it'
 complete -c looplock -n $opts -l operation -x -d 'What runs'
 complete -c looplock -n $opts -l metrics-dir -x -a '(__fish_complete_directories (commandline -ct) "metrics directory")' -d 'Write a node_exporter textfile per lock into DIR'

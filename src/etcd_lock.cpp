@@ -104,7 +104,7 @@ bool EtcdLock::record_end(const RunEntry& entry) {
   RunEntry e = entry;
   e.fencing_token = lock_.fencing_token();
   if (lock_.write_ledger(e, sys::monotonic_ns() + kLedgerNs)) return true;
-  log_.warn("run_ledger_write_failed",
+  log_.warn("ledger_write_failed",
             "cannot record this run's end in the run ledger of cluster lock " + printable(lock_.name()) +
                 " on etcd: " +
                 (lock_.last_error().empty() ? "etcd refused the write (the lease was lost)" : lock_.last_error()) +

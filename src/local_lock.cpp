@@ -269,7 +269,7 @@ bool record_end_locally(const LockDir& dir, const RunEntry& entry, const Logger&
     record_local_ledger(dir, entry);
     return true;
   } catch (const Fatal& f) {
-    log.warn("run_ledger_write_failed", std::string(f.what()) + "; this run's end is not recorded, so its slot may run "
+    log.warn("ledger_write_failed", std::string(f.what()) + "; this run's end is not recorded, so its slot may run "
                                                                "again");
     return false;
   }

@@ -687,6 +687,7 @@ then exit exactly as COMMAND exited.
 Examples:
   looplock /srv/loops/nightly -- python3 scripts/status.py --tick
   looplock -p single_flight /srv/loops/nightly -- ./monitor.sh
+  looplock --once-per 4m --operation tick /srv/loops/nightly -- ./tick.py
   looplock -w 30 /srv/loops/nightly -c 'status.py --approve && status.py --tick'
 
 Exit status: COMMAND's own; 75 deadline passed; 124 --max-time passed;

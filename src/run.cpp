@@ -194,13 +194,13 @@ RunEntry Run::this_run() const {
 bool Run::counts(const LedgerLook& look, const Lock& lock, bool locked) const {
   const std::string ledger = lock.ledger_name();
   if (look.damaged && locked) {
-    log_.warn("run_ledger_damaged", ledger + ": the entry of " + quote(o_.operation) +
+    log_.warn("ledger_damaged", ledger + ": the entry of " + quote(o_.operation) +
                                         " is damaged; it does not count, and this run rewrites it");
   }
   const SlotVerdict v = judge_slot(look.entry, ctx_.start_wall_ms, *o_.once_per_ns / 1'000'000);
   if ((v.slot == Slot::Damaged && locked) || (v.ahead_ms > 0 && v.slot == Slot::Done)) {
     const bool counted = v.slot != Slot::Damaged;
-    log_.warn("run_ledger_ahead",
+    log_.warn("ledger_ahead",
               ledger + ": the last run of " + quote(o_.operation) + " started " +
                   format_duration(v.ahead_ms * 1'000'000) +
                   " after this looplock started, by this host's clock: the hosts' clocks differ by that much; " +

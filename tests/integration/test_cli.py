@@ -41,6 +41,13 @@ Lock and command:
                               KILL --kill-after later (default 5s); exit 124
       --agent ID              who runs it (default $LOOPLOCK_AGENT or user)
       --operation NAME        what runs (default: the command or script name)
+      --warn-before DURATION  signal the job DURATION before --max-time's TERM
+                              (or a failing lease's)
+      --warn-signal SIG       the signal of --warn-before (default USR1)
+Schedule:
+      --once-per DURATION     run at most once per DURATION (a run ledger):
+                              skip, exit 0, when the slot's run is done
+      --jitter DURATION       wait a random time below DURATION first
 Output:
   -v, --verbose               report waiting, acquiring and releasing
   -q, --quiet                 errors only (a single_flight skip is silent)
@@ -71,6 +78,7 @@ Other:
 Examples:
   looplock /srv/loops/nightly -- python3 scripts/status.py --tick
   looplock -p single_flight /srv/loops/nightly -- ./monitor.sh
+  looplock --once-per 4m --operation tick /srv/loops/nightly -- ./tick.py
   looplock -w 30 /srv/loops/nightly -c 'status.py --approve && status.py --tick'
 
 Exit status: COMMAND's own; 75 deadline passed; 124 --max-time passed;

@@ -185,7 +185,15 @@ def runs(tmp_path_factory):
         looplock(["-w", "0.1", loop, "--", "true"])
     finally:
         kill_and_wait_gone(daemon)
-    for args in (["-v", loop, "--", "true"], ["--max-time", "0.1", loop, "--", "sleep", "5"]):
+    # --once-per: a tick, then a second scheduler's in its slot; the ledger in --inspect.
+    looplock(["--agent", "cron", "--once-per", "4m", "--operation", "tick", loop, "--", "true"])
+    looplock(["--once-per", "4m", "--operation", "tick", loop, "--", "true"])
+    R.inspect.append(run(["--inspect", loop]).stdout)
+    R.inspect_json.append(json.loads(run(["--inspect", "--json", loop]).stdout))
+    for args in (["-v", loop, "--", "true"], ["--max-time", "0.1", loop, "--", "sleep", "5"],
+                 ["--once-per", "4m", "--operation", "tick", loop, "--", "true"],
+                 ["-v", "--jitter", "10ms", "--max-time", "1", "--warn-before", "0.5", loop, "--", PY, "-c",
+                  "import signal, time; signal.signal(signal.SIGUSR1, lambda *a: None); time.sleep(3)"]):
         r = run(["--log-format", "json", *args], env=env)
         R.log_json += [json.loads(line) for line in r.stderr.splitlines()]
     R.incidents += [line for line in (loop / ".state.lock.incidents.jsonl").read_text().splitlines() if line]

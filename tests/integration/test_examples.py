@@ -782,3 +782,40 @@ def test_loop_lock_creates_the_lock_file_for_owner_and_group_only(tmp_path):
         loop.mkdir()
         r = run_py(code, [loop, umask])
         assert (r.returncode, r.stdout) == (0, mode + "\n"), (umask, r.stderr)
+
+
+# -- python/warned_tick.py ------------------------------------------------------
+
+WARNED_TICK = EXAMPLES / "python" / "warned_tick.py"
+
+
+def warned_tick(loop_dir, *looplock_args, items=400):
+    return subprocess.run([LOOPLOCK, *looplock_args, str(loop_dir), "--", PY, str(WARNED_TICK), str(loop_dir),
+                           str(items), "0.05"], capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def test_warned_tick_checkpoints_before_max_time_and_the_next_tick_resumes(loop_dir):
+    """20 s of work under --max-time 2s: warned 1 s before the TERM, the tick
+    finishes its item, saves where it got to and exits 0; the next tick
+    starts there. The control: without --warn-before, --max-time ends it
+    (124) and nothing is saved."""
+    r = warned_tick(loop_dir, "--max-time", "2s", "--warn-before", "1s")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("checkpointed at item "), r.stdout
+    done = int(r.stdout.split()[-1])
+    assert 0 < done < 400 and int((loop_dir / "tick.checkpoint").read_text()) == done
+    assert "sent USR1 to the job" in r.stderr
+    r = warned_tick(loop_dir, "--max-time", "2s", "--warn-before", "1s")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == f"resuming at item {done}", r.stdout
+
+    (loop_dir / "tick.checkpoint").unlink()
+    r = warned_tick(loop_dir, "--max-time", "1s", "--kill-after", "1s")
+    # LOOPLOCK_DEADLINE alone lets it stop in time: it checks the deadline between items.
+    assert r.returncode == 0 and r.stdout.startswith("checkpointed at item "), (r.stdout, r.stderr)
+    (loop_dir / "tick.checkpoint").unlink()
+    r = subprocess.run([LOOPLOCK, "--max-time", "1s", str(loop_dir), "--", "env", "-u", "LOOPLOCK_DEADLINE", PY,
+                        str(WARNED_TICK), str(loop_dir), "400", "0.05"], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 124 and "checkpointed" not in r.stdout, (r.stdout, r.stderr)
+    assert not (loop_dir / "tick.checkpoint").exists()

@@ -235,7 +235,7 @@ def test_a_torn_ledger_blocks_nothing_it_is_reported_and_rewritten(loop_dir, tmp
     (loop_dir / (RUNS + ".new")).write_text(whole[:10])
     r = run([*once(loop_dir), *tick(history, "b")])
     assert r.returncode == 0, r.stderr
-    assert "run_ledger_damaged" in r.stderr or "is damaged" in r.stderr
+    assert "ledger_damaged" in r.stderr or "is damaged" in r.stderr
     assert [t[0] for t in ticks(history)] == ["a", "b"]
     assert ledger(loop_dir)["runs"][0]["ended_ms"] is not None
     assert not (loop_dir / (RUNS + ".new")).exists()
