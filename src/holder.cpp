@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <ctime>
 
-#include "lock_id.hpp"
+#include "sealed.hpp"
 #include "sys.hpp"
 
 namespace looplock {
@@ -61,14 +61,12 @@ std::optional<HolderRecord> holder_from_json(const Json& j) {
 }
 
 namespace {
-constexpr std::string_view kCheckKey = ",\"check\":\"";
-constexpr size_t kCheckDigits = 16;
 // Beyond this size a lock file holds something else (garbage): the record
 // then cuts it off rather than padding over it.
 constexpr off_t kMaxPaddedSize = 4096;
 }  // namespace
 
-std::string holder_check(std::string_view body) { return sha256_hex(body).substr(0, kCheckDigits); }
+std::string holder_check(std::string_view body) { return check_of(body); }
 
 namespace {
 // One JSON string, escaped by nlohmann-json (invalid UTF-8 becomes U+FFFD).
@@ -102,48 +100,24 @@ std::string encode_holder(const HolderRecord& r) {
   }
   if (r.no_fork) body += ",\"no_fork\":true";
   // "check" goes last, over everything before it.
-  return body + std::string(kCheckKey) + holder_check(body) + "\"}\n";
+  return seal(body);
 }
 
 std::optional<HolderRecord> parse_holder(std::string_view content) {
-  if (content.empty() || content.back() != '\n') return std::nullopt;  // a record ends with its newline
-  content.remove_suffix(1);
-  while (!content.empty() && content.back() == ' ') content.remove_suffix(1);  // padding
-  if (content.empty() || content.front() != '{' || content.back() != '}') return std::nullopt;
   // A record with a check must match it: a read that overlapped a rewrite
   // mixes two records and fails here. (Records without one, from other
   // tools, are taken as they are.)
-  if (auto at = content.rfind(kCheckKey); at != std::string_view::npos) {
-    std::string_view digits = content.substr(at + kCheckKey.size());
-    if (digits.size() != kCheckDigits + 2 || digits.substr(kCheckDigits) != "\"}" ||
-        digits.substr(0, kCheckDigits) != holder_check(content.substr(0, at)))
-      return std::nullopt;
-  }
-  auto j = Json::parse(content.begin(), content.end(), nullptr, /*allow_exceptions=*/false);
+  const std::optional<Unsealed> object = unseal(content);
+  if (!object) return std::nullopt;
+  auto j = Json::parse(object->object.begin(), object->object.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return std::nullopt;
   return holder_from_json(j);
 }
 
 bool write_holder(int fd, const HolderRecord& r) {
-  std::string data = encode_holder(r);
-  // Written over the previous content in one pwrite(2), padded with spaces to
-  // at least its length, so that the file never has to shrink (ftruncate(2)
-  // costs ext4 a journal transaction on every run).
-  struct stat st {};
-  if (fstat(fd, &st) != 0) return false;
-  if (st.st_size > kMaxPaddedSize) {
-    if (sys::retry_eintr([&] { return ftruncate(fd, 0); }) != 0) return false;
-  } else if (static_cast<size_t>(st.st_size) > data.size()) {
-    data.insert(data.size() - 1, static_cast<size_t>(st.st_size) - data.size(), ' ');
-  }
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n =
-        sys::retry_eintr([&] { return pwrite(fd, data.data() + done, data.size() - done, static_cast<off_t>(done)); });
-    if (n < 0) return false;
-    done += static_cast<size_t>(n);
-  }
-  return true;
+  // Written over the previous content, padded to at least its length, so
+  // that the file never has to shrink (sealed.hpp).
+  return write_over(fd, encode_holder(r), kMaxPaddedSize);
 }
 
 HolderRead read_holder(int fd) {

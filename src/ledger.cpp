@@ -9,6 +9,7 @@
 #include "error.hpp"
 #include "exit_codes.hpp"
 #include "holder.hpp"
+#include "sealed.hpp"
 #include "sys.hpp"
 #include "text.hpp"
 #include "unique_fd.hpp"
@@ -109,12 +110,22 @@ LedgerRead read_ledger(const LockDir& dir) {
   UniqueFd fd(sys::retry_eintr(
       [&] { return openat(dir.fd.get(), kRunsName, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); }));
   if (!fd) fail_errno(status_for_errno(errno, exit_code::kCantCreate), "cannot open " + ledger_display(dir), errno);
-  auto text = sys::pread_all(fd.get(), kMaxLedgerBytes);
-  if (!text) fail_errno(exit_code::kOsError, "cannot read " + ledger_display(dir), errno);
-  const Json j = Json::parse(text->begin(), text->end(), nullptr, false);
-  if (j.is_discarded() || !j.is_object() || j.value("schema", std::string()) != kRunsSchema || !j.contains("runs") ||
+  // Rewritten in place under the lock: a read without it that overlapped a
+  // write fails its check, and is taken again.
+  std::optional<std::string> text;
+  std::optional<Unsealed> object;
+  for (int attempt = 0; attempt < 5 && !(object && object->checked); ++attempt) {
+    if (attempt > 0) sys::sleep_until_ns(sys::monotonic_ns() + 2'000'000);
+    text = sys::pread_all(fd.get(), kMaxLedgerBytes);
+    if (!text) fail_errno(exit_code::kOsError, "cannot read " + ledger_display(dir), errno);
+    if (text->empty()) return out;
+    object = unseal(*text);
+  }
+  const Json j = object && object->checked ? Json::parse(object->object.begin(), object->object.end(), nullptr, false)
+                                           : Json(nullptr);
+  if (!j.is_object() || j.value("schema", std::string()) != kRunsSchema || !j.contains("runs") ||
       !j["runs"].is_array()) {
-    out.unreadable = !text->empty();
+    out.unreadable = true;
     return out;
   }
   for (const auto& item : j["runs"]) {
@@ -150,7 +161,9 @@ std::vector<RunEntry> with_entry(std::vector<RunEntry> entries, const RunEntry& 
 std::string encode_ledger(const std::vector<RunEntry>& entries) {
   Json runs = Json::array();
   for (const auto& e : entries) runs.push_back(run_entry_to_json(e));
-  return dump_json(Json{{"schema", kRunsSchema}, {"runs", std::move(runs)}}) + "\n";
+  std::string body = dump_json(Json{{"schema", kRunsSchema}, {"runs", std::move(runs)}});
+  body.pop_back();  // its closing brace: the check goes last (sealed.hpp)
+  return seal(body);
 }
 
 LedgerLook look_local_ledger(const LockDir& dir, const std::string& operation) {
@@ -172,8 +185,22 @@ void record_local_ledger(const LockDir& dir, const RunEntry& entry) {
 }
 
 int write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries) {
-  // Only the lock's holder writes the ledger, so one name for the new file
-  // serves; one left by a looplock that died mid-write is replaced.
+  const std::string data = encode_ledger(entries);
+  // In place when this process may write the file (no journal transaction:
+  // sealed.hpp); a torn write fails its check, so it reads as no entry.
+  UniqueFd in_place(sys::retry_eintr(
+      [&] { return openat(dir.fd.get(), kRunsName, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); }));
+  if (in_place) {
+    struct stat st {};
+    if (fstat(in_place.get(), &st) != 0) return errno;
+    if (refuse_ledger(st, dir.st, geteuid())) return EPERM;
+    return write_over(in_place.get(), data, static_cast<off_t>(kMaxLedgerBytes)) ? 0 : errno;
+  }
+  if (errno != ENOENT && errno != EACCES && errno != EPERM) return errno;
+  // Missing, or a group member's file this process may not write: a new
+  // file beside it, renamed over it. Only the lock's holder writes the
+  // ledger, so one name for the new file serves; one left by a looplock that
+  // died mid-write is replaced.
   const auto create = [&] {
     return sys::retry_eintr([&] {
       return openat(dir.fd.get(), kRunsNewName, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY,
@@ -186,7 +213,7 @@ int write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries) {
     fd.reset(create());
   }
   if (!fd) return errno;
-  int err = sys::write_all(fd.get(), encode_ledger(entries)) ? 0 : errno;
+  int err = sys::write_all(fd.get(), data) ? 0 : errno;
   if (err == 0 && ::close(fd.release()) != 0) err = errno;
   if (err == 0 && renameat(dir.fd.get(), kRunsNewName, dir.fd.get(), kRunsName) != 0) err = errno;
   if (err != 0) (void)unlinkat(dir.fd.get(), kRunsNewName, 0);

@@ -9,6 +9,7 @@
 
 #include "error.hpp"
 #include "lockfile.hpp"
+#include "sealed.hpp"
 #include "testutil.hpp"
 
 using looplock::RunEntry;
@@ -160,7 +161,9 @@ TEST_CASE("a ledger cut short or damaged by a crash blocks nothing: it reads as 
     CHECK_FALSE(look.entry);
     CHECK(look.damaged);
   }
-  // A leftover new file of a looplock that died before its rename.
+  // A leftover new file of a looplock that died before its rename (the
+  // ledger is renamed into place when it is missing).
+  REQUIRE(unlink((dir / looplock::kRunsName).c_str()) == 0);
   testutil::write_file(dir / looplock::kRunsNewName, "{\"schema\":", 0640);
   looplock::record_local_ledger(d, entry("t", kT + 9, kT + 10));
   const auto look = looplock::look_local_ledger(d, "t");
@@ -171,8 +174,8 @@ TEST_CASE("a ledger cut short or damaged by a crash blocks nothing: it reads as 
 
   // One damaged entry among good ones: that operation has none, the others keep theirs.
   testutil::write_file(dir / looplock::kRunsName,
-                       R"({"schema":"looplock_runs_v0","runs":[{"operation":"t","pid":"x"},)" +
-                           looplock::dump_json(looplock::run_entry_to_json(entry("u", kT, kT + 1))) + "]}",
+                       looplock::seal(R"({"schema":"looplock_runs_v0","runs":[{"operation":"t","pid":"x"},)" +
+                                      looplock::dump_json(looplock::run_entry_to_json(entry("u", kT, kT + 1))) + "]"),
                        0640);
   const auto t = looplock::look_local_ledger(d, "t");
   CHECK_FALSE(t.entry);
@@ -180,9 +183,19 @@ TEST_CASE("a ledger cut short or damaged by a crash blocks nothing: it reads as 
   const auto u = looplock::look_local_ledger(d, "u");
   CHECK(u.entry);
   CHECK_FALSE(u.damaged);
-  // Another schema reads as empty.
-  testutil::write_file(dir / looplock::kRunsName, R"({"schema":"other","runs":[]})", 0640);
+  // Another schema reads as empty; so does a ledger without its check, or
+  // with one that does not match (a torn write).
+  testutil::write_file(dir / looplock::kRunsName, looplock::seal(R"({"schema":"other","runs":[])"), 0640);
   CHECK(looplock::look_local_ledger(d, "u").damaged);
+  const std::string good = looplock::encode_ledger({entry("u", kT, kT + 1)});
+  testutil::write_file(dir / looplock::kRunsName, good.substr(0, good.find(",\"check\"")) + "}\n", 0640);
+  CHECK(looplock::look_local_ledger(d, "u").damaged);
+  std::string flipped = good;
+  flipped[flipped.find("\"u\"") + 1] = 'v';
+  testutil::write_file(dir / looplock::kRunsName, flipped, 0640);
+  CHECK(looplock::look_local_ledger(d, "u").damaged);
+  testutil::write_file(dir / looplock::kRunsName, good, 0640);
+  CHECK_FALSE(looplock::look_local_ledger(d, "u").damaged);
 }
 
 TEST_CASE("the local ledger follows the lock file's rules") {

@@ -1,0 +1,65 @@
+#include "sealed.hpp"
+
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <string>
+
+#include "lock_id.hpp"
+#include "testutil.hpp"
+
+using looplock::seal;
+using looplock::unseal;
+
+TEST_CASE("seal: the check is the SHA-256 of the text before it, and goes last") {
+  const std::string body = R"({"a":1)";
+  const std::string sealed = seal(body);
+  CHECK(sealed == body + R"(,"check":")" + looplock::sha256_hex(body).substr(0, 16) + "\"}\n");
+  CHECK(looplock::check_of(body) == looplock::sha256_hex(body).substr(0, 16));
+}
+
+TEST_CASE("unseal: a whole text, padded or not; a torn one is refused") {
+  const std::string sealed = seal(R"({"a":1)");
+  auto u = unseal(sealed);
+  REQUIRE(u);
+  CHECK(u->checked);
+  CHECK(u->object == sealed.substr(0, sealed.size() - 1));
+  std::string padded = sealed;
+  padded.insert(padded.size() - 1, 30, ' ');
+  REQUIRE(unseal(padded));
+  CHECK(unseal(padded)->object == u->object);
+  // Part new, part old: the check no longer matches.
+  std::string mixed = sealed;
+  mixed[2] = 'b';
+  CHECK_FALSE(unseal(mixed));
+  // No newline, not an object, a check of the wrong length.
+  CHECK_FALSE(unseal(sealed.substr(0, sealed.size() - 1)));
+  CHECK_FALSE(unseal("[1]\n"));
+  CHECK_FALSE(unseal(R"({"a":1,"check":"abc"})" "\n"));
+  CHECK_FALSE(unseal(""));
+  // Without a check (another tool's object): taken, and said to be unchecked.
+  auto plain = unseal("{\"a\":1}\n");
+  REQUIRE(plain);
+  CHECK_FALSE(plain->checked);
+}
+
+TEST_CASE("write_over: pads to the old size, never shrinks, cuts off a file beyond the bound") {
+  testutil::TempDir dir;
+  const std::string path = dir / "f";
+  testutil::write_file(path, std::string(100, 'x') + "\n");
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  const std::string data = seal(R"({"a":1)");
+  REQUIRE(looplock::write_over(fd, data, 4096));
+  auto text = testutil::slurp(path);
+  REQUIRE(text);
+  CHECK(text->size() == 101);
+  CHECK(text->back() == '\n');
+  REQUIRE(unseal(*text));
+  CHECK(unseal(*text)->object == data.substr(0, data.size() - 1));
+  // Larger than the bound: truncated first, so the text is exactly the data.
+  REQUIRE(looplock::write_over(fd, data, 50));
+  CHECK(testutil::slurp(path) == data);
+  ::close(fd);
+}
