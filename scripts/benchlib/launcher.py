@@ -94,6 +94,10 @@ class Tools:
             return [self.looplock, "-F", *policy_args, self.dir, "--", *cmd]
         if tool == "looplock metrics":
             return [self.looplock, "--metrics-dir", self.metrics, *policy_args, self.dir, "--", *cmd]
+        if tool == "looplock once-per":
+            # 1ms: every run is a slot of its own, so each reads the ledger
+            # and records its start and end (the whole cost of --once-per).
+            return [self.looplock, "--once-per", "1ms", "--operation", "bench", *policy_args, self.dir, "--", *cmd]
         if tool == "flock":
             return [self.flock, self.lock, *cmd]
         if tool == "flock -F":

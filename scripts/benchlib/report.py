@@ -17,7 +17,8 @@ EMPTY_TRIED = (f"{TRIED_HEADING}\n\n_Nothing recorded yet. Notes on optimisation
 COMMANDS = {"looplock": "`looplock DIR -- /bin/true`", "flock": "`flock DIR/.state.lock /bin/true`",
             "bare": "`/bin/true` (the limit)", "looplock -F": "`looplock -F DIR -- /bin/true`",
             "flock -F": "`flock -F DIR/.state.lock /bin/true`",
-            "looplock metrics": "`looplock --metrics-dir M DIR -- /bin/true`"}
+            "looplock metrics": "`looplock --metrics-dir M DIR -- /bin/true`",
+            "looplock once-per": "`looplock --once-per 1ms --operation bench DIR -- /bin/true`"}
 CLUSTER_NAMES = {"looplock": "`looplock --etcd`", "etcdctl": "`etcdctl lock`"}
 
 
@@ -113,7 +114,9 @@ def uncontended_section(u):
           f"| looplock -F / flock -F, wall | {rt(f['nofork'])} |\n",
           f"| (looplock -F − true) / (flock -F − true), overhead | {rt(f['nofork_overhead'])} |\n",
           f"| looplock --metrics-dir / looplock, wall (what the metrics file costs a run) | {rt(f['metrics'])} |\n",
-          f"| looplock --metrics-dir − looplock, ms | {ms(f['metrics_added'])} |\n\n"]
+          f"| looplock --metrics-dir − looplock, ms | {ms(f['metrics_added'])} |\n",
+          f"| looplock --once-per / looplock, wall (the run ledger's read and two writes, a slot per run) "
+          f"| {rt(f['once_per'])} |\n\n"]
     return "".join(o)
 
 
@@ -211,6 +214,11 @@ def cluster_section(c):
                  f"| {c['writes'][t]:.1f} | {ms(pct(g, 50))} | {ms(pct(g, 90))} | {ms(pct(g, 100))} |\n")
     f = cluster(c)
     o.append(f"\nlooplock / etcdctl: uncontended wall {rt(f['wall'])}, hand-off p50 {rt(f['handoff'])}.\n\n")
+    if c.get("once_wall"):
+        o.append(f"`looplock --etcd --once-per 1ms` (a slot per run: the ledger read inside the acquisition's "
+                 f"transaction, its start and end written): median {ms(median(c['once_wall']))} ms, "
+                 f"{ms(f['once_added'])} ms more than without; {c['once_writes']:.1f} etcd writes per run, "
+                 f"{f['once_writes']:+.1f}.\n\n")
     o.append(failover_part(c))
     return "".join(o)
 
@@ -235,6 +243,8 @@ def measured(target):
     its unit."""
     if target.unit == "ms":
         number = f"{ms(target.value)} ms"
+    elif target.unit == "writes":
+        number = f"{target.value:+.1f} writes"
     elif target.unit == "KiB":
         number = f"{target.value:+.0f} KiB"
     else:

@@ -55,8 +55,8 @@ def steps(L, T, cfg, stamp, why, work):
 
 def uncontended(L, T, cfg):
     """Each tool runs /bin/true, interleaved run by run. Result: tools (the
-    six of Tools.wrap), wall and cpu (tool → ns per run), runs, warmup."""
-    tools = ["looplock", "flock", "bare", "looplock -F", "flock -F", "looplock metrics"]
+    seven of Tools.wrap), wall and cpu (tool → ns per run), runs, warmup."""
+    tools = ["looplock", "flock", "bare", "looplock -F", "flock -F", "looplock metrics", "looplock once-per"]
     argv = {t: T.wrap(t, [TRUE]) for t in tools}
     wall = {t: [] for t in tools}
     cpu = {t: [] for t in tools}
@@ -300,7 +300,8 @@ def cluster(L, T, cfg, stamp, work):
     """looplock --etcd against etcdctl lock on one etcd member the bench
     starts. Result: skipped (why) and tools when it cannot run; otherwise
     tools (looplock, etcdctl), wall (tool → ns), writes (tool → etcd writes
-    per run), hand (tool → hand-off ns; empty without `stamp`), failover
+    per run), once_wall and once_writes (the same for looplock --etcd
+    --once-per, a slot per run), hand (tool → hand-off ns; empty without `stamp`), failover
     (see failover()), runs, failover_runs, hold_us, per_host, tmpfs (the
     member's data is on tmpfs), stamp_missing."""
     tools = ["looplock", "etcdctl"]
@@ -311,15 +312,18 @@ def cluster(L, T, cfg, stamp, work):
     try:
         argv = {"looplock": [T.looplock, "--etcd", srv.url, "--lock-name", "bench-unc", T.dir, "--", TRUE],
                 "etcdctl": [ETCDCTL, "--endpoints", srv.url, "lock", "bench-unc-ctl", "--", TRUE]}
+        argv["looplock once-per"] = [T.looplock, "--etcd", srv.url, "--lock-name", "bench-once", "--once-per", "1ms",
+                                     "--operation", "bench", T.dir, "--", TRUE]
         wall = cluster_uncontended(L, cfg, argv)
         writes = cluster_writes(L, cfg, argv, srv)
+        once_wall, once_writes = wall.pop("looplock once-per"), writes.pop("looplock once-per")
         fo = failover(L, cfg, {
             "looplock": lambda e: [T.looplock, "--etcd", e, "--lock-name", "bench-fo", T.dir, "--", TRUE],
             "etcdctl": lambda e: [ETCDCTL, "--endpoints", e, "lock", "bench-fo-ctl", "--", TRUE]}, srv)
         hand = cluster_handoff(L, T, cfg, stamp, work, srv) if stamp else {}
         log(f"  cluster uncontended: looplock {ms(median(wall['looplock']))} ms, "
             f"etcdctl {ms(median(wall['etcdctl']))} ms")
-        return dict(tools=tools, wall=wall, writes=writes, hand=hand, runs=cfg["etcd_runs"], tmpfs=srv.tmpfs,
+        return dict(tools=tools, wall=wall, writes=writes, once_wall=once_wall, once_writes=once_writes, hand=hand, runs=cfg["etcd_runs"], tmpfs=srv.tmpfs,
                     failover=fo, failover_runs=cfg["etcd_failover_runs"],
                     hold_us=cfg["etcd_hand_hold_us"], per_host=cfg["etcd_hand_per_host"], stamp_missing=not stamp)
     finally:
