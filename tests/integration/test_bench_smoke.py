@@ -2,12 +2,17 @@
 every scenario against the real binary and writes a report with every
 section, keeps the "What was tried" notes of the previous report verbatim,
 and fails when a tool misbehaves. No timing is checked: the numbers of a
-smoke run mean nothing."""
+smoke run mean nothing. Not in the ASan+UBSan build: the benchmarks are of
+the release build, and the scenarios' code paths are the other files'."""
 import importlib.util
 import shutil
 import subprocess
 
-from conftest import BENCH_SECTIONS, BENCH_TRIED, LOOPLOCK, ROOT, bench_section
+import pytest
+
+from conftest import BENCH_SECTIONS, BENCH_TRIED, LOOPLOCK, ROOT, SANITIZED, bench_section
+
+pytestmark = pytest.mark.skipif(SANITIZED, reason="the benchmarks time the release build (stage default)")
 
 BENCH = ROOT / "scripts" / "bench"
 BENCH_TIMEOUT = 300  # seconds; the quick mode takes a few on an idle machine

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LOOPLOCK, PY, TIMEOUT, expect_line, helper, incident_rows, run, start
-from etcdtest import EX_LEASE_LOST, needs_etcd, start_member
+from etcdtest import EX_LEASE_LOST, SANITIZED, needs_etcd, start_member
 
 pytestmark = needs_etcd
 
@@ -128,6 +128,7 @@ def test_a_host_killed_mid_run_lets_the_other_host_run_the_slot_once_its_lease_e
     assert entry["exit_status"] == 0 and entry["pid"] != a.pid
 
 
+@pytest.mark.skipif(SANITIZED, reason="50 s of schedule, the same code paths as the tests above: the release build runs it")
 def test_two_hosts_3s_apart_run_each_slot_of_a_5s_schedule_exactly_once(etcd, name, hosts, tmp_path):
     """10 slots of a 5 s schedule, --once-per 4s, a 1 s tick; host b's clock
     is 3 s behind (faketime). Both fire every slot, in turn first: the
