@@ -141,7 +141,9 @@ JobEnd Run::run_job() {
 // LOOPLOCK_DEADLINE: when --max-time sends TERM, or the inherited deadline
 // when that comes first; removed when there is neither.
 void Run::export_deadline() {
-  std::optional<long long> at = parse_deadline(env_get(ctx_.env, env_name::kDeadline));
+  const std::optional<std::string> inherited = env_get(ctx_.env, env_name::kDeadline);
+  if (!inherited && !o_.max_time_ns) return;  // nothing to set or remove (the lock is held: no copy)
+  std::optional<long long> at = parse_deadline(inherited);
   if (o_.max_time_ns) {
     const long long own = sys::realtime_ms() + *o_.max_time_ns / 1'000'000;
     at = at ? std::min(*at, own) : own;
