@@ -11,7 +11,8 @@
 # options among them (a group like -qp ends with one).
 _looplock_value_opts='-p --policy -w --timeout -E --conflict-exit-code --skip-exit-code --agent --operation
     --log-format --kill-after --max-time --warn-before --warn-signal --once-per --jitter --metrics-dir
-    --stale-after --etcd --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key --etcd-user --etcd-password-file'
+    --stale-after --incidents --etcd --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key --etcd-user
+    --etcd-password-file'
 _looplock_value_shorts=pwE
 
 # The option whose value a word is, for a word "-qp" (a group of short
@@ -143,8 +144,8 @@ _looplock()
     if [[ $cur == -* ]]; then
         local opts='-h --help -V --version -p --policy -w --timeout -n --nonblock -E --conflict-exit-code
             --skip-exit-code -s --shared -x --exclusive -o --close -F --no-fork --kill-after --max-time --agent
-            --operation --warn-before --warn-signal --once-per --jitter --metrics-dir -v --verbose -q --quiet --log-format --inspect --json --check
-            --stale-after --etcd --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key --etcd-user
+            --operation --warn-before --warn-signal --once-per --jitter --metrics-dir -v --verbose -q --quiet
+            --log-format --inspect --json --check --stale-after --incidents --etcd --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key --etcd-user
             --etcd-password-file'
         # --inspect takes no command: neither "--" nor -c.
         ((inspect)) || opts+=' -c --'

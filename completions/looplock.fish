@@ -6,7 +6,7 @@
 # Options that take a value (skipped when looking for DIR).
 set -g __looplock_value_opts -p --policy -w --timeout -E --conflict-exit-code --skip-exit-code \
     --agent --operation --log-format --kill-after --max-time --warn-before --warn-signal --once-per --jitter \
-    --metrics-dir --stale-after --etcd \
+    --metrics-dir --stale-after --incidents --etcd \
     --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key --etcd-user --etcd-password-file
 
 # Whether the command line (before the cursor) has a "--" or "-c": then
@@ -106,6 +106,7 @@ complete -c looplock -n $opts -l inspect -d 'Report who holds the lock of DIR; c
 complete -c looplock -n $opts -l json -d 'With --inspect: print the report as JSON'
 complete -c looplock -n $opts -l check -d 'With --inspect: exit 1 when a report carries a warning'
 complete -c looplock -n $opts -l stale-after -x -d 'With --inspect: warn about holds older than this'
+complete -c looplock -n $opts -l incidents -x -d 'With --inspect: show the newest N incident rows'
 complete -c looplock -n $opts -l etcd -x -d 'Also lock across hosts on etcd (http://HOST:PORT,...)'
 complete -c looplock -n $opts -l lock-name -x -d 'Cluster lock name (default: the base name of DIR)'
 complete -c looplock -n $opts -l ttl -x -d 'etcd lease time to live in seconds (default 10)'

@@ -39,14 +39,16 @@ constexpr std::array kTable = {
   OptionSpec{"unlock", 'u', "", Section::LockAndCommand, kInRun, false, false, ""},
   OptionSpec{"warn-before", 0, "DURATION", Section::LockAndCommand, kInRun, false, true,
              "signal the job DURATION before --max-time's TERM\n"
-             "(or a failing lease's)"},
+             "(or a failing lease's)",
+             true},
   OptionSpec{"warn-signal", 0, "SIG", Section::LockAndCommand, kInRun, false, true,
-             "the signal of --warn-before (default USR1)"},
+             "the signal of --warn-before (default USR1)", true},
   OptionSpec{"once-per", 0, "DURATION", Section::Schedule, kInRun, false, true,
-             "run at most once per DURATION (a run ledger):\n"
-             "skip, exit 0, when the slot's run is done"},
+             "run at most once per DURATION (a run ledger;\n"
+             "skip, exit 0, when the slot's run is done)",
+             true},
   OptionSpec{"jitter", 0, "DURATION", Section::Schedule, kInRun, false, false,
-             "wait a random time below DURATION first"},
+             "wait a random time below DURATION first", true},
   OptionSpec{"verbose", 'v', "", Section::Output, kBoth, false, false, "report waiting, acquiring and releasing"},
   OptionSpec{"quiet", 'q', "", Section::Output, kBoth, false, false,
              "errors only (a single_flight skip is silent)"},
@@ -63,6 +65,8 @@ constexpr std::array kTable = {
   OptionSpec{"check", 0, "", Section::Inspect, kInInspect, false, false, "exit 1 when a report carries a warning"},
   OptionSpec{"stale-after", 0, "DURATION", Section::Inspect, kInInspect, false, false,
              "warn about holds older than this (default 2h)"},
+  OptionSpec{"incidents", 0, "N", Section::Inspect, kInInspect, false, false,
+             "show the newest N incident rows (default 1)", true},
   OptionSpec{"etcd", 0, "ENDPOINTS", Section::Cluster, kBoth, false, true,
              "also lock across hosts on etcd (comma-separated\n"
              "http[s]://HOST:PORT; default $LOOPLOCK_ETCD)"},

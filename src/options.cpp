@@ -114,7 +114,7 @@ Split split_argv(const std::vector<std::string>& argv) {
 
 // Declares the table's options to cxxopts. Each declared option costs
 // start-up time (about 11 K instructions, docs/BENCHMARKS.md): the on-demand
-// ones (--etcd-*) are declared only when the command line names one.
+// ones are declared only when the command line names one of them.
 cxxopts::Options build_parser(bool on_demand) {
   cxxopts::Options parser("looplock", "");
   for (const auto& o : option_table()) {
@@ -315,8 +315,11 @@ cxxopts::ParseResult parse_own(const Split& split) {
                   "Put it in $LOOPLOCK_ETCD_PASSWORD, or in a file for --etcd-password-file FILE.");
     }
   }
-  const bool on_demand =
-      std::any_of(split.own.begin(), split.own.end(), [](const std::string& a) { return a.starts_with("--etcd-"); });
+  const bool on_demand = std::any_of(split.own.begin(), split.own.end(), [](const std::string& a) {
+    return a.starts_with("--") && std::any_of(option_table().begin(), option_table().end(), [&](const OptionSpec& o) {
+             return o.on_demand && std::string_view(a).substr(2).starts_with(o.name);
+           });
+  });
   cxxopts::Options parser = build_parser(on_demand);
   std::vector<const char*> cargv;
   cargv.reserve(split.own.size());
@@ -585,6 +588,14 @@ void read_inspect(const cxxopts::ParseResult& r, const Split& split, Options& o)
   o.json = r.count("json") > 0;
   o.check = r.count("check") > 0;
   if (r.count("stale-after")) o.stale_after_ns = duration_option("stale-after", text_of(r, "stale-after"));
+  if (r.count("incidents")) {
+    const auto n = parse_int(text_of(r, "incidents"));
+    if (!n || *n < 1 || *n > static_cast<int>(kMaxIncidentsShown)) {
+      usage_error("invalid --incidents " + quote(text_of(r, "incidents")) + ": expected a whole number from 1 to " +
+                  std::to_string(kMaxIncidentsShown));
+    }
+    o.incidents = static_cast<size_t>(*n);
+  }
   if (split.saw_dashdash || split.shell_command) {
     usage_error("--inspect takes no command", "Give only directories: looplock --inspect [--json] [--check] DIR...");
   }

@@ -74,6 +74,7 @@ struct Options {
   bool json = false;
   bool check = false;  // --check: exit 1 when a report warns
   long long stale_after_ns = 2LL * 3600 * 1'000'000'000LL;
+  size_t incidents = 1;  // --incidents: the newest rows --inspect shows
 };
 
 // What parse_options needs from the process environment, so that parsing is
@@ -99,6 +100,7 @@ LogFormat requested_log_format(int argc, char** argv);
 
 // The KILL after --max-time's TERM when --kill-after is not given.
 inline constexpr long long kDefaultKillAfterNs = 5'000'000'000LL;
+inline constexpr size_t kMaxIncidentsShown = 1000;  // --incidents' bound
 
 // The default operation name for a command: its base name, or the script's
 // base name when the command is an interpreter followed by a script. Never an

@@ -45,8 +45,8 @@ Lock and command:
                               (or a failing lease's)
       --warn-signal SIG       the signal of --warn-before (default USR1)
 Schedule:
-      --once-per DURATION     run at most once per DURATION (a run ledger):
-                              skip, exit 0, when the slot's run is done
+      --once-per DURATION     run at most once per DURATION (a run ledger;
+                              skip, exit 0, when the slot's run is done)
       --jitter DURATION       wait a random time below DURATION first
 Output:
   -v, --verbose               report waiting, acquiring and releasing
@@ -60,6 +60,7 @@ Inspect:
       --json                  print the reports as JSON (an array for several)
       --check                 exit 1 when a report carries a warning
       --stale-after DURATION  warn about holds older than this (default 2h)
+      --incidents N           show the newest N incident rows (default 1)
 Cluster:
       --etcd ENDPOINTS        also lock across hosts on etcd (comma-separated
                               http[s]://HOST:PORT; default $LOOPLOCK_ETCD)

@@ -141,14 +141,15 @@ TEST_CASE("every value-taking option is classified by the splitter") {
   CHECK(longs == std::set<std::string>{"policy", "timeout", "conflict-exit-code", "skip-exit-code", "agent",
                                        "operation", "log-format", "kill-after", "max-time", "metrics-dir",
                                        "stale-after", "etcd", "lock-name", "ttl", "etcd-cacert", "etcd-cert",
-                                       "etcd-key", "etcd-user", "etcd-password-file"});
+                                       "etcd-key", "etcd-user", "etcd-password-file", "warn-before", "warn-signal",
+                                       "once-per", "jitter", "incidents"});
 
   std::vector<std::string> spellings;
   for (const auto& [s, l] : opts) {
     spellings.push_back("--" + l);
     if (!s.empty()) spellings.push_back("-" + s);
   }
-  CHECK(spellings.size() == 22);
+  CHECK(spellings.size() == 27);
   for (const auto& spelling : spellings) {
     CAPTURE(spelling);
     // The value is "--": if the splitter did not know that the option takes
@@ -156,8 +157,12 @@ TEST_CASE("every value-taking option is classified by the splitter") {
     Args args;
     // The cluster's options apply only with --etcd: give one.
     const bool cluster = spelling.starts_with("--etcd-") || spelling == "--lock-name" || spelling == "--ttl";
-    const Args etcd = cluster ? Args{"--etcd", "https://127.0.0.1:2379"} : Args{};
-    if (spelling == "--stale-after") {
+    Args etcd = cluster ? Args{"--etcd", "https://127.0.0.1:2379"} : Args{};
+    // --warn-signal needs --warn-before, which needs --max-time.
+    if (spelling == "--warn-signal") etcd = {"--max-time", "5s", "--warn-before", "1s"};
+    if (spelling == "--warn-before") etcd = {"--max-time", "5s"};
+    const bool inspect_only = spelling == "--stale-after" || spelling == "--incidents";
+    if (inspect_only) {
       args = {"--inspect", spelling, "--", "DIR"};
     } else {
       args = {spelling, "--", "DIR", "--", "x"};
@@ -176,7 +181,7 @@ TEST_CASE("every value-taking option is classified by the splitter") {
       CHECK((f->message.find("'--'") != std::string::npos || f->message.find("needs --etcd-") != std::string::npos));
     }
     // The same for "-c" as the value: it must not start a shell command.
-    if (spelling != "--stale-after") {
+    if (!inspect_only) {
       args = {spelling, "-c", "DIR", "--", "x"};
       args.insert(args.begin(), etcd.begin(), etcd.end());
       f = parse_failure(args);
