@@ -5,7 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
 #include <ctime>
+#include <deque>
+#include <iterator>
 
 #include "lockfile.hpp"
 #include "log.hpp"
@@ -103,7 +107,18 @@ int append_incident(int dirfd, const std::string& line) {
   return 0;
 }
 
-IncidentSummary summarize_incidents(int dirfd) {
+namespace {
+
+// Where a row lies in the file.
+struct Span {
+  off_t at = 0;
+  size_t size = 0;
+};
+constexpr size_t kMaxRowBytes = 1 << 20;  // a longer line is a runaway: malformed, never read
+
+}  // namespace
+
+IncidentSummary summarize_incidents(int dirfd, size_t recent) {
   IncidentSummary s;
   UniqueFd fd(sys::retry_eintr(
       [&] { return openat(dirfd, kIncidentsName, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK); }));
@@ -111,34 +126,51 @@ IncidentSummary summarize_incidents(int dirfd) {
   struct stat st {};
   if (fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return s;
   s.exists = true;
-  std::string carry;
-  char buf[65536];
-  std::optional<std::string> last_line;
-  auto take = [&](std::string_view line) {
-    if (line.empty()) return;
+  // One pass: count the rows, and keep where the newest ones lie.
+  const size_t keep = kMaxExamined;  // 16 bytes each
+  std::deque<Span> tail;
+  auto row = [&](off_t at, size_t size) {
+    if (size == 0) return;
     ++s.count;
-    if (auto j = parse_incident_line(line)) {
-      s.latest = std::move(j);
+    tail.push_back({at, size});
+    if (tail.size() > keep) tail.pop_front();
+  };
+  std::vector<char> buf(1 << 20);
+  off_t offset = 0;      // of buf's first byte in the file
+  off_t line_at = 0;     // where the current line starts
+  for (;;) {
+    const ssize_t n = sys::retry_eintr([&] { return read(fd.get(), buf.data(), buf.size()); });
+    if (n <= 0) break;
+    const char* p = buf.data();
+    const char* end = p + n;
+    while (const char* nl = static_cast<const char*>(std::memchr(p, '\n', static_cast<size_t>(end - p)))) {
+      const off_t nl_at = offset + (nl - buf.data());
+      row(line_at, static_cast<size_t>(nl_at - line_at));
+      line_at = nl_at + 1;
+      p = nl + 1;
+    }
+    offset += n;
+  }
+  row(line_at, static_cast<size_t>(offset - line_at));  // a last line without its newline
+  // Back from the newest: parse until `recent` valid rows are found.
+  std::vector<Json> newest_first;
+  std::string text;
+  for (auto it = tail.rbegin(); it != tail.rend() && newest_first.size() < recent; ++it) {
+    ++s.examined;
+    std::optional<Json> j;
+    if (it->size <= kMaxRowBytes) {
+      text.resize(it->size);
+      const ssize_t got = sys::retry_eintr([&] { return pread(fd.get(), text.data(), text.size(), it->at); });
+      if (got == static_cast<ssize_t>(text.size())) j = parse_incident_line(text);
+    }
+    if (j) {
+      newest_first.push_back(std::move(*j));
     } else {
       ++s.malformed;
     }
-  };
-  for (;;) {
-    ssize_t n = sys::retry_eintr([&] { return read(fd.get(), buf, sizeof buf); });
-    if (n <= 0) break;
-    carry.append(buf, static_cast<size_t>(n));
-    size_t start = 0;
-    for (size_t nl; (nl = carry.find('\n', start)) != std::string::npos; start = nl + 1) {
-      take(std::string_view(carry).substr(start, nl - start));
-    }
-    carry.erase(0, start);
-    if (carry.size() > (1u << 20)) {  // a runaway line: count it, drop it
-      ++s.count;
-      ++s.malformed;
-      carry.clear();
-    }
   }
-  take(carry);
+  if (!newest_first.empty()) s.latest = newest_first.front();
+  s.recent.assign(std::make_move_iterator(newest_first.rbegin()), std::make_move_iterator(newest_first.rend()));
   return s;
 }
 

@@ -59,12 +59,18 @@ std::optional<Json> parse_incident_line(std::string_view line);
 int append_incident(int dirfd, const std::string& line);
 
 struct IncidentSummary {
-  size_t count = 0;      // lines in the file
-  size_t malformed = 0;  // lines that do not validate
-  std::optional<Json> latest;
+  size_t count = 0;        // rows in the file (lines that are not empty)
+  std::vector<Json> recent;  // the newest valid rows, oldest first (at most the number asked for)
+  std::optional<Json> latest;  // the newest valid row
+  size_t examined = 0;     // rows read back from the end to find them
+  size_t malformed = 0;    // of those, the ones that do not validate
   bool exists = false;
 };
-// Reads the incidents file without following symlinks.
-IncidentSummary summarize_incidents(int dirfd);
+// Reads the incidents file without following symlinks: the rows are counted
+// (newlines, not parsed), and only the newest `recent` valid rows are parsed,
+// read back from the end, so that a file of millions of rows costs a scan
+// and bounded memory. At most kMaxExamined rows are read back.
+inline constexpr size_t kMaxExamined = 4096;
+IncidentSummary summarize_incidents(int dirfd, size_t recent = 1);
 
 }  // namespace looplock

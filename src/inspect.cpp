@@ -149,7 +149,9 @@ Json report_json(const InspectFacts& facts, const Verdict& v) {
   j["record"] = r;
   j["incidents"] = {{"count", facts.incidents.count},
                     {"malformed", facts.incidents.malformed},
-                    {"latest", facts.incidents.latest ? *facts.incidents.latest : Json(nullptr)}};
+                    {"examined", facts.incidents.examined},
+                    {"latest", facts.incidents.latest ? *facts.incidents.latest : Json(nullptr)},
+                    {"recent", facts.incidents.recent}};
   Json runs = Json::array();
   for (const auto& e : facts.runs) runs.push_back(run_entry_to_json(e));
   j["runs"] = std::move(runs);
@@ -208,9 +210,16 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
     line("incidents", "none");
   } else {
     std::string inc = std::to_string(facts.incidents.count);
-    if (facts.incidents.malformed) inc += " (" + std::to_string(facts.incidents.malformed) + " malformed)";
+    if (facts.incidents.malformed) {
+      inc += " (" + std::to_string(facts.incidents.malformed) + " malformed among the newest " +
+             std::to_string(facts.incidents.examined) + ")";
+    }
     if (const auto& l = facts.incidents.latest) inc += "; latest " + incident_text(*l);
     line("incidents", inc);
+    // With --incidents N: the newest N rows, oldest first.
+    if (facts.incidents.recent.size() > 1) {
+      for (const auto& row : facts.incidents.recent) line("incident", incident_text(row));
+    }
   }
   for (const auto& e : facts.runs) line("last run", "operation " + e.operation + ": " + describe_run(e));
   for (const auto& d : facts.runs_damaged) {
@@ -364,7 +373,7 @@ InspectReport inspect_dir(const Options& o, const std::string& path, etcd::Trans
   f.lock = survey_lock(dir, path + (path.ends_with('/') ? "" : "/") + kLockName, waiters);
   f.lock.stale_after_ms = o.stale_after_ns / kMs;
   for (const auto& k : waiters) f.waiters.push_back(describe_waiter(k));
-  f.incidents = summarize_incidents(dir.fd.get());
+  f.incidents = summarize_incidents(dir.fd.get(), o.incidents);
   try {
     LedgerRead runs = read_ledger(dir);
     f.runs = std::move(runs.entries);

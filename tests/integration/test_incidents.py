@@ -180,6 +180,52 @@ def test_sixteen_simultaneous_timeouts_write_sixteen_whole_rows(loop_dir, holder
     h.release()
 
 
+def test_rotating_by_rename_during_fifty_timeouts_loses_no_row(loop_dir, holders):
+    """The man page's rotation: rename the file while 50 waiters time out
+    at once (each opens it with O_APPEND and writes its row with one
+    write(2)); every row lands whole in one of the files. The control: a
+    copy-and-truncate rotation (what the man page forbids) loses the rows
+    written between its copy and its truncation."""
+    h = holders(loop_dir, tool="flock")
+    live = loop_dir / INCIDENTS
+    procs = [start(["-w", "0.3", "--agent", f"w{i:02d}", loop_dir, "--", "true"]) for i in range(50)]
+    rotated = []
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            if live.exists():
+                target = loop_dir / f"{INCIDENTS}.{len(rotated) + 1}"
+                os.rename(live, target)
+                rotated.append(target)
+            time.sleep(0.01)
+    finally:
+        for p in procs:
+            p.communicate(timeout=TIMEOUT)
+    assert all(p.returncode == EX_TEMPFAIL for p in procs)
+    assert len(rotated) >= 2, "the waiters' rows went to more than one file"
+    rows = []
+    for f in [*rotated, live]:
+        if f.exists():
+            raw = f.read_bytes()
+            assert raw == b"" or raw.endswith(b"\n"), raw[-200:]
+            rows += [json.loads(line) for line in raw.splitlines() if line]
+    assert sorted(r["waiter"]["agent_id"] for r in rows) == [f"w{i:02d}" for i in range(50)]
+    h.release()
+
+
+def test_control_copy_and_truncate_loses_rows(loop_dir, holders):
+    h = holders(loop_dir, tool="flock")
+    live = loop_dir / INCIDENTS
+    assert run(["-w", "0.1", "--agent", "before", loop_dir, "--", "true"]).returncode == EX_TEMPFAIL
+    copy = live.read_bytes()  # the copy ...
+    assert run(["-w", "0.1", "--agent", "between", loop_dir, "--", "true"]).returncode == EX_TEMPFAIL
+    with open(live, "r+b") as f:  # ... and the truncation
+        f.truncate(0)
+    kept = [json.loads(line)["waiter"]["agent_id"] for line in (copy + live.read_bytes()).splitlines() if line]
+    assert kept == ["before"]  # "between" is gone
+    h.release()
+
+
 # --- a failing append --------------------------------------------------------
 
 

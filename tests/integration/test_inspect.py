@@ -350,6 +350,19 @@ def test_incident_count_and_latest_row(loop_dir, holders):
     assert obj["incidents"]["malformed"] == 1
     assert obj["incidents"]["latest"] == rows[-1]
 
+    # --incidents N: the newest N valid rows, oldest first, one line each.
+    obj = json.loads(run(["--inspect", "--json", "--incidents", "5", loop_dir]).stdout)
+    assert obj["incidents"]["recent"] == rows  # both, oldest first
+    assert obj["incidents"]["count"] == 3 and obj["incidents"]["examined"] == 3 and obj["incidents"]["malformed"] == 1
+    r = run(["--inspect", "--incidents", "2", loop_dir])
+    lines = [line for line in r.stdout.splitlines() if line.startswith("incident  ")]
+    assert len(lines) == 2, r.stdout
+    assert f"pid {rows[0]['waiter']['pid']} " in lines[0] and f"pid {rows[1]['waiter']['pid']} " in lines[1], lines
+    for bad in (["--inspect", "--incidents", "0", loop_dir], ["--inspect", "--incidents", "x", loop_dir],
+                ["--incidents", "2", loop_dir, "--", "true"]):
+        r = run(bad)
+        assert r.returncode == 64, (bad, r.stderr)
+
 
 # --- exit status and arguments ---------------------------------------------------------
 

@@ -247,10 +247,50 @@ TEST_CASE("summarize_incidents") {
     testutil::write_file(path, a + "garbage\n" + "\n" + b + torn);
     s = looplock::summarize_incidents(dfd.get());
     CHECK(s.exists);
-    CHECK(s.count == 4);
-    CHECK(s.malformed == 2);
+    CHECK(s.count == 4);  // the empty line is not a row
+    // Read back from the end: the torn row, then b.
+    CHECK(s.examined == 2);
+    CHECK(s.malformed == 1);
     REQUIRE(s.latest);
     CHECK((*s.latest)["at"] == "2026-11-30T17:00:02.000Z");
+    // Asked for more rows than there are valid ones: all of them are read.
+    s = looplock::summarize_incidents(dfd.get(), 5);
+    CHECK(s.examined == 4);
+    CHECK(s.malformed == 2);
+    REQUIRE(s.recent.size() == 2);
+    CHECK(s.recent[0]["at"] == "2026-11-30T17:00:01.000Z");
+    CHECK(s.recent[1] == *s.latest);
+  }
+  SUBCASE("the newest N rows, oldest first") {
+    std::string content;
+    for (int n = 1; n <= 9; ++n) {
+      content += looplock::encode_incident(sample(true, "2026-11-30T17:00:0" + std::to_string(n) + ".000Z"));
+    }
+    testutil::write_file(path, content);
+    s = looplock::summarize_incidents(dfd.get(), 3);
+    CHECK(s.count == 9);
+    REQUIRE(s.recent.size() == 3);
+    CHECK(s.recent[0]["at"] == "2026-11-30T17:00:07.000Z");
+    CHECK(s.recent[2]["at"] == "2026-11-30T17:00:09.000Z");
+    CHECK(s.examined == 3);
+    CHECK(s.malformed == 0);
+  }
+  SUBCASE("rows across the read buffer's edges, and a runaway line") {
+    const std::string one = looplock::encode_incident(sample(true, "2026-11-30T17:00:01.000Z"));
+    std::string content;
+    size_t rows = 0;
+    while (content.size() < (5u << 20) / 2) {
+      content += one;
+      ++rows;
+    }
+    content += std::string((1u << 20) + 10, 'x') + "\n";  // longer than any row: malformed, never read
+    content += one;
+    testutil::write_file(path, content);
+    s = looplock::summarize_incidents(dfd.get(), 2);
+    CHECK(s.count == rows + 2);
+    CHECK(s.examined == 3);
+    CHECK(s.malformed == 1);
+    CHECK(s.recent.size() == 2);
   }
   SUBCASE("the latest is the last valid line") {
     std::string content;

@@ -123,7 +123,7 @@ TEST_CASE("JSON keys") {
   CHECK(r.json["network_fs"].is_null());
   CHECK(keys(r.json["record"]) == std::vector<std::string>{"state", "status", "holder", "released", "age_ms",
                                                            "pid_alive", "same_process", "pid_note"});
-  CHECK(keys(r.json["incidents"]) == std::vector<std::string>{"count", "malformed", "latest"});
+  CHECK(keys(r.json["incidents"]) == std::vector<std::string>{"count", "malformed", "examined", "latest", "recent"});
   CHECK(r.json["holders"] == Json::parse(R"([{"pid":1234,"command":"looplock","mode":"exclusive","locked_by":null,)"
                                          R"("uid":null,"exited":false}])"));
   CHECK(r.json["lock_file"] == "loops/nightly/.state.lock");
@@ -252,13 +252,25 @@ TEST_CASE("incidents: count, malformed and the latest row; a job looplock ended 
   f.incidents.exists = true;
   f.incidents.count = 3;
   f.incidents.malformed = 1;
+  f.incidents.examined = 2;
   f.incidents.latest = incident("lock_acquire_timeout", "");
+  f.incidents.recent = {*f.incidents.latest};
   InspectReport r = looplock::build_report(f);
   CHECK(r.json["incidents"]["count"] == 3);
   CHECK(r.json["incidents"]["malformed"] == 1);
+  CHECK(r.json["incidents"]["examined"] == 2);
   CHECK(r.json["incidents"]["latest"]["waiter"]["pid"] == 4321);
-  CHECK(r.text.find("3 (1 malformed); latest 2026-11-30T17:00:05.126Z lock_acquire_timeout: waiter pid 4321 "
-                    "(deploy.py) waited 5.0s") != std::string::npos);
+  CHECK(r.json["incidents"]["recent"].size() == 1);
+  CHECK(r.text.find("3 (1 malformed among the newest 2); latest 2026-11-30T17:00:05.126Z lock_acquire_timeout: "
+                    "waiter pid 4321 (deploy.py) waited 5.0s") != std::string::npos);
+  CHECK(r.text.find("\nincident ") == std::string::npos);  // one row: the incidents line says it
+  f.incidents.recent = {incident("max_time_exceeded", R"("ran_ms":304,"killed":false,"ran_after_term_ms":3,)"),
+                        *f.incidents.latest};
+  r = looplock::build_report(f);
+  const size_t first = r.text.find("\nincident  ");
+  REQUIRE(first != std::string::npos);
+  CHECK(r.text.find("max_time_exceeded", first) < r.text.find("lock_acquire_timeout", first + 1));
+  f.incidents.recent = {*f.incidents.latest};
   for (const char* code : {"max_time_exceeded", "lease_lost"}) {
     CAPTURE(code);
     f.incidents.latest = incident(code, R"("ran_ms":304,"killed":false,"ran_after_term_ms":3,)");
