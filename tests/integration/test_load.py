@@ -33,7 +33,9 @@ if LOAD not in ("ci", "full"):
     raise ValueError(f"LOOPLOCK_LOAD must be ci or full, not {LOAD!r}")
 FULL = LOAD == "full"
 
-PROCS, CYCLES = (16, 500) if FULL else (6, 30)
+SANITIZED = os.environ.get("LOOPLOCK_SANITIZED") == "1"
+# The ASan+UBSan build's runs cost several times as much: fewer of them.
+PROCS, CYCLES = (16, 500) if FULL else ((4, 20) if SANITIZED else (6, 30))
 UNLINK_EVERY = 5  # the holder unlinks the lock file on every 5th iteration of a worker
 WRITERS, WRITER_ROUNDS = 32, (5 if FULL else 1)
 KILL_ROUNDS = 100 if FULL else 10
