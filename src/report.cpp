@@ -71,18 +71,17 @@ void Reporter::skip(const Blocker& b) const {
       fields(b));
 }
 
-void Reporter::already_run(const RunEntry& run, bool running_now, const std::string& ledger) const {
-  const std::string who = running_now ? "host " + run.host + " pid " + std::to_string(run.pid) + " (agent " +
-                                            run.agent + "), which started at " + sys::utc_iso8601(run.started_ms) +
-                                            " and holds the lock now"
-                                      : describe_run(run);
+void Reporter::already_run(const RunEntry& run, const Blocker* holding, const std::string& ledger) const {
+  const std::string who = holding ? describe_run(run) + "; its run holds the lock now: " + holding->what +
+                                        " is held by " + holding->who
+                                  : describe_run(run);
   log_.result("noop-already-run",
               "noop-already-run: " + o_.operation + " already ran in this slot (--once-per " +
                   format_duration(*o_.once_per_ns) + ") on " + who + "; skipped " + o_.operation + " (" + ledger + ")",
               {{"lock_id", lock_id_},
                {"policy", policy_name(o_.policy)},
                {"once_per_ms", *o_.once_per_ns / kMs},
-               {"running_now", running_now},
+               {"running_now", holding != nullptr},
                {"last_run", run_entry_to_json(run)}});
 }
 

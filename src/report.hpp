@@ -43,8 +43,11 @@ public:
   // single_flight found the lock held: the noop-locked line.
   void skip(const Blocker& b) const;
   // --once-per: this lock's operation already ran in this slot (the
-  // noop-already-run line). `running_now`: that run is the lock's holder.
-  void already_run(const RunEntry& run, bool running_now, const std::string& ledger) const;
+  // noop-already-run line). `holding`: who holds the lock, when that run
+  // (its looplock, or a process of its job) holds it now; named as every
+  // other line names a holder, never by the ledger's pid alone (that
+  // looplock may have died, its job holding on).
+  void already_run(const RunEntry& run, const Blocker* holding, const std::string& ledger) const;
   // The deadline passed: the row, then the lock_acquire_timeout line.
   void timeout(const Blocker& b, const WaitPlan& plan, long long waited_ns) const;
   // --max-time ended the job.

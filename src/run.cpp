@@ -212,8 +212,8 @@ bool Run::counts(const LedgerLook& look, const Lock& lock, bool locked) const {
   return v.slot == Slot::Done;
 }
 
-Conclusion Run::already_run(const RunEntry& run, bool running_now, const Lock& lock) {
-  reporter_.already_run(run, running_now, lock.ledger_name());
+Conclusion Run::already_run(const RunEntry& run, const Blocker* holding, const Lock& lock) {
+  reporter_.already_run(run, holding, lock.ledger_name());
   return Conclusion{exit_status(o_.skip_exit_code), RunOutcome::Skipped};
 }
 
@@ -224,7 +224,7 @@ std::optional<Conclusion> Run::ran_before_waiting() {
   for (auto& lock : locks_) {
     if (!lock->has_ledger()) continue;
     const LedgerLook look = lock->look_ledger(o_.operation, false);
-    if (look.answered && counts(look, *lock, false)) return already_run(*look.entry, false, *lock);
+    if (look.answered && counts(look, *lock, false)) return already_run(*look.entry, nullptr, *lock);
   }
   return std::nullopt;
 }
@@ -237,10 +237,10 @@ std::optional<Conclusion> Run::ran_instead_of_conflict(Lock& lock, const Blocker
   if (!look.answered || !look.entry) return std::nullopt;
   const RunEntry& e = *look.entry;
   const SlotVerdict v = judge_slot(e, ctx_.start_wall_ms, *o_.once_per_ns / 1'000'000);
-  if (v.slot == Slot::Done && counts(look, lock, false)) return already_run(e, false, lock);
+  if (v.slot == Slot::Done && counts(look, lock, false)) return already_run(e, nullptr, lock);
   const bool holder = std::find(b.holder_ids.begin(), b.holder_ids.end(), std::pair{e.host, e.pid}) !=
                       b.holder_ids.end();
-  if (v.slot == Slot::Running && holder) return already_run(e, true, lock);
+  if (v.slot == Slot::Running && holder) return already_run(e, &b, lock);
   return std::nullopt;
 }
 
@@ -255,7 +255,7 @@ std::optional<Conclusion> Run::claim_slot() {
       const LedgerLook look = lock->look_ledger(o_.operation, true);
       if (counts(look, *lock, true)) {
         abandon_locks();
-        return already_run(*look.entry, false, *lock);
+        return already_run(*look.entry, nullptr, *lock);
       }
     }
     const RunEntry me = this_run();

@@ -84,7 +84,7 @@ private:
   std::optional<Conclusion> ran_instead_of_conflict(Lock& lock, const Blocker& b);
   std::optional<Conclusion> claim_slot();
   bool counts(const LedgerLook& look, const Lock& lock, bool locked) const;
-  Conclusion already_run(const RunEntry& run, bool running_now, const Lock& lock);
+  Conclusion already_run(const RunEntry& run, const Blocker* holding, const Lock& lock);
   RunEntry this_run() const;
   void record_end(int status);
   void abandon_locks();

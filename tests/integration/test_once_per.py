@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (EX_CANTCREAT, EX_NOTFOUND, EX_TEMPFAIL, LOOPLOCK, PY, TIMEOUT, expect_line, helper,
-                      incident_rows, run, start)
+                      incident_rows, kill_and_wait_gone, run, start)
 
 TICK = helper("slot_tick.py")
 CHECKPOINT = helper("checkpoint_tick.py")
@@ -179,6 +179,32 @@ def test_a_looplock_killed_mid_run_does_not_consume_the_slot(loop_dir, tmp_path)
     assert [t[0] for t in ticks(history)] == ["a", "b"]
     entry = ledger(loop_dir)["runs"][0]
     assert entry["pid"] != a.pid and entry["exit_status"] == 0
+
+
+def test_a_looplock_killed_while_its_job_holds_on_is_never_named_as_the_holder(loop_dir):
+    """looplock alone is killed; a process of its job (here a background
+    sleep, which outlives the job's shell) keeps the lock through the
+    inherited descriptor. A later run of the slot skips (the slot's run is
+    still on), and its line names the process that holds the lock, not the
+    dead looplock the ledger recorded."""
+    a = start([*once(loop_dir), "sh", "-c", "sleep 60 & echo $!; wait"])
+    job = None
+    try:
+        job = int(a.stdout.readline())
+        os.kill(a.pid, signal.SIGKILL)
+        a.wait(timeout=TIMEOUT)
+        r = run([*once(loop_dir, "60s", "tick", "-w", "0.3"), "echo", "ran"])
+        assert (r.returncode, r.stdout) == (0, ""), r.stderr
+        assert "noop-already-run" in r.stderr and "has not recorded its end" in r.stderr
+        held_by = r.stderr.split(" is held by ", 1)[1]
+        assert held_by.startswith(f"pid {job} (sleep)"), r.stderr
+        assert f"looplock pid {a.pid} " in held_by and "which has exited" in held_by, r.stderr
+    finally:
+        if job:
+            kill_and_wait_gone(job)
+        if a.poll() is None:
+            a.kill()
+        a.wait(timeout=TIMEOUT)
 
 
 @pytest.mark.parametrize("status", [0, 3])
