@@ -14,28 +14,6 @@
 
 using looplock::InheritedSignals;
 
-namespace {
-
-// The signal state of the test process, put back after a test that changes
-// it in-process, so that doctest is left as it was found.
-struct SignalStateGuard {
-  sigset_t mask{};
-  struct sigaction chld {};
-  struct sigaction pipe {};
-  SignalStateGuard() {
-    sigprocmask(SIG_BLOCK, nullptr, &mask);
-    sigaction(SIGCHLD, nullptr, &chld);
-    sigaction(SIGPIPE, nullptr, &pipe);
-  }
-  ~SignalStateGuard() {
-    sigaction(SIGCHLD, &chld, nullptr);
-    sigaction(SIGPIPE, &pipe, nullptr);
-    sigprocmask(SIG_SETMASK, &mask, nullptr);
-  }
-};
-
-}  // namespace
-
 TEST_CASE("shell_status") {
   CHECK(looplock::shell_status(W_EXITCODE(0, 0)) == 0);
   CHECK(looplock::shell_status(W_EXITCODE(7, 0)) == 7);
@@ -81,7 +59,7 @@ TEST_CASE("supervised_signals: every signal but KILL and STOP") {
 }
 
 TEST_CASE("take_signal_control captures the inherited state and sets looplock's own") {
-  SignalStateGuard guard;
+  testutil::SignalStateGuard guard;
   struct sigaction ign {};
   ign.sa_handler = SIG_IGN;
   sigemptyset(&ign.sa_mask);
@@ -150,7 +128,7 @@ TEST_CASE("exit_like exits with the status or dies of the signal, without a core
   CHECK_FALSE(WCOREDUMP(st));
   // A signal the caller ignored or blocked is still the one looplock dies of.
   {
-    SignalStateGuard guard;
+    testutil::SignalStateGuard guard;
     signal(SIGUSR1, SIG_IGN);
     sigset_t b;
     sigemptyset(&b);

@@ -42,23 +42,6 @@ CommandSpec sh(const std::string& script, std::vector<std::string> env = base_en
   return spec;
 }
 
-// The signal state of the test process, put back after a test that changes
-// it in-process, so that doctest is left as it was found.
-struct SignalStateGuard {
-  sigset_t mask{};
-  struct sigaction chld {};
-  struct sigaction pipe {};
-  SignalStateGuard() {
-    sigprocmask(SIG_BLOCK, nullptr, &mask);
-    sigaction(SIGCHLD, nullptr, &chld);
-    sigaction(SIGPIPE, nullptr, &pipe);
-  }
-  ~SignalStateGuard() {
-    sigaction(SIGCHLD, &chld, nullptr);
-    sigaction(SIGPIPE, &pipe, nullptr);
-    sigprocmask(SIG_SETMASK, &mask, nullptr);
-  }
-};
 
 // What one run_command in a child "looplock" process came to.
 struct Result {

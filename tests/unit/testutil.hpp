@@ -8,6 +8,7 @@
 #include "holder.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <poll.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -61,6 +62,24 @@ struct FailureListener : public doctest::IReporter {
 };
 
 DOCTEST_REGISTER_LISTENER("looplock-failure-listener", 1, FailureListener);
+
+// The signal state of the test process, put back after a test that changes
+// it in-process, so that doctest is left as it was found.
+struct SignalStateGuard {
+  sigset_t mask{};
+  struct sigaction chld {};
+  struct sigaction pipe {};
+  SignalStateGuard() {
+    sigprocmask(SIG_BLOCK, nullptr, &mask);
+    sigaction(SIGCHLD, nullptr, &chld);
+    sigaction(SIGPIPE, nullptr, &pipe);
+  }
+  ~SignalStateGuard() {
+    sigaction(SIGCHLD, &chld, nullptr);
+    sigaction(SIGPIPE, &pipe, nullptr);
+    sigprocmask(SIG_SETMASK, &mask, nullptr);
+  }
+};
 
 // A fresh directory under $TMPDIR (or /tmp), removed at the end of the scope
 // unless an assertion of the current test case failed.
