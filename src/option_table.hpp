@@ -29,10 +29,6 @@ struct OptionSpec {
   // --help's text, its lines separated by '\n'; empty: not listed (an
   // option declared only to point its users elsewhere, such as -u).
   std::string_view help;
-  // Declared to the parser only when the command line names it (the
-  // --etcd-* TLS and login options, the schedule's and --warn-before's,
-  // --incidents), since each declared option costs every run start-up time.
-  bool on_demand = false;
 };
 
 std::span<const OptionSpec> option_table();

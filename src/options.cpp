@@ -112,22 +112,60 @@ Split split_argv(const std::vector<std::string>& argv) {
   return s;
 }
 
-// Declares the table's options to cxxopts. Each declared option costs
-// start-up time (about 11 K instructions, docs/BENCHMARKS.md): the on-demand
-// ones are declared only when the command line names one of them.
-cxxopts::Options build_parser(bool on_demand) {
+// The table's rows that the command line names, or nullopt when it names
+// an option the table does not have (or cannot be told apart: then every
+// row is declared, so that cxxopts reports it as it reports any unknown
+// option). Values are skipped the way split_argv() pairs them.
+std::optional<std::vector<const OptionSpec*>> named_rows(const std::vector<std::string>& own) {
+  std::vector<const OptionSpec*> rows;
+  auto add = [&](const OptionSpec* o) {
+    if (std::find(rows.begin(), rows.end(), o) == rows.end()) rows.push_back(o);
+  };
+  for (size_t i = 1; i < own.size(); ++i) {
+    const std::string_view a = own[i];
+    if (a.size() < 2 || a[0] != '-') continue;  // DIR, or "-" (a positional)
+    if (a[1] == '-') {
+      const OptionSpec* o = find_option(a.substr(2, a.find('=') - 2));
+      if (!o) return std::nullopt;
+      add(o);
+      if (!o->value.empty() && a.find('=') == std::string_view::npos) ++i;  // its value
+      continue;
+    }
+    for (size_t k = 1; k < a.size(); ++k) {
+      const auto table = option_table();
+      const auto o = std::find_if(table.begin(), table.end(), [&](const OptionSpec& r) { return r.letter == a[k]; });
+      if (o == table.end()) return std::nullopt;
+      add(&*o);
+      if (o->value.empty()) continue;
+      if (k + 1 == a.size()) ++i;  // "-w 5": the value is the next argument ("-w5" was split already)
+      break;
+    }
+  }
+  return rows;
+}
+
+// Declares to cxxopts the options the command line names (all of them when
+// it names one the table lacks). Each declared option costs every run
+// start-up time (cxxopts builds a map entry, shared pointers and a
+// std::function for it, and the first one initialises std::locale: about
+// 270 K instructions and a dozen first-touched pages for the whole table,
+// docs/BENCHMARKS.md), so a plain `looplock DIR -- COMMAND` declares none.
+// The positional arguments are cxxopts' unmatched ones.
+cxxopts::Options build_parser(const std::vector<std::string>& own, bool declare_all) {
   cxxopts::Options parser("looplock", "");
-  for (const auto& o : option_table()) {
-    if (o.on_demand && !on_demand) continue;
+  auto declare = [&](const OptionSpec& o) {
     const std::string names = (o.letter ? std::string(1, o.letter) + "," : std::string()) + std::string(o.name);
     if (o.value.empty()) {
       parser.add_options()(names, "");
     } else {
       parser.add_options()(names, "", cxxopts::value<std::string>());
     }
+  };
+  if (const auto rows = declare_all ? std::nullopt : named_rows(own)) {
+    for (const OptionSpec* o : *rows) declare(*o);
+  } else {
+    for (const auto& o : option_table()) declare(o);
   }
-  parser.add_options()("positional", "", cxxopts::value<std::vector<std::string>>());
-  parser.parse_positional({"positional"});
   return parser;
 }
 
@@ -308,19 +346,14 @@ std::string derive_operation(const std::vector<std::string>& command) {
 namespace {
 
 // The cxxopts parse of looplock's own arguments (never the command's).
-cxxopts::ParseResult parse_own(const Split& split) {
+cxxopts::ParseResult parse_own(const Split& split, bool declare_all) {
   for (const auto& a : split.own) {
     if (a == "--etcd-password" || a.starts_with("--etcd-password=")) {
       usage_error("--etcd-password is not an option: a password on the command line is visible to every user",
                   "Put it in $LOOPLOCK_ETCD_PASSWORD, or in a file for --etcd-password-file FILE.");
     }
   }
-  const bool on_demand = std::any_of(split.own.begin(), split.own.end(), [](const std::string& a) {
-    return a.starts_with("--") && std::any_of(option_table().begin(), option_table().end(), [&](const OptionSpec& o) {
-             return o.on_demand && std::string_view(a).substr(2).starts_with(o.name);
-           });
-  });
-  cxxopts::Options parser = build_parser(on_demand);
+  cxxopts::Options parser = build_parser(split.own, declare_all);
   std::vector<const char*> cargv;
   cargv.reserve(split.own.size());
   for (const auto& a : split.own) cargv.push_back(a.c_str());
@@ -340,8 +373,7 @@ void read_dirs(const cxxopts::ParseResult& r, Options& o) {
                 "flock -u unlocks a descriptor; under looplock, a command that must let go early can close "
                 "$LOOPLOCK_FD (and whatever it started), or run with -o so that only looplock holds the lock.");
   }
-  std::vector<std::string> positional;
-  if (r.count("positional")) positional = r["positional"].as<std::vector<std::string>>();
+  const std::vector<std::string>& positional = r.unmatched();
   if (positional.empty()) {
     usage_error("missing DIR", o.mode == Mode::Inspect
                                    ? "Give the loop directories: looplock --inspect [--json] [--check] DIR..."
@@ -640,9 +672,9 @@ void read_command(const cxxopts::ParseResult& r, const Split& split, const Envir
 
 }  // namespace
 
-Options parse_options(const std::vector<std::string>& argv, const Environment& env) {
+Options parse_options(const std::vector<std::string>& argv, const Environment& env, bool declare_all) {
   const Split split = split_argv(argv);
-  const cxxopts::ParseResult r = parse_own(split);
+  const cxxopts::ParseResult r = parse_own(split, declare_all);
   Options o;
   if (r.count("help")) {
     o.mode = Mode::Help;

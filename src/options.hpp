@@ -92,7 +92,10 @@ struct Environment {
   std::optional<std::string> looplock_etcd_password;     // $LOOPLOCK_ETCD_PASSWORD
 };
 
-Options parse_options(const std::vector<std::string>& argv, const Environment& env);
+// Only the options argv names are declared to cxxopts (options.cpp says
+// why); `declare_all` declares the whole table, which must give the same
+// result (the unit tests compare the two).
+Options parse_options(const std::vector<std::string>& argv, const Environment& env, bool declare_all = false);
 
 // The --log-format on a command line that may not parse (so that its usage
 // error is written in that format): looked for before "--" or "-c" only.

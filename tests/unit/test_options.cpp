@@ -729,3 +729,116 @@ TEST_CASE("options that exclude each other, from the table") {
                                  looplock::option_shown(*looplock::find_option(c.b)) + " cannot be combined"));
   }
 }
+
+namespace {
+
+// What a parse came to, as text: every field of Options, or the usage error.
+std::string outcome_of(const Args& args, bool declare_all) {
+  Args argv = args;
+  argv.insert(argv.begin(), "looplock");
+  Environment env = test_env();
+  env.looplock_etcd_password = "secret";
+  try {
+    const Options o = parse_options(argv, env, declare_all);
+    std::string s;
+    auto add = [&](const std::string& k, const std::string& v) { s += k + "=" + v + ";"; };
+    auto opt = [](const std::optional<long long>& v) { return v ? std::to_string(*v) : std::string("-"); };
+    auto list = [](const std::vector<std::string>& v) {
+      std::string out;
+      for (const auto& x : v) out += "[" + x + "]";
+      return out;
+    };
+    add("mode", std::to_string(static_cast<int>(o.mode)));
+    add("dirs", list(o.dirs));
+    add("command", list(o.command));
+    add("shell", std::to_string(o.shell_form));
+    add("policy", std::to_string(static_cast<int>(o.policy)));
+    add("timeout", opt(o.timeout_ns));
+    add("E", std::to_string(o.conflict_exit_code) + "/" + std::to_string(o.skip_exit_code));
+    add("flags", std::to_string(o.shared) + std::to_string(o.close_fd) + std::to_string(o.no_fork) +
+                     std::to_string(o.json) + std::to_string(o.check));
+    add("kill", opt(o.kill_after_ns) + "/" + opt(o.signal_kill_after_ns) + "/" + opt(o.max_time_kill_after_ns));
+    add("max", opt(o.max_time_ns) + "/" + opt(o.warn_before_ns) + "/" + std::to_string(o.warn_signal));
+    add("once", opt(o.once_per_ns) + "/" + opt(o.jitter_ns));
+    add("metrics", o.metrics_dir);
+    add("who", o.agent + "/" + o.operation);
+    add("out", std::to_string(static_cast<int>(o.verbosity)) + std::to_string(static_cast<int>(o.log_format)));
+    add("etcd", o.etcd + "/" + std::to_string(o.endpoints.size()) + "/" + o.lock_name + "/" + std::to_string(o.ttl_s) +
+                    "/" + std::to_string(o.lease_kill_after_ns));
+    add("tls", o.etcd_cacert + "/" + o.etcd_cert + "/" + o.etcd_key + "/" + o.etcd_user + "/" +
+                   o.etcd_password_file + "/" + o.etcd_password.value_or("-"));
+    add("inspect", std::to_string(o.stale_after_ns) + "/" + std::to_string(o.incidents));
+    return s;
+  } catch (const Fatal& f) {
+    return "error " + std::to_string(f.status()) + ": " + f.what() + " | " + f.hint();
+  }
+}
+
+}  // namespace
+
+TEST_CASE("only the options argv names are declared to cxxopts, with the same result as the whole table") {
+  std::vector<Args> cases = {
+      {"DIR", "--", "x"},
+      {"-", "--", "x"},
+      {"-5", "DIR", "--", "x"},
+      {"-+", "DIR", "--", "x"},
+      {"--", "x"},
+      {"DIR", "x", "--", "y"},
+      {"--bogus", "DIR", "--", "x"},
+      {"--bogus=1", "DIR", "--", "x"},
+      {"-qZ", "DIR", "--", "x"},
+      {"-qw", "1", "DIR", "--", "x"},
+      {"-qw1", "DIR", "--", "x"},
+      {"-wq", "DIR", "--", "x"},
+      {"-w"},
+      {"--agent", "--quiet", "DIR", "--", "x"},
+      {"--agent", "-q", "DIR", "--", "x"},
+      {"--agent=-q", "DIR", "--", "x"},
+      {"--quiet=1", "DIR", "--", "x"},
+      {"--polic", "mutation", "DIR", "--", "x"},
+      {"--policy-x", "DIR", "--", "x"},
+      {"-p", "monitor", "-n", "-v", "--log-format", "json", "DIR", "-c", "true"},
+      {"--inspect", "--json", "--check", "--incidents", "3", "A", "B"},
+      {"--etcd", "http://127.0.0.1:2379", "--ttl", "3", "--kill-after", "0.3", "DIR", "--", "x"},
+      {"--etcd=http://127.0.0.1:2379", "--etcd-user", "u", "DIR", "--", "x"},
+      {"--etcd", "https://127.0.0.1:2379", "--etcd-cacert", "ca", "--etcd-cert", "c", "--etcd-key", "k", "DIR", "--",
+       "x"},
+      {"--max-time", "5", "--warn-before", "1", "--warn-signal", "HUP", "DIR", "--", "x"},
+      {"--once-per", "4m", "--jitter", "10s", "--operation", "tick", "DIR", "--", "x"},
+      {"-h"},
+      {"--version", "DIR"},
+      {"-Fo", "DIR", "--", "x"},
+      {"-sx", "DIR", "--", "x"},
+      {"-u", "DIR", "--", "x"},
+  };
+  // Every option of the table, alone and after -q, with a value its kind takes.
+  for (const auto& spec : looplock::option_table()) {
+    const std::string v = spec.value == "DURATION" ? "1s"
+                          : spec.value == "N"      ? "3"
+                          : spec.value == "ENDPOINTS" ? "http://127.0.0.1:2379"
+                          : spec.value == "SIG"    ? "USR2"
+                          : spec.value == "SECONDS" ? "5"
+                                                    : "x";
+    Args a = {"--" + std::string(spec.name)};
+    if (!spec.value.empty()) a.push_back(v);
+    for (Args head : {Args{}, Args{"-q"}, Args{"--inspect"}, Args{"--etcd", "http://127.0.0.1:2379"}}) {
+      Args c = head;
+      c.insert(c.end(), a.begin(), a.end());
+      cases.push_back(c);
+      cases.back().insert(cases.back().end(), {"DIR", "--", "x"});
+      if (head == Args{"--inspect"}) cases.push_back(c), cases.back().push_back("DIR");
+    }
+    if (spec.letter) {
+      Args s = {"-" + std::string(1, spec.letter)};
+      if (!spec.value.empty()) s.push_back(v);
+      s.insert(s.end(), {"DIR", "--", "x"});
+      cases.push_back(s);
+    }
+  }
+  for (const auto& args : cases) {
+    std::string shown;
+    for (const auto& a : args) shown += "[" + a + "] ";
+    CAPTURE(shown);
+    CHECK(outcome_of(args, false) == outcome_of(args, true));
+  }
+}
