@@ -44,12 +44,15 @@ int main_program(int argc, char** argv, char** envp, etcd::Transport* etcd) {
   RunFacts facts;
   try {
     std::vector<std::string> args(argv, argv + argc);
+    // getpid(2), once: the holder record, the job's signals and the leak check name this pid.
     Context ctx{env_from(envp), getpid(), now_ns, start_wall_ms, etcd};
     // looplock-etcd: the deadline counts from when looplock started.
     if (auto handed = take_handed_start(ctx.env, now_ns); handed && etcd) {
       ctx.start_ns = *handed;
       ctx.start_wall_ms = start_wall_ms - (now_ns - *handed) / 1'000'000;
     }
+    // The user name (getuid(2) and a read of /etc/passwd) only when no
+    // --agent or $LOOPLOCK_AGENT names the agent: the holder record's agent_id.
     Environment penv{env_get(ctx.env, env_name::kAgent),         env_get(ctx.env, env_name::kEtcd),
                      env_get(ctx.env, env_name::kMetricsDir),    [] { return sys::user_name(getuid()); },
                      env_get(ctx.env, env_name::kEtcdCacert),    env_get(ctx.env, env_name::kEtcdClientCert),

@@ -7,8 +7,10 @@
 namespace looplock {
 
 namespace {
+// "NAME=..." for `name`; the '=' is looked at first, which tells most
+// entries apart at once.
 bool has_name(std::string_view entry, std::string_view name) {
-  return entry.size() > name.size() && entry.starts_with(name) && entry[name.size()] == '=';
+  return entry.size() > name.size() && entry[name.size()] == '=' && entry.starts_with(name);
 }
 }  // namespace
 
@@ -25,16 +27,19 @@ std::optional<std::string> env_get(const EnvList& env, std::string_view name) {
   return std::nullopt;
 }
 
+void env_set(EnvList& env, const std::vector<std::pair<std::string_view, std::string>>& set,
+             const std::vector<std::string_view>& unset) {
+  std::erase_if(env, [&](const std::string& e) {
+    return std::any_of(set.begin(), set.end(), [&](const auto& kv) { return has_name(e, kv.first); }) ||
+           std::any_of(unset.begin(), unset.end(), [&](std::string_view n) { return has_name(e, n); });
+  });
+  for (const auto& [name, value] : set) env.push_back(std::string(name) + "=" + value);
+}
+
 EnvList env_with(const EnvList& env, const std::vector<std::pair<std::string_view, std::string>>& set,
                  const std::vector<std::string_view>& unset) {
-  EnvList out;
-  out.reserve(env.size() + set.size());
-  for (const auto& e : env) {
-    bool drop = std::any_of(set.begin(), set.end(), [&](const auto& kv) { return has_name(e, kv.first); }) ||
-                std::any_of(unset.begin(), unset.end(), [&](std::string_view n) { return has_name(e, n); });
-    if (!drop) out.push_back(e);
-  }
-  for (const auto& [name, value] : set) out.push_back(std::string(name) + "=" + value);
+  EnvList out = env;
+  env_set(out, set, unset);
   return out;
 }
 

@@ -42,8 +42,11 @@ using EnvList = std::vector<std::string>;  // "NAME=value" entries
 
 EnvList env_from(char** envp);
 std::optional<std::string> env_get(const EnvList& env, std::string_view name);
-// A copy of `env` with each of `set` replacing any entry of the same name,
-// and every name in `unset` removed.
+// Each of `set` replaces any entry of the same name (in order, at the end),
+// and every name in `unset` is removed: in place (the command's
+// environment, built once per run), or in a copy.
+void env_set(EnvList& env, const std::vector<std::pair<std::string_view, std::string>>& set,
+             const std::vector<std::string_view>& unset = {});
 EnvList env_with(const EnvList& env, const std::vector<std::pair<std::string_view, std::string>>& set,
                  const std::vector<std::string_view>& unset = {});
 

@@ -58,9 +58,9 @@ Blocker EtcdLock::blocker() const {
 }
 
 void EtcdLock::export_to(CommandSpec& spec) {
-  spec.env = env_with(spec.env, {{env_name::kFencingToken, std::to_string(lock_.fencing_token())},
-                                 {env_name::kEtcdKey, lock_.key()},
-                                 {env_name::kEtcdLease, etcd::lease_hex(lock_.lease())}});
+  env_set(spec.env, {{env_name::kFencingToken, std::to_string(lock_.fencing_token())},
+                     {env_name::kEtcdKey, lock_.key()},
+                     {env_name::kEtcdLease, etcd::lease_hex(lock_.lease())}});
 }
 
 void EtcdLock::release(Ending& ending) {
@@ -95,8 +95,8 @@ void EtcdLock::record_start(const RunEntry& entry) {
   if (lock_.write_ledger(e, sys::monotonic_ns() + kLedgerNs)) return;
   throw Fatal(exit_code::kClusterUnavailable,
               "cannot record this run's start in the run ledger of cluster lock " + printable(lock_.name()) +
-                  " on etcd: " + (lock_.last_error().empty() ? "etcd refused the write (the lease was lost)"
-                                                             : lock_.last_error()),
+                  " on etcd: " +
+                  (lock_.last_error().empty() ? "etcd refused the write (the lease was lost)" : lock_.last_error()),
               "The command did not run; the next tick tries again.");
 }
 
@@ -105,13 +105,14 @@ bool EtcdLock::record_end(const RunEntry& entry) {
   e.fencing_token = lock_.fencing_token();
   if (lock_.write_ledger(e, sys::monotonic_ns() + kLedgerNs)) return true;
   log_.warn("ledger_write_failed",
-            "cannot record this run's end in the run ledger of cluster lock " + printable(lock_.name()) +
-                " on etcd: " +
+            "cannot record this run's end in the run ledger of cluster lock " + printable(lock_.name()) + " on etcd: " +
                 (lock_.last_error().empty() ? "etcd refused the write (the lease was lost)" : lock_.last_error()) +
                 "; this run does not count, so its slot may run again");
   return false;
 }
 
-std::string EtcdLock::ledger_name() const { return "run ledger of cluster lock " + printable(lock_.name()) + " on etcd"; }
+std::string EtcdLock::ledger_name() const {
+  return "run ledger of cluster lock " + printable(lock_.name()) + " on etcd";
+}
 
 }  // namespace looplock

@@ -69,8 +69,21 @@ constexpr off_t kMaxPaddedSize = 4096;
 std::string holder_check(std::string_view body) { return check_of(body); }
 
 namespace {
-// One JSON string, escaped by nlohmann-json (invalid UTF-8 becomes U+FFFD).
-void append_json_string(std::string& out, const std::string& s) { out += dump_json(Json(s)); }
+// One JSON string, escaped by nlohmann-json (invalid UTF-8 becomes U+FFFD);
+// one of printable ASCII but for '"' and '\\' (what the record's values
+// nearly always are) needs no escaping, and nlohmann-json would write it as
+// it is: it is appended without building a JSON value.
+void append_json_string(std::string& out, const std::string& s) {
+  const bool plain =
+      std::all_of(s.begin(), s.end(), [](char c) { return c >= 0x20 && c < 0x7f && c != '"' && c != '\\'; });
+  if (!plain) {
+    out += dump_json(Json(s));
+    return;
+  }
+  out += '"';
+  out += s;
+  out += '"';
+}
 }  // namespace
 
 std::string encode_holder(const HolderRecord& r) {

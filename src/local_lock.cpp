@@ -54,11 +54,12 @@ public:
         plan_(plan),
         start_ns_(start_ns),
         shown_(std::move(shown)),
-        holders_at_start_(holders_at_start),
-        status_line_(!log.is_quiet() && log.is_text() && isatty(log.fd()) == 1) {}
+        holders_at_start_(holders_at_start) {}
 
   void on_wait(const LockFile& file) override {
     wait_started_ns_ = sys::monotonic_ns();
+    // Asked only once there is a wait to show (isatty(3): an ioctl).
+    status_line_ = !log_.is_quiet() && log_.is_text() && isatty(log_.fd()) == 1;
     if (!log_.is_verbose() && plan_.kind != WaitPlan::Kind::Bounded && !status_line_) return;
     const LockFacts facts = survey_held(file, shown_);
     holders_at_start_ = as_hint(facts);
@@ -98,7 +99,7 @@ private:
   long long start_ns_;
   std::string shown_;
   std::vector<procfs::KernelLock>& holders_at_start_;
-  bool status_line_;
+  bool status_line_ = false;
   std::string who_ = "another process";
   long long wait_started_ns_ = 0;
   long long last_draw_ns_ = 0;
@@ -135,6 +136,9 @@ LocalLock::LocalLock(const Options& options, pid_t pid, const Logger& log, LockD
 Acquisition LocalLock::acquire(const WaitPlan& plan, long long start_ns) {
   const LockMode mode = o_.shared ? LockMode::Shared : LockMode::Exclusive;
   // Work that does not need the lock is done before waiting for it.
+  // /proc/self/stat: looplock's start time, which the holder record carries
+  // so that a reader can tell this pid from a later process given the same
+  // number (read before waiting, not in the critical section).
   if (mode == LockMode::Exclusive) pid_start_ = procfs::own_start().value_or("");
   WaitReporter reporter(o_, log_, plan, start_ns, shown_, holders_at_start_);
   AcquireResult res = acquire_lock(dir_, plan, mode, reporter, start_ns);
@@ -173,7 +177,8 @@ Blocker LocalLock::blocker() const {
   b.inspect_hint = "looplock --inspect " + o_.dir;
   const std::string host = sys::host_name();
   for (const auto& h : b.verdict->holders) b.holder_ids.emplace_back(host, h.pid);
-  if (b.verdict->record == RecordState::Current && b.verdict->read) b.holder_ids.emplace_back(host, b.verdict->read->pid);
+  if (b.verdict->record == RecordState::Current && b.verdict->read)
+    b.holder_ids.emplace_back(host, b.verdict->read->pid);
   if (!b.verdict->confirm.empty()) {
     b.confirm = pids_text(b.verdict->confirm);
     b.many = b.verdict->confirm.size() > 1;
@@ -182,12 +187,12 @@ Blocker LocalLock::blocker() const {
 }
 
 void LocalLock::prepare(CommandSpec& spec) {
-  spec.env = env_with(spec.env,
-                      {{env_name::kDir, target_.canonical_dir},
-                       {env_name::kLockId, target_.lock_id},
-                       {env_name::kPolicy, std::string(policy_name(o_.policy))},
-                       {env_name::kHolderPid, std::to_string(pid_)}},
-                      {env_name::kFd, env_name::kHolderFd, env_name::kEtcdPassword});
+  env_set(spec.env,
+          {{env_name::kDir, target_.canonical_dir},
+           {env_name::kLockId, target_.lock_id},
+           {env_name::kPolicy, std::string(policy_name(o_.policy))},
+           {env_name::kHolderPid, std::to_string(pid_)}},
+          {env_name::kFd, env_name::kHolderFd, env_name::kEtcdPassword});
 }
 
 void LocalLock::export_to(CommandSpec& spec) {
@@ -215,6 +220,8 @@ void LocalLock::release(Ending& ending) {
   }
   ending.record = record_;
   file_.fd.reset();  // release
+  // After the release, so that the next holder does not wait for it: one
+  // read of /proc/PID/task/PID/children when the job left no process.
   if (!o_.close_fd) report_leaks(ending.job);
   const int status = ending.job.status;
   log_.verbose("released",
@@ -269,8 +276,9 @@ bool record_end_locally(const LockDir& dir, const RunEntry& entry, const Logger&
     record_local_ledger(dir, entry);
     return true;
   } catch (const Fatal& f) {
-    log.warn("ledger_write_failed", std::string(f.what()) + "; this run's end is not recorded, so its slot may run "
-                                                               "again");
+    log.warn("ledger_write_failed", std::string(f.what()) +
+                                        "; this run's end is not recorded, so its slot may run "
+                                        "again");
     return false;
   }
 }
@@ -330,7 +338,7 @@ void InheritedLock::export_to(CommandSpec& spec) {
   if (auto fd = inherited_lock_fd(spec.env, lock_file_); fd && fcntl(*fd, F_SETFD, FD_CLOEXEC) != 0) {
     fail_errno(exit_code::kOsError, "cannot keep the lock descriptor from the command (-o)", errno);
   }
-  spec.env = env_with(spec.env, {}, {env_name::kFd});
+  env_set(spec.env, {}, {env_name::kFd});
 }
 
 }  // namespace looplock

@@ -56,6 +56,8 @@ std::string lexically_normal(std::string_view path) {
 
 std::string canonical_lock_path(int dirfd, const std::string& dir) {
   char buf[PATH_MAX + 1];
+  // One readlink(2) of the open descriptor: the canonical path that names
+  // the lock (its lock_id, $LOOPLOCK_DIR), without realpath(3)'s walk.
   std::string link = "/proc/self/fd/" + std::to_string(dirfd);
   ssize_t n = readlink(link.c_str(), buf, sizeof buf - 1);
   // The kernel's name for a removed directory ends in " (deleted)"; anything

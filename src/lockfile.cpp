@@ -183,6 +183,8 @@ std::optional<std::string> network_fs_name(unsigned long f_type) {
 }
 
 std::optional<std::string> network_file_system(int fd) {
+  // fstatfs(2): the one warning a run gives before it locks, when flock(2)
+  // may not exclude other hosts.
   struct statfs sfs {};
   if (fstatfs(fd, &sfs) != 0) return std::nullopt;
   return network_fs_name(static_cast<unsigned long>(sfs.f_type));
@@ -238,6 +240,8 @@ LockDir open_lock_dir(const std::string& path, bool check_safety) {
   int moved = above_stdio(dir.fd.release());
   dir.fd.reset(moved);
   if (!dir.fd) fail_errno(exit_code::kOsError, "cannot open loop directory " + path, errno);
+  // Its mode (refuse_dir) and owner (refuse_lock_file), and the identity
+  // dir_intact() compares against after the command.
   if (fstat(dir.fd.get(), &dir.st) != 0) fail_errno(exit_code::kOsError, "cannot stat " + path, errno);
   if (check_safety) {
     if (auto r = refuse_dir(dir.st, path)) refused(dir, *r);
@@ -255,6 +259,8 @@ LockFile open_lock_file(const LockDir& dir) {
   // is retried; a persistent race is reported rather than looping forever.
   for (int attempt = 0; attempt < 1000; ++attempt) {
     struct stat pre {};
+    // Looked at before it is opened: a FIFO or a device must never be opened
+    // (an open of either can block or have effects), a symlink is refused.
     bool exists = fstatat(dir.fd.get(), kLockName, &pre, AT_SYMLINK_NOFOLLOW) == 0;
     if (!exists && errno != ENOENT) lock_stat_failed(dir, errno);
     if (exists && (S_ISLNK(pre.st_mode) || !S_ISREG(pre.st_mode))) {
@@ -293,6 +299,8 @@ LockFile open_lock_file(const LockDir& dir) {
     f.fd.reset(above_stdio(fd));
     if (!f.fd) fail_errno(exit_code::kOsError, "cannot open " + lock_display(dir), errno);
     f.read_only = read_only;
+    // What was opened (the name may have changed since the fstatat): its
+    // links and owner, and the inode the lock is checked against.
     if (fstat(f.fd.get(), &f.st) != 0) fail_errno(exit_code::kOsError, "cannot stat " + lock_display(dir), errno);
     if (S_ISREG(f.st.st_mode) && f.st.st_nlink == 0) continue;  // replaced between open and fstat
     if (auto r = refuse_lock_file(f.st, dir.st, geteuid())) refused(dir, *r);
@@ -325,6 +333,9 @@ std::optional<bool> dir_intact(const LockDir& dir) {
   return sys::same_file(by_fd, by_path);
 }
 
+// Three stat calls (DIR by its descriptor, for a removal; DIR by its path
+// and the lock file by its name, for a replacement): a lock on a file that
+// was deleted or replaced protects nothing.
 IntactCheck lock_intact(const LockDir& dir, const LockFile& file) {
   IntactCheck c;
   for (auto check : {+[](const LockDir&d, const LockFile&) { return dir_intact(d); },

@@ -51,7 +51,6 @@ private:
   Verbosity verbosity_;
   LogFormat format_;
   int fd_;
-  long pid_;
   // Filled in by the run that owns the Logger, once known (a detail of what
   // is printed, not state the run depends on).
   mutable std::string lock_id_;

@@ -325,7 +325,7 @@ std::vector<pid_t> descendants(pid_t pid) {
     // Children are listed per thread; a single-threaded process has one,
     // whose tid is its pid (no directory listing needed).
     std::vector<std::string> tids{std::to_string(p)};
-    if (p != getpid()) tids = dir_entries(base);
+    if (p != pid) tids = dir_entries(base);  // the root: looplock itself, one thread
     for (const auto& tid : tids) {
       auto kids = sys::read_file(base + "/" + tid + "/children", 1 << 20);
       if (!kids) continue;

@@ -95,7 +95,8 @@ bool fd_holds_flock(pid_t pid, int fd, const struct stat& file, bool exclusive);
 bool parse_fdinfo_holds(std::string_view fdinfo, const struct stat& file, bool exclusive);
 
 // The descendants of `pid` (children, their children, ...), from
-// /proc/PID/task/TID/children.
+// /proc/PID/task/TID/children; `pid` is looplock itself, whose one thread
+// has its pid as tid (no listing of its task directory).
 std::vector<pid_t> descendants(pid_t pid);
 
 // Every pid in /proc.

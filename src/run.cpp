@@ -57,7 +57,7 @@ Exit Run::run() {
 // else the cluster lock first and the local one second, always in that
 // order, so that two hosts never wait for each other crosswise.
 void Run::open() {
-  inherited_ = take_signal_control();
+  inherited_ = take_signal_control(ctx_.pid);
   dir_ = open_lock_dir(o_.dir);
   if (auto fs = network_file_system(dir_.fd.get())) {
     log_.warn("network_file_system", o_.dir + " is on a network file system (" + *fs +
@@ -127,7 +127,7 @@ JobEnd Run::run_job() {
   try {
     export_deadline();
     if (o_.no_fork) exec_command(spec_, inherited_);
-    JobEnd job = run_command(spec_, inherited_, log_);
+    JobEnd job = run_command(spec_, inherited_, log_, ctx_.pid);
     facts_.ran_ns = job.ended_ns - job.started_ns;
     return job;
   } catch (const Fatal& f) {
@@ -148,8 +148,11 @@ void Run::export_deadline() {
     const long long own = sys::realtime_ms() + *o_.max_time_ns / 1'000'000;
     at = at ? std::min(*at, own) : own;
   }
-  spec_.env = at ? env_with(spec_.env, {{env_name::kDeadline, format_deadline(*at)}})
-                 : env_with(spec_.env, {}, {env_name::kDeadline});
+  if (at) {
+    env_set(spec_.env, {{env_name::kDeadline, format_deadline(*at)}});
+  } else {
+    env_set(spec_.env, {}, {env_name::kDeadline});
+  }
 }
 
 void Run::abandon_locks() {
@@ -197,7 +200,7 @@ bool Run::counts(const LedgerLook& look, const Lock& lock, bool locked) const {
   const std::string ledger = lock.ledger_name();
   if (look.damaged && locked) {
     log_.warn("ledger_damaged", ledger + ": the entry of " + quote(o_.operation) +
-                                        " is damaged; it does not count, and this run rewrites it");
+                                    " is damaged; it does not count, and this run rewrites it");
   }
   const SlotVerdict v = judge_slot(look.entry, ctx_.start_wall_ms, *o_.once_per_ns / 1'000'000);
   if ((v.slot == Slot::Damaged && locked) || (v.ahead_ms > 0 && v.slot == Slot::Done)) {
@@ -238,8 +241,8 @@ std::optional<Conclusion> Run::ran_instead_of_conflict(Lock& lock, const Blocker
   const RunEntry& e = *look.entry;
   const SlotVerdict v = judge_slot(e, ctx_.start_wall_ms, *o_.once_per_ns / 1'000'000);
   if (v.slot == Slot::Done && counts(look, lock, false)) return already_run(e, nullptr, lock);
-  const bool holder = std::find(b.holder_ids.begin(), b.holder_ids.end(), std::pair{e.host, e.pid}) !=
-                      b.holder_ids.end();
+  const bool holder =
+      std::find(b.holder_ids.begin(), b.holder_ids.end(), std::pair{e.host, e.pid}) != b.holder_ids.end();
   if (v.slot == Slot::Running && holder) return already_run(e, &b, lock);
   return std::nullopt;
 }

@@ -36,7 +36,11 @@ void change(InheritedSignals& in, int sig, const struct sigaction& to) {
 
 }  // namespace
 
-InheritedSignals take_signal_control() {
+// Seven system calls, each for the command's sake or for looplock's while it
+// holds the lock: the mask read (the command gets it back), RLIMIT_CORE read
+// and lowered, three dispositions set, and the signals that end a wait
+// unblocked (the header says why each).
+InheritedSignals take_signal_control(pid_t self) {
   InheritedSignals in;
   if (sigprocmask(SIG_SETMASK, nullptr, &in.mask) != 0) {
     fail_errno(exit_code::kOsError, "cannot read the signal mask", errno);
@@ -53,7 +57,7 @@ InheritedSignals take_signal_control() {
   change(in, SIGCHLD, action(SIG_DFL));
   change(in, SIGPIPE, action(SIG_IGN));
   change(in, SIGXFSZ, action(SIG_IGN));
-  if (getpid() == 1) {
+  if (self == 1) {
     for (int s : kEndingSignals) {
       struct sigaction now {};
       if (sigaction(s, nullptr, &now) == 0 && now.sa_handler == SIG_DFL) change(in, s, action(end_as_pid1));
@@ -80,11 +84,11 @@ struct Named {
   int sig;
 };
 constexpr Named kNames[] = {
-    {"HUP", SIGHUP},   {"INT", SIGINT},       {"QUIT", SIGQUIT},   {"ILL", SIGILL},   {"TRAP", SIGTRAP},
-    {"ABRT", SIGABRT}, {"BUS", SIGBUS},       {"FPE", SIGFPE},     {"KILL", SIGKILL}, {"USR1", SIGUSR1},
-    {"SEGV", SIGSEGV}, {"USR2", SIGUSR2},     {"PIPE", SIGPIPE},   {"ALRM", SIGALRM}, {"TERM", SIGTERM},
+    {"HUP", SIGHUP},       {"INT", SIGINT},   {"QUIT", SIGQUIT},   {"ILL", SIGILL},   {"TRAP", SIGTRAP},
+    {"ABRT", SIGABRT},     {"BUS", SIGBUS},   {"FPE", SIGFPE},     {"KILL", SIGKILL}, {"USR1", SIGUSR1},
+    {"SEGV", SIGSEGV},     {"USR2", SIGUSR2}, {"PIPE", SIGPIPE},   {"ALRM", SIGALRM}, {"TERM", SIGTERM},
     {"STKFLT", SIGSTKFLT}, {"CHLD", SIGCHLD}, {"CONT", SIGCONT},   {"STOP", SIGSTOP}, {"TSTP", SIGTSTP},
-    {"TTIN", SIGTTIN}, {"TTOU", SIGTTOU},     {"URG", SIGURG},     {"XCPU", SIGXCPU}, {"XFSZ", SIGXFSZ},
+    {"TTIN", SIGTTIN},     {"TTOU", SIGTTOU}, {"URG", SIGURG},     {"XCPU", SIGXCPU}, {"XFSZ", SIGXFSZ},
     {"VTALRM", SIGVTALRM}, {"PROF", SIGPROF}, {"WINCH", SIGWINCH}, {"IO", SIGIO},     {"PWR", SIGPWR},
     {"SYS", SIGSYS},
 };
@@ -101,7 +105,8 @@ std::optional<int> parse_signal(std::string_view text) {
   for (const auto& n : kNames) {
     if (t == n.name) return n.sig;
   }
-  if (t.starts_with("RTMIN+") && t.size() > 6 && t.size() < 9 && t.find_first_not_of("0123456789", 6) == std::string::npos) {
+  if (t.starts_with("RTMIN+") && t.size() > 6 && t.size() < 9 &&
+      t.find_first_not_of("0123456789", 6) == std::string::npos) {
     const int n = SIGRTMIN + std::stoi(t.substr(6));
     return n <= SIGRTMAX ? std::optional<int>(n) : std::nullopt;
   }

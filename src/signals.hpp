@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <optional>
 #include <string>
@@ -40,8 +41,9 @@ struct InheritedSignals {
 //   container's entrypoint), where a signal at its default action is never
 //   delivered, they get a handler that ends looplock with 128+N, as tini does.
 //   A signal the caller ignored stays ignored.
-// Throws Fatal 71 if the signal state cannot be set.
-InheritedSignals take_signal_control();
+// `self` is looplock's pid (1: the entrypoint of a pid namespace). Throws
+// Fatal 71 if the signal state cannot be set.
+InheritedSignals take_signal_control(pid_t self = getpid());
 
 // Puts back what the command must start with: the inherited dispositions,
 // core-file limit and mask. Async-signal-safe (it runs between vfork and

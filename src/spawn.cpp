@@ -152,11 +152,10 @@ SignalSets block_signals() {
 // purpose and the inherited signal state restored. Returns its pid, and in
 // `has_terminal` whether it got the terminal.
 pid_t start_job(const CommandSpec& spec, const InheritedSignals& inherited, const Terminal& tty, const Logger& log,
-                bool& has_terminal) {
+                pid_t parent, bool& has_terminal) {
   auto argv = c_strings(spec.argv);
   auto envp = c_strings(spec.env);
   const bool give_terminal = tty.looplock_in_foreground();
-  const pid_t parent = getpid();
 
   // vfork: the child borrows looplock's memory until it has exec'd (or
   // failed to), which is cheaper than copying it, and reports a failure
@@ -213,13 +212,14 @@ pid_t start_job(const CommandSpec& spec, const InheritedSignals& inherited, cons
 // and pass it on to the job.
 class Supervisor {
 public:
-  Supervisor(const CommandSpec& spec, const Logger& log, const SignalSets& signals, Job& job, JobEnd& end, bool has_tty)
+  Supervisor(const CommandSpec& spec, const Logger& log, const SignalSets& signals, Job& job, JobEnd& end, bool has_tty,
+             pid_t parent)
       : spec_(spec),
         log_(log),
         signals_(signals),
         job_(job),
         end_(end),
-        parent_(getpid()),
+        parent_(parent),
         wait_flags_(WNOHANG | (has_tty ? WUNTRACED : 0)),
         lease_live_(spec.lease != nullptr) {
     if (spec.max_time_ns && *spec.max_time_ns > 0) max_time_at_ = later(end.started_ns, *spec.max_time_ns);
@@ -329,11 +329,8 @@ private:
           terminate(JobEnd::EndedBy::Lease, std::min(spec_.lease->kill_by_ns(), sys::monotonic_ns() + kill_after));
         }
         return;
-      case JobAction::Warn:
-        warn(now);
-        return;
-      case JobAction::None:
-        return;
+      case JobAction::Warn: warn(now); return;
+      case JobAction::None: return;
     }
   }
 
@@ -341,11 +338,12 @@ private:
   void warn(long long now) {
     const bool by_lease = max_time_at_ == 0 || (lease_live_ && spec_.lease->term_by_ns() < max_time_at_);
     const long long term_at = by_lease ? spec_.lease->term_by_ns() : max_time_at_;
-    log_.warn("warned",
-              "sent " + signal_name(spec_.warn_signal) + " to the job: " +
-                  (by_lease ? "the lease's renewals are failing, and its TERM comes in " : "--max-time's TERM comes in ") +
-                  format_duration(term_at - now) + " (--warn-before)",
-              {{"signal", signal_name(spec_.warn_signal)}, {"term_in_ms", (term_at - now) / 1'000'000}});
+    log_.warn(
+        "warned",
+        "sent " + signal_name(spec_.warn_signal) + " to the job: " +
+            (by_lease ? "the lease's renewals are failing, and its TERM comes in " : "--max-time's TERM comes in ") +
+            format_duration(term_at - now) + " (--warn-before)",
+        {{"signal", signal_name(spec_.warn_signal)}, {"term_in_ms", (term_at - now) / 1'000'000}});
     job_.signal(spec_.warn_signal);
     end_.signalled = true;
     end_.warned_ns = now;
@@ -421,20 +419,22 @@ int exec_failure_status(int err) {
   return (err == ENOENT || err == ENOTDIR || err == ENAMETOOLONG) ? exit_code::kNotFound : exit_code::kNotExecutable;
 }
 
-JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log) {
+JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log, pid_t self) {
   const SignalSets signals = block_signals();
   // Orphans of the job are reparented to looplock and reaped here: that
   // keeps the job's processes findable (a lock they keep is reported) and,
   // as PID 1 of a pid namespace, reaps what would otherwise pile up.
   (void)prctl(PR_SET_CHILD_SUBREAPER, 1);
+  // Which of stdin, stdout and stderr is looplock's controlling terminal
+  // (tcgetpgrp(3) each, until one is): the job gets it and gives it back.
   const Terminal tty = Terminal::find();
   bool has_terminal = false;
-  const pid_t child = start_job(spec, inherited, tty, log, has_terminal);
+  const pid_t child = start_job(spec, inherited, tty, log, self, has_terminal);
   JobEnd end;
   end.started_ns = sys::monotonic_ns();
   end.pgid = child;
   Job job(child, tty, has_terminal);
-  Supervisor(spec, log, signals, job, end, tty.present()).run();
+  Supervisor(spec, log, signals, job, end, tty.present(), self).run();
   return end;
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <optional>
@@ -71,15 +72,16 @@ struct JobEnd {
   long long ended_ns = 0;      // when the whole job had ended
   pid_t pgid = 0;              // the job's process group
   bool signalled = false;      // looplock sent the job's group a signal (forwarded, TERM or KILL of its own)
-  long long warned_ns = 0;      // when the --warn-before signal was sent (0: not sent)
-  int warn_signal = 0;          // which
+  long long warned_ns = 0;     // when the --warn-before signal was sent (0: not sent)
+  int warn_signal = 0;         // which
 };
 
 // Starts the command and supervises it until it has ended (and, when
 // looplock ended it, until its whole process group has), leaving every signal
-// blocked. Throws Fatal 71 if it cannot be started safely, 126/127 if the
-// command cannot be executed (after reaping the child).
-JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log);
+// blocked. `self` is looplock's pid. Throws Fatal 71 if it cannot be started
+// safely, 126/127 if the command cannot be executed (after reaping the child).
+JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log,
+                   pid_t self = getpid());
 
 // Replaces looplock with the command (-F). Returns only by throwing Fatal.
 [[noreturn]] void exec_command(const CommandSpec& spec, const InheritedSignals& inherited);

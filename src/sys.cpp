@@ -5,6 +5,7 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <ctime>
 
@@ -23,42 +24,39 @@ bool write_all(int fd, std::string_view data) {
   return true;
 }
 
+namespace {
+// Reads go straight into the result, in chunks of this size (no buffer on
+// the stack: a fresh stack page costs a run a page fault).
+constexpr size_t kChunk = 4096;
+}  // namespace
+
 std::optional<std::string> pread_all(int fd, size_t limit) {
   std::string out;
-  char buf[8192];
-  off_t offset = 0;
   while (out.size() < limit) {
-    size_t want = std::min(sizeof buf, limit - out.size());
-    ssize_t n = retry_eintr([&] { return ::pread(fd, buf, want, offset); });
-    if (n < 0) {
-      return std::nullopt;
-    }
-    if (n == 0) {
-      break;
-    }
-    out.append(buf, static_cast<size_t>(n));
-    offset += n;
+    const size_t have = out.size();
+    const size_t want = std::min(kChunk, limit - have);
+    out.resize(have + want);
+    const ssize_t n = retry_eintr([&] { return ::pread(fd, out.data() + have, want, static_cast<off_t>(have)); });
+    if (n < 0) return std::nullopt;
+    out.resize(have + static_cast<size_t>(n));
+    if (n == 0) break;
   }
   return out;
 }
 
 std::optional<std::string> read_file(const std::string& path, size_t limit) {
   UniqueFd fd(retry_eintr([&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY); }));
-  if (!fd) {
-    return std::nullopt;
-  }
+  if (!fd) return std::nullopt;
   // /proc files report size 0 and must be read sequentially, not with pread.
   std::string out;
-  char buf[8192];
   while (out.size() < limit) {
-    ssize_t n = retry_eintr([&] { return ::read(fd.get(), buf, sizeof buf); });
-    if (n < 0) {
-      return std::nullopt;
-    }
-    if (n == 0) {
-      break;
-    }
-    out.append(buf, static_cast<size_t>(n));
+    const size_t have = out.size();
+    const size_t want = std::min(kChunk, limit - have);
+    out.resize(have + want);
+    const ssize_t n = retry_eintr([&] { return ::read(fd.get(), out.data() + have, want); });
+    if (n < 0) return std::nullopt;
+    out.resize(have + static_cast<size_t>(n));
+    if (n == 0) break;
   }
   return out;
 }

@@ -366,3 +366,24 @@ TEST_CASE("encode_holder writes exactly what nlohmann-json makes of holder_to_js
     CHECK(looplock::encode_holder(r) == body + R"(,"check":")" + looplock::holder_check(body) + "\"}\n");
   }
 }
+
+TEST_CASE("the record's strings are escaped as the JSON encoder escapes them, plain ones without it") {
+  const std::vector<std::string> values = {"cron",         "",
+                                           "a\"b",         "back\\slash",
+                                           "tab\there",    "new\nline",
+                                           "\x7f",         "caf\xc3\xa9",
+                                           "bad\xff utf8", std::string("nul\0x", 5),
+                                           "/slash/",      "~!@#$%^&*()_+{}|:<>?",
+                                           "\x1f"};
+  for (const auto& v : values) {
+    CAPTURE(v);
+    HolderRecord r = sample();
+    r.agent_id = v;
+    r.operation = v + "-op";
+    const std::string text = looplock::encode_holder(r);
+    CHECK(text.substr(0, text.find(R"(,"check":")")) + "}" == looplock::dump_json(looplock::holder_to_json(r)));
+    auto back = looplock::parse_holder(text);
+    REQUIRE(back);
+    CHECK(back->agent_id == looplock::Json::parse(looplock::dump_json(looplock::Json(v))).get<std::string>());
+  }
+}
