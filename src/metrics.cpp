@@ -2,11 +2,14 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <charconv>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -132,8 +135,11 @@ std::string_view outcome_name(RunOutcome o) {
 }
 
 std::string label_value(std::string_view raw) {
-  // Valid UTF-8 first: nlohmann-json's replacing dump, read back.
-  const std::string valid = Json::parse(dump_json(Json(clip_bytes(std::string(raw))))).get<std::string>();
+  // Valid UTF-8 first: nlohmann-json's replacing dump, read back; a value of
+  // printable ASCII (the usual operation and loop names) is valid as it is.
+  const std::string clipped = clip_bytes(std::string(raw));
+  const bool ascii = std::all_of(clipped.begin(), clipped.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
+  const std::string valid = ascii ? clipped : Json::parse(dump_json(Json(clipped))).get<std::string>();
   std::string out;
   out.reserve(valid.size());
   for (char c : valid) {
@@ -150,21 +156,25 @@ std::string label_value(std::string_view raw) {
 }
 
 std::string render_metrics(const MetricsFile& f) {
+  std::map<std::string, std::string> label_of;  // by operation, escaped once
+  for (const auto& [op, series] : f.operations) label_of.emplace(op, labels(f, op));
   std::string out;
+  out.reserve(1024 + f.operations.size() * 1536);
   out += "# HELP looplock_runs_total Runs of looplock on this lock, by how they ended.\n";
   out += "# TYPE looplock_runs_total counter\n";
   for (const auto& [op, series] : f.operations) {
     for (RunOutcome o : kAllOutcomes) {
       auto it = series.runs.find(o);
-      out += std::string(kRunsName) + "{" + labels(f, op) + ",outcome=\"" + std::string(outcome_name(o)) + "\"} " +
-             number(it == series.runs.end() ? 0 : it->second, false) + "\n";
+      out.append(kRunsName).append("{").append(label_of.at(op)).append(",outcome=\"").append(outcome_name(o));
+      out.append("\"} ").append(number(it == series.runs.end() ? 0 : it->second, false)).append("\n");
     }
   }
   for (const auto& g : kGauges) {
-    out += std::string("# HELP ") + g.name + " " + g.help + "\n";
-    out += std::string("# TYPE ") + g.name + " gauge\n";
+    out.append("# HELP ").append(g.name).append(" ").append(g.help).append("\n");
+    out.append("# TYPE ").append(g.name).append(" gauge\n");
     for (const auto& [op, series] : f.operations) {
-      out += std::string(g.name) + "{" + labels(f, op) + "} " + number(series.*g.field, g.timestamp) + "\n";
+      out.append(g.name).append("{").append(label_of.at(op)).append("} ");
+      out.append(number(series.*g.field, g.timestamp)).append("\n");
     }
   }
   return out;
@@ -202,8 +212,86 @@ void add_run(MetricsFile& f, const RunMetrics& run) {
   s.last_wait = run.wait_s;
 }
 
+namespace {
+
+std::string failed(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+// Where the collector's file is replaced: DIR's descriptor, the file's name,
+// and DIR as given (for messages).
+struct Place {
+  int dirfd;
+  const std::string& name;
+  const std::string& dir;
+};
+
+// The kept staging file, DIR/.looplock_<lock_id>.prom.next: written in
+// place, then swapped with the collector's file by one
+// renameat2(RENAME_EXCHANGE), so that no inode is created or freed (on ext4
+// each is a journal transaction: most of what a metrics update cost). The
+// inode it writes into was the collector's file until the last swap; a
+// reader may still have it open, and must never see it rewritten under it:
+// a write lease (F_SETLEASE F_WRLCK), which the kernel grants only when no
+// other descriptor has the file open, proves nobody does (taken and dropped
+// at once: the file cannot be opened by the collector's name meanwhile).
+// Returns true once the file is in place (`err` empty) or when a write
+// failed (`err` says why); false when the staging file cannot be used here
+// (another user's, no leases on this file system, a reader holds it, no
+// RENAME_EXCHANGE): the caller replaces the file the old way.
+bool swap_in(const Place& at, const std::string& text, std::string& err) {
+  const std::string staging = "." + at.name + ".next";
+  UniqueFd fd(sys::retry_eintr([&] {
+    return openat(at.dirfd, staging.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, 0644);
+  }));
+  struct stat st {};
+  if (!fd || fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) return false;
+  // A broken lease would be signalled to looplock: with URG, whose default
+  // action is to ignore it.
+  if (fcntl(fd.get(), F_SETSIG, SIGURG) != 0 || fcntl(fd.get(), F_SETLEASE, F_WRLCK) != 0) return false;
+  (void)fcntl(fd.get(), F_SETLEASE, F_UNLCK);
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = sys::retry_eintr(
+        [&] { return pwrite(fd.get(), text.data() + done, text.size() - done, static_cast<off_t>(done)); });
+    if (n < 0) {
+      err = failed("cannot write " + at.dir + "/" + staging);
+      return true;
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (static_cast<size_t>(st.st_size) > text.size() &&
+      sys::retry_eintr([&] { return ftruncate(fd.get(), static_cast<off_t>(text.size())); }) != 0) {
+    err = failed("cannot write " + at.dir + "/" + staging);
+    return true;
+  }
+  if (renameat2(at.dirfd, staging.c_str(), at.dirfd, at.name.c_str(), RENAME_EXCHANGE) == 0) return true;
+  if (errno == EINVAL || errno == ENOSYS) return false;  // no RENAME_EXCHANGE here
+  // No collector's file yet (the first run, or it was deleted): the staging
+  // file becomes it, and the next run makes a new one.
+  if (errno == ENOENT && renameat(at.dirfd, staging.c_str(), at.dirfd, at.name.c_str()) == 0) return true;
+  err = failed("cannot rename " + staging + " to " + at.dir + "/" + at.name);
+  return true;
+}
+
+// The file replaced by a new one: a temporary file renamed over it.
+std::string replace_by_rename(const Place& at, const std::string& text) {
+  const std::string tmp = "." + at.name + "." + std::to_string(getpid()) + ".tmp";
+  UniqueFd out(sys::retry_eintr([&] {
+    return openat(at.dirfd, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0644);
+  }));
+  if (!out) return failed("cannot create " + at.dir + "/" + tmp);
+  std::string err;
+  if (!sys::write_all(out.get(), text)) err = failed("cannot write " + at.dir + "/" + tmp);
+  if (err.empty() && ::close(out.release()) != 0) err = failed("cannot write " + at.dir + "/" + tmp);
+  if (err.empty() && renameat(at.dirfd, tmp.c_str(), at.dirfd, at.name.c_str()) != 0) {
+    err = failed("cannot rename " + tmp + " to " + at.dir + "/" + at.name);
+  }
+  if (!err.empty()) unlinkat(at.dirfd, tmp.c_str(), 0);
+  return err;
+}
+
+}  // namespace
+
 std::string update_metrics_file(const std::string& dir, const RunMetrics& run) {
-  auto failed = [&](const std::string& what) { return what + ": " + std::strerror(errno); };
   UniqueFd dirfd(sys::retry_eintr([&] { return ::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC); }));
   if (!dirfd) return failed("cannot open the metrics directory " + dir);
   const std::string name = file_name(run.lock_id);
@@ -230,20 +318,10 @@ std::string update_metrics_file(const std::string& dir, const RunMetrics& run) {
   }
   add_run(f, run);
   const std::string text = render_metrics(f);
-
-  const std::string tmp = "." + name + "." + std::to_string(getpid()) + ".tmp";
-  UniqueFd out(sys::retry_eintr([&] {
-    return openat(dirfd.get(), tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0644);
-  }));
-  if (!out) return failed("cannot create " + dir + "/" + tmp);
+  const Place at{dirfd.get(), name, dir};
   std::string err;
-  if (!sys::write_all(out.get(), text)) err = failed("cannot write " + dir + "/" + tmp);
-  if (err.empty() && ::close(out.release()) != 0) err = failed("cannot write " + dir + "/" + tmp);
-  if (err.empty() && renameat(dirfd.get(), tmp.c_str(), dirfd.get(), name.c_str()) != 0) {
-    err = failed("cannot rename " + tmp + " to " + dir + "/" + name);
-  }
-  if (!err.empty()) unlinkat(dirfd.get(), tmp.c_str(), 0);
-  return err;
+  if (swap_in(at, text, err)) return err;
+  return replace_by_rename(at, text);
 }
 
 }  // namespace looplock

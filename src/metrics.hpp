@@ -1,10 +1,13 @@
 // --metrics-dir: one Prometheus node_exporter textfile per lock,
-// DIR/looplock_<lock_id>.prom, rewritten after every run (temporary file and
-// rename in DIR, so the collector never reads half a file). Counters carry
-// over from the previous file; the read-modify-write is serialised with a
-// flock(2) on a sibling file, DIR/.looplock_<lock_id>.prom.lock, so that no
-// increment is lost when many runs end at once. Series are labelled with
-// lock_id, loop (DIR's base name, never a path) and operation.
+// DIR/looplock_<lock_id>.prom, rewritten after every run: written whole into
+// a kept staging file, DIR/.looplock_<lock_id>.prom.next, and swapped in with
+// renameat2(RENAME_EXCHANGE), so that the collector never reads half a file
+// and no inode is created or freed (metrics.cpp says when a temporary file
+// and a rename are used instead). Counters carry over from the previous
+// file; the read-modify-write is serialised with a flock(2) on a sibling
+// file, DIR/.looplock_<lock_id>.prom.lock, so that no increment is lost when
+// many runs end at once. Series are labelled with lock_id, loop (DIR's base
+// name, never a path) and operation.
 #pragma once
 
 #include <map>

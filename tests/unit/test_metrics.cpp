@@ -2,7 +2,9 @@
 
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <string>
 #include <thread>
@@ -106,6 +108,69 @@ TEST_CASE("update_metrics_file carries counters over and leaves only the file") 
   CHECK(stat((dir / ".looplock_0123456789abcdef.prom.lock").c_str(), &st) == 0);
   CHECK(stat((dir / ("." + std::string("looplock_0123456789abcdef.prom.") + std::to_string(getpid()) + ".tmp")).c_str(),
              &st) != 0);
+}
+
+namespace {
+ino_t inode_of(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0 ? st.st_ino : 0;
+}
+}  // namespace
+
+TEST_CASE("an update swaps a kept staging file with the collector's: no inode is made or freed") {
+  TempDir dir;
+  const std::string live = dir / "looplock_0123456789abcdef.prom";
+  const std::string staging = dir / ".looplock_0123456789abcdef.prom.next";
+  REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Success)) == "");
+  REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Success)) == "");
+  // From the second update on, the two inodes trade places.
+  for (int round = 0; round < 3; ++round) {
+    const ino_t was_live = inode_of(live);
+    const ino_t was_staging = inode_of(staging);
+    REQUIRE(was_live != 0);
+    REQUIRE(was_staging != 0);
+    REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Failure)) == "");
+    CHECK(inode_of(live) == was_staging);
+    CHECK(inode_of(staging) == was_live);
+  }
+  auto text = testutil::slurp(live);
+  REQUIRE(text);
+  const MetricsFile parsed = looplock::parse_metrics(*text);
+  const auto& runs = parsed.operations.at("tick.py").runs;
+  CHECK(runs.at(RunOutcome::Success) == 2);
+  CHECK(runs.at(RunOutcome::Failure) == 3);
+  // A staging file longer than the new text is cut to it.
+  REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Success, std::string(200, 'o'))) == "");
+  REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Success)) == "");
+  REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Success)) == "");
+  text = testutil::slurp(live);
+  REQUIRE(text);
+  CHECK(text->back() == '\n');
+  CHECK(looplock::render_metrics(looplock::parse_metrics(*text)) == *text);
+}
+
+TEST_CASE("a file a reader holds open is never rewritten under it") {
+  TempDir dir;
+  const std::string live = dir / "looplock_0123456789abcdef.prom";
+  for (int i = 0; i < 3; ++i) REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Success)) == "");
+  const auto before = testutil::slurp(live);
+  REQUIRE(before);
+  // The collector opened the file, and is slow to read it: two updates
+  // land meanwhile. The first makes what it holds the staging file; the
+  // second must not write into it.
+  const int held = ::open(live.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(held >= 0);
+  REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Failure)) == "");
+  REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Failure)) == "");
+  char buf[8192];
+  const ssize_t n = ::pread(held, buf, sizeof buf, 0);
+  ::close(held);
+  REQUIRE(n > 0);
+  CHECK(std::string(buf, static_cast<size_t>(n)) == *before);
+  // And the updates were not lost: both are in the collector's file.
+  const auto after = testutil::slurp(live);
+  REQUIRE(after);
+  CHECK(looplock::parse_metrics(*after).operations.at("tick.py").runs.at(RunOutcome::Failure) == 2);
 }
 
 TEST_CASE("concurrent updates lose no increment") {
