@@ -35,6 +35,8 @@ constexpr long long kReleaseNs = 2 * kSec;
 constexpr long long kLostReleaseNs = kSec;
 // After a renewal round that got no answer, the next one is due this soon.
 constexpr long long kRenewRetryNs = 25 * kMs;
+// How early a waiter renews (more than etcd.cpp's slack for ending a watch).
+constexpr long long kRenewEarlyNs = 250 * kMs;
 // A password file is a line, not a document.
 constexpr size_t kMaxPasswordFile = 4096;
 
@@ -218,7 +220,8 @@ bool ClusterLock::grant(long long deadline_ns, etcd::Result<long long>& r) {
   why_.clear();
   last_ok_ns_ = r.sent_ns;
   ttl_granted_ns_ = lease_timing::ttl_ns(ttl_s_);
-  next_renewal_ns_ = r.sent_ns + lease_timing::renewal_interval_ns(ttl_s_);
+  renewal_ns_ = lease_timing::waiter_renewal_ns(ttl_s_);  // holding, hold() renews more often
+  next_renewal_ns_ = r.sent_ns + renewal_ns_;
   keys_.clear();
   for (const auto& p : prefixes_) keys_.push_back(p + etcd::lease_hex(lease_));
   key_ = keys_.front();
@@ -283,6 +286,7 @@ Acquisition ClusterLock::acquire(const WaitPlan& plan, long long start_ns, Clust
   if (t.value.succeeded) {
     token_ = t.value.revision;
     ledger_at_acquisition_ = std::move(ledger_read);
+    hold();
     return Acquisition::Acquired;
   }
   const auto others = etcd::contenders(prefixes_, t.value.ranges);
@@ -304,6 +308,7 @@ Acquisition ClusterLock::acquire(const WaitPlan& plan, long long start_ns, Clust
     if (mine != 0 && !queue.empty() && queue.front().create_revision == mine) {
       token_ = mine;
       ledger_at_acquisition_ = std::move(queued_ledger_read);
+      hold();
       return Acquisition::Acquired;
     }
     if (!queue.empty() && queue.front().create_revision != mine) blocker_ = holder_of(queue.front(), now() + kSec);
@@ -314,15 +319,23 @@ Acquisition ClusterLock::acquire(const WaitPlan& plan, long long start_ns, Clust
   return Acquisition::Busy;
 }
 
+void ClusterLock::hold() {
+  renewal_ns_ = lease_timing::holder_renewal_ns(ttl_s_, kill_after_ns_);
+  next_renewal_ns_ = std::min(next_renewal_ns_, last_ok_ns_ + renewal_ns_);
+}
+
 bool ClusterLock::acquired(long long revision, bool waited) {
   token_ = revision;
   update_value_ = waited;
   if (waited) acquired_at_ = sys::utc_now_iso8601();
-  // Hand the command a full window: after a wait whose renewals failed, the
-  // lease is renewed first (not on the uncontended path, where it is fresh).
-  if (now() >= next_renewal_ns_) {
-    if (!renew(term_by_ns())) return false;
-  }
+  // Hand the command a full window: after a wait whose renewals failed (the
+  // lease is older than a waiter's interval), the lease is renewed first.
+  // Otherwise the command starts at once, and a holder's renewal that is
+  // due already (a holder renews more often than a waiter) comes first
+  // thing in the job loop, off the hand-off's path.
+  const bool overdue = now() >= last_ok_ns_ + lease_timing::waiter_renewal_ns(ttl_s_);
+  hold();
+  if (overdue && !renew(term_by_ns())) return false;
   return true;
 }
 
@@ -354,7 +367,7 @@ ClusterLock::Step ClusterLock::place(Queue& q, const std::vector<etcd::KeyValue>
 // Every step of a wait ends by the next renewal: the lease is our place in
 // the queue. One that expired meanwhile queues again.
 void ClusterLock::renew_in_queue(Queue& q, long long t0, long long deadline) {
-  if (!renew(std::min(deadline, t0 + lease_timing::renewal_interval_ns(ttl_s_)))) {
+  if (!renew(std::min(deadline, t0 + renewal_ns_))) {
     log_.verbose("lease_expired", "the etcd lease expired while waiting for cluster lock " + printable(name_) +
                                       " (etcd did not answer for too long): queuing again");
     lease_ = 0;
@@ -441,9 +454,9 @@ ClusterLock::LedgerEntry ClusterLock::ledger(long long deadline_ns) {
 }
 
 bool ClusterLock::write_ledger(const RunEntry& entry, long long deadline_ns) {
-  auto t = client_.txn(etcd::guarded_put_txn_body(keys_.at(0), token_, ledger_key_, ledger_mod_,
-                                                  dump_json(run_entry_to_json(entry))),
-                       {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
+  auto t = client_.txn(
+      etcd::guarded_put_txn_body(keys_.at(0), token_, ledger_key_, ledger_mod_, dump_json(run_entry_to_json(entry))),
+      {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
   if (!t.ok()) {
     last_error_ = t.error;
     return false;
@@ -473,9 +486,14 @@ ClusterLock::Step ClusterLock::read_queue(Queue& q, long long step_end) {
 }
 
 // Waits for the deletion of the key before ours (its holder's release, or
-// its lease's expiry), at most until the next renewal.
+// its lease's expiry), at most until the next renewal. etcd ends the watch
+// then itself, on the kept connection: a round that brought no news is
+// followed, after the renewal, by the same watch from the same revision
+// (nothing that happened in between is missed), without reading the queue
+// again. The news, a canceled watch or a failure read the queue again.
 void ClusterLock::watch_before(Queue& q, long long step_end) {
   auto w = client_.watch_delete(q.before->key, q.watch_from, {step_end, 0});
+  if (w.ok() && !w.value) return;  // no news: the same watch next round
   q.before.reset();
   if (!w.ok() && w.status != etcd::Status::Timeout) note_unavailable(w.error);
 }
@@ -499,12 +517,14 @@ Acquisition ClusterLock::wait_in_queue(bool bounded, long long deadline) {
   for (bool first = true;; first = false) {
     const long long t0 = now();
     if (!first && bounded && t0 >= deadline) break;
-    if (!first && lease_ != 0 && t0 >= next_renewal_ns_) {
+    // Renewals come a little early while waiting: etcd ends each watch round
+    // a moment before the renewal is due (etcd.hpp), and the renewal follows.
+    if (!first && lease_ != 0 && t0 + kRenewEarlyNs >= next_renewal_ns_) {
       renew_in_queue(q, t0, deadline);
       continue;
     }
     long long step_end =
-        std::min(lease_ != 0 ? next_renewal_ns_ : t0 + lease_timing::renewal_interval_ns(ttl_s_), deadline);
+        std::min(lease_ != 0 ? next_renewal_ns_ : t0 + lease_timing::waiter_renewal_ns(ttl_s_), deadline);
     step_end = std::max(step_end, t0 + (first ? kMinAttemptNs : kRenewRetryNs));  // -w 0: one attempt
     if (lease_ == 0) {
       etcd::Result<long long> granted;
@@ -540,7 +560,7 @@ bool ClusterLock::renew(long long return_by_ns, const sigset_t* interrupt_on) {
     renewal_failing_ = false;
     last_ok_ns_ = std::max(last_ok_ns_, r.sent_ns);
     ttl_granted_ns_ = std::min(lease_timing::ttl_ns(ttl_s_), r.value * kSec);
-    next_renewal_ns_ = r.sent_ns + lease_timing::renewal_interval_ns(ttl_s_);
+    next_renewal_ns_ = r.sent_ns + renewal_ns_;
     last_error_.clear();
     if (update_value_ && now() < return_by_ns) {
       // After a wait: the value's acquired_at still says when it queued. Best

@@ -23,18 +23,30 @@
 // lease is gone: the fencing token (LOOPLOCK_FENCING_TOKEN, the lock key's
 // create revision, which only grows) lets the resource refuse it.
 //
-// The numbers (T = the TTL; the man page's CLUSTER section says the same):
-//   renewal: every T/12 (250 ms at --ttl 3, 833 ms at the default 10 s);
+// The numbers (T = the TTL; lease.hpp; the man page's CLUSTER section has
+// them by TTL):
+//   renewal while holding: every clamp(T - kill-after - margin - 2.5 s,
+//     T/12, T/3): 250 ms at --ttl 3, 1.42 s at 5, 3.33 s at the default 10;
+//   renewal while waiting: every T/3 (an expired waiter's lease only costs it
+//     its place in the queue);
 //   each attempt: T/10, at least 250 ms, at most 2 s, then the next endpoint
 //     (connects: 40 ms, doubling), a keepalive's never growing;
 //   margin: 200 ms + T/100 (230 ms at --ttl 3): waking up late, the KILL
 //     taking effect, a request cut short, and the clocks' rates;
 //   kill-after by default: T/6, at most 5 s (0.5 s at --ttl 3, 1.67 s at 10 s).
-// At --ttl 3 the lease then survives any outage that ends within
-// T − kill-after − margin − T/12 = 2.02 s of the renewal it interrupted
-// (less a retry pause, at most 75 ms): a 3-member cluster's leader election
-// (1–2 s with etcd's default election timeout; etcd extends its leases when
-// a new leader takes over) does not cost the lease.
+// A holder's lease then survives any outage that ends within
+// T - kill-after - margin - renewal of the renewal it interrupted: 2.5 s from
+// --ttl 5 up (4.7 s at 10), 2.02 s at --ttl 3 (less a retry pause, at most
+// 75 ms): a 3-member cluster's leader election (1-2 s with etcd's default
+// election timeout; etcd extends its leases when a new leader takes over)
+// does not cost the lease.
+//
+// Connections: one per run, kept (libcurl's cache), and one per wait: a
+// waiter's watch is bounded by etcd itself (the gateway's Grpc-Timeout,
+// etcd.hpp), so that the renewal and the next watch go on the same
+// connection; the news (the key before ours deleted) arrives while the
+// watch is open, and ending the watch then closes that connection (HTTP/1.1
+// cannot end one request otherwise): the run goes on with a new one.
 #pragma once
 
 #include <optional>
@@ -150,7 +162,7 @@ public:
   void set_ledger_operation(const std::string& operation);
   struct LedgerEntry {
     std::optional<RunEntry> entry;
-    bool damaged = false;       // a value that is not an entry
+    bool damaged = false;        // a value that is not an entry
     long long mod_revision = 0;  // 0: no key
   };
   // Without the lock (before queuing, or once a wait ended): nullopt when
@@ -206,6 +218,8 @@ private:
   // The ledger read a transaction ended with, taken off its ranges.
   std::optional<etcd::RangeResult> pop_ledger_read(etcd::TxnResult& r) const;
   bool acquired(long long revision, bool waited);
+  // The lock is ours: renew at the holder's interval from now on.
+  void hold();
   std::optional<Json> holder_of(const etcd::KeyValue& kv, long long deadline_ns);
   void note_unavailable(const std::string& error);
   void note_answering();
@@ -227,13 +241,14 @@ private:
   long long token_ = 0;
   long long last_ok_ns_ = 0;  // send time of the last answered grant or keepalive
   long long ttl_granted_ns_ = 0;
+  long long renewal_ns_ = 0;  // how often it renews: a waiter's interval, then a holder's (lease.hpp)
   long long next_renewal_ns_ = 0;
   bool gone_ = false;  // etcd said the lease is gone
   bool lost_ = false;  // the job loop declared it lost
   long long lost_at_ns_ = 0;
   bool update_value_ = false;  // acquired after waiting: the next renewal rewrites acquired_at
   std::string acquired_at_;
-  bool renewed_ = false;  // the last renew() renewed
+  bool renewed_ = false;          // the last renew() renewed
   bool renewal_failing_ = false;  // the last renewal round got no answer
   bool said_unavailable_ = false;
   bool unavailable_now_ = false;

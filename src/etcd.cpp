@@ -260,7 +260,8 @@ void add_reads(Json& ops, const std::vector<std::string>& prefixes) {
 namespace {
 // The read of `key` at the end of a transaction's operations, when asked for.
 void add_read_also(Json& ops, std::string_view key) {
-  if (!key.empty()) ops.push_back(Json{{"request_range", range_json({std::string(key), false, 0, RangeQuery::Order::None, 0})}});
+  if (!key.empty())
+    ops.push_back(Json{{"request_range", range_json({std::string(key), false, 0, RangeQuery::Order::None, 0})}});
 }
 }  // namespace
 
@@ -286,12 +287,15 @@ std::string create_if_free_txn_body(const std::vector<std::string>& keys, std::s
   Json failure = Json::array();
   add_reads(failure, prefixes);
   add_read_also(failure, also_read);
-  return dump_json(Json{{"compare", std::move(compare)}, {"success", std::move(success)}, {"failure", std::move(failure)}});
+  return dump_json(
+      Json{{"compare", std::move(compare)}, {"success", std::move(success)}, {"failure", std::move(failure)}});
 }
 
 std::string guarded_put_txn_body(std::string_view guard_key, long long guard_create_revision, std::string_view key,
                                  long long mod_revision, std::string_view value) {
-  Json mod{{"key", base64_encode(key)}, {"target", "MOD"}, {"result", "EQUAL"},
+  Json mod{{"key", base64_encode(key)},
+           {"target", "MOD"},
+           {"result", "EQUAL"},
            {"mod_revision", std::to_string(mod_revision)}};
   return dump_json(Json{{"compare", Json::array({create_revision_is(guard_key, guard_create_revision), mod})},
                         {"success", Json::array({Json{{"request_put", put_json(key, value, 0)}}})}});
@@ -441,8 +445,9 @@ WatchProgress parse_watch(std::string_view body) {
       w.malformed = true;
       return w;
     }
-    if (j.contains("error")) {  // a stream's error frame
+    if (j.contains("error")) {  // a stream's error frame: the stream has ended
       w.canceled = true;
+      w.ended = true;
       w.reason = j["error"].is_object() ? j["error"].value("message", std::string("error")) : "error";
       return w;
     }
@@ -504,6 +509,12 @@ constexpr long long kFirstPauseNs = 25'000'000LL;
 constexpr long long kMaxPauseNs = 400'000'000LL;
 // Attempt timeouts double each round, up to this many times the first.
 constexpr int kMaxAttemptDoublings = 3;
+// A stream the server ends itself (Request::server_timeout_ns) is asked to
+// end this long before the attempt's deadline, so that its end arrives in
+// time (a round trip and the server's own timer); with less room than the
+// least timeout, the client's deadline ends it (and its connection).
+constexpr long long kStreamEndSlackNs = 150'000'000LL;
+constexpr long long kMinServerTimeoutNs = 50'000'000LL;
 
 std::string answer_message(const std::optional<Json>& answer, const std::string& body) {
   if (answer) {
@@ -633,6 +644,11 @@ std::optional<Result<Json>> Client::attempt(const CallSpec& spec, bool with_toke
   req.deadline_ns = attempt_deadline;
   req.enough = spec.enough;
   req.fresh_connection = fresh_[i];
+  // The server ends the stream in time for this attempt to read its end.
+  if (spec.server_timeout_ns > 0) {
+    const long long room = attempt_deadline - begin - kStreamEndSlackNs;
+    req.server_timeout_ns = room >= kMinServerTimeoutNs ? std::min(spec.server_timeout_ns, room) : 0;
+  }
   req.interrupt_on = spec.deadline.interrupt_on;
   HttpResponse resp;
   std::string error;
@@ -816,11 +832,15 @@ Result<TxnResult> Client::txn(const std::string& body, Deadline d) {
 
 Result<bool> Client::watch_delete(std::string_view key, long long start_revision, Deadline d) {
   std::string raw;
+  // Read until the news, or until etcd ends the stream itself (its
+  // Grpc-Timeout): then the answer is complete and the connection is kept.
   auto enough = [](std::string_view body) {
     const WatchProgress w = parse_watch(body);
-    return w.deleted || w.canceled || w.malformed;
+    return w.deleted || (w.canceled && !w.ended) || w.malformed;
   };
-  Result<Json> answer = call({"/v3/watch", watch_delete_body(key, start_revision), d, true, enough, &raw});
+  CallSpec spec{"/v3/watch", watch_delete_body(key, start_revision), d, true, enough, &raw};
+  spec.server_timeout_ns = d.at_ns - clock_.now_ns();
+  Result<Json> answer = call(spec);
   Result<bool> r;
   r.status = answer.status;
   r.error = answer.error;

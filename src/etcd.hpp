@@ -192,6 +192,7 @@ struct WatchProgress {
   bool created = false;
   bool deleted = false;   // a DELETE event arrived
   bool canceled = false;  // etcd ended the watch (compacted, no leader, ...): read again
+  bool ended = false;     // the stream itself ended (an error frame: its Grpc-Timeout passed, ...)
   std::string reason;     // why it was canceled, when etcd says
   bool malformed = false;
 };
@@ -257,6 +258,12 @@ struct Request {
   // returns true for the body received so far. Null: the answer ends.
   std::function<bool(std::string_view body)> enough;
   bool fresh_connection = false;  // do not reuse a kept connection to this endpoint
+  // A stream's answer ends by itself after this long (0: never): etcd's
+  // gateway (gRPC-gateway) takes a Grpc-Timeout header as the call's
+  // deadline and then ends the answer with an error frame, so that the
+  // connection can carry the next request. (HTTP/1.1 has no other way to end
+  // one request on a connection but to close it.)
+  long long server_timeout_ns = 0;
   // Signals that end the exchange early once pending, blocked or not (null:
   // only those that would end looplock, see etcd_curl.cpp).
   const sigset_t* interrupt_on = nullptr;
@@ -320,8 +327,10 @@ public:
   Result<RangeResult> range(const RangeQuery& q, Deadline d);
   Result<TxnResult> txn(const std::string& body, Deadline d);
   // Waits until `key` is deleted (at or after `start_revision`): true, or
-  // false when etcd canceled the watch (read again). Timeout when nothing
-  // happened by the deadline: the ordinary end of a wait.
+  // false when etcd canceled the watch (read again) or ended it at the
+  // deadline, as asked (Request::server_timeout_ns: the connection stays
+  // usable). Timeout when the deadline passed with the answer still open
+  // (the connection is closed then).
   Result<bool> watch_delete(std::string_view key, long long start_revision, Deadline d);
 
   // The endpoint that answered last ("http://127.0.0.1:2379").
@@ -335,7 +344,8 @@ private:
     Deadline deadline;
     bool timeout_ends = false;  // a timed-out attempt ends the call (a watch's wait), not retried
     std::function<bool(std::string_view)> enough;
-    std::string* raw = nullptr;  // receives the whole body (a stream's lines)
+    std::string* raw = nullptr;       // receives the whole body (a stream's lines)
+    long long server_timeout_ns = 0;  // Request::server_timeout_ns
   };
   // What the attempts of one call found so far.
   struct CallProgress {

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <initializer_list>
+#include <vector>
 
 #include "error.hpp"
 #include "exit_codes.hpp"
@@ -353,14 +354,24 @@ Transfer CurlTransport::perform(const Endpoint& ep, const Request& req) {
   char message[CURL_ERROR_SIZE] = "";
   curl_slist* headers = headers_;
   curl_slist* with_token = nullptr;
-  if (!req.token.empty()) {
-    // etcd reads its auth token from the Authorization header (as is, no scheme).
+  std::vector<std::string> more;
+  // etcd reads its auth token from the Authorization header (as is, no scheme).
+  if (!req.token.empty()) more.push_back("Authorization: " + std::string(req.token));
+  // The gateway's deadline for the call, in milliseconds ("1500m"): it ends
+  // a stream's answer then (etcd.hpp, Request::server_timeout_ns).
+  if (req.server_timeout_ns > 0)
+    more.push_back("Grpc-Timeout: " + std::to_string(req.server_timeout_ns / 1'000'000) + "m");
+  if (!more.empty()) {
     for (curl_slist* h = headers_; h; h = h->next) {
       if (!(with_token = curl_slist_append(with_token, h->data))) throw std::bad_alloc();
     }
-    if (!(with_token = curl_slist_append(with_token, ("Authorization: " + std::string(req.token)).c_str()))) {
-      curl_slist_free_all(with_token);
-      throw std::bad_alloc();
+    for (const auto& h : more) {
+      curl_slist* longer = curl_slist_append(with_token, h.c_str());
+      if (!longer) {
+        curl_slist_free_all(with_token);
+        throw std::bad_alloc();
+      }
+      with_token = longer;
     }
     headers = with_token;
   }

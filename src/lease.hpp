@@ -2,7 +2,11 @@
 // often it is renewed, how long an attempt may take, and the deadlines by
 // which the job must have been sent TERM and KILL (cluster.hpp says why;
 // the man page's CLUSTER section has the table).
-//   renewal: every T/12;
+//   renewal, holding: every clamp(T - kill-after - margin - E, T/12, T/3),
+//     E = 2.5 s, the outage it is to ride out (a leader election): no more
+//     often than that needs, at least as often as etcd's own client (T/3),
+//     and never less often than T/12;
+//   renewal, waiting: every T/3 (a lost place in the queue is only a wait);
 //   each attempt: T/10, at least 250 ms, at most 2 s;
 //   margin: 200 ms + T/100;
 //   kill-after by default: T/6, at most 5 s.
@@ -10,14 +14,25 @@
 
 namespace looplock::lease_timing {
 
+// E: the outage a holder's lease rides out when the TTL leaves room for it.
+inline constexpr long long kRideOutNs = 2'500'000'000LL;
+
 long long ttl_ns(int ttl_s);
 long long margin_ns(int ttl_s);
-long long renewal_interval_ns(int ttl_s);
+// How often a holder renews with this kill-after.
+long long holder_renewal_ns(int ttl_s, long long kill_after_ns);
+// How often a waiter renews.
+long long waiter_renewal_ns(int ttl_s);
+// The most often a holder renews: T/12.
+long long min_renewal_ns(int ttl_s);
+// The longest outage a holder's lease rides out (one that begins just
+// before a renewal is due): T - kill-after - margin - its renewal interval.
+long long outage_ridden_ns(int ttl_s, long long kill_after_ns);
 long long attempt_ns(int ttl_s);
 long long default_kill_after_ns(int ttl_s);
 // The longest --kill-after that still leaves a quarter of the TTL, after the
-// first renewal is due, to ride out an outage before TERM:
-// T - margin - T/12 - T/4 (1.77 s at --ttl 3, 6.36 s at 10 s).
+// first renewal is due at the most frequent, to ride out an outage before
+// TERM: T - margin - T/12 - T/4 (1.77 s at --ttl 3, 6.36 s at 10 s).
 long long max_kill_after_ns(int ttl_s);
 
 }  // namespace looplock::lease_timing

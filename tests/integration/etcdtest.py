@@ -395,6 +395,15 @@ class Relay:
         self.proc.stdin.flush()
         return int(self.read_line().split()[2])
 
+    def tally(self):
+        """Since the relay started: connections accepted, and looplock's HTTP
+        requests by path ({"connections": N, "requests": {"/v3/...": N}})."""
+        self.proc.stdin.write("tally\n")
+        self.proc.stdin.flush()
+        line = self.read_line()
+        assert line.startswith("ok tally "), line
+        return json.loads(line[len("ok tally "):])
+
     def stop(self):
         if self.proc.poll() is None:
             self.proc.kill()

@@ -18,13 +18,19 @@ effect:
   refuse      connections are refused (RST) and kept ones reset
   count       answers "ok count N": how many pieces of etcd's answers reached
               looplock since the mode was last set
+  tally       answers "ok tally {JSON}": since the relay started, how many
+              connections it accepted ("connections") and how many HTTP
+              requests looplock sent, by path ("requests": {"/v3/...": N}),
+              read from the request lines that pass through it
   quit        exit
 
 One thread, selectors; stdin EOF also ends it, so it never outlives its test.
 """
 import collections
 import heapq
+import json
 import os
+import re
 import selectors
 import socket
 import struct
@@ -57,6 +63,9 @@ class Relay:
         self.fillers = []
         self.delivered = 0
         self.clients = set()
+        self.accepted = 0
+        self.requests = collections.Counter()
+        self.request_tail = {}  # client socket -> the end of what it sent, for a request line cut in two
         self.listener = self.listen(port=0, backlog=64)
         self.port = self.listener.getsockname()[1]
         self.sel.register(self.listener, selectors.EVENT_READ, "accept")
@@ -186,6 +195,7 @@ class Relay:
         u.connect_ex(self.target)
         self.pairs.append([c, u])
         self.clients.add(c)
+        self.accepted += 1
         self.update_interest()
 
     def read(self, s):
@@ -202,12 +212,26 @@ class Relay:
         if dest is None:
             return
         upstream = any(s is b for _, b in self.pairs)
+        if not upstream:
+            self.tally_requests(s, data)
         if upstream and self.delay > 0:
             self.seq += 1
             heapq.heappush(self.timed, (time.monotonic() + self.delay, self.seq, dest, data))
         else:
             self.out[dest] += data
             self.update_interest()
+
+    def tally_requests(self, s, data):
+        """Counts the request lines ("POST /v3/kv/range HTTP/1.1") in what
+        looplock sent."""
+        tail = self.request_tail.get(s, b"")
+        text = tail + data
+        # A request line follows the previous request's body directly (no
+        # line end); one that lies wholly in the tail was counted already.
+        for m in re.finditer(rb"(GET|POST) (/[^ \r\n]*) HTTP/1\.[01]\r\n", text):
+            if m.end() > len(tail):
+                self.requests[m.group(2).decode(errors="replace")] += 1
+        self.request_tail[s] = text[-64:]
 
     def write(self, s):
         buf = self.out.get(s)
@@ -244,6 +268,10 @@ class Relay:
                 return False
             if words[0] == "count":
                 print(f"ok count {self.delivered}", flush=True)
+                continue
+            if words[0] == "tally":
+                print("ok tally " + json.dumps({"connections": self.accepted, "requests": self.requests}),
+                      flush=True)
                 continue
             if words[0] not in ("pass", "slow", "stall", "blackhole", "refuse"):
                 print(f"error unknown command {words[0]}", flush=True)

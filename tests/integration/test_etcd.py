@@ -20,7 +20,7 @@ import pytest
 
 from conftest import (EX_TEMPFAIL, EX_USAGE, LOOPLOCK, PY, TIMEOUT, expect_line, expect_stderr, helper, incident_rows,
                       run, start, wait_until)
-from etcdtest import EX_LEASE_LOST, EX_UNAVAILABLE, HELPER, needs_etcd, start_member
+from etcdtest import EX_LEASE_LOST, EX_UNAVAILABLE, HELPER, Relay, needs_etcd, start_member
 
 pytestmark = needs_etcd
 
@@ -176,7 +176,9 @@ def test_revoked_lease_terminates_the_command_and_exits_76(etcd, name, hosts):
     assert p.returncode == EX_LEASE_LOST, err
     assert out == "term\n"
     assert "looplock: lease_lost:" in err
-    assert elapsed < 3  # noticed at the next keepalive (every TTL/12 = 0.83 s)
+    # Noticed at the holder's next keepalive: every third of the TTL (3.3 s at
+    # the default 10 s; the man page's table), with slack for a busy machine.
+    assert elapsed < 3.34 + 2.5
     rows = incident_rows(hosts[0])
     assert [row["error_code"] for row in rows] == ["lease_lost"]
     assert rows[0]["cluster"]["lease"] == lease
@@ -590,3 +592,57 @@ def test_a_signal_ends_a_cluster_wait_promptly(etcd, name, hosts, cluster_holder
     assert out == ""
     assert a.proc.poll() is None  # the holder is untouched
     assert a.release() == 0
+
+
+# -- what a run costs etcd: connections and renewals --------------------------
+
+
+@pytest.fixture
+def relay(etcd):
+    r = Relay(etcd.url)
+    yield r
+    r.stop()
+
+
+def test_a_waiter_keeps_one_connection_for_its_whole_wait(etcd, name, hosts, cluster_holders, relay):
+    """A waiter behind a holder for several renewal rounds (--ttl 3: a round a
+    second) talks to etcd over one connection; the news that ends its wait
+    ends that connection, and the run goes on over a second one. Before,
+    each round of the watch closed its connection: one per second."""
+    a = cluster_holders(etcd, name, hosts[0])
+    b = start(["-v", "--etcd", relay.url, "--lock-name", name, "--ttl", "3", "-p", "blocking", hosts[1], "--", "sh",
+               "-c", "echo ran"])
+    try:
+        line = b.stderr.readline()
+        assert "waiting for cluster lock" in line, line
+        time.sleep(4.5)  # four rounds or more
+        waited = relay.tally()
+        assert b.poll() is None
+        assert a.release() == 0
+        out, err = b.communicate(timeout=TIMEOUT)
+    finally:
+        if b.poll() is None:
+            b.kill()
+    assert (b.returncode, out) == (0, "ran\n"), err
+    done = relay.tally()
+    assert waited["connections"] == 1, waited
+    assert done["connections"] == 2, done
+    reqs = waited["requests"]
+    # Each round: a keepalive and the same watch again (no reading of the
+    # queue), every third of the TTL.
+    assert 3 <= reqs["/v3/watch"] <= 7, reqs
+    assert 3 <= reqs.get("/v3/lease/keepalive", 0) <= 7, reqs
+    assert "/v3/kv/range" not in reqs, reqs
+
+
+def test_a_holder_renews_as_the_lease_table_says(etcd, name, hosts, relay):
+    """Holding for 5 s: at --ttl 10 one keepalive (every 3.33 s), at --ttl 3
+    about twenty (every 250 ms), over one connection."""
+    for ttl, least, most in ((10, 1, 2), (3, 14, 22)):
+        before = relay.tally()
+        r = run(["--etcd", relay.url, "--lock-name", f"{name}-{ttl}", "--ttl", str(ttl), hosts[0], "--", "sleep", "5"])
+        assert r.returncode == 0, r.stderr
+        after = relay.tally()
+        keepalives = after["requests"].get("/v3/lease/keepalive", 0) - before["requests"].get("/v3/lease/keepalive", 0)
+        assert least <= keepalives <= most, (ttl, keepalives)
+        assert after["connections"] - before["connections"] == 1

@@ -45,6 +45,7 @@ struct Call {
   long long deadline_ns = 0;
   bool stream = false;
   bool fresh = false;
+  long long server_timeout_ns = 0;
 };
 
 // How one exchange goes.
@@ -77,7 +78,7 @@ struct FakeTransport : Transport {
   Exchange post(const Endpoint& ep, const Request& req, HttpResponse& out, std::string& error) override {
     calls.push_back({ep.text + std::string(req.path), std::string(req.path), std::string(req.body),
                      std::string(req.token), clock.t, req.connect_deadline_ns, req.deadline_ns, bool(req.enough),
-                     req.fresh_connection});
+                     req.fresh_connection, req.server_timeout_ns});
     Step s;
     if (handler) {
       s = handler(ep, req);
@@ -344,10 +345,20 @@ struct MiniEtcd {
                           "\"}}]}}\n");
           }
         }
-        // Nothing yet: the next thing that happens, if it happens before the deadline.
+        // Nothing yet: the next thing that happens, if it happens before the
+        // deadline, or before the gateway ends the stream (Grpc-Timeout):
+        // then with an error frame, and the answer is complete.
+        const long long ends = req.server_timeout_ns > 0 ? clock.t + req.server_timeout_ns : 0;
         long long next = req.deadline_ns;
+        if (ends != 0) next = std::min(next, ends);
         if (!scheduled.empty()) next = std::min(next, scheduled.begin()->first);
         for (const auto& [id, l] : leases) next = std::min(next, l.expiry);
+        if (ends != 0 && next == ends) {
+          clock.t = ends;
+          return answer(created + R"({"error":{"grpc_code":4,"http_code":504,"message":"context deadline exceeded",)"
+                                  R"("http_status":"Gateway Timeout"}})",
+                        0);
+        }
         if (next >= req.deadline_ns) return silent();
         clock.t = std::max(clock.t, next);
         run_due();

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "cluster.hpp"
@@ -72,12 +73,16 @@ TEST_CASE("lease timing: the man page's table is what the code computes") {
   REQUIRE(rows.size() >= 3);  // the table was found and read
   for (const auto& [ttl, numbers] : rows) {
     CAPTURE(ttl);
-    REQUIRE(numbers.size() == 5);
+    REQUIRE(numbers.size() == 6);
     const double s = 1e9;
-    const double expected[] = {renewal_interval_ns(ttl) / s, default_kill_after_ns(ttl) / s, margin_ns(ttl) / s,
-                               (ttl_ns(ttl) - default_kill_after_ns(ttl) - margin_ns(ttl)) / s,
-                               (ttl_ns(ttl) - default_kill_after_ns(ttl) - margin_ns(ttl) - renewal_interval_ns(ttl)) / s};
-    for (size_t i = 0; i < 5; ++i) {
+    const long long ka = default_kill_after_ns(ttl);
+    const double expected[] = {holder_renewal_ns(ttl, ka) / s,
+                               waiter_renewal_ns(ttl) / s,
+                               ka / s,
+                               margin_ns(ttl) / s,
+                               (ttl_ns(ttl) - ka - margin_ns(ttl)) / s,
+                               outage_ridden_ns(ttl, ka) / s};
+    for (size_t i = 0; i < 6; ++i) {
       CAPTURE(i);
       CHECK(std::abs(numbers[i] - expected[i]) < 0.01);  // the man page rounds to two decimals
     }
@@ -88,8 +93,18 @@ TEST_CASE("lease timing: the numbers of the man page's text") {
   using namespace lease_timing;
   CHECK(margin_ns(3) == 230 * kMs);
   CHECK(margin_ns(10) == 300 * kMs);
-  CHECK(renewal_interval_ns(3) == 250 * kMs);
-  CHECK(renewal_interval_ns(10) == 833'333'333LL);
+  // A holder renews no more often than riding out 2.5 s needs, at least as
+  // often as etcd's own client (a third of the TTL), never more often than a
+  // twelfth; a waiter every third.
+  CHECK(holder_renewal_ns(3, default_kill_after_ns(3)) == 250 * kMs);  // the floor: 2.5 s does not fit
+  CHECK(holder_renewal_ns(5, default_kill_after_ns(5)) == 1'416'666'667LL);
+  CHECK(holder_renewal_ns(10, default_kill_after_ns(10)) == 3'333'333'333LL);
+  CHECK(holder_renewal_ns(10, max_kill_after_ns(10)) == min_renewal_ns(10));  // a long --kill-after: the floor
+  CHECK(waiter_renewal_ns(3) == 1 * kSec);
+  CHECK(waiter_renewal_ns(10) == 3'333'333'333LL);
+  CHECK(outage_ridden_ns(5, default_kill_after_ns(5)) == lease_timing::kRideOutNs);
+  CHECK(outage_ridden_ns(10, default_kill_after_ns(10)) == 4'700'000'001LL);
+  CHECK(outage_ridden_ns(10, max_kill_after_ns(10)) == lease_timing::kRideOutNs);
   CHECK(attempt_ns(2) == 250 * kMs);
   CHECK(attempt_ns(3) == 300 * kMs);
   CHECK(attempt_ns(60) == 2 * kSec);
@@ -99,12 +114,15 @@ TEST_CASE("lease timing: the numbers of the man page's text") {
   // At --ttl 3 with the defaults, an outage that begins just before a
   // renewal is due may last this long without TERM: more than a 3-member
   // cluster's leader election (1 to 2 s with etcd's default timeouts).
-  CHECK(ttl_ns(3) - default_kill_after_ns(3) - margin_ns(3) - renewal_interval_ns(3) == 2020 * kMs);
+  CHECK(outage_ridden_ns(3, default_kill_after_ns(3)) == 2020 * kMs);
   CHECK(max_kill_after_ns(3) == 1770 * kMs);
   for (int ttl : {2, 3, 5, 10, 30, 86400}) {
     CAPTURE(ttl);
     CHECK(default_kill_after_ns(ttl) <= max_kill_after_ns(ttl));
     CHECK(max_kill_after_ns(ttl) > 0);
+    // Even with the longest --kill-after the lease rides out 2.5 s, or a
+    // quarter of the TTL where that is less.
+    CHECK(outage_ridden_ns(ttl, max_kill_after_ns(ttl)) >= std::min(lease_timing::kRideOutNs, ttl_ns(ttl) / 4));
   }
 }
 
@@ -300,8 +318,10 @@ TEST_CASE("cluster lock: a waiter queues once and takes the lock in its turn, re
   REQUIRE(lock.acquire(kBlocking, t0, me()) == Acquisition::Acquired);
   CHECK(clock.t >= t0 + 4 * kSec);
   CHECK(clock.t < t0 + 4 * kSec + 10 * kMs);                 // woken by the deletion, not by a poll
-  CHECK(etcd.transport.count("/v3/kv/txn") == 1);            // queued once
-  CHECK(etcd.transport.count("/v3/lease/keepalive") >= 14);  // renewed every 250 ms while waiting
+  CHECK(etcd.transport.count("/v3/kv/txn") == 1);  // queued once
+  // Renewed every third of the TTL (1 s) while waiting, no more often.
+  CHECK(etcd.transport.count("/v3/lease/keepalive") >= 3);
+  CHECK(etcd.transport.count("/v3/lease/keepalive") <= 5);
   CHECK(lock.fencing_token() > etcd.kvs.size());
   // Its place was kept: its key is the one created at the start.
   CHECK(etcd.kvs.at(lock.key()).create == lock.fencing_token());
@@ -310,6 +330,71 @@ TEST_CASE("cluster lock: a waiter queues once and takes the lock in its turn, re
   clock.t = lock.next_renewal_ns();
   REQUIRE(lock.renew(lock.term_by_ns()));
   CHECK(parse_cluster_holder(etcd.kvs.at(lock.key()).value).value()["fencing_token"] == lock.fencing_token());
+}
+
+TEST_CASE("cluster lock: a waiter's watch is ended by etcd at each renewal and watched again, queue unread") {
+  FakeClock clock;
+  MiniEtcd etcd(clock);
+  Logger log = quiet_log();
+  const long long t0 = clock.t;
+  const long long a = etcd.contender("n", encode_cluster_holder({"hA", 1, "x", "y", "T", "1", 0}));
+  etcd.at(t0 + 10 * kSec, [&] { etcd.drop_lease(a); });
+  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
+  REQUIRE(lock.acquire(kBlocking, t0, me()) == Acquisition::Acquired);
+  CHECK(clock.t >= t0 + 10 * kSec);
+  CHECK(clock.t < t0 + 10 * kSec + 10 * kMs);  // woken by the deletion
+  const auto& calls = etcd.transport.calls;
+  size_t watches = 0;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const auto& c = calls[i];
+    CAPTURE(i);
+    CAPTURE(c.path);
+    // Every request of the wait goes on the kept connection.
+    CHECK_FALSE(c.fresh);
+    if (c.path != "/v3/watch") continue;
+    ++watches;
+    // etcd is asked to end the watch before the round's deadline (the next
+    // renewal), with room for its end to arrive.
+    CHECK(c.server_timeout_ns > 0);
+    CHECK(c.at + c.server_timeout_ns <= c.deadline_ns - 100 * kMs);
+  }
+  CHECK(watches >= 9);  // a round a second (a third of the TTL) for 10 s
+  CHECK(watches <= 12);
+  // The queue was read by the join, and once more after the news, not after
+  // each round: each round watched the same key again from the same revision.
+  CHECK(etcd.transport.count("/v3/kv/range") == 1);
+  CHECK(calls.back().path == "/v3/kv/range");  // and the command would start now: no renewal first
+  CHECK(etcd.transport.count("/v3/kv/txn") == 1);
+  std::set<std::string> bodies;
+  for (const auto& c : calls) {
+    if (c.path == "/v3/watch") bodies.insert(c.body);
+  }
+  CHECK(bodies.size() == 1);
+}
+
+TEST_CASE("cluster lock: a holder renews as often as riding out 2.5 s needs, a waiter every third of the TTL") {
+  for (int ttl : {3, 5, 10}) {
+    CAPTURE(ttl);
+    FakeClock clock;
+    MiniEtcd etcd(clock);
+    Logger log = quiet_log();
+    const long long ka = lease_timing::default_kill_after_ns(ttl);
+    ClusterLock lock(etcd.transport, endpoints(1), "n", ttl, ka, log, {}, clock);
+    const long long t0 = clock.t;
+    REQUIRE(lock.acquire(bounded(5 * kSec), t0, me()) == Acquisition::Acquired);
+    // Holding for 10 s, renewing when due, as the job loop does.
+    const long long end = clock.t + 10 * kSec;
+    int renewals = 0;
+    while (lock.next_renewal_ns() < end) {
+      clock.t = std::max(clock.t, lock.next_renewal_ns());
+      REQUIRE(lock.renew(lock.term_by_ns()));
+      ++renewals;
+    }
+    const long long every = lease_timing::holder_renewal_ns(ttl, ka);
+    CHECK(renewals >= static_cast<int>(10 * kSec / every) - 1);
+    CHECK(renewals <= static_cast<int>(10 * kSec / every) + 1);
+    lock.release();
+  }
 }
 
 TEST_CASE("cluster lock: a bounded wait times out, naming the holder, and leaves the queue") {
@@ -347,17 +432,21 @@ TEST_CASE("cluster lock: a blocking waiter rides out etcd being unavailable and 
   Logger log = quiet_log();
   const long long t0 = clock.t;
   const long long a = etcd.contender("n", encode_cluster_holder({"hA", 1, "x", "y", "T", "1", 0}));
-  // etcd freezes at t0 + 1 s for 2.5 s (SIGSTOP: what was sent meanwhile is
-  // answered when it goes on); the holder releases at t0 + 5 s.
+  // etcd freezes at t0 + 0.9 s for 1.7 s (SIGSTOP: what was sent meanwhile
+  // is answered when it goes on), over the renewal due at t0 + 1 s; the
+  // holder releases at t0 + 5 s. A waiter renews every third of the TTL: its
+  // lease (3 s from t0) outlives the freeze.
   etcd.fault = [&](const Endpoint&, const Request&) -> std::optional<Step> {
-    if (clock.t >= t0 + kSec && clock.t < t0 + 3500 * kMs) return Step{Step::Delay, 0, "", t0 + 3500 * kMs - clock.t};
+    if (clock.t >= t0 + 900 * kMs && clock.t < t0 + 2600 * kMs) {
+      return Step{Step::Delay, 0, "", t0 + 2600 * kMs - clock.t};
+    }
     return std::nullopt;
   };
   etcd.at(t0 + 5 * kSec, [&] { etcd.drop_lease(a); });
   ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
   REQUIRE(lock.acquire(kBlocking, t0, me()) == Acquisition::Acquired);
   CHECK(clock.t >= t0 + 5 * kSec);
-  CHECK(etcd.transport.count("/v3/kv/txn") == 1);  // 2.5 s < TTL: the lease and the place survived
+  CHECK(etcd.transport.count("/v3/kv/txn") == 1);  // the lease and the place survived
 }
 
 TEST_CASE("cluster lock: a waiter whose lease expired in a long outage queues again") {
