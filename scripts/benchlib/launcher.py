@@ -76,11 +76,13 @@ def check_ok(name, status):
 class Tools:
     """The command line of each tool around a command: looplock (plain, -F,
     with --metrics-dir) on the loop dir, flock(1) (plain, -F) on the loop
-    dir's lock file, or the bare command."""
+    dir's lock file, the empty wrapper (the limit of any wrapper), or the
+    bare command."""
 
-    def __init__(self, looplock, flock, d):
+    def __init__(self, looplock, flock, d, empty=None):
         self.looplock = looplock
         self.flock = flock
+        self.empty = empty  # the empty static vfork-and-exec wrapper, or None
         self.dir = str(d)
         self.lock = str(Path(d) / ".state.lock")
         self.metrics = str(Path(d).parent / "metrics")
@@ -102,6 +104,8 @@ class Tools:
             return [self.flock, self.lock, *cmd]
         if tool == "flock -F":
             return [self.flock, "-F", self.lock, *cmd]
+        if tool == "empty":
+            return [self.empty, *cmd]
         if tool == "bare":
             return list(cmd)
         raise ValueError(tool)

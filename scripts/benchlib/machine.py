@@ -28,7 +28,7 @@ def machine_info(looplock, flock, work, root):
                 break
     except OSError:
         pass
-    fs = first_line(["stat", "-f", "-c", "%T", str(work)])
+    fs = file_system(work)
     commit = first_line(["git", "-C", str(root), "describe", "--always", "--dirty"])
     return {
         "CPU": model,
@@ -39,6 +39,34 @@ def machine_info(looplock, flock, work, root):
         "lock directory file system": fs,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
+
+
+def mount_of(path, mounts_text):
+    """(mount point, type, device) of the mount in /proc/mounts' text that
+    holds path (the longest mount point that is a prefix of it), or None."""
+    best = None
+    for line in mounts_text.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        device, point, fstype = fields[0], fields[1].replace("\\040", " "), fields[2]
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and (best is None or len(point) >= len(best[0])):
+            best = (point, fstype, device)
+    return best
+
+
+def file_system(path):
+    """The file system that holds path, as /proc/mounts names it: "ext4
+    (/dev/vda on /)"; "unknown" without /proc/mounts."""
+    try:
+        found = mount_of(os.path.realpath(path), Path("/proc/mounts").read_text())
+    except OSError:
+        found = None
+    if not found:
+        return "unknown"
+    point, fstype, device = found
+    return f"{fstype} ({device} on {point})"
 
 
 def loadavg():

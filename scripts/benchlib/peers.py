@@ -51,18 +51,52 @@ int main(int argc, char **argv) {
 """
 
 
-def build_stamp(work):
-    """(path of the compiled `stamp`, None), or (None, why it could not be built)."""
+EMPTY_C = r"""
+/* The physical limit of a wrapper: a static program that vforks, execs its
+ * arguments, waits, and exits as the command did; nothing else. */
+#include <sys/wait.h>
+#include <unistd.h>
+extern char **environ;
+int main(int argc, char **argv) {
+  if (argc < 2) return 64;
+  pid_t pid = vfork();
+  if (pid == 0) {
+    execve(argv[1], argv + 1, environ);
+    _exit(127);
+  }
+  if (pid < 0) return 71;
+  int st;
+  while (waitpid(pid, &st, 0) < 0) {}
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+"""
+
+
+def build_c(work, name, source, static=False):
+    """(path of the compiled program, None), or (None, why it could not be
+    built)."""
     cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if not cc:
         return None, "no C compiler (cc) found"
-    src = Path(work) / "stamp.c"
-    exe = Path(work) / "stamp"
-    src.write_text(STAMP_C)
-    r = subprocess.run([cc, "-O2", "-o", str(exe), str(src)], capture_output=True, text=True, timeout=120)
+    src = Path(work) / f"{name}.c"
+    exe = Path(work) / name
+    src.write_text(source)
+    r = subprocess.run([cc, "-O2", *(["-static"] if static else []), "-o", str(exe), str(src)],
+                       capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
         return None, f"cc failed: {r.stderr.strip()[:300]}"
     return str(exe), None
+
+
+def build_stamp(work):
+    """(path of the compiled `stamp`, None), or (None, why it could not be built)."""
+    return build_c(work, "stamp", STAMP_C)
+
+
+def build_empty(work):
+    """(path of the empty static vfork-and-exec wrapper, None), or (None,
+    why it could not be built: no C compiler, or no static C library)."""
+    return build_c(work, "empty", EMPTY_C, static=True)
 
 
 class Holder:
@@ -125,11 +159,30 @@ class EtcdServer:
 
     def proposals(self):
         """Raft proposals committed so far: etcd's writes."""
+        return self.counters()["writes"]
+
+    def counters(self):
+        """What etcd has done so far, from its /metrics: writes (raft
+        proposals committed), requests (gRPC messages received, every
+        method but the health check's: a unary call is one, each message of
+        a stream one more; the HTTP gateway's calls are counted the same way),
+        keepalives (LeaseKeepAlive messages) and events (watch events sent:
+        each is a watcher woken)."""
+        out = {"writes": None, "requests": 0.0, "keepalives": 0.0, "events": None}
         with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
             for line in r.read().decode().splitlines():
                 if line.startswith("etcd_server_proposals_committed_total "):
-                    return float(line.split()[1])
-        raise BenchError("etcd's /metrics has no etcd_server_proposals_committed_total")
+                    out["writes"] = float(line.split()[1])
+                elif line.startswith("etcd_debugging_mvcc_events_total "):
+                    out["events"] = float(line.split()[1])
+                elif line.startswith("grpc_server_msg_received_total{") and "grpc.health" not in line:
+                    out["requests"] += float(line.split()[-1])
+                    if 'grpc_method="LeaseKeepAlive"' in line:
+                        out["keepalives"] += float(line.split()[-1])
+        if out["writes"] is None or out["events"] is None:
+            raise BenchError("etcd's /metrics lacks etcd_server_proposals_committed_total or "
+                             "etcd_debugging_mvcc_events_total")
+        return out
 
     def stop(self):
         if self.p.poll() is None:

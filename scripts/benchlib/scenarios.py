@@ -17,25 +17,35 @@ from .launcher import SLEEP, TRUE, check_ok, exit_of, find_child, proc_status, r
 from .peers import ETCDCTL, Blackhole, EtcdServer, Holder, cluster_skip_reason
 from .stats import median, ms, pct
 
-# Counts per mode. Full: about 3 minutes on an idle 2-core machine (well under
-# 10 on a busy one). Quick: a few seconds.
+# Counts per mode. Full: about 5 minutes on an idle 2-core machine (well
+# under 15 on a busy one). Short: about a minute, every target judged. Quick:
+# a few seconds, a smoke test.
 FULL = dict(
-    unc_warmup=30, unc_runs=600,
+    unc_warmup=30, unc_reps=5, unc_runs=120,
     con_ns=[1, 2, 4, 8, 16, 32], con_reps=3, con_m=lambda n: max(20, 400 // n),
     hand_ns=[2, 4, 8], hand_reps=2, hand_per_rep=200, hand_hold_us=5000,
     dl_cases=[(0.05, 30), (0.3, 20), (1.0, 10)],
     mem_reps=5, mem_sleep="0.5",
-    etcd_warmup=10, etcd_runs=150, etcd_writes_runs=20, etcd_hand_per_host=60, etcd_hand_hold_us=5000,
-    etcd_failover_runs=30,
+    etcd_warmup=10, etcd_reps=3, etcd_runs=50, etcd_writes_runs=20, etcd_hand_per_host=60, etcd_hand_hold_us=5000,
+    etcd_failover_runs=30, etcd_hold_s=5, etcd_waiters=[1, 10, 50], etcd_handoffs=100,
+)
+SHORT = dict(
+    unc_warmup=10, unc_reps=3, unc_runs=60,
+    con_ns=[1, 4, 16], con_reps=1, con_m=lambda n: max(10, 120 // n),
+    hand_ns=[2, 8], hand_reps=1, hand_per_rep=60, hand_hold_us=5000,
+    dl_cases=[(0.05, 10), (0.3, 5)],
+    mem_reps=3, mem_sleep="0.3",
+    etcd_warmup=3, etcd_reps=3, etcd_runs=15, etcd_writes_runs=5, etcd_hand_per_host=15, etcd_hand_hold_us=5000,
+    etcd_failover_runs=5, etcd_hold_s=5, etcd_waiters=[1, 10], etcd_handoffs=30,
 )
 QUICK = dict(
-    unc_warmup=2, unc_runs=5,
+    unc_warmup=2, unc_reps=2, unc_runs=3,
     con_ns=[1, 2], con_reps=1, con_m=lambda n: 3,
     hand_ns=[2], hand_reps=1, hand_per_rep=6, hand_hold_us=2000,
     dl_cases=[(0.05, 2)],
     mem_reps=1, mem_sleep="0.3",
-    etcd_warmup=1, etcd_runs=3, etcd_writes_runs=2, etcd_hand_per_host=3, etcd_hand_hold_us=2000,
-    etcd_failover_runs=2,
+    etcd_warmup=1, etcd_reps=1, etcd_runs=3, etcd_writes_runs=2, etcd_hand_per_host=3, etcd_hand_hold_us=2000,
+    etcd_failover_runs=2, etcd_hold_s=1, etcd_waiters=[1, 3], etcd_handoffs=6,
 )
 
 
@@ -54,20 +64,26 @@ def steps(L, T, cfg, stamp, why, work):
 
 
 def uncontended(L, T, cfg):
-    """Each tool runs /bin/true, interleaved run by run. Result: tools (the
-    seven of Tools.wrap), wall and cpu (tool → ns per run), runs, warmup."""
-    tools = ["looplock", "flock", "bare", "looplock -F", "flock -F", "looplock metrics", "looplock once-per"]
+    """Each tool runs /bin/true, interleaved run by run, in `reps`
+    repetitions of `runs` runs. Result: tools (those of Tools.wrap that can
+    run here: no empty wrapper without a static C library), wall and cpu
+    (tool → ns per run, repetition after repetition), reps, runs (per
+    repetition), warmup."""
+    tools = ["looplock", "flock", "bare", "empty", "looplock -F", "flock -F", "looplock metrics", "looplock once-per"]
+    if T.empty is None:
+        tools.remove("empty")
     argv = {t: T.wrap(t, [TRUE]) for t in tools}
     wall = {t: [] for t in tools}
     cpu = {t: [] for t in tools}
-    for i in range(cfg["unc_warmup"] + cfg["unc_runs"]):
+    for i in range(cfg["unc_warmup"] + cfg["unc_reps"] * cfg["unc_runs"]):
         for t in tools:  # A B C D E A B C D E ...
             w, st, c = L.timed(argv[t])
             check_ok(" ".join(argv[t]), st)
             if i >= cfg["unc_warmup"]:
                 wall[t].append(w)
                 cpu[t].append(c)
-    return dict(tools=tools, wall=wall, cpu=cpu, runs=cfg["unc_runs"], warmup=cfg["unc_warmup"])
+    return dict(tools=tools, wall=wall, cpu=cpu, reps=cfg["unc_reps"], runs=cfg["unc_runs"],
+                warmup=cfg["unc_warmup"])
 
 
 def contended(L, T, cfg):
@@ -245,10 +261,11 @@ def failover(L, cfg, argv_for, srv):
 
 
 def cluster_uncontended(L, cfg, argv):
-    """tool → wall ns per uncontended run, alternating after a warm-up."""
+    """tool → wall ns per uncontended run, alternating after a warm-up, in
+    etcd_reps repetitions of etcd_runs runs."""
     tools = list(argv)
     wall = {t: [] for t in tools}
-    for i in range(cfg["etcd_warmup"] + cfg["etcd_runs"]):
+    for i in range(cfg["etcd_warmup"] + cfg["etcd_reps"] * cfg["etcd_runs"]):
         order = tools if i % 2 == 0 else tools[::-1]
         for t in order:
             w, st, _ = L.timed(argv[t])
@@ -256,6 +273,61 @@ def cluster_uncontended(L, cfg, argv):
             if i >= cfg["etcd_warmup"]:
                 wall[t].append(w)
     return wall
+
+
+def holder_keepalives(L, T, cfg, srv):
+    """ttl → keepalives a looplock holding the cluster lock sent while its
+    command slept etcd_hold_s seconds."""
+    out = {}
+    for ttl in (3, 10):
+        before = srv.counters()["keepalives"]
+        argv = [T.looplock, "--etcd", srv.url, "--lock-name", f"bench-hold-{ttl}", "--ttl", str(ttl), T.dir, "--",
+                SLEEP, str(cfg["etcd_hold_s"])]
+        check_ok(" ".join(argv), L.timed(argv)[1])
+        out[ttl] = srv.counters()["keepalives"] - before
+    return out
+
+
+def cluster_scale(L, T, cfg, stamp, work, srv):
+    """W waiters on one name: W + 1 contenders (loop dirs for looplock) each
+    run `stamp` under the lock, holding it etcd_hand_hold_us, about
+    etcd_handoffs times in all. Result: list of rows, one per W: waiters,
+    runs, and per tool: gaps (hand-off ns), requests (etcd requests per run),
+    events (watch events per release: waiters woken), writes per run."""
+    rows = []
+    for w in cfg["etcd_waiters"]:
+        n = w + 1
+        k = max(2, math.ceil(cfg["etcd_handoffs"] / n))
+        row = dict(waiters=w, runs=n * k, tools={})
+        for t in ("looplock", "etcdctl"):
+            logf = str(Path(work) / f"etcd-scale-{w}-{t}.log")
+            cmd = [stamp, logf, str(cfg["etcd_hand_hold_us"])]
+            per = []
+            for h in range(n):
+                if t == "looplock":
+                    d = Path(work) / f"scale-host{h}"
+                    d.mkdir(exist_ok=True)
+                    per.append([T.looplock, "--etcd", srv.url, "--lock-name", f"bench-scale-{w}", "-p", "blocking",
+                                str(d), "--", *cmd])
+                else:
+                    per.append([ETCDCTL, "--endpoints", srv.url, "lock", f"bench-scale-ctl-{w}", "--", *cmd])
+            before = srv.counters()
+            run_drivers(L, n, k, per)
+            after = srv.counters()
+            gaps, overlaps, count = handoff_gaps(logf)
+            if count != n * k:
+                raise BenchError(f"{t}: {count} stamps for {n * k} runs")
+            if overlaps:
+                raise BenchError(f"cluster scale W={w}: commands overlapped under {t}: the lock did not exclude")
+            runs = n * k
+            row["tools"][t] = dict(gaps=gaps, requests=(after["requests"] - before["requests"]) / runs,
+                                   events=(after["events"] - before["events"]) / max(1, runs - 1),
+                                   writes=(after["writes"] - before["writes"]) / runs)
+        rows.append(row)
+        log(f"  cluster W={w}: hand-off p50 looplock {ms(pct(row['tools']['looplock']['gaps'], 50))} ms, "
+            f"etcdctl {ms(pct(row['tools']['etcdctl']['gaps'], 50))} ms; requests per run "
+            f"{row['tools']['looplock']['requests']:.1f} / {row['tools']['etcdctl']['requests']:.1f}")
+    return rows
 
 
 def cluster_writes(L, cfg, argv, srv):
@@ -299,32 +371,48 @@ def cluster_handoff(L, T, cfg, stamp, work, srv):
 def cluster(L, T, cfg, stamp, work):
     """looplock --etcd against etcdctl lock on one etcd member the bench
     starts. Result: skipped (why) and tools when it cannot run; otherwise
-    tools (looplock, etcdctl), wall (tool → ns), writes (tool → etcd writes
-    per run), once_wall and once_writes (the same for looplock --etcd
-    --once-per, a slot per run), hand (tool → hand-off ns; empty without `stamp`), failover
-    (see failover()), runs, failover_runs, hold_us, per_host, tmpfs (the
-    member's data is on tmpfs), stamp_missing."""
+    tools (looplock, etcdctl), wall (tool → ns; "looplock" includes the
+    hand-over to looplock-etcd), parts (the breakdown's runs: "helper",
+    looplock-etcd run directly; "looplock --version", "looplock-etcd
+    --version", "etcdctl version": each tool's start-up alone → ns), reps,
+    writes (tool → etcd writes per run), once_wall and once_writes (the
+    same for looplock --etcd --once-per, a slot per run), hand (tool →
+    hand-off ns; empty without `stamp`), failover (see failover()),
+    keepalives (TTL → keepalives in a hold of hold_s seconds), scale (see
+    cluster_scale()), runs, failover_runs, hold_us, per_host, hold_s, tmpfs
+    (the member's data is on tmpfs), stamp_missing."""
     tools = ["looplock", "etcdctl"]
     why = cluster_skip_reason(T.looplock)
     if why:
         return dict(skipped=why, tools=tools)
+    helper = str(Path(T.looplock).parent / "looplock-etcd")
     srv = EtcdServer(work)
     try:
         argv = {"looplock": [T.looplock, "--etcd", srv.url, "--lock-name", "bench-unc", T.dir, "--", TRUE],
-                "etcdctl": [ETCDCTL, "--endpoints", srv.url, "lock", "bench-unc-ctl", "--", TRUE]}
-        argv["looplock once-per"] = [T.looplock, "--etcd", srv.url, "--lock-name", "bench-once", "--once-per", "1ms",
-                                     "--operation", "bench", T.dir, "--", TRUE]
+                "etcdctl": [ETCDCTL, "--endpoints", srv.url, "lock", "bench-unc-ctl", "--", TRUE],
+                "helper": [helper, "--etcd", srv.url, "--lock-name", "bench-unc", T.dir, "--", TRUE],
+                "looplock --version": [T.looplock, "--version"],
+                "looplock-etcd --version": [helper, "--version"],
+                "etcdctl version": [ETCDCTL, "version"],
+                "looplock once-per": [T.looplock, "--etcd", srv.url, "--lock-name", "bench-once", "--once-per", "1ms",
+                                      "--operation", "bench", T.dir, "--", TRUE]}
         wall = cluster_uncontended(L, cfg, argv)
-        writes = cluster_writes(L, cfg, argv, srv)
-        once_wall, once_writes = wall.pop("looplock once-per"), writes.pop("looplock once-per")
+        parts = {t: wall.pop(t) for t in ("helper", "looplock --version", "looplock-etcd --version", "etcdctl version")}
+        once_wall = wall.pop("looplock once-per")
+        writes = cluster_writes(L, cfg, {t: argv[t] for t in ("looplock", "etcdctl", "looplock once-per")}, srv)
+        once_writes = writes.pop("looplock once-per")
         fo = failover(L, cfg, {
             "looplock": lambda e: [T.looplock, "--etcd", e, "--lock-name", "bench-fo", T.dir, "--", TRUE],
             "etcdctl": lambda e: [ETCDCTL, "--endpoints", e, "lock", "bench-fo-ctl", "--", TRUE]}, srv)
         hand = cluster_handoff(L, T, cfg, stamp, work, srv) if stamp else {}
+        keepalives = holder_keepalives(L, T, cfg, srv)
+        scale = cluster_scale(L, T, cfg, stamp, work, srv) if stamp else []
         log(f"  cluster uncontended: looplock {ms(median(wall['looplock']))} ms, "
             f"etcdctl {ms(median(wall['etcdctl']))} ms")
-        return dict(tools=tools, wall=wall, writes=writes, once_wall=once_wall, once_writes=once_writes, hand=hand, runs=cfg["etcd_runs"], tmpfs=srv.tmpfs,
-                    failover=fo, failover_runs=cfg["etcd_failover_runs"],
+        return dict(tools=tools, wall=wall, parts=parts, reps=cfg["etcd_reps"], writes=writes,
+                    once_wall=once_wall, once_writes=once_writes, hand=hand,
+                    runs=cfg["etcd_runs"], tmpfs=srv.tmpfs, failover=fo, failover_runs=cfg["etcd_failover_runs"],
+                    keepalives=keepalives, hold_s=cfg["etcd_hold_s"], scale=scale,
                     hold_us=cfg["etcd_hand_hold_us"], per_host=cfg["etcd_hand_per_host"], stamp_missing=not stamp)
     finally:
         srv.stop()
