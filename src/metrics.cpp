@@ -49,14 +49,15 @@ constexpr const char* kRunsName = "looplock_runs_total";
 
 std::string number(double v, bool timestamp) {
   char buf[64];
+  std::to_chars_result r;
   if (timestamp) {
-    std::snprintf(buf, sizeof buf, "%.3f", v);
+    r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::fixed, 3);
   } else if (v == static_cast<double>(static_cast<long long>(v))) {
-    std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(v));
+    r = std::to_chars(buf, buf + sizeof buf, static_cast<long long>(v));
   } else {
-    std::snprintf(buf, sizeof buf, "%.6f", v);
+    r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::fixed, 6);
   }
-  return buf;
+  return r.ec == std::errc() ? std::string(buf, r.ptr) : std::string("0");
 }
 
 std::string labels(const MetricsFile& f, const std::string& operation) {
@@ -71,36 +72,52 @@ std::optional<RunOutcome> outcome_from(std::string_view name) {
   return std::nullopt;
 }
 
-// One sample line: NAME{K="V",...} VALUE. nullopt when it is not one.
+// One sample line: NAME{K="V",...} VALUE, with the labels looplock writes
+// (the others are passed over). nullopt when it is not one.
 struct Sample {
-  std::string name;
-  std::map<std::string, std::string> labels;
+  std::string_view name;
+  std::optional<std::string> lock_id, loop, operation, outcome;
   double value = 0;
 };
+
+// A label's value from its escaped text (\\, \" and \n).
+std::string unescape(std::string_view escaped) {
+  if (escaped.find('\\') == std::string_view::npos) return std::string(escaped);
+  std::string value;
+  for (size_t j = 0; j < escaped.size(); ++j) {
+    if (escaped[j] == '\\' && j + 1 < escaped.size()) {
+      ++j;
+      value += escaped[j] == 'n' ? '\n' : escaped[j];
+    } else {
+      value += escaped[j];
+    }
+  }
+  return value;
+}
+
 std::optional<Sample> parse_sample(std::string_view line) {
   Sample s;
   size_t i = 0;
   while (i < line.size() && (std::isalnum(static_cast<unsigned char>(line[i])) || line[i] == '_')) ++i;
   if (i == 0) return std::nullopt;
-  s.name = std::string(line.substr(0, i));
+  s.name = line.substr(0, i);
   if (i < line.size() && line[i] == '{') {
     ++i;
     while (i < line.size() && line[i] != '}') {
       size_t eq = line.find('=', i);
       if (eq == std::string_view::npos || eq + 1 >= line.size() || line[eq + 1] != '"') return std::nullopt;
-      std::string key(line.substr(i, eq - i));
-      std::string value;
+      const std::string_view key = line.substr(i, eq - i);
       size_t j = eq + 2;
-      for (; j < line.size() && line[j] != '"'; ++j) {
-        if (line[j] == '\\' && j + 1 < line.size()) {
-          ++j;
-          value += line[j] == 'n' ? '\n' : line[j];
-        } else {
-          value += line[j];
-        }
-      }
+      while (j < line.size() && line[j] != '"') j += line[j] == '\\' && j + 1 < line.size() ? 2 : 1;
       if (j >= line.size()) return std::nullopt;
-      s.labels[key] = value;
+      const std::string_view escaped = line.substr(eq + 2, j - eq - 2);
+      using namespace std::string_view_literals;
+      std::optional<std::string>* field = key == "operation"sv ? &s.operation
+                                          : key == "outcome"sv ? &s.outcome
+                                          : key == "lock_id"sv ? &s.lock_id
+                                          : key == "loop"sv    ? &s.loop
+                                                               : nullptr;
+      if (field) *field = unescape(escaped);
       i = j + 1;
       if (i < line.size() && line[i] == ',') ++i;
     }
@@ -108,11 +125,9 @@ std::optional<Sample> parse_sample(std::string_view line) {
     ++i;
   }
   while (i < line.size() && line[i] == ' ') ++i;
-  const std::string text(line.substr(i));
-  char* end = nullptr;
-  errno = 0;
-  s.value = std::strtod(text.c_str(), &end);
-  if (text.empty() || errno != 0 || end == text.c_str() || (*end != '\0' && *end != ' ')) return std::nullopt;
+  const std::string_view text = line.substr(i);
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), s.value);
+  if (text.empty() || ec != std::errc() || (end != text.data() + text.size() && *end != ' ')) return std::nullopt;
   return s;
 }
 
@@ -185,12 +200,12 @@ MetricsFile parse_metrics(std::string_view text) {
   sys::for_each_line(text, [&](std::string_view line) {
     if (line.empty() || line.front() == '#') return;
     auto s = parse_sample(line);
-    if (!s || !s->labels.contains("operation")) return;
-    if (f.lock_id.empty()) f.lock_id = s->labels["lock_id"];
-    if (f.loop.empty()) f.loop = s->labels["loop"];
-    OperationSeries& series = f.operations[s->labels["operation"]];
+    if (!s || !s->operation) return;
+    if (f.lock_id.empty()) f.lock_id = s->lock_id.value_or("");
+    if (f.loop.empty()) f.loop = s->loop.value_or("");
+    OperationSeries& series = f.operations[*s->operation];
     if (s->name == kRunsName) {
-      if (auto o = outcome_from(s->labels["outcome"])) series.runs[*o] = s->value;
+      if (auto o = outcome_from(s->outcome.value_or(""))) series.runs[*o] = s->value;
       return;
     }
     for (const auto& g : kGauges) {

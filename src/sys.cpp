@@ -39,7 +39,9 @@ std::optional<std::string> pread_all(int fd, size_t limit) {
     const ssize_t n = retry_eintr([&] { return ::pread(fd, out.data() + have, want, static_cast<off_t>(have)); });
     if (n < 0) return std::nullopt;
     out.resize(have + static_cast<size_t>(n));
-    if (n == 0) break;
+    // A regular file's pread(2) comes back short only at its end: no second
+    // call to be told so (a file that grows meanwhile is read as it was).
+    if (static_cast<size_t>(n) < want) break;
   }
   return out;
 }

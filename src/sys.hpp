@@ -36,7 +36,8 @@ void for_each_line(std::string_view text, F&& f) {
 // Writes all of `data`; returns false (errno set) on failure.
 bool write_all(int fd, std::string_view data);
 
-// Reads up to `limit` bytes from the start of `fd` (pread). nullopt on error.
+// Reads up to `limit` bytes from the start of `fd`, a regular file (pread;
+// a short read is its end). nullopt on error.
 std::optional<std::string> pread_all(int fd, size_t limit);
 
 // Reads a whole (small) file such as /proc/PID/stat. nullopt on error, errno set.
