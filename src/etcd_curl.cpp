@@ -415,7 +415,17 @@ Transfer CurlTransport::perform(const Endpoint& ep, const Request& req) {
   t.connect_error = connecting.error;
   t.interrupted = watch.interrupted;
   probe(ep, req, t);
-  close_new_sockets_on_exec();
+  // libcurl's own sockets (its wake-up socketpair, made with the first
+  // transfer) appear only with a transfer that set up something new: the
+  // first, one that made a connection, or one whose probes ran (a look at
+  // /proc/self/fd costs a dozen system calls; the uncontended run makes
+  // three requests on one connection and looks once).
+  long connects = 0;
+  curl_easy_getinfo(easy_, CURLINFO_NUM_CONNECTS, &connects);
+  if (!looked_ || connects > 0 || t.speaks_tls || t.speaks_plain_http || t.rc != CURLE_OK) {
+    close_new_sockets_on_exec();
+    looked_ = true;
+  }
   pthread_sigmask(SIG_SETMASK, &watch.caller_mask, nullptr);
   return t;
 }

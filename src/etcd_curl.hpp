@@ -95,6 +95,7 @@ private:
   CURL* easy_ = nullptr;
   curl_slist* headers_ = nullptr;
   std::set<int> sockets_before_;                       // inherited ones: they pass to the command as they came
+  bool looked_ = false;                                // close_new_sockets_on_exec() has run once
   std::set<std::string> plain_http_, not_plain_http_;  // endpoints speaks_plain_http() asked
 };
 
