@@ -11,6 +11,7 @@
 #include <charconv>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 
@@ -47,17 +48,19 @@ constexpr Gauge kGauges[] = {
 };
 constexpr const char* kRunsName = "looplock_runs_total";
 
+// snprintf(3), not std::to_chars: the run has used snprintf already, and
+// to_chars' code lies elsewhere in the executable (first touches cost a
+// page fault each).
 std::string number(double v, bool timestamp) {
   char buf[64];
-  std::to_chars_result r;
   if (timestamp) {
-    r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::fixed, 3);
+    std::snprintf(buf, sizeof buf, "%.3f", v);
   } else if (v == static_cast<double>(static_cast<long long>(v))) {
-    r = std::to_chars(buf, buf + sizeof buf, static_cast<long long>(v));
+    std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(v));
   } else {
-    r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::fixed, 6);
+    std::snprintf(buf, sizeof buf, "%.6f", v);
   }
-  return r.ec == std::errc() ? std::string(buf, r.ptr) : std::string("0");
+  return buf;
 }
 
 std::string labels(const MetricsFile& f, const std::string& operation) {
@@ -126,8 +129,14 @@ std::optional<Sample> parse_sample(std::string_view line) {
   }
   while (i < line.size() && line[i] == ' ') ++i;
   const std::string_view text = line.substr(i);
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), s.value);
-  if (text.empty() || ec != std::errc() || (end != text.data() + text.size() && *end != ' ')) return std::nullopt;
+  char buf[64];
+  if (text.empty() || text.size() >= sizeof buf) return std::nullopt;
+  text.copy(buf, text.size());
+  buf[text.size()] = '\0';
+  char* end = nullptr;
+  errno = 0;
+  s.value = std::strtod(buf, &end);
+  if (errno != 0 || end == buf || (*end != '\0' && *end != ' ')) return std::nullopt;
   return s;
 }
 
