@@ -78,6 +78,8 @@ def uncontended(u):
         metrics=r(lambda m: ratio(m["looplock metrics"], m["looplock"]), "looplock metrics", "looplock"),
         metrics_added=med["looplock metrics"] - med["looplock"] if has >= {"looplock metrics"} else math.nan,
         once_per=r(lambda m: ratio(m["looplock once-per"], m["looplock"]), "looplock once-per", "looplock"),
+        one_option=r(lambda m: ratio(m["looplock -x"], m["looplock"]), "looplock -x", "looplock"),
+        metrics_env=r(lambda m: ratio(m["looplock metrics env"], m["looplock"]), "looplock metrics env", "looplock"),
     )
 
 

@@ -34,19 +34,20 @@ class Launcher:
         self.errfd = high_fd(os.open(self.errpath, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
         self.quiet_err = False
 
-    def spawn(self, argv, stdin=None, fd3=None, stderr=None):
+    def spawn(self, argv, stdin=None, fd3=None, stderr=None, env=None):
         err = self.errfd if stderr is None else stderr
         fa = [(os.POSIX_SPAWN_DUP2, self.devnull if stdin is None else stdin, 0),
               (os.POSIX_SPAWN_DUP2, self.devnull, 1),
               (os.POSIX_SPAWN_DUP2, err, 2)]
         if fd3 is not None:
             fa.append((os.POSIX_SPAWN_DUP2, fd3, 3))
-        return os.posix_spawn(argv[0], argv, self.env, file_actions=fa)
+        return os.posix_spawn(argv[0], argv, {**self.env, **env} if env else self.env, file_actions=fa)
 
-    def timed(self, argv, stderr=None):
-        """(wall ns, wait status, CPU ns of the tool and what it waited for)."""
+    def timed(self, argv, stderr=None, env=None):
+        """(wall ns, wait status, CPU ns of the tool and what it waited for);
+        env: variables added to the launcher's environment."""
         t0 = time.perf_counter_ns()
-        pid = self.spawn(argv, stderr=stderr)
+        pid = self.spawn(argv, stderr=stderr, env=env)
         _, status, ru = os.wait4(pid, 0)
         t1 = time.perf_counter_ns()
         return t1 - t0, status, int((ru.ru_utime + ru.ru_stime) * 1e9)
@@ -96,6 +97,14 @@ class Tools:
             return [self.looplock, "-F", *policy_args, self.dir, "--", *cmd]
         if tool == "looplock metrics":
             return [self.looplock, "--metrics-dir", self.metrics, *policy_args, self.dir, "--", *cmd]
+        if tool == "looplock metrics env":
+            # The same file, named by the environment (env_for): the update
+            # without an option for cxxopts to parse (see "looplock -x").
+            return [self.looplock, *policy_args, self.dir, "--", *cmd]
+        if tool == "looplock -x":
+            # -x (exclusive, the default) changes nothing: what one option on
+            # the command line costs a run.
+            return [self.looplock, "-x", *policy_args, self.dir, "--", *cmd]
         if tool == "looplock once-per":
             # 1ms: every run is a slot of its own, so each reads the ledger
             # and records its start and end (the whole cost of --once-per).
@@ -109,6 +118,10 @@ class Tools:
         if tool == "bare":
             return list(cmd)
         raise ValueError(tool)
+
+    def env_for(self, tool):
+        """What tool's environment has beside the launcher's."""
+        return {"LOOPLOCK_METRICS_DIR": self.metrics} if tool == "looplock metrics env" else {}
 
 
 # One driver loop: $1 runs of the rest of its arguments, after saying "ready"

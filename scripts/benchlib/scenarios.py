@@ -69,15 +69,17 @@ def uncontended(L, T, cfg):
     run here: no empty wrapper without a static C library), wall and cpu
     (tool → ns per run, repetition after repetition), reps, runs (per
     repetition), warmup."""
-    tools = ["looplock", "flock", "bare", "empty", "looplock -F", "flock -F", "looplock metrics", "looplock once-per"]
+    tools = ["looplock", "flock", "bare", "empty", "looplock -F", "flock -F", "looplock metrics", "looplock once-per",
+             "looplock -x", "looplock metrics env"]
     if T.empty is None:
         tools.remove("empty")
     argv = {t: T.wrap(t, [TRUE]) for t in tools}
+    env = {t: T.env_for(t) for t in tools}
     wall = {t: [] for t in tools}
     cpu = {t: [] for t in tools}
     for i in range(cfg["unc_warmup"] + cfg["unc_reps"] * cfg["unc_runs"]):
         for t in tools:  # A B C D E A B C D E ...
-            w, st, c = L.timed(argv[t])
+            w, st, c = L.timed(argv[t], env=env[t])
             check_ok(" ".join(argv[t]), st)
             if i >= cfg["unc_warmup"]:
                 wall[t].append(w)
