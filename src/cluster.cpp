@@ -326,16 +326,17 @@ void ClusterLock::hold() {
 
 bool ClusterLock::acquired(long long revision, bool waited) {
   token_ = revision;
-  update_value_ = waited;
   if (waited) acquired_at_ = sys::utc_now_iso8601();
-  // Hand the command a full window: after a wait whose renewals failed (the
-  // lease is older than a waiter's interval), the lease is renewed first.
-  // Otherwise the command starts at once, and a holder's renewal that is
-  // due already (a holder renews more often than a waiter) comes first
-  // thing in the job loop, off the hand-off's path.
-  const bool overdue = now() >= last_ok_ns_ + lease_timing::waiter_renewal_ns(ttl_s_);
+  // Hand the command a full window: a lease older than a holder's renewal
+  // interval (a waiter renews less often, or its renewals failed) is renewed
+  // before the command starts, so that the holder rides out the outage the
+  // man page promises from its first moment. At the default TTL a holder
+  // renews as often as a waiter: not on the hand-off's path.
   hold();
-  if (overdue && !renew(term_by_ns())) return false;
+  if (now() >= next_renewal_ns_ && !renew(term_by_ns())) return false;
+  // The value's acquired_at is rewritten at the job loop's first renewal,
+  // off the hand-off's path.
+  update_value_ = waited;
   return true;
 }
 
@@ -350,6 +351,7 @@ ClusterLock::Step ClusterLock::place(Queue& q, const std::vector<etcd::KeyValue>
     // (etcd says it is gone: queue again).
     next_renewal_ns_ = now();
     q.my_rev = 0;
+    q.before.reset();
     return Step::Again;
   }
   if (mine == queue.begin()) return Step::Ours;
@@ -383,6 +385,7 @@ void ClusterLock::renew_in_queue(Queue& q, long long t0, long long deadline) {
 // which also reads every contender.
 ClusterLock::Step ClusterLock::join(Queue& q, long long step_end) {
   ledger_at_acquisition_.reset();
+  q.before.reset();  // queuing (again): whoever was before us must be read anew
   auto t = client_.txn(etcd::queue_txn_body(keys_, holder_value(false), lease_, prefixes_, ledger_key_),
                        {step_end, lease_timing::attempt_ns(ttl_s_)});
   if (!t.ok()) {
@@ -490,10 +493,11 @@ ClusterLock::Step ClusterLock::read_queue(Queue& q, long long step_end) {
 // then itself, on the kept connection: a round that brought no news is
 // followed, after the renewal, by the same watch from the same revision
 // (nothing that happened in between is missed), without reading the queue
-// again. The news, a canceled watch or a failure read the queue again.
+// again. The news, a canceled watch (a compacted revision: watching it again
+// would be canceled again at once) or a failure read the queue again.
 void ClusterLock::watch_before(Queue& q, long long step_end) {
   auto w = client_.watch_delete(q.before->key, q.watch_from, {step_end, 0});
-  if (w.ok() && !w.value) return;  // no news: the same watch next round
+  if (w.ok() && !w.value) return;  // etcd ended the round at its deadline: the same watch next round
   q.before.reset();
   if (!w.ok() && w.status != etcd::Status::Timeout) note_unavailable(w.error);
 }

@@ -25,8 +25,9 @@
 //
 // The numbers (T = the TTL; lease.hpp; the man page's CLUSTER section has
 // them by TTL):
-//   renewal while holding: every clamp(T - kill-after - margin - 2.5 s,
-//     T/12, T/3): 250 ms at --ttl 3, 1.42 s at 5, 3.33 s at the default 10;
+//   renewal while holding: every clamp(T - kill-after - margin -
+//     max(2.5 s, T/4), T/12, T/3): 250 ms at --ttl 3, 1.42 s at 5, 3.33 s at
+//     the default 10;
 //   renewal while waiting: every T/3 (an expired waiter's lease only costs it
 //     its place in the queue);
 //   each attempt: T/10, at least 250 ms, at most 2 s, then the next endpoint
@@ -150,7 +151,10 @@ public:
   // was called); 0 while it is not lost. For the lease_lost row.
   long long lost_at_ns() const { return lost_at_ns_; }
   // The kill-after of term_by_ns(), when it is known only after construction.
-  void set_kill_after_ns(long long ns) { kill_after_ns_ = ns; }
+  void set_kill_after_ns(long long ns) {
+    kill_after_ns_ = ns;
+    if (token_ != 0) hold();  // holding: the renewal interval follows the kill-after
+  }
   // The reason to give when term_by passed without a renewal.
   std::string overdue_why() const;
 

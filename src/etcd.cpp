@@ -448,6 +448,7 @@ WatchProgress parse_watch(std::string_view body) {
     if (j.contains("error")) {  // a stream's error frame: the stream has ended
       w.canceled = true;
       w.ended = true;
+      if (j["error"].is_object()) w.code = j["error"].value("grpc_code", 0);
       w.reason = j["error"].is_object() ? j["error"].value("message", std::string("error")) : "error";
       return w;
     }
@@ -848,17 +849,19 @@ Result<bool> Client::watch_delete(std::string_view key, long long start_revision
   r.cause_endpoint = answer.cause_endpoint;
   r.code = answer.code;
   if (!answer.ok()) return r;
-  const WatchProgress w = parse_watch(raw);
+  WatchProgress w = parse_watch(raw);
+  // Nothing decided on a whole line: the stream ended by itself, and its
+  // last line (etcd's error frame, which no newline follows) is whole too.
+  if (!w.deleted && !w.canceled && !w.malformed && !raw.empty() && raw.back() != '\n') w = parse_watch(raw + "\n");
   if (w.malformed) {
     r.status = Status::Failed;
     r.error = "unexpected answer to watch: " + raw.substr(0, 200);
     return r;
   }
-  if (!w.deleted && !w.canceled) {  // the stream ended without news: read again
-    r.value = false;
-    return r;
-  }
-  r.value = w.deleted;
+  // Read again after the news, after a canceled watch (its revision was
+  // compacted, ...), and after a stream etcd ended for another reason than
+  // the deadline it was given; the same watch again after that deadline.
+  r.value = w.deleted || (w.canceled && !(w.ended && w.code == kCodeDeadlineExceeded));
   return r;
 }
 

@@ -193,6 +193,7 @@ struct WatchProgress {
   bool deleted = false;   // a DELETE event arrived
   bool canceled = false;  // etcd ended the watch (compacted, no leader, ...): read again
   bool ended = false;     // the stream itself ended (an error frame: its Grpc-Timeout passed, ...)
+  int code = 0;           // the error frame's gRPC code (4: the deadline, as asked)
   std::string reason;     // why it was canceled, when etcd says
   bool malformed = false;
 };
@@ -326,9 +327,12 @@ public:
   Result<bool> lease_revoke(long long id, Deadline d);
   Result<RangeResult> range(const RangeQuery& q, Deadline d);
   Result<TxnResult> txn(const std::string& body, Deadline d);
-  // Waits until `key` is deleted (at or after `start_revision`): true, or
-  // false when etcd canceled the watch (read again) or ended it at the
-  // deadline, as asked (Request::server_timeout_ns: the connection stays
+  // Waits until `key` is deleted (at or after `start_revision`) or etcd
+  // ends the watch: true when whoever waits must read again (the key was
+  // deleted, or etcd canceled the watch: compacted, permission denied, ...,
+  // or ended the stream for any reason but its deadline); false when etcd
+  // ended it at the deadline, as asked, with no news (Request::
+  // server_timeout_ns: the same watch can go on, and the connection stays
   // usable). Timeout when the deadline passed with the answer still open
   // (the connection is closed then).
   Result<bool> watch_delete(std::string_view key, long long start_revision, Deadline d);

@@ -362,10 +362,10 @@ Transfer CurlTransport::perform(const Endpoint& ep, const Request& req) {
   if (req.server_timeout_ns > 0)
     more.push_back("Grpc-Timeout: " + std::to_string(req.server_timeout_ns / 1'000'000) + "m");
   if (!more.empty()) {
-    for (curl_slist* h = headers_; h; h = h->next) {
-      if (!(with_token = curl_slist_append(with_token, h->data))) throw std::bad_alloc();
-    }
-    for (const auto& h : more) {
+    std::vector<std::string> all;
+    for (curl_slist* h = headers_; h; h = h->next) all.emplace_back(h->data);
+    all.insert(all.end(), more.begin(), more.end());
+    for (const auto& h : all) {
       curl_slist* longer = curl_slist_append(with_token, h.c_str());
       if (!longer) {
         curl_slist_free_all(with_token);

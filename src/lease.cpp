@@ -14,7 +14,8 @@ long long margin_ns(int ttl_s) { return 200 * kMs + ttl_ns(ttl_s) / 100; }
 long long min_renewal_ns(int ttl_s) { return ttl_ns(ttl_s) / 12; }
 long long waiter_renewal_ns(int ttl_s) { return ttl_ns(ttl_s) / 3; }
 long long holder_renewal_ns(int ttl_s, long long kill_after_ns) {
-  const long long room = ttl_ns(ttl_s) - kill_after_ns - margin_ns(ttl_s) - kRideOutNs;
+  const long long ride_out = std::max(kRideOutNs, ttl_ns(ttl_s) / 4);
+  const long long room = ttl_ns(ttl_s) - kill_after_ns - margin_ns(ttl_s) - ride_out;
   return std::clamp(room, min_renewal_ns(ttl_s), waiter_renewal_ns(ttl_s));
 }
 long long outage_ridden_ns(int ttl_s, long long kill_after_ns) {

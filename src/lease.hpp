@@ -3,9 +3,10 @@
 // which the job must have been sent TERM and KILL (cluster.hpp says why;
 // the man page's CLUSTER section has the table).
 //   renewal, holding: every clamp(T - kill-after - margin - E, T/12, T/3),
-//     E = 2.5 s, the outage it is to ride out (a leader election): no more
+//     E = max(2.5 s, T/4), the outage it is to ride out (a leader election,
+//     or a quarter of the TTL, the room --kill-after must leave): no more
 //     often than that needs, at least as often as etcd's own client (T/3),
-//     and never less often than T/12;
+//     and never more often than T/12;
 //   renewal, waiting: every T/3 (a lost place in the queue is only a wait);
 //   each attempt: T/10, at least 250 ms, at most 2 s;
 //   margin: 200 ms + T/100;
@@ -14,7 +15,8 @@
 
 namespace looplock::lease_timing {
 
-// E: the outage a holder's lease rides out when the TTL leaves room for it.
+// E's least: the outage a holder's lease rides out when the TTL leaves room
+// for it (a quarter of the TTL when that is longer).
 inline constexpr long long kRideOutNs = 2'500'000'000LL;
 
 long long ttl_ns(int ttl_s);

@@ -159,6 +159,7 @@ struct MiniEtcd {
   FakeClock& clock;
   FakeTransport transport;
   long long revision = 1;
+  long long compacted = 0;  // watches from below it are canceled at once, as etcd's
   long long next_lease = 100;
   std::map<std::string, Kv> kvs;
   std::map<long long, Lease> leases;
@@ -338,7 +339,14 @@ struct MiniEtcd {
       const long long from = std::stoll(body["create_request"]["start_revision"].get<std::string>());
       const std::string created =
           "{\"result\":{\"header\":{\"revision\":\"" + std::to_string(revision) + "\"},\"created\":true}}\n";
+      // The gateway's deadline (Grpc-Timeout), from the watch's start.
+      const long long ends = req.server_timeout_ns > 0 ? clock.t + req.server_timeout_ns : 0;
       for (;;) {
+        if (from < compacted) {  // compacted meanwhile: etcd cancels the watch
+          return answer(
+              created + R"({"result":{"canceled":true,"compact_revision":")" + std::to_string(compacted) + "\"}}\n",
+              answer_ns);
+        }
         for (const auto& [k, rev] : deletes) {
           if (k == key && rev >= from) {
             return answer(created + "{\"result\":{\"events\":[{\"type\":\"DELETE\",\"kv\":{\"key\":\"" + b64(key) +
@@ -348,7 +356,6 @@ struct MiniEtcd {
         // Nothing yet: the next thing that happens, if it happens before the
         // deadline, or before the gateway ends the stream (Grpc-Timeout):
         // then with an error frame, and the answer is complete.
-        const long long ends = req.server_timeout_ns > 0 ? clock.t + req.server_timeout_ns : 0;
         long long next = req.deadline_ns;
         if (ends != 0) next = std::min(next, ends);
         if (!scheduled.empty()) next = std::min(next, scheduled.begin()->first);

@@ -286,7 +286,6 @@ TEST_CASE("watch streams") {
   CHECK(parse_watch("nonsense\n").malformed);
 }
 
-
 TEST_CASE("client: a signal of interrupt_on ends the call at once, no other endpoint tried, no retry") {
   FakeClock clock;
   FakeTransport t(clock);
@@ -447,6 +446,27 @@ TEST_CASE("client: a watch waits until its deadline without retrying, and report
   CHECK(d.value);
 }
 
+TEST_CASE("client: a watch etcd ends at its deadline is no news; a canceled one, or one ended otherwise, is") {
+  FakeClock clock;
+  FakeTransport t(clock);
+  const std::string created = "{\"result\":{\"header\":{\"revision\":\"5\"},\"created\":true}}\n";
+  // etcd's gateway ends the stream with an error frame, no newline after it.
+  const std::string deadline = R"({"error":{"grpc_code":4,"http_code":504,"message":"context deadline exceeded"}})";
+  t.script = {answer(created + deadline), answer(created + deadline + "\n"),
+              answer(created + R"({"result":{"canceled":true,"compact_revision":"9"}})" + "\n"),
+              answer(created + R"({"error":{"grpc_code":14,"message":"etcdserver: no leader"}})"), answer(created)};
+  Client c(t, endpoints(1), clock);
+  for (const bool read_again : {false, false, true, true, false}) {
+    CAPTURE(t.calls.size());
+    auto w = c.watch_delete("k", 6, {clock.t + kSec, 0});
+    REQUIRE(w.ok());
+    CHECK(w.value == read_again);
+  }
+  // The server is asked to end it before the client's deadline, with room.
+  CHECK(t.calls[0].server_timeout_ns > 0);
+  CHECK(t.calls[0].server_timeout_ns <= kSec - 100 * kMs);
+}
+
 TEST_CASE("client: etcd authentication: a token first, on every request, renewed when etcd rejects it") {
   FakeClock clock;
   FakeTransport t(clock);
@@ -505,4 +525,3 @@ TEST_CASE("client: a TLS failure tries the next endpoint and keeps the reason an
 }
 
 // -- the cluster lock against a small etcd in memory ------------------------
-
