@@ -255,8 +255,9 @@ struct Place {
 // inode it writes into was the collector's file until the last swap; a
 // reader may still have it open, and must never see it rewritten under it:
 // a write lease (F_SETLEASE F_WRLCK), which the kernel grants only when no
-// other descriptor has the file open, proves nobody does (taken and dropped
-// at once: the file cannot be opened by the collector's name meanwhile).
+// other descriptor has the file open, proves nobody does; it is held until
+// the file is in place (closing the descriptor drops it), so that an open
+// that was under way blocks until then, and reads the whole new file.
 // Returns true once the file is in place (`err` empty) or when a write
 // failed (`err` says why); false when the staging file cannot be used here
 // (another user's, no leases on this file system, a reader holds it, no
@@ -271,7 +272,6 @@ bool swap_in(const Place& at, const std::string& text, std::string& err) {
   // A broken lease would be signalled to looplock: with URG, whose default
   // action is to ignore it.
   if (fcntl(fd.get(), F_SETSIG, SIGURG) != 0 || fcntl(fd.get(), F_SETLEASE, F_WRLCK) != 0) return false;
-  (void)fcntl(fd.get(), F_SETLEASE, F_UNLCK);
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = sys::retry_eintr(

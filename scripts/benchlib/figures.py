@@ -49,9 +49,9 @@ def ratio_of(wall, reps, f, cpu=None):
     repetition, and on CPU time (tool → ns, when given)."""
     med = {t: median(v) for t, v in wall.items()}
     per_rep = []
-    for i in range(reps):
-        rep = {t: median(repetitions(v, reps)[i]) for t, v in wall.items()}
-        per_rep.append(f(rep))
+    cut = {t: repetitions(v, reps) for t, v in wall.items()}
+    for i in range(min(len(c) for c in cut.values()) if cut else 0):
+        per_rep.append(f({t: median(c[i]) for t, c in cut.items()}))
     per_rep = [r for r in per_rep if not math.isnan(r)]
     c = f({t: median(v) for t, v in cpu.items()}) if cpu else math.nan
     return Ratio(f(med), min(per_rep, default=math.nan), max(per_rep, default=math.nan), c)

@@ -54,6 +54,7 @@ int main(int argc, char **argv) {
 EMPTY_C = r"""
 /* The physical limit of a wrapper: a static program that vforks, execs its
  * arguments, waits, and exits as the command did; nothing else. */
+#include <errno.h>
 #include <sys/wait.h>
 #include <unistd.h>
 extern char **environ;
@@ -66,7 +67,9 @@ int main(int argc, char **argv) {
   }
   if (pid < 0) return 71;
   int st;
-  while (waitpid(pid, &st, 0) < 0) {}
+  while (waitpid(pid, &st, 0) < 0) {
+    if (errno != EINTR) return 71;
+  }
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 """
