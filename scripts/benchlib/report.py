@@ -348,7 +348,8 @@ def verdict(met, judged):
 
 def targets_section(targets, judged):
     o = ["## Targets\n\nRatios in the same run on a 2-core machine; a ratio is judged on all its runs, and its "
-         "spread over the repetitions is in brackets.\n\n",
+         "spread over the repetitions is in brackets. *What was tried* says, with numbers, why a target that is "
+         "not met is not, and where its limit lies.\n\n",
          "| target | measured | verdict |\n|---|---|---|\n"]
     o += [f"| {t.name} | {measured(t)} | {verdict(t.met, judged)} |\n" for t in targets]
     o.append("\n")
