@@ -448,7 +448,12 @@ WatchProgress parse_watch(std::string_view body) {
     if (j.contains("error")) {  // a stream's error frame: the stream has ended
       w.canceled = true;
       w.ended = true;
-      if (j["error"].is_object()) w.code = j["error"].value("grpc_code", 0);
+      if (j["error"].is_object()) {
+        w.code = j["error"].value("grpc_code", 0);
+        constexpr int kDeadlineExceeded = 4;  // gRPC's code
+        w.deadline = w.code == kDeadlineExceeded ||
+                     j["error"].value("message", std::string()).find("context deadline exceeded") != std::string::npos;
+      }
       w.reason = j["error"].is_object() ? j["error"].value("message", std::string("error")) : "error";
       return w;
     }
@@ -861,7 +866,7 @@ Result<bool> Client::watch_delete(std::string_view key, long long start_revision
   // Read again after the news, after a canceled watch (its revision was
   // compacted, ...), and after a stream etcd ended for another reason than
   // the deadline it was given; the same watch again after that deadline.
-  r.value = w.deleted || (w.canceled && !(w.ended && w.code == kCodeDeadlineExceeded));
+  r.value = w.deleted || (w.canceled && !(w.ended && w.deadline));
   return r;
 }
 

@@ -452,11 +452,16 @@ TEST_CASE("client: a watch etcd ends at its deadline is no news; a canceled one,
   const std::string created = "{\"result\":{\"header\":{\"revision\":\"5\"},\"created\":true}}\n";
   // etcd's gateway ends the stream with an error frame, no newline after it.
   const std::string deadline = R"({"error":{"grpc_code":4,"http_code":504,"message":"context deadline exceeded"}})";
-  t.script = {answer(created + deadline), answer(created + deadline + "\n"),
+  // Now and then etcd 3.4's gateway says the same with code 2 (Unknown).
+  const std::string unknown = R"({"error":{"grpc_code":2,"http_code":500,"message":"context deadline exceeded"}})";
+  t.script = {answer(created + deadline),
+              answer(created + deadline + "\n"),
+              answer(created + unknown),
               answer(created + R"({"result":{"canceled":true,"compact_revision":"9"}})" + "\n"),
-              answer(created + R"({"error":{"grpc_code":14,"message":"etcdserver: no leader"}})"), answer(created)};
+              answer(created + R"({"error":{"grpc_code":14,"message":"etcdserver: no leader"}})"),
+              answer(created)};
   Client c(t, endpoints(1), clock);
-  for (const bool read_again : {false, false, true, true, false}) {
+  for (const bool read_again : {false, false, false, true, true, false}) {
     CAPTURE(t.calls.size());
     auto w = c.watch_delete("k", 6, {clock.t + kSec, 0});
     REQUIRE(w.ok());
