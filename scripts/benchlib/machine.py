@@ -1,10 +1,12 @@
 """What the report says about the machine it ran on: the CPU, the kernel,
-both tools' versions, the lock directory's file system, the date, and the
-load average (read at the start and at the end of the run)."""
+both tools' versions, the lock directory's file system, the date, the load
+average (read at the start and at the end of the run) and how much CPU
+other processes took while the bench ran."""
 import datetime
 import os
 import platform
 import subprocess
+import time
 from pathlib import Path
 
 
@@ -75,3 +77,47 @@ def loadavg():
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
     except OSError:
         return "unknown"
+
+
+def cpu_busy_seconds():
+    """The time all CPUs have spent busy since boot, in seconds: /proc/stat's
+    first line, user + nice + system + irq + softirq + steal (steal is what
+    the hypervisor gave to other machines). None without /proc/stat."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[1:9])
+    except (OSError, IndexError, ValueError):
+        return None
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds():
+    """The CPU time of this process and of the children it has reaped (the
+    tools, their commands, etcd), in seconds."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+class OtherLoad:
+    """How many CPUs, on average, processes other than the bench and its
+    children kept busy between start() and others(). The load average
+    cannot say it: the bench's own contended scenarios run 32 processes at
+    once and raise it themselves."""
+
+    def __init__(self):
+        self.busy = cpu_busy_seconds()
+        self.own = own_cpu_seconds()
+        self.at = time.monotonic()
+
+    def others(self):
+        """The average number of CPUs others used, or None if unknown."""
+        return others_cpus(self.busy, cpu_busy_seconds(), self.own, own_cpu_seconds(), time.monotonic() - self.at)
+
+
+def others_cpus(busy_start, busy_end, own_start, own_end, elapsed):
+    """The CPUs others kept busy on average over elapsed seconds: all the
+    CPUs' busy time less the bench's own (never below 0: the two clocks tick
+    at different grains). None if /proc/stat could not be read."""
+    if busy_start is None or busy_end is None or elapsed <= 0:
+        return None
+    return max(0.0, (busy_end - busy_start) - (own_end - own_start)) / elapsed

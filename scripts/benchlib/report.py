@@ -41,16 +41,19 @@ def tried_section(previous):
     return None
 
 
-def render(res, info, targets, *, quick, plot_note, tried, elapsed, load_start, load_end, short=False):
+def render(res, info, targets, *, quick, plot_note, tried, elapsed, load_start, load_end, others=None,
+           short=False):
     """The report. res: the scenarios' results by name; info: the Machine
     table's rows; targets: figures.verdicts(res) (judged unless quick; short:
     a run of `scripts/bench --short`, fewer runs, judged all the same);
     plot_note: why there is no plot, or None; tried: tried_section() of the
     previous report, or None; elapsed: the run's seconds; load_start,
-    load_end: /proc/loadavg's first three fields."""
+    load_end: /proc/loadavg's first three fields; others: the CPUs other
+    processes kept busy during the run, on average (machine.OtherLoad), or
+    None if unknown."""
     return "".join([
-        header(quick, busy_note(load_start, load_end, info), short),
-        machine(info, load_start, load_end, elapsed),
+        header(quick, busy_note(load_start, others, info), short),
+        machine(info, load_start, load_end, elapsed, others),
         uncontended_section(res["uncontended"]),
         contended_section(res["contended"]),
         handoff_section(res["handoff"]),
@@ -63,18 +66,32 @@ def render(res, info, targets, *, quick, plot_note, tried, elapsed, load_start, 
     ])
 
 
-def busy_note(load_start, load_end, info):
-    """A warning when other processes competed for the CPUs during the run."""
+# Other processes may use this much of the CPUs, on average, before the
+# report calls the machine busy: a quiet machine's daemons and kernel
+# threads stay well under it.
+BUSY_OTHERS = 0.25
+
+
+def busy_note(load_start, others, info):
+    """A warning when other processes competed for the CPUs: the machine was
+    loaded when the run started (1-minute load average of at least a CPU
+    per CPU), or others kept more than BUSY_OTHERS CPUs busy during it. The
+    load average at the end says nothing: the bench raises it itself."""
     try:
         cpus = int(info["CPUs (nproc)"])
-        worst = max(float(load_start.split()[0]), float(load_end.split()[0]))
+        start = float(load_start.split()[0])
     except (ValueError, IndexError, KeyError):
         return ""
-    if worst < cpus:
+    said = []
+    if start >= cpus:
+        said.append(f"the 1-minute load average was {start:g} on {cpus} CPUs when it started")
+    if others is not None and others > BUSY_OTHERS:
+        said.append(f"other processes kept {others:.2f} CPUs busy on average while it ran")
+    if not said:
         return ""
-    return (f"> **Busy machine**: the 1-minute load average reached {worst:g} on {cpus} CPUs during this "
-            "run, so other processes competed with the tools and the times are noisy (a tool that uses more "
-            "CPU is preempted more). Regenerate on a quiet machine before drawing conclusions.\n\n")
+    return (f"> **Busy machine**: {' and '.join(said)}, so other processes competed with the tools and the "
+            "times are noisy (a tool that uses more CPU is preempted more). Regenerate on a quiet machine "
+            "before drawing conclusions.\n\n")
 
 
 def header(quick, busy, short=False):
@@ -101,10 +118,12 @@ def header(quick, busy, short=False):
     return "".join(o)
 
 
-def machine(info, load_start, load_end, elapsed):
+def machine(info, load_start, load_end, elapsed, others=None):
     o = ["## Machine\n\n| | |\n|---|---|\n"]
     o += [f"| {k} | {v} |\n" for k, v in info.items()]
-    o.append(f"| load average (start → end) | {load_start} → {load_end} |\n")
+    o.append(f"| load average (start → end; the bench's own scenarios raise it) | {load_start} → {load_end} |\n")
+    shown = "unknown" if others is None else f"{others:.2f} CPUs on average"
+    o.append(f"| CPU used by other processes during the run (/proc/stat less the bench's own) | {shown} |\n")
     o.append(f"| bench wall time | {elapsed:.0f} s |\n\n")
     return "".join(o)
 
