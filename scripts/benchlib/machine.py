@@ -100,7 +100,7 @@ def own_cpu_seconds():
 
 class OtherLoad:
     """How many CPUs, on average, processes other than the bench and its
-    children kept busy between start() and others(). The load average
+    children kept busy from its making to others(). The load average
     cannot say it: the bench's own contended scenarios run 32 processes at
     once and raise it themselves."""
 

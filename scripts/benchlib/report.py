@@ -73,23 +73,25 @@ BUSY_OTHERS = 0.25
 
 
 def busy_note(load_start, others, info):
-    """A warning when other processes competed for the CPUs: the machine was
-    loaded when the run started (1-minute load average of at least a CPU
-    per CPU), or others kept more than BUSY_OTHERS CPUs busy during it. The
-    load average at the end says nothing: the bench raises it itself."""
+    """A warning when other processes competed for the CPUs: they kept more
+    than BUSY_OTHERS CPUs busy during the run. Where that is unknown (no
+    /proc/stat), a 1-minute load average of a CPU per CPU or more when the
+    run started. The load average at the end says nothing: the bench raises
+    it itself (and at the start it may still show an earlier run's)."""
     try:
         cpus = int(info["CPUs (nproc)"])
         start = float(load_start.split()[0])
     except (ValueError, IndexError, KeyError):
         return ""
-    said = []
-    if start >= cpus:
-        said.append(f"the 1-minute load average was {start:g} on {cpus} CPUs when it started")
-    if others is not None and others > BUSY_OTHERS:
-        said.append(f"other processes kept {others:.2f} CPUs busy on average while it ran")
-    if not said:
+    if others is not None:
+        if others <= BUSY_OTHERS:
+            return ""
+        said = f"other processes kept {others:.2f} CPUs busy on average while it ran"
+    elif start >= cpus:
+        said = f"the 1-minute load average was {start:g} on {cpus} CPUs when it started"
+    else:
         return ""
-    return (f"> **Busy machine**: {' and '.join(said)}, so other processes competed with the tools and the "
+    return (f"> **Busy machine**: {said}, so other processes competed with the tools and the "
             "times are noisy (a tool that uses more CPU is preempted more). Regenerate on a quiet machine "
             "before drawing conclusions.\n\n")
 
