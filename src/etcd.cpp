@@ -449,9 +449,8 @@ WatchProgress parse_watch(std::string_view body) {
       w.canceled = true;
       w.ended = true;
       if (j["error"].is_object()) {
-        w.code = j["error"].value("grpc_code", 0);
         constexpr int kDeadlineExceeded = 4;  // gRPC's code
-        w.deadline = w.code == kDeadlineExceeded ||
+        w.deadline = j["error"].value("grpc_code", 0) == kDeadlineExceeded ||
                      j["error"].value("message", std::string()).find("context deadline exceeded") != std::string::npos;
       }
       w.reason = j["error"].is_object() ? j["error"].value("message", std::string("error")) : "error";

@@ -193,7 +193,6 @@ struct WatchProgress {
   bool deleted = false;   // a DELETE event arrived
   bool canceled = false;  // etcd ended the watch (compacted, no leader, ...): read again
   bool ended = false;     // the stream itself ended (an error frame: its Grpc-Timeout passed, ...)
-  int code = 0;           // the error frame's gRPC code (4: the deadline, as asked)
   bool deadline = false;  // the error frame says the deadline passed (code 4, or etcd's gateway's code 2
                           // with "context deadline exceeded", which it sends now and then)
   std::string reason;     // why it was canceled, when etcd says

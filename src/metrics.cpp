@@ -272,15 +272,9 @@ bool swap_in(const Place& at, const std::string& text, std::string& err) {
   // A broken lease would be signalled to looplock: with URG, whose default
   // action is to ignore it.
   if (fcntl(fd.get(), F_SETSIG, SIGURG) != 0 || fcntl(fd.get(), F_SETLEASE, F_WRLCK) != 0) return false;
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = sys::retry_eintr(
-        [&] { return pwrite(fd.get(), text.data() + done, text.size() - done, static_cast<off_t>(done)); });
-    if (n < 0) {
-      err = failed("cannot write " + at.dir + "/" + staging);
-      return true;
-    }
-    done += static_cast<size_t>(n);
+  if (!sys::pwrite_all(fd.get(), text)) {
+    err = failed("cannot write " + at.dir + "/" + staging);
+    return true;
   }
   if (static_cast<size_t>(st.st_size) > text.size() &&
       sys::retry_eintr([&] { return ftruncate(fd.get(), static_cast<off_t>(text.size())); }) != 0) {

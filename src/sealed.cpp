@@ -41,14 +41,7 @@ bool write_over(int fd, std::string data, off_t max_padded) {
   } else if (static_cast<size_t>(st.st_size) > data.size()) {
     data.insert(data.size() - 1, static_cast<size_t>(st.st_size) - data.size(), ' ');
   }
-  size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t n =
-        sys::retry_eintr([&] { return pwrite(fd, data.data() + done, data.size() - done, static_cast<off_t>(done)); });
-    if (n < 0) return false;
-    done += static_cast<size_t>(n);
-  }
-  return true;
+  return sys::pwrite_all(fd, data);
 }
 
 }  // namespace looplock

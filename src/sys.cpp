@@ -24,43 +24,52 @@ bool write_all(int fd, std::string_view data) {
   return true;
 }
 
+bool pwrite_all(int fd, std::string_view data) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n =
+        retry_eintr([&] { return ::pwrite(fd, data.data() + done, data.size() - done, static_cast<off_t>(done)); });
+    if (n < 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
 namespace {
 // Reads go straight into the result, in chunks of this size (no buffer on
 // the stack: a fresh stack page costs a run a page fault).
 constexpr size_t kChunk = 4096;
-}  // namespace
 
-std::optional<std::string> pread_all(int fd, size_t limit) {
+// Up to `limit` bytes from read_at(into, count, offset) (a read(2) or
+// pread(2)), until it returns 0, or fewer bytes than asked where
+// `short_is_end`. nullopt on error.
+template <typename ReadAt>
+std::optional<std::string> read_chunks(size_t limit, bool short_is_end, ReadAt read_at) {
   std::string out;
   while (out.size() < limit) {
     const size_t have = out.size();
     const size_t want = std::min(kChunk, limit - have);
     out.resize(have + want);
-    const ssize_t n = retry_eintr([&] { return ::pread(fd, out.data() + have, want, static_cast<off_t>(have)); });
+    const ssize_t n = retry_eintr([&] { return read_at(out.data() + have, want, static_cast<off_t>(have)); });
     if (n < 0) return std::nullopt;
     out.resize(have + static_cast<size_t>(n));
-    // A regular file's pread(2) comes back short only at its end: no second
-    // call to be told so (a file that grows meanwhile is read as it was).
-    if (static_cast<size_t>(n) < want) break;
+    if (n == 0 || (short_is_end && static_cast<size_t>(n) < want)) break;
   }
   return out;
+}
+}  // namespace
+
+std::optional<std::string> pread_all(int fd, size_t limit) {
+  // A regular file's pread(2) comes back short only at its end: no second
+  // call to be told so (a file that grows meanwhile is read as it was).
+  return read_chunks(limit, true, [&](char* into, size_t count, off_t at) { return ::pread(fd, into, count, at); });
 }
 
 std::optional<std::string> read_file(const std::string& path, size_t limit) {
   UniqueFd fd(retry_eintr([&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY); }));
   if (!fd) return std::nullopt;
   // /proc files report size 0 and must be read sequentially, not with pread.
-  std::string out;
-  while (out.size() < limit) {
-    const size_t have = out.size();
-    const size_t want = std::min(kChunk, limit - have);
-    out.resize(have + want);
-    const ssize_t n = retry_eintr([&] { return ::read(fd.get(), out.data() + have, want); });
-    if (n < 0) return std::nullopt;
-    out.resize(have + static_cast<size_t>(n));
-    if (n == 0) break;
-  }
-  return out;
+  return read_chunks(limit, false, [&](char* into, size_t count, off_t) { return ::read(fd.get(), into, count); });
 }
 
 long long monotonic_ns() {

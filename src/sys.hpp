@@ -35,6 +35,9 @@ void for_each_line(std::string_view text, F&& f) {
 
 // Writes all of `data`; returns false (errno set) on failure.
 bool write_all(int fd, std::string_view data);
+// Writes all of `data` at the start of `fd` (pwrite: the file offset stays);
+// returns false (errno set) on failure.
+bool pwrite_all(int fd, std::string_view data);
 
 // Reads up to `limit` bytes from the start of `fd`, a regular file (pread;
 // a short read is its end). nullopt on error.

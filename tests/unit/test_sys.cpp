@@ -67,6 +67,22 @@ TEST_CASE("write_all and pread_all") {
   CHECK_FALSE(sys::pread_all(r.get(), 10));
 }
 
+TEST_CASE("pwrite_all writes at the start and leaves the file position") {
+  TempDir dir;
+  UniqueFd fd(::open((dir / "f").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+  REQUIRE(fd);
+  REQUIRE(sys::write_all(fd.get(), "0123456789"));
+  CHECK(sys::pwrite_all(fd.get(), "ab"));
+  CHECK(lseek(fd.get(), 0, SEEK_CUR) == 10);
+  CHECK(sys::pread_all(fd.get(), 100) == "ab23456789");
+  const std::string big(100'000, 'y');
+  CHECK(sys::pwrite_all(fd.get(), big));
+  CHECK(sys::pread_all(fd.get(), 1 << 20) == big);
+  errno = 0;
+  CHECK_FALSE(sys::pwrite_all(-1, "x"));
+  CHECK(errno == EBADF);
+}
+
 TEST_CASE("write_all writes everything through a pipe") {
   int p[2];
   REQUIRE(pipe(p) == 0);
