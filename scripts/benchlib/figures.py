@@ -111,10 +111,21 @@ def memory(m):
 
 def holder_renewal_s(ttl):
     """How often a holder renews at this TTL with the default kill-after, as
-    looplock's lease timing says (the man page's table)."""
+    looplock's lease timing says (the man page's table): T - kill-after -
+    margin - max(2.5 s, T/4), between T/12 and T/3."""
     kill_after = min(5.0, ttl / 6)
     margin = 0.2 + ttl / 100
-    return min(max(ttl - kill_after - margin - 2.5, ttl / 12), ttl / 3)
+    return min(max(ttl - kill_after - margin - max(2.5, ttl / 4), ttl / 12), ttl / 3)
+
+
+def keepalive_rows(c):
+    """The holder's keepalives in a hold of hold_s seconds, by TTL: (ttl,
+    keepalives, renewal interval s, keepalives expected), TTLs in order."""
+    rows = []
+    for ttl, n in sorted(c.get("keepalives", {}).items()):
+        every = holder_renewal_s(ttl)
+        rows.append((ttl, n, every, c["hold_s"] / every))
+    return rows
 
 
 def cluster(c):
@@ -212,14 +223,10 @@ def cluster_targets(c):
              "cluster: holder keepalives in a hold = hold / renewal interval (± 1) at --ttl 3 and 10",
              "cluster: waiters woken per release ≤ 1.1 at every number of waiters")
     if c.get("skipped"):
-        return [Target(names[0], math.nan, "ratio", None), Target(names[1], math.nan, "ratio", None),
-                Target(names[2], math.nan, "writes", None), Target(names[3], math.nan, "count", None),
-                Target(names[4], math.nan, "count", None)]
+        units = ("ratio", "ratio", "writes", "count", "count")
+        return [Target(name, math.nan, unit, None) for name, unit in zip(names, units)]
     f = cluster(c)
-    off = math.nan
-    for ttl, n in c.get("keepalives", {}).items():
-        expected = c["hold_s"] / holder_renewal_s(int(ttl))
-        off = abs(n - expected) if math.isnan(off) else max(off, abs(n - expected))
+    off = max((abs(n - expected) for _, n, _, expected in keepalive_rows(c)), default=math.nan)
     woken = max((row["tools"]["looplock"]["events"] for row in c.get("scale", [])), default=math.nan)
     return [Target(names[0], f["wall"].value, "ratio", nan_le(f["wall"].value, 0.60), spread=(f["wall"].lo, f["wall"].hi)),
             Target(names[1], f["handoff"], "ratio", nan_le(f["handoff"], 1.0)),

@@ -7,7 +7,9 @@ gathers all of that and writes the file.
 The section "What was tried" is kept by hand: tried_section() finds it in
 the previous report's text, and render() ends with it, verbatim.
 """
-from .figures import (cluster, contended_ratio, deadline_ratio, handoff_ratios, holder_renewal_s, memory,
+import math
+
+from .figures import (cluster, contended_ratio, deadline_ratio, handoff_ratios, keepalive_rows, memory,
                       uncontended)
 from .stats import median, ms, pct, rt
 
@@ -130,10 +132,14 @@ def machine(info, load_start, load_end, elapsed, others=None):
     return "".join(o)
 
 
+def spread_text(lo, hi):
+    """A spread over repetitions, "0.76..0.80", or None when there is none."""
+    return None if math.isnan(lo) else f"{rt(lo)}..{rt(hi)}"
+
+
 def ratio_cells(r):
     """A Ratio's cells: value, spread, CPU ratio."""
-    spread = "—" if r.lo != r.lo else f"{rt(r.lo)}..{rt(r.hi)}"
-    return f"{rt(r.value)} | {spread} | {rt(r.cpu)}"
+    return f"{rt(r.value)} | {spread_text(r.lo, r.hi) or '—'} | {rt(r.cpu)}"
 
 
 def uncontended_section(u):
@@ -263,7 +269,8 @@ def cluster_section(c):
                  f"| {c['writes'][t]:.1f} | {ms(pct(g, 50))} | {ms(pct(g, 90))} | {ms(pct(g, 100))} |\n")
     f = cluster(c)
     w = f["wall"]
-    spread = "" if w.lo != w.lo else f" ({rt(w.lo)}..{rt(w.hi)} over {c.get('reps', 1)} repetitions)"
+    sp = spread_text(w.lo, w.hi)
+    spread = f" ({sp} over {c.get('reps', 1)} repetitions)" if sp else ""
     o.append(f"\nlooplock / etcdctl: uncontended wall {rt(w.value)}{spread}, hand-off p50 {rt(f['handoff'])}.\n\n")
     o.append(breakdown_part(f["breakdown"]))
     if c.get("once_wall"):
@@ -298,9 +305,8 @@ def keepalive_part(c):
     o = [f"Keepalives while holding: `looplock --etcd --ttl T DIR -- sleep {c['hold_s']:g}` "
          "(etcd's LeaseKeepAlive messages during the run):\n\n"
          "| --ttl | keepalives | renewal interval s (man page) | expected |\n|---:|---:|---:|---:|\n"]
-    for ttl, n in sorted(c["keepalives"].items(), key=lambda kv: int(kv[0])):
-        every = holder_renewal_s(int(ttl))
-        o.append(f"| {ttl} | {n:.0f} | {every:.2f} | {c['hold_s'] / every:.1f} |\n")
+    for ttl, n, every, expected in keepalive_rows(c):
+        o.append(f"| {ttl} | {n:.0f} | {every:.2f} | {expected:.1f} |\n")
     o.append("\n")
     return "".join(o)
 
@@ -353,8 +359,8 @@ def measured(target):
         number = f"{target.value:+.0f} KiB"
     else:
         number = rt(target.value)
-    if target.spread and target.spread[0] == target.spread[0]:
-        number += f" ({rt(target.spread[0])}..{rt(target.spread[1])})"
+    if target.spread and spread_text(*target.spread):
+        number += f" ({spread_text(*target.spread)})"
     return f"{target.label} {number}" if target.label else number
 
 
