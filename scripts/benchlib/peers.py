@@ -171,7 +171,7 @@ class EtcdServer:
         a stream one more; the HTTP gateway's calls are counted the same way),
         keepalives (LeaseKeepAlive messages) and events (watch events sent:
         each is a watcher woken)."""
-        out = {"writes": None, "requests": 0.0, "keepalives": 0.0, "events": None}
+        out = {"writes": None, "requests": None, "keepalives": 0.0, "events": None}
         with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
             for line in r.read().decode().splitlines():
                 if line.startswith("etcd_server_proposals_committed_total "):
@@ -179,12 +179,12 @@ class EtcdServer:
                 elif line.startswith("etcd_debugging_mvcc_events_total "):
                     out["events"] = float(line.split()[1])
                 elif line.startswith("grpc_server_msg_received_total{") and "grpc.health" not in line:
-                    out["requests"] += float(line.split()[-1])
+                    out["requests"] = (out["requests"] or 0.0) + float(line.split()[-1])
                     if 'grpc_method="LeaseKeepAlive"' in line:
                         out["keepalives"] += float(line.split()[-1])
-        if out["writes"] is None or out["events"] is None:
-            raise BenchError("etcd's /metrics lacks etcd_server_proposals_committed_total or "
-                             "etcd_debugging_mvcc_events_total")
+        if out["writes"] is None or out["events"] is None or out["requests"] is None:
+            raise BenchError("etcd's /metrics lacks etcd_server_proposals_committed_total, "
+                             "etcd_debugging_mvcc_events_total or grpc_server_msg_received_total")
         return out
 
     def stop(self):

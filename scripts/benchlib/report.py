@@ -80,19 +80,19 @@ def busy_note(load_start, others, info):
     /proc/stat), a 1-minute load average of a CPU per CPU or more when the
     run started. The load average at the end says nothing: the bench raises
     it itself (and at the start it may still show an earlier run's)."""
-    try:
-        cpus = int(info["CPUs (nproc)"])
-        start = float(load_start.split()[0])
-    except (ValueError, IndexError, KeyError):
-        return ""
     if others is not None:
         if others <= BUSY_OTHERS:
             return ""
         said = f"other processes kept {others:.2f} CPUs busy on average while it ran"
-    elif start >= cpus:
-        said = f"the 1-minute load average was {start:g} on {cpus} CPUs when it started"
     else:
-        return ""
+        try:
+            cpus = int(info["CPUs (nproc)"])
+            start = float(load_start.split()[0])
+        except (ValueError, IndexError, KeyError):
+            return ""
+        if start < cpus:
+            return ""
+        said = f"the 1-minute load average was {start:g} on {cpus} CPUs when it started"
     return (f"> **Busy machine**: {said}, so other processes competed with the tools and the "
             "times are noisy (a tool that uses more CPU is preempted more). Regenerate on a quiet machine "
             "before drawing conclusions.\n\n")

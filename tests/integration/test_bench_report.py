@@ -279,6 +279,8 @@ def test_a_skipped_scenario_says_why_and_its_targets_have_no_data():
 def test_a_busy_machine_is_said_to_be_busy():
     text = render(others=0.6)
     assert "> **Busy machine**: other processes kept 0.60 CPUs busy on average while it ran," in text
+    # Whatever /proc/loadavg said (or could not say).
+    assert "> **Busy machine**: other processes kept 0.60" in render(load=("unknown", "unknown"), others=0.6)
     assert "Busy machine" not in render(others=0.2)
     # Without /proc/stat, the load average when the run started.
     text = render(load=("2.50 1.00 0.50", "1.00 1.00 0.50"), others=None)
