@@ -1,7 +1,6 @@
 #include "sys.hpp"
 
 #include <fcntl.h>
-#include <pwd.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -183,7 +182,9 @@ std::string user_name(uid_t uid) {
       }
     }
   }
-  if (passwd* pw = getpwuid(uid); pw && pw->pw_name) return pw->pw_name;
+  // Never getpwuid(3): in a static program glibc would dlopen the NSS
+  // modules that /etc/nsswitch.conf names (systemd, sss, ldap), which crash
+  // there. A user /etc/passwd does not list is named by number.
   return id;
 }
 

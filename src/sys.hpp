@@ -72,9 +72,8 @@ bool same_file(const struct stat& a, const struct stat& b);
 // This host's name (gethostname(2)), or "unknown".
 std::string host_name();
 
-// The name of user `uid`: from /etc/passwd when it is there (one read, no NSS
-// machinery on the hot path), else from getpwuid(3) (LDAP and other NSS
-// sources), else the number.
+// The name of user `uid` as /etc/passwd lists it (one read), else the
+// number. Never NSS (getpwuid(3)): a static program cannot load its modules.
 std::string user_name(uid_t uid);
 
 }  // namespace looplock::sys

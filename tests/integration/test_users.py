@@ -1,0 +1,166 @@
+"""Users (looplock(1): --agent, FILES, METRICS): looplock run by users that
+/etc/passwd does not list, and files that a group shares.
+
+- The static looplock never asks NSS for a user name (glibc would load the
+  modules /etc/nsswitch.conf names, such as systemd's, into a static
+  program, which crashes there): `nm` shows no NSS entry point, and every
+  entry point runs as a uid without a passwd entry under
+  "passwd: files systemd" (a private mount namespace binds that
+  nsswitch.conf).
+
+Every subprocess has a timeout; holders print "ready" before the test goes on.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import (EX_TEMPFAIL, LOOPLOCK, PY, TIMEOUT, blocked_waiters, expect_line, helper, incident_rows,
+                      wait_until)
+
+LOCK = ".state.lock"
+
+
+def need_root():
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run looplock as other users")
+    for tool in ("setpriv", "unshare"):
+        if not shutil.which(tool):
+            pytest.skip(f"{tool}(1) is needed")
+
+
+@pytest.fixture
+def base():
+    """A root-owned 0755 directory under /tmp that any uid can search."""
+    need_root()
+    b = Path(tempfile.mkdtemp(prefix="looplock-users-", dir="/tmp"))
+    os.chmod(b, 0o755)
+    try:
+        yield b
+    finally:
+        shutil.rmtree(b, ignore_errors=True)
+
+
+# --- no NSS in the static binary ----------------------------------------------------
+
+# Entry points that load NSS modules: the passwd, group and shadow databases,
+# and name resolution. (getgroups(2) is a system call, not NSS.)
+NSS_SYMBOL = re.compile(r"^_*(getpw|getgrnam|getgrgid|getgrent|getgrouplist|initgroups|getspnam|getaddrinfo|"
+                        r"gethostbyname|nss_module_load|nss_)")
+
+
+def is_static(path):
+    with open(path, "rb") as f:
+        head = f.read(1 << 16)
+    return b"/ld-linux" not in head and b"ld-linux-x86-64" not in head
+
+
+def test_the_static_binary_has_no_nss_entry_point():
+    if not shutil.which("nm"):
+        pytest.skip("nm(1) is needed")
+    if not is_static(LOOPLOCK):
+        pytest.skip("looplock is linked dynamically here (a sanitizer build): NSS works there")
+    out = subprocess.run(["nm", LOOPLOCK], capture_output=True, text=True, timeout=TIMEOUT)
+    if out.returncode != 0:
+        pytest.skip(f"nm cannot read {LOOPLOCK}: {out.stderr.strip()}")
+    names = [line.split()[-1] for line in out.stdout.splitlines() if line.strip()]
+    assert names, "nm listed no symbols (a stripped binary cannot be checked)"
+    found = sorted({n for n in names if NSS_SYMBOL.match(n)})
+    assert found == [], f"the static looplock links NSS entry points: {found}"
+
+
+NSSWITCH = "passwd: files systemd\ngroup: files systemd\nshadow: files\n"
+# uids (and their group) that /etc/passwd does not list.
+U1, U2, U3 = 23451, 23452, 23453
+GID = 23450
+
+
+def unlisted(uid):
+    for line in Path("/etc/passwd").read_text().splitlines():
+        if line.split(":")[2:3] == [str(uid)]:
+            pytest.skip(f"uid {uid} is in /etc/passwd here")
+
+
+@pytest.fixture
+def as_unlisted(base):
+    """argv prefix: in a private mount namespace whose /etc/nsswitch.conf says
+    "passwd: files systemd", as uid U (group GID, no other groups), under
+    umask 002 (the group's files are group-writable)."""
+    for u in (U1, U2, U3):
+        unlisted(u)
+    conf = base / "nsswitch.conf"
+    conf.write_text(NSSWITCH)
+    os.chmod(conf, 0o644)
+    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                            f"mount --bind {conf} /etc/nsswitch.conf && grep -q systemd /etc/nsswitch.conf"],
+                           capture_output=True, text=True, timeout=TIMEOUT)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot bind-mount nsswitch.conf in a mount namespace here: {probe.stderr.strip()}")
+
+    def prefix(uid):
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                f'umask 002 && mount --bind {conf} /etc/nsswitch.conf && exec "$@"', "sh",
+                "setpriv", f"--reuid={uid}", f"--regid={GID}", "--clear-groups"]
+
+    return prefix
+
+
+def test_every_entry_point_runs_as_a_uid_without_a_passwd_entry(base, as_unlisted):
+    """A run, a skip, a timeout, --once-per, --metrics-dir, and --inspect of a
+    holder and a waiter of other unlisted uids: no crash, the agent is the
+    number."""
+    d = base / "loop"
+    d.mkdir()
+    os.chown(d, U1, GID)
+    os.chmod(d, 0o2770)
+    metrics = base / "metrics"
+    metrics.mkdir()
+    os.chown(metrics, U1, GID)
+
+    def looplock(uid, *args, **kw):
+        return subprocess.run([*as_unlisted(uid), LOOPLOCK, *map(str, args)], capture_output=True, text=True,
+                              timeout=TIMEOUT, cwd="/", **kw)
+
+    r = looplock(U1, "--metrics-dir", metrics, d, "--", "true")
+    assert (r.returncode, r.stderr) == (0, ""), r
+    assert json.loads((d / LOCK).read_text())["agent_id"] == str(U1)
+    assert list(metrics.glob("looplock_*.prom")), list(metrics.iterdir())
+    r = looplock(U1, "--once-per", "1m", "--operation", "tick", d, "--", "true")
+    assert (r.returncode, r.stderr) == (0, ""), r
+    r = looplock(U1, "--once-per", "1m", "--operation", "tick", d, "--", "true")
+    assert r.returncode == 0 and "noop-already-run" in r.stderr, r
+    assert f"(agent {U1})" in r.stderr, r.stderr
+
+    # A holder (uid U2) and a waiter (uid U3), both unlisted; the lock file
+    # is U1's (DIR's owner), 0660 in group GID.
+    holder = subprocess.Popen([*as_unlisted(U2), LOOPLOCK, "-p", "blocking", str(d), "--", PY,
+                               helper("wait_stdin.py")], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd="/")
+    waiter = None
+    try:
+        expect_line(holder, "ready")
+        r = looplock(U1, "-p", "single_flight", d, "--", "true")
+        assert r.returncode == 0 and "noop-locked" in r.stderr and f"agent {U2}" in r.stderr, r
+        r = looplock(U1, "-w", "0.1", d, "--", "true")
+        assert r.returncode == EX_TEMPFAIL and "lock_acquire_timeout" in r.stderr, r
+        assert incident_rows(d)[-1]["waiter"]["agent_id"] == str(U1)
+        waiter = subprocess.Popen([*as_unlisted(U3), LOOPLOCK, "-p", "blocking", "--operation", "waits", str(d),
+                                   "--", "true"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+        wait_until(lambda: blocked_waiters(d / LOCK), "the waiter to block in flock(2)")
+        r = looplock(U1, "--inspect", "--json", d)
+        assert r.returncode == 0, r
+        report = json.loads(r.stdout)
+        assert report["record"]["holder"]["agent_id"] == str(U2), report
+        (w,) = report["waiters"]
+        assert (w["agent_id"], w["operation"]) == (str(U3), "waits"), w
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=TIMEOUT)
+        if waiter:
+            waiter.wait(timeout=TIMEOUT)
+    assert holder.returncode == 0 and waiter.returncode == 0, (holder.stderr.read(), waiter.stderr.read())
