@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
+#include <utility>
 
 namespace looplock {
 
@@ -120,26 +122,51 @@ std::optional<long long> parse_duration(std::string_view text, std::string* why)
   return value;
 }
 
+namespace {
+
+struct Unit {
+  long long ns;
+  char name;
+};
+constexpr Unit kUnits[] = {{kSec, 's'}, {60 * kSec, 'm'}, {3600 * kSec, 'h'}, {86400 * kSec, 'd'}};
+
+// n / d rounded to the nearest (halves up), without overflow.
+long long div_round(long long n, long long d) { return n / d + (n % d >= d - n % d ? 1 : 0); }
+
+// The unit format_duration prints `ns` (at least 1 s after rounding) in,
+// and its value in tenths of it.
+std::pair<const Unit*, long long> printed_tenths(long long ns) {
+  for (const Unit& u : kUnits) {
+    const long long tenths = div_round(ns, u.ns / 10);
+    const bool last = &u == &kUnits[std::size(kUnits) - 1];
+    if (last || tenths < 10 * ((&u + 1)->ns / u.ns)) return {&u, tenths};  // else it carries: 60.0s is 1.0m
+  }
+  return {nullptr, 0};
+}
+
+}  // namespace
+
 std::string format_duration(long long ns) {
   if (ns == kForever) return "inf";
   if (ns < 0) ns = 0;
   char buf[64];
-  if (ns < kSec) {
-    std::snprintf(buf, sizeof buf, "%lldms", ns / kMs);
+  if (const long long ms = div_round(ns, kMs); ms < 1000) {
+    std::snprintf(buf, sizeof buf, "%lldms", ms);
     return buf;
   }
-  struct Unit {
-    long long ns;
-    char name;
-  };
-  static constexpr Unit kUnits[] = {{86400 * kSec, 'd'}, {3600 * kSec, 'h'}, {60 * kSec, 'm'}, {kSec, 's'}};
-  for (const Unit& u : kUnits) {
-    if (ns < u.ns) continue;
-    const long long tenths = ns / (u.ns / 10);  // cut, never rounded up
-    std::snprintf(buf, sizeof buf, "%lld.%lld%c", tenths / 10, tenths % 10, u.name);
-    return buf;
-  }
-  return "0ms";
+  const auto [u, tenths] = printed_tenths(ns);
+  std::snprintf(buf, sizeof buf, "%lld.%lld%c", tenths / 10, tenths % 10, u->name);
+  return buf;
+}
+
+long long printed_floor(long long ns) {
+  if (ns == kForever || ns <= 0) return ns < 0 ? 0 : ns;
+  if (ns < kSec) return ns / kMs * kMs;
+  // The unit format_duration prints it in; cut to tenths of that unit.
+  const Unit* u = printed_tenths(ns).first;
+  long long step = u->ns / 10;
+  if (ns / step * step < u->ns && u != kUnits) step = (u - 1)->ns / 10;  // cut below the unit: the smaller one's
+  return ns / step * step;
 }
 
 }  // namespace looplock

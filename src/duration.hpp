@@ -23,10 +23,15 @@ inline constexpr long long kForever = std::numeric_limits<long long>::max();
 std::optional<long long> parse_duration(std::string_view text, std::string* why = nullptr);
 
 // One number and one unit, the largest unit that keeps the number at 1 or
-// more: whole milliseconds below a second ("450ms"), else one decimal, cut
-// (never rounded up: "59.9s", never "60.0s"): "2.5s", "3.1m", "2.5h",
-// "1.5d". kForever is "inf"; a negative duration (a clock step backwards)
-// is "0ms".
+// more: whole milliseconds below a second ("450ms"), else one decimal
+// ("2.5s", "3.1m", "2.5h", "1.5d"), each rounded to the nearest printed
+// digit, carrying into the next unit (999.6 ms is "1.0s", 59.96 s "1.0m").
+// kForever is "inf"; a negative duration (a clock step backwards) is "0ms".
 std::string format_duration(long long ns);
+
+// `ns` cut to what format_duration prints exactly (whole milliseconds below
+// a second, tenths of the unit above): never more than `ns`, so a bound
+// shown as format_duration(printed_floor(bound)) is itself accepted.
+long long printed_floor(long long ns);
 
 }  // namespace looplock

@@ -263,9 +263,9 @@ long long lease_kill_after_ns(std::optional<long long> given, int ttl_s, std::st
   if (!given) return lease_timing::default_kill_after_ns(ttl_s);
   const std::string shown = given_text.empty() ? format_duration(*given) : std::string(given_text);
   const std::string what = "invalid --kill-after " + quote(shown) + " with --ttl " + std::to_string(ttl_s);
-  // Truncated to 10 ms; the hint shows at most that (format_duration cuts), so the number shown is accepted.
+  // Truncated to 10 ms; the hint shows it cut to a printed digit, so the number shown is accepted.
   const long long most = lease_timing::max_kill_after_ns(ttl_s) / 10'000'000LL * 10'000'000LL;
-  const std::string room = "Give --kill-after " + format_duration(most) + " or less (default at --ttl " +
+  const std::string room = "Give --kill-after " + format_duration(printed_floor(most)) + " or less (default at --ttl " +
                            std::to_string(ttl_s) + ": " + format_duration(lease_timing::default_kill_after_ns(ttl_s)) +
                            "), or a longer --ttl.";
   if (*given == 0) {
@@ -473,7 +473,12 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
     o.once_per_ns = d;
   }
   if (r.count("jitter")) {
-    if (const long long d = duration_option("jitter", text_of(r, "jitter")); d != 0) o.jitter_ns = d;
+    const long long d = duration_option("jitter", text_of(r, "jitter"));
+    if (d > kMaxJitterNs) {
+      usage_error("invalid --jitter " + quote(text_of(r, "jitter")) + ": at most 24h",
+                  "--jitter spreads a schedule's runs over part of its interval (20s for a */5 schedule).");
+    }
+    if (d != 0) o.jitter_ns = d;
   }
   if (r.count("warn-signal") && !r.count("warn-before")) usage_error("--warn-signal applies only with --warn-before");
   if (r.count("warn-before")) {
@@ -606,11 +611,16 @@ void read_cluster(const cxxopts::ParseResult& r, const Environment& env, Options
     }
   }
   if (r.count("ttl")) {
+    // A duration of whole seconds (10, 10s, 10.0s, 1m): etcd's leases count
+    // in seconds.
     const auto& text = text_of(r, "ttl");
-    auto v = parse_int(text);
-    if (!v || *v < 2 || *v > 86400)
-      usage_error("invalid --ttl " + quote(text) + ": expected whole seconds from 2 to 86400");
-    o.ttl_s = *v;
+    const auto d = parse_duration(text);
+    constexpr long long kSec = 1'000'000'000LL;
+    if (!d || *d % kSec != 0 || *d < 2 * kSec || *d > 86400 * kSec) {
+      usage_error("invalid --ttl " + quote(text) + ": expected whole seconds from 2 to 86400 (10, 10s, 1m)",
+                  d && *d % kSec != 0 && *d != kForever ? "etcd's leases count in whole seconds." : std::string(kTryHelp));
+    }
+    o.ttl_s = static_cast<int>(*d / kSec);
   }
   read_cluster_access(r, env, o);
 }

@@ -205,11 +205,14 @@ bool Run::counts(const LedgerLook& look, const Lock& lock, bool locked) const {
   const SlotVerdict v = judge_slot(look.entry, ctx_.start_wall_ms, *o_.once_per_ns / 1'000'000);
   if ((v.slot == Slot::Damaged && locked) || (v.ahead_ms > 0 && v.slot == Slot::Done)) {
     const bool counted = v.slot != Slot::Damaged;
+    // One host's entry ahead of its own clock: that clock was set back.
+    const std::string why = look.entry->host == sys::host_name()
+                                ? "this host's clock was set back by about that much since that run started"
+                                : "the hosts' clocks differ by that much";
     log_.warn("ledger_ahead",
               ledger + ": the last run of " + quote(o_.operation) + " started " +
-                  format_duration(v.ahead_ms * 1'000'000) +
-                  " after this looplock started, by this host's clock: the hosts' clocks differ by that much; " +
-                  (counted ? "it counts (it is within --once-per)" : "it does not count (beyond --once-per)"),
+                  format_duration(v.ahead_ms * 1'000'000) + " after this looplock started, by this host's clock: " +
+                  why + "; " + (counted ? "it counts (it is within --once-per)" : "it does not count (beyond --once-per)"),
               {{"ahead_ms", v.ahead_ms}, {"counted", counted}});
   }
   return v.slot == Slot::Done;

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -276,8 +277,8 @@ def sealed(obj):
     return body + ',"check":"' + hashlib.sha256(body.encode()).hexdigest()[:16] + '"}\n'
 
 
-def write_entry(loop_dir, started_ms, ended=True):
-    entry = {"operation": "tick", "host": "h2", "pid": 4242, "agent_id": "cron",
+def write_entry(loop_dir, started_ms, ended=True, host="h2"):
+    entry = {"operation": "tick", "host": host, "pid": 4242, "agent_id": "cron",
              "started_at": "2026-01-01T00:00:00.000Z", "started_ms": started_ms,
              "ended_at": None, "ended_ms": started_ms + 100 if ended else None, "exit_status": 0 if ended else None}
     (loop_dir / RUNS).write_text(sealed({"schema": "looplock_runs_v0", "runs": [entry]}))
@@ -295,6 +296,11 @@ def test_a_start_in_the_future_counts_within_duration_with_a_warning_and_beyond_
     assert r.returncode == 0, r.stderr
     assert "it does not count" in r.stderr
     assert [t[0] for t in ticks(history)] == ["b"]
+    # An entry of this very host: its own clock was set back, no other host's.
+    write_entry(loop_dir, now + 20_000, host=socket.gethostname())
+    r = run([*once(loop_dir, "60s"), *tick(history, "c")])
+    assert r.returncode == 0 and "noop-already-run" in r.stderr
+    assert "this host's clock was set back by about" in r.stderr and "hosts' clocks" not in r.stderr, r.stderr
 
 
 def test_a_start_without_an_end_under_the_lock_is_a_crashed_run_and_does_not_count(loop_dir, tmp_path):

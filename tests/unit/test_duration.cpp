@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <string>
 
 namespace {
@@ -72,14 +74,22 @@ TEST_CASE("parse_duration reads what timeout(1) reads, and ms") {
 TEST_CASE("format_duration: one number, one unit") {
   using looplock::format_duration;
   CHECK(format_duration(0) == "0ms");
-  CHECK(format_duration(999'999) == "0ms");
+  CHECK(format_duration(499'999) == "0ms");
+  CHECK(format_duration(999'999) == "1ms");
   CHECK(format_duration(450 * kMs) == "450ms");
   CHECK(format_duration(999 * kMs) == "999ms");
   CHECK(format_duration(kSec) == "1.0s");
   CHECK(format_duration(12'345 * kMs) == "12.3s");
-  CHECK(format_duration(59'999 * kMs) == "59.9s");  // cut, never "60.0s"
+  CHECK(format_duration(59'940 * kMs) == "59.9s");
+  CHECK(format_duration(59'960 * kMs) == "1.0m");  // rounded to 60.0s, carried: never "60.0s"
+  CHECK(format_duration(3'960 * kMs) == "4.0s");   // the nearest printed digit, not 3.9s
+  CHECK(format_duration(999'500'000) == "1.0s");   // 1000ms carries into seconds
+  CHECK(format_duration(999'499'999) == "999ms");
+  CHECK(format_duration(1'500'000) == "2ms");
+  CHECK(format_duration(23 * kHour + 58 * kMin) == "1.0d");
   CHECK(format_duration(kMin) == "1.0m");
-  CHECK(format_duration(185 * kSec) == "3.0m");
+  CHECK(format_duration(182 * kSec) == "3.0m");
+  CHECK(format_duration(183 * kSec) == "3.1m");
   CHECK(format_duration(186 * kSec) == "3.1m");
   CHECK(format_duration(kHour) == "1.0h");
   CHECK(format_duration(150 * kMin) == "2.5h");
@@ -89,7 +99,7 @@ TEST_CASE("format_duration: one number, one unit") {
   CHECK(format_duration(-5) == "0ms");  // a clock step backwards
 }
 
-TEST_CASE("what format_duration prints parses back, to at most what it was") {
+TEST_CASE("what format_duration prints parses back, within half a printed digit") {
   using looplock::format_duration;
   using looplock::parse_duration;
   for (long long ns : {0LL, 1LL, 5 * kMs, 450 * kMs, kSec, 2500 * kMs, 59'999 * kMs, kMin, 186 * kSec, kHour,
@@ -99,7 +109,27 @@ TEST_CASE("what format_duration prints parses back, to at most what it was") {
     CAPTURE(shown);
     const auto back = parse_duration(shown);
     REQUIRE(back);
-    CHECK(*back <= ns);
+    if (ns != looplock::kForever) {
+      const long long half = shown.ends_with("ms") ? kMs / 2 : *back / 20;  // half a digit of one decimal
+      CHECK(std::llabs(*back - ns) <= std::max(half, kMs / 2));
+    }
     CHECK(format_duration(*back) == shown);
+  }
+}
+
+TEST_CASE("printed_floor: what format_duration prints exactly, never more") {
+  using looplock::format_duration;
+  using looplock::parse_duration;
+  using looplock::printed_floor;
+  CHECK(printed_floor(6'366'666'666) == 6'300 * kMs);  // the most --kill-after at --ttl 10: shown as 6.3s
+  CHECK(printed_floor(59'960 * kMs) == 59'900 * kMs);  // not 1.0m (60 s): more than it
+  CHECK(printed_floor(999'700'000) == 999 * kMs);
+  CHECK(printed_floor(93 * kSec) == 90 * kSec);
+  CHECK(printed_floor(0) == 0);
+  for (long long ns : {1LL, 1'770'000'000LL, 6'360'000'000LL, 59'999 * kMs, 3'599 * kSec, 86'399 * kSec, 400 * kDay}) {
+    CAPTURE(ns);
+    const long long f = printed_floor(ns);
+    CHECK(f <= ns);
+    CHECK(parse_duration(format_duration(f)) == f);
   }
 }

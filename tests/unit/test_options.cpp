@@ -483,6 +483,25 @@ TEST_CASE("derive_operation: shell options with + take their value too") {
   CHECK(looplock::derive_operation({"sh", "+e", "run.sh"}) == "run.sh");
 }
 
+TEST_CASE("--jitter: at most 24h, no inf") {
+  CHECK(*parse({"--jitter", "24h", "DIR", "--", "x"}).jitter_ns == 86'400 * kSec);
+  CHECK(*parse({"--jitter", "20s", "DIR", "--", "x"}).jitter_ns == 20 * kSec);
+  CHECK(!parse({"--jitter", "0", "DIR", "--", "x"}).jitter_ns);
+  for (const char* text : {"inf", "1e12", "24.1h", "2d"}) {
+    CAPTURE(text);
+    auto f = parse_failure({"--jitter", text, "DIR", "--", "x"});
+    REQUIRE(f);
+    CHECK(f->status == 64);
+    CHECK(f->message == "invalid --jitter '" + std::string(text) + "': at most 24h");
+  }
+  // The deadlines keep inf.
+  for (const char* opt : {"-w", "--max-time", "--kill-after", "--once-per"}) {
+    CAPTURE(opt);
+    CHECK(!parse_failure({opt, "inf", "DIR", "--", "x"}));
+  }
+  CHECK(!parse_failure({"--inspect", "--stale-after", "inf", "DIR"}));
+}
+
 TEST_CASE("cluster options: --etcd, --lock-name, --ttl") {
   const std::string E = "http://127.0.0.1:2379";
   Options o = parse({"--etcd", E, "DIR", "--", "x"});
@@ -513,6 +532,20 @@ TEST_CASE("cluster options: --etcd, --lock-name, --ttl") {
   }
   auto f = parse_failure({"--etcd", E, "-s", "DIR", "--", "x"});
   CHECK(f->message.find("shared cluster locks are not supported") != std::string::npos);
+
+  // --ttl is a duration of whole seconds, as looplock prints it ("TTL 10.0s").
+  for (auto [text, ttl] : {std::pair{"10", 10}, std::pair{"10s", 10}, std::pair{"10.0s", 10}, std::pair{"1m", 60},
+                           std::pair{"2", 2}, std::pair{"1d", 86400}, std::pair{"2000ms", 2}}) {
+    CAPTURE(text);
+    CHECK(parse({"--etcd", E, "--ttl", text, "DIR", "--", "x"}).ttl_s == ttl);
+  }
+  for (const char* text : {"10.5", "2500ms", "1.5s", "inf", "2d", "0", "1s", "x"}) {
+    CAPTURE(text);
+    f = parse_failure({"--etcd", E, "--ttl", text, "DIR", "--", "x"});
+    REQUIRE(f);
+    CHECK(f->message == "invalid --ttl '" + std::string(text) + "': expected whole seconds from 2 to 86400 (10, 10s, 1m)");
+  }
+  CHECK(parse_failure({"--etcd", E, "--ttl", "10.5", "DIR", "--", "x"})->hint == "etcd's leases count in whole seconds.");
   // -s without --etcd, and $LOOPLOCK_ETCD with -s, as told.
   CHECK(parse({"-s", "DIR", "--", "x"}).shared);
   CHECK(parse_failure({"-s", "DIR", "--", "x"}, env));
