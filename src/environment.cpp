@@ -66,4 +66,23 @@ std::optional<long long> parse_deadline(const std::optional<std::string>& value)
   return s * 1000 + ms;
 }
 
+std::string format_deadline_owner(long long pid, const std::string& start) {
+  return std::to_string(pid) + ":" + start;
+}
+
+std::optional<DeadlineOwner> parse_deadline_owner(const std::optional<std::string>& value) {
+  if (!value) return std::nullopt;
+  const std::string& v = *value;
+  const size_t colon = v.find(':');
+  if (colon == std::string::npos || colon + 1 == v.size() || v.size() > 64) return std::nullopt;
+  DeadlineOwner o;
+  const char* end = v.data() + colon;
+  if (auto [p, ec] = std::from_chars(v.data(), end, o.pid); ec != std::errc() || p != end || o.pid <= 0) {
+    return std::nullopt;
+  }
+  o.start = v.substr(colon + 1);
+  if (!std::all_of(o.start.begin(), o.start.end(), [](char c) { return c >= '0' && c <= '9'; })) return std::nullopt;
+  return o;
+}
+
 }  // namespace looplock

@@ -23,6 +23,10 @@ inline constexpr std::string_view kMetricsDir = "LOOPLOCK_METRICS_DIR";
 // When looplock sends the command TERM for --max-time (Unix time, seconds
 // with milliseconds); nested, the earlier of its own and the inherited one.
 inline constexpr std::string_view kDeadline = "LOOPLOCK_DEADLINE";
+// Beside it: "PID:START", the looplock that set it (its pid and start time,
+// /proc/PID/stat's field 22). An inner looplock keeps an inherited deadline
+// only while that looplock is a live ancestor (nesting.hpp).
+inline constexpr std::string_view kDeadlineOwner = "LOOPLOCK_DEADLINE_OWNER";
 // The cluster lock (--etcd): the default endpoints, and what the command gets.
 inline constexpr std::string_view kEtcd = "LOOPLOCK_ETCD";
 inline constexpr std::string_view kEtcdKey = "LOOPLOCK_ETCD_KEY";
@@ -55,5 +59,14 @@ std::string format_deadline(long long ms);
 // Its value read back (ms since the epoch); nullopt when absent or not that
 // form.
 std::optional<long long> parse_deadline(const std::optional<std::string>& value);
+
+// LOOPLOCK_DEADLINE_OWNER's value, and read back (nullopt when absent or not
+// "PID:START" with a pid above 0 and a start of digits).
+struct DeadlineOwner {
+  long long pid = 0;
+  std::string start;
+};
+std::string format_deadline_owner(long long pid, const std::string& start);
+std::optional<DeadlineOwner> parse_deadline_owner(const std::optional<std::string>& value);
 
 }  // namespace looplock

@@ -88,4 +88,11 @@ std::optional<int> inherited_lock_fd(const EnvList& env, const struct stat& lock
   return fd;
 }
 
+bool deadline_owner_lives(const EnvList& env, pid_t self) {
+  const auto owner = parse_deadline_owner(env_get(env, env_name::kDeadlineOwner));
+  if (!owner || owner->start.empty() || owner->pid > 0x7fffffff || !procfs::proc_is_ours()) return false;
+  const auto pid = static_cast<pid_t>(owner->pid);
+  return procfs::is_self_or_ancestor(pid, self) && procfs::pid_start(pid) == owner->start;
+}
+
 }  // namespace looplock

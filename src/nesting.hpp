@@ -46,6 +46,13 @@ bool holds_through(int fd, int dirfd, const struct stat& lock_file, bool exclusi
 // exclusively.
 bool probe_holds_through(int fd, int dirfd, const struct stat& lock_file);
 
+// Whether the looplock that set an inherited LOOPLOCK_DEADLINE (named by
+// LOOPLOCK_DEADLINE_OWNER) is this process `self` or a live ancestor with
+// the same start time: only then does its deadline hold. A copied, stale or
+// unowned deadline does not (and without /proc of this pid namespace it
+// cannot be told, so it does not either).
+bool deadline_owner_lives(const EnvList& env, pid_t self);
+
 // The fd named by $LOOPLOCK_FD, if this process has it open on `lock_file`.
 std::optional<int> inherited_lock_fd(const EnvList& env, const struct stat& lock_file);
 

@@ -9,6 +9,8 @@
 #include "etcd_lock.hpp"
 #include "exit_codes.hpp"
 #include "local_lock.hpp"
+#include "nesting.hpp"
+#include "procfs.hpp"
 #include "spawn.hpp"
 #include "sys.hpp"
 #include "text.hpp"
@@ -139,19 +141,31 @@ JobEnd Run::run_job() {
 }
 
 // LOOPLOCK_DEADLINE: when --max-time sends TERM, or the inherited deadline
-// when that comes first; removed when there is neither.
+// when that comes first and the looplock that set it is still a live
+// ancestor (LOOPLOCK_DEADLINE_OWNER names it); removed when there is
+// neither, so the command never sees a deadline that does not hold.
 void Run::export_deadline() {
   const std::optional<std::string> inherited = env_get(ctx_.env, env_name::kDeadline);
   if (!inherited && !o_.max_time_ns) return;  // nothing to set or remove (the lock is held: no copy)
-  std::optional<long long> at = parse_deadline(inherited);
+  std::optional<long long> at;
+  std::string owner;
+  if (inherited && deadline_owner_lives(ctx_.env, ctx_.pid)) {
+    at = parse_deadline(inherited);
+    owner = env_get(ctx_.env, env_name::kDeadlineOwner).value_or("");
+  }
   if (o_.max_time_ns) {
     const long long own = sys::realtime_ms() + *o_.max_time_ns / 1'000'000;
-    at = at ? std::min(*at, own) : own;
+    if (!at || own < *at) {
+      at = own;
+      // /proc/self/stat: this looplock's start time, so that a later process
+      // given its pid is not taken for it.
+      owner = format_deadline_owner(ctx_.pid, procfs::own_start().value_or(""));
+    }
   }
   if (at) {
-    env_set(spec_.env, {{env_name::kDeadline, format_deadline(*at)}});
+    env_set(spec_.env, {{env_name::kDeadline, format_deadline(*at)}, {env_name::kDeadlineOwner, owner}});
   } else {
-    env_set(spec_.env, {}, {env_name::kDeadline});
+    env_set(spec_.env, {}, {env_name::kDeadline, env_name::kDeadlineOwner});
   }
 }
 

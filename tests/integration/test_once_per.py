@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (EX_CANTCREAT, EX_NOTFOUND, EX_TEMPFAIL, LOOPLOCK, PY, TIMEOUT, expect_line, helper,
-                      incident_rows, kill_and_wait_gone, run, start)
+                      incident_rows, kill_and_wait_gone, run, start, wait_until)
 
 TICK = helper("slot_tick.py")
 CHECKPOINT = helper("checkpoint_tick.py")
@@ -399,12 +399,26 @@ def test_the_command_gets_looplock_deadline_with_max_time_and_never_a_stale_one(
     value = r.stdout.strip()
     assert value.count(".") == 1 and len(value.split(".")[1]) == 3, value
     assert before + 30 - 1 <= float(value) <= after + 30 + 1
-    # Without --max-time an inherited value stays (the outer deadline holds),
-    # a malformed one is removed.
-    r = run([str(loop_dir), "--", *show], env={"LOOPLOCK_DEADLINE": "1796000000.500"})
-    assert r.stdout.strip() == "1796000000.500"
-    r = run([str(loop_dir), "--", *show], env={"LOOPLOCK_DEADLINE": "soon"})
-    assert r.stdout.strip() == "none"
+    # A value no live looplock set is removed: stale (an expired deadline
+    # copied into a cron line), malformed, or owned by a process that is not
+    # a live ancestor with that start time.
+    for env in ({"LOOPLOCK_DEADLINE": "1700000000.000"}, {"LOOPLOCK_DEADLINE": "1796000000.500"},
+                {"LOOPLOCK_DEADLINE": "soon"},
+                {"LOOPLOCK_DEADLINE": "1796000000.500", "LOOPLOCK_DEADLINE_OWNER": f"{os.getpid()}:1"},
+                {"LOOPLOCK_DEADLINE": "1796000000.500", "LOOPLOCK_DEADLINE_OWNER": "999999999:5"}):
+        r = run([str(loop_dir), "--", *show], env=env)
+        assert (r.returncode, r.stdout.strip()) == (0, "none"), (env, r.stderr)
+    # Owned by a live ancestor (this test, with its real start time): kept,
+    # even when it has passed.
+    with open(f"/proc/{os.getpid()}/stat") as f:
+        start = f.read().rsplit(")", 1)[1].split()[19]
+    r = run([str(loop_dir), "--", *show],
+            env={"LOOPLOCK_DEADLINE": "1700000000.000", "LOOPLOCK_DEADLINE_OWNER": f"{os.getpid()}:{start}"})
+    assert r.stdout.strip() == "1700000000.000", r.stderr
+    # Without --max-time a nested looplock passes its outer looplock's on.
+    inner = [LOOPLOCK, "--operation", "inner", str(loop_dir), "--", *show]
+    r = run(["--max-time", "30s", "--operation", "outer", str(loop_dir), "--", *inner])
+    assert abs(float(r.stdout.strip()) - (time.time() + 30)) < 5, r.stdout
     # Nested: the earlier of its own and the inherited one.
     inner = [LOOPLOCK, "--max-time", "60s", "--operation", "inner", str(loop_dir), "--", *show]
     r = run(["--max-time", "30s", "--operation", "outer", str(loop_dir), "--", *inner])
@@ -412,6 +426,25 @@ def test_the_command_gets_looplock_deadline_with_max_time_and_never_a_stale_one(
     inner = [LOOPLOCK, "--max-time", "5s", "--operation", "inner", str(loop_dir), "--", *show]
     r = run(["--max-time", "30s", "--operation", "outer", str(loop_dir), "--", *inner])
     assert float(r.stdout.strip()) <= time.time() + 6
+
+
+def test_a_detached_grandchild_of_a_max_time_run_starts_a_later_run_without_its_deadline(loop_dir, tmp_path):
+    """The deadline holds only while its looplock lives: a process that the
+    job left behind (setsid) and that starts another, non-nested looplock
+    after the first has exited does not pass that deadline on."""
+    other = tmp_path / "other"
+    other.mkdir()
+    out = tmp_path / "seen"
+    show = f"import os; open({str(out)!r}, 'w').write(os.environ.get('LOOPLOCK_DEADLINE', 'none'))"
+    # The grandchild lets go of the test's pipes (so that the first looplock
+    # is reaped), waits until that looplock has gone, then runs.
+    script = ('exec >/dev/null 2>&1; while kill -0 "$LOOPLOCK_HOLDER_PID" 2>/dev/null; do sleep 0.01; done; '
+              f'exec "$0" "$1" -- {PY} -c "$2"')
+    r = run(["-o", "--max-time", "30s", str(loop_dir), "--", "setsid", "-f", "sh", "-c", script, LOOPLOCK,
+             str(other), show])
+    assert r.returncode == 0, r.stderr
+    wait_until(lambda: out.exists() and out.read_text(), "the grandchild's run")
+    assert out.read_text() == "none"
 
 
 def test_a_tick_warned_before_max_time_checkpoints_and_finishes_cleanly(loop_dir, tmp_path):

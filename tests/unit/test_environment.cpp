@@ -71,3 +71,15 @@ TEST_CASE("LOOPLOCK_DEADLINE: seconds with milliseconds, read back strictly") {
     CHECK_MESSAGE(!looplock::parse_deadline(std::string(bad)), bad);
   }
 }
+
+TEST_CASE("LOOPLOCK_DEADLINE_OWNER: PID:START, read back strictly") {
+  CHECK(looplock::format_deadline_owner(4242, "68907") == "4242:68907");
+  const auto o = looplock::parse_deadline_owner(std::string("4242:68907"));
+  REQUIRE(o);
+  CHECK(o->pid == 4242);
+  CHECK(o->start == "68907");
+  CHECK_FALSE(looplock::parse_deadline_owner(std::nullopt));
+  for (const char* bad : {"", "4242", "4242:", ":68907", "0:1", "-5:1", "12a:1", "1:2x", "1:-2", "1:2:3"}) {
+    CHECK_MESSAGE(!looplock::parse_deadline_owner(std::string(bad)), bad);
+  }
+}

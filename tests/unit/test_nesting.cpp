@@ -8,8 +8,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <string>
 
+#include "procfs.hpp"
 #include "testutil.hpp"
 #include "unique_fd.hpp"
 
@@ -199,4 +201,30 @@ TEST_CASE("the probe used without /proc changes nothing and tells an exclusive h
   CHECK_FALSE(looplock::probe_holds_through(lock.fd.get(), lock.dir.get(), lock.st));
   CHECK_FALSE(free_now(lock, LOCK_EX));
   CHECK(free_now(lock, LOCK_SH));
+}
+
+TEST_CASE("an inherited deadline holds only while the looplock that set it is a live ancestor") {
+  const auto start = looplock::procfs::own_start();
+  REQUIRE(start);
+  const pid_t self = getpid();
+  auto owner = [](long long pid, const std::string& st) {
+    return EnvList{"LOOPLOCK_DEADLINE=1700000000.000", "LOOPLOCK_DEADLINE_OWNER=" + std::to_string(pid) + ":" + st};
+  };
+  CHECK(looplock::deadline_owner_lives(owner(self, *start), self));  // this process: an ancestor of itself
+  const pid_t parent = getppid();
+  if (auto ps = looplock::procfs::pid_start(parent)) CHECK(looplock::deadline_owner_lives(owner(parent, *ps), self));
+  CHECK_FALSE(looplock::deadline_owner_lives(owner(self, *start + "0"), self));  // another start: a reused pid
+  CHECK_FALSE(looplock::deadline_owner_lives(EnvList{"LOOPLOCK_DEADLINE=1700000000.000"}, self));  // no owner
+  // A live process that is not an ancestor: a child.
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  auto cs = looplock::procfs::pid_start(child);
+  REQUIRE(cs);
+  CHECK_FALSE(looplock::deadline_owner_lives(owner(child, *cs), self));
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
 }
