@@ -10,8 +10,8 @@ namespace looplock {
 
 std::string errno_message(const std::string& what, int err) { return what + ": " + std::strerror(err); }
 
-void fail_errno(int status, const std::string& what, int err, std::string hint) {
-  throw Fatal(status, errno_message(what, err), std::move(hint));
+void fail_errno(int status, const std::string& what, int err, std::string hint, std::string event) {
+  throw Fatal(status, errno_message(what, err), std::move(hint), std::move(event));
 }
 
 void write_stdout(std::string_view text) {

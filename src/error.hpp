@@ -37,8 +37,9 @@ private:
 // "<what>: <strerror(err)>"
 std::string errno_message(const std::string& what, int err);
 
-// Throws Fatal(status, what + ": " + strerror(err), hint).
-[[noreturn]] void fail_errno(int status, const std::string& what, int err, std::string hint = {});
+// Throws Fatal(status, what + ": " + strerror(err), hint, event).
+[[noreturn]] void fail_errno(int status, const std::string& what, int err, std::string hint = {},
+                             std::string event = {});
 
 // Writes `text` to standard output; throws Fatal 71 naming the failure
 // (a closed stdout, a full disk, /dev/full). A closed pipe (EPIPE) kills

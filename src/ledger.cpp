@@ -18,7 +18,11 @@ namespace looplock {
 
 namespace {
 
-constexpr size_t kMaxLedgerBytes = 1 << 20;
+// kMaxLedgerEntries entries of the longest names fit (each about 2 KB).
+constexpr size_t kMaxLedgerBytes = 4 << 20;
+
+// Whether a name is stored as it is: valid UTF-8 of at most 256 bytes.
+bool stored_as_is(const std::string& name) { return name.size() <= kMaxIdentityBytes && valid_utf8(name); }
 
 std::string ledger_display(const LockDir& dir) {
   return dir.path + (dir.path.ends_with('/') ? "" : "/") + kRunsName;
@@ -28,15 +32,17 @@ std::string ledger_display(const LockDir& dir) {
 
 std::optional<Refusal> refuse_ledger(const struct stat& file, const struct stat& dir, uid_t euid) {
   const bool group_shared = (dir.st_mode & S_IWGRP) && !(dir.st_mode & S_ISVTX) && file.st_gid == dir.st_gid;
-  if (!group_shared || file.st_uid == euid) return refuse_lock_file(file, dir, euid);
-  struct stat as_owners = file;
-  as_owners.st_uid = dir.st_uid;
-  return refuse_lock_file(as_owners, dir, euid);
+  struct stat judged = file;
+  if (group_shared && file.st_uid != euid) judged.st_uid = dir.st_uid;  // any member's, as if DIR's owner's
+  return refuse_file(judged, dir, euid, "run ledger", "unsafe_run_ledger");
 }
 
 Json run_entry_to_json(const RunEntry& e) {
   Json j = Json::object();
+  // A name that is not valid UTF-8 (or too long) is shown with U+FFFD, and
+  // stored whole beside it, in hex.
   j["operation"] = clip_bytes(e.operation);
+  if (!stored_as_is(e.operation)) j["operation_bytes"] = hex_encode(e.operation);
   j["host"] = clip_bytes(e.host);
   j["pid"] = e.pid;
   j["agent_id"] = clip_bytes(e.agent);
@@ -46,6 +52,10 @@ Json run_entry_to_json(const RunEntry& e) {
   j["ended_ms"] = e.ended_ms ? Json(*e.ended_ms) : Json(nullptr);
   j["exit_status"] = e.exit_status ? Json(*e.exit_status) : Json(nullptr);
   if (e.fencing_token != 0) j["fencing_token"] = e.fencing_token;
+  if (e.once_per_ms) j["once_per_ms"] = *e.once_per_ms;
+  if (!e.pid_start.empty()) j["pid_start"] = e.pid_start;
+  if (!e.boot_id.empty()) j["boot_id"] = e.boot_id;
+  if (!e.pid_ns.empty()) j["pid_ns"] = e.pid_ns;
   return j;
 }
 
@@ -57,8 +67,17 @@ std::optional<RunEntry> run_entry_from_json(const Json& j) {
   if (!str("operation") || !str("host") || !num("pid") || !str("agent_id") || !num("started_ms")) return std::nullopt;
   if (!num_or_null("ended_ms") || !num_or_null("exit_status")) return std::nullopt;
   if (j.contains("fencing_token") && !num("fencing_token")) return std::nullopt;
+  if (j.contains("once_per_ms") && !num("once_per_ms")) return std::nullopt;
+  for (const char* k : {"operation_bytes", "pid_start", "boot_id", "pid_ns"}) {
+    if (j.contains(k) && !str(k)) return std::nullopt;
+  }
   RunEntry e;
   e.operation = j["operation"].get<std::string>();
+  if (j.contains("operation_bytes")) {
+    auto raw = hex_decode(j["operation_bytes"].get<std::string>());
+    if (!raw) return std::nullopt;
+    e.operation = std::move(*raw);
+  }
   e.host = j["host"].get<std::string>();
   e.pid = j["pid"].get<long long>();
   e.agent = j["agent_id"].get<std::string>();
@@ -66,6 +85,10 @@ std::optional<RunEntry> run_entry_from_json(const Json& j) {
   if (j["ended_ms"].is_number_integer()) e.ended_ms = j["ended_ms"].get<long long>();
   if (j["exit_status"].is_number_integer()) e.exit_status = j["exit_status"].get<int>();
   if (j.contains("fencing_token")) e.fencing_token = j["fencing_token"].get<long long>();
+  if (j.contains("once_per_ms")) e.once_per_ms = j["once_per_ms"].get<long long>();
+  e.pid_start = j.value("pid_start", std::string());
+  e.boot_id = j.value("boot_id", std::string());
+  e.pid_ns = j.value("pid_ns", std::string());
   if (e.pid <= 0 || e.started_ms <= 0) return std::nullopt;
   return e;
 }
@@ -101,15 +124,22 @@ LedgerRead read_ledger(const LockDir& dir) {
   struct stat st {};
   if (fstatat(dir.fd.get(), kRunsName, &st, AT_SYMLINK_NOFOLLOW) != 0) {
     if (errno == ENOENT) return out;
-    fail_errno(status_for_errno(errno, exit_code::kCantCreate), "cannot stat " + ledger_display(dir), errno);
+    fail_errno(status_for_errno(errno, exit_code::kCantCreate), "cannot stat " + ledger_display(dir), errno, "",
+               "run_ledger_unusable");
   }
   if (auto r = refuse_ledger(st, dir.st, geteuid())) {
-    throw Fatal(exit_code::kCantCreate, "unsafe run ledger " + ledger_display(dir) + ": " + r->why, r->hint,
-                "unsafe_lock_file");
+    throw Fatal(exit_code::kCantCreate, "unsafe run ledger " + ledger_display(dir) + ": " + r->why, r->hint, r->event);
   }
   UniqueFd fd(sys::retry_eintr(
       [&] { return openat(dir.fd.get(), kRunsName, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); }));
-  if (!fd) fail_errno(status_for_errno(errno, exit_code::kCantCreate), "cannot open " + ledger_display(dir), errno);
+  if (!fd) {
+    const int err = errno;
+    fail_errno(status_for_errno(err, exit_code::kCantCreate), "cannot open " + ledger_display(dir), err,
+               err == EACCES ? "--once-per reads it under the lock: let the group that shares DIR read and write it "
+                               "(chgrp GROUP " + ledger_display(dir) + "; chmod g+rw " + ledger_display(dir) + ")."
+                             : "",
+               "run_ledger_unusable");
+  }
   // Rewritten in place under the lock: a read without it that overlapped a
   // write fails its check, and is taken again.
   std::optional<std::string> text;
@@ -117,7 +147,7 @@ LedgerRead read_ledger(const LockDir& dir) {
   for (int attempt = 0; attempt < 5 && !(object && object->checked); ++attempt) {
     if (attempt > 0) sys::sleep_until_ns(sys::monotonic_ns() + 2'000'000);
     text = sys::pread_all(fd.get(), kMaxLedgerBytes);
-    if (!text) fail_errno(exit_code::kOsError, "cannot read " + ledger_display(dir), errno);
+    if (!text) fail_errno(exit_code::kOsError, "cannot read " + ledger_display(dir), errno, "", "run_ledger_unusable");
     if (text->empty()) return out;
     object = unseal(*text);
   }
@@ -142,20 +172,28 @@ LedgerRead read_ledger(const LockDir& dir) {
 
 std::optional<RunEntry> entry_of(const LedgerRead& ledger, const std::string& operation) {
   for (auto it = ledger.entries.rbegin(); it != ledger.entries.rend(); ++it) {
-    if (it->operation == clip_bytes(operation)) return *it;
+    if (it->operation == operation) return *it;
   }
   return std::nullopt;
 }
 
-std::vector<RunEntry> with_entry(std::vector<RunEntry> entries, const RunEntry& entry) {
-  std::erase_if(entries, [&](const RunEntry& e) { return e.operation == clip_bytes(entry.operation); });
-  RunEntry kept = entry;
-  kept.operation = clip_bytes(entry.operation);
-  entries.push_back(std::move(kept));
-  if (entries.size() > kMaxLedgerOperations) {
-    entries.erase(entries.begin(), entries.begin() + static_cast<long>(entries.size() - kMaxLedgerOperations));
+LedgerUpdate with_entry(std::vector<RunEntry> entries, const RunEntry& entry, long long now_ms) {
+  std::erase_if(entries, [&](const RunEntry& e) { return e.operation == entry.operation; });
+  entries.push_back(entry);
+  // Past the limit, the oldest whose slot is over (or unknown: an earlier
+  // version's entry) go first.
+  const auto in_slot = [&](const RunEntry& e) { return e.once_per_ms && now_ms - e.started_ms < *e.once_per_ms; };
+  LedgerUpdate u;
+  for (auto it = entries.begin(); entries.size() > kMaxLedgerOperations && it != entries.end() - 1;) {
+    it = in_slot(*it) ? it + 1 : entries.erase(it);
   }
-  return entries;
+  if (entries.size() > kMaxLedgerOperations) u.crowded = entries.size();
+  if (entries.size() > kMaxLedgerEntries) {
+    u.dropped_in_slot = entries.size() - kMaxLedgerEntries;
+    entries.erase(entries.begin(), entries.begin() + static_cast<long>(u.dropped_in_slot));
+  }
+  u.entries = std::move(entries);
+  return u;
 }
 
 std::string encode_ledger(const std::vector<RunEntry>& entries) {
@@ -171,17 +209,21 @@ LedgerLook look_local_ledger(const LockDir& dir, const std::string& operation) {
   LedgerLook look;
   look.entry = entry_of(read, operation);
   look.damaged = read.unreadable ||
-                 std::find(read.damaged.begin(), read.damaged.end(), clip_bytes(operation)) != read.damaged.end() ||
+                 std::find(read.damaged.begin(), read.damaged.end(), operation) != read.damaged.end() ||
                  (!look.entry && std::find(read.damaged.begin(), read.damaged.end(), "?") != read.damaged.end());
   return look;
 }
 
-void record_local_ledger(const LockDir& dir, const RunEntry& entry) {
+LedgerUpdate record_local_ledger(const LockDir& dir, const RunEntry& entry, long long now_ms) {
   const LedgerRead read = read_ledger(dir);
-  if (const int err = write_ledger(dir, with_entry(read.entries, entry)); err != 0) {
+  LedgerUpdate u = with_entry(read.entries, entry, now_ms);
+  if (const int err = write_ledger(dir, u.entries); err != 0) {
     fail_errno(status_for_errno(err, exit_code::kCantCreate), "cannot write the run ledger " + ledger_display(dir), err,
-               "--once-per records each run there before the command starts; the command did not run.");
+               std::string(err == ENOSPC ? "The file system is full; the ledger was left as it was. " : "") +
+                   "--once-per records each run there before the command starts; the command did not run.",
+               "run_ledger_unusable");
   }
+  return u;
 }
 
 int write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries) {
@@ -194,6 +236,15 @@ int write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries) {
     struct stat st {};
     if (fstat(in_place.get(), &st) != 0) return errno;
     if (refuse_ledger(st, dir.st, geteuid())) return EPERM;
+    // Its new length first: a full disk then fails here, before a byte of
+    // the ledger changed (a torn ledger would lose every operation's slot).
+    if (static_cast<size_t>(st.st_size) < data.size()) {
+      int err;
+      do {
+        err = posix_fallocate(in_place.get(), 0, static_cast<off_t>(data.size()));
+      } while (err == EINTR);
+      if (err != 0) return err;
+    }
     return write_over(in_place.get(), data, static_cast<off_t>(kMaxLedgerBytes)) ? 0 : errno;
   }
   if (errno != ENOENT && errno != EACCES && errno != EPERM) return errno;

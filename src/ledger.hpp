@@ -21,12 +21,16 @@ namespace looplock {
 inline constexpr const char* kRunsName = ".state.lock.runs.json";
 inline constexpr const char* kRunsNewName = ".state.lock.runs.json.new";  // the next ledger, before its rename
 inline constexpr std::string_view kRunsSchema = "looplock_runs_v0";
-// The local ledger keeps this many operations; the oldest go first.
+// The local ledger keeps this many operations; past it, the oldest whose
+// slot is over go first. Entries inside their own slot are never dropped
+// below kMaxLedgerEntries (the ledger grows, with a warning); past that, the
+// oldest go whatever their slot.
 inline constexpr size_t kMaxLedgerOperations = 64;
+inline constexpr size_t kMaxLedgerEntries = 1024;
 
 // One run, as a ledger keeps it.
 struct RunEntry {
-  std::string operation;
+  std::string operation;  // the name as given, any bytes (stored losslessly)
   std::string host;
   long long pid = 0;
   std::string agent;
@@ -34,6 +38,13 @@ struct RunEntry {
   std::optional<long long> ended_ms;
   std::optional<int> exit_status;  // the run's exit status (128+N for a signal), once ended
   long long fencing_token = 0;     // with --etcd
+  std::optional<long long> once_per_ms;  // its --once-per (none in entries of earlier versions)
+  // Who its looplock is, so that a dead one can be told on its own host:
+  // its start time (field 22 of /proc/PID/stat), the boot and the pid
+  // namespace it ran in; each empty when unknown (earlier versions).
+  std::string pid_start;
+  std::string boot_id;
+  std::string pid_ns;
 };
 
 Json run_entry_to_json(const RunEntry& e);
@@ -82,19 +93,29 @@ std::optional<Refusal> refuse_ledger(const struct stat& file, const struct stat&
 // Reads DIR/.state.lock.runs.json (missing: empty). Throws Fatal 73 when the
 // file is unsafe, 71 on resource exhaustion.
 LedgerRead read_ledger(const LockDir& dir);
-// The entry of `operation`, if any.
+// The entry of `operation`, if any (names compared whole).
 std::optional<RunEntry> entry_of(const LedgerRead& ledger, const std::string& operation);
-// The ledger with `entry` in the place of its operation's (most recent last;
-// at most kMaxLedgerOperations operations).
-std::vector<RunEntry> with_entry(std::vector<RunEntry> entries, const RunEntry& entry);
+// The ledger with `entry` in the place of its operation's (most recent
+// last). Past kMaxLedgerOperations, the oldest entries whose slot is over at
+// `now_ms` are dropped; `crowded` then says how many entries remain inside
+// their slots (0: none beyond the limit), and `dropped_in_slot` how many of
+// those had to go at kMaxLedgerEntries.
+struct LedgerUpdate {
+  std::vector<RunEntry> entries;
+  size_t crowded = 0;
+  size_t dropped_in_slot = 0;
+};
+LedgerUpdate with_entry(std::vector<RunEntry> entries, const RunEntry& entry, long long now_ms);
 std::string encode_ledger(const std::vector<RunEntry>& entries);
-// Writes the ledger: a new file beside it, renamed over it, so that a crash
-// leaves the old ledger or the new, never half of one. Returns 0 or errno.
+// Writes the ledger: in place when this process may write the file, its new
+// length reserved first (posix_fallocate), so that a full disk changes
+// nothing; else a new file beside it, renamed over it. Returns 0 or errno.
 int write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries);
 
 // The local ledger's entry of `operation` (Fatal 73 when the ledger is unsafe).
 LedgerLook look_local_ledger(const LockDir& dir, const std::string& operation);
-// Records `entry` in the local ledger; Fatal 73 when it cannot.
-void record_local_ledger(const LockDir& dir, const RunEntry& entry);
+// Records `entry` in the local ledger, as of `now_ms`; Fatal 73 when it
+// cannot. Returns what the update did to other entries (for a warning).
+LedgerUpdate record_local_ledger(const LockDir& dir, const RunEntry& entry, long long now_ms);
 
 }  // namespace looplock

@@ -271,9 +271,29 @@ std::string local_ledger_name(const std::string& dir) {
   return "run ledger " + dir + (dir.ends_with('/') ? "" : "/") + kRunsName;
 }
 
+// Records `entry`; says when the ledger holds more operations inside their
+// slots than kMaxLedgerOperations (it grows), or had to drop some.
+void record_locally(const LockDir& dir, const RunEntry& entry, const Logger& log) {
+  const LedgerUpdate u = record_local_ledger(dir, entry, sys::realtime_ms());
+  if (u.dropped_in_slot > 0) {
+    log.warn("ledger_crowded",
+             local_ledger_name(dir.path) + " holds " + std::to_string(kMaxLedgerEntries) +
+                 " operations inside their --once-per slots, its most: the oldest " +
+                 std::to_string(u.dropped_in_slot) + " were dropped, and may run again within their slot",
+             {{"entries", kMaxLedgerEntries}, {"dropped", u.dropped_in_slot}});
+  } else if (u.crowded > 0) {
+    log.warn("ledger_crowded",
+             local_ledger_name(dir.path) + " holds " + std::to_string(u.crowded) +
+                 " operations inside their --once-per slots, more than " + std::to_string(kMaxLedgerOperations) +
+                 ": it grows (up to " + std::to_string(kMaxLedgerEntries) +
+                 "); are operation names made per run (a date, a job id)?",
+             {{"entries", u.crowded}, {"dropped", 0}});
+  }
+}
+
 bool record_end_locally(const LockDir& dir, const RunEntry& entry, const Logger& log) {
   try {
-    record_local_ledger(dir, entry);
+    record_locally(dir, entry, log);
     return true;
   } catch (const Fatal& f) {
     log.warn("ledger_write_failed", std::string(f.what()) +
@@ -288,14 +308,14 @@ bool record_end_locally(const LockDir& dir, const RunEntry& entry, const Logger&
 LedgerLook LocalLock::look_ledger(const std::string& operation, bool /*locked*/) {
   return look_local_ledger(dir_, operation);
 }
-void LocalLock::record_start(const RunEntry& entry) { record_local_ledger(dir_, entry); }
+void LocalLock::record_start(const RunEntry& entry) { record_locally(dir_, entry, log_); }
 bool LocalLock::record_end(const RunEntry& entry) { return record_end_locally(dir_, entry, log_); }
 std::string LocalLock::ledger_name() const { return local_ledger_name(o_.dir); }
 
 LedgerLook InheritedLock::look_ledger(const std::string& operation, bool /*locked*/) {
   return look_local_ledger(dir_, operation);
 }
-void InheritedLock::record_start(const RunEntry& entry) { record_local_ledger(dir_, entry); }
+void InheritedLock::record_start(const RunEntry& entry) { record_locally(dir_, entry, log_); }
 bool InheritedLock::record_end(const RunEntry& entry) { return record_end_locally(dir_, entry, log_); }
 std::string InheritedLock::ledger_name() const { return local_ledger_name(o_.dir); }
 

@@ -199,23 +199,28 @@ std::optional<Refusal> refuse_dir(const struct stat& dir, const std::string& sho
                  "unsafe_loop_dir"};
 }
 
-std::optional<Refusal> refuse_lock_file(const struct stat& file, const struct stat& dir, uid_t euid) {
-  if (S_ISLNK(file.st_mode)) return Refusal{kSymlinkWhy, kSymlinkHint, "unsafe_lock_file"};
+std::optional<Refusal> refuse_file(const struct stat& file, const struct stat& dir, uid_t euid, std::string_view noun,
+                                   std::string_view event) {
+  const std::string n(noun);
+  const std::string e(event);
+  if (S_ISLNK(file.st_mode)) return Refusal{kSymlinkWhy, kSymlinkHint, e};
   if (!S_ISREG(file.st_mode)) {
     return Refusal{"it is " + file_kind(file.st_mode) + ", not a regular file",
-                   "Move it away; looplock creates a regular file there.", "unsafe_lock_file"};
+                   "Move it away; looplock creates a regular file there.", e};
   }
   if (file.st_nlink > 1) {
-    return Refusal{"it has " + std::to_string(file.st_nlink) + " hard links; a lock file must have exactly one",
-                   "Another name for the same file could be swapped; replace it with a fresh regular file.",
-                   "unsafe_lock_file"};
+    return Refusal{"it has " + std::to_string(file.st_nlink) + " hard links; a " + n + " must have exactly one",
+                   "Another name for the same file could be swapped; replace it with a fresh regular file.", e};
   }
   if (file.st_uid != euid && file.st_uid != dir.st_uid) {
     return Refusal{"it is owned by uid " + std::to_string(file.st_uid) + ", neither you nor DIR's owner",
-                   "Only the caller or DIR's owner may own the lock file; ask its owner, or run as DIR's owner.",
-                   "unsafe_lock_file"};
+                   "Only the caller or DIR's owner may own the " + n + "; ask its owner, or run as DIR's owner.", e};
   }
   return std::nullopt;
+}
+
+std::optional<Refusal> refuse_lock_file(const struct stat& file, const struct stat& dir, uid_t euid) {
+  return refuse_file(file, dir, euid, "lock file", "unsafe_lock_file");
 }
 
 LockDir open_lock_dir(const std::string& path, bool check_safety) {

@@ -11,6 +11,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "policy.hpp"
 #include "unique_fd.hpp"
@@ -55,6 +56,10 @@ std::optional<Refusal> refuse_dir(const struct stat& dir, const std::string& sho
 // The lock file as found at the path (lstat): a symlink, not a regular file,
 // more than one link, or owned by neither `euid` nor DIR's owner.
 std::optional<Refusal> refuse_lock_file(const struct stat& file, const struct stat& dir, uid_t euid);
+// The same rules for another file of the lock's (`noun`: "run ledger"),
+// whose refusal is the event `event` ("unsafe_run_ledger").
+std::optional<Refusal> refuse_file(const struct stat& file, const struct stat& dir, uid_t euid, std::string_view noun,
+                                   std::string_view event);
 
 // DIR/.state.lock cannot be looked at (fstatat failed with `err`): Fatal 73
 // (71 for resource exhaustion), with the fix when DIR lacks search permission.

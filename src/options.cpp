@@ -678,6 +678,11 @@ void read_command(const cxxopts::ParseResult& r, const Split& split, const Envir
                                     : (env.user_name ? env.user_name() : std::string("unknown")));
   o.operation =
       r.count("operation") ? text_of(r, "operation") : (o.shell_form ? std::string("sh") : derive_operation(o.command));
+  if (o.once_per_ns && o.operation.size() > kMaxOncePerName) {
+    usage_error("--once-per needs an operation name of at most " + std::to_string(kMaxOncePerName) + " bytes (" +
+                    std::to_string(o.operation.size()) + " given)",
+                "Its slot is found by the whole name; give a shorter --operation NAME.");
+  }
 }
 
 }  // namespace

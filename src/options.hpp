@@ -104,6 +104,9 @@ LogFormat requested_log_format(int argc, char** argv);
 // The KILL after --max-time's TERM when --kill-after is not given.
 inline constexpr long long kDefaultKillAfterNs = 5'000'000'000LL;
 inline constexpr size_t kMaxIncidentsShown = 1000;  // --incidents' bound
+// --once-per compares operation names whole, and records them so: at most
+// this many bytes (records keep 256 bytes of a name).
+inline constexpr size_t kMaxOncePerName = 256;
 inline constexpr long long kMaxJitterNs = 86'400'000'000'000LL;  // --jitter's bound: 24h
 
 // The default operation name for a command: its base name, or the script's

@@ -171,6 +171,25 @@ std::optional<pid_t> parent_pid(pid_t pid) {
   return parse_stat_ppid(*s);
 }
 
+std::string boot_id() {
+  auto s = sys::read_file("/proc/sys/kernel/random/boot_id", 128);
+  if (!s) return {};
+  while (!s->empty() && (s->back() == '\n' || s->back() == ' ')) s->pop_back();
+  return *s;
+}
+
+std::string pid_namespace() {
+  char buf[64];
+  const ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
+  if (n <= 0) return {};
+  // "pid:[4026531836]": its inode.
+  const std::string_view link(buf, static_cast<size_t>(n));
+  const size_t open = link.find('[');
+  const size_t close = link.rfind(']');
+  if (open == std::string_view::npos || close == std::string_view::npos || close <= open + 1) return {};
+  return std::string(link.substr(open + 1, close - open - 1));
+}
+
 bool is_self_or_ancestor(pid_t pid, pid_t self) {
   if (pid <= 0) return false;
   pid_t cur = self;

@@ -35,6 +35,13 @@ struct ProcStat {
 std::optional<ProcStat> proc_stat(pid_t pid);
 std::optional<ProcStat> parse_proc_stat(std::string_view stat);
 
+// This boot's id (/proc/sys/kernel/random/boot_id) and this process's pid
+// namespace (the inode of /proc/self/ns/pid, as text): with a pid and its
+// start time, they tell a process on this host apart from every other.
+// Empty when they cannot be read.
+std::string boot_id();
+std::string pid_namespace();
+
 // Whether `pid` is `self` or one of its ancestors.
 bool is_self_or_ancestor(pid_t pid, pid_t self);
 

@@ -195,6 +195,9 @@ Exit Run::finish(const Conclusion& c) {
 
 // --- once per slot (--once-per) ------------------------------------------------
 
+// This run as the ledgers record it: who (with what tells its looplock
+// apart on this host: its start time, the boot, the pid namespace), when,
+// and its slot's length.
 RunEntry Run::this_run() const {
   RunEntry e;
   e.operation = o_.operation;
@@ -202,6 +205,10 @@ RunEntry Run::this_run() const {
   e.pid = ctx_.pid;
   e.agent = o_.agent;
   e.started_ms = ctx_.start_wall_ms;
+  e.once_per_ms = *o_.once_per_ns / 1'000'000;
+  e.pid_start = procfs::own_start().value_or("");
+  e.boot_id = procfs::boot_id();
+  e.pid_ns = procfs::pid_namespace();
   return e;
 }
 
@@ -282,11 +289,11 @@ std::optional<Conclusion> Run::claim_slot() {
     for (auto& lock : locks_) {
       if (lock->has_ledger()) lock->record_start(me);
     }
+    claimed_ = me;
   } catch (const Fatal&) {
     abandon_locks();
     throw;
   }
-  claimed_ = true;
   return std::nullopt;
 }
 
@@ -294,7 +301,7 @@ std::optional<Conclusion> Run::claim_slot() {
 // written (the run does not count).
 void Run::record_end(int status) {
   if (!claimed_) return;
-  RunEntry me = this_run();
+  RunEntry me = *claimed_;
   me.ended_ms = sys::realtime_ms();
   me.exit_status = status;
   for (auto& lock : locks_) {

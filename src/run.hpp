@@ -99,7 +99,7 @@ private:
   WaitPlan plan_;
   long long wait_start_ns_ = 0;  // when the first attempt starts: after --jitter
   bool nested_ = false;          // inside an outer looplock that holds this lock
-  bool claimed_ = false;         // this run's start is in the run ledger
+  std::optional<RunEntry> claimed_;  // this run, once its start is in the run ledger
   LockDir dir_;
   LockTarget target_;
   CommandSpec spec_;

@@ -2,6 +2,7 @@
 // and the one quoting rule for operands in messages.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,5 +21,14 @@ std::string join(const std::vector<std::string>& items, std::string_view separat
 // show it: 'value', printable, an apostrophe in it written '\''. Paths and
 // names looplock derives itself are not quoted.
 std::string quote(std::string_view operand);
+
+// Whether `text` is valid UTF-8 (no overlong forms, surrogates or code
+// points above U+10FFFF), as JSON needs it.
+bool valid_utf8(std::string_view text);
+
+// Bytes as lower-case hex digits, and back (nullopt for an odd length or a
+// non-hex digit): a name that is not valid UTF-8, stored losslessly in JSON.
+std::string hex_encode(std::string_view bytes);
+std::optional<std::string> hex_decode(std::string_view hex);
 
 }  // namespace looplock

@@ -270,6 +270,84 @@ def test_a_torn_ledger_blocks_nothing_it_is_reported_and_rewritten(loop_dir, tmp
     assert r.returncode == 0 and "noop-already-run" in r.stderr
 
 
+def test_a_name_that_is_not_utf8_has_its_slot_and_evicts_nobody(loop_dir, tmp_path):
+    """--operation $'tick\\xff' is stored whole (operation_bytes, in hex):
+    it finds its own entry, and its runs do not pile up entries that push
+    another operation's out of the ledger."""
+    history = tmp_path / "history"
+    bad = os.fsdecode(b"tick\xff")  # surrogate-escaped: passed on as the raw byte
+    assert run([*once(loop_dir, "60s", "good"), *tick(history, "good")]).returncode == 0
+    for i in range(70):
+        r = run([*once(loop_dir, "60s", bad), *tick(history, f"bad{i}")])
+        assert r.returncode == 0, r.stderr
+    assert [t[0] for t in ticks(history)] == ["good", "bad0"]
+    r = run([*once(loop_dir, "60s", "good"), *tick(history, "good2")])
+    assert r.returncode == 0 and "noop-already-run" in r.stderr, r.stderr
+    runs = ledger(loop_dir)["runs"]
+    assert len(runs) == 2, runs
+    (b,) = [e for e in runs if e["operation"] != "good"]
+    assert b["operation_bytes"] == "7469636bff" and b["operation"] == "tick\ufffd"
+
+
+def test_operations_inside_their_slots_are_never_evicted_the_ledger_grows_and_says_so(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    assert run([*once(loop_dir, "60s", "good"), *tick(history, "good")]).returncode == 0
+    warned = []
+    for i in range(70):
+        r = run([*once(loop_dir, "60s", f"op{i}"), "true"])
+        assert r.returncode == 0, r.stderr
+        warned += [line for line in r.stderr.splitlines() if "more than 64" in line]
+    assert warned and "operations inside their --once-per slots" in warned[-1], warned
+    r = run([*once(loop_dir, "60s", "good"), *tick(history, "good2")])
+    assert r.returncode == 0 and "noop-already-run" in r.stderr, r.stderr
+    assert [t[0] for t in ticks(history)] == ["good"]
+    assert len(ledger(loop_dir)["runs"]) == 71
+
+
+def test_once_per_refuses_an_operation_name_over_256_bytes(loop_dir):
+    r = run([*once(loop_dir, "60s", "é" * 128 + "x"), "true"])  # 257 bytes
+    assert r.returncode == 64, r.stderr
+    assert "--once-per needs an operation name of at most 256 bytes (257 given)" in r.stderr
+    assert run([*once(loop_dir, "60s", "é" * 128), "true"]).returncode == 0
+
+
+def test_a_full_disk_leaves_the_ledger_whole_and_the_run_exits_73_before_its_command(tmp_path, tmpfs):
+    """The ledger's new length is reserved before it is rewritten in place:
+    ENOSPC changes nothing, so no operation loses its slot."""
+    mnt = tmpfs(size="256k")
+    d = mnt / "loop"
+    d.mkdir()
+    history = tmp_path / "history"
+    # Operations until the ledger nearly fills its first page: the next
+    # entry, of a long name, needs a page more.
+    ops = []
+    while not ops or (d / RUNS).stat().st_size < 4096 - 450:
+        ops.append(f"op{len(ops):02}")
+        assert run([*once(d, "60s", ops[-1]), "true"]).returncode == 0
+    assert (d / RUNS).stat().st_size <= 4096
+    before = (d / RUNS).read_bytes()
+    filler = mnt / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass  # ENOSPC: the disk is full
+    finally:
+        os.close(fd)
+    r = run([*once(d, "60s", "op-new-" + "n" * 200), *tick(history, "new")])
+    assert r.returncode == EX_CANTCREAT, r.stderr
+    assert "No space left on device" in r.stderr and "the ledger was left as it was" in r.stderr, r.stderr
+    assert ticks(history) == []
+    assert (d / RUNS).read_bytes() == before
+    for op in ops:
+        r = run([*once(d, "60s", op), "true"])
+        assert r.returncode == 0 and "noop-already-run" in r.stderr and "damaged" not in r.stderr, r.stderr
+    filler.unlink()
+    assert run([*once(d, "60s", "op-new-" + "n" * 200), *tick(history, "new")]).returncode == 0
+    assert [t[0] for t in ticks(history)] == ["new"]
+
+
 def sealed(obj):
     """A ledger's text as looplock writes it: the object, its "check" last
     (the first 16 hex digits of the SHA-256 of the text before it)."""

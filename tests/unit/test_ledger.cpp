@@ -114,19 +114,103 @@ TEST_CASE("judge_slot: the slot is DURATION from the recorded start, by this loo
   CHECK(looplock::judge_slot(entry("t", kT - 5, kT - 1), kT, d).ahead_ms == 0);
 }
 
-TEST_CASE("with_entry replaces the operation's entry and keeps at most 64 operations") {
+TEST_CASE("with_entry replaces the operation's entry; past 64 operations the oldest out of their slot go") {
   std::vector<RunEntry> es;
-  es = looplock::with_entry(es, entry("a", kT));
-  es = looplock::with_entry(es, entry("b", kT + 1));
-  es = looplock::with_entry(es, entry("a", kT + 2, kT + 3));
+  es = looplock::with_entry(es, entry("a", kT), kT).entries;
+  es = looplock::with_entry(es, entry("b", kT + 1), kT).entries;
+  es = looplock::with_entry(es, entry("a", kT + 2, kT + 3), kT).entries;
   REQUIRE(es.size() == 2);
   CHECK(es[0].operation == "b");
   CHECK(es[1].operation == "a");
   CHECK(es[1].ended_ms == kT + 3);
-  for (int i = 0; i < 100; ++i) es = looplock::with_entry(es, entry("op" + std::to_string(i), kT + i));
+  // Entries without a slot length (earlier versions) or whose slot is over go first.
+  for (int i = 0; i < 100; ++i) es = looplock::with_entry(es, entry("op" + std::to_string(i), kT + i), kT).entries;
   CHECK(es.size() == looplock::kMaxLedgerOperations);
   CHECK(es.front().operation == "op36");  // the oldest went first
   CHECK(es.back().operation == "op99");
+}
+
+TEST_CASE("an entry inside its own slot is never dropped below the hard cap: the ledger grows, and says so") {
+  auto slotted = [](std::string op, long long started, long long once_per_ms) {
+    RunEntry e = entry(std::move(op), started, started + 10);
+    e.once_per_ms = once_per_ms;
+    return e;
+  };
+  std::vector<RunEntry> es;
+  es = looplock::with_entry(es, slotted("good", kT, 300'000), kT).entries;  // a 5-minute slot, now
+  // 100 other operations, each with a 1-minute slot, all inside it.
+  looplock::LedgerUpdate u;
+  for (int i = 0; i < 100; ++i) {
+    u = looplock::with_entry(es, slotted("bad" + std::to_string(i), kT + i, 60'000), kT + 100);
+    es = u.entries;
+  }
+  CHECK(es.size() == 101);
+  CHECK(es.front().operation == "good");
+  CHECK(u.crowded == 101);
+  CHECK(u.dropped_in_slot == 0);
+  // A minute later the "bad" slots are over, "good"'s is not: they go, it stays.
+  u = looplock::with_entry(es, slotted("next", kT + 70'000, 60'000), kT + 70'000);
+  CHECK(u.entries.size() == looplock::kMaxLedgerOperations);
+  CHECK(u.entries.front().operation == "good");
+  CHECK(u.crowded == 0);
+  // At the hard cap the oldest go whatever their slot.
+  es.clear();
+  for (size_t i = 0; i < looplock::kMaxLedgerEntries + 3; ++i) {
+    u = looplock::with_entry(es, slotted("op" + std::to_string(i), kT, 60'000), kT);
+    es = u.entries;
+  }
+  CHECK(es.size() == looplock::kMaxLedgerEntries);
+  CHECK(es.front().operation == "op3");
+  CHECK(u.dropped_in_slot == 1);
+}
+
+TEST_CASE("names are compared and stored whole: invalid UTF-8 is kept in hex beside its display") {
+  const std::string raw = std::string("tick\xff", 5);
+  RunEntry e = entry(raw, kT, kT + 1);
+  const looplock::Json j = looplock::run_entry_to_json(e);
+  CHECK(j["operation_bytes"] == "7469636bff");
+  CHECK(looplock::dump_json(j["operation"]) == "\"tick\xef\xbf\xbd\"");  // U+FFFD for display
+  const auto back = looplock::run_entry_from_json(j);
+  REQUIRE(back);
+  CHECK(back->operation == raw);
+  // Valid UTF-8 is stored as it is, without hex.
+  CHECK_FALSE(looplock::run_entry_to_json(entry("t\xc3\xa9", kT)).contains("operation_bytes"));
+  // A ledger keeps tick\xff apart from tick\ufffd and from other names.
+  std::vector<RunEntry> es;
+  es = looplock::with_entry(es, entry("tick\xef\xbf\xbd", kT, kT + 1), kT).entries;
+  es = looplock::with_entry(es, e, kT).entries;
+  CHECK(es.size() == 2);
+  looplock::LedgerRead read;
+  for (const auto& x : es) read.entries.push_back(*looplock::run_entry_from_json(looplock::run_entry_to_json(x)));
+  REQUIRE(looplock::entry_of(read, raw));
+  CHECK(looplock::entry_of(read, raw)->operation == raw);
+  CHECK(looplock::entry_of(read, "tick\xef\xbf\xbd")->operation == "tick\xef\xbf\xbd");
+  CHECK_FALSE(looplock::entry_of(read, "tick"));
+  // Damaged hex is a damaged entry.
+  looplock::Json bad = j;
+  bad["operation_bytes"] = "7g";
+  CHECK_FALSE(looplock::run_entry_from_json(bad));
+}
+
+TEST_CASE("an entry keeps its slot length and its looplock's identity; earlier entries read without them") {
+  RunEntry e = entry("t", kT, kT + 1);
+  e.once_per_ms = 240'000;
+  e.pid_start = "68907";
+  e.boot_id = "0b5d2c1e-8f4a-4d3b-9c1e-2a6f7b8c9d0e";
+  e.pid_ns = "4026531836";
+  const auto back = looplock::run_entry_from_json(looplock::run_entry_to_json(e));
+  REQUIRE(back);
+  CHECK(back->once_per_ms == 240'000);
+  CHECK(back->pid_start == "68907");
+  CHECK(back->boot_id == e.boot_id);
+  CHECK(back->pid_ns == "4026531836");
+  const auto old = looplock::run_entry_from_json(looplock::run_entry_to_json(entry("t", kT)));
+  REQUIRE(old);
+  CHECK_FALSE(old->once_per_ms);
+  CHECK(old->pid_start.empty());
+  looplock::Json wrong = looplock::run_entry_to_json(e);
+  wrong["once_per_ms"] = "4m";
+  CHECK_FALSE(looplock::run_entry_from_json(wrong));
 }
 
 TEST_CASE("the local ledger: missing is empty; written by rename; read back") {
@@ -135,9 +219,9 @@ TEST_CASE("the local ledger: missing is empty; written by rename; read back") {
   CHECK(looplock::read_ledger(d).entries.empty());
   CHECK_FALSE(looplock::look_local_ledger(d, "t").entry);
 
-  looplock::record_local_ledger(d, entry("t", kT));
-  looplock::record_local_ledger(d, entry("u", kT + 1, kT + 2));
-  looplock::record_local_ledger(d, entry("t", kT, kT + 5));
+  looplock::record_local_ledger(d, entry("t", kT), kT);
+  looplock::record_local_ledger(d, entry("u", kT + 1, kT + 2), kT);
+  looplock::record_local_ledger(d, entry("t", kT, kT + 5), kT);
   const auto look = looplock::look_local_ledger(d, "t");
   REQUIRE(look.entry);
   CHECK(look.entry->ended_ms == kT + 5);
@@ -152,7 +236,7 @@ TEST_CASE("the local ledger: missing is empty; written by rename; read back") {
 TEST_CASE("a ledger cut short or damaged by a crash blocks nothing: it reads as no entry and is rewritten") {
   TempDir dir;
   const looplock::LockDir d = looplock::open_lock_dir(dir.path());
-  looplock::record_local_ledger(d, entry("t", kT, kT + 5));
+  looplock::record_local_ledger(d, entry("t", kT, kT + 5), kT);
   const std::string whole = *testutil::slurp(dir / looplock::kRunsName);
   // Every prefix of a valid ledger (what a torn write would leave).
   for (size_t n = 1; n + 1 < whole.size(); n += 7) {
@@ -165,7 +249,7 @@ TEST_CASE("a ledger cut short or damaged by a crash blocks nothing: it reads as 
   // ledger is renamed into place when it is missing).
   REQUIRE(unlink((dir / looplock::kRunsName).c_str()) == 0);
   testutil::write_file(dir / looplock::kRunsNewName, "{\"schema\":", 0640);
-  looplock::record_local_ledger(d, entry("t", kT + 9, kT + 10));
+  looplock::record_local_ledger(d, entry("t", kT + 9, kT + 10), kT);
   const auto look = looplock::look_local_ledger(d, "t");
   REQUIRE(look.entry);
   CHECK(look.entry->started_ms == kT + 9);
@@ -204,7 +288,7 @@ TEST_CASE("the local ledger follows the lock file's rules") {
   testutil::write_file(dir / "elsewhere", "{}", 0640);
   REQUIRE(symlink((dir / "elsewhere").c_str(), (dir / looplock::kRunsName).c_str()) == 0);
   CHECK(fatal_status([&] { looplock::read_ledger(d); }) == 73);
-  CHECK(fatal_status([&] { looplock::record_local_ledger(d, entry("t", kT)); }) == 73);
+  CHECK(fatal_status([&] { looplock::record_local_ledger(d, entry("t", kT), kT); }) == 73);
   REQUIRE(unlink((dir / looplock::kRunsName).c_str()) == 0);
   REQUIRE(link((dir / "elsewhere").c_str(), (dir / looplock::kRunsName).c_str()) == 0);
   CHECK(fatal_status([&] { looplock::read_ledger(d); }) == 73);

@@ -21,3 +21,36 @@ TEST_CASE("quote: the one quoting rule for operands in messages") {
   CHECK(looplock::quote("it's") == "'it'\\''s'");  // as a shell reads it back
   CHECK(looplock::quote("a\nb") == "'a\\nb'");     // never a line of its own
 }
+
+TEST_CASE("valid_utf8: what JSON takes as it is") {
+  using looplock::valid_utf8;
+  CHECK(valid_utf8(""));
+  CHECK(valid_utf8("tick"));
+  CHECK(valid_utf8("t\xc3\xa9"));              // é
+  CHECK(valid_utf8("\xe2\x82\xac"));           // €
+  CHECK(valid_utf8("\xf0\x9f\x98\x80"));       // U+1F600
+  CHECK(valid_utf8("\xf4\x8f\xbf\xbf"));       // U+10FFFF
+  CHECK_FALSE(valid_utf8("tick\xff"));
+  CHECK_FALSE(valid_utf8("\xc3"));             // cut short
+  CHECK_FALSE(valid_utf8("\xe2\x82"));         // cut short
+  CHECK_FALSE(valid_utf8("\x80"));             // a continuation first
+  CHECK_FALSE(valid_utf8("\xc0\xaf"));         // overlong
+  CHECK_FALSE(valid_utf8("\xe0\x80\xaf"));     // overlong
+  CHECK_FALSE(valid_utf8("\xed\xa0\x80"));     // a surrogate
+  CHECK_FALSE(valid_utf8("\xf4\x90\x80\x80")); // above U+10FFFF
+  CHECK_FALSE(valid_utf8("\xc3\x28"));         // not a continuation
+}
+
+TEST_CASE("hex_encode and hex_decode round-trip any bytes") {
+  const std::string all = [] {
+    std::string s;
+    for (int c = 0; c < 256; ++c) s += static_cast<char>(c);
+    return s;
+  }();
+  CHECK(looplock::hex_encode("tick\xff") == "7469636bff");
+  CHECK(looplock::hex_decode(looplock::hex_encode(all)) == all);
+  CHECK(looplock::hex_decode("7469636BFF") == std::string("tick\xff"));
+  CHECK_FALSE(looplock::hex_decode("7"));
+  CHECK_FALSE(looplock::hex_decode("7g"));
+  CHECK(looplock::hex_decode("") == std::string());
+}
