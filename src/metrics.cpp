@@ -25,6 +25,13 @@ namespace looplock {
 namespace {
 
 constexpr size_t kMaxFileBytes = 4 << 20;
+// The modes files are created with, before the umask (never changed
+// afterwards): what node_exporter reads (the file, its staging file, a
+// temporary) 0664, so that the collector, another user, can read it and a
+// group that shares the directory can write it; the lock that serialises
+// updates 0660, as the lock file: whoever can open it can hold it.
+constexpr mode_t kCollectedMode = 0664;
+constexpr mode_t kUpdateLockMode = 0660;
 // How long a run waits for the other runs' updates of the same file.
 constexpr long long kLockWaitNs = 5'000'000'000LL;
 
@@ -238,7 +245,13 @@ void add_run(MetricsFile& f, const RunMetrics& run) {
 
 namespace {
 
-std::string failed(const std::string& what) { return what + ": " + std::strerror(errno); }
+std::string failed(const std::string& what) {
+  const int err = errno;
+  return what + ": " + std::strerror(err) +
+         (err == EACCES ? " (a directory a group shares: its files are created group-writable under umask 002; "
+                          "let the group read and write those made before, chmod g+rw)"
+                        : "");
+}
 
 // Where the collector's file is replaced: DIR's descriptor, the file's name,
 // and DIR as given (for messages).
@@ -265,7 +278,8 @@ struct Place {
 bool swap_in(const Place& at, const std::string& text, std::string& err) {
   const std::string staging = "." + at.name + ".next";
   UniqueFd fd(sys::retry_eintr([&] {
-    return openat(at.dirfd, staging.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, 0644);
+    return openat(at.dirfd, staging.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY,
+                  kCollectedMode);
   }));
   struct stat st {};
   if (!fd || fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) return false;
@@ -294,7 +308,8 @@ bool swap_in(const Place& at, const std::string& text, std::string& err) {
 std::string replace_by_rename(const Place& at, const std::string& text) {
   const std::string tmp = "." + at.name + "." + std::to_string(getpid()) + ".tmp";
   UniqueFd out(sys::retry_eintr([&] {
-    return openat(at.dirfd, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY, 0644);
+    return openat(at.dirfd, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY,
+                  kCollectedMode);
   }));
   if (!out) return failed("cannot create " + at.dir + "/" + tmp);
   std::string err;
@@ -315,11 +330,19 @@ std::string update_metrics_file(const std::string& dir, const RunMetrics& run) {
   const std::string name = file_name(run.lock_id);
 
   // One update at a time, so that counters carry over without losing any.
+  // flock(2) needs only a read descriptor: a lock file another member of
+  // the group made without group write (0644, as earlier versions did) is
+  // opened read-only.
+  const std::string lock_name = "." + name + ".lock";
   UniqueFd lock(sys::retry_eintr([&] {
-    return openat(dirfd.get(), ("." + name + ".lock").c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY,
-                  0644);
+    return openat(dirfd.get(), lock_name.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY,
+                  kUpdateLockMode);
   }));
-  if (!lock) return failed("cannot open " + dir + "/." + name + ".lock");
+  if (!lock && errno == EACCES) {
+    lock.reset(sys::retry_eintr(
+        [&] { return openat(dirfd.get(), lock_name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY); }));
+  }
+  if (!lock) return failed("cannot open " + dir + "/" + lock_name);
   const long long give_up = sys::monotonic_ns() + kLockWaitNs;
   while (flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno != EWOULDBLOCK && errno != EINTR) return failed("cannot lock " + dir + "/." + name + ".lock");

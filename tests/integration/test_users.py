@@ -7,6 +7,11 @@
   entry point runs as a uid without a passwd entry under
   "passwd: files systemd" (a private mount namespace binds that
   nsswitch.conf).
+- A group shares a loop dir and a metrics dir: every file looplock creates
+  there follows one mode rule (the lock file, run ledger and incidents file
+  0660 less the umask; the metrics files node_exporter reads 0664 less the
+  umask, their update lock 0660), so that under umask 002 every member of
+  the group can run, and the modes never change afterwards.
 
 Every subprocess has a timeout; holders print "ready" before the test goes on.
 """
@@ -164,3 +169,99 @@ def test_every_entry_point_runs_as_a_uid_without_a_passwd_entry(base, as_unliste
         if waiter:
             waiter.wait(timeout=TIMEOUT)
     assert holder.returncode == 0 and waiter.returncode == 0, (holder.stderr.read(), waiter.stderr.read())
+
+
+# --- a group shares a loop dir and a metrics dir -----------------------------------
+
+
+def member(uid, umask="002"):
+    """argv prefix: as uid (group GID) under `umask`."""
+    return ["setpriv", f"--reuid={uid}", f"--regid={GID}", "--clear-groups", "sh", "-c", f'umask {umask}; exec "$@"',
+            "sh"]
+
+
+def as_member(uid, *args, umask="002"):
+    return subprocess.run([*member(uid, umask), LOOPLOCK, *map(str, args)], capture_output=True, text=True,
+                          timeout=TIMEOUT, cwd="/")
+
+
+def group_dirs(base):
+    """DIR and METRICS, given to group GID (setgid, group-writable): the
+    man page's recipe for a loop a group shares."""
+    for u in (U1, U2):
+        unlisted(u)
+    d, metrics = base / "loop", base / "metrics"
+    for x in (d, metrics):
+        x.mkdir()
+        os.chown(x, 0, GID)
+        os.chmod(x, 0o2770)
+    # DIR's owner makes the lock file once (a member's would be refused).
+    subprocess.run(["install", "-m", "0660", "-g", str(GID), "/dev/null", str(d / LOCK)], check=True, timeout=TIMEOUT)
+    return d, metrics
+
+
+def modes(directory):
+    return {p.name: stat_mode(p) for p in directory.iterdir()}
+
+
+def stat_mode(p):
+    return os.lstat(p).st_mode & 0o7777
+
+
+def counts(metrics, outcome="success"):
+    """looplock_runs_total{outcome=...} over every operation."""
+    (prom,) = metrics.glob("looplock_*.prom")
+    found = re.findall(r'looplock_runs_total\{[^}]*,outcome="' + outcome + r'"\} (\d+)', prom.read_text())
+    return sum(int(n) for n in found)
+
+
+def test_a_group_shares_a_metrics_dir_under_umask_002_every_member_updates_it(base):
+    d, metrics = group_dirs(base)
+    # Each run its own slot (an operation of its own) in the shared ledger,
+    # and one series of the shared metrics file.
+    for i, uid in enumerate([U1, U2, U1, U2, U2, U1]):
+        r = as_member(uid, "--metrics-dir", metrics, "--once-per", "1m", "--operation", f"tick{i}", d, "--", "true")
+        assert (r.returncode, r.stderr) == (0, ""), (uid, r)
+        assert counts(metrics) == i + 1, (uid, next(metrics.glob("*.prom")).read_text())
+    r = as_member(U2, "--once-per", "1m", "--operation", "tick0", d, "--", "true")
+    assert r.returncode == 0 and "noop-already-run" in r.stderr and f"(agent {U1})" in r.stderr, r
+    m = modes(metrics)
+    lock_name = next(n for n in m if n.endswith(".prom.lock"))
+    assert m[lock_name] == 0o660, m
+    assert all(mode == 0o664 for name, mode in m.items() if name != lock_name), m  # .prom, .prom.next
+    assert not [n for n in m if n.endswith(".tmp")], m
+    assert modes(d) == {".state.lock": 0o660, ".state.lock.runs.json": 0o660}, modes(d)
+
+
+def test_under_umask_077_the_files_are_the_creators_alone_and_never_chmodded(base):
+    d, metrics = group_dirs(base)
+    r = as_member(U1, "--metrics-dir", metrics, d, "--", "true", umask="077")
+    assert (r.returncode, r.stderr) == (0, ""), r
+    m = modes(metrics)
+    assert sorted(m.values()) == [0o600, 0o600], m  # the file and its update lock; no staging file yet
+    (lock,) = metrics.glob(".looplock_*.prom.lock")
+    # A second member cannot update them: one warning, never another status.
+    r = as_member(U2, "--metrics-dir", metrics, d, "--", "true")
+    assert r.returncode == 0, r
+    assert "cannot update the metrics" in r.stderr and "Permission denied" in r.stderr and "chmod g+rw" in r.stderr
+    r = as_member(U2, "-q", "--metrics-dir", metrics, d, "--", "true")
+    assert (r.returncode, r.stderr) == (0, ""), r
+    # The creator under umask 002: files made now are 0664; the update
+    # lock keeps its mode (looplock never changes one).
+    r = as_member(U1, "--metrics-dir", metrics, d, "--", "true")
+    assert (r.returncode, r.stderr) == (0, ""), r
+    assert stat_mode(lock) == 0o600
+    assert [mode for name, mode in modes(metrics).items() if name.endswith(".prom.next")] == [0o600]
+    assert [mode for name, mode in modes(metrics).items() if name.endswith(".prom")] == [0o664]
+
+
+def test_a_0644_update_lock_of_an_earlier_version_still_serves_a_second_member(base):
+    d, metrics = group_dirs(base)
+    r = as_member(U1, "--metrics-dir", metrics, "--operation", "tick", d, "--", "true")
+    assert r.returncode == 0, r
+    (lock,) = metrics.glob(".looplock_*.prom.lock")
+    os.chmod(lock, 0o644)  # as looplock 0.1 and 0.2 before this fix made it
+    r = as_member(U2, "--metrics-dir", metrics, "--operation", "tick", d, "--", "true")
+    assert (r.returncode, r.stderr) == (0, ""), r
+    assert counts(metrics) == 2
+    assert stat_mode(lock) == 0o644
