@@ -234,7 +234,8 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
 }  // namespace
 
 InspectReport build_report(const InspectFacts& facts) {
-  const Verdict v = judge(facts.lock);
+  Verdict v = judge(facts.lock);
+  for (const auto& f : facts.files) v.warnings.push_back(f.file + ": " + f.problem + ". " + f.fix);
   return {report_json(facts, v), report_text(facts, v)};
 }
 
@@ -381,6 +382,11 @@ InspectReport inspect_dir(const Options& o, const std::string& path, etcd::Trans
     if (runs.unreadable) f.runs_error = std::string(kRunsName) + " is not a run ledger (the next --once-per run rewrites it)";
   } catch (const Fatal& e) {
     f.runs_error = e.what();
+  }
+  f.files = judge_lock_files(dir, geteuid());
+  if (!o.metrics_dir.empty()) {
+    auto metrics = judge_metrics_files(o.metrics_dir, f.lock_id, geteuid());
+    f.files.insert(f.files.end(), metrics.begin(), metrics.end());
   }
 
   InspectReport report = build_report(f);

@@ -13,6 +13,7 @@
 
 #include "incident.hpp"
 #include "ledger.hpp"
+#include "lock_files.hpp"
 #include "log.hpp"
 #include "options.hpp"
 #include "verdict.hpp"
@@ -43,6 +44,9 @@ struct InspectFacts {
   std::vector<RunEntry> runs;
   std::vector<std::string> runs_damaged;  // the operations ("?": unknown) of entries that did not validate
   std::string runs_error;                 // why the ledger could not be read, when it could not
+  // The files beside the lock, and the metrics files, that a run by the
+  // caller would refuse or lose data to (lock_files.hpp).
+  std::vector<FileProblem> files;
 };
 
 struct InspectReport {

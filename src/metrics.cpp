@@ -147,7 +147,7 @@ std::optional<Sample> parse_sample(std::string_view line) {
   return s;
 }
 
-std::string file_name(const std::string& lock_id) { return "looplock_" + lock_id + ".prom"; }
+
 
 }  // namespace
 
@@ -324,10 +324,12 @@ std::string replace_by_rename(const Place& at, const std::string& text) {
 
 }  // namespace
 
+std::string metrics_file_name(const std::string& lock_id) { return "looplock_" + lock_id + ".prom"; }
+
 std::string update_metrics_file(const std::string& dir, const RunMetrics& run) {
   UniqueFd dirfd(sys::retry_eintr([&] { return ::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC); }));
   if (!dirfd) return failed("cannot open the metrics directory " + dir);
-  const std::string name = file_name(run.lock_id);
+  const std::string name = metrics_file_name(run.lock_id);
 
   // One update at a time, so that counters carry over without losing any.
   // flock(2) needs only a read descriptor: a lock file another member of

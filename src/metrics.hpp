@@ -62,6 +62,9 @@ void add_run(MetricsFile& f, const RunMetrics& run);
 // become U+FFFD), at most 256 bytes, with \, " and newline escaped.
 std::string label_value(std::string_view raw);
 
+// "looplock_<lock_id>.prom": the file's name in the metrics directory.
+std::string metrics_file_name(const std::string& lock_id);
+
 // Updates DIR/looplock_<lock_id>.prom with `run`. Returns an empty string, or
 // what went wrong (for one warning: metrics never change the exit status).
 std::string update_metrics_file(const std::string& dir, const RunMetrics& run);

@@ -52,7 +52,7 @@ constexpr std::array kTable = {
              "errors only (a single_flight skip is silent)"},
   OptionSpec{"log-format", 0, "FORMAT", Section::Output, kBoth, false, false,
              "stderr lines as text (default) or json"},
-  OptionSpec{"metrics-dir", 0, "DIR", Section::Output, kInRun, false, false,
+  OptionSpec{"metrics-dir", 0, "DIR", Section::Output, kBoth, false, false,
              "write a node_exporter textfile per lock there\n"
              "(default $LOOPLOCK_METRICS_DIR)"},
   OptionSpec{"inspect", 0, "", Section::Inspect, kBoth, false, false,

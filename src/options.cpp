@@ -526,8 +526,8 @@ void read_output(const cxxopts::ParseResult& r, const Environment& env, Options&
   if (r.count("metrics-dir")) {
     o.metrics_dir = text_of(r, "metrics-dir");
     if (o.metrics_dir.empty()) usage_error("invalid --metrics-dir '': expected a directory");
-  } else if (env.metrics_dir && o.mode == Mode::Run) {
-    o.metrics_dir = *env.metrics_dir;
+  } else if (env.metrics_dir && !env.metrics_dir->empty()) {
+    o.metrics_dir = *env.metrics_dir;  // --inspect judges its files too
   }
 }
 

@@ -1,6 +1,7 @@
 #include "report.hpp"
 
 #include <algorithm>
+#include <cerrno>
 
 #include "duration.hpp"
 #include "error.hpp"
@@ -44,10 +45,22 @@ Incident Reporter::incident(std::string error_code) const {
 // The row is the audit trail of what looplock did: appended first (one
 // write), and a failure to append only adds a warning.
 void Reporter::append(const Incident& inc) const {
-  if (int err = append_incident(dirfd_, encode_incident(inc)); err != 0) {
-    log_.warn("incident_append_failed",
-              errno_message("cannot append the incident row to " + o_.dir + "/" + kIncidentsName, err));
+  const int err = append_incident(dirfd_, encode_incident(inc));
+  if (err == 0) return;
+  const std::string path = o_.dir + (o_.dir.ends_with('/') ? "" : "/") + kIncidentsName;
+  // A file looplock refuses to write (append_incident's errors for it).
+  const char* why = err == ELOOP    ? "it is a symbolic link (looplock never writes through one)"
+                    : err == EISDIR ? "it is a directory"
+                    : err == EINVAL ? "it is not a regular file (a FIFO, socket or device)"
+                    : err == EMLINK ? "it has more than one hard link"
+                                    : nullptr;
+  if (why) {
+    log_.warn("unsafe_incidents_file",
+              "unsafe incidents file " + path + ": " + why + "; the incident row was not written",
+              {{"error_code", inc.error_code}});
+    return;
   }
+  log_.warn("incident_append_failed", errno_message("cannot append the incident row to " + path, err));
 }
 
 Json Reporter::fields(const Blocker& b) const {

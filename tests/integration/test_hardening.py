@@ -396,8 +396,8 @@ def test_hard_linked_incidents_file_is_not_written_through(tmp_path, world):
     assert r.returncode == EX_TEMPFAIL, r.stderr
     assert 0.25 <= elapsed < 3.0, elapsed
     assert "lock_acquire_timeout" in r.stderr
-    warnings = [l for l in r.stderr.splitlines() if "cannot append the incident row" in l]
-    assert len(warnings) == 1, r.stderr
+    warnings = [l for l in r.stderr.splitlines() if "unsafe incidents file" in l]
+    assert len(warnings) == 1 and "it has more than one hard link; the incident row was not written" in warnings[0]
     assert (outside / "precious").read_bytes() == b"precious\n"
 
 
@@ -420,8 +420,9 @@ def test_fifo_incidents_file_with_a_reader_gets_nothing(tmp_path, world):
     assert r.returncode == EX_TEMPFAIL, r.stderr
     assert 0.25 <= elapsed < 3.0, elapsed
     assert leaked == b"", leaked
-    warnings = [l for l in r.stderr.splitlines() if "cannot append the incident row" in l]
+    warnings = [l for l in r.stderr.splitlines() if "unsafe incidents file" in l]
     assert len(warnings) == 1 and warnings[0].startswith("looplock: "), r.stderr
+    assert "it is not a regular file" in warnings[0]
 
 
 # --- odd lock file content ----------------------------------------------------------

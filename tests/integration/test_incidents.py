@@ -229,14 +229,20 @@ def test_control_copy_and_truncate_loses_rows(loop_dir, holders):
 # --- a failing append --------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", ["directory", "dangling_symlink", "symlink_to_file"])
-def test_failing_append_still_times_out_on_time(tmp_path, loop_dir, holders, kind):
+UNSAFE_INCIDENTS = {"directory": "it is a directory", "dangling_symlink": "it is a symbolic link",
+                    "symlink_to_file": "it is a symbolic link", "fifo": "it is not a regular file"}
+
+
+@pytest.mark.parametrize("kind", list(UNSAFE_INCIDENTS))
+def test_failing_append_still_times_out_on_time_and_inspect_warns_of_it(tmp_path, loop_dir, holders, kind):
     path = loop_dir / INCIDENTS
     target = tmp_path / "elsewhere.jsonl"
     if kind == "directory":
         path.mkdir()
     elif kind == "dangling_symlink":
         path.symlink_to(target)
+    elif kind == "fifo":
+        os.mkfifo(path)
     else:
         target.write_bytes(b"precious\n")
         path.symlink_to(target)
@@ -246,9 +252,17 @@ def test_failing_append_still_times_out_on_time(tmp_path, loop_dir, holders, kin
     assert "lock_acquire_timeout" in err
     warnings = [ln for ln in err.splitlines() if "incident" in ln]
     assert len(warnings) == 1, err
-    assert warnings[0].startswith("looplock: ")
+    assert warnings[0].startswith("looplock: unsafe incidents file ") and UNSAFE_INCIDENTS[kind] in warnings[0]
+    assert "the incident row was not written" in warnings[0]
+    # --inspect says that every row is lost, and --check fails on it.
+    r = run(["--inspect", "--check", "--json", loop_dir])
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    (w,) = [x for x in json.loads(r.stdout)["warnings"] if INCIDENTS in x]
+    assert "every incident row is lost" in w and UNSAFE_INCIDENTS[kind] in w and "Move it away" in w, w
     if kind == "directory":
         assert path.is_dir() and list(path.iterdir()) == []
+    elif kind == "fifo":
+        assert path.is_fifo()
     elif kind == "dangling_symlink":
         assert path.is_symlink() and not target.exists() and not os.path.lexists(target)
     else:

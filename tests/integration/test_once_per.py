@@ -252,6 +252,38 @@ def test_an_unsafe_ledger_is_refused_like_an_unsafe_lock_file(loop_dir, tmp_path
     assert target.read_text() == "{}"
 
 
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "other_owner", "hard_link"])
+def test_inspect_warns_of_a_ledger_every_run_refuses_and_check_fails(loop_dir, tmp_path, kind):
+    """What every --once-per run refuses (73, event unsafe_run_ledger, a
+    hint about the run ledger), --inspect shows as a warning with the fix,
+    and --check fails on it."""
+    path = loop_dir / RUNS
+    if kind == "symlink":
+        (tmp_path / "elsewhere.json").write_text("{}")
+        path.symlink_to(tmp_path / "elsewhere.json")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "hard_link":
+        path.write_text("{}")
+        os.link(path, tmp_path / "other-name")
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("needs root to give the ledger to another user")
+        path.write_text("{}")
+        os.chown(path, 12345, 12345)
+    r = run(["--log-format", "json", *once(loop_dir), "true"])
+    assert r.returncode == EX_CANTCREAT, r.stderr
+    line = json.loads(r.stderr.splitlines()[-1])
+    assert line["event"] == "unsafe_run_ledger" and "unsafe run ledger" in line["message"], line
+    assert "lock file" not in line["hint"] and "lock file" not in line["message"], line
+    i = run(["--inspect", "--check", "--json", loop_dir])
+    assert i.returncode == 1, (i.stdout, i.stderr)
+    (w,) = [x for x in json.loads(i.stdout)["warnings"] if RUNS in x]
+    assert "every --once-per run refuses it (exit 73)" in w, w
+    t = run(["--inspect", loop_dir])
+    assert f"warning   {loop_dir}/{RUNS}: every --once-per run refuses it" in t.stdout, t.stdout
+
+
 def test_a_torn_ledger_blocks_nothing_it_is_reported_and_rewritten(loop_dir, tmp_path):
     """What a crash mid-write can leave: the ledger is rewritten in place,
     so half of it (its check then fails); a stray new file of the rename

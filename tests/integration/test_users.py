@@ -265,3 +265,47 @@ def test_a_0644_update_lock_of_an_earlier_version_still_serves_a_second_member(b
     assert (r.returncode, r.stderr) == (0, ""), r
     assert counts(metrics) == 2
     assert stat_mode(lock) == 0o644
+    # Any user could hold it and stall every update: --inspect says how to fix it.
+    i = as_member(U2, "--inspect", "--check", "--metrics-dir", metrics, d)
+    assert i.returncode == 1 and "any local user can open this update lock" in i.stdout and "chmod 0660" in i.stdout, i
+
+
+def test_inspect_judges_the_group_files_for_the_caller_and_check_fails_on_them(base):
+    """Made by one member under umask 077, the run ledger, the incidents
+    file and the metrics files are that member's alone: every --once-per
+    run of another member exits 73, its timeouts lose their rows, its
+    metrics updates fail. --inspect by that member says so, with the fix,
+    and --check fails; for their creator there is nothing to say."""
+    d, metrics = group_dirs(base)
+    r = as_member(U1, "--metrics-dir", metrics, "--once-per", "1m", "--operation", "tick", d, "--", "true",
+                  umask="077")
+    assert (r.returncode, r.stderr) == (0, ""), r
+    flock = subprocess.Popen(["flock", str(d / LOCK), "sh", "-c", "echo ready; read x"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        expect_line(flock, "ready")
+        r = as_member(U1, "-w", "0", d, "--", "true", umask="077")  # U1's incidents file, 0600
+        assert r.returncode == EX_TEMPFAIL, r
+    finally:
+        flock.stdin.close()
+        flock.wait(timeout=TIMEOUT)
+    assert stat_mode(d / ".state.lock.runs.json") == 0o600 and stat_mode(d / ".state.lock.incidents.jsonl") == 0o600
+
+    r = as_member(U2, "--log-format", "json", "--once-per", "1m", "--operation", "other", d, "--", "true")
+    assert r.returncode == 73, r
+    line = json.loads(r.stderr.splitlines()[-1])
+    assert line["event"] == "run_ledger_unusable" and "Permission denied" in line["message"], line
+    assert "chmod g+rw" in line["hint"], line
+
+    i = as_member(U2, "--inspect", "--check", "--json", "--metrics-dir", metrics, d)
+    assert i.returncode == 1, i
+    warnings = json.loads(i.stdout)["warnings"]
+    assert any(".state.lock.runs.json: every --once-per run by you exits 73: you cannot read it (uid "
+               f"{U1}, mode 0600)" in w for w in warnings), warnings
+    assert any(".state.lock.incidents.jsonl: your runs' incident rows are lost" in w for w in warnings), warnings
+    assert any(".prom.lock: your runs cannot update the metrics" in w for w in warnings), warnings
+    assert any(".prom: only uid" in w and "node_exporter" in w for w in warnings), warnings
+    # Their creator: only what the collector cannot read.
+    i = as_member(U1, "--inspect", "--json", "--metrics-dir", metrics, d)
+    mine = [w for w in json.loads(i.stdout)["warnings"] if "/.state.lock." in w or ".prom" in w]
+    assert len(mine) == 1 and ".prom: only uid" in mine[0], mine

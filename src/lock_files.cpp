@@ -1,0 +1,137 @@
+#include "lock_files.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "incident.hpp"
+#include "ledger.hpp"
+#include "metrics.hpp"
+#include "unique_fd.hpp"
+
+namespace looplock {
+
+namespace {
+
+std::string in(const std::string& dir, std::string_view name) {
+  return dir + (dir.ends_with('/') ? "" : "/") + std::string(name);
+}
+
+// "uid 1001, mode 0600"
+std::string owner_mode(const struct stat& st) {
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  return "uid " + std::to_string(st.st_uid) + ", mode " + mode;
+}
+
+// Whether the caller (its effective ids and groups) may access `name` in
+// `dirfd` as `how` says (R_OK, W_OK), the file itself, not a link's target.
+bool may(int dirfd, const char* name, int how) {
+  return faccessat(dirfd, name, how, AT_EACCESS | AT_SYMLINK_NOFOLLOW) == 0;
+}
+
+// Whether the caller may replace `file` in DIR by a rename: DIR writable
+// and searchable, and, when it is sticky, the file or DIR the caller's.
+bool may_replace(int dirfd, const struct stat& dir, const struct stat& file, uid_t euid) {
+  if (faccessat(dirfd, ".", W_OK | X_OK, AT_EACCESS) != 0) return false;
+  return !(dir.st_mode & S_ISVTX) || euid == 0 || file.st_uid == euid || dir.st_uid == euid;
+}
+
+std::string share_fix(const std::string& path) {
+  return "Let the group that shares the directory read and write it (chgrp GROUP " + path + "; chmod g+rw " + path +
+         "), or run every writer as one user.";
+}
+
+void judge_ledger(const LockDir& dir, uid_t euid, std::vector<FileProblem>& out) {
+  struct stat st {};
+  if (fstatat(dir.fd.get(), kRunsName, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
+  const std::string path = in(dir.path, kRunsName);
+  const std::string runs = "every --once-per run ";
+  if (auto r = refuse_ledger(st, dir.st, euid)) {
+    out.push_back({path, runs + "refuses it (exit 73): " + r->why, r->hint});
+  } else if (!may(dir.fd.get(), kRunsName, R_OK)) {
+    out.push_back({path, runs + "by you exits 73: you cannot read it (" + owner_mode(st) + ")", share_fix(path)});
+  } else if (!may(dir.fd.get(), kRunsName, W_OK) && !may_replace(dir.fd.get(), dir.st, st, euid)) {
+    out.push_back({path,
+                   runs + "by you exits 73: you can neither rewrite it (" + owner_mode(st) +
+                       ") nor replace it (the directory)",
+                   share_fix(path)});
+  }
+}
+
+void judge_incidents(const LockDir& dir, std::vector<FileProblem>& out) {
+  struct stat st {};
+  if (fstatat(dir.fd.get(), kIncidentsName, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
+  const std::string path = in(dir.path, kIncidentsName);
+  const std::string lost = "every incident row is lost (one warning each time): ";
+  const std::string move = "Move it away; looplock creates a regular file there on the next incident.";
+  if (S_ISLNK(st.st_mode)) {
+    out.push_back({path, lost + "it is a symbolic link, which looplock never writes through", move});
+  } else if (S_ISDIR(st.st_mode)) {
+    out.push_back({path, lost + "it is a directory", move});
+  } else if (!S_ISREG(st.st_mode)) {
+    out.push_back({path, lost + "it is not a regular file (a FIFO, socket or device)", move});
+  } else if (st.st_nlink > 1) {
+    out.push_back({path, lost + "it has " + std::to_string(st.st_nlink) + " hard links",
+                   "Replace it with a fresh regular file; rotate it by renaming it, never by a hard link."});
+  } else if (!may(dir.fd.get(), kIncidentsName, W_OK)) {
+    out.push_back({path, "your runs' incident rows are lost (one warning each time): you cannot write it (" +
+                             owner_mode(st) + ")",
+                   share_fix(path)});
+  }
+}
+
+}  // namespace
+
+std::vector<FileProblem> judge_lock_files(const LockDir& dir, uid_t euid) {
+  std::vector<FileProblem> out;
+  judge_ledger(dir, euid, out);
+  judge_incidents(dir, out);
+  return out;
+}
+
+std::vector<FileProblem> judge_metrics_files(const std::string& metrics_dir, const std::string& lock_id, uid_t euid) {
+  std::vector<FileProblem> out;
+  const std::string cannot = "your runs cannot update the metrics (a metrics_write_failed warning each run): ";
+  UniqueFd fd(open(metrics_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  struct stat dir {};
+  if (!fd || fstat(fd.get(), &dir) != 0) {
+    out.push_back({metrics_dir, cannot + "it cannot be opened as a directory",
+                   "Create it (node_exporter's --collector.textfile.directory), or correct --metrics-dir "
+                   "($LOOPLOCK_METRICS_DIR)."});
+    return out;
+  }
+  if (faccessat(fd.get(), ".", W_OK | X_OK, AT_EACCESS) != 0) {
+    out.push_back({metrics_dir, cannot + "you cannot write in it (" + owner_mode(dir) + ")",
+                   "Give it to the group that runs looplock: chgrp GROUP " + metrics_dir + "; chmod 2775 " +
+                       metrics_dir + "."});
+  }
+  const std::string name = metrics_file_name(lock_id);
+  const std::string lock = "." + name + ".lock";
+  struct stat st {};
+  if (fstatat(fd.get(), lock.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    const std::string path = in(metrics_dir, lock);
+    if (!S_ISREG(st.st_mode) || !may(fd.get(), lock.c_str(), R_OK)) {
+      out.push_back({path, cannot + "you cannot open its update lock (" + owner_mode(st) + ")", share_fix(path)});
+    } else if (st.st_mode & S_IROTH) {
+      out.push_back({path,
+                     "any local user can open this update lock and hold it, stalling every update of the metrics (" +
+                         owner_mode(st) + ": earlier versions made it 0644)",
+                     "chmod 0660 " + path + "."});
+    }
+  }
+  if (fstatat(fd.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+      !(st.st_mode & (S_IRGRP | S_IROTH))) {
+    const std::string path = in(metrics_dir, name);
+    out.push_back({path,
+                   "only uid " + std::to_string(st.st_uid) + " can read it (" + owner_mode(st) +
+                       "): node_exporter, running as another user, cannot collect it (made under umask 077)",
+                   "chmod 0664 " + path + " " + in(metrics_dir, "." + name + ".next") +
+                       " (looplock never changes a mode), and run looplock under umask 002 or 022 from now on."});
+  }
+  return out;
+}
+
+}  // namespace looplock
