@@ -47,6 +47,7 @@ private:
     long long term_by_ns() const override { return c_.term_by_ns(); }
     long long kill_by_ns() const override { return c_.kill_by_ns(); }
     bool renewal_failing() const override { return c_.renewal_failing(); }
+    long long least_renewal_ns() const override { return lease_timing::attempt_ns(c_.ttl_s()); }
 
   private:
     ClusterLock& c_;

@@ -252,12 +252,18 @@ private:
     }
     // The warning, once: before --max-time's TERM, and before the lease's
     // when its renewals are failing (a short etcd outage may warn without a
-    // TERM following).
+    // TERM following); a renewal returns by the time it would be due.
     if (spec_.warn_before_ns && end_.warned_ns == 0) {
       const long long w = *spec_.warn_before_ns;
       if (max_time_at_ != 0) d.warn_at = std::max(max_time_at_ - w, 1LL);
-      if (lease_live_ && spec_.lease->renewal_failing()) {
-        d.warn_at = earliest(d.warn_at, std::max(d.lease_term_at - w, 1LL));
+      if (lease_live_) {
+        const long long lease_warn = std::max(d.lease_term_at - w, 1LL);
+        if (spec_.lease->renewal_failing()) {
+          d.warn_at = earliest(d.warn_at, lease_warn);
+        } else {
+          d.lease_warn_at = lease_warn;
+          d.renew_least_ns = spec_.lease->least_renewal_ns();
+        }
       }
     }
     if (leader_done_) d.group_poll_at = now + kGroupPollNs;

@@ -36,6 +36,9 @@ public:
   virtual long long kill_by_ns() const = 0;
   // Whether the last renewal got no answer (term_by_ns() is not moving).
   virtual bool renewal_failing() const { return false; }
+  // The least time a renewal needs (one attempt): a renewal is given that
+  // much even when the warning it races is nearer.
+  virtual long long least_renewal_ns() const { return 0; }
 };
 
 struct CommandSpec {

@@ -17,9 +17,14 @@ NextStep next_step(const JobDeadlines& d, long long now) {
   if (due(d.warn_at)) return {JobAction::Warn, 0};
   if (due(d.max_time_at)) return {JobAction::MaxTimeTerm, 0};
   if (due(d.lease_term_at)) return {JobAction::LeaseTerm, 0};
-  // While etcd does not answer, a renewal round takes until TERM is due at
-  // the latest; it must not hold up looplock's own deadlines either.
-  if (due(d.renew_at)) return {JobAction::Renew, earliest(d.lease_term_at, earliest(d.kill_at, d.max_time_at))};
+  // While etcd does not answer, a renewal round takes until the next
+  // deadline at the latest: it must not hold up any of them, nor the
+  // warning its failure would make due.
+  if (due(d.renew_at)) {
+    long long by = earliest(earliest(d.lease_term_at, d.kill_at), earliest(d.max_time_at, d.warn_at));
+    if (d.lease_warn_at != 0) by = earliest(by, std::max(d.lease_warn_at, now + d.renew_least_ns));
+    return {JobAction::Renew, by};
+  }
   long long until = earliest(d.kill_at, d.warn_at);
   until = earliest(until, d.max_time_at);
   until = earliest(until, d.lease_term_at);

@@ -14,6 +14,11 @@ struct JobDeadlines {
   long long lease_term_at = 0;  // the lease's TERM deadline, while the lease is live
   long long renew_at = 0;       // the lease's next renewal, while it is live
   long long group_poll_at = 0;  // the command has ended, the rest of its group is looked for then
+  // The warning that becomes due if a renewal gets no answer (--warn-before
+  // before the lease's TERM): a renewal returns by then, so that it is not
+  // late; but it gets at least `renew_least_ns` (one attempt) from now.
+  long long lease_warn_at = 0;
+  long long renew_least_ns = 0;
 };
 
 enum class JobAction { None, Kill, Warn, MaxTimeTerm, LeaseTerm, Renew };
@@ -21,7 +26,10 @@ enum class JobAction { None, Kill, Warn, MaxTimeTerm, LeaseTerm, Renew };
 struct NextStep {
   JobAction action = JobAction::None;
   // None: wait for a signal until then (0: without limit). Renew: the
-  // renewal must return by then (it must not hold up another deadline).
+  // renewal must return by then: by the job's next deadline (KILL, the
+  // warning, --max-time's TERM, the lease's TERM), and by the warning a
+  // failing renewal would make due; a renewal not answered by then counts
+  // as failing.
   long long until = 0;
 };
 

@@ -1,0 +1,31 @@
+"""A command that tells when the warning and the TERM reached it.
+
+    warn_times.py
+
+Catches USR1 and TERM. Prints "ready", then "usr1 MS" for each USR1 and
+"term MS" for the TERM (MS: CLOCK_MONOTONIC in milliseconds, comparable
+with the test's time.monotonic()), and exits 143 on the TERM."""
+import os
+import signal
+import sys
+import time
+
+
+def now_ms():
+    return int(time.monotonic() * 1000)
+
+
+def on_usr1(*_):
+    print(f"usr1 {now_ms()}", flush=True)
+
+
+def on_term(*_):
+    print(f"term {now_ms()}", flush=True)
+    os._exit(143)
+
+
+signal.signal(signal.SIGUSR1, on_usr1)
+signal.signal(signal.SIGTERM, on_term)
+print("ready", flush=True)
+while True:
+    signal.pause()
