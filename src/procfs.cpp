@@ -171,6 +171,37 @@ std::optional<pid_t> parent_pid(pid_t pid) {
   return parse_stat_ppid(*s);
 }
 
+std::optional<SignalMasks> parse_signal_masks(std::string_view status) {
+  SignalMasks m;
+  int found = 0;
+  sys::for_each_line(status, [&](std::string_view line) {
+    struct Field {
+      std::string_view name;
+      unsigned long long SignalMasks::*mask;
+    };
+    for (const Field f : {Field{"SigBlk:", &SignalMasks::blocked}, Field{"SigIgn:", &SignalMasks::ignored},
+                          Field{"SigCgt:", &SignalMasks::caught}}) {
+      if (!line.starts_with(f.name)) continue;
+      std::string_view hex = line.substr(f.name.size());
+      while (!hex.empty() && (hex.front() == ' ' || hex.front() == '\t')) hex.remove_prefix(1);
+      unsigned long long v = 0;
+      const auto [p, ec] = std::from_chars(hex.data(), hex.data() + hex.size(), v, 16);
+      if (ec == std::errc() && p != hex.data()) {
+        m.*f.mask = v;
+        ++found;
+      }
+    }
+  });
+  if (found != 3) return std::nullopt;
+  return m;
+}
+
+std::optional<SignalMasks> signal_masks(pid_t pid) {
+  auto s = sys::read_file(proc_path(pid, "status"), 1 << 16);
+  if (!s) return std::nullopt;
+  return parse_signal_masks(*s);
+}
+
 std::string boot_id() {
   auto s = sys::read_file("/proc/sys/kernel/random/boot_id", 128);
   if (!s) return {};

@@ -35,6 +35,15 @@ struct ProcStat {
 std::optional<ProcStat> proc_stat(pid_t pid);
 std::optional<ProcStat> parse_proc_stat(std::string_view stat);
 
+// How a process treats signals: the masks of /proc/PID/status (bit N-1 for
+// signal N): blocked (by its main thread), ignored, caught (a handler).
+struct SignalMasks {
+  unsigned long long blocked = 0, ignored = 0, caught = 0;
+  bool catches(int sig) const { return sig >= 1 && sig <= 64 && ((caught >> (sig - 1)) & 1ULL) != 0; }
+};
+std::optional<SignalMasks> signal_masks(pid_t pid);
+std::optional<SignalMasks> parse_signal_masks(std::string_view status);
+
 // This boot's id (/proc/sys/kernel/random/boot_id) and this process's pid
 // namespace (the inode of /proc/self/ns/pid, as text): with a pid and its
 // start time, they tell a process on this host apart from every other.

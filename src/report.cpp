@@ -21,7 +21,10 @@ Json job_details(const JobEnd& job) {
          {"ran_after_term_ms", job.term_sent_ns ? (job.ended_ns - job.term_sent_ns) / kMs : 0}};
   // --warn-before: the warning the job had, and how long before its end.
   if (job.warned_ns) {
-    j["warned"] = Json{{"signal", signal_name(job.warn_signal)}, {"before_end_ms", (job.ended_ns - job.warned_ns) / kMs}};
+    j["warned"] = Json{{"signal", signal_name(job.warn_signal)},
+                       {"before_end_ms", (job.ended_ns - job.warned_ns) / kMs},
+                       {"pids", job.warned_pids},
+                       {"skipped", job.warn_skipped}};
   }
   return j;
 }

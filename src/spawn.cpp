@@ -17,6 +17,7 @@
 #include "sys.hpp"
 #include "terminal.hpp"
 #include "text.hpp"
+#include "warning.hpp"
 
 namespace looplock {
 
@@ -26,6 +27,9 @@ constexpr long long kSec = 1'000'000'000LL;
 // While looplock waits for the rest of a job it ended (members that are not
 // its children send it no SIGCHLD), how often it looks.
 constexpr long long kGroupPollNs = 20'000'000LL;
+// Once warned, until the TERM: how often looplock looks for processes of the
+// job that catch the warning signal by now.
+constexpr long long kWarnPassNs = 100'000'000LL;
 
 std::vector<char*> c_strings(const std::vector<std::string>& v) {
   std::vector<char*> out;
@@ -267,6 +271,7 @@ private:
       }
     }
     if (leader_done_) d.group_poll_at = now + kGroupPollNs;
+    if (warning_ && !term_sent_ && !leader_done_ && now < warn_until_) d.warn_pass_at = next_warn_pass_;
     return d;
   }
 
@@ -336,24 +341,58 @@ private:
         }
         return;
       case JobAction::Warn: warn(now); return;
+      case JobAction::WarnPass:
+        next_warn_pass_ = later(now, kWarnPassNs);
+        (void)warning_->pass();
+        note_warned();
+        return;
       case JobAction::None: return;
     }
   }
 
-  // --warn-before's signal, once, with one line (-q hides it).
+  // --warn-before's signal: once due, to each process of the job that
+  // catches it (warning.hpp), with one line (-q hides it); then, until the
+  // TERM it warns of, every 100 ms to any that catches it by then.
   void warn(long long now) {
     const bool by_lease = max_time_at_ == 0 || (lease_live_ && spec_.lease->term_by_ns() < max_time_at_);
     const long long term_at = by_lease ? spec_.lease->term_by_ns() : max_time_at_;
-    log_.warn(
-        "warned",
-        "sent " + signal_name(spec_.warn_signal) + " to the job: " +
-            (by_lease ? "the lease's renewals are failing, and its TERM comes in " : "--max-time's TERM comes in ") +
-            format_duration(term_at - now) + " (--warn-before)",
-        {{"signal", signal_name(spec_.warn_signal)}, {"term_in_ms", (term_at - now) / 1'000'000}});
-    job_.signal(spec_.warn_signal);
-    end_.signalled = true;
+    const std::string sig = signal_name(spec_.warn_signal);
+    const std::string when =
+        (by_lease ? "the lease's renewals are failing, and its TERM comes in " : "--max-time's TERM comes in ") +
+        format_duration(term_at - now) + " (--warn-before)";
+    const Json facts = {{"signal", sig}, {"term_in_ms", (term_at - now) / 1'000'000}};
     end_.warned_ns = now;
     end_.warn_signal = spec_.warn_signal;
+    warning_.emplace(parent_, job_.pgid(), spec_.warn_signal);
+    if (!warning_->pass()) {
+      warning_.reset();
+      log_.warn("warning_not_sent",
+                "did not send " + sig +
+                    ": without /proc of this pid namespace looplock cannot tell which processes of the job catch it, "
+                    "and it would end those that do not; " + when,
+                facts);
+      return;
+    }
+    warn_until_ = term_at;
+    next_warn_pass_ = later(now, kWarnPassNs);
+    note_warned();
+    const auto& sent = warning_->sent();
+    const auto skipped = warning_->skipped();
+    std::string to = sent.empty() ? "to no process yet: none catches it"
+                                  : "to " + pids_text(sent) + (sent.size() > 1 ? ", which catch it" : ", which catches it");
+    if (!skipped.empty()) to += " (skipped " + pids_text(skipped) + (skipped.size() > 1 ? ", which do not)" : ", which does not)");
+    if (sent.empty()) to += "; it goes to any that catches it before the TERM";
+    Json f = facts;
+    f["pids"] = sent;
+    f["skipped"] = skipped;
+    log_.warn("warned", "sent " + sig + " to the job: " + to + "; " + when, f);
+  }
+
+  // What the warning has reached so far, for the job's end.
+  void note_warned() {
+    end_.warned_pids = warning_->sent();
+    end_.warn_skipped = warning_->skipped();
+    if (!end_.warned_pids.empty()) end_.signalled = true;
   }
 
   // looplock ends the job: TERM (and CONT, for a stopped job) to the group,
@@ -417,6 +456,9 @@ private:
   bool whole_group_ = false;       // wait for the whole group, not only the command's first process
   bool killed_ = false;
   bool leader_done_ = false;
+  std::optional<JobWarning> warning_;  // once warned (and /proc tells who catches the signal)
+  long long warn_until_ = 0;           // the TERM the warning is about
+  long long next_warn_pass_ = 0;
 };
 
 }  // namespace

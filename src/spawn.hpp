@@ -52,8 +52,9 @@ struct CommandSpec {
   // max_time_kill_after_ns later (nullopt: never KILL).
   std::optional<long long> max_time_ns;
   std::optional<long long> max_time_kill_after_ns;
-  // --warn-before: send `warn_signal` to the job once, this long before
-  // --max-time's TERM, or (the lease's renewals failing) before its TERM.
+  // --warn-before: send `warn_signal` once to each process of the job that
+  // catches it, this long before --max-time's TERM, or (the lease's
+  // renewals failing) before its TERM (warning.hpp).
   std::optional<long long> warn_before_ns;
   int warn_signal = SIGUSR1;
   Lease* lease = nullptr;
@@ -75,8 +76,10 @@ struct JobEnd {
   long long ended_ns = 0;      // when the whole job had ended
   pid_t pgid = 0;              // the job's process group
   bool signalled = false;      // looplock sent the job's group a signal (forwarded, TERM or KILL of its own)
-  long long warned_ns = 0;     // when the --warn-before signal was sent (0: not sent)
-  int warn_signal = 0;         // which
+  long long warned_ns = 0;     // when the --warn-before warning was due and given (0: it was not)
+  int warn_signal = 0;         // which signal
+  std::vector<pid_t> warned_pids;  // the job's processes it was sent to (those that catch it)
+  std::vector<pid_t> warn_skipped;  // those seen that do not catch it, and were not sent it
 };
 
 // Starts the command and supervises it until it has ended (and, when

@@ -17,6 +17,7 @@ NextStep next_step(const JobDeadlines& d, long long now) {
   if (due(d.warn_at)) return {JobAction::Warn, 0};
   if (due(d.max_time_at)) return {JobAction::MaxTimeTerm, 0};
   if (due(d.lease_term_at)) return {JobAction::LeaseTerm, 0};
+  if (due(d.warn_pass_at)) return {JobAction::WarnPass, 0};
   // While etcd does not answer, a renewal round takes until the next
   // deadline at the latest: it must not hold up any of them, nor the
   // warning its failure would make due.
@@ -30,6 +31,7 @@ NextStep next_step(const JobDeadlines& d, long long now) {
   until = earliest(until, d.lease_term_at);
   until = earliest(until, d.renew_at);
   until = earliest(until, d.group_poll_at);
+  until = earliest(until, d.warn_pass_at);
   return {JobAction::None, until};
 }
 

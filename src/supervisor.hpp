@@ -19,9 +19,12 @@ struct JobDeadlines {
   // late; but it gets at least `renew_least_ns` (one attempt) from now.
   long long lease_warn_at = 0;
   long long renew_least_ns = 0;
+  // Once warned, until the TERM: the next look for processes of the job
+  // that catch the warning signal now (a handler installed late).
+  long long warn_pass_at = 0;
 };
 
-enum class JobAction { None, Kill, Warn, MaxTimeTerm, LeaseTerm, Renew };
+enum class JobAction { None, Kill, Warn, MaxTimeTerm, LeaseTerm, WarnPass, Renew };
 
 struct NextStep {
   JobAction action = JobAction::None;
@@ -34,7 +37,8 @@ struct NextStep {
 };
 
 // The first deadline that is due, in this order: KILL, the warning,
-// --max-time's TERM, the lease's TERM, a renewal; else how long to wait.
+// --max-time's TERM, the lease's TERM, another pass of the warning, a
+// renewal; else how long to wait.
 NextStep next_step(const JobDeadlines& d, long long now);
 
 // The earlier of two deadlines (0: none).

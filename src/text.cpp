@@ -45,6 +45,16 @@ std::string quote(std::string_view operand) {
   return out + "'";
 }
 
+std::string pids_text(const std::vector<pid_t>& pids) {
+  std::string out = pids.size() > 1 ? "pids " : "pid ";
+  for (size_t i = 0; i < pids.size(); ++i) out += (i > 0 ? ", " : "") + std::to_string(pids[i]);
+  return out;
+}
+
+std::string pids_text(const std::vector<pid_t>& pids, std::string_view one, std::string_view many) {
+  return pids_text(pids) + " " + std::string(pids.size() > 1 ? many : one);
+}
+
 bool valid_utf8(std::string_view text) {
   size_t i = 0;
   while (i < text.size()) {

@@ -2,6 +2,8 @@
 // and the one quoting rule for operands in messages.
 #pragma once
 
+#include <sys/types.h>
+
 #include <optional>
 #include <string>
 #include <string_view>
@@ -21,6 +23,11 @@ std::string join(const std::vector<std::string>& items, std::string_view separat
 // show it: 'value', printable, an apostrophe in it written '\''. Paths and
 // names looplock derives itself are not quoted.
 std::string quote(std::string_view operand);
+
+// "pid 1" or "pids 1, 2"; with `verb` ("holds"/"hold", "is"/"are") the form
+// that agrees: pids_text({1, 2}, "is", "are") is "pids 1, 2 are".
+std::string pids_text(const std::vector<pid_t>& pids);
+std::string pids_text(const std::vector<pid_t>& pids, std::string_view one, std::string_view many);
 
 // Whether `text` is valid UTF-8 (no overlong forms, surrogates or code
 // points above U+10FFFF), as JSON needs it.

@@ -151,16 +151,6 @@ std::string_view record_state_name(RecordState s) {
   return "none";
 }
 
-std::string pids_text(const std::vector<pid_t>& pids) {
-  std::string out = pids.size() > 1 ? "pids " : "pid ";
-  for (size_t i = 0; i < pids.size(); ++i) out += (i > 0 ? ", " : "") + std::to_string(pids[i]);
-  return out;
-}
-
-std::string pids_text(const std::vector<pid_t>& pids, std::string_view one, std::string_view many) {
-  return pids_text(pids) + " " + std::string(pids.size() > 1 ? many : one);
-}
-
 std::string record_summary(const HolderRecord& r) {
   return "pid " + std::to_string(r.pid) + ", agent " + r.agent_id + ", operation " + r.operation + ", policy " +
          r.policy;

@@ -25,6 +25,7 @@
 #include "holder.hpp"
 #include "json.hpp"
 #include "lockfile.hpp"
+#include "text.hpp"
 
 namespace looplock {
 
@@ -107,11 +108,6 @@ Verdict judge(const LockFacts& facts);
 // "pid 26669 (flock): no looplock record", "pid 10450 (sleep), left holding
 // the lock by looplock pid 10449 (...), which has exited", "none", ...
 std::string holder_phrase(const Verdict& v);
-
-// "pid 1" or "pids 1, 2"; with `verb` ("holds"/"hold", "is"/"are") the form
-// that agrees: pids_text({1, 2}, "is", "are") is "pids 1, 2 are".
-std::string pids_text(const std::vector<pid_t>& pids);
-std::string pids_text(const std::vector<pid_t>& pids, std::string_view one, std::string_view many);
 
 // "pid 1234, agent cron, operation status.py, policy mutation"
 std::string record_summary(const HolderRecord& r);

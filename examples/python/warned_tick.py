@@ -12,8 +12,10 @@ is near, it finishes the current item, writes its checkpoint (the next item
 to do) to LOOP_DIR/tick.checkpoint and exits 0, so the run ends cleanly and
 counts as this slot's run; the next tick starts from the checkpoint.
 
-USR1's default action ends a process: install the handler before anything
-else, as here, or choose a --warn-signal the program handles.
+looplock sends the warning only to the job's processes that catch it (a
+shell around the tick, -c 'python3 warned_tick.py DIR; echo done', is not
+ended by it), and, until the TERM, to any that installs its handler later:
+install it early, as here, so that the warning is not missed.
 
     warned_tick.py LOOP_DIR [ITEMS [SECONDS_PER_ITEM]]
 

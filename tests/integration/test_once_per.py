@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (EX_CANTCREAT, EX_NOTFOUND, EX_TEMPFAIL, LOOPLOCK, PY, TIMEOUT, expect_line, helper,
-                      incident_rows, kill_and_wait_gone, run, start, wait_until)
+from conftest import (EX_CANTCREAT, EX_NOTFOUND, EX_TEMPFAIL, LOOPLOCK, NO_PROC, PY, TIMEOUT, expect_line, helper,
+                      incident_rows, kill_and_wait_gone, need_no_proc, run, start, wait_until)
 
 TICK = helper("slot_tick.py")
 CHECKPOINT = helper("checkpoint_tick.py")
@@ -588,3 +588,69 @@ def test_the_warning_comes_once_before_term_and_is_in_the_max_time_row(loop_dir,
     r = run(["-q", "--max-time", "1s", "--warn-before", "0.5s", str(loop_dir), "--", PY, CHECKPOINT,
              str(tmp_path / "d")])
     assert r.returncode == 0 and "sent USR1" not in r.stderr  # -q hides the warning's line
+
+
+# --- the warning reaches only what handles it ---------------------------------
+
+WARN_TIMES = helper("warn_times.py")
+WARN_GROUP = helper("warn_group.py")
+WARNED_TICK = Path(__file__).resolve().parents[2] / "examples" / "python" / "warned_tick.py"
+
+
+def test_a_shell_running_the_tick_is_not_ended_by_the_warning(loop_dir):
+    """-c 'python3 warned_tick.py ...; echo done': the shell does not catch
+    USR1 (its default action would end it, and looplock with it, 138, while
+    Python goes on holding the lock). Only Python gets it: it checkpoints,
+    the shell goes on to echo, and the run exits 0."""
+    r = subprocess.run([LOOPLOCK, "--max-time", "3s", "--warn-before", "2s", str(loop_dir), "-c",
+                        f"{PY} {WARNED_TICK} {loop_dir} 400 0.05; echo done"],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("checkpointed at item ") and lines[-1] == "done", r.stdout
+    (warned,) = [line for line in r.stderr.splitlines() if "(--warn-before)" in line]
+    assert "sent USR1 to the job: to pid " in warned and ", which catches it (skipped pid " in warned, warned
+    assert "lock_leaked" not in r.stderr and incident_rows(loop_dir) == []
+
+
+def test_the_warning_goes_to_each_process_that_catches_it_and_skips_ignoring_and_blocking_ones(loop_dir):
+    p = start(["--log-format", "json", "--max-time", "2s", "--warn-before", "1s", str(loop_dir), "--", PY, WARN_GROUP])
+    pids = {}
+    for _ in range(3):
+        line = p.stdout.readline().split()
+        assert line[0] == "ready", line
+        pids[line[1]] = int(line[2])
+    expect_line(p)
+    out, err = p.communicate(timeout=TIMEOUT)
+    assert p.returncode == 124, err
+    assert out.splitlines().count("usr1 catcher") == 1, out
+    # The blocker never had one pending: it was not sent it.
+    assert "term blocker 0" in out.splitlines() and "term ignorer 0" in out.splitlines(), out
+    (warned,) = [json.loads(line) for line in err.splitlines() if json.loads(line)["event"] == "warned"]
+    assert warned["pids"] == [pids["catcher"]], warned
+    # Skipped: the ignorer, the blocker, and the job's first process (the
+    # parent, which keeps USR1's default action).
+    assert len(warned["skipped"]) == 3 and {pids["ignorer"], pids["blocker"]} < set(warned["skipped"]), warned
+    row = incident_rows(loop_dir)[-1]
+    assert row["error_code"] == "max_time_exceeded"
+    assert row["warned"]["pids"] == [pids["catcher"]] and len(row["warned"]["skipped"]) == 3, row
+
+
+def test_a_process_that_installs_its_handler_late_still_gets_the_warning_once(loop_dir):
+    p = start(["--max-time", "4s", "--warn-before", "3s", str(loop_dir), "--", PY, WARN_TIMES, "1.5"])
+    expect_line(p)
+    out, err = p.communicate(timeout=TIMEOUT)
+    assert p.returncode == 124, err  # it survived the warning: ended by --max-time's TERM
+    kinds = [line.split()[0] for line in out.splitlines()]
+    assert kinds == ["handlers", "usr1", "term"], out
+    (warned,) = [line for line in err.splitlines() if "(--warn-before)" in line]
+    assert "to no process yet: none catches it" in warned and "it goes to any that catches it before the TERM" in warned
+
+
+def test_without_proc_no_warning_is_sent_and_looplock_says_so(loop_dir):
+    need_no_proc()
+    r = subprocess.run([*NO_PROC, LOOPLOCK, "--max-time", "2s", "--warn-before", "1s", str(loop_dir), "--", PY,
+                        WARN_TIMES], capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 124, r.stderr
+    assert [line.split()[0] for line in r.stdout.splitlines()] == ["ready", "term"], r.stdout
+    assert "did not send USR1: without /proc of this pid namespace" in r.stderr, r.stderr
