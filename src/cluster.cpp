@@ -63,6 +63,10 @@ std::string encode_cluster_holder(const ClusterHolder& h) {
   j["acquired_at"] = h.acquired_at;
   j["lease"] = h.lease;
   if (h.fencing_token != 0) j["fencing_token"] = h.fencing_token;
+  if (!h.pid_start.empty()) j["pid_start"] = h.pid_start;
+  if (!h.boot_id.empty()) j["boot_id"] = h.boot_id;
+  if (!h.pid_ns.empty()) j["pid_ns"] = h.pid_ns;
+  if (h.ttl_s > 0) j["ttl"] = h.ttl_s;
   return dump_json(j);
 }
 
@@ -191,6 +195,7 @@ long long ClusterLock::since_last_keepalive_ns() const { return now() - last_ok_
 std::string ClusterLock::holder_value(bool with_token) const {
   ClusterHolder h = who_;
   h.lease = etcd::lease_hex(lease_);
+  h.ttl_s = ttl_s_;
   h.fencing_token = with_token ? token_ : 0;
   return encode_cluster_holder(h);
 }

@@ -79,6 +79,13 @@ struct ClusterHolder {
   std::string acquired_at;
   std::string lease;            // hex, as etcdctl prints it
   long long fencing_token = 0;  // 0: not written (the key's create revision is the token)
+  // What tells its looplock apart on its host (ledger.hpp's RunEntry has the
+  // same), and its lease's TTL (how long a dead holder's lease can live on);
+  // each left out when empty or 0 (earlier versions wrote none).
+  std::string pid_start;
+  std::string boot_id;
+  std::string pid_ns;
+  int ttl_s = 0;
 };
 std::string encode_cluster_holder(const ClusterHolder& h);
 // The holder JSON as read (any object), or nullopt when not an object.

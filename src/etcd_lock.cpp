@@ -4,6 +4,7 @@
 #include "error.hpp"
 #include "etcd.hpp"
 #include "exit_codes.hpp"
+#include "procfs.hpp"
 #include "sys.hpp"
 
 namespace looplock {
@@ -27,7 +28,13 @@ EtcdLock::EtcdLock(const Options& options, pid_t pid, const Logger& log, const R
 }
 
 Acquisition EtcdLock::acquire(const WaitPlan& plan, long long start_ns) {
-  const Acquisition got = lock_.acquire(plan, start_ns, ClusterHolder{host_, pid_, o_.agent, o_.operation, {}, {}, 0});
+  // Who holds it, for every contender's eyes: with what tells this
+  // looplock apart on its host (a waiter on it can prove it dead).
+  ClusterHolder who{.host = host_, .pid = pid_, .agent_id = o_.agent, .operation = o_.operation};
+  who.pid_start = procfs::own_start().value_or("");
+  who.boot_id = procfs::boot_id();
+  who.pid_ns = procfs::pid_namespace();
+  const Acquisition got = lock_.acquire(plan, start_ns, who);
   if (got != Acquisition::Acquired) return got;
   const long long waited = sys::monotonic_ns() - start_ns;
   log_.verbose("acquired",
@@ -47,9 +54,13 @@ Blocker EtcdLock::blocker() const {
   b.cluster = Json{{"lock_name", lock_.name()},
                    {"endpoint", lock_.endpoint()},
                    {"holder", lock_.blocker() ? *lock_.blocker() : Json(nullptr)}};
-  if (const auto& h = lock_.blocker(); h && h->contains("host") && h->contains("pid") && (*h)["pid"].is_number()) {
-    b.holder_ids.emplace_back((*h)["host"].is_string() ? (*h)["host"].get<std::string>() : "",
-                              (*h)["pid"].get<long long>());
+  if (const auto& h = lock_.blocker(); h && h->contains("pid") && (*h)["pid"].is_number_integer()) {
+    auto text = [&](const char* k) { return h->contains(k) && (*h)[k].is_string() ? (*h)[k].get<std::string>() : ""; };
+    b.holder_ids.push_back({.host = text("host"),
+                            .pid = (*h)["pid"].get<long long>(),
+                            .pid_start = text("pid_start"),
+                            .lease_ttl_s = h->contains("ttl") && (*h)["ttl"].is_number_integer() ? (*h)["ttl"].get<int>()
+                                                                                                  : 0});
   }
   b.action_extra = "; the cluster lock " + lock_.name() + " is held " +
                    (v.on_this_host ? "by another looplock on this host" : "on another host") + ": inspect it with '" +

@@ -57,6 +57,13 @@ std::optional<RunEntry> parse_run_entry(std::string_view text);
 // status 0": a run that ended is never presented as a live process.
 std::string describe_run(const RunEntry& e);
 
+// Whether the looplock that ran entry `e` is proven dead: it ran on this
+// host (this boot, this process's pid namespace, by the entry's own
+// record of them), and its pid is gone or is now another process (another
+// start time). An entry from another host, or one without these facts (an
+// earlier version), is never proven dead.
+bool runner_proven_dead(const RunEntry& e);
+
 // What a ledger's entry means for this run's slot.
 enum class Slot {
   Free,      // no entry, or its run started DURATION ago or more: run

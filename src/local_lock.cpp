@@ -176,9 +176,12 @@ Blocker LocalLock::blocker() const {
   b.who = holder_phrase(*b.verdict);
   b.inspect_hint = "looplock --inspect " + o_.dir;
   const std::string host = sys::host_name();
-  for (const auto& h : b.verdict->holders) b.holder_ids.emplace_back(host, h.pid);
-  if (b.verdict->record == RecordState::Current && b.verdict->read)
-    b.holder_ids.emplace_back(host, b.verdict->read->pid);
+  for (const auto& h : b.verdict->holders) {
+    b.holder_ids.push_back({.host = host, .pid = h.pid, .pid_start = h.start.value_or("")});
+  }
+  if (b.verdict->record == RecordState::Current && b.verdict->read) {
+    b.holder_ids.push_back({.host = host, .pid = b.verdict->read->pid, .pid_start = b.verdict->read->pid_start});
+  }
   if (!b.verdict->confirm.empty()) {
     b.confirm = pids_text(b.verdict->confirm);
     b.many = b.verdict->confirm.size() > 1;

@@ -19,6 +19,19 @@
 
 namespace looplock {
 
+// A process that holds a lock, as a run ledger's entry names its runner:
+// for matching the two (a pid_start that either side left empty matches
+// any), and, for a lease, how long it can outlive a dead holder.
+struct HolderId {
+  std::string host;
+  long long pid = 0;
+  std::string pid_start;
+  int lease_ttl_s = 0;  // the cluster lock's holder: its lease's TTL (0: none, or unknown)
+  bool names(const RunEntry& e) const {
+    return host == e.host && pid == e.pid && (pid_start.empty() || e.pid_start.empty() || pid_start == e.pid_start);
+  }
+};
+
 // Who is in the way of a lock that was not acquired: what the skip and
 // timeout lines and the incident row say (report.hpp renders it).
 struct Blocker {
@@ -30,8 +43,8 @@ struct Blocker {
   std::string confirm = "the holder";  // whom the operator confirms stalled: "pid 12", "pids 12, 13"
   bool many = false;                   // more than one of them
   std::string action_extra;            // added to the policy's operator_action
-  // The holders, as (host, pid), for matching the run ledger's entry.
-  std::vector<std::pair<std::string, long long>> holder_ids;
+  // The holders, for matching the run ledger's entry.
+  std::vector<HolderId> holder_ids;
 };
 
 

@@ -12,12 +12,17 @@
 #include "nesting.hpp"
 #include "procfs.hpp"
 #include "spawn.hpp"
+#include "supervisor.hpp"
 #include "sys.hpp"
 #include "text.hpp"
 
 namespace looplock {
 
 namespace {
+
+// A dead holder's lease lives at most its TTL: the extra wait for it to
+// expire, and for the queue to move.
+constexpr long long kLeaseSlackNs = 2'000'000'000LL;
 
 Exit exit_status(int status) { return {Exit::Kind::ExitStatus, status}; }
 
@@ -109,18 +114,27 @@ void Run::wait_jitter() {
 }
 
 // One conflict path for every lock: a skip, or a timeout with its row (or,
-// with --once-per, the holder running this slot: the slot's skip).
+// with --once-per, the holder running this slot: its end is waited for, or
+// the slot's skip).
 std::optional<Conclusion> Run::acquire(Lock& lock) {
-  const Acquisition got = lock.acquire(plan_, wait_start_ns_);
+  Acquisition got = lock.acquire(plan_, wait_start_ns_);
+  std::optional<Blocker> b;
+  for (bool waited_for_run = false; got != Acquisition::Acquired; waited_for_run = true) {
+    b = lock.blocker();
+    const SlotConflict c = slot_conflict(lock, *b);
+    if (c.done) return already_run(*c.done, nullptr, lock);
+    if (!c.running) break;
+    const std::optional<WaitPlan> more = waited_for_run ? std::nullopt : wait_for_run(*c.running, *b);
+    if (!more) return already_run(*c.running, &*b, lock);
+    got = lock.acquire(*more, wait_start_ns_);
+  }
   facts_.waited_ns = sys::monotonic_ns() - wait_start_ns_;
   if (got == Acquisition::Acquired) return std::nullopt;
-  const Blocker b = lock.blocker();
-  if (auto done = ran_instead_of_conflict(lock, b)) return done;
   if (got == Acquisition::Busy) {
-    reporter_.skip(b);
+    reporter_.skip(*b);
     return Conclusion{exit_status(o_.skip_exit_code), RunOutcome::Skipped};
   }
-  reporter_.timeout(b, plan_, facts_.waited_ns);
+  reporter_.timeout(*b, plan_, facts_.waited_ns);
   return Conclusion{exit_status(o_.conflict_exit_code), RunOutcome::Timeout};
 }
 
@@ -257,18 +271,45 @@ std::optional<Conclusion> Run::ran_before_waiting() {
 }
 
 // A wait that ended while the holder is running this slot (or has just run
-// it) is the slot's skip, not a conflict.
-std::optional<Conclusion> Run::ran_instead_of_conflict(Lock& lock, const Blocker& b) {
-  if (!o_.once_per_ns || !lock.has_ledger()) return std::nullopt;
+// it) is about the slot, not a conflict: its run done is the slot's skip;
+// its run still on (the holder's own) is waited for.
+Run::SlotConflict Run::slot_conflict(Lock& lock, const Blocker& b) {
+  if (!o_.once_per_ns || !lock.has_ledger()) return {};
   const LedgerLook look = lock.look_ledger(o_.operation, false);
-  if (!look.answered || !look.entry) return std::nullopt;
+  if (!look.answered || !look.entry) return {};
   const RunEntry& e = *look.entry;
   const SlotVerdict v = judge_slot(e, ctx_.start_wall_ms, *o_.once_per_ns / 1'000'000);
-  if (v.slot == Slot::Done && counts(look, lock, false)) return already_run(e, nullptr, lock);
-  const bool holder =
-      std::find(b.holder_ids.begin(), b.holder_ids.end(), std::pair{e.host, e.pid}) != b.holder_ids.end();
-  if (v.slot == Slot::Running && holder) return already_run(e, &b, lock);
-  return std::nullopt;
+  if (v.slot == Slot::Done && counts(look, lock, false)) return {e, std::nullopt};
+  const bool holder = std::any_of(b.holder_ids.begin(), b.holder_ids.end(), [&](const HolderId& h) { return h.names(e); });
+  if (v.slot == Slot::Running && holder) return {std::nullopt, e};
+  return {};
+}
+
+// The slot's run holds the lock and has not recorded its end: it may end
+// well (then this run skips), or may have crashed (then this run must run
+// it), so a waiter waits on past -w, until the lock is free or the slot is
+// over (--once-per from this looplock's start). A runner proven dead on
+// this host shortens that to its lease's expiry; single_flight waits only
+// for such a one. nullopt: the slot's skip now.
+std::optional<WaitPlan> Run::wait_for_run(const RunEntry& run, const Blocker& b) {
+  const long long now = sys::monotonic_ns();
+  long long until = later(ctx_.start_ns, *o_.once_per_ns);
+  const bool dead = runner_proven_dead(run);
+  if (dead) {
+    const auto h = std::find_if(b.holder_ids.begin(), b.holder_ids.end(), [&](const HolderId& x) { return x.names(run); });
+    if (h != b.holder_ids.end() && h->lease_ttl_s > 0) {
+      until = std::min(until, later(now, static_cast<long long>(h->lease_ttl_s) * 1'000'000'000LL + kLeaseSlackNs));
+    }
+  }
+  if ((!dead && o_.policy == Policy::SingleFlight) || now >= until) return std::nullopt;
+  log_.verbose("waiting",
+               "waiting past the deadline for the slot's run, " + describe_run(run) + ": " + b.what + " is held by " +
+                   b.who +
+                   (dead ? "; that run's looplock is dead, so this run takes the slot once the lock is free"
+                         : "; this run skips once it has recorded its end, or takes the slot if it never does") +
+                   " (at most " + format_duration(until - now) + ")",
+               {{"policy", policy_name(o_.policy)}});
+  return WaitPlan{WaitPlan::Kind::Bounded, until - wait_start_ns_};
 }
 
 // Holding every lock: the locked reads decide. A run that had the slot

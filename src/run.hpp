@@ -81,7 +81,14 @@ private:
 
   // --once-per (ledger.hpp): the slot's checks and records.
   std::optional<Conclusion> ran_before_waiting();
-  std::optional<Conclusion> ran_instead_of_conflict(Lock& lock, const Blocker& b);
+  // What the ledger says of a conflict: the slot's run done, or still on
+  // and holding the lock.
+  struct SlotConflict {
+    std::optional<RunEntry> done;
+    std::optional<RunEntry> running;
+  };
+  SlotConflict slot_conflict(Lock& lock, const Blocker& b);
+  std::optional<WaitPlan> wait_for_run(const RunEntry& run, const Blocker& b);
   std::optional<Conclusion> claim_slot();
   bool counts(const LedgerLook& look, const Lock& lock, bool locked) const;
   Conclusion already_run(const RunEntry& run, const Blocker* holding, const Lock& lock);

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (EX_CANTCREAT, EX_NOTFOUND, EX_TEMPFAIL, LOOPLOCK, NO_PROC, PY, TIMEOUT, expect_line, helper,
-                      incident_rows, kill_and_wait_gone, need_no_proc, run, start, wait_until)
+from conftest import (EX_CANTCREAT, EX_NOTFOUND, EX_TEMPFAIL, LOOPLOCK, NO_PROC, PY, TIMEOUT, expect_line,
+                      expect_stderr, helper, incident_rows, kill_and_wait_gone, need_no_proc, run, start, wait_until)
 
 TICK = helper("slot_tick.py")
 CHECKPOINT = helper("checkpoint_tick.py")
@@ -89,16 +89,23 @@ def test_single_flight_finding_the_slot_running_is_the_slots_skip_not_noop_locke
     assert [t[0] for t in ticks(history)] == ["a"]
 
 
-def test_a_deadline_passing_while_the_slot_runs_is_the_skip_without_an_incident_row(loop_dir, tmp_path):
+def test_a_deadline_passing_while_the_slot_runs_waits_for_its_end_then_skips_without_an_incident_row(loop_dir,
+                                                                                                      tmp_path):
+    """The slot's run holds the lock past b's -w: b cannot know yet whether
+    that run will end well (then the slot is done) or crash (then b must
+    run it), so it waits on, and skips once the run has recorded its end."""
     history = tmp_path / "history"
     a = start([*once(loop_dir), *tick(history, "a", "hold")])
     expect_line(a)
-    r = run([*once(loop_dir, "60s", "tick", "-w", "0.3"), *tick(history, "b")])
-    assert r.returncode == 0, r.stderr
-    assert "noop-already-run" in r.stderr and "lock_acquire_timeout" not in r.stderr
-    assert incident_rows(loop_dir) == []
+    b = start(["-v", *once(loop_dir, "60s", "tick", "-w", "0.3"), *tick(history, "b")])
+    expect_stderr(b, "waiting past the deadline for the slot's run, host ")
     a.stdin.close()
     assert a.wait(timeout=TIMEOUT) == 0
+    out, err = b.communicate(timeout=TIMEOUT)
+    assert b.returncode == 0, err
+    assert "noop-already-run" in err and "lock_acquire_timeout" not in err
+    assert [t[0] for t in ticks(history)] == ["a"]
+    assert incident_rows(loop_dir) == []
     # Without --once-per the same wait is a timeout, with its row.
     a = start(["--operation", "tick", str(loop_dir), "--", *tick(history, "c", "hold")])
     expect_line(a)
@@ -107,6 +114,18 @@ def test_a_deadline_passing_while_the_slot_runs_is_the_skip_without_an_incident_
     assert len(incident_rows(loop_dir)) == 1
     a.stdin.close()
     a.wait(timeout=TIMEOUT)
+
+
+def test_single_flight_finding_the_slots_live_run_skips_at_once(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    a = start([*once(loop_dir), *tick(history, "a", "hold")])
+    expect_line(a)
+    t0 = time.monotonic()
+    r = run([*once(loop_dir, "60s", "tick", "-p", "single_flight"), *tick(history, "b")])
+    assert r.returncode == 0 and "noop-already-run" in r.stderr and "its run holds the lock now" in r.stderr
+    assert time.monotonic() - t0 < 20  # not the minute of --once-per
+    a.stdin.close()
+    assert a.wait(timeout=TIMEOUT) == 0
 
 
 def test_a_slot_already_run_skips_before_waiting_without_queueing(loop_dir, tmp_path):
@@ -182,30 +201,41 @@ def test_a_looplock_killed_mid_run_does_not_consume_the_slot(loop_dir, tmp_path)
     assert entry["pid"] != a.pid and entry["exit_status"] == 0
 
 
-def test_a_looplock_killed_while_its_job_holds_on_is_never_named_as_the_holder(loop_dir):
+@pytest.mark.parametrize("policy", [["-w", "0.3"], ["-p", "single_flight"]])
+def test_a_looplock_killed_while_its_job_holds_on_never_uses_up_the_slot(loop_dir, policy):
     """looplock alone is killed; a process of its job (here a background
     sleep, which outlives the job's shell) keeps the lock through the
-    inherited descriptor. A later run of the slot skips (the slot's run is
-    still on), and its line names the process that holds the lock, not the
-    dead looplock the ledger recorded."""
+    inherited descriptor. The slot's run has not recorded its end, and its
+    looplock is proven dead (this host, this boot, its pid gone): a later
+    run of the slot, even single_flight, waits past its deadline for the
+    lock, names the process that holds it (never the dead looplock), and
+    runs the slot once that process has gone."""
     a = start([*once(loop_dir), "sh", "-c", "sleep 60 & echo $!; wait"])
     job = None
+    b = None
     try:
         job = int(a.stdout.readline())
         os.kill(a.pid, signal.SIGKILL)
         a.wait(timeout=TIMEOUT)
-        r = run([*once(loop_dir, "60s", "tick", "-w", "0.3"), "echo", "ran"])
-        assert (r.returncode, r.stdout) == (0, ""), r.stderr
-        assert "noop-already-run" in r.stderr and "has not recorded its end" in r.stderr
-        held_by = r.stderr.split(" is held by ", 1)[1]
-        assert held_by.startswith(f"pid {job} (sleep)"), r.stderr
-        assert f"looplock pid {a.pid} " in held_by and "which has exited" in held_by, r.stderr
+        b = start(["-v", *once(loop_dir, "60s", "tick", *policy), "echo", "ran"])
+        (line,) = [x for x in expect_stderr(b, "waiting past the deadline") if "waiting past the deadline" in x]
+        assert "has not recorded its end" in line and "that run's looplock is dead" in line, line
+        held_by = line.split(" is held by ", 1)[1]
+        assert held_by.startswith(f"pid {job} (sleep)"), line
+        assert f"looplock pid {a.pid} " in held_by and "which has exited" in held_by, line
+        kill_and_wait_gone(job)
+        job = None
+        out, err = b.communicate(timeout=TIMEOUT)
+        assert (b.returncode, out) == (0, "ran\n"), err
+        assert "noop-already-run" not in err
     finally:
         if job:
             kill_and_wait_gone(job)
-        if a.poll() is None:
-            a.kill()
-        a.wait(timeout=TIMEOUT)
+        for p in (a, b):
+            if p and p.poll() is None:
+                p.kill()
+            if p:
+                p.wait(timeout=TIMEOUT)
 
 
 @pytest.mark.parametrize("status", [0, 3])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LOOPLOCK, PY, TIMEOUT, expect_line, helper, incident_rows, run, start
+from conftest import LOOPLOCK, PY, TIMEOUT, expect_line, expect_stderr, helper, incident_rows, run, start
 from etcdtest import EX_LEASE_LOST, SANITIZED, needs_etcd, start_member
 
 pytestmark = needs_etcd
@@ -175,6 +175,49 @@ def test_two_hosts_3s_apart_run_each_slot_of_a_5s_schedule_exactly_once(etcd, na
     # --inspect says which host ran the last slot.
     r = run(["--inspect", "--etcd", etcd.url, "--lock-name", name, hosts[0]])
     assert "cluster   last run  operation tick: host " in r.stdout, r.stdout
+
+
+def test_a_runner_killed_mid_slot_never_uses_it_up(etcd, name, hosts, tmp_path):
+    """Host a's looplock is KILLed in the middle of its run; its lease lives
+    on until its TTL. Host b, fired just after a, waits past its -w for the
+    slot's run (it cannot know it crashed), and runs the slot once a's lease
+    has expired. Then the other order: a runner already dead when b comes
+    is proven dead (this host, this boot, its pid gone) and b says so."""
+    history = tmp_path / "history"
+    runners = {}
+    for op, kill_first in (("tick", False), ("tock", True)):
+        a = start(["--etcd", etcd.url, "--lock-name", name, "--ttl", "4", "--once-per", "4m", "--operation", op,
+                   str(hosts[0]), "--", *tick(history, f"a-{op}", "hold")])
+        b = None
+        try:
+            expect_line(a)
+            if kill_first:
+                os.kill(a.pid, signal.SIGKILL)
+                a.wait(timeout=TIMEOUT)
+            b = start(["-v", "--etcd", etcd.url, "--lock-name", name, "--once-per", "4m", "--operation", op, "-w",
+                       "0.5", str(hosts[1]), "--", *tick(history, f"b-{op}")])
+            seen = expect_stderr(b, "waiting past the deadline for the slot's run")
+            line = [x for x in seen if "waiting past the deadline" in x][0]
+            assert f"pid {a.pid} " in line and "has not recorded its end" in line, line
+            if kill_first:
+                assert "that run's looplock is dead" in line, line
+            else:
+                assert "takes the slot if it never does" in line, line
+                os.kill(a.pid, signal.SIGKILL)
+            out, err = b.communicate(timeout=TIMEOUT)
+            assert b.returncode == 0, err
+            assert "noop-already-run" not in err, err
+            runners[op] = b.pid
+        finally:
+            for p in (a, b):
+                if p and p.poll() is None:
+                    p.kill()
+                if p:
+                    p.wait(timeout=TIMEOUT)
+    assert [t[0] for t in ticks(history)] == ["a-tick", "b-tick", "a-tock", "b-tock"]
+    entries = {e["operation"]: e for e in runs_key(etcd, name)}
+    assert all(entries[op]["exit_status"] == 0 and entries[op]["pid"] == runners[op] for op in runners), entries
+    assert entries["tock"]["boot_id"] and entries["tock"]["pid_ns"] and entries["tock"]["pid_start"]
 
 
 def test_the_warning_comes_before_the_lease_term_when_etcd_stalls(etcd, name, hosts, tmp_path):

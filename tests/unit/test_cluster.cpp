@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "cluster.hpp"
+#include "lock.hpp"
 #include "error.hpp"
 #include "etcd.hpp"
 #include "fake_etcd.hpp"
@@ -623,6 +624,30 @@ TEST_CASE("cluster holder value") {
   h.fencing_token = 0;
   CHECK_FALSE(parse_cluster_holder(encode_cluster_holder(h))->contains("fencing_token"));
   CHECK_FALSE(parse_cluster_holder("[]"));
+  // What tells its looplock apart, and its lease's TTL: written when known.
+  for (const char* k : {"pid_start", "boot_id", "pid_ns", "ttl"}) CHECK_FALSE(j->contains(k));
+  h.pid_start = "68907";
+  h.boot_id = "b";
+  h.pid_ns = "4026531836";
+  h.ttl_s = 10;
+  j = parse_cluster_holder(encode_cluster_holder(h));
+  CHECK((*j)["pid_start"] == "68907");
+  CHECK((*j)["boot_id"] == "b");
+  CHECK((*j)["pid_ns"] == "4026531836");
+  CHECK((*j)["ttl"] == 10);
+}
+
+TEST_CASE("a holder id names a ledger's entry by host, pid and, when both know it, pid_start") {
+  looplock::RunEntry e;
+  e.host = "h1";
+  e.pid = 42;
+  e.pid_start = "100";
+  CHECK(looplock::HolderId{.host = "h1", .pid = 42, .pid_start = "100"}.names(e));
+  CHECK(looplock::HolderId{.host = "h1", .pid = 42}.names(e));  // an earlier version's value: no pid_start
+  CHECK_FALSE(looplock::HolderId{.host = "h1", .pid = 42, .pid_start = "101"}.names(e));  // a reused pid
+  CHECK_FALSE(looplock::HolderId{.host = "h2", .pid = 42}.names(e));
+  e.pid_start.clear();
+  CHECK(looplock::HolderId{.host = "h1", .pid = 42, .pid_start = "101"}.names(e));
 }
 
 TEST_CASE("the cluster lock words each cause's fix in looplock's options") {

@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <string>
@@ -9,6 +10,7 @@
 
 #include "error.hpp"
 #include "lockfile.hpp"
+#include "procfs.hpp"
 #include "sealed.hpp"
 #include "testutil.hpp"
 
@@ -319,4 +321,35 @@ TEST_CASE("refuse_ledger: another owner only in a DIR its group shares") {
   file.st_uid = 1000;  // DIR's owner
   dir.st_mode = S_IFDIR | 0755;
   CHECK_FALSE(looplock::refuse_ledger(file, dir, 1002));
+}
+
+TEST_CASE("a runner is proven dead only on this boot and pid namespace, its pid gone or another process") {
+  RunEntry e = entry("t", kT);
+  e.pid = getpid();
+  e.pid_start = looplock::procfs::own_start().value_or("");
+  e.boot_id = looplock::procfs::boot_id();
+  e.pid_ns = looplock::procfs::pid_namespace();
+  REQUIRE_FALSE(e.pid_start.empty());
+  REQUIRE_FALSE(e.boot_id.empty());
+  CHECK_FALSE(looplock::runner_proven_dead(e));  // this very process
+  RunEntry reused = e;
+  reused.pid_start = e.pid_start + "1";
+  CHECK(looplock::runner_proven_dead(reused));  // the pid is another process now
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) _exit(0);
+  REQUIRE(waitpid(child, nullptr, 0) == child);
+  RunEntry gone = e;
+  gone.pid = child;
+  CHECK(looplock::runner_proven_dead(gone));
+  // Another boot, another pid namespace, or an earlier version's entry: never.
+  RunEntry other = gone;
+  other.boot_id = "00000000-0000-0000-0000-000000000000";
+  CHECK_FALSE(looplock::runner_proven_dead(other));
+  other = gone;
+  other.pid_ns = "1";
+  CHECK_FALSE(looplock::runner_proven_dead(other));
+  other = gone;
+  other.boot_id.clear();
+  CHECK_FALSE(looplock::runner_proven_dead(other));
 }
