@@ -376,6 +376,118 @@ def test_systemd_stop_at_the_bound_ends_the_ticks_job(site):
     assert lock_is_free(site.loop)
 
 
+# -- the crontab and the timer together -------------------------------------------
+
+
+def crontab_tick():
+    _, jobs = crontab_entries()
+    [tick] = [cmd for _, cmd in jobs if "--tick" in cmd]
+    return tick
+
+
+def test_crontab_tick_skips_a_slot_already_run_silently(site):
+    """The crontab's tick line as shipped: a second firing in the same slot
+    skips (exit 0) and prints nothing, so cron mails nothing; the control,
+    the same line without -q, says noop-already-run."""
+    cron_env, _ = crontab_entries()
+    env = site.env(**{k: v for k, v in cron_env.items() if k != "LOOPLOCK_METRICS_DIR"})
+    tick = site.substitute(crontab_tick())
+    for _ in range(2):
+        r = sh_c(tick, env)
+        assert (r.returncode, r.stdout, r.stderr) == (0, "", ""), r
+    assert [c["argv"] for c in site.calls()] == [["--tick"]]
+    r = sh_c(tick.replace(" -q ", " ", 1), env)
+    assert r.returncode == 0 and "noop-already-run" in r.stderr, r
+
+
+@pytest.mark.parametrize("first", ["crontab", "timer"])
+def test_the_timer_and_the_crontab_run_each_slot_once_between_them(site, first):
+    """The systemd unit's ExecStart and the crontab's tick line, as shipped,
+    fire the same slot 0.3 s apart, in either order: status.py --tick runs
+    once, and both exit 0 without a word."""
+    cron_env, _ = crontab_entries()
+    cron = (shlex.split(site.substitute(crontab_tick())),
+            site.env(**{k: v for k, v in cron_env.items() if k != "LOOPLOCK_METRICS_DIR"}))
+    [exec_start] = unit_values(SERVICE, "ExecStart")
+    timer = (shlex.split(site.substitute(exec_start)), service_env(site))
+    a, b = (cron, timer) if first == "crontab" else (timer, cron)
+    p = subprocess.Popen(a[0], env=a[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.3)  # the second scheduler fires 0.3 s later
+        r = subprocess.run(b[0], env=b[1], capture_output=True, text=True, timeout=TIMEOUT)
+        out, err = p.communicate(timeout=TIMEOUT)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=TIMEOUT)
+    assert p.returncode == 0 and r.returncode == 0, (err, r.stderr)
+    assert [c["argv"] for c in site.calls()] == [["--tick"]], site.calls()
+    assert site.iterations() == 1
+    if first == "crontab":
+        assert err == "", err  # the crontab's line is quiet
+    else:
+        assert r.stderr == "", r.stderr  # the crontab's line skipped, silently
+
+
+def looplock_invocations():
+    """Every looplock command line in examples/ (commented crontab lines,
+    continued lines and docstrings included): (file, tokens after
+    "looplock")."""
+    found = []
+    for path in sorted(EXAMPLES.rglob("*")):
+        if not path.is_file():
+            continue
+        lines = path.read_text().splitlines()
+        i = 0
+        while i < len(lines):
+            line = lines[i]
+            i += 1
+            m = re.search(r"(?:^|[\s/])looplock (?=-|\S+ -)", line)
+            if not m or "--inspect" in line:
+                continue
+            text = line[m.end():]
+            while text.endswith("\\") and i < len(lines):
+                text = text[:-1] + " " + lines[i].strip()
+                i += 1
+            tokens = None
+            for _ in range(8):  # a quoted command over several lines
+                try:
+                    tokens = shlex.split(text, comments=False)
+                    break
+                except ValueError:
+                    if i >= len(lines):
+                        break
+                    text += "\n" + lines[i]
+                    i += 1
+            if tokens and ("--" in tokens or "-c" in tokens):
+                found.append((path.relative_to(ROOT), tokens))
+    return found
+
+
+def option_value(tokens, name):
+    own = tokens[:tokens.index("--")] if "--" in tokens else tokens[:tokens.index("-c")]
+    return own[own.index(name) + 1] if name in own else None
+
+
+def test_lines_running_the_same_command_carry_the_same_operation_and_once_per():
+    """A tick fired by two schedulers runs once per slot only if both give
+    the same --operation and --once-per: every looplock line of examples/
+    that runs the same command agrees on both."""
+    runs = {}
+    for path, tokens in looplock_invocations():
+        command = tuple(tokens[tokens.index("--") + 1:]) if "--" in tokens else ("-c", tokens[tokens.index("-c") + 1])
+        runs.setdefault(command, []).append((str(path), option_value(tokens, "--operation"),
+                                             option_value(tokens, "--once-per")))
+    ticks = runs[("python3", "/srv/loops/scripts/status.py", "--tick")]
+    assert {p for p, _, _ in ticks} >= {"examples/crontab", "examples/systemd/looplock-nightly.service"}, ticks
+    for command, seen in runs.items():
+        assert len({(op, once) for _, op, once in seen}) == 1, (command, seen)
+    # The check can fail: the unit as it was before it named the slot.
+    old = ("/usr/bin/looplock -w 30 --max-time 3m /srv/loops/nightly -- python3 /srv/loops/scripts/status.py --tick")
+    tokens = shlex.split(old.split("looplock ", 1)[1])
+    assert (option_value(tokens, "--operation"), option_value(tokens, "--once-per")) != (ticks[0][1], ticks[0][2])
+
+
 # -- wrap-status.sh --------------------------------------------------------------
 
 
