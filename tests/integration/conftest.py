@@ -562,6 +562,25 @@ def need_pid_namespace():
 
 
 @pytest.fixture
+def public_base():
+    """A fresh root-owned 0755 directory under /tmp that any uid can search
+    (tmp_path's parents may not be), for runs as other users; removed at the
+    end, whatever modes the test left below it."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="looplock-users-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    try:
+        yield base
+    finally:
+        for dirpath, dirnames, _ in os.walk(base):
+            for d in dirnames:
+                os.chmod(os.path.join(dirpath, d), 0o700)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
 def world_dir():
     """A fresh 0755 directory under /tmp (whose parents other users can
     search), with a loop dir in it; removed at the end."""

@@ -117,18 +117,10 @@ def nobody_can_run():
 
 
 @pytest.fixture
-def nobody_base():
+def nobody_base(public_base):
     """A root-owned 0755 directory under /tmp that uid 65534 can search."""
     nobody_can_run()
-    base = Path(tempfile.mkdtemp(prefix="looplock-hard-", dir="/tmp"))
-    os.chmod(base, 0o755)
-    try:
-        yield base
-    finally:
-        for dirpath, dirnames, _ in os.walk(base):
-            for d in dirnames:
-                os.chmod(os.path.join(dirpath, d), 0o700)
-        shutil.rmtree(base, ignore_errors=True)
+    return public_base
 
 
 def run_as_nobody(args, **kw):

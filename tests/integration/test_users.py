@@ -20,7 +20,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,15 +39,10 @@ def need_root():
 
 
 @pytest.fixture
-def base():
+def base(public_base):
     """A root-owned 0755 directory under /tmp that any uid can search."""
     need_root()
-    b = Path(tempfile.mkdtemp(prefix="looplock-users-", dir="/tmp"))
-    os.chmod(b, 0o755)
-    try:
-        yield b
-    finally:
-        shutil.rmtree(b, ignore_errors=True)
+    return public_base
 
 
 # --- no NSS in the static binary ----------------------------------------------------
