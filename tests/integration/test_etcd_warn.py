@@ -13,8 +13,6 @@ records when USR1 and TERM reached it; the assertions are on those times,
 with 300 ms of tolerance."""
 import os
 import signal
-import subprocess
-import time
 
 import pytest
 

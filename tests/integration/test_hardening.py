@@ -25,7 +25,6 @@ import os
 import shutil
 import stat
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 

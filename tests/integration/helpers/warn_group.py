@@ -13,7 +13,6 @@ exits 143."""
 import os
 import signal
 import sys
-import time
 
 
 def child(role):
