@@ -1,5 +1,6 @@
 // --warn-before's warning, sent only to what handles it: each process of the
-// job's process group that catches the signal (SigCgt in /proc/PID/status)
+// job's process group (and of the job of a looplock nested in it) that
+// catches the signal (SigCgt in /proc/PID/status)
 // gets it once, through a pidfd (pidfd_open(2), pidfd_send_signal(2)) after
 // its process group is checked again, so that a reused pid is never
 // signalled. A process that blocks the signal without a handler, or ignores

@@ -677,6 +677,20 @@ def test_a_process_that_installs_its_handler_late_still_gets_the_warning_once(lo
     assert "to no process yet: none catches it" in warned and "it goes to any that catches it before the TERM" in warned
 
 
+def test_the_warning_reaches_the_job_of_a_nested_looplock(loop_dir):
+    """A nested looplock runs its command in a process group of its own: the
+    warning reaches what that command runs too (a nested looplock does not
+    catch USR1 itself, and is skipped)."""
+    p = start(["--max-time", "3s", "--warn-before", "2s", str(loop_dir), "--", LOOPLOCK, str(loop_dir), "--", PY,
+               WARN_TIMES])
+    expect_line(p)
+    out, err = p.communicate(timeout=TIMEOUT)
+    assert p.returncode == 124, err
+    assert [line.split()[0] for line in out.splitlines()] == ["usr1", "term"], out
+    (warned,) = [line for line in err.splitlines() if "(--warn-before)" in line]
+    assert ", which catches it (skipped pid " in warned, warned
+
+
 def test_without_proc_no_warning_is_sent_and_looplock_says_so(loop_dir):
     need_no_proc()
     r = subprocess.run([*NO_PROC, LOOPLOCK, "--max-time", "2s", "--warn-before", "1s", str(loop_dir), "--", PY,
