@@ -16,7 +16,12 @@ constexpr size_t kReadLimit = 64 * 1024;
 }
 
 std::string clip_bytes(std::string s, size_t max) {
-  if (s.size() > max) s.resize(max);
+  if (s.size() <= max) return s;
+  // Never inside a character: back to the start of the one that would not fit.
+  size_t cut = max;
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xc0) == 0x80 && max - cut < 3) --cut;
+  if ((static_cast<unsigned char>(s[cut]) & 0xc0) == 0x80) cut = max;  // not UTF-8 there anyway
+  s.resize(cut);
   return s;
 }
 

@@ -18,6 +18,7 @@
 #include "holder.hpp"
 #include "log.hpp"
 #include "sys.hpp"
+#include "text.hpp"
 #include "unique_fd.hpp"
 
 namespace looplock {
@@ -166,14 +167,8 @@ std::string_view outcome_name(RunOutcome o) {
 }
 
 std::string label_value(std::string_view raw) {
-  // Valid UTF-8 first: nlohmann-json's replacing dump, read back; a value of
-  // printable ASCII (the usual operation and loop names) is valid as it is.
-  const std::string clipped = clip_bytes(std::string(raw));
-  const bool ascii = std::all_of(clipped.begin(), clipped.end(), [](char c) { return c >= 0x20 && c < 0x7f; });
-  const std::string valid = ascii ? clipped : Json::parse(dump_json(Json(clipped))).get<std::string>();
   std::string out;
-  out.reserve(valid.size());
-  for (char c : valid) {
+  for (char c : utf8_text(raw, kMaxIdentityBytes)) {
     if (c == '\\')
       out += "\\\\";
     else if (c == '"')
@@ -234,7 +229,10 @@ MetricsFile parse_metrics(std::string_view text) {
 void add_run(MetricsFile& f, const RunMetrics& run) {
   f.lock_id = run.lock_id;
   f.loop = run.loop;
-  OperationSeries& s = f.operations[run.operation];
+  // By the operation as its label says it (what parse_metrics reads back):
+  // names that differ only beyond 256 bytes or in bytes that are not UTF-8
+  // share one series, never two of the same labels.
+  OperationSeries& s = f.operations[utf8_text(run.operation, kMaxIdentityBytes)];
   s.runs[run.outcome] += 1;
   s.last_start = run.start_s;
   if (run.outcome == RunOutcome::Success) s.last_success = run.end_s;

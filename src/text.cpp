@@ -55,39 +55,61 @@ std::string pids_text(const std::vector<pid_t>& pids, std::string_view one, std:
   return pids_text(pids) + " " + std::string(pids.size() > 1 ? many : one);
 }
 
+namespace {
+
+// The length of the valid UTF-8 character at the start of `text`, or 0 when
+// it does not start with one (a continuation byte, an overlong form, a
+// surrogate, a code point above U+10FFFF, or one cut short).
+size_t utf8_char(std::string_view text) {
+  const auto c = static_cast<unsigned char>(text[0]);
+  if (c < 0x80) return 1;
+  size_t n = 0;
+  unsigned cp = 0;
+  if (c >= 0xc2 && c <= 0xdf) {
+    n = 1;
+    cp = c & 0x1f;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    n = 2;
+    cp = c & 0x0f;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    n = 3;
+    cp = c & 0x07;
+  } else {
+    return 0;
+  }
+  if (n >= text.size()) return 0;
+  for (size_t k = 1; k <= n; ++k) {
+    const auto cc = static_cast<unsigned char>(text[k]);
+    if ((cc & 0xc0) != 0x80) return 0;
+    cp = (cp << 6) | (cc & 0x3f);
+  }
+  const unsigned least[] = {0, 0x80, 0x800, 0x10000};
+  if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+  return n + 1;
+}
+
+}  // namespace
+
 bool valid_utf8(std::string_view text) {
-  size_t i = 0;
-  while (i < text.size()) {
-    const auto c = static_cast<unsigned char>(text[i]);
-    size_t n = 0;
-    unsigned cp = 0;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    if (c >= 0xc2 && c <= 0xdf) {
-      n = 1;
-      cp = c & 0x1f;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      n = 2;
-      cp = c & 0x0f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      n = 3;
-      cp = c & 0x07;
-    } else {
-      return false;  // a continuation byte first, 0xc0/0xc1 (overlong) or above 0xf4
-    }
-    if (i + n >= text.size()) return false;  // cut short
-    for (size_t k = 1; k <= n; ++k) {
-      const auto cc = static_cast<unsigned char>(text[i + k]);
-      if ((cc & 0xc0) != 0x80) return false;
-      cp = (cp << 6) | (cc & 0x3f);
-    }
-    const unsigned least[] = {0, 0x80, 0x800, 0x10000};
-    if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
-    i += n + 1;
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = utf8_char(text.substr(i));
+    if (n == 0) return false;
+    i += n;
   }
   return true;
+}
+
+std::string utf8_text(std::string_view text, size_t max_bytes) {
+  static constexpr std::string_view kReplacement = "\xef\xbf\xbd";  // U+FFFD
+  std::string out;
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = utf8_char(text.substr(i));
+    const std::string_view piece = n ? text.substr(i, n) : kReplacement;
+    if (out.size() + piece.size() > max_bytes) break;
+    out += piece;
+    i += n ? n : 1;
+  }
+  return out;
 }
 
 std::string hex_encode(std::string_view bytes) {

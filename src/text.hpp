@@ -33,6 +33,11 @@ std::string pids_text(const std::vector<pid_t>& pids, std::string_view one, std:
 // points above U+10FFFF), as JSON needs it.
 bool valid_utf8(std::string_view text);
 
+// `text` as valid UTF-8 of at most `max_bytes` bytes: each byte that does
+// not start a valid character becomes U+FFFD, and the text ends before the
+// first character that would not fit (never inside one).
+std::string utf8_text(std::string_view text, size_t max_bytes);
+
 // Bytes as lower-case hex digits, and back (nullopt for an odd length or a
 // non-hex digit): a name that is not valid UTF-8, stored losslessly in JSON.
 std::string hex_encode(std::string_view bytes);

@@ -138,6 +138,24 @@ def test_the_environment_names_the_metrics_dir(loop_dir, tmp_path):
     prom_file(metrics)
 
 
+def test_names_that_are_not_utf8_or_too_long_keep_one_series_each_and_every_count(loop_dir, tmp_path):
+    """The label of an operation is valid UTF-8 of at most 256 bytes: names
+    that only differ beyond that share its series; a run never writes a
+    second series of the same labels, and none of their counts is lost."""
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    bad = os.fsdecode(b"tick\xff")
+    for op in [bad] * 4 + ["o" * 300 + "1", "o" * 300 + "2", "other"]:
+        r = run(["--metrics-dir", metrics, "--operation", op, loop_dir, "--", "true"])
+        assert (r.returncode, r.stderr) == (0, ""), r
+    text = prom_file(metrics).read_text(errors="surrogateescape")
+    runs = [s for s in families(text)["looplock_runs_total"] if s.labels["outcome"] == "success"]
+    assert sorted((s.labels["operation"], s.value) for s in runs) == sorted(
+        [("tick\ufffd", 4), ("o" * 256, 2), ("other", 1)]), runs
+    lines = [line.rsplit(" ", 1)[0] for line in text.splitlines() if line and not line.startswith("#")]
+    assert len(lines) == len(set(lines)), "a series written twice"
+
+
 def test_an_unwritable_metrics_dir_is_one_warning_never_another_status(loop_dir, tmp_path):
     missing = tmp_path / "missing"
     r = run(["--metrics-dir", missing, loop_dir, "--", "sh", "-c", "exit 5"])

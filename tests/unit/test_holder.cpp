@@ -239,12 +239,16 @@ TEST_CASE("clip_bytes and the one-page bound") {
   CHECK(looplock::clip_bytes("abcdef", 3) == "abc");
   CHECK(looplock::kMaxIdentityBytes == 256);
 
-  // Cut inside a multi-byte character: the encoder replaces the half.
+  // Never cut inside a multi-byte character: it goes whole (at most 256 bytes).
   HolderRecord r = sample();
   r.agent_id = std::string(255, 'a') + "\xC3\xA9";
   auto back = looplock::parse_holder(looplock::encode_holder(r));
   REQUIRE(back);
-  CHECK(back->agent_id == std::string(255, 'a') + kFffd);
+  CHECK(back->agent_id == std::string(255, 'a'));
+  CHECK(looplock::clip_bytes(std::string(254, 'a') + "\xE2\x82\xAC" + "z") == std::string(254, 'a'));
+  CHECK(looplock::clip_bytes(std::string(253, 'a') + "\xE2\x82\xAC" + "z") == std::string(253, 'a') + "\xE2\x82\xAC");
+  // Bytes that are not UTF-8 are cut where the bound says (the encoder replaces them).
+  CHECK(looplock::clip_bytes(std::string(250, 'a') + std::string(10, '\x80')).size() == 256);
 
   // The worst case: every byte of both names escaped as \u00XX.
   r = sample();

@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "sys.hpp"
 #include "testutil.hpp"
 
 using looplock::MetricsFile;
@@ -48,6 +50,7 @@ TEST_CASE("label values are valid UTF-8, escaped and bounded") {
   CHECK(looplock::label_value("a\"b\\c\nd") == "a\\\"b\\\\c\\nd");
   CHECK(looplock::label_value(std::string("x\xff", 2)) == "x\xef\xbf\xbd");  // U+FFFD
   CHECK(looplock::label_value(std::string(1000, 'y')).size() == 256);
+  CHECK(looplock::label_value(std::string(255, 'y') + "\xC3\xA9").size() == 255);  // never half a character
 }
 
 TEST_CASE("render, then parse, gives the same state; runs add up") {
@@ -212,4 +215,34 @@ TEST_CASE("a metrics directory that cannot be used is a message, not a throw") {
   std::string err = looplock::update_metrics_file(dir / "missing", sample(RunOutcome::Success));
   CHECK(err.find("cannot open the metrics directory") != std::string::npos);
   CHECK(err.find("No such file or directory") != std::string::npos);
+}
+
+TEST_CASE("operations whose labels are the same share one series: no duplicate, no lost count") {
+  MetricsFile f;
+  auto run = [](std::string op) {
+    RunMetrics m;
+    m.lock_id = "196199d2965572bb";
+    m.loop = "nightly";
+    m.operation = std::move(op);
+    m.outcome = looplock::RunOutcome::Success;
+    return m;
+  };
+  const std::string bad = std::string("tick\xff", 5);
+  for (int i = 0; i < 4; ++i) {
+    looplock::add_run(f, run(bad));
+    f = looplock::parse_metrics(looplock::render_metrics(f));  // as each run reads the file back
+  }
+  looplock::add_run(f, run(std::string(300, 'o') + "1"));
+  f = looplock::parse_metrics(looplock::render_metrics(f));
+  looplock::add_run(f, run(std::string(300, 'o') + "2"));  // the same first 256 bytes
+  const std::string text = looplock::render_metrics(f);
+  CHECK(f.operations.size() == 2);
+  CHECK(text.find("operation=\"tick\xef\xbf\xbd\",outcome=\"success\"} 4\n") != std::string::npos);
+  CHECK(text.find("operation=\"" + std::string(256, 'o') + "\",outcome=\"success\"} 2\n") != std::string::npos);
+  // Every series once.
+  std::set<std::string> seen;
+  looplock::sys::for_each_line(text, [&](std::string_view line) {
+    if (line.empty() || line[0] == '#') return;
+    CHECK(seen.insert(std::string(line.substr(0, line.rfind(' ')))).second);
+  });
 }

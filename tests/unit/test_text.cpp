@@ -54,3 +54,15 @@ TEST_CASE("hex_encode and hex_decode round-trip any bytes") {
   CHECK_FALSE(looplock::hex_decode("7g"));
   CHECK(looplock::hex_decode("") == std::string());
 }
+
+TEST_CASE("utf8_text: valid UTF-8 within a byte bound, never half a character") {
+  using looplock::utf8_text;
+  CHECK(utf8_text("tick", 256) == "tick");
+  CHECK(utf8_text(std::string("tick\xff", 5), 256) == "tick\xef\xbf\xbd");
+  CHECK(utf8_text("t\xc3\xa9", 2) == "t");  // é does not fit
+  CHECK(utf8_text("t\xc3\xa9", 3) == "t\xc3\xa9");
+  CHECK(utf8_text(std::string(300, 'a'), 256).size() == 256);
+  CHECK(utf8_text("\xc3", 10) == "\xef\xbf\xbd");  // cut short
+  CHECK(utf8_text("ab\xff", 4) == "ab");              // U+FFFD (3 bytes) does not fit
+  CHECK(looplock::valid_utf8(utf8_text("\xed\xa0\x80\xf4\x90\x80\x80", 100)));
+}
