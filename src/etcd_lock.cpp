@@ -93,11 +93,11 @@ void EtcdLock::release(Ending& ending) {
 LedgerLook EtcdLock::look_ledger(const std::string& /*operation*/, bool locked) {
   if (locked) {
     const auto e = lock_.ledger(sys::monotonic_ns() + kLedgerNs);
-    return {e.entry, e.damaged, true};
+    return {.entry = e.entry, .damaged = e.damaged};
   }
   const auto e = lock_.peek_ledger(sys::monotonic_ns() + kPeekNs);
-  if (!e) return {std::nullopt, false, false};
-  return {e->entry, e->damaged, true};
+  if (!e) return {.answered = false};
+  return {.entry = e->entry, .damaged = e->damaged};
 }
 
 void EtcdLock::record_start(const RunEntry& entry) {

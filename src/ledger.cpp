@@ -22,6 +22,20 @@ namespace {
 // kMaxLedgerEntries entries of the longest names fit (each about 2 KB).
 constexpr size_t kMaxLedgerBytes = 4 << 20;
 
+// Reserves the blocks of `size` bytes of `fd` beyond its end without
+// changing its size (FALLOC_FL_KEEP_SIZE), so that a crash before the write
+// leaves the ledger as it was; where the file system cannot, by
+// posix_fallocate(3), whose NUL bytes past the end readers skip. 0 or errno.
+int reserve(int fd, size_t size) {
+  if (sys::retry_eintr([&] { return fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(size)); }) == 0) return 0;
+  if (errno != EOPNOTSUPP && errno != ENOSYS) return errno;
+  int err;
+  do {
+    err = posix_fallocate(fd, 0, static_cast<off_t>(size));
+  } while (err == EINTR);
+  return err;
+}
+
 // Whether a name is stored as it is: valid UTF-8 of at most 256 bytes.
 bool stored_as_is(const std::string& name) { return name.size() <= kMaxIdentityBytes && valid_utf8(name); }
 
@@ -159,6 +173,9 @@ LedgerRead read_ledger(const LockDir& dir) {
     if (attempt > 0) sys::sleep_until_ns(sys::monotonic_ns() + 2'000'000);
     text = sys::pread_all(fd.get(), kMaxLedgerBytes);
     if (!text) fail_errno(exit_code::kOsError, "cannot read " + ledger_display(dir), errno, "", "run_ledger_unusable");
+    // NUL bytes past the newline: blocks reserved for a rewrite that never
+    // came (a crash), where the file system could not keep the size.
+    while (!text->empty() && text->back() == '\0') text->pop_back();
     if (text->empty()) return out;
     object = unseal(*text);
   }
@@ -219,6 +236,7 @@ LedgerLook look_local_ledger(const LockDir& dir, const std::string& operation) {
   const LedgerRead read = read_ledger(dir);
   LedgerLook look;
   look.entry = entry_of(read, operation);
+  look.whole = read.unreadable;
   look.damaged = read.unreadable ||
                  std::find(read.damaged.begin(), read.damaged.end(), operation) != read.damaged.end() ||
                  (!look.entry && std::find(read.damaged.begin(), read.damaged.end(), "?") != read.damaged.end());
@@ -250,11 +268,7 @@ int write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries) {
     // Its new length first: a full disk then fails here, before a byte of
     // the ledger changed (a torn ledger would lose every operation's slot).
     if (static_cast<size_t>(st.st_size) < data.size()) {
-      int err;
-      do {
-        err = posix_fallocate(in_place.get(), 0, static_cast<off_t>(data.size()));
-      } while (err == EINTR);
-      if (err != 0) return err;
+      if (const int err = reserve(in_place.get(), data.size()); err != 0) return err;
     }
     return write_over(in_place.get(), data, static_cast<off_t>(kMaxLedgerBytes)) ? 0 : errno;
   }

@@ -83,6 +83,7 @@ struct LedgerLook {
   std::optional<RunEntry> entry;
   bool damaged = false;   // its entry, or the whole ledger, did not validate (it is rewritten)
   bool answered = true;   // false: it could not be read (etcd did not answer a look without the lock)
+  bool whole = false;     // damaged: the whole ledger (every operation's entry is lost)
 };
 
 // The local ledger of a loop dir, opened by the lock file's rules (no
@@ -115,8 +116,9 @@ struct LedgerUpdate {
 LedgerUpdate with_entry(std::vector<RunEntry> entries, const RunEntry& entry, long long now_ms);
 std::string encode_ledger(const std::vector<RunEntry>& entries);
 // Writes the ledger: in place when this process may write the file, its new
-// length reserved first (posix_fallocate), so that a full disk changes
-// nothing; else a new file beside it, renamed over it. Returns 0 or errno.
+// length reserved first (beyond its end, its size kept), so that a full
+// disk or a crash before the write changes nothing; else a new file beside
+// it, renamed over it. Returns 0 or errno.
 int write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries);
 
 // The local ledger's entry of `operation` (Fatal 73 when the ledger is unsafe).

@@ -234,8 +234,11 @@ RunEntry Run::this_run() const {
 bool Run::counts(const LedgerLook& look, const Lock& lock, bool locked) const {
   const std::string ledger = lock.ledger_name();
   if (look.damaged && locked) {
-    log_.warn("ledger_damaged", ledger + ": the entry of " + quote(o_.operation) +
-                                    " is damaged; it does not count, and this run rewrites it");
+    log_.warn("ledger_damaged",
+              look.whole ? ledger + " is not a run ledger (a write cut short, or another file): no operation's entry "
+                                    "counts, so each may run again in its slot; this run rewrites it"
+                         : ledger + ": the entry of " + quote(o_.operation) +
+                               " is damaged; it does not count, and this run rewrites it");
   }
   const SlotVerdict v = judge_slot(look.entry, ctx_.start_wall_ms, *o_.once_per_ns / 1'000'000);
   if ((v.slot == Slot::Damaged && locked) || (v.ahead_ms > 0 && v.slot == Slot::Done)) {

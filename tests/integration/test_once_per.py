@@ -6,6 +6,8 @@ in test_once_per_etcd.py."""
 import hashlib
 import json
 import os
+import platform
+import shutil
 import signal
 import socket
 import subprocess
@@ -14,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (EX_CANTCREAT, EX_NOTFOUND, EX_TEMPFAIL, LOOPLOCK, NO_PROC, PY, TIMEOUT, expect_line,
-                      expect_stderr, helper, incident_rows, kill_and_wait_gone, need_no_proc, run, start, wait_until)
+from conftest import (EX_CANTCREAT, EX_NOTFOUND, EX_TEMPFAIL, LOOPLOCK, NO_PROC, PY, TIMEOUT, children,
+                      expect_line, expect_stderr, helper, incident_rows, kill_and_wait_gone, need_no_proc, run, start, wait_until)
 
 TICK = helper("slot_tick.py")
 CHECKPOINT = helper("checkpoint_tick.py")
@@ -325,7 +327,7 @@ def test_a_torn_ledger_blocks_nothing_it_is_reported_and_rewritten(loop_dir, tmp
     (loop_dir / (RUNS + ".new")).write_text(whole[:10])
     r = run([*once(loop_dir), *tick(history, "b")])
     assert r.returncode == 0, r.stderr
-    assert "ledger_damaged" in r.stderr or "is damaged" in r.stderr
+    assert "is not a run ledger (a write cut short, or another file): no operation's entry counts" in r.stderr
     assert [t[0] for t in ticks(history)] == ["a", "b"]
     assert ledger(loop_dir)["runs"][0]["ended_ms"] is not None
     r = run([*once(loop_dir), *tick(history, "c")])
@@ -364,6 +366,41 @@ def test_operations_inside_their_slots_are_never_evicted_the_ledger_grows_and_sa
     assert r.returncode == 0 and "noop-already-run" in r.stderr, r.stderr
     assert [t[0] for t in ticks(history)] == ["good"]
     assert len(ledger(loop_dir)["runs"]) == 71
+
+
+def test_a_looplock_killed_between_reserving_and_writing_the_ledger_leaves_it_whole(loop_dir, tmp_path):
+    """The ledger's new length is reserved before it is rewritten: a KILL in
+    between (strace holds looplock right after the reservation) leaves
+    every other operation's entry as it was."""
+    if not shutil.which("strace") or platform.machine() != "x86_64":
+        pytest.skip("strace(1) on x86_64 is needed to stop looplock between the reservation and the write")
+    for op in ("a", "b", "c"):
+        assert run([*once(loop_dir, "5m", op), "true"]).returncode == 0
+    tracer = subprocess.Popen(["strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=fallocate", "-e",
+                               "inject=fallocate:delay_exit=5000000", LOOPLOCK, *once(loop_dir, "5m", "new-" + "n" * 200),
+                               "true"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: children(tracer.pid), "strace to start looplock")
+        (traced,) = children(tracer.pid)
+
+        def in_fallocate():
+            try:
+                with open(f"/proc/{traced}/syscall") as f:
+                    return f.read().split()[0] == "285"  # x86_64's fallocate
+            except (OSError, IndexError):
+                return False
+
+        wait_until(in_fallocate, "looplock to reserve the ledger's new length", timeout=TIMEOUT)
+        os.kill(traced, signal.SIGKILL)
+        tracer.wait(timeout=TIMEOUT)
+    finally:
+        if tracer.poll() is None:
+            tracer.kill()
+            tracer.wait(timeout=TIMEOUT)
+    for op in ("a", "b", "c"):
+        r = run([*once(loop_dir, "5m", op), "echo", "ran"])
+        assert (r.returncode, r.stdout) == (0, ""), r
+        assert "noop-already-run" in r.stderr and "damaged" not in r.stderr, r.stderr
 
 
 def test_once_per_refuses_an_operation_name_over_256_bytes(loop_dir):

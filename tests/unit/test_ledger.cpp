@@ -353,3 +353,16 @@ TEST_CASE("a runner is proven dead only on this boot and pid namespace, its pid 
   other.boot_id.clear();
   CHECK_FALSE(looplock::runner_proven_dead(other));
 }
+
+TEST_CASE("NUL bytes after the ledger's newline (blocks reserved for a rewrite that never came) are not content") {
+  TempDir dir;
+  const looplock::LockDir d = looplock::open_lock_dir(dir.path());
+  looplock::record_local_ledger(d, entry("t", kT, kT + 5), kT);
+  const std::string whole = *testutil::slurp(dir / looplock::kRunsName);
+  testutil::write_file(dir / looplock::kRunsName, whole + std::string(300, '\0'), 0640);
+  const auto look = looplock::look_local_ledger(d, "t");
+  REQUIRE(look.entry);
+  CHECK_FALSE(look.damaged);
+  testutil::write_file(dir / looplock::kRunsName, whole.substr(0, whole.size() - 1) + std::string(3, '\0'), 0640);
+  CHECK(looplock::look_local_ledger(d, "t").whole);  // without its newline: not a ledger
+}
