@@ -33,6 +33,12 @@ constexpr long long kMinAttemptNs = 250 * kMs;
 constexpr long long kReachNs = 5 * kSec;
 constexpr long long kReleaseNs = 2 * kSec;
 constexpr long long kLostReleaseNs = kSec;
+// Once a wait's deadline has passed: how long the look at the holder (for
+// the report) and the revoke of the waiter's lease may take each, so that
+// the deadline (-w) is kept within a few hundred milliseconds. Where etcd
+// has stopped answering, the look is not made (the holder the wait found is
+// reported) and the revoke is one brief try: the lease expires anyway.
+constexpr long long kAfterDeadlineNs = 100 * kMs;
 // After a renewal round that got no answer, the next one is due this soon.
 constexpr long long kRenewRetryNs = 25 * kMs;
 // How early a waiter renews (more than etcd.cpp's slack for ending a watch).
@@ -502,22 +508,28 @@ ClusterLock::Step ClusterLock::read_queue(Queue& q, long long step_end) {
 // would be canceled again at once) or a failure read the queue again.
 void ClusterLock::watch_before(Queue& q, long long step_end) {
   auto w = client_.watch_delete(q.before->key, q.watch_from, {step_end, 0});
+  // A round that etcd did not end itself: it may have stopped answering.
+  silent_ = !w.ok() && w.status == etcd::Status::Timeout;
   if (w.ok() && !w.value) return;  // etcd ended the round at its deadline: the same watch next round
   q.before.reset();
   if (!w.ok() && w.status != etcd::Status::Timeout) note_unavailable(w.error);
 }
 
-// The deadline passed: who holds the lock now, for the report (briefly).
+// The deadline passed: who holds the lock now, for the report (briefly;
+// not at all when etcd has stopped answering: then the holder the wait
+// found stands).
 void ClusterLock::note_blocker(long long my_rev) {
+  if (unavailable_now_ || silent_) return;
+  const long long by = now() + kAfterDeadlineNs;
   std::vector<etcd::RangeResult> reads;
   for (const auto& p : prefixes_) {
-    auto owner = client_.range({p, true, 0, etcd::RangeQuery::Order::FirstCreated, 0}, {now() + kMinAttemptNs, 0});
-    if (!owner.ok()) break;
+    auto owner = client_.range({p, true, 0, etcd::RangeQuery::Order::FirstCreated, 0}, {by, 0});
+    if (!owner.ok()) return;
     reads.push_back(std::move(owner.value));
   }
   const auto queue = etcd::contenders(prefixes_, reads);
   if (!queue.empty() && queue.front().create_revision != my_rev) {
-    blocker_ = holder_of(queue.front(), now() + kMinAttemptNs);
+    if (auto h = holder_of(queue.front(), std::max(by, now() + kMs))) blocker_ = std::move(h);
   }
 }
 
@@ -555,7 +567,7 @@ Acquisition ClusterLock::wait_in_queue(bool bounded, long long deadline) {
     watch_before(q, step_end);
   }
   note_blocker(q.my_rev);
-  release();
+  release(unavailable_now_ || silent_ ? kAfterDeadlineNs / 2 : kAfterDeadlineNs);
   return Acquisition::TimedOut;
 }
 
@@ -611,13 +623,13 @@ std::string ClusterLock::overdue_why() const {
          (last_error_.empty() ? "" : "; last error: " + last_error_) + ")";
 }
 
-void ClusterLock::release() {
+void ClusterLock::release(long long bound_ns) {
   if (lease_ == 0) return;
   // Revoking the lease deletes the lock key (the next holder's watch fires
   // at once) and anything else attached to it.
   // Bounded shorter when it matters less: the lease is lost, or no lock was taken.
-  const long long bound = lost() || token_ == 0 ? kLostReleaseNs : kReleaseNs;
-  (void)client_.lease_revoke(lease_, {now() + bound, lease_timing::attempt_ns(ttl_s_)});
+  const long long bound = bound_ns > 0 ? bound_ns : lost() || token_ == 0 ? kLostReleaseNs : kReleaseNs;
+  (void)client_.lease_revoke(lease_, {now() + bound, std::min(bound, lease_timing::attempt_ns(ttl_s_))});
   lease_ = 0;
 }
 

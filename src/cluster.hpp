@@ -165,8 +165,9 @@ public:
   // The reason to give when term_by passed without a renewal.
   std::string overdue_why() const;
 
-  // Revokes the lease, which deletes the lock key (bounded; best effort).
-  void release();
+  // Revokes the lease, which deletes the lock key (bounded: by `bound_ns`
+  // when given, else by what the release needs; best effort).
+  void release(long long bound_ns = 0);
 
   // The run ledger of --once-per: `operation`'s key (etcd::runs_key), read
   // inside the acquisition's own transaction when the lock is taken at once.
@@ -263,6 +264,7 @@ private:
   bool renewal_failing_ = false;  // the last renewal round got no answer
   bool said_unavailable_ = false;
   bool unavailable_now_ = false;
+  bool silent_ = false;  // the last round of the watch timed out: etcd may have stopped answering
   std::string last_error_;
   std::string why_;
   std::optional<Json> blocker_;

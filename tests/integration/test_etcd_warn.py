@@ -1,4 +1,4 @@
-"""--warn-before with --etcd when etcd stops answering, the outage it exists
+"""Deadlines with --etcd when etcd stops answering. --warn-before, the outage it exists
 for (looplock(1), --warn-before, CLUSTER): the warning comes --warn-before
 before the TERM it warns of, whatever etcd does. At --ttl 10 the lease's
 TERM is due 8.03 s after the last answered keepalive; a renewal that gets
@@ -13,10 +13,11 @@ records when USR1 and TERM reached it; the assertions are on those times,
 with 300 ms of tolerance."""
 import os
 import signal
+import time
 
 import pytest
 
-from conftest import PY, TIMEOUT, expect_line, helper, incident_rows
+from conftest import PY, TIMEOUT, expect_line, expect_stderr, helper, incident_rows
 from etcdtest import EX_LEASE_LOST, Relay, fresh_name, kill_all, needs_etcd, start_looplock, start_member
 
 pytestmark = needs_etcd
@@ -92,3 +93,34 @@ def test_the_warning_comes_warn_before_ahead_of_term_when_etcd_is_stopped_killed
         row = incident_rows(d)[-1]
         assert row["error_code"] == ("max_time_exceeded" if max_time else "lease_lost"), (what, row)
         assert row["warned"]["signal"] == "USR1" and row["warned"]["before_end_ms"] >= 2700, (what, row)
+
+
+@pytest.mark.parametrize("fault", ["sigstop", "sigkill"])
+def test_a_waiter_keeps_its_deadline_when_etcd_stops_answering_during_the_wait(tmp_path, members, fault):
+    """-w covers the cluster lock's wait: a waiter whose etcd stops answering
+    (frozen or dead) in the middle of its wait gives up at its deadline, not
+    after another round of looks and a revoke that etcd never answers."""
+    m = members()
+    name = fresh_name()
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    a_dir.mkdir()
+    b_dir.mkdir()
+    a = start_looplock(["--etcd", m.url, "--lock-name", name, a_dir, "--", PY, WARN_TIMES])
+    b = None
+    try:
+        expect_line(a)
+        t0 = time.monotonic()
+        b = start_looplock(["-v", "--etcd", m.url, "--lock-name", name, "-w", "2", b_dir, "--", "true"])
+        expect_stderr(b, "waiting for cluster lock")
+        if fault == "sigstop":
+            os.kill(m.proc.pid, signal.SIGSTOP)
+        else:
+            m.kill()
+        _, err = b.communicate(timeout=TIMEOUT)
+        elapsed = time.monotonic() - t0
+    finally:
+        m.kill(signal.SIGCONT)
+        kill_all([p for p in (a, b) if p])
+    assert b.returncode == 75, (b.returncode, err)
+    assert "lock_acquire_timeout: cluster lock" in err and "still held after 2." in err, err
+    assert elapsed < 2.0 + 0.7, elapsed  # the deadline, and a brief revoke at most
