@@ -297,11 +297,16 @@ def timer_period_seconds():
 
 
 def service_env(site):
+    """The unit's environment, its metrics directory in the test's site."""
     env = site.env()
     for value in unit_values(SERVICE, "Environment"):
         for assignment in shlex.split(value):
             k, v = assignment.split("=", 1)
             env[k] = v
+    if "LOOPLOCK_METRICS_DIR" in env:
+        metrics = site.loop.parent / "unit-metrics"
+        metrics.mkdir(exist_ok=True)
+        env["LOOPLOCK_METRICS_DIR"] = str(metrics)
     return env
 
 
@@ -406,10 +411,13 @@ def test_the_timer_and_the_crontab_run_each_slot_once_between_them(site, first):
     fire the same slot 0.3 s apart, in either order: status.py --tick runs
     once, and both exit 0 without a word."""
     cron_env, _ = crontab_entries()
-    cron = (shlex.split(site.substitute(crontab_tick())),
-            site.env(**{k: v for k, v in cron_env.items() if k != "LOOPLOCK_METRICS_DIR"}))
-    [exec_start] = unit_values(SERVICE, "ExecStart")
-    timer = (shlex.split(site.substitute(exec_start)), service_env(site))
+    unit_env = service_env(site)
+    # Both count in one metrics directory (the test's in place of the real one).
+    [shipped] = [v.split("=", 1)[1] for v in unit_values(SERVICE, "Environment") if "LOOPLOCK_METRICS_DIR=" in v]
+    assert cron_env["LOOPLOCK_METRICS_DIR"] == shipped, (cron_env, shipped)
+    metrics = Path(unit_env["LOOPLOCK_METRICS_DIR"])
+    cron = (shlex.split(site.substitute(crontab_tick())), site.env(**dict(cron_env, LOOPLOCK_METRICS_DIR=str(metrics))))
+    timer = (shlex.split(site.substitute(exec_start_of_unit())), dict(unit_env, LOOPLOCK_METRICS_DIR=str(metrics)))
     a, b = (cron, timer) if first == "crontab" else (timer, cron)
     p = subprocess.Popen(a[0], env=a[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -427,6 +435,15 @@ def test_the_timer_and_the_crontab_run_each_slot_once_between_them(site, first):
         assert err == "", err  # the crontab's line is quiet
     else:
         assert r.stderr == "", r.stderr  # the crontab's line skipped, silently
+    # One series: the slot's success and the other's skip, whoever had the slot.
+    text = next(metrics.glob("looplock_*.prom")).read_text()
+    assert re.search(r'looplock_runs_total\{[^}]*operation="tick",outcome="success"\} 1\n', text), text
+    assert re.search(r'looplock_runs_total\{[^}]*operation="tick",outcome="skipped"\} 1\n', text), text
+
+
+def exec_start_of_unit():
+    [exec_start] = unit_values(SERVICE, "ExecStart")
+    return exec_start
 
 
 def looplock_invocations():
