@@ -310,6 +310,30 @@ std::optional<uid_t> real_uid(pid_t pid) {
   return static_cast<uid_t>(*v);
 }
 
+std::vector<gid_t> parse_group_ids(std::string_view status) {
+  std::vector<gid_t> out;
+  auto add = [&](std::string_view field, size_t most) {
+    const size_t at = status.find(field);
+    if (at == std::string_view::npos || (at != 0 && status[at - 1] != '\n')) return;
+    std::string_view rest = status.substr(at + field.size());
+    rest = rest.substr(0, rest.find('\n'));
+    size_t taken = 0;
+    for (auto w : words(rest)) {
+      if (taken++ == most) break;
+      if (auto v = to_number<unsigned long>(w)) out.push_back(static_cast<gid_t>(*v));
+    }
+  };
+  add("Gid:", 2);  // real and effective
+  add("Groups:", SIZE_MAX);
+  return out;
+}
+
+std::optional<std::vector<gid_t>> group_ids(pid_t pid) {
+  auto s = sys::read_file(proc_path(pid, "status"), 1 << 16);
+  if (!s) return std::nullopt;
+  return parse_group_ids(*s);
+}
+
 std::optional<std::vector<KernelLock>> flock_holders(const struct stat& file) {
   auto table = lock_table(file);
   if (!table) return std::nullopt;

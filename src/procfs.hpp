@@ -104,6 +104,10 @@ std::optional<long long> age_ms(pid_t pid);
 std::optional<std::vector<std::string>> cmdline(pid_t pid);
 std::optional<std::string> environ_get(pid_t pid, std::string_view name);
 std::optional<uid_t> real_uid(pid_t pid);
+// Its groups: real, effective and supplementary (/proc/PID/status, Gid: and
+// Groups:); nullopt when they cannot be read.
+std::optional<std::vector<gid_t>> group_ids(pid_t pid);
+std::vector<gid_t> parse_group_ids(std::string_view status);
 
 // Whether the open file description behind /proc/PID/fd/FD is `file` and holds a
 // flock(2) lock on it (exclusive, or either kind when `exclusive` is false).

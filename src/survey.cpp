@@ -69,6 +69,7 @@ void add_holders(LockFacts& f, const std::vector<procfs::KernelLock>& locks) {
       h.command = procfs::comm(k.pid).value_or("");
       h.start = procfs::pid_start(k.pid);
       h.uid = procfs::real_uid(k.pid);
+      if (h.uid) h.gids = procfs::group_ids(k.pid).value_or(std::vector<gid_t>{});
     }
     f.holders.push_back(std::move(h));
   }
@@ -166,6 +167,7 @@ LockFacts survey_lock(const LockDir& dir, const std::string& lock_path, std::vec
   }
   if (!f.refusal) f.refusal = refuse_lock_file(st, dir.st, geteuid());
   f.file_uid = st.st_uid;
+  if (st.st_mode & S_IRGRP) f.sharing_gid = st.st_gid;
   f.others_can_read = (st.st_mode & S_IROTH) != 0;
   if (!S_ISREG(st.st_mode)) return f;
 

@@ -187,7 +187,9 @@ Verdict judge(const LockFacts& f) {
   }
   if (f.file_uid && f.dir_uid) {
     for (const auto& h : f.holders) {
-      if (h.uid && *h.uid != 0 && *h.uid != *f.file_uid && *h.uid != *f.dir_uid) {
+      const bool member =
+          f.sharing_gid && std::find(h.gids.begin(), h.gids.end(), *f.sharing_gid) != h.gids.end();
+      if (h.uid && *h.uid != 0 && *h.uid != *f.file_uid && *h.uid != *f.dir_uid && !member) {
         w.push_back("pid " + std::to_string(h.pid) + " holds the lock as uid " + std::to_string(*h.uid) +
                     ", neither the lock file's owner (uid " + std::to_string(*f.file_uid) + ") nor DIR's (uid " +
                     std::to_string(*f.dir_uid) + ")");

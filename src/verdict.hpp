@@ -41,6 +41,7 @@ struct LockHolder {
   std::string command;               // its base name (/proc/PID/comm); empty when unknown
   std::optional<std::string> start;  // its start time, as a record's pid_start
   std::optional<uid_t> uid;          // its real uid
+  std::vector<gid_t> gids;           // its groups (real, effective, supplementary), when known
   // /proc/locks names it but it has exited, and the process that holds the
   // lock through the descriptor it passed on could not be found.
   bool exited = false;
@@ -54,6 +55,9 @@ struct LockFacts {
   bool others_can_read = false;    // any local user can open it, so take the lock
   std::optional<uid_t> file_uid;
   std::optional<uid_t> dir_uid;
+  // The lock file's group, when its members may open it (group-readable):
+  // a member of that group holds the lock as the man page's group recipe has it.
+  std::optional<gid_t> sharing_gid;
   std::optional<std::string> network_fs;
   // The kernel.
   bool seen_held = false;               // this run's own attempt found the lock held

@@ -303,3 +303,33 @@ def test_inspect_judges_the_group_files_for_the_caller_and_check_fails_on_them(b
     i = as_member(U1, "--inspect", "--json", "--metrics-dir", metrics, d)
     mine = [w for w in json.loads(i.stdout)["warnings"] if "/.state.lock." in w or ".prom" in w]
     assert len(mine) == 1 and ".prom: only uid" in mine[0], mine
+
+
+def test_a_member_holding_the_lock_is_no_warning_for_inspect_check(base):
+    """In the man page's group recipe a member who is neither the lock
+    file's owner nor DIR's holds the lock as it should: --inspect --check by
+    another member passes while it does. The control: a user outside the
+    group holding it (the file made readable to all) is named."""
+    d, _ = group_dirs(base)
+    holder = subprocess.Popen([*member(U2), LOOPLOCK, "-p", "blocking", str(d), "--", PY, helper("wait_stdin.py")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+    try:
+        expect_line(holder, "ready")
+        i = as_member(U1, "--inspect", "--check", d)
+        assert i.returncode == 0, i
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=TIMEOUT)
+    os.chmod(d, 0o2775)  # others may reach it
+    os.chmod(d / LOCK, 0o664)  # and open it
+    outsider = subprocess.Popen(["setpriv", "--reuid=23459", "--regid=23459", "--clear-groups", PY, "-c",
+                                 "import fcntl, os, sys\nfd = os.open(sys.argv[1], os.O_RDONLY)\n"
+                                 "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('ready', flush=True)\nsys.stdin.read()\n",
+                                 str(d / LOCK)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/")
+    try:
+        expect_line(outsider, "ready")
+        i = as_member(U1, "--inspect", "--check", d)
+        assert i.returncode == 1 and "holds the lock as uid 23459" in i.stdout, i
+    finally:
+        outsider.stdin.close()
+        outsider.wait(timeout=TIMEOUT)

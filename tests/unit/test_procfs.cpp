@@ -344,3 +344,14 @@ TEST_CASE("descendants and pids_holding_flock") {
   close(release[1]);
   REQUIRE(testutil::wait_child(child));
 }
+
+TEST_CASE("parse_group_ids: the real and effective group, then the supplementary ones") {
+  const std::string status = "Name:\tpython3\nUid:\t1000\t1000\t1000\t1000\nGid:\t1000\t1001\t1002\t1003\n"
+                             "FDSize:\t64\nGroups:\t27 5000 \nNStgid:\t1\n";
+  CHECK(looplock::procfs::parse_group_ids(status) == std::vector<gid_t>{1000, 1001, 27, 5000});
+  CHECK(looplock::procfs::parse_group_ids("Gid:\t7\t7\t7\t7\nGroups:\t\n") == std::vector<gid_t>{7, 7});
+  CHECK(looplock::procfs::parse_group_ids("Name:\tx\n").empty());
+  const auto mine = looplock::procfs::group_ids(getpid());
+  REQUIRE(mine);
+  CHECK(std::find(mine->begin(), mine->end(), getgid()) != mine->end());
+}

@@ -263,6 +263,17 @@ TEST_CASE("who may hold the lock: readable by others, or held by a foreign user"
     f.holders[0].uid = ok;
     CHECK(looplock::judge(f).warnings.empty());
   }
+  // A member of the group that may open the file (the man page's group
+  // recipe) holds it as it should; in another group, or where the group may
+  // not open it, it does not.
+  f.holders[0].uid = 2000;
+  f.holders[0].gids = {2000, 2000, 5000};
+  f.sharing_gid = 5000;
+  CHECK(looplock::judge(f).warnings.empty());
+  f.sharing_gid = 5001;
+  CHECK_FALSE(looplock::judge(f).warnings.empty());
+  f.sharing_gid.reset();
+  CHECK_FALSE(looplock::judge(f).warnings.empty());
 }
 
 TEST_CASE("a hold older than stale_after") {
