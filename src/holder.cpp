@@ -148,6 +148,7 @@ HolderRead read_holder(int fd) {
     auto content = sys::pread_all(fd, kReadLimit);
     if (!content) {
       out.state = HolderRead::State::Error;
+      out.err = errno;
       return out;
     }
     out.size = content->size();

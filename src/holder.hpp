@@ -61,6 +61,7 @@ struct HolderRead {
   State state = State::Empty;
   std::optional<HolderRecord> record;
   size_t size = 0;  // bytes found in the file (at most the read limit)
+  int err = 0;      // Error: why the file could not be opened or read
 };
 
 // Reads and validates the record, retrying a few times (a few ms apart) while

@@ -122,9 +122,19 @@ IncidentSummary summarize_incidents(int dirfd, size_t recent) {
   IncidentSummary s;
   UniqueFd fd(sys::retry_eintr(
       [&] { return openat(dirfd, kIncidentsName, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK); }));
-  if (!fd) return s;
+  if (!fd) {
+    if (errno != ENOENT) s.error = errno;  // a symlink (ELOOP), a permission
+    return s;
+  }
   struct stat st {};
-  if (fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return s;
+  if (fstat(fd.get(), &st) != 0) {
+    s.error = errno;
+    return s;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    s.error = EINVAL;  // lock_files.hpp says what it is instead
+    return s;
+  }
   s.exists = true;
   // One pass: count the rows, and keep where the newest ones lie.
   const size_t keep = kMaxExamined;  // 16 bytes each

@@ -65,6 +65,7 @@ struct IncidentSummary {
   size_t examined = 0;     // rows read back from the end to find them
   size_t malformed = 0;    // of those, the ones that do not validate
   bool exists = false;
+  int error = 0;           // why the file could not be read (it exists): errno, EINVAL for one not regular
 };
 // Reads the incidents file without following symlinks: the rows are counted
 // (newlines, not parsed), and only the newest `recent` valid rows are parsed,

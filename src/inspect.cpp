@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include "cluster.hpp"
 #include "duration.hpp"
@@ -65,6 +66,7 @@ std::string record_state_text(RecordState s) {
     case RecordState::Ended: return "ended (an -F run writes no release)";
     case RecordState::Crashed: return "left behind (its holder crashed or was killed)";
     case RecordState::Idle: return "not released (its process lives but does not hold the lock)";
+    case RecordState::NotRead: return "not read (the lock file cannot be read here)";
     default: return std::string(record_state_name(s));
   }
 }
@@ -147,7 +149,8 @@ Json report_json(const InspectFacts& facts, const Verdict& v) {
   r["same_process"] = f.record_same_process ? Json(*f.record_same_process) : Json(nullptr);
   r["pid_note"] = f.record_pid_note.empty() ? Json(nullptr) : Json(f.record_pid_note);
   j["record"] = r;
-  j["incidents"] = {{"count", facts.incidents.count},
+  j["incidents"] = {{"count", facts.incidents.error ? Json(nullptr) : Json(facts.incidents.count)},
+                    {"error", facts.incidents.error ? Json(std::strerror(facts.incidents.error)) : Json(nullptr)},
                     {"malformed", facts.incidents.malformed},
                     {"examined", facts.incidents.examined},
                     {"latest", facts.incidents.latest ? *facts.incidents.latest : Json(nullptr)},
@@ -193,7 +196,8 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
   } else {
     line("record", !f.exists                                         ? std::string("none")
                    : f.record.state == HolderRead::State::Unreadable ? std::string("unreadable")
-                   : f.record.state == HolderRead::State::Error      ? std::string("not read")
+                   : f.record.state == HolderRead::State::Error
+                       ? "not read: " + std::string(std::strerror(f.record.err ? f.record.err : EIO))
                                                                      : std::string("none (the file is empty)"));
   }
   if (facts.waiters.empty()) line("waiting", known ? "none" : "unknown");
@@ -206,7 +210,9 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
     if (w.at_most_ms) who += ", for at most " + ms_text(*w.at_most_ms);
     line("waiting", who);
   }
-  if (facts.incidents.count == 0) {
+  if (facts.incidents.error != 0) {
+    line("incidents", "not read: " + std::string(std::strerror(facts.incidents.error)));
+  } else if (facts.incidents.count == 0) {
     line("incidents", "none");
   } else {
     std::string inc = std::to_string(facts.incidents.count);

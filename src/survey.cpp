@@ -173,6 +173,7 @@ LockFacts survey_lock(const LockDir& dir, const std::string& lock_path, std::vec
 
   UniqueFd fd(sys::retry_eintr(
       [&] { return openat(dir.fd.get(), kLockName, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); }));
+  const int open_err = fd ? 0 : errno;
   if (fd) {
     fstat(fd.get(), &st);
   }
@@ -180,7 +181,7 @@ LockFacts survey_lock(const LockDir& dir, const std::string& lock_path, std::vec
   // took or released the lock meanwhile changed the record, and the table is
   // read once more (a bounded number of times), so that the two agree.
   for (int round = 0; round < 3; ++round) {
-    f.record = fd ? read_holder(fd.get()) : HolderRead{HolderRead::State::Error, std::nullopt, 0};
+    f.record = fd ? read_holder(fd.get()) : HolderRead{.state = HolderRead::State::Error, .err = open_err};
     errno = 0;
     auto table = procfs::lock_table(st);
     f.holders.clear();

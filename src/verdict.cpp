@@ -1,6 +1,7 @@
 #include "verdict.hpp"
 
 #include <algorithm>
+#include <cstring>
 
 #include "duration.hpp"
 #include "text.hpp"
@@ -57,6 +58,7 @@ std::string gone_reason(const LockFacts& f) {
 
 RecordState judge_record(const LockFacts& f, LockState state, bool& left_by_looplock) {
   if (f.record.state == HolderRead::State::Unreadable) return RecordState::Unreadable;
+  if (f.record.state == HolderRead::State::Error) return RecordState::NotRead;
   if (!f.record.record) return RecordState::None;
   const HolderRecord& r = *f.record.record;
   const pid_t here = f.record_pid_here.value_or(r.pid);
@@ -147,6 +149,7 @@ std::string_view record_state_name(RecordState s) {
     case RecordState::Ended: return "ended";
     case RecordState::Crashed: return "crashed";
     case RecordState::Idle: return "idle";
+    case RecordState::NotRead: return "unread";
   }
   return "none";
 }
@@ -221,6 +224,11 @@ Verdict judge(const LockFacts& f) {
     w.push_back("held by " + pids_text(v.confirm) +
                 " without a current holder record (flock(1), Python fcntl.flock or another tool)");
   }
+  if (v.record == RecordState::NotRead && f.exists) {
+    w.push_back("the lock file cannot be read here (" + std::string(std::strerror(f.record.err ? f.record.err : EIO)) +
+                "): its holder record is not known; look as the lock file's owner, DIR's owner, a member of its "
+                "group, or root");
+  }
   if ((v.record == RecordState::Current || v.record == RecordState::Unconfirmed) && f.record_age_ms &&
       *f.record_age_ms > f.stale_after_ms) {
     w.push_back("held for " + format_duration(*f.record_age_ms * kMs) + ", longer than --stale-after " +
@@ -255,8 +263,9 @@ std::string holder_phrase(const Verdict& v) {
            (v.read_alive.value_or(false) ? std::string() : ", which has exited");
   }
   if (!v.holders.empty()) {
-    return holders_text(v.holders) +
-           (v.exclusive ? ": no looplock record" : ": a shared lock (readers write no holder record)");
+    return holders_text(v.holders) + (v.record == RecordState::NotRead ? ": its holder record cannot be read here"
+                                      : v.exclusive                      ? ": no looplock record"
+                                          : ": a shared lock (readers write no holder record)");
   }
   if (v.record == RecordState::Unconfirmed && v.read) {
     return record_holder(*v.read) + ", by its holder record (the kernel does not confirm it)";

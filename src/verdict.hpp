@@ -87,6 +87,7 @@ enum class RecordState {
   Ended,        // an -F run's, whose process has exited (an -F run writes no release)
   Crashed,      // it claims the lock, the lock is free, and its process is gone
   Idle,         // it claims the lock, the lock is free, and its process lives
+  NotRead,      // the lock file could not be read here (permission): the record is not known
 };
 std::string_view record_state_name(RecordState s);
 

@@ -333,3 +333,44 @@ def test_a_member_holding_the_lock_is_no_warning_for_inspect_check(base):
     finally:
         outsider.stdin.close()
         outsider.wait(timeout=TIMEOUT)
+
+
+def test_inspect_by_a_user_who_cannot_read_the_files_says_so(base):
+    """A user outside the loop's group may search DIR but not read its lock
+    file or incidents file (0640, as looplock makes them under umask 022):
+    --inspect says it cannot read them, names the holder as the kernel shows
+    it without calling it another tool's, and never reports the incidents
+    as none."""
+    d = base / "loop"
+    d.mkdir()
+    os.chmod(d, 0o755)
+    assert subprocess.run([LOOPLOCK, d, "--", "true"], timeout=TIMEOUT).returncode == 0  # makes the lock file
+    flock = subprocess.Popen(["flock", str(d / LOCK), "sh", "-c", "echo ready; read x"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        expect_line(flock, "ready")
+        r = subprocess.run([LOOPLOCK, "-w", "0", d, "--", "true"], capture_output=True, text=True, timeout=TIMEOUT)
+        assert r.returncode == EX_TEMPFAIL, r
+    finally:
+        flock.stdin.close()
+        flock.wait(timeout=TIMEOUT)
+    holder = subprocess.Popen([LOOPLOCK, "-p", "blocking", str(d), "--", PY, helper("wait_stdin.py")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        expect_line(holder, "ready")
+        assert stat_mode(d / LOCK) == 0o640 and stat_mode(d / ".state.lock.incidents.jsonl") == 0o640
+        i = subprocess.run(["setpriv", f"--reuid={U3}", f"--regid={U3}", "--clear-groups", LOOPLOCK, "--inspect", d],
+                           capture_output=True, text=True, timeout=TIMEOUT, cwd="/")
+        j = subprocess.run(["setpriv", f"--reuid={U3}", f"--regid={U3}", "--clear-groups", LOOPLOCK, "--inspect",
+                            "--json", d], capture_output=True, text=True, timeout=TIMEOUT, cwd="/")
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=TIMEOUT)
+    assert i.returncode == 0, i
+    assert "record    not read: Permission denied" in i.stdout, i.stdout
+    assert "(looplock): its holder record cannot be read here" in i.stdout, i.stdout
+    assert "flock(1), Python fcntl.flock or another tool" not in i.stdout, i.stdout
+    assert "incidents not read: Permission denied" in i.stdout, i.stdout
+    report = json.loads(j.stdout)
+    assert report["record"]["status"] == "unread", report["record"]
+    assert report["incidents"]["count"] is None and report["incidents"]["error"] == "Permission denied"

@@ -123,7 +123,7 @@ TEST_CASE("JSON keys") {
   CHECK(r.json["network_fs"].is_null());
   CHECK(keys(r.json["record"]) == std::vector<std::string>{"state", "status", "holder", "released", "age_ms",
                                                            "pid_alive", "same_process", "pid_note"});
-  CHECK(keys(r.json["incidents"]) == std::vector<std::string>{"count", "malformed", "examined", "latest", "recent"});
+  CHECK(keys(r.json["incidents"]) == std::vector<std::string>{"count", "error", "malformed", "examined", "latest", "recent"});
   CHECK(r.json["holders"] == Json::parse(R"([{"pid":1234,"command":"looplock","mode":"exclusive","locked_by":null,)"
                                          R"("uid":null,"exited":false}])"));
   CHECK(r.json["lock_file"] == "loops/nightly/.state.lock");
