@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 
 #include "incident.hpp"
@@ -32,6 +33,24 @@ bool may(int dirfd, const char* name, int how) {
   return faccessat(dirfd, name, how, AT_EACCESS | AT_SYMLINK_NOFOLLOW) == 0;
 }
 
+// Whether DIR is on a file system mounted read-only.
+bool read_only(int dirfd) { return faccessat(dirfd, ".", W_OK, AT_EACCESS) != 0 && errno == EROFS; }
+
+// DIR/.state.lock missing where a run cannot create it: every run exits 73.
+void judge_missing_lock_file(const LockDir& dir, std::vector<FileProblem>& out) {
+  struct stat st {};
+  if (fstatat(dir.fd.get(), kLockName, &st, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT) return;
+  const std::string path = in(dir.path, kLockName);
+  const std::string create = "install -m 0660 /dev/null " + path;
+  if (read_only(dir.fd.get())) {
+    out.push_back({path, "every run exits 73: it does not exist, and DIR's file system is read-only",
+                   "Create it while the file system is writable (" + create + "), or remount it read-write."});
+  } else if (faccessat(dir.fd.get(), ".", W_OK | X_OK, AT_EACCESS) != 0) {
+    out.push_back({path, "every run by you exits 73: it does not exist, and you cannot create it in DIR",
+                   "Let DIR's owner create it once (" + create + " -g GROUP for a group), or run as DIR's owner."});
+  }
+}
+
 // Whether the caller may replace `file` in DIR by a rename: DIR writable
 // and searchable, and, when it is sticky, the file or DIR the caller's.
 bool may_replace(int dirfd, const struct stat& dir, const struct stat& file, uid_t euid) {
@@ -49,7 +68,11 @@ void judge_ledger(const LockDir& dir, uid_t euid, std::vector<FileProblem>& out)
   if (fstatat(dir.fd.get(), kRunsName, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
   const std::string path = in(dir.path, kRunsName);
   const std::string runs = "every --once-per run ";
-  if (auto r = refuse_ledger(st, dir.st, euid)) {
+  if (read_only(dir.fd.get())) {
+    out.push_back({path, runs + "exits 73 unless its slot was run: DIR's file system is read-only, so no run can be "
+                                "recorded",
+                   "Remount it read-write; runs without --once-per still lock it."});
+  } else if (auto r = refuse_ledger(st, dir.st, euid)) {
     out.push_back({path, runs + "refuses it (exit 73): " + r->why, r->hint});
   } else if (!may(dir.fd.get(), kRunsName, R_OK)) {
     out.push_back({path, runs + "by you exits 73: you cannot read it (" + owner_mode(st) + ")", share_fix(path)});
@@ -62,10 +85,14 @@ void judge_ledger(const LockDir& dir, uid_t euid, std::vector<FileProblem>& out)
 }
 
 void judge_incidents(const LockDir& dir, std::vector<FileProblem>& out) {
-  struct stat st {};
-  if (fstatat(dir.fd.get(), kIncidentsName, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
   const std::string path = in(dir.path, kIncidentsName);
   const std::string lost = "every incident row is lost (one warning each time): ";
+  if (read_only(dir.fd.get())) {
+    out.push_back({path, lost + "DIR's file system is read-only", "Remount it read-write."});
+    return;
+  }
+  struct stat st {};
+  if (fstatat(dir.fd.get(), kIncidentsName, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
   const std::string move = "Move it away; looplock creates a regular file there on the next incident.";
   if (S_ISLNK(st.st_mode)) {
     out.push_back({path, lost + "it is a symbolic link, which looplock never writes through", move});
@@ -87,6 +114,7 @@ void judge_incidents(const LockDir& dir, std::vector<FileProblem>& out) {
 
 std::vector<FileProblem> judge_lock_files(const LockDir& dir, uid_t euid) {
   std::vector<FileProblem> out;
+  judge_missing_lock_file(dir, out);
   judge_ledger(dir, euid, out);
   judge_incidents(dir, out);
   return out;

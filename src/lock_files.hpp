@@ -21,8 +21,10 @@ struct FileProblem {
   std::string fix;
 };
 
-// DIR/.state.lock.runs.json and DIR/.state.lock.incidents.jsonl, for a run
-// by `euid`. A file that does not exist is no problem (a run creates it).
+// DIR/.state.lock (missing where a run cannot create it: a read-only file
+// system, a DIR the caller may not write), DIR/.state.lock.runs.json and
+// DIR/.state.lock.incidents.jsonl, for a run by `euid`. Another file that
+// does not exist is no problem (a run creates it).
 std::vector<FileProblem> judge_lock_files(const LockDir& dir, uid_t euid);
 
 // METRICS-DIR/looplock_<lock_id>.prom and its update lock, for a run by

@@ -336,8 +336,29 @@ def test_read_only_mount_without_a_lock_file_is_73(tmp_path, tmpfs):
         assert_error(r, EX_CANTCREAT, "cannot create", "Read-only file system")
         i = run(["--inspect", d])
         assert i.returncode == 0, i.stderr
+        # --check fails: every run exits 73, and --inspect says why and what to do.
+        i = run(["--inspect", "--check", d])
+        assert i.returncode == 1, i.stdout
+        assert "every run exits 73: it does not exist, and DIR's file system is read-only" in i.stdout, i.stdout
+        assert "Create it while the file system is writable" in i.stdout, i.stdout
     assert not (tmp_path / "ran").exists()
     assert os.listdir(d) == []
+
+
+def test_read_only_mount_with_a_ledger_and_incidents_inspect_names_the_mount_not_a_permission(tmp_path, tmpfs):
+    def prepare(mnt):
+        (mnt / "loop").mkdir(mode=0o755)
+        assert run(["--once-per", "1m", "--operation", "t", mnt / "loop", "--", "true"]).returncode == 0
+        (mnt / "loop" / INCIDENTS).write_bytes(b"")
+
+    d = tmpfs(prepare=prepare, ro=True) / "loop"
+    r = run(["--once-per", "1m", "--operation", "u", d, "--", "true"])
+    assert r.returncode == EX_CANTCREAT and "Read-only file system" in r.stderr, r.stderr
+    i = run(["--inspect", "--check", d])
+    assert i.returncode == 1, i.stdout
+    assert "every --once-per run exits 73 unless its slot was run: DIR's file system is read-only" in i.stdout
+    assert "every incident row is lost (one warning each time): DIR's file system is read-only" in i.stdout
+    assert "chgrp" not in i.stdout and "chmod" not in i.stdout, i.stdout
 
 
 def test_read_only_mount_timeout_is_75_with_one_warning(tmp_path, tmpfs):
