@@ -100,8 +100,9 @@ int append_incident(int dirfd, const std::string& line) {
   ssize_t n = sys::retry_eintr([&] { return write(fd.get(), row.data(), row.size()); });
   if (n < 0) return errno;
   if (static_cast<size_t>(n) != row.size()) {
-    // Cut short: end the damaged line now if the file takes one more byte.
-    (void)sys::retry_eintr([&] { return write(fd.get(), "\n", 1); });
+    // Cut short: end the damaged line now if the file takes one more byte;
+    // when it does not, that write says why (a full disk, a size limit).
+    if (sys::retry_eintr([&] { return write(fd.get(), "\n", 1); }) < 0) return errno;
     return EIO;
   }
   return 0;

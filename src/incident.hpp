@@ -54,8 +54,9 @@ std::string encode_incident(const Incident& i);
 std::optional<Json> parse_incident_line(std::string_view line);
 
 // Appends `line` to DIR/.state.lock.incidents.jsonl with one write(2).
-// Returns 0, or the errno of the failure (including EFBIG/ENOSPC, a short
-// write as EIO, a symlink as ELOOP, a non-regular file as EINVAL).
+// Returns 0, or the errno of the failure (including EFBIG/ENOSPC, also for
+// a write cut short by them; another short write as EIO, a symlink as ELOOP,
+// a non-regular file as EINVAL).
 int append_incident(int dirfd, const std::string& line);
 
 struct IncidentSummary {

@@ -429,6 +429,7 @@ def test_a_row_cut_short_by_a_full_disk_never_corrupts_the_next_one(tmpfs):
         r = run(["-w", "0.1", d, "--", "true"])
         assert r.returncode == EX_TEMPFAIL, r.stderr
         assert "cannot append the incident row" in r.stderr
+        assert "No space left on device" in r.stderr, r.stderr  # the cause, not "Input/output error"
         data = (d / INCIDENTS).read_bytes()
         assert len(data) == 4096 and not data.endswith(b"\n"), len(data)
         (mnt / "filler").unlink()
@@ -774,7 +775,7 @@ def test_a_row_cut_short_never_corrupts_the_next_one(loop_dir, holders):
     r = subprocess.run([LOOPLOCK, "-w", "0.1", str(loop_dir), "--", "true"], capture_output=True, text=True,
                        timeout=TIMEOUT, preexec_fn=small_files)
     assert r.returncode == EX_TEMPFAIL, r.stderr
-    assert "cannot append the incident row" in r.stderr
+    assert "cannot append the incident row" in r.stderr and "File too large" in r.stderr, r.stderr
     assert incidents.stat().st_size == limit and not incidents.read_bytes().endswith(b"\n")
     r = run(["-w", "0.1", loop_dir, "--", "true"])
     assert r.returncode == EX_TEMPFAIL, r.stderr
