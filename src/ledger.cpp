@@ -46,10 +46,7 @@ std::string ledger_display(const LockDir& dir) {
 }  // namespace
 
 std::optional<Refusal> refuse_ledger(const struct stat& file, const struct stat& dir, uid_t euid) {
-  const bool group_shared = (dir.st_mode & S_IWGRP) && !(dir.st_mode & S_ISVTX) && file.st_gid == dir.st_gid;
-  struct stat judged = file;
-  if (group_shared && file.st_uid != euid) judged.st_uid = dir.st_uid;  // any member's, as if DIR's owner's
-  return refuse_file(judged, dir, euid, "run ledger", "unsafe_run_ledger");
+  return refuse_file(file, dir, euid, "run ledger", kRunsName, "unsafe_run_ledger");
 }
 
 Json run_entry_to_json(const RunEntry& e) {
@@ -160,8 +157,9 @@ LedgerRead read_ledger(const LockDir& dir) {
   if (!fd) {
     const int err = errno;
     fail_errno(status_for_errno(err, exit_code::kCantCreate), "cannot open " + ledger_display(dir), err,
-               err == EACCES ? "--once-per reads it under the lock: let the group that shares DIR read and write it "
-                               "(chgrp GROUP " + ledger_display(dir) + "; chmod g+rw " + ledger_display(dir) + ")."
+               err == EACCES ? "--once-per reads it under the lock: its owner (uid " + std::to_string(st.st_uid) +
+                                   ") or root lets the group that shares DIR read and write it (chgrp GROUP " +
+                                   ledger_display(dir) + "; chmod g+rw " + ledger_display(dir) + ")."
                              : "",
                "run_ledger_unusable");
   }

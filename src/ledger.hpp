@@ -93,10 +93,10 @@ struct LedgerRead {
   std::vector<std::string> damaged;  // the operations (or "?") of entries that did not validate
   bool unreadable = false;          // not JSON, or another schema: read as empty, and rewritten
 };
-// The lock file's rules (lockfile.hpp's refuse_lock_file), but in a DIR its
-// group may write (group-writable, not sticky) a ledger of DIR's group may
-// be owned by any member: each write replaces the file, so its owner is the
-// last writer, and every writer of DIR could replace it anyway.
+// The lock file's rules (lockfile.hpp's refuse_file): in a DIR its group may
+// write (group-writable, not sticky) a ledger of DIR's group may be owned by
+// any member (a write by one who may not write it replaces the file, so its
+// owner is the last such writer).
 std::optional<Refusal> refuse_ledger(const struct stat& file, const struct stat& dir, uid_t euid);
 // Reads DIR/.state.lock.runs.json (missing: empty). Throws Fatal 73 when the
 // file is unsafe, 71 on resource exhaustion.

@@ -58,9 +58,16 @@ bool may_replace(int dirfd, const struct stat& dir, const struct stat& file, uid
   return !(dir.st_mode & S_ISVTX) || euid == 0 || file.st_uid == euid || dir.st_uid == euid;
 }
 
-std::string share_fix(const std::string& path) {
-  return "Let the group that shares the directory read and write it (chgrp GROUP " + path + "; chmod g+rw " + path +
-         "), or run every writer as one user.";
+// The fix of a file a group cannot share: by its owner (or root), as whose
+// words the caller reads them.
+std::string share_fix(const std::string& path, const struct stat& st, uid_t euid) {
+  const std::string commands = "chgrp GROUP " + path + "; chmod g+rw " + path;
+  if (euid == 0 || st.st_uid == euid) {
+    return "Let the group that shares the directory read and write it (" + commands +
+           "), or run every writer as one user.";
+  }
+  return "Ask its owner (uid " + std::to_string(st.st_uid) + ") or root to let the group that shares the directory "
+         "read and write it (" + commands + "), or run every writer as one user.";
 }
 
 void judge_ledger(const LockDir& dir, uid_t euid, std::vector<FileProblem>& out) {
@@ -75,16 +82,17 @@ void judge_ledger(const LockDir& dir, uid_t euid, std::vector<FileProblem>& out)
   } else if (auto r = refuse_ledger(st, dir.st, euid)) {
     out.push_back({path, runs + "refuses it (exit 73): " + r->why, r->hint});
   } else if (!may(dir.fd.get(), kRunsName, R_OK)) {
-    out.push_back({path, runs + "by you exits 73: you cannot read it (" + owner_mode(st) + ")", share_fix(path)});
+    out.push_back({path, runs + "by you exits 73: you cannot read it (" + owner_mode(st) + ")",
+                   share_fix(path, st, euid)});
   } else if (!may(dir.fd.get(), kRunsName, W_OK) && !may_replace(dir.fd.get(), dir.st, st, euid)) {
     out.push_back({path,
                    runs + "by you exits 73: you can neither rewrite it (" + owner_mode(st) +
                        ") nor replace it (the directory)",
-                   share_fix(path)});
+                   share_fix(path, st, euid)});
   }
 }
 
-void judge_incidents(const LockDir& dir, std::vector<FileProblem>& out) {
+void judge_incidents(const LockDir& dir, uid_t euid, std::vector<FileProblem>& out) {
   const std::string path = in(dir.path, kIncidentsName);
   const std::string lost = "every incident row is lost (one warning each time): ";
   if (read_only(dir.fd.get())) {
@@ -106,7 +114,7 @@ void judge_incidents(const LockDir& dir, std::vector<FileProblem>& out) {
   } else if (!may(dir.fd.get(), kIncidentsName, W_OK)) {
     out.push_back({path, "your runs' incident rows are lost (one warning each time): you cannot write it (" +
                              owner_mode(st) + ")",
-                   share_fix(path)});
+                   share_fix(path, st, euid)});
   }
 }
 
@@ -116,7 +124,7 @@ std::vector<FileProblem> judge_lock_files(const LockDir& dir, uid_t euid) {
   std::vector<FileProblem> out;
   judge_missing_lock_file(dir, out);
   judge_ledger(dir, euid, out);
-  judge_incidents(dir, out);
+  judge_incidents(dir, euid, out);
   return out;
 }
 
@@ -142,7 +150,8 @@ std::vector<FileProblem> judge_metrics_files(const std::string& metrics_dir, con
   if (fstatat(fd.get(), lock.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
     const std::string path = in(metrics_dir, lock);
     if (!S_ISREG(st.st_mode) || !may(fd.get(), lock.c_str(), R_OK)) {
-      out.push_back({path, cannot + "you cannot open its update lock (" + owner_mode(st) + ")", share_fix(path)});
+      out.push_back({path, cannot + "you cannot open its update lock (" + owner_mode(st) + ")",
+                     share_fix(path, st, euid)});
     } else if (st.st_mode & S_IROTH) {
       out.push_back({path,
                      "any local user can open this update lock and hold it, stalling every update of the metrics (" +
@@ -156,7 +165,8 @@ std::vector<FileProblem> judge_metrics_files(const std::string& metrics_dir, con
     out.push_back({path,
                    "only uid " + std::to_string(st.st_uid) + " can read it (" + owner_mode(st) +
                        "): node_exporter, running as another user, cannot collect it (made under umask 077)",
-                   "chmod 0664 " + path + " " + in(metrics_dir, "." + name + ".next") +
+                   std::string(euid == 0 || st.st_uid == euid ? "" : "Ask its owner or root to run: ") + "chmod 0664 " +
+                       path + " " + in(metrics_dir, "." + name + ".next") +
                        " (looplock never changes a mode), and run looplock under umask 002 or 022 from now on."});
   }
   return out;

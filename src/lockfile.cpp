@@ -200,7 +200,7 @@ std::optional<Refusal> refuse_dir(const struct stat& dir, const std::string& sho
 }
 
 std::optional<Refusal> refuse_file(const struct stat& file, const struct stat& dir, uid_t euid, std::string_view noun,
-                                   std::string_view event) {
+                                   std::string_view name, std::string_view event) {
   const std::string n(noun);
   const std::string e(event);
   if (S_ISLNK(file.st_mode)) return Refusal{kSymlinkWhy, kSymlinkHint, e};
@@ -212,15 +212,25 @@ std::optional<Refusal> refuse_file(const struct stat& file, const struct stat& d
     return Refusal{"it has " + std::to_string(file.st_nlink) + " hard links; a " + n + " must have exactly one",
                    "Another name for the same file could be swapped; replace it with a fresh regular file.", e};
   }
-  if (file.st_uid != euid && file.st_uid != dir.st_uid) {
+  // In a DIR its group may write (group-writable, not sticky), a file of
+  // DIR's group may be any member's: every member could replace it anyway.
+  const bool group_shared = (dir.st_mode & S_IWGRP) && !(dir.st_mode & S_ISVTX) && file.st_gid == dir.st_gid;
+  if (file.st_uid != euid && file.st_uid != dir.st_uid && !group_shared) {
+    const std::string replace = "install -m 0660 /dev/null DIR/" + std::string(name);
     return Refusal{"it is owned by uid " + std::to_string(file.st_uid) + ", neither you nor DIR's owner",
-                   "Only the caller or DIR's owner may own the " + n + "; ask its owner, or run as DIR's owner.", e};
+                   euid == dir.st_uid
+                       ? "As DIR's owner, replace it with one of your own while nobody holds the lock (looplock "
+                         "--inspect DIR says it is free): " + replace + "."
+                       : "Only the caller or DIR's owner may own the " + n + " (or, in a DIR its group may write, "
+                         "a member of DIR's group); ask DIR's owner (uid " + std::to_string(dir.st_uid) +
+                         ") to replace it with one of their own, or run as DIR's owner.",
+                   e};
   }
   return std::nullopt;
 }
 
 std::optional<Refusal> refuse_lock_file(const struct stat& file, const struct stat& dir, uid_t euid) {
-  return refuse_file(file, dir, euid, "lock file", "unsafe_lock_file");
+  return refuse_file(file, dir, euid, "lock file", kLockName, "unsafe_lock_file");
 }
 
 LockDir open_lock_dir(const std::string& path, bool check_safety) {

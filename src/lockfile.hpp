@@ -54,12 +54,14 @@ struct Refusal {
 // DIR itself: world-writable without the sticky bit.
 std::optional<Refusal> refuse_dir(const struct stat& dir, const std::string& shown_dir);
 // The lock file as found at the path (lstat): a symlink, not a regular file,
-// more than one link, or owned by neither `euid` nor DIR's owner.
+// more than one link, or owned by neither `euid` nor DIR's owner (in a DIR
+// its group may write, group-writable and not sticky, a file of DIR's group
+// may be any member's: every member could replace it anyway).
 std::optional<Refusal> refuse_lock_file(const struct stat& file, const struct stat& dir, uid_t euid);
-// The same rules for another file of the lock's (`noun`: "run ledger"),
-// whose refusal is the event `event` ("unsafe_run_ledger").
+// The same rules for another file of the lock's (`noun`: "run ledger", its
+// `name` in DIR), whose refusal is the event `event` ("unsafe_run_ledger").
 std::optional<Refusal> refuse_file(const struct stat& file, const struct stat& dir, uid_t euid, std::string_view noun,
-                                   std::string_view event);
+                                   std::string_view name, std::string_view event);
 
 // DIR/.state.lock cannot be looked at (fstatat failed with `err`): Fatal 73
 // (71 for resource exhaustion), with the fix when DIR lacks search permission.

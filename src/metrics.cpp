@@ -247,7 +247,7 @@ std::string failed(const std::string& what) {
   const int err = errno;
   return what + ": " + std::strerror(err) +
          (err == EACCES ? " (a directory a group shares: its files are created group-writable under umask 002; "
-                          "let the group read and write those made before, chmod g+rw)"
+                          "their owner or root lets the group read and write those made before: chmod g+rw)"
                         : "");
 }
 

@@ -719,7 +719,10 @@ NOBODY_IN_GROUP = ["setpriv", "--reuid=65534", "--regid=65534", "--groups=65534"
 def test_a_group_shares_a_loop_through_a_lock_file_its_owner_made(nobody_base):
     """The man page's recipe: DIR's owner (root here) gives DIR to the group
     and creates the lock file 0660; a member (uid 65534, group 65534) can lock
-    it. A lock file that another member made is refused (73)."""
+    it. A lock file that another member made serves too while DIR is the
+    group's to write (every member could replace it anyway); in a sticky
+    DIR, where members cannot replace each other's files, it is refused (73),
+    and the hint tells DIR's owner how to mend it."""
     d = nobody_base / "shared"
     d.mkdir()
     os.chown(d, 0, 65534)
@@ -732,11 +735,22 @@ def test_a_group_shares_a_loop_through_a_lock_file_its_owner_made(nobody_base):
     rec = json.loads(lock.read_text())
     assert rec["agent_id"] == "nobody" and rec["released_at"] is not None
     assert os.stat(lock).st_mode & 0o777 == 0o660  # never changed
-    # Made by another member of the group (uid 65533): refused, and said why.
+    # Made by another member of the group (uid 65533): it serves while DIR is the group's to write.
     os.chown(lock, 65533, 65534)
     r = subprocess.run([*NOBODY_IN_GROUP, LOOPLOCK, str(d), "--", "true"], capture_output=True, text=True,
                        timeout=TIMEOUT, cwd="/")
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    r = run([d, "--", "true"])  # DIR's owner too
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    # In a sticky DIR: refused, and said why, with the fix for DIR's owner.
+    os.chmod(d, 0o3770)
+    r = subprocess.run([*NOBODY_IN_GROUP, LOOPLOCK, str(d), "--", "true"], capture_output=True, text=True,
+                       timeout=TIMEOUT, cwd="/")
     assert_error(r, EX_CANTCREAT, "owned by uid 65533, neither you nor DIR's owner")
+    assert "ask DIR's owner (uid 0) to replace it" in r.stderr, r.stderr
+    r = run([d, "--", "true"])
+    assert_error(r, EX_CANTCREAT, "owned by uid 65533, neither you nor DIR's owner")
+    assert "As DIR's owner, replace it with one of your own while nobody holds the lock" in r.stderr, r.stderr
     i = subprocess.run([*NOBODY_IN_GROUP, LOOPLOCK, "--inspect", "--check", str(d)], capture_output=True, text=True,
                        timeout=TIMEOUT, cwd="/")
     assert i.returncode == 1 and "looplock refuses to lock it" in i.stdout, i.stdout + i.stderr

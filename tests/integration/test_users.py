@@ -299,6 +299,9 @@ def test_inspect_judges_the_group_files_for_the_caller_and_check_fails_on_them(b
     assert any(".state.lock.incidents.jsonl: your runs' incident rows are lost" in w for w in warnings), warnings
     assert any(".prom.lock: your runs cannot update the metrics" in w for w in warnings), warnings
     assert any(".prom: only uid" in w and "node_exporter" in w for w in warnings), warnings
+    # The fixes are for whoever can make them: the files' owner, or root.
+    assert all(f"Ask its owner (uid {U1}) or root" in w for w in warnings if "chgrp" in w), warnings
+    assert "its owner (uid 23451) or root lets the group" in line["hint"], line
     # Their creator: only what the collector cannot read.
     i = as_member(U1, "--inspect", "--json", "--metrics-dir", metrics, d)
     mine = [w for w in json.loads(i.stdout)["warnings"] if "/.state.lock." in w or ".prom" in w]
