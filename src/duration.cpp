@@ -151,7 +151,8 @@ std::string format_duration(long long ns) {
   if (ns < 0) ns = 0;
   char buf[64];
   if (const long long ms = div_round(ns, kMs); ms < 1000) {
-    std::snprintf(buf, sizeof buf, "%lldms", ms);
+    // Never 0ms for a duration above zero: typed back, 0 means no limit.
+    std::snprintf(buf, sizeof buf, "%lldms", ms == 0 && ns > 0 ? 1 : ms);
     return buf;
   }
   const auto [u, tenths] = printed_tenths(ns);

@@ -25,7 +25,8 @@ std::optional<long long> parse_duration(std::string_view text, std::string* why 
 // One number and one unit, the largest unit that keeps the number at 1 or
 // more: whole milliseconds below a second ("450ms"), else one decimal
 // ("2.5s", "3.1m", "2.5h", "1.5d"), each rounded to the nearest printed
-// digit, carrying into the next unit (999.6 ms is "1.0s", 59.96 s "1.0m").
+// digit, carrying into the next unit (999.6 ms is "1.0s", 59.96 s "1.0m");
+// a duration above zero is at least "1ms" (0 would mean no limit).
 // kForever is "inf"; a negative duration (a clock step backwards) is "0ms".
 std::string format_duration(long long ns);
 

@@ -74,7 +74,8 @@ TEST_CASE("parse_duration reads what timeout(1) reads, and ms") {
 TEST_CASE("format_duration: one number, one unit") {
   using looplock::format_duration;
   CHECK(format_duration(0) == "0ms");
-  CHECK(format_duration(499'999) == "0ms");
+  CHECK(format_duration(499'999) == "1ms");  // above zero: never 0ms, which typed back means no limit
+  CHECK(format_duration(1) == "1ms");
   CHECK(format_duration(999'999) == "1ms");
   CHECK(format_duration(450 * kMs) == "450ms");
   CHECK(format_duration(999 * kMs) == "999ms");
@@ -111,7 +112,7 @@ TEST_CASE("what format_duration prints parses back, within half a printed digit"
     REQUIRE(back);
     if (ns != looplock::kForever) {
       const long long half = shown.ends_with("ms") ? kMs / 2 : *back / 20;  // half a digit of one decimal
-      CHECK(std::llabs(*back - ns) <= std::max(half, kMs / 2));
+      CHECK(std::llabs(*back - ns) <= (shown == "1ms" ? kMs : std::max(half, kMs / 2)));  // above zero: 1ms
     }
     CHECK(format_duration(*back) == shown);
   }
