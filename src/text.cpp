@@ -2,17 +2,60 @@
 
 namespace looplock {
 
+namespace {
+
+// The length of the valid UTF-8 character at the start of `text`, or 0 when
+// it does not start with one (a continuation byte, an overlong form, a
+// surrogate, a code point above U+10FFFF, or one cut short).
+size_t utf8_char(std::string_view text) {
+  const auto c = static_cast<unsigned char>(text[0]);
+  if (c < 0x80) return 1;
+  size_t n = 0;
+  unsigned cp = 0;
+  if (c >= 0xc2 && c <= 0xdf) {
+    n = 1;
+    cp = c & 0x1f;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    n = 2;
+    cp = c & 0x0f;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    n = 3;
+    cp = c & 0x07;
+  } else {
+    return 0;
+  }
+  if (n >= text.size()) return 0;
+  for (size_t k = 1; k <= n; ++k) {
+    const auto cc = static_cast<unsigned char>(text[k]);
+    if ((cc & 0xc0) != 0x80) return 0;
+    cp = (cp << 6) | (cc & 0x3f);
+  }
+  const unsigned least[] = {0, 0x80, 0x800, 0x10000};
+  if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+  return n + 1;
+}
+
+}  // namespace
+
 std::string printable(std::string_view text) {
   std::string out;
   out.reserve(text.size());
-  for (unsigned char c : text) {
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const size_t n = c >= 0x80 ? utf8_char(text.substr(i)) : 1;
+    if (n > 1) {  // a character beyond ASCII: as it is
+      out += text.substr(i, n);
+      i += n;
+      continue;
+    }
+    ++i;
     if (c == '\n') {
       out += "\\n";
     } else if (c == '\r') {
       out += "\\r";
     } else if (c == '\t') {
       out += "\\t";
-    } else if (c < 0x20 || c == 0x7f) {
+    } else if (c < 0x20 || c >= 0x7f) {  // a control character, or a byte that is not UTF-8
       static constexpr char hex[] = "0123456789abcdef";
       out += "\\x";
       out += hex[c >> 4];
@@ -55,40 +98,6 @@ std::string pids_text(const std::vector<pid_t>& pids, std::string_view one, std:
   return pids_text(pids) + " " + std::string(pids.size() > 1 ? many : one);
 }
 
-namespace {
-
-// The length of the valid UTF-8 character at the start of `text`, or 0 when
-// it does not start with one (a continuation byte, an overlong form, a
-// surrogate, a code point above U+10FFFF, or one cut short).
-size_t utf8_char(std::string_view text) {
-  const auto c = static_cast<unsigned char>(text[0]);
-  if (c < 0x80) return 1;
-  size_t n = 0;
-  unsigned cp = 0;
-  if (c >= 0xc2 && c <= 0xdf) {
-    n = 1;
-    cp = c & 0x1f;
-  } else if (c >= 0xe0 && c <= 0xef) {
-    n = 2;
-    cp = c & 0x0f;
-  } else if (c >= 0xf0 && c <= 0xf4) {
-    n = 3;
-    cp = c & 0x07;
-  } else {
-    return 0;
-  }
-  if (n >= text.size()) return 0;
-  for (size_t k = 1; k <= n; ++k) {
-    const auto cc = static_cast<unsigned char>(text[k]);
-    if ((cc & 0xc0) != 0x80) return 0;
-    cp = (cp << 6) | (cc & 0x3f);
-  }
-  const unsigned least[] = {0, 0x80, 0x800, 0x10000};
-  if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
-  return n + 1;
-}
-
-}  // namespace
 
 bool valid_utf8(std::string_view text) {
   for (size_t i = 0; i < text.size();) {

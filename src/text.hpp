@@ -11,9 +11,10 @@
 
 namespace looplock {
 
-// `text` with control characters shown as \n, \r, \t or \xNN, so that an
-// agent id or operation from a holder record can never start a line of its
-// own or drive the terminal.
+// `text` with control characters shown as \n, \r, \t or \xNN, and bytes that
+// are not UTF-8 as \xNN, so that an agent id or operation from a holder
+// record can never start a line of its own or drive the terminal, and a name
+// of any bytes can be told apart (and typed back, as $'...').
 std::string printable(std::string_view text);
 
 // The items, ", "-separated: "a, b, c".

@@ -345,6 +345,8 @@ def test_a_name_that_is_not_utf8_has_its_slot_and_evicts_nobody(loop_dir, tmp_pa
         r = run([*once(loop_dir, "60s", bad), *tick(history, f"bad{i}")])
         assert r.returncode == 0, r.stderr
     assert [t[0] for t in ticks(history)] == ["good", "bad0"]
+    r = run([*once(loop_dir, "60s", bad), "true"])
+    assert "noop-already-run: tick\\xff already ran" in r.stderr, r.stderr  # the byte shown, never written raw
     r = run([*once(loop_dir, "60s", "good"), *tick(history, "good2")])
     assert r.returncode == 0 and "noop-already-run" in r.stderr, r.stderr
     runs = ledger(loop_dir)["runs"]

@@ -66,3 +66,10 @@ TEST_CASE("utf8_text: valid UTF-8 within a byte bound, never half a character") 
   CHECK(utf8_text("ab\xff", 4) == "ab");              // U+FFFD (3 bytes) does not fit
   CHECK(looplock::valid_utf8(utf8_text("\xed\xa0\x80\xf4\x90\x80\x80", 100)));
 }
+
+TEST_CASE("printable shows bytes that are not UTF-8 as \\xNN and keeps characters beyond ASCII") {
+  CHECK(looplock::printable(std::string("tick\xff", 5)) == "tick\\xff");
+  CHECK(looplock::printable("t\xc3\xa9") == "t\xc3\xa9");
+  CHECK(looplock::printable("\xe2\x82\xac\x7f") == "\xe2\x82\xac\\x7f");
+  CHECK(looplock::printable("\xc3") == "\\xc3");  // cut short
+}
