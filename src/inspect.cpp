@@ -178,7 +178,7 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
     t += head + printable(value) + "\n";
   };
   line("lock", f.lock_path + " (lock_id " + facts.lock_id + ")");
-  if (!f.exists) line("file", "missing: no looplock has run here yet");
+  if (!f.exists) line("file", "missing: the next run creates it");
   line("kernel", held && !named.empty()
                      ? std::string("held (") + (v.exclusive ? "exclusive" : "shared") + ") by " + pids_text(named)
                  : held  ? std::string("held")

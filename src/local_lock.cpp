@@ -66,11 +66,13 @@ public:
     who_ = holder_phrase(judge(facts));
     log_.verbose("waiting", "waiting for " + who_ + " on " + shown_, {{"policy", policy_name(o_.policy)}});
   }
-  void on_replaced(int count) override {
+  void on_replaced(int count, bool dir_moved) override {
     log_.warn("lock_file_replaced",
-              shown_ +
-                  " was deleted or replaced while looplock waited for it; locking the new file"
-                  " (never delete the lock file)",
+              dir_moved ? o_.dir + " was moved, deleted or replaced while looplock waited for its lock; locking the "
+                                   "lock file of the directory now at that path (never move a loop's directory "
+                                   "while it runs)"
+                        : shown_ + " was deleted or replaced while looplock waited for it; locking the new file"
+                                   " (never delete the lock file)",
               {{"count", count}});
   }
 
@@ -296,7 +298,7 @@ void record_locally(const LockDir& dir, const RunEntry& entry, const Logger& log
 
 bool record_end_locally(const LockDir& dir, const RunEntry& entry, const Logger& log) {
   try {
-    record_locally(dir, entry, log);
+    (void)record_local_ledger(dir, entry, sys::realtime_ms());  // a crowded ledger was said at the start
     return true;
   } catch (const Fatal& f) {
     log.warn("ledger_write_failed", std::string(f.what()) +

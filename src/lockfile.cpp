@@ -434,14 +434,16 @@ AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, Ac
       wait_over();
       return result;
     }
-    observer.on_replaced(++result.replaced);
+    // DIR itself was removed, moved or replaced, or only the lock file.
+    const bool dir_moved = !dir_intact(dir).value_or(false);
+    observer.on_replaced(++result.replaced, dir_moved);
     if (result.replaced >= 1000) {
       throw Fatal(exit_code::kCantCreate, "cannot lock " + lock_display(dir) + ": it keeps being replaced",
                   "Something deletes or recreates the lock file in a loop; operators must never delete it.");
     }
-    // DIR itself was removed or replaced: look it up again by its path (66 if
-    // it is gone, as for a run started now).
-    if (!dir_intact(dir).value_or(false)) {
+    // DIR: look it up again by its path (66 if it is gone, as for a run
+    // started now).
+    if (dir_moved) {
       file.fd.reset();
       dir = open_lock_dir(dir.path);
     }

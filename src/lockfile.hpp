@@ -80,9 +80,10 @@ public:
   virtual ~AcquireObserver() = default;
   // The first attempt found the lock held and looplock is about to wait.
   virtual void on_wait(const LockFile& /*file*/) {}
-  // The locked inode was no longer at the path (deleted or replaced); looplock
-  // retries on the new file. `count` is how many times this happened so far.
-  virtual void on_replaced(int /*count*/) {}
+  // The locked inode was no longer at the path (deleted or replaced, or DIR
+  // itself was: `dir_moved`); looplock retries on the new file. `count` is
+  // how many times this happened so far.
+  virtual void on_replaced(int /*count*/, bool /*dir_moved*/) {}
   // While waiting: on_tick() about every tick_interval_ns() (0: never), and
   // on_wait_end() once the wait is over, whatever its end.
   virtual long long tick_interval_ns() const { return 0; }

@@ -174,6 +174,7 @@ def test_waiter_when_dir_is_replaced_locks_the_new_dir(loop_dir, action):
     assert word == "ran"
     assert held == at_path, "the command ran holding a lock file the path no longer names"
     looplock_lines(err)
+    assert f"{loop_dir} was moved, deleted or replaced while looplock waited for its lock" in err, err
     rec = read_record(loop_dir)
     assert rec is not None and rec["released_at"] is not None
 

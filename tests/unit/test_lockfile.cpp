@@ -41,7 +41,7 @@ struct CountingObserver : looplock::AcquireObserver {
     ++waits;
     if (on_wait_hook) on_wait_hook();
   }
-  void on_replaced(int count) override { replaced = count; }
+  void on_replaced(int count, bool /*dir_moved*/) override { replaced = count; }
 };
 
 int fatal_status(const std::function<void()>& f) {
