@@ -14,6 +14,7 @@
 #include "exit_codes.hpp"
 #include "lock_id.hpp"
 #include "lockfile.hpp"
+#include "procfs.hpp"
 #include "survey.hpp"
 #include "sys.hpp"
 
@@ -287,6 +288,13 @@ std::optional<std::pair<std::string, std::string>> looplock_identity(const std::
 
 namespace {
 
+// Whether a contender's holder value proves its looplock dead on this host.
+bool contender_dead(const Json& v) {
+  auto text = [&](const char* k) { return v.contains(k) && v[k].is_string() ? v[k].get<std::string>() : ""; };
+  const long long pid = v.contains("pid") && v["pid"].is_number_integer() ? v["pid"].get<long long>() : 0;
+  return procfs::proven_dead(text("boot_id"), text("pid_ns"), pid, text("pid_start"));
+}
+
 // The cluster lock too (--etcd): who holds it, who waits, in the order they
 // take it; read only.
 void inspect_cluster(const Options& o, const LockDir& dir, etcd::Transport* etcd, const Logger& log,
@@ -304,9 +312,18 @@ void inspect_cluster(const Options& o, const LockDir& dir, etcd::Transport* etcd
   const ClusterQueueRead read = read_cluster_queue(client, name, bound);
   const auto& prefixes = read.prefixes;
   // The key too when the contender is on the unencoded prefix of an encoded
-  // name (an earlier looplock, etcdctl lock) or wrote no value.
+  // name (an earlier looplock, etcdctl lock) or wrote no value; and that it
+  // is dead when its value proves it on this host (its key lives on until
+  // its lease expires).
   auto key_note = [&](const std::optional<Json>& value, const etcd::KeyValue& kv) {
-    return !value || !etcd::is_contender_key(prefixes.front(), kv.key) ? ", key " + kv.key : std::string();
+    std::string note = !value || !etcd::is_contender_key(prefixes.front(), kv.key) ? ", key " + kv.key : "";
+    if (value && contender_dead(*value)) {
+      note += "; its looplock is dead (this host): its key goes when its lease expires, within " +
+              (value->contains("ttl") && (*value)["ttl"].is_number_integer()
+                   ? std::to_string((*value)["ttl"].get<int>()) + "s"
+                   : std::string("its TTL"));
+    }
+    return note;
   };
   Json c = {{"lock_name", name}};
   std::vector<std::string> lines;

@@ -122,15 +122,7 @@ std::string describe_run(const RunEntry& e) {
   return out;
 }
 
-bool runner_proven_dead(const RunEntry& e) {
-  if (e.boot_id.empty() || e.pid_ns.empty() || e.pid_start.empty()) return false;
-  if (e.boot_id != procfs::boot_id() || e.pid_ns != procfs::pid_namespace() || !procfs::proc_is_ours()) return false;
-  if (e.pid <= 0 || e.pid > 0x7fffffff) return false;
-  const auto pid = static_cast<pid_t>(e.pid);
-  if (!procfs::pid_alive(pid)) return true;
-  const auto start = procfs::pid_start(pid);
-  return start && *start != e.pid_start;
-}
+bool runner_proven_dead(const RunEntry& e) { return procfs::proven_dead(e.boot_id, e.pid_ns, e.pid, e.pid_start); }
 
 SlotVerdict judge_slot(const std::optional<RunEntry>& entry, long long now_ms, long long once_per_ms) {
   if (!entry) return {};

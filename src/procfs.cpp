@@ -221,6 +221,14 @@ std::string pid_namespace() {
   return std::string(link.substr(open + 1, close - open - 1));
 }
 
+bool proven_dead(const std::string& boot, const std::string& pid_ns, long long pid, const std::string& start) {
+  if (boot.empty() || pid_ns.empty() || start.empty() || pid <= 0 || pid > 0x7fffffff) return false;
+  if (boot != boot_id() || pid_ns != pid_namespace() || !proc_is_ours()) return false;
+  if (!pid_alive(static_cast<pid_t>(pid))) return true;
+  const auto now = pid_start(static_cast<pid_t>(pid));
+  return now && *now != start;
+}
+
 bool is_self_or_ancestor(pid_t pid, pid_t self) {
   if (pid <= 0) return false;
   pid_t cur = self;

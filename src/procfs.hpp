@@ -51,6 +51,12 @@ std::optional<SignalMasks> parse_signal_masks(std::string_view status);
 std::string boot_id();
 std::string pid_namespace();
 
+// Whether the process (pid, its start time, the boot and the pid namespace it
+// ran in, as a record of it says) is proven dead: it ran on this boot in this
+// process's pid namespace, and its pid is gone or now another process. A
+// record without those facts, or from elsewhere, never is.
+bool proven_dead(const std::string& boot, const std::string& pid_ns, long long pid, const std::string& start);
+
 // Whether `pid` is `self` or one of its ancestors.
 bool is_self_or_ancestor(pid_t pid, pid_t self);
 

@@ -201,6 +201,9 @@ def test_a_runner_killed_mid_slot_never_uses_it_up(etcd, name, hosts, tmp_path):
             assert f"pid {a.pid} " in line and "has not recorded its end" in line, line
             if kill_first:
                 assert "that run's looplock is dead" in line, line
+                # --inspect says so too: the key stays until its lease expires.
+                i = run(["--inspect", "--etcd", etcd.url, "--lock-name", name, hosts[0]])
+                assert f"pid {a.pid} " in i.stdout and "its looplock is dead (this host)" in i.stdout, i.stdout
             else:
                 assert "takes the slot if it never does" in line, line
                 os.kill(a.pid, signal.SIGKILL)
