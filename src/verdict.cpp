@@ -136,6 +136,33 @@ std::string held_action(const Verdict& v, const LockFacts& f) {
   return "if the holder is stuck: " + confirm;
 }
 
+// Where the lock file lies, who may take the lock, and who does.
+void access_warnings(const LockFacts& f, std::vector<std::string>& w) {
+  if (f.network_fs) {
+    w.push_back("the loop directory is on a network file system (" + *f.network_fs +
+                "): flock(2) there may not exclude processes on other hosts");
+  }
+  if (f.refusal) {
+    w.push_back(std::string(f.refusal->event == "unsafe_loop_dir" ? "the loop directory is " : "the lock file: ") +
+                f.refusal->why + ": looplock refuses to lock it (every run exits 73)");
+  }
+  if (f.others_can_read) {
+    w.push_back("other users can read " + f.lock_path +
+                ", so any local user can take this lock and stall every "
+                "run: run 'chmod o-rw " +
+                f.lock_path + "'");
+  }
+  if (!f.file_uid || !f.dir_uid) return;
+  for (const auto& h : f.holders) {
+    const bool member = f.sharing_gid && std::find(h.gids.begin(), h.gids.end(), *f.sharing_gid) != h.gids.end();
+    if (h.uid && *h.uid != 0 && *h.uid != *f.file_uid && *h.uid != *f.dir_uid && !member) {
+      w.push_back("pid " + std::to_string(h.pid) + " holds the lock as uid " + std::to_string(*h.uid) +
+                  ", neither the lock file's owner (uid " + std::to_string(*f.file_uid) + ") nor DIR's (uid " +
+                  std::to_string(*f.dir_uid) + ")");
+    }
+  }
+}
+
 }  // namespace
 
 std::string_view record_state_name(RecordState s) {
@@ -174,31 +201,7 @@ Verdict judge(const LockFacts& f) {
   }
 
   std::vector<std::string>& w = v.warnings;
-  if (f.network_fs) {
-    w.push_back("the loop directory is on a network file system (" + *f.network_fs +
-                "): flock(2) there may not exclude processes on other hosts");
-  }
-  if (f.refusal) {
-    w.push_back(std::string(f.refusal->event == "unsafe_loop_dir" ? "the loop directory is " : "the lock file: ") +
-                f.refusal->why + ": looplock refuses to lock it (every run exits 73)");
-  }
-  if (f.others_can_read) {
-    w.push_back("other users can read " + f.lock_path +
-                ", so any local user can take this lock and stall every "
-                "run: run 'chmod o-rw " +
-                f.lock_path + "'");
-  }
-  if (f.file_uid && f.dir_uid) {
-    for (const auto& h : f.holders) {
-      const bool member =
-          f.sharing_gid && std::find(h.gids.begin(), h.gids.end(), *f.sharing_gid) != h.gids.end();
-      if (h.uid && *h.uid != 0 && *h.uid != *f.file_uid && *h.uid != *f.dir_uid && !member) {
-        w.push_back("pid " + std::to_string(h.pid) + " holds the lock as uid " + std::to_string(*h.uid) +
-                    ", neither the lock file's owner (uid " + std::to_string(*f.file_uid) + ") nor DIR's (uid " +
-                    std::to_string(*f.dir_uid) + ")");
-      }
-    }
-  }
+  access_warnings(f, w);
   if (!f.dead_kernel_pids.empty()) {
     std::vector<pid_t> found;
     for (const auto& h : f.holders) {
