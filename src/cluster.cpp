@@ -270,6 +270,18 @@ ClusterQueueRead read_cluster_queue(etcd::Client& client, const std::string& nam
   return q;
 }
 
+std::string confirm_cluster_holder(etcd::Client& client, const std::string& name, const std::string& key,
+                                   const std::string& host, long long pid, const etcd::Deadline& bound) {
+  const ClusterQueueRead q = read_cluster_queue(client, name, bound);
+  if (!q.error.empty()) return "cannot read it: " + q.error;
+  if (q.contenders.empty()) return "nobody holds it";
+  const std::string who = describe_cluster_holder(q.holder);
+  if (q.contenders.front().key != key) return "it is held by " + who + ", not through " + key;
+  const bool same = q.holder && q.holder->value("host", std::string()) == host &&
+                    (*q.holder)["pid"].is_number_integer() && (*q.holder)["pid"].get<long long>() == pid;
+  return same ? std::string() : "it is held through " + key + " by " + who + ", not by this looplock's ancestor";
+}
+
 std::optional<Json> ClusterLock::holder_of(const etcd::KeyValue& kv, long long deadline_ns) {
   auto h = contender_value(client_, name_, kv, {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
   if (h && !h->contains("fencing_token") && parse_cluster_holder(kv.value)) (*h)["fencing_token"] = kv.create_revision;

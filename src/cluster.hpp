@@ -107,6 +107,13 @@ struct ClusterQueueRead {
 };
 ClusterQueueRead read_cluster_queue(etcd::Client& client, const std::string& name, const etcd::Deadline& bound);
 
+// Whether cluster lock `name` is held through `key` by looplock `pid` on
+// `host` (a nested looplock confirms that its outer one holds the cluster
+// lock it asks for): empty when it is; else why not (etcd's error, or who
+// holds it instead).
+std::string confirm_cluster_holder(etcd::Client& client, const std::string& name, const std::string& key,
+                                   const std::string& host, long long pid, const etcd::Deadline& bound);
+
 // The fix for a failure's cause, in looplock's options (empty for None).
 // `endpoint`: the endpoint it is about ("http://HOST:PORT").
 std::string cause_hint(etcd::Cause cause, std::string_view endpoint);

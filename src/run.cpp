@@ -6,8 +6,11 @@
 
 #include "duration.hpp"
 #include "error.hpp"
+#include "cluster.hpp"
+#include "etcd.hpp"
 #include "etcd_lock.hpp"
 #include "exit_codes.hpp"
+#include "lease.hpp"
 #include "local_lock.hpp"
 #include "nesting.hpp"
 #include "procfs.hpp"
@@ -89,6 +92,7 @@ void Run::open() {
 
   struct stat lock_file {};
   if (auto outer = outer_holder(o_, ctx_.env, dir_, ctx_.pid, lock_file)) {
+    if (!o_.etcd.empty()) check_outer_cluster_lock(*outer);
     locks_.push_back(std::make_unique<InheritedLock>(o_, log_, dir_, *outer, lock_file));
     nested_ = true;
     return;
@@ -97,6 +101,40 @@ void Run::open() {
     locks_.push_back(std::make_unique<EtcdLock>(o_, ctx_.pid, log_, reporter_, *ctx_.etcd, target_));
   }
   locks_.push_back(std::make_unique<LocalLock>(o_, ctx_.pid, log_, dir_, target_));
+}
+
+// Nested with --etcd: the outer looplock must hold the cluster lock this run
+// asks for (its key, LOOPLOCK_ETCD_KEY, is the holder's on etcd, written by
+// that looplock on this host). Taking the cluster lock now, inside the local
+// one, would take the two in the wrong order: it could wait forever for a
+// run that holds the cluster lock and waits for this local one.
+void Run::check_outer_cluster_lock(const OuterHolder& outer) {
+  const std::string name = cluster_lock_name(o_.lock_name, target_.canonical_dir);
+  const std::optional<std::string> key = env_get(ctx_.env, env_name::kEtcdKey);
+  const long long pid = outer.pid != 0 ? outer.pid : ctx_.pid;
+  std::string why = "its environment names no cluster lock (LOOPLOCK_ETCD_KEY)";
+  if (key && !ctx_.etcd) throw Fatal(exit_code::kOsError, "internal error: a nested --etcd run without an HTTP client");
+  if (key) {
+    const ClusterAccess access = cluster_access(o_, log_);
+    ctx_.etcd->configure(access.tls);
+    etcd::Client client(*ctx_.etcd, o_.endpoints);
+    if (!access.user.empty()) client.set_credentials(access.user, access.password);
+    why = confirm_cluster_holder(client, name, *key, sys::host_name(), pid,
+                                 {sys::monotonic_ns() + 5'000'000'000LL, lease_timing::attempt_ns(o_.ttl_s)});
+    if (why.empty()) return;
+    if (why.starts_with("cannot read it")) {
+      throw Fatal(exit_code::kClusterUnavailable, "cannot confirm that the outer looplock holds cluster lock " +
+                                                       printable(name) + ": " + why,
+                  "The command did not run.");
+    }
+  }
+  throw Fatal(exit_code::kUsage,
+              "this looplock runs inside one that holds " + target_.loop + "'s lock but not cluster lock " +
+                  printable(name) + " (" + why + "): taking it now, inside the local lock, could wait forever for "
+                  "a run that holds it and waits for the local one",
+              "Give --etcd (and --lock-name " + printable(name) + ") to the outer looplock; a nested run then runs "
+              "inside both. The command did not run.",
+              "nested_cluster_lock");
 }
 
 // --jitter: a random time in [0, DURATION) before the first attempt, which

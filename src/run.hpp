@@ -16,6 +16,7 @@
 #include "lockfile.hpp"
 #include "log.hpp"
 #include "metrics.hpp"
+#include "nesting.hpp"
 #include "options.hpp"
 #include "report.hpp"
 #include "signals.hpp"
@@ -73,6 +74,7 @@ public:
 
 private:
   void open();
+  void check_outer_cluster_lock(const OuterHolder& outer);
   void wait_jitter();
   std::optional<Conclusion> acquire(Lock& lock);
   JobEnd run_job();

@@ -647,3 +647,42 @@ def test_a_holder_renews_as_the_lease_table_says(etcd, name, hosts, relay):
         keepalives = after["requests"].get("/v3/lease/keepalive", 0) - before["requests"].get("/v3/lease/keepalive", 0)
         assert least <= keepalives <= most, (ttl, keepalives)
         assert after["connections"] - before["connections"] == 1
+
+
+# --- nested runs with --etcd ------------------------------------------------------
+
+SHOW_TOKEN = "echo ran token=${LOOPLOCK_FENCING_TOKEN:-none}"
+
+
+def test_a_nested_etcd_run_inside_a_local_only_one_never_runs_without_the_cluster_lock(etcd, name, hosts,
+                                                                                       cluster_holders):
+    """Another host holds cluster lock NAME. A looplock nested in one that
+    holds only the local lock of its DIR must not run its command as if it
+    held NAME too; nor take NAME now, inside the local lock (the locks'
+    order reversed: it could wait forever for a run holding NAME and waiting
+    for that local lock). It refuses (64) and says what to do."""
+    cluster_holders(etcd, name, hosts[1])
+    inner = f"{LOOPLOCK} --log-format json {' '.join(cluster(etcd, name))} -w 1 {hosts[0]} -- sh -c '{SHOW_TOKEN}'"
+    r = run([hosts[0], "-c", inner])
+    assert r.returncode == 64, (r.stdout, r.stderr)
+    assert "ran" not in r.stdout
+    (line,) = [json.loads(x) for x in r.stderr.splitlines() if '"nested_cluster_lock"' in x]
+    assert f"but not cluster lock {name}" in line["message"], line
+    assert "Give --etcd (and --lock-name" in line["hint"], line
+    # A forged LOOPLOCK_ETCD_KEY does not stand in for the cluster lock either.
+    forged = f"looplock/{name}/lock/1234"
+    r = run([hosts[0], "-c", f"LOOPLOCK_ETCD_KEY={forged} {inner}"])
+    assert r.returncode == 64 and "ran" not in r.stdout and "not through " + forged in r.stderr, r.stderr
+
+
+def test_a_nested_etcd_run_inside_one_holding_that_cluster_lock_runs_inside_both(etcd, name, hosts):
+    inner = f"{LOOPLOCK} {' '.join(cluster(etcd, name))} -w 1 {hosts[0]} -- sh -c '{SHOW_TOKEN}'"
+    r = run([*cluster(etcd, name), hosts[0], "-c", f"echo outer=$LOOPLOCK_FENCING_TOKEN; {inner}"])
+    assert r.returncode == 0, r.stderr
+    outer, ran = r.stdout.splitlines()
+    assert ran == "ran token=" + outer.split("=")[1] and outer != "outer=", r.stdout
+    # Inside one that holds another cluster lock: refused, as above.
+    other = name + "-other"
+    inner = f"{LOOPLOCK} {' '.join(cluster(etcd, other))} -w 1 {hosts[0]} -- sh -c '{SHOW_TOKEN}'"
+    r = run([*cluster(etcd, name), hosts[0], "-c", inner])
+    assert r.returncode == 64 and "ran" not in r.stdout and f"but not cluster lock {other}" in r.stderr, r.stderr
