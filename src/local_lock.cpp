@@ -157,9 +157,13 @@ Acquisition LocalLock::acquire(const WaitPlan& plan, long long start_ns) {
 // Held: record who holds it.
 void LocalLock::write_record() {
   if (file_.read_only) {
-    log_.warn("read_only_lock_file", shown_ +
-                                         " is read-only for looplock: the lock is held, but no holder record can "
-                                         "be written");
+    log_.warn("read_only_lock_file",
+              shown_ + " is read-only for looplock: the lock is held, but no holder record can be written (" +
+                  (file_.read_only_err == EROFS       ? std::string("its file system is read-only")
+                   : file_.st.st_uid == geteuid() ? std::string("chmod u+w it")
+                                                  : "its owner, uid " + std::to_string(file_.st.st_uid) +
+                                                        ", or root makes it group-writable for a group: chmod g+w") +
+                  ")");
     return;
   }
   record_ = HolderRecord{

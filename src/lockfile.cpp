@@ -284,6 +284,7 @@ LockFile open_lock_file(const LockDir& dir) {
 
     int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK;
     bool read_only = false;
+    int read_only_err = 0;
     int fd;
     if (!exists) {
       fd = sys::retry_eintr([&] { return openat(dir.fd.get(), kLockName, flags | O_CREAT | O_EXCL, kCreateMode); });
@@ -292,6 +293,7 @@ LockFile open_lock_file(const LockDir& dir) {
       fd = sys::retry_eintr([&] { return openat(dir.fd.get(), kLockName, flags); });
       if (fd < 0 && (errno == EACCES || errno == EROFS || errno == EPERM || errno == ETXTBSY)) {
         read_only = true;
+        read_only_err = errno;
         fd = sys::retry_eintr([&] { return openat(dir.fd.get(), kLockName, (flags & ~O_RDWR) | O_RDONLY); });
       }
       if (fd < 0 && errno == ENOENT) continue;  // deleted meanwhile
@@ -314,6 +316,7 @@ LockFile open_lock_file(const LockDir& dir) {
     f.fd.reset(above_stdio(fd));
     if (!f.fd) fail_errno(exit_code::kOsError, "cannot open " + lock_display(dir), errno);
     f.read_only = read_only;
+    f.read_only_err = read_only_err;
     // What was opened (the name may have changed since the fstatat): its
     // links and owner, and the inode the lock is checked against.
     if (fstat(f.fd.get(), &f.st) != 0) fail_errno(exit_code::kOsError, "cannot stat " + lock_display(dir), errno);

@@ -37,6 +37,7 @@ struct LockFile {
   UniqueFd fd;
   struct stat st {};
   bool read_only = false;  // opened O_RDONLY: locked, but no record can be written
+  int read_only_err = 0;   // why it could not be opened for writing (EACCES, EROFS, ...)
 };
 
 // The mode a new lock file (and every file looplock creates beside it: the

@@ -168,6 +168,7 @@ LockFacts survey_lock(const LockDir& dir, const std::string& lock_path, std::vec
   if (!f.refusal) f.refusal = refuse_lock_file(st, dir.st, geteuid());
   f.file_uid = st.st_uid;
   if (st.st_mode & S_IRGRP) f.sharing_gid = st.st_gid;
+  f.group_can_write = (st.st_mode & S_IWGRP) != 0;
   f.others_can_read = (st.st_mode & S_IROTH) != 0;
   if (!S_ISREG(st.st_mode)) return f;
 

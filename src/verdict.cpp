@@ -32,6 +32,18 @@ std::string holders_text(const std::vector<LockHolder>& holders) {
   return out;
 }
 
+bool is_looplock(const LockHolder& h) { return h.command == "looplock" || h.command == "looplock-etcd"; }
+
+// An exclusive holder without a record that is a looplock the lock file is
+// read-only for (not its owner, and the file not group-writable): as the
+// group recipe under umask 022 has it, it holds the lock and writes no
+// record (its run says read_only_lock_file).
+bool read_only_looplocks(const LockFacts& f) {
+  return !f.holders.empty() && std::all_of(f.holders.begin(), f.holders.end(), [&](const LockHolder& h) {
+    return is_looplock(h) && f.file_uid && h.uid && *h.uid != *f.file_uid && *h.uid != 0 && !f.group_can_write;
+  });
+}
+
 std::vector<pid_t> pids_of(const std::vector<LockHolder>& holders) {
   std::vector<pid_t> out;
   for (const auto& h : holders) {
@@ -224,8 +236,13 @@ Verdict judge(const LockFacts& f) {
   const bool no_record =
       v.record == RecordState::None || v.record == RecordState::Released || v.record == RecordState::Unreadable;
   if (!v.holders.empty() && no_record && v.exclusive && f.dead_kernel_pids.empty()) {
-    w.push_back("held by " + pids_text(v.confirm) +
-                " without a current holder record (flock(1), Python fcntl.flock or another tool)");
+    v.read_only_holder = read_only_looplocks(f);
+    const bool looplocks = std::all_of(v.holders.begin(), v.holders.end(), is_looplock);
+    if (!v.read_only_holder) {
+      w.push_back("held by " + pids_text(v.confirm) + " without a current holder record" +
+                  (looplocks ? " (a looplock whose record could not be written: its run warned why)"
+                             : " (flock(1), Python fcntl.flock or another tool)"));
+    }
   }
   if (v.record == RecordState::NotRead && f.exists) {
     w.push_back("the lock file cannot be read here (" + std::string(std::strerror(f.record.err ? f.record.err : EIO)) +
@@ -266,9 +283,12 @@ std::string holder_phrase(const Verdict& v) {
            (v.read_alive.value_or(false) ? std::string() : ", which has exited");
   }
   if (!v.holders.empty()) {
-    return holders_text(v.holders) + (v.record == RecordState::NotRead ? ": its holder record cannot be read here"
-                                      : v.exclusive                      ? ": no looplock record"
-                                          : ": a shared lock (readers write no holder record)");
+    return holders_text(v.holders) +
+           (v.record == RecordState::NotRead ? ": its holder record cannot be read here"
+            : v.read_only_holder ? ": no holder record (the lock file is read-only for it; its owner makes it "
+                                   "group-writable with chmod g+w)"
+            : v.exclusive        ? ": no looplock record"
+                                 : ": a shared lock (readers write no holder record)");
   }
   if (v.record == RecordState::Unconfirmed && v.read) {
     return record_holder(*v.read) + ", by its holder record (the kernel does not confirm it)";

@@ -58,6 +58,7 @@ struct LockFacts {
   // The lock file's group, when its members may open it (group-readable):
   // a member of that group holds the lock as the man page's group recipe has it.
   std::optional<gid_t> sharing_gid;
+  bool group_can_write = false;  // the lock file is group-writable (a member's looplock writes its record)
   std::optional<std::string> network_fs;
   // The kernel.
   bool seen_held = false;               // this run's own attempt found the lock held
@@ -101,6 +102,9 @@ struct Verdict {
   // Current through a descriptor that the record's looplock passed on before
   // it exited (what its command started keeps the lock).
   bool left_by_looplock = false;
+  // Held by looplocks the lock file is read-only for (a group's member under
+  // umask 022): no record, and no warning.
+  bool read_only_holder = false;
   std::vector<pid_t> confirm;  // whom an operator confirms stalled before terminating
   std::vector<std::string> warnings;
   std::string action;  // what to do, one sentence

@@ -377,3 +377,27 @@ def test_inspect_by_a_user_who_cannot_read_the_files_says_so(base):
     report = json.loads(j.stdout)
     assert report["record"]["status"] == "unread", report["record"]
     assert report["incidents"]["count"] is None and report["incidents"]["error"] == "Permission denied"
+
+
+def test_a_member_holding_a_lock_file_it_may_only_read_is_named_as_a_looplock(base):
+    """The group recipe under umask 022: a member made the lock file 0640, so
+    another member's looplock locks it read-only and writes no record (it
+    says so, with the fix). --inspect names that holder as a looplock that
+    may only read the file, not as another tool's, and --check passes."""
+    d, _ = group_dirs(base)
+    (d / LOCK).unlink()
+    assert as_member(U2, d, "--", "true", umask="022").returncode == 0  # U2 makes it, 0640
+    assert stat_mode(d / LOCK) == 0o640
+    holder = subprocess.Popen([*member(U3), LOOPLOCK, "-p", "blocking", str(d), "--", PY, helper("wait_stdin.py")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+    try:
+        expect_line(holder, "ready")
+        i = as_member(U1, "--inspect", "--check", d)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=TIMEOUT)
+    err = holder.stderr.read()
+    assert "is read-only for looplock" in err and f"its owner, uid {U2}, or root makes it group-writable" in err, err
+    assert i.returncode == 0, i
+    assert "(looplock): no holder record (the lock file is read-only for it" in i.stdout, i.stdout
+    assert "flock(1)" not in i.stdout, i.stdout
