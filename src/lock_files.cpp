@@ -36,11 +36,19 @@ bool may(int dirfd, const char* name, int how) {
 // Whether DIR is on a file system mounted read-only.
 bool read_only(int dirfd) { return faccessat(dirfd, ".", W_OK, AT_EACCESS) != 0 && errno == EROFS; }
 
-// DIR/.state.lock missing where a run cannot create it: every run exits 73.
-void judge_missing_lock_file(const LockDir& dir, std::vector<FileProblem>& out) {
+// DIR/.state.lock missing where a run cannot create it, or one the caller
+// cannot open: every run exits 73.
+void judge_lock_file(const LockDir& dir, uid_t euid, std::vector<FileProblem>& out) {
   struct stat st {};
-  if (fstatat(dir.fd.get(), kLockName, &st, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT) return;
   const std::string path = in(dir.path, kLockName);
+  if (fstatat(dir.fd.get(), kLockName, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    if (S_ISREG(st.st_mode) && !may(dir.fd.get(), kLockName, R_OK)) {
+      out.push_back({path, "every run by you exits 73: you cannot open it (" + owner_mode(st) + ")",
+                     unopenable_hint(dir, st, euid)});
+    }
+    return;
+  }
+  if (errno != ENOENT) return;
   const std::string create = "install -m 0660 /dev/null " + path;
   if (read_only(dir.fd.get())) {
     out.push_back({path, "every run exits 73: it does not exist, and DIR's file system is read-only",
@@ -122,7 +130,7 @@ void judge_incidents(const LockDir& dir, uid_t euid, std::vector<FileProblem>& o
 
 std::vector<FileProblem> judge_lock_files(const LockDir& dir, uid_t euid) {
   std::vector<FileProblem> out;
-  judge_missing_lock_file(dir, out);
+  judge_lock_file(dir, euid, out);
   judge_ledger(dir, euid, out);
   judge_incidents(dir, euid, out);
   return out;

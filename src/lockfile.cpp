@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdio>
 #include <ctime>
 #include <string>
 
@@ -36,6 +37,12 @@ std::string file_kind(mode_t m) {
   if (S_ISBLK(m)) return "a block device";
   if (S_ISLNK(m)) return "a symbolic link";
   return "not a regular file";
+}
+
+std::string mode_text(const struct stat& st) {
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  return mode;
 }
 
 [[noreturn]] void refused(const LockDir& dir, const Refusal& r) {
@@ -229,6 +236,18 @@ std::optional<Refusal> refuse_file(const struct stat& file, const struct stat& d
   return std::nullopt;
 }
 
+std::string unopenable_hint(const LockDir& dir, const struct stat& file, uid_t euid) {
+  const std::string path = lock_display(dir);
+  const std::string whose = "It is uid " + std::to_string(file.st_uid) + "'s, mode " + mode_text(file) + ": ";
+  if (euid == dir.st.st_uid) {
+    return whose + "as DIR's owner, replace it with one of your own while nobody holds the lock (looplock --inspect " +
+           dir.path + " says it is free): install -m 0660 -g GROUP /dev/null " + path +
+           "; or its owner or root lets the group read and write it (chmod g+rw " + path + ").";
+  }
+  return whose + "its owner or root lets the group that shares DIR read and write it (chmod g+rw " + path +
+         "), or run as a user who may open it.";
+}
+
 std::optional<Refusal> refuse_lock_file(const struct stat& file, const struct stat& dir, uid_t euid) {
   return refuse_file(file, dir, euid, "lock file", kLockName, "unsafe_lock_file");
 }
@@ -306,7 +325,7 @@ LockFile open_lock_file(const LockDir& dir) {
         hint = "DIR is on a read-only file system: create " + std::string(kLockName) +
                " there while it is writable (an existing lock file is locked read-only).";
       } else if (err == EACCES) {
-        hint = exists ? "Check the lock file's permissions."
+        hint = exists ? unopenable_hint(dir, pre, geteuid())
                       : "looplock must be able to create the lock file in DIR; check DIR's permissions.";
       }
       fail_errno(status_for_errno(err, exit_code::kCantCreate),

@@ -64,6 +64,10 @@ std::optional<Refusal> refuse_lock_file(const struct stat& file, const struct st
 std::optional<Refusal> refuse_file(const struct stat& file, const struct stat& dir, uid_t euid, std::string_view noun,
                                    std::string_view name, std::string_view event);
 
+// The fix for a lock file `euid` cannot open (EACCES), by who can make it:
+// DIR's owner replaces it, else its owner or root opens its mode to the group.
+std::string unopenable_hint(const LockDir& dir, const struct stat& file, uid_t euid);
+
 // DIR/.state.lock cannot be looked at (fstatat failed with `err`): Fatal 73
 // (71 for resource exhaustion), with the fix when DIR lacks search permission.
 [[noreturn]] void lock_stat_failed(const LockDir& dir, int err);

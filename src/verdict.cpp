@@ -246,8 +246,8 @@ Verdict judge(const LockFacts& f) {
   }
   if (v.record == RecordState::NotRead && f.exists) {
     w.push_back("the lock file cannot be read here (" + std::string(std::strerror(f.record.err ? f.record.err : EIO)) +
-                "): its holder record is not known; look as the lock file's owner, DIR's owner, a member of its "
-                "group, or root");
+                "): its holder record is not known; look as a user who can read it (its owner, a member of its "
+                "group where its mode lets them, or root)");
   }
   if ((v.record == RecordState::Current || v.record == RecordState::Unconfirmed) && f.record_age_ms &&
       *f.record_age_ms > f.stale_after_ms) {

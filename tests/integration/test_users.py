@@ -401,3 +401,19 @@ def test_a_member_holding_a_lock_file_it_may_only_read_is_named_as_a_looplock(ba
     assert i.returncode == 0, i
     assert "(looplock): no holder record (the lock file is read-only for it" in i.stdout, i.stdout
     assert "flock(1)" not in i.stdout, i.stdout
+
+
+def test_a_lock_file_a_member_made_under_umask_077_tells_dirs_owner_how_to_mend_it(base):
+    d = base / "loop"
+    d.mkdir()
+    os.chown(d, U1, GID)
+    os.chmod(d, 0o2770)
+    assert as_member(U2, d, "--", "true", umask="077").returncode == 0  # U2 runs first: the lock file is 0600
+    assert stat_mode(d / LOCK) == 0o600
+    r = as_member(U1, d, "--", "true")
+    assert r.returncode == 73 and "Permission denied" in r.stderr, r
+    assert f"It is uid {U2}'s, mode 0600: as DIR's owner, replace it with one of your own" in r.stderr, r.stderr
+    r = as_member(U3, d, "--", "true")
+    assert r.returncode == 73 and "its owner or root lets the group that shares DIR read and write it" in r.stderr, r
+    i = as_member(U1, "--inspect", "--check", d)
+    assert i.returncode == 1 and "every run by you exits 73: you cannot open it" in i.stdout, i
