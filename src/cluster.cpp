@@ -13,6 +13,7 @@
 #include "exit_codes.hpp"
 #include "holder.hpp"
 #include "options.hpp"
+#include "procfs.hpp"
 #include "sys.hpp"
 #include "text.hpp"
 #include "unique_fd.hpp"
@@ -268,6 +269,15 @@ ClusterQueueRead read_cluster_queue(etcd::Client& client, const std::string& nam
   q.contenders = etcd::contenders(q.prefixes, reads);
   if (!q.contenders.empty()) q.holder = contender_value(client, name, q.contenders.front(), bound);
   return q;
+}
+
+std::string dead_contender_note(const Json& v) {
+  auto text = [&](const char* k) { return v.contains(k) && v[k].is_string() ? v[k].get<std::string>() : ""; };
+  const long long pid = v.contains("pid") && v["pid"].is_number_integer() ? v["pid"].get<long long>() : 0;
+  if (!procfs::proven_dead(text("boot_id"), text("pid_ns"), pid, text("pid_start"))) return {};
+  const bool ttl = v.contains("ttl") && v["ttl"].is_number_integer();
+  return "; its looplock is dead (this host): its key goes when its lease expires, within " +
+         (ttl ? std::to_string(v["ttl"].get<int>()) + "s" : std::string("its TTL"));
 }
 
 std::string confirm_cluster_holder(etcd::Client& client, const std::string& name, const std::string& key,

@@ -107,6 +107,12 @@ struct ClusterQueueRead {
 };
 ClusterQueueRead read_cluster_queue(etcd::Client& client, const std::string& name, const etcd::Deadline& bound);
 
+// Whether a contender's holder value proves its looplock dead on this host
+// (procfs::proven_dead), and the words that say so ("; its looplock is dead
+// (this host): its key goes when its lease expires, within 10s"), empty
+// when it is not.
+std::string dead_contender_note(const Json& value);
+
 // Whether cluster lock `name` is held through `key` by looplock `pid` on
 // `host` (a nested looplock confirms that its outer one holds the cluster
 // lock it asks for): empty when it is; else why not (etcd's error, or who

@@ -48,7 +48,7 @@ Blocker EtcdLock::blocker() const {
   Blocker b;
   const ClusterVerdict v = judge_cluster(lock_.blocker(), host_);
   b.what = "cluster lock " + printable(lock_.name()) + " (etcd)";
-  b.who = v.holder;
+  b.who = v.holder + (lock_.blocker() ? dead_contender_note(*lock_.blocker()) : std::string());
   b.confirm = v.confirm;
   b.inspect_hint = "looplock --inspect --etcd " + o_.etcd + " " + o_.dir;
   b.cluster = Json{{"lock_name", lock_.name()},

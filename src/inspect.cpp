@@ -288,13 +288,6 @@ std::optional<std::pair<std::string, std::string>> looplock_identity(const std::
 
 namespace {
 
-// Whether a contender's holder value proves its looplock dead on this host.
-bool contender_dead(const Json& v) {
-  auto text = [&](const char* k) { return v.contains(k) && v[k].is_string() ? v[k].get<std::string>() : ""; };
-  const long long pid = v.contains("pid") && v["pid"].is_number_integer() ? v["pid"].get<long long>() : 0;
-  return procfs::proven_dead(text("boot_id"), text("pid_ns"), pid, text("pid_start"));
-}
-
 // The cluster lock too (--etcd): who holds it, who waits, in the order they
 // take it; read only.
 void inspect_cluster(const Options& o, const LockDir& dir, etcd::Transport* etcd, const Logger& log,
@@ -317,13 +310,7 @@ void inspect_cluster(const Options& o, const LockDir& dir, etcd::Transport* etcd
   // its lease expires).
   auto key_note = [&](const std::optional<Json>& value, const etcd::KeyValue& kv) {
     std::string note = !value || !etcd::is_contender_key(prefixes.front(), kv.key) ? ", key " + kv.key : "";
-    if (value && contender_dead(*value)) {
-      note += "; its looplock is dead (this host): its key goes when its lease expires, within " +
-              (value->contains("ttl") && (*value)["ttl"].is_number_integer()
-                   ? std::to_string((*value)["ttl"].get<int>()) + "s"
-                   : std::string("its TTL"));
-    }
-    return note;
+    return value ? note + dead_contender_note(*value) : note;
   };
   Json c = {{"lock_name", name}};
   std::vector<std::string> lines;

@@ -686,3 +686,20 @@ def test_a_nested_etcd_run_inside_one_holding_that_cluster_lock_runs_inside_both
     inner = f"{LOOPLOCK} {' '.join(cluster(etcd, other))} -w 1 {hosts[0]} -- sh -c '{SHOW_TOKEN}'"
     r = run([*cluster(etcd, name), hosts[0], "-c", inner])
     assert r.returncode == 64 and "ran" not in r.stdout and f"but not cluster lock {other}" in r.stderr, r.stderr
+
+
+def test_a_timeout_behind_a_dead_holder_of_this_host_says_it_is_dead(etcd, name, hosts):
+    """A holder killed with KILL cannot revoke its lease: its key holds the
+    cluster lock until the lease expires. The timeout and skip lines say
+    that its looplock is dead, as --inspect does, rather than name it as a
+    live holder."""
+    a = start([*cluster(etcd, name, "--ttl", "5"), hosts[0], "--", PY, helper("wait_stdin.py")])
+    expect_line(a, "ready")
+    a.kill()
+    a.wait(timeout=TIMEOUT)
+    r = run([*cluster(etcd, name), "-w", "0.5", hosts[1], "--", "true"])
+    assert r.returncode == EX_TEMPFAIL, r.stderr
+    assert f"pid {a.pid} " in r.stderr and "its looplock is dead (this host): its key goes when its lease expires, " \
+                                          "within 5s" in r.stderr, r.stderr
+    r = run([*cluster(etcd, name), "-p", "single_flight", hosts[1], "--", "true"])
+    assert r.returncode == 0 and "noop-locked" in r.stderr and "its looplock is dead" in r.stderr, r.stderr
