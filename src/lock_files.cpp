@@ -148,9 +148,18 @@ std::vector<FileProblem> judge_metrics_files(const std::string& metrics_dir, con
     return out;
   }
   if (faccessat(fd.get(), ".", W_OK | X_OK, AT_EACCESS) != 0) {
-    out.push_back({metrics_dir, cannot + "you cannot write in it (" + owner_mode(dir) + ")",
-                   "Give it to the group that runs looplock: chgrp GROUP " + metrics_dir + "; chmod 2775 " +
-                       metrics_dir + "."});
+    if (errno == EROFS) {
+      out.push_back({metrics_dir, cannot + "its file system is read-only",
+                     "Remount it read-write, or give --metrics-dir a directory on a writable file system."});
+    } else {
+      const std::string fix = "chgrp GROUP " + metrics_dir + "; chmod 2775 " + metrics_dir;
+      out.push_back({metrics_dir, cannot + "you cannot write in it (" + owner_mode(dir) + ")",
+                     euid == 0 || dir.st_uid == euid
+                         ? "Give it to the group that runs looplock: " + fix + "."
+                         : "Ask its owner (uid " + std::to_string(dir.st_uid) +
+                               ") or root to give it to the group that runs looplock (" + fix +
+                               "), or run as a user who may write in it."});
+    }
   }
   const std::string name = metrics_file_name(lock_id);
   const std::string lock = "." + name + ".lock";

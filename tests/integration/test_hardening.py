@@ -359,6 +359,10 @@ def test_read_only_mount_with_a_ledger_and_incidents_inspect_names_the_mount_not
     assert "every --once-per run exits 73 unless its slot was run: DIR's file system is read-only" in i.stdout
     assert "every incident row is lost (one warning each time): DIR's file system is read-only" in i.stdout
     assert "chgrp" not in i.stdout and "chmod" not in i.stdout, i.stdout
+    # A metrics directory on it: the same, for the metrics.
+    i = run(["--inspect", "--check", "--metrics-dir", d, d])
+    assert i.returncode == 1 and "your runs cannot update the metrics" in i.stdout, i.stdout
+    assert "its file system is read-only" in i.stdout and "chgrp" not in i.stdout, i.stdout
 
 
 def test_read_only_mount_timeout_is_75_with_one_warning(tmp_path, tmpfs):
