@@ -237,9 +237,16 @@ LedgerUpdate record_local_ledger(const LockDir& dir, const RunEntry& entry, long
   const LedgerRead read = read_ledger(dir);
   LedgerUpdate u = with_entry(read.entries, entry, now_ms);
   if (const int err = write_ledger(dir, u.entries); err != 0) {
-    fail_errno(status_for_errno(err, exit_code::kCantCreate), "cannot write the run ledger " + ledger_display(dir), err,
-               std::string(err == ENOSPC ? "The file system is full; the ledger was left as it was. " : "") +
-                   "--once-per records each run there before the command starts; the command did not run.",
+    const std::string path = ledger_display(dir);
+    const std::string why =
+        err == ENOSPC ? "The file system is full; the ledger was left as it was. "
+        : err == EPERM || err == EACCES
+            ? "You may neither write it nor replace it (in a sticky DIR only its owner may): its owner or root lets "
+              "the group write it (chmod g+rw " + path + "), or DIR's owner makes it once for the group (install -m "
+              "0660 -g GROUP /dev/null " + path + "). "
+            : "";
+    fail_errno(status_for_errno(err, exit_code::kCantCreate), "cannot write the run ledger " + path, err,
+               why + "--once-per records each run there before the command starts; the command did not run.",
                "run_ledger_unusable");
   }
   return u;

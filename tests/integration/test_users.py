@@ -417,3 +417,23 @@ def test_a_lock_file_a_member_made_under_umask_077_tells_dirs_owner_how_to_mend_
     assert r.returncode == 73 and "its owner or root lets the group that shares DIR read and write it" in r.stderr, r
     i = as_member(U1, "--inspect", "--check", d)
     assert i.returncode == 1 and "every run by you exits 73: you cannot open it" in i.stdout, i
+
+
+def test_a_sticky_group_dir_shares_the_ledger_its_owner_made_and_refuses_a_members(base):
+    """In a sticky DIR members cannot replace each other's files: a run
+    ledger the first member made is refused for the others (with who may
+    mend it); the one DIR's owner makes with the man page's recipe serves
+    every member."""
+    d, _ = group_dirs(base)
+    os.chmod(d, 0o3770)
+    r = as_member(U2, "--once-per", "1m", "--operation", "a", d, "--", "true")
+    assert r.returncode == 0, r
+    r = as_member(U3, "--once-per", "1m", "--operation", "b", d, "--", "true")
+    assert r.returncode == 73 and "unsafe run ledger" in r.stderr and "ask DIR's owner (uid 0)" in r.stderr, r
+    (d / ".state.lock.runs.json").unlink()
+    subprocess.run(["install", "-m", "0660", "-g", str(GID), "/dev/null", str(d / ".state.lock.runs.json")],
+                   check=True, timeout=TIMEOUT)
+    for uid, op in ((U2, "a"), (U3, "b"), (U1, "c"), (U3, "a")):
+        r = as_member(uid, "--once-per", "1m", "--operation", op, d, "--", "true")
+        assert r.returncode == 0, (uid, op, r)
+    assert "noop-already-run" in r.stderr  # a ran in this slot, by another member
