@@ -24,9 +24,17 @@ std::string lock_display(const LockDir& dir) {
   return p + kLockName;
 }
 
-// The hint for EACCES on a name inside DIR: DIR lacks search (x) permission.
+// The hint for EACCES on a name inside DIR: DIR lacks search (x) permission
+// for the caller; who can give it depends on who the caller is.
 std::string search_hint(const LockDir& dir) {
-  return "looplock needs search permission on DIR (" + dir.path + "): 'chmod u+x' it, or run as a user who has it.";
+  if (geteuid() == dir.st.st_uid) {
+    return "looplock needs search permission on DIR (" + dir.path + "): 'chmod u+x' it.";
+  }
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(dir.st.st_mode & 07777));
+  return "looplock needs search permission on DIR (" + dir.path + ", uid " + std::to_string(dir.st.st_uid) +
+         "'s, mode " + mode + "): run as its owner or a member of its group, or ask its owner to let yours search "
+         "it (chmod g+x or o+x).";
 }
 
 std::string file_kind(mode_t m) {

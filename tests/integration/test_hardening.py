@@ -289,6 +289,7 @@ def test_dir_without_search_permission(nobody_base, mode, with_lock_file):
         r = run_as_nobody([d, "--", "touch", marker])
         assert_error(r, EX_CANTCREAT, ".state.lock", "Permission denied")
         assert "looplock needs search permission on DIR" in r.stderr
+        assert "'chmod u+x' it" in r.stderr, r.stderr  # nobody owns DIR: the fix is its own
         assert not marker.exists()
         i = run_as_nobody(["--inspect", d])
         assert_error(i, EX_CANTCREAT, "Permission denied")
@@ -299,6 +300,11 @@ def test_dir_without_search_permission(nobody_base, mode, with_lock_file):
         entry = json.loads(j.stdout)
         assert entry["error"]["status"] == EX_CANTCREAT
         assert "search permission" in entry["error"]["hint"]
+        # DIR given to root: nobody cannot chmod it, and is not told to.
+        os.chown(d, 0, 0)
+        r = run_as_nobody([d, "--", "touch", marker])
+        assert r.returncode == EX_CANTCREAT and "'chmod u+x' it" not in r.stderr, r.stderr
+        assert "uid 0's, mode" in r.stderr and "ask its owner" in r.stderr, r.stderr
     os.chmod(d, 0o755)
     assert os.listdir(d) == ([LOCK] if with_lock_file else [])
     if with_lock_file:
