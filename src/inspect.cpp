@@ -179,7 +179,11 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
     t += head + printable(value) + "\n";
   };
   line("lock", f.lock_path + " (lock_id " + facts.lock_id + ")");
-  if (!f.exists) line("file", "missing: the next run creates it");
+  if (!f.exists) {
+    const bool creatable = std::none_of(facts.files.begin(), facts.files.end(),
+                                        [&](const FileProblem& p) { return p.file == f.lock_path; });
+    line("file", creatable ? "missing: the next run creates it" : "missing, and no run can create it (see the warning)");
+  }
   line("kernel", held && !named.empty()
                      ? std::string("held (") + (v.exclusive ? "exclusive" : "shared") + ") by " + pids_text(named)
                  : held  ? std::string("held")

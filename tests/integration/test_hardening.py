@@ -347,6 +347,7 @@ def test_read_only_mount_without_a_lock_file_is_73(tmp_path, tmpfs):
         assert i.returncode == 1, i.stdout
         assert "every run exits 73: it does not exist, and DIR's file system is read-only" in i.stdout, i.stdout
         assert "Create it while the file system is writable" in i.stdout, i.stdout
+        assert "missing, and no run can create it" in i.stdout and "the next run creates it" not in i.stdout
     assert not (tmp_path / "ran").exists()
     assert os.listdir(d) == []
 
