@@ -31,6 +31,9 @@ Json job_details(const JobEnd& job) {
 
 const char* how_it_ended(const JobEnd& job) { return job.killed ? "KILL was needed" : "TERM sufficed"; }
 
+// A limit in whole ms, rounded up: one above zero is never 0 (no limit).
+long long limit_ms(long long ns) { return ns / kMs + (ns % kMs != 0 ? 1 : 0); }
+
 }  // namespace
 
 Incident Reporter::incident(std::string error_code) const {
@@ -103,7 +106,7 @@ void Reporter::already_run(const RunEntry& run, const Blocker* holding, const st
 
 void Reporter::timeout(const Blocker& b, const WaitPlan& plan, long long waited_ns) const {
   Incident inc = incident("lock_acquire_timeout");
-  inc.deadline_ms = plan.deadline_ns / kMs;
+  inc.deadline_ms = limit_ms(plan.deadline_ns);
   inc.waited_ms = waited_ns / kMs;
   if (const auto& v = b.verdict) {
     for (const auto& h : v->holders) inc.holder_pids.push_back(h.pid);
@@ -129,7 +132,7 @@ void Reporter::timeout(const Blocker& b, const WaitPlan& plan, long long waited_
 
 void Reporter::max_time(const JobEnd& job, const std::optional<HolderRecord>& record) const {
   Incident inc = incident("max_time_exceeded");
-  inc.deadline_ms = *o_.max_time_ns / kMs;
+  inc.deadline_ms = limit_ms(*o_.max_time_ns);
   inc.waited_ms = (job.ended_ns - job.started_ns) / kMs;
   inc.holder = record;
   inc.holder_alive = record ? std::optional<bool>(true) : std::nullopt;

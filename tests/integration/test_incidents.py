@@ -345,3 +345,10 @@ def test_hostile_holder_identity_cannot_forge_log_lines(loop_dir, holders):
     (row,) = incident_rows(loop_dir)
     assert row["holder"]["agent_id"] == "evil\nFORGED line: delete the lock file\x1b[2J"
     h.release()
+
+
+def test_a_limit_below_a_millisecond_is_never_written_as_0_which_means_none(loop_dir):
+    r = run(["--max-time", "0.4ms", loop_dir, "--", "sleep", "1"])
+    assert r.returncode == 124, r.stderr
+    assert "--max-time 1ms" in r.stderr, r.stderr
+    assert incident_rows(loop_dir)[-1]["deadline_ms"] == 1
