@@ -50,7 +50,7 @@ Blocker EtcdLock::blocker() const {
   b.what = "cluster lock " + printable(lock_.name()) + " (etcd)";
   b.who = v.holder + (lock_.blocker() ? dead_contender_note(*lock_.blocker()) : std::string());
   b.confirm = v.confirm;
-  b.inspect_hint = "looplock --inspect --etcd " + o_.etcd + " " + o_.dir;
+  b.inspect_hint = "looplock --inspect --etcd " + shell_word(o_.etcd) + " " + shell_word(o_.dir);
   b.cluster = Json{{"lock_name", lock_.name()},
                    {"endpoint", lock_.endpoint()},
                    {"holder", lock_.blocker() ? *lock_.blocker() : Json(nullptr)}};

@@ -180,7 +180,7 @@ Blocker LocalLock::blocker() const {
   b.what = shown_;
   b.verdict = judge(survey_held(file_, b.what, holders_at_start_));
   b.who = holder_phrase(*b.verdict);
-  b.inspect_hint = "looplock --inspect " + o_.dir;
+  b.inspect_hint = "looplock --inspect " + shell_word(o_.dir);
   const std::string host = sys::host_name();
   for (const auto& h : b.verdict->holders) {
     b.holder_ids.push_back({.host = host, .pid = h.pid, .pid_start = h.start.value_or("")});

@@ -13,6 +13,7 @@
 #include "error.hpp"
 #include "exit_codes.hpp"
 #include "sys.hpp"
+#include "text.hpp"
 
 namespace looplock {
 
@@ -249,7 +250,7 @@ std::string unopenable_hint(const LockDir& dir, const struct stat& file, uid_t e
   const std::string whose = "It is uid " + std::to_string(file.st_uid) + "'s, mode " + mode_text(file) + ": ";
   if (euid == dir.st.st_uid) {
     return whose + "as DIR's owner, replace it with one of your own while nobody holds the lock (looplock --inspect " +
-           dir.path + " says it is free): install -m 0660 -g GROUP /dev/null " + path +
+           shell_word(dir.path) + " says it is free): install -m 0660 -g GROUP /dev/null " + path +
            "; or its owner or root lets the group read and write it (chmod g+rw " + path + ").";
   }
   return whose + "its owner or root lets the group that shares DIR read and write it (chmod g+rw " + path +

@@ -76,9 +76,29 @@ std::string join(const std::vector<std::string>& items, std::string_view separat
   return out;
 }
 
+namespace {
+
+// `text` as the inside of a shell's $'...': backslashes and apostrophes
+// escaped, then what printable() escapes.
+std::string ansi_c_inside(std::string_view text) {
+  std::string escaped;
+  for (char c : text) {
+    if (c == '\\' || c == '\'') escaped += '\\';
+    escaped += c;
+  }
+  return printable(escaped);
+}
+
+bool needs_escapes(std::string_view text) { return printable(text) != text; }
+
+}  // namespace
+
 std::string quote(std::string_view operand) {
+  // With bytes a terminal must not get (control characters, bytes that are
+  // not UTF-8): $'...', which a shell reads back to the very bytes.
+  if (needs_escapes(operand)) return "$'" + ansi_c_inside(operand) + "'";
   std::string out = "'";
-  for (char c : printable(operand)) {
+  for (char c : operand) {
     if (c == '\'') {
       out += "'\\''";
     } else {
@@ -86,6 +106,10 @@ std::string quote(std::string_view operand) {
     }
   }
   return out + "'";
+}
+
+std::string shell_word(std::string_view text) {
+  return needs_escapes(text) ? "$'" + ansi_c_inside(text) + "'" : std::string(text);
 }
 
 std::string pids_text(const std::vector<pid_t>& pids) {

@@ -21,9 +21,15 @@ std::string printable(std::string_view text);
 std::string join(const std::vector<std::string>& items, std::string_view separator = ", ");
 
 // An operand the user typed (an option's value, an argument), as messages
-// show it: 'value', printable, an apostrophe in it written '\''. Paths and
-// names looplock derives itself are not quoted.
+// show it: 'value', an apostrophe in it written '\''; one with control
+// characters or bytes that are not UTF-8 as $'...' with \n, \xNN and the
+// like, so that a shell reads either back as typed. Paths and names
+// looplock derives itself are not quoted.
 std::string quote(std::string_view operand);
+
+// `text` as one word of a command line a message suggests: as it is, or,
+// when it holds control characters or bytes that are not UTF-8, as $'...'.
+std::string shell_word(std::string_view text);
 
 // "pid 1" or "pids 1, 2"; with `verb` ("holds"/"hold", "is"/"are") the form
 // that agrees: pids_text({1, 2}, "is", "are") is "pids 1, 2 are".

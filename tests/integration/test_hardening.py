@@ -790,3 +790,22 @@ def test_a_holder_who_is_neither_owner_is_named(nobody_base):
     finally:
         h.stdin.close()
         h.wait(timeout=TIMEOUT)
+
+
+def test_the_inspect_hint_of_a_dir_with_odd_bytes_pastes_back_into_a_shell(tmp_path):
+    """A DIR whose name holds bytes a terminal must not get is shown as
+    $'...': the hint's command, pasted into a shell, inspects that very
+    DIR."""
+    d = os.path.join(os.fsencode(tmp_path), b"E\xff\x1bz")
+    os.mkdir(d)
+    h = flock_holder(os.fsdecode(d) + "/" + LOCK)
+    try:
+        r = bytes_run([LOOPLOCK, "-w", "0", d, "--", "true"])
+    finally:
+        release(h)
+    assert r.returncode == EX_TEMPFAIL, r.stderr
+    err = r.stderr.decode()
+    hint = err.split("Run '", 1)[1].split("' to see", 1)[0]
+    assert "$'" in hint and "\\xff\\x1bz'" in hint and "\x1b" not in err, err
+    i = subprocess.run(["bash", "-c", hint.replace("looplock", LOOPLOCK, 1)], capture_output=True, timeout=TIMEOUT)
+    assert i.returncode == 0 and b"kernel    free" in i.stdout, i

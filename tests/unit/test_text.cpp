@@ -19,7 +19,11 @@ TEST_CASE("quote: the one quoting rule for operands in messages") {
   CHECK(looplock::quote("--bogus") == "'--bogus'");
   CHECK(looplock::quote("") == "''");
   CHECK(looplock::quote("it's") == "'it'\\''s'");  // as a shell reads it back
-  CHECK(looplock::quote("a\nb") == "'a\\nb'");     // never a line of its own
+  CHECK(looplock::quote("a\nb") == "$'a\\nb'");    // never a line of its own; a shell reads it back
+  CHECK(looplock::quote(std::string("E\xff\x1bz", 4)) == "$'E\\xff\\x1bz'");
+  CHECK(looplock::quote("it's\t\\") == "$'it\\'s\\t\\\\'");
+  CHECK(looplock::shell_word("/srv/loops/nightly") == "/srv/loops/nightly");
+  CHECK(looplock::shell_word("lo\nop") == "$'lo\\nop'");
 }
 
 TEST_CASE("valid_utf8: what JSON takes as it is") {
