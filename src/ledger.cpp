@@ -45,8 +45,9 @@ std::string ledger_display(const LockDir& dir) {
 
 }  // namespace
 
-std::optional<Refusal> refuse_ledger(const struct stat& file, const struct stat& dir, uid_t euid) {
-  return refuse_file(file, dir, euid, "run ledger", kRunsName, "unsafe_run_ledger");
+std::optional<Refusal> refuse_ledger(const struct stat& file, const struct stat& dir, uid_t euid,
+                                     std::string_view shown_dir) {
+  return refuse_file(file, dir, euid, "run ledger", kRunsName, "unsafe_run_ledger", shown_dir);
 }
 
 Json run_entry_to_json(const RunEntry& e) {
@@ -141,7 +142,7 @@ LedgerRead read_ledger(const LockDir& dir) {
     fail_errno(status_for_errno(errno, exit_code::kCantCreate), "cannot stat " + ledger_display(dir), errno, "",
                "run_ledger_unusable");
   }
-  if (auto r = refuse_ledger(st, dir.st, geteuid())) {
+  if (auto r = refuse_ledger(st, dir.st, geteuid(), dir.path)) {
     throw Fatal(exit_code::kCantCreate, "unsafe run ledger " + ledger_display(dir) + ": " + r->why, r->hint, r->event);
   }
   UniqueFd fd(sys::retry_eintr(

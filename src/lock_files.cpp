@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstdio>
 
 #include "incident.hpp"
@@ -66,13 +67,28 @@ bool may_replace(int dirfd, const struct stat& dir, const struct stat& file, uid
   return !(dir.st_mode & S_ISVTX) || euid == 0 || file.st_uid == euid || dir.st_uid == euid;
 }
 
-// The fix of a file a group cannot share: by its owner (or root), as whose
-// words the caller reads them.
-std::string share_fix(const std::string& path, const struct stat& st, uid_t euid) {
-  const std::string commands = "chgrp GROUP " + path + "; chmod g+rw " + path;
+// Whether the caller is a member of group `gid` (its effective group or a
+// supplementary one).
+bool in_group(gid_t gid) {
+  if (getegid() == gid) return true;
+  gid_t groups[256];
+  const int n = getgroups(256, groups);
+  return n > 0 && std::find(groups, groups + n, gid) != groups + n;
+}
+
+// The fix of a file a group cannot share, for whoever can make it: its owner
+// (or root) opens its mode to its group (and gives it the directory's group
+// when it has another); a caller outside that group runs as a member.
+std::string share_fix(const std::string& path, const struct stat& st, const struct stat& dir, uid_t euid) {
+  std::string commands = "chmod g+rw " + path;
+  if (st.st_gid != dir.st_gid) commands = "chgrp " + std::to_string(dir.st_gid) + " " + path + "; " + commands;
   if (euid == 0 || st.st_uid == euid) {
     return "Let the group that shares the directory read and write it (" + commands +
            "), or run every writer as one user.";
+  }
+  if (!in_group(st.st_gid)) {
+    return "Run as a member of its group (gid " + std::to_string(st.st_gid) + ") or as its owner (uid " +
+           std::to_string(st.st_uid) + ").";
   }
   return "Ask its owner (uid " + std::to_string(st.st_uid) + ") or root to let the group that shares the directory "
          "read and write it (" + commands + "), or run every writer as one user.";
@@ -87,16 +103,16 @@ void judge_ledger(const LockDir& dir, uid_t euid, std::vector<FileProblem>& out)
     out.push_back({path, runs + "exits 73 unless its slot was run: DIR's file system is read-only, so no run can be "
                                 "recorded",
                    "Remount it read-write; runs without --once-per still lock it."});
-  } else if (auto r = refuse_ledger(st, dir.st, euid)) {
+  } else if (auto r = refuse_ledger(st, dir.st, euid, dir.path)) {
     out.push_back({path, runs + "refuses it (exit 73): " + r->why, r->hint});
   } else if (!may(dir.fd.get(), kRunsName, R_OK)) {
     out.push_back({path, runs + "by you exits 73: you cannot read it (" + owner_mode(st) + ")",
-                   share_fix(path, st, euid)});
+                   share_fix(path, st, dir.st, euid)});
   } else if (!may(dir.fd.get(), kRunsName, W_OK) && !may_replace(dir.fd.get(), dir.st, st, euid)) {
     out.push_back({path,
                    runs + "by you exits 73: you can neither rewrite it (" + owner_mode(st) +
-                       ") nor replace it (the directory)",
-                   share_fix(path, st, euid)});
+                       ") nor replace it (you cannot write in DIR, or DIR is sticky)",
+                   share_fix(path, st, dir.st, euid)});
   }
 }
 
@@ -122,7 +138,7 @@ void judge_incidents(const LockDir& dir, uid_t euid, std::vector<FileProblem>& o
   } else if (!may(dir.fd.get(), kIncidentsName, W_OK)) {
     out.push_back({path, "your runs' incident rows are lost (one warning each time): you cannot write it (" +
                              owner_mode(st) + ")",
-                   share_fix(path, st, euid)});
+                   share_fix(path, st, dir.st, euid)});
   }
 }
 
@@ -168,7 +184,7 @@ std::vector<FileProblem> judge_metrics_files(const std::string& metrics_dir, con
     const std::string path = in(metrics_dir, lock);
     if (!S_ISREG(st.st_mode) || !may(fd.get(), lock.c_str(), R_OK)) {
       out.push_back({path, cannot + "you cannot open its update lock (" + owner_mode(st) + ")",
-                     share_fix(path, st, euid)});
+                     share_fix(path, st, dir, euid)});
     } else if (st.st_mode & S_IROTH) {
       out.push_back({path,
                      "any local user can open this update lock and hold it, stalling every update of the metrics (" +

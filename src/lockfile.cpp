@@ -216,7 +216,7 @@ std::optional<Refusal> refuse_dir(const struct stat& dir, const std::string& sho
 }
 
 std::optional<Refusal> refuse_file(const struct stat& file, const struct stat& dir, uid_t euid, std::string_view noun,
-                                   std::string_view name, std::string_view event) {
+                                   std::string_view name, std::string_view event, std::string_view shown_dir) {
   const std::string n(noun);
   const std::string e(event);
   if (S_ISLNK(file.st_mode)) return Refusal{kSymlinkWhy, kSymlinkHint, e};
@@ -232,11 +232,13 @@ std::optional<Refusal> refuse_file(const struct stat& file, const struct stat& d
   // DIR's group may be any member's: every member could replace it anyway.
   const bool group_shared = (dir.st_mode & S_IWGRP) && !(dir.st_mode & S_ISVTX) && file.st_gid == dir.st_gid;
   if (file.st_uid != euid && file.st_uid != dir.st_uid && !group_shared) {
-    const std::string replace = "install -m 0660 /dev/null DIR/" + std::string(name);
+    const std::string dir_path(shown_dir);
+    const std::string replace = "install -m 0660 -g GROUP /dev/null " + shell_word(dir_path) +
+                                (dir_path.ends_with('/') ? "" : "/") + std::string(name);
     return Refusal{"it is owned by uid " + std::to_string(file.st_uid) + ", neither you nor DIR's owner",
                    euid == dir.st_uid
                        ? "As DIR's owner, replace it with one of your own while nobody holds the lock (looplock "
-                         "--inspect DIR says it is free): " + replace + "."
+                         "--inspect " + shell_word(dir_path) + " says it is free): " + replace + "."
                        : "Only the caller or DIR's owner may own the " + n + " (or, in a DIR its group may write, "
                          "a member of DIR's group); ask DIR's owner (uid " + std::to_string(dir.st_uid) +
                          ") to replace it with one of their own, or run as DIR's owner.",
@@ -257,8 +259,9 @@ std::string unopenable_hint(const LockDir& dir, const struct stat& file, uid_t e
          "), or run as a user who may open it.";
 }
 
-std::optional<Refusal> refuse_lock_file(const struct stat& file, const struct stat& dir, uid_t euid) {
-  return refuse_file(file, dir, euid, "lock file", kLockName, "unsafe_lock_file");
+std::optional<Refusal> refuse_lock_file(const struct stat& file, const struct stat& dir, uid_t euid,
+                                        std::string_view shown_dir) {
+  return refuse_file(file, dir, euid, "lock file", kLockName, "unsafe_lock_file", shown_dir);
 }
 
 LockDir open_lock_dir(const std::string& path, bool check_safety) {
@@ -307,7 +310,7 @@ LockFile open_lock_file(const LockDir& dir) {
     bool exists = fstatat(dir.fd.get(), kLockName, &pre, AT_SYMLINK_NOFOLLOW) == 0;
     if (!exists && errno != ENOENT) lock_stat_failed(dir, errno);
     if (exists && (S_ISLNK(pre.st_mode) || !S_ISREG(pre.st_mode))) {
-      refused(dir, *refuse_lock_file(pre, dir.st, geteuid()));
+      refused(dir, *refuse_lock_file(pre, dir.st, geteuid(), dir.path));
     }
 
     int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK;
@@ -349,7 +352,7 @@ LockFile open_lock_file(const LockDir& dir) {
     // links and owner, and the inode the lock is checked against.
     if (fstat(f.fd.get(), &f.st) != 0) fail_errno(exit_code::kOsError, "cannot stat " + lock_display(dir), errno);
     if (S_ISREG(f.st.st_mode) && f.st.st_nlink == 0) continue;  // replaced between open and fstat
-    if (auto r = refuse_lock_file(f.st, dir.st, geteuid())) refused(dir, *r);
+    if (auto r = refuse_lock_file(f.st, dir.st, geteuid(), dir.path)) refused(dir, *r);
     return f;
   }
   throw Fatal(exit_code::kCantCreate, "cannot open " + lock_display(dir) + ": it keeps being replaced",

@@ -165,7 +165,7 @@ LockFacts survey_lock(const LockDir& dir, const std::string& lock_path, std::vec
     }
     lock_stat_failed(dir, err);
   }
-  if (!f.refusal) f.refusal = refuse_lock_file(st, dir.st, geteuid());
+  if (!f.refusal) f.refusal = refuse_lock_file(st, dir.st, geteuid(), dir.path);
   f.file_uid = st.st_uid;
   if (st.st_mode & S_IRGRP) f.sharing_gid = st.st_gid;
   f.group_can_write = (st.st_mode & S_IWGRP) != 0;

@@ -58,7 +58,8 @@ TEST_CASE("a ledger every --once-per run refuses: a symlink, a FIFO, hard links,
   REQUIRE(ps.size() == 1);
   CHECK(ps[0].problem.find("neither you nor DIR's owner") != std::string::npos);
   CHECK(ps[0].fix.find("As DIR's owner, replace it with one of your own") != std::string::npos);
-  CHECK(ps[0].fix.find("install -m 0660 /dev/null DIR/.state.lock.runs.json") != std::string::npos);
+  CHECK(ps[0].fix.find("install -m 0660 -g GROUP /dev/null " + dir.path() + "/.state.lock.runs.json") !=
+        std::string::npos);
 }
 
 TEST_CASE("an incidents file every row is lost to: a symlink, a directory, a FIFO, hard links") {
