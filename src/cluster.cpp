@@ -650,7 +650,10 @@ void ClusterLock::release(long long bound_ns) {
   // Revoking the lease deletes the lock key (the next holder's watch fires
   // at once) and anything else attached to it.
   // Bounded shorter when it matters less: the lease is lost, or no lock was taken.
-  const long long bound = bound_ns > 0 ? bound_ns : lost() || token_ == 0 ? kLostReleaseNs : kReleaseNs;
+  // Where etcd has stopped answering (the renewals fail), one brief try:
+  // the lease expires anyway, and looplock should not linger for it.
+  const long long usual = lost() || token_ == 0 ? kLostReleaseNs : kReleaseNs;
+  const long long bound = bound_ns > 0 ? bound_ns : renewal_failing_ || unavailable_now_ ? kAfterDeadlineNs : usual;
   (void)client_.lease_revoke(lease_, {now() + bound, std::min(bound, lease_timing::attempt_ns(ttl_s_))});
   lease_ = 0;
 }

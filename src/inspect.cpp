@@ -232,7 +232,11 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
       for (const auto& row : facts.incidents.recent) line("incident", incident_text(row));
     }
   }
-  for (const auto& e : facts.runs) line("last run", "operation " + e.operation + ": " + describe_run(e));
+  for (const auto& e : facts.runs) {
+    const bool dead = std::find(facts.dead_runs.begin(), facts.dead_runs.end(), e.operation) != facts.dead_runs.end();
+    line("last run", "operation " + e.operation + ": " + describe_run(e) +
+                         (dead ? "; its looplock is dead (this host): the slot runs again at its next firing" : ""));
+  }
   for (const auto& d : facts.runs_damaged) {
     line("last run", "operation " + d + ": a damaged entry (the next --once-per run of it rewrites it)");
   }
@@ -392,6 +396,10 @@ InspectReport inspect_dir(const Options& o, const std::string& path, etcd::Trans
   try {
     LedgerRead runs = read_ledger(dir);
     f.runs = std::move(runs.entries);
+    // A start without an end whose looplock is proven dead: the slot runs again.
+    for (const auto& e : f.runs) {
+      if (!e.ended_ms && runner_proven_dead(e)) f.dead_runs.push_back(e.operation);
+    }
     f.runs_damaged = std::move(runs.damaged);
     if (runs.unreadable) f.runs_error = std::string(kRunsName) + " is not a run ledger (the next --once-per run rewrites it)";
   } catch (const Fatal& e) {

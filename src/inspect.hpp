@@ -43,6 +43,7 @@ struct InspectFacts {
   // The run ledger of --once-per: the last run of each operation.
   std::vector<RunEntry> runs;
   std::vector<std::string> runs_damaged;  // the operations ("?": unknown) of entries that did not validate
+  std::vector<std::string> dead_runs;     // the operations whose run has no end and a looplock proven dead
   std::string runs_error;                 // why the ledger could not be read, when it could not
   // The files beside the lock, and the metrics files, that a run by the
   // caller would refuse or lose data to (lock_files.hpp).

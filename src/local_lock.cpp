@@ -48,13 +48,14 @@ std::vector<procfs::KernelLock> as_hint(const LockFacts& f) {
 class WaitReporter : public AcquireObserver {
 public:
   WaitReporter(const Options& o, const Logger& log, const WaitPlan& plan, long long start_ns, std::string shown,
-               std::vector<procfs::KernelLock>& holders_at_start)
+               std::vector<procfs::KernelLock>& holders_at_start, bool& said_waiting)
       : o_(o),
         log_(log),
         plan_(plan),
         start_ns_(start_ns),
         shown_(std::move(shown)),
-        holders_at_start_(holders_at_start) {}
+        holders_at_start_(holders_at_start),
+        said_waiting_(said_waiting) {}
 
   void on_wait(const LockFile& file) override {
     wait_started_ns_ = sys::monotonic_ns();
@@ -64,6 +65,8 @@ public:
     const LockFacts facts = survey_held(file, shown_);
     holders_at_start_ = as_hint(facts);
     who_ = holder_phrase(judge(facts));
+    if (said_waiting_) return;  // a second wait of the run (for the slot's run): said already
+    said_waiting_ = true;
     log_.verbose("waiting", "waiting for " + who_ + " on " + shown_, {{"policy", policy_name(o_.policy)}});
   }
   void on_replaced(int count, bool dir_moved) override {
@@ -101,6 +104,7 @@ private:
   long long start_ns_;
   std::string shown_;
   std::vector<procfs::KernelLock>& holders_at_start_;
+  bool& said_waiting_;  // the run's "waiting" line was written (by an earlier wait of the run)
   bool status_line_ = false;
   std::string who_ = "another process";
   long long wait_started_ns_ = 0;
@@ -142,7 +146,7 @@ Acquisition LocalLock::acquire(const WaitPlan& plan, long long start_ns) {
   // so that a reader can tell this pid from a later process given the same
   // number (read before waiting, not in the critical section).
   if (mode == LockMode::Exclusive) pid_start_ = procfs::own_start().value_or("");
-  WaitReporter reporter(o_, log_, plan, start_ns, shown_, holders_at_start_);
+  WaitReporter reporter(o_, log_, plan, start_ns, shown_, holders_at_start_, said_waiting_);
   AcquireResult res = acquire_lock(dir_, plan, mode, reporter, start_ns);
   file_ = std::move(res.file);
   if (res.status != Acquisition::Acquired) return res.status;

@@ -51,6 +51,7 @@ private:
   std::string shown_;                                 // DIR/.state.lock as given, for messages
   LockFile file_;                                     // acquired: the locked file; else the one found held
   std::vector<procfs::KernelLock> holders_at_start_;  // who held it when the wait began
+  bool said_waiting_ = false;                         // -v's "waiting" line, once a run
   std::string pid_start_;
   std::optional<HolderRecord> record_;
 };

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import PY, TIMEOUT, expect_line, expect_stderr, helper, incident_rows
+from conftest import PY, TIMEOUT, expect_line, expect_stderr, helper, incident_rows, read_until
 from etcdtest import EX_LEASE_LOST, Relay, fresh_name, kill_all, needs_etcd, start_looplock, start_member
 
 pytestmark = needs_etcd
@@ -124,3 +124,27 @@ def test_a_waiter_keeps_its_deadline_when_etcd_stops_answering_during_the_wait(t
     assert b.returncode == 75, (b.returncode, err)
     assert "lock_acquire_timeout: cluster lock" in err and "still held after 2." in err, err
     assert elapsed < 2.0 + 0.7, elapsed  # the deadline, and a brief revoke at most
+
+
+def test_a_holder_whose_lease_is_lost_exits_soon_after_its_job_ends(tmp_path, members):
+    """etcd stopped: the lease's TERM ends the job, and looplock then tries
+    the revoke once, briefly (etcd does not answer; the lease expires
+    anyway), rather than wait seconds for it."""
+    m = members()
+    d = tmp_path / "d"
+    d.mkdir()
+    p = start_looplock(["--etcd", m.url, "--lock-name", fresh_name(), "--ttl", "4", "--kill-after", "1", d, "--", PY,
+                        WARN_TIMES])
+    try:
+        expect_line(p)
+        os.kill(m.proc.pid, signal.SIGSTOP)
+        found, _ = read_until(p, p.stdout, lambda line: line.startswith("term "), timeout=TIMEOUT)
+        assert found
+        t_term = time.monotonic()
+        p.wait(timeout=TIMEOUT)
+        lingered = time.monotonic() - t_term
+    finally:
+        m.kill(signal.SIGCONT)
+        kill_all([p])
+    assert p.returncode == EX_LEASE_LOST, p.stderr.read()
+    assert lingered < 0.7, lingered

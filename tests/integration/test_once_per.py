@@ -107,6 +107,7 @@ def test_a_deadline_passing_while_the_slot_runs_waits_for_its_end_then_skips_wit
     assert b.returncode == 0, err
     assert "noop-already-run" in err and "lock_acquire_timeout" not in err
     assert [t[0] for t in ticks(history)] == ["a"]
+    assert len([x for x in err.splitlines() if x.startswith("looplock: waiting for ")]) <= 1, err  # said once
     assert incident_rows(loop_dir) == []
     # Without --once-per the same wait is a timeout, with its row.
     a = start(["--operation", "tick", str(loop_dir), "--", *tick(history, "c", "hold")])
@@ -196,6 +197,8 @@ def test_a_looplock_killed_mid_run_does_not_consume_the_slot(loop_dir, tmp_path)
     assert ledger(loop_dir)["runs"][0]["ended_ms"] is None  # its start is recorded before the command
     os.killpg(a.pid, signal.SIGKILL)  # the host dies: looplock and its job
     a.wait(timeout=TIMEOUT)
+    i = run(["--inspect", loop_dir])
+    assert f"pid {a.pid} " in i.stdout and "its looplock is dead (this host): the slot runs again" in i.stdout, i.stdout
     r = run([*once(loop_dir, "60s", "tick", "-w", "20"), *tick(history, "b")])
     assert r.returncode == 0, r.stderr
     assert [t[0] for t in ticks(history)] == ["a", "b"]
