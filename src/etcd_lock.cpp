@@ -30,7 +30,11 @@ EtcdLock::EtcdLock(const Options& options, pid_t pid, const Logger& log, const R
 Acquisition EtcdLock::acquire(const WaitPlan& plan, long long start_ns) {
   // Who holds it, for every contender's eyes: with what tells this
   // looplock apart on its host (a waiter on it can prove it dead).
-  ClusterHolder who{.host = host_, .pid = pid_, .agent_id = o_.agent, .operation = o_.operation};
+  ClusterHolder who;
+  who.host = host_;
+  who.pid = pid_;
+  who.agent_id = o_.agent;
+  who.operation = o_.operation;
   who.pid_start = procfs::own_start().value_or("");
   who.boot_id = procfs::boot_id();
   who.pid_ns = procfs::pid_namespace();
@@ -96,7 +100,7 @@ LedgerLook EtcdLock::look_ledger(const std::string& /*operation*/, bool locked) 
     return {.entry = e.entry, .damaged = e.damaged};
   }
   const auto e = lock_.peek_ledger(sys::monotonic_ns() + kPeekNs);
-  if (!e) return {.answered = false};
+  if (!e) return {.entry = std::nullopt, .damaged = false, .answered = false};
   return {.entry = e->entry, .damaged = e->damaged};
 }
 

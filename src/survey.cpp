@@ -182,7 +182,7 @@ LockFacts survey_lock(const LockDir& dir, const std::string& lock_path, std::vec
   // took or released the lock meanwhile changed the record, and the table is
   // read once more (a bounded number of times), so that the two agree.
   for (int round = 0; round < 3; ++round) {
-    f.record = fd ? read_holder(fd.get()) : HolderRead{.state = HolderRead::State::Error, .err = open_err};
+    f.record = fd ? read_holder(fd.get()) : HolderRead{.state = HolderRead::State::Error, .record = std::nullopt, .size = 0, .err = open_err};
     errno = 0;
     auto table = procfs::lock_table(st);
     f.holders.clear();

@@ -378,7 +378,14 @@ struct MiniEtcd {
 
 WaitPlan bounded(long long ns) { return {WaitPlan::Kind::Bounded, ns}; }
 const WaitPlan kBlocking{WaitPlan::Kind::Unbounded, 0};
-ClusterHolder me() { return {"h1", 42, "cron", "tick.py", {}, {}, 0}; }
+ClusterHolder me() {
+  ClusterHolder h;
+  h.host = "h1";
+  h.pid = 42;
+  h.agent_id = "cron";
+  h.operation = "tick.py";
+  return h;
+}
 
 Logger quiet_log() { return Logger(Verbosity::Quiet, LogFormat::Text, -1); }
 

@@ -24,6 +24,20 @@
 using namespace looplock;
 using namespace looplock::etcd;
 
+namespace {
+// A contender's holder value (agent x, operation y, acquired at T).
+ClusterHolder holder(std::string host, long long pid, std::string lease) {
+  ClusterHolder h;
+  h.host = std::move(host);
+  h.pid = pid;
+  h.agent_id = "x";
+  h.operation = "y";
+  h.acquired_at = "T";
+  h.lease = std::move(lease);
+  return h;
+}
+}  // namespace
+
 TEST_CASE("cluster lock name: --lock-name, else DIR's base name, '/' for the root") {
   CHECK(cluster_lock_name("", "") == "/");  // DIR=/ (its canonical path without the trailing '/')
   CHECK(cluster_lock_name("", "/srv/loops/nightly") == "nightly");
@@ -309,8 +323,8 @@ TEST_CASE("cluster lock: a waiter queues once and takes the lock in its turn, re
   MiniEtcd etcd(clock);
   Logger log = quiet_log();
   const long long t0 = clock.t;
-  const long long a = etcd.contender("n", encode_cluster_holder({"hA", 1, "x", "y", "T", "1", 0}));
-  const long long b = etcd.contender("n", encode_cluster_holder({"hB", 2, "x", "y", "T", "2", 0}));
+  const long long a = etcd.contender("n", encode_cluster_holder(holder("hA", 1, "1")));
+  const long long b = etcd.contender("n", encode_cluster_holder(holder("hB", 2, "2")));
   etcd.at(t0 + 2 * kSec, [&] { etcd.drop_lease(a); });
   etcd.at(t0 + 4 * kSec, [&] { etcd.drop_lease(b); });
   ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
@@ -336,7 +350,7 @@ TEST_CASE("cluster lock: a waiter's watch is ended by etcd at each renewal and w
   MiniEtcd etcd(clock);
   Logger log = quiet_log();
   const long long t0 = clock.t;
-  const long long a = etcd.contender("n", encode_cluster_holder({"hA", 1, "x", "y", "T", "1", 0}));
+  const long long a = etcd.contender("n", encode_cluster_holder(holder("hA", 1, "1")));
   etcd.at(t0 + 10 * kSec, [&] { etcd.drop_lease(a); });
   ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
   REQUIRE(lock.acquire(kBlocking, t0, me()) == Acquisition::Acquired);
@@ -379,7 +393,7 @@ TEST_CASE("cluster lock: a waiter whose watched revision is compacted reads the 
   MiniEtcd etcd(clock);
   Logger log = quiet_log();
   const long long t0 = clock.t;
-  const long long a = etcd.contender("n", encode_cluster_holder({"hA", 1, "x", "y", "T", "1", 0}));
+  const long long a = etcd.contender("n", encode_cluster_holder(holder("hA", 1, "1")));
   // Other keys are written (the store's revision moves on), and etcd compacts
   // past the revision the waiter watches from; then the holder releases.
   etcd.at(t0 + 1500 * kMs, [&] {
@@ -428,7 +442,7 @@ TEST_CASE("cluster lock: a bounded wait times out, naming the holder, and leaves
   FakeClock clock;
   MiniEtcd etcd(clock);
   Logger log = quiet_log();
-  etcd.contender("n", encode_cluster_holder({"hA", 77, "x", "y", "T", "1", 0}));
+  etcd.contender("n", encode_cluster_holder(holder("hA", 77, "1")));
   ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
   const long long t0 = clock.t;
   REQUIRE(lock.acquire(bounded(1500 * kMs), t0, me()) == Acquisition::TimedOut);
@@ -458,7 +472,7 @@ TEST_CASE("cluster lock: a blocking waiter rides out etcd being unavailable and 
   MiniEtcd etcd(clock);
   Logger log = quiet_log();
   const long long t0 = clock.t;
-  const long long a = etcd.contender("n", encode_cluster_holder({"hA", 1, "x", "y", "T", "1", 0}));
+  const long long a = etcd.contender("n", encode_cluster_holder(holder("hA", 1, "1")));
   // etcd freezes at t0 + 0.9 s for 1.7 s (SIGSTOP: what was sent meanwhile
   // is answered when it goes on), over the renewal due at t0 + 1 s; the
   // holder releases at t0 + 5 s. A waiter renews every third of the TTL: its
@@ -481,7 +495,7 @@ TEST_CASE("cluster lock: a waiter whose lease expired in a long outage queues ag
   MiniEtcd etcd(clock);
   Logger log = quiet_log();
   const long long t0 = clock.t;
-  const long long a = etcd.contender("n", encode_cluster_holder({"hA", 1, "x", "y", "T", "1", 0}));
+  const long long a = etcd.contender("n", encode_cluster_holder(holder("hA", 1, "1")));
   etcd.fault = [&](const Endpoint&, const Request&) -> std::optional<Step> {
     if (clock.t >= t0 + kSec && clock.t < t0 + 5 * kSec) return silent();  // longer than the TTL
     return std::nullopt;
@@ -602,7 +616,7 @@ TEST_CASE("cluster lock: another name's keys deeper under the prefix do not hold
   MiniEtcd etcd(clock);
   Logger log = quiet_log();
   // An earlier looplock holding "x/lock/y" (its key under x's prefix).
-  etcd.contender_at(legacy_lock_prefix("x/lock/y"), encode_cluster_holder({"old", 9, "a", "o", "T", "1", 0}));
+  etcd.contender_at(legacy_lock_prefix("x/lock/y"), encode_cluster_holder(holder("old", 9, "1")));
   ClusterLock sf(etcd.transport, endpoints(1), "x", 3, 600 * kMs, log, {}, clock);
   REQUIRE(sf.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == Acquisition::Acquired);
   // The compare on the prefix failed: queued, found first, holds.
@@ -615,7 +629,9 @@ TEST_CASE("cluster lock: another name's keys deeper under the prefix do not hold
 }
 
 TEST_CASE("cluster holder value") {
-  ClusterHolder h{"host\n1", 42, "cron", "tick.py", "2026-11-30T17:00:00.000Z", "abc", 7};
+  ClusterHolder h = holder("host\n1", 42, "abc");
+  h.acquired_at = "2026-11-30T17:00:00.000Z";
+  h.fencing_token = 7;
   auto j = parse_cluster_holder(encode_cluster_holder(h));
   REQUIRE(j);
   CHECK((*j)["pid"] == 42);
@@ -643,9 +659,9 @@ TEST_CASE("a holder id names a ledger's entry by host, pid and, when both know i
   e.pid = 42;
   e.pid_start = "100";
   CHECK(looplock::HolderId{.host = "h1", .pid = 42, .pid_start = "100"}.names(e));
-  CHECK(looplock::HolderId{.host = "h1", .pid = 42}.names(e));  // an earlier version's value: no pid_start
+  CHECK(looplock::HolderId{.host = "h1", .pid = 42, .pid_start = ""}.names(e));  // an earlier version's: none
   CHECK_FALSE(looplock::HolderId{.host = "h1", .pid = 42, .pid_start = "101"}.names(e));  // a reused pid
-  CHECK_FALSE(looplock::HolderId{.host = "h2", .pid = 42}.names(e));
+  CHECK_FALSE(looplock::HolderId{.host = "h2", .pid = 42, .pid_start = ""}.names(e));
   e.pid_start.clear();
   CHECK(looplock::HolderId{.host = "h1", .pid = 42, .pid_start = "101"}.names(e));
 }
