@@ -4,13 +4,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
-#include <cstdio>
+#include <cerrno>
 
 #include "incident.hpp"
 #include "ledger.hpp"
 #include "metrics.hpp"
+#include "text.hpp"
 #include "unique_fd.hpp"
 
 namespace looplock {
@@ -23,9 +23,7 @@ std::string in(const std::string& dir, std::string_view name) {
 
 // "uid 1001, mode 0600"
 std::string owner_mode(const struct stat& st) {
-  char mode[8];
-  std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-  return "uid " + std::to_string(st.st_uid) + ", mode " + mode;
+  return "uid " + std::to_string(st.st_uid) + ", mode " + octal_mode(st.st_mode);
 }
 
 // Whether the caller (its effective ids and groups) may access `name` in
@@ -50,13 +48,14 @@ void judge_lock_file(const LockDir& dir, uid_t euid, std::vector<FileProblem>& o
     return;
   }
   if (errno != ENOENT) return;
-  const std::string create = "install -m 0660 /dev/null " + path;
+  const std::string create = "install -m 0660 /dev/null " + shell_word(path);
   if (read_only(dir.fd.get())) {
     out.push_back({path, "every run exits 73: it does not exist, and DIR's file system is read-only",
                    "Create it while the file system is writable (" + create + "), or remount it read-write."});
   } else if (faccessat(dir.fd.get(), ".", W_OK | X_OK, AT_EACCESS) != 0) {
     out.push_back({path, "every run by you exits 73: it does not exist, and you cannot create it in DIR",
-                   "Let DIR's owner create it once (" + create + " -g GROUP for a group), or run as DIR's owner."});
+                   "Let DIR's owner create it once (install -m 0660 -g GROUP /dev/null " + shell_word(path) +
+                       " for a group), or run as DIR's owner."});
   }
 }
 

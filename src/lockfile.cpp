@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <csignal>
-#include <cstdio>
 #include <ctime>
 #include <string>
 
@@ -31,11 +30,9 @@ std::string search_hint(const LockDir& dir) {
   if (geteuid() == dir.st.st_uid) {
     return "looplock needs search permission on DIR (" + dir.path + "): 'chmod u+x' it.";
   }
-  char mode[8];
-  std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(dir.st.st_mode & 07777));
   return "looplock needs search permission on DIR (" + dir.path + ", uid " + std::to_string(dir.st.st_uid) +
-         "'s, mode " + mode + "): run as its owner or a member of its group, or ask its owner to let yours search "
-         "it (chmod g+x or o+x).";
+         "'s, mode " + octal_mode(dir.st.st_mode) +
+         "): run as its owner or a member of its group, or ask its owner to let yours search it (chmod g+x or o+x).";
 }
 
 std::string file_kind(mode_t m) {
@@ -46,12 +43,6 @@ std::string file_kind(mode_t m) {
   if (S_ISBLK(m)) return "a block device";
   if (S_ISLNK(m)) return "a symbolic link";
   return "not a regular file";
-}
-
-std::string mode_text(const struct stat& st) {
-  char mode[8];
-  std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-  return mode;
 }
 
 [[noreturn]] void refused(const LockDir& dir, const Refusal& r) {
@@ -249,7 +240,7 @@ std::optional<Refusal> refuse_file(const struct stat& file, const struct stat& d
 
 std::string unopenable_hint(const LockDir& dir, const struct stat& file, uid_t euid) {
   const std::string path = lock_display(dir);
-  const std::string whose = "It is uid " + std::to_string(file.st_uid) + "'s, mode " + mode_text(file) + ": ";
+  const std::string whose = "It is uid " + std::to_string(file.st_uid) + "'s, mode " + octal_mode(file.st_mode) + ": ";
   if (euid == dir.st.st_uid) {
     return whose + "as DIR's owner, replace it with one of your own while nobody holds the lock (looplock --inspect " +
            shell_word(dir.path) + " says it is free): install -m 0660 -g GROUP /dev/null " + path +

@@ -1,5 +1,7 @@
 #include "text.hpp"
 
+#include <cstdio>
+
 namespace looplock {
 
 namespace {
@@ -110,6 +112,12 @@ std::string quote(std::string_view operand) {
 
 std::string shell_word(std::string_view text) {
   return needs_escapes(text) ? "$'" + ansi_c_inside(text) + "'" : std::string(text);
+}
+
+std::string octal_mode(unsigned mode) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "%04o", mode & 07777);
+  return buf;
 }
 
 std::string pids_text(const std::vector<pid_t>& pids) {

@@ -36,6 +36,9 @@ std::string shell_word(std::string_view text);
 std::string pids_text(const std::vector<pid_t>& pids);
 std::string pids_text(const std::vector<pid_t>& pids, std::string_view one, std::string_view many);
 
+// A file mode's permission bits as chmod(1) takes them: "0640", "2770".
+std::string octal_mode(unsigned mode);
+
 // Whether `text` is valid UTF-8 (no overlong forms, surrogates or code
 // points above U+10FFFF), as JSON needs it.
 bool valid_utf8(std::string_view text);
