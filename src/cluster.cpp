@@ -12,7 +12,7 @@
 #include "error.hpp"
 #include "exit_codes.hpp"
 #include "holder.hpp"
-#include "options.hpp"
+#include "settings.hpp"
 #include "procfs.hpp"
 #include "sys.hpp"
 #include "text.hpp"

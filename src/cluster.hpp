@@ -58,7 +58,7 @@
 #include "lease.hpp"
 #include "ledger.hpp"
 #include "log.hpp"
-#include "options.hpp"
+#include "settings.hpp"
 #include "policy.hpp"
 
 namespace looplock {
@@ -136,7 +136,7 @@ ClusterAccess cluster_access(const Options& o, const Logger& log);
 class ClusterLock {
 public:
   // `kill_after_ns`: the effective kill-after of the lease's deadlines
-  // (lease_kill_after_ns() in options.hpp).
+  // (lease_kill_after_ns() in options.hpp, resolved by the command line).
   ClusterLock(etcd::Transport& transport, std::vector<etcd::Endpoint> endpoints, std::string name, int ttl_s,
               long long kill_after_ns, const Logger& log, const ClusterAccess& access = {},
               etcd::Clock& clock = etcd::system_clock());

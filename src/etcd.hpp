@@ -26,24 +26,11 @@
 #include <string_view>
 #include <vector>
 
+#include "endpoints.hpp"
 #include "json.hpp"
 
 namespace looplock::etcd {
 
-struct Endpoint {
-  std::string host;  // a name, an IPv4 address, or an IPv6 address without brackets
-  int port = 0;
-  bool tls = false;  // https://
-  std::string text;  // "http://HOST:PORT" or "https://HOST:PORT", for URLs and messages
-};
-
-// "http[s]://HOST:PORT[,http[s]://HOST:PORT...]" (a trailing "/" is allowed);
-// the error text for a usage message otherwise.
-struct ParsedEndpoints {
-  std::vector<Endpoint> endpoints;
-  std::string error;  // empty when valid
-};
-ParsedEndpoints parse_endpoints(std::string_view text);
 
 // Standard base64 (RFC 4648, with padding), as the gateway encodes bytes.
 std::string base64_encode(std::string_view bytes);

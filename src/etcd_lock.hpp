@@ -12,7 +12,7 @@
 #include "lock.hpp"
 #include "lock_id.hpp"
 #include "log.hpp"
-#include "options.hpp"
+#include "settings.hpp"
 #include "report.hpp"
 
 namespace looplock {

@@ -16,7 +16,7 @@
 #include "lockfile.hpp"
 #include "log.hpp"
 #include "nesting.hpp"
-#include "options.hpp"
+#include "settings.hpp"
 #include "procfs.hpp"
 
 namespace looplock {

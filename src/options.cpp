@@ -253,12 +253,6 @@ Family interpreter_family(std::string_view base) {
 
 }  // namespace
 
-bool valid_lock_name(std::string_view name) {
-  if (name.empty() || name.size() > 255) return false;
-  return std::none_of(name.begin(), name.end(),
-                      [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
-}
-
 long long lease_kill_after_ns(std::optional<long long> given, int ttl_s, std::string_view given_text) {
   if (!given) return lease_timing::default_kill_after_ns(ttl_s);
   const std::string shown = given_text.empty() ? format_duration(*given) : std::string(given_text);

@@ -14,7 +14,7 @@
 #include "ledger.hpp"
 #include "lock.hpp"
 #include "log.hpp"
-#include "options.hpp"
+#include "settings.hpp"
 
 namespace looplock {
 

@@ -17,7 +17,7 @@
 #include "log.hpp"
 #include "metrics.hpp"
 #include "nesting.hpp"
-#include "options.hpp"
+#include "settings.hpp"
 #include "report.hpp"
 #include "signals.hpp"
 
