@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "holder.hpp"
+#include "records/holder.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view in(reinterpret_cast<const char*>(data), size);

@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "incident.hpp"
-#include "log.hpp"
+#include "base/log.hpp"
+#include "records/incident.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view in(reinterpret_cast<const char*>(data), size);

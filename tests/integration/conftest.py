@@ -30,7 +30,7 @@ TIMEOUT = 30  # seconds, for any single subprocess
 # address space, so a few fault tests cannot run there.
 SANITIZED = os.environ.get("LOOPLOCK_SANITIZED") == "1"
 
-# Exit statuses (looplock(1), EXIT STATUS; mirrors src/exit_codes.hpp).
+# Exit statuses (looplock(1), EXIT STATUS; mirrors src/base/exit_codes.hpp).
 EX_USAGE = 64
 EX_NOINPUT = 66
 EX_OSERR = 71

@@ -11,8 +11,8 @@ import pytest
 
 from conftest import EX_TEMPFAIL, EX_USAGE, LOOPLOCK, ROOT, TIMEOUT, incident_rows, read_record, run
 
-# The exact --help text (help_text() in src/options.cpp, its options from the
-# table in src/option_table.cpp). A change to the help must be made in both
+# The exact --help text (help_text() in src/cli/options.cpp, its options from the
+# table in src/cli/option_table.cpp). A change to the help must be made in both
 # places on purpose.
 HELP = """\
 Usage: looplock [OPTIONS] DIR -- COMMAND [ARG]...

@@ -370,7 +370,7 @@ SRC = ROOT / "src"
 
 def events_in_source():
     events = set()
-    for f in SRC.glob("*.cpp"):
+    for f in SRC.rglob("*.cpp"):
         text = f.read_text()
         events |= set(re.findall(r'\blog_?\.(?:error|warn|warn_always|result|verbose)\(\s*"([a-z_-]+)"', text))
         # An event given to Fatal: its last argument, a literal.
@@ -381,8 +381,8 @@ def events_in_source():
                 events |= {e for e in last.groups() if e}
         # The event of a refusal (lockfile.cpp's Refusal{why, hint, event}).
         events |= set(re.findall(r'Refusal\{[^;]*?"([a-z]+(?:_[a-z]+)+)"\}', text, re.S))
-    events |= set(re.findall(r'return "([a-z_]+)";', (SRC / "error.cpp").read_text()))
-    events |= set(re.findall(r'\\"event\\":\\"([a-z_]+)\\"', (SRC / "app.cpp").read_text()))
+    events |= set(re.findall(r'return "([a-z_]+)";', (SRC / "base" / "error.cpp").read_text()))
+    events |= set(re.findall(r'\\"event\\":\\"([a-z_]+)\\"', (SRC / "cli" / "app.cpp").read_text()))
     return events
 
 
@@ -396,7 +396,7 @@ def test_the_man_page_lists_every_log_event():
 
 
 def test_the_man_page_lists_every_environment_variable():
-    names = set(re.findall(r'"(LOOPLOCK_[A-Z_]+)"', (SRC / "environment.hpp").read_text()))
+    names = set(re.findall(r'"(LOOPLOCK_[A-Z_]+)"', (SRC / "base" / "environment.hpp").read_text()))
     assert len(names) > 10
     env = man_section("ENVIRONMENT")
     missing = sorted(n for n in names if f"*{n}*" not in env)

@@ -1,21 +1,75 @@
-"""The shape of src/, checked: a module graph without cycles (a module is
-X.hpp with X.cpp; an edge from X to Y when either includes Y.hpp), no
-function over 90 lines, a thin top (app.cpp), every module in the README's
-layout, and words that point only inside the repository.
+"""The shape of src/, checked: one folder per subsystem in layers, each
+folder including only the layers below it (and never a peer of its own
+layer), includes path-qualified from src/, a module graph without cycles (a
+module is X.hpp with X.cpp; an edge from X to Y when either includes Y.hpp),
+no function over 90 lines, a thin top (cli/app.cpp), every folder and module
+in the README's layout, and words that point only inside the repository.
 """
 import re
+import shutil
+import subprocess
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 MAX_FUNCTION_LINES = 90
 
+# The layers of src/, from the bottom up; folders in one layer are peers and
+# include neither each other nor anything above them. README.md's Layout says
+# what each owns; src/meson.build lists the folders in this order.
+LAYERS = [
+    ["os"],
+    ["base"],
+    ["settings"],
+    ["job"],
+    ["records"],
+    ["lock"],
+    ["local", "cluster"],
+    ["run"],
+    ["cli"],
+]
+LAYER_OF = {folder: i for i, layer in enumerate(LAYERS) for folder in layer}
+# Generated in the build tree from a template beside it.
+GENERATED = {"cli/commit.h": "cli/commit.h.in"}
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+def sources():
+    return sorted(f for f in SRC.rglob("*") if f.suffix in (".hpp", ".cpp", ".h"))
+
+
+def folder_of(path):
+    return path.relative_to(SRC).parts[0]
+
+
+def layering_violations(includes):
+    """`includes`: (including folder, included "folder/file") pairs. Returns
+    what breaks the layering: an include that is not path-qualified into a
+    known folder, or that reaches a peer or a layer above."""
+    bad = []
+    for folder, target in includes:
+        parts = target.split("/")
+        if len(parts) != 2 or parts[0] not in LAYER_OF:
+            bad.append(f"{folder}: \"{target}\" is not path-qualified from src/ into a folder")
+        elif parts[0] != folder and LAYER_OF[parts[0]] >= LAYER_OF[folder]:
+            side = "a peer" if LAYER_OF[parts[0]] == LAYER_OF[folder] else "a layer above"
+            bad.append(f"{folder}: includes \"{target}\", {side}")
+    return bad
+
+
+def project_includes():
+    """(file, including folder, included path) for every quoted include."""
+    for f in sources():
+        for target in INCLUDE.findall(f.read_text()):
+            yield f, folder_of(f), target
+
 
 def modules():
     mods = {}
-    for f in sorted(SRC.iterdir()):
-        if f.suffix in (".hpp", ".cpp", ".h"):
-            mods.setdefault(f.stem, []).append(f)
+    for f in sources():
+        mods.setdefault(f"{folder_of(f)}/{f.name.split('.')[0]}", []).append(f)
     return mods
 
 
@@ -24,9 +78,10 @@ def module_graph():
     edges = {m: set() for m in mods}
     for m, files in mods.items():
         for f in files:
-            for inc in re.findall(r'#include "([^"]+)\.hpp"', f.read_text()):
-                if inc != m and inc in mods:
-                    edges[m].add(inc)
+            for inc in INCLUDE.findall(f.read_text()):
+                dep = inc.rsplit(".", 1)[0]
+                if inc.endswith(".hpp") and dep != m and dep in mods:
+                    edges[m].add(dep)
     return edges
 
 
@@ -156,9 +211,47 @@ def functions(path):
     return found
 
 
+def test_every_source_is_in_a_folder_of_the_layers():
+    loose = [f.name for f in SRC.iterdir() if f.is_file() and f.name != "meson.build"]
+    assert loose == [], f"files of src/ outside its folders: {loose}"
+    folders = sorted(d.name for d in SRC.iterdir() if d.is_dir())
+    assert folders == sorted(LAYER_OF), folders
+    for folder in folders:
+        assert (SRC / folder / "meson.build").is_file(), f"src/{folder} has no meson.build"
+
+
+def test_src_meson_build_lists_the_folders_in_layer_order():
+    build = (SRC / "meson.build").read_text()
+    listed = re.findall(r"'([a-z]+)'", re.search(r"foreach folder : \[([^\]]*)\]", build).group(1))
+    assert listed == [f for layer in LAYERS for f in layer]
+
+
+def test_no_folder_includes_a_peer_or_a_layer_above():
+    pairs = [(folder, target) for _, folder, target in project_includes()]
+    assert len(pairs) > 200 and ("cli", "run/run.hpp") in pairs  # the reading works
+    assert layering_violations(pairs) == []
+
+
+def test_every_include_names_a_file_of_the_repository():
+    missing = [f"{f.relative_to(SRC)}: {t}" for f, _, t in project_includes()
+               if not (SRC / GENERATED.get(t, t)).is_file()]
+    assert missing == []
+
+
+def test_the_layering_check_finds_what_breaks_it():
+    """A check that cannot fail is a defect: each kind of break is found."""
+    assert layering_violations([("run", "lock/lock.hpp"), ("cli", "base/text.hpp"), ("os", "os/sys.hpp")]) == []
+    found = layering_violations([("base", "cli/options.hpp"), ("local", "cluster/cluster.hpp"),
+                                 ("run", "text.hpp"), ("run", "nowhere/x.hpp")])
+    assert len(found) == 4
+    assert "a layer above" in found[0] and "a peer" in found[1]
+    assert "not path-qualified" in found[2] and "not path-qualified" in found[3]
+
+
 def test_the_module_graph_has_no_cycle():
     edges = module_graph()
-    assert len(edges) > 20 and "app" in edges and "sys" in edges  # the reading works
+    assert len(edges) > 20 and "cli/app" in edges and "os/sys" in edges  # the reading works
+    assert "run/run" in edges["cli/app"]
     assert cycles(edges) == []
 
 
@@ -169,10 +262,10 @@ def test_the_checker_finds_a_cycle():
 
 def test_no_function_in_src_is_over_90_lines():
     long = []
-    for f in sorted(SRC.glob("*.[ch]pp")):
+    for f in sources():
         for name, line, count in functions(f):
             if count > MAX_FUNCTION_LINES:
-                long.append(f"{f.name}:{line}: {name}: {count} lines")
+                long.append(f"{f.relative_to(SRC)}:{line}: {name}: {count} lines")
     assert long == [], long
 
 
@@ -191,16 +284,27 @@ def test_the_function_finder_sees_functions(tmp_path):
 
 
 def test_the_top_is_thin():
-    assert len((SRC / "app.cpp").read_text().splitlines()) < 420
-    main = (SRC / "main.cpp").read_text()
+    assert len((SRC / "cli" / "app.cpp").read_text().splitlines()) < 420
+    main = (SRC / "cli" / "main.cpp").read_text()
     assert len(main.splitlines()) < 10
 
 
-def test_the_readme_layout_lists_every_module():
+def test_the_readme_layout_lists_every_folder_and_module():
     readme = (ROOT / "README.md").read_text()
     layout = readme[readme.index("## Layout"):]
-    missing = [m for m in modules() if not re.search(rf"^src/{re.escape(m)}\.", layout, re.M)]
-    assert missing == [], f"modules the README's layout does not list: {missing}"
+    folders = [f for f in LAYER_OF if not re.search(rf"^src/{f}/ ", layout, re.M)]
+    assert folders == [], f"folders the README's layout does not list: {folders}"
+    # A folder's modules are listed, indented, below its line.
+    listed, folder = set(), None
+    for line in layout.splitlines():
+        if m := re.match(r"^src/([a-z]+)/ ", line):
+            folder = m.group(1)
+        elif (m := re.match(r"^  ([a-z_]+)\.", line)) and folder:
+            listed.add(f"{folder}/{m.group(1)}")
+        elif line and not line.startswith(" "):
+            folder = None
+    missing = sorted(set(modules()) - listed)
+    assert missing == [], f"modules the README's layout does not list below their folder: {missing}"
 
 
 def test_the_sources_cite_only_the_repository():
@@ -218,3 +322,28 @@ def test_the_sources_cite_only_the_repository():
     if re.search(r"\bSPEC\b", (ROOT / "README.md").read_text()):
         offenders.append("README.md")
     assert offenders == []
+
+
+# What the cluster lock's code is called: none of it is in looplock, which
+# execs looplock-etcd for --etcd (README.md, Layout: src/cluster/ is a
+# library of its own). Endpoint parsing stays, for looplock's usage checks.
+CLUSTER_SYMBOL = re.compile(r"looplock::(etcd::Client\b|etcd::Transport\b|etcd::CurlTransport\b|ClusterLock\b|"
+                            r"EtcdLock\b|EtcdKind\b)")
+
+
+def cluster_symbols(executable):
+    if not shutil.which("nm"):
+        pytest.skip("nm(1) is needed")
+    out = subprocess.run(["nm", "-C", str(executable)], capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        pytest.skip(f"nm cannot read {executable}: {out.stderr.strip()}")
+    assert "main_program" in out.stdout, "nm listed no symbols (a stripped binary cannot be checked)"
+    return sorted({m.group(1) for m in CLUSTER_SYMBOL.finditer(out.stdout)})
+
+
+def test_looplock_holds_no_cluster_lock_code():
+    from conftest import LOOPLOCK
+    assert cluster_symbols(LOOPLOCK) == []
+    helper = Path(LOOPLOCK).parent / "looplock-etcd"
+    if helper.exists():  # the reading works: looplock-etcd has them all
+        assert {"etcd::Client", "ClusterLock", "EtcdLock", "EtcdKind"} <= set(cluster_symbols(helper))

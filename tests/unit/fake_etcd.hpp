@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "etcd.hpp"
+#include "cluster/etcd.hpp"
 
 namespace {
 constexpr long long kMs = 1'000'000LL;

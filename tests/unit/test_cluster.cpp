@@ -13,13 +13,13 @@
 #include <set>
 #include <sstream>
 
-#include "cluster.hpp"
-#include "lock.hpp"
-#include "error.hpp"
-#include "etcd.hpp"
+#include "base/error.hpp"
+#include "cluster/cluster.hpp"
+#include "cluster/etcd.hpp"
 #include "fake_etcd.hpp"
-#include "sys.hpp"
-#include "verdict.hpp"
+#include "lock/lock.hpp"
+#include "os/sys.hpp"
+#include "records/verdict.hpp"
 
 using namespace looplock;
 using namespace looplock::etcd;

@@ -2,7 +2,7 @@
 // it receives (exec_cluster_helper itself is tested by test_etcd.py).
 #include <doctest/doctest.h>
 
-#include "cluster_exec.hpp"
+#include "cli/cluster_exec.hpp"
 
 using namespace looplock;
 

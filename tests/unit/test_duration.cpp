@@ -1,4 +1,4 @@
-#include "duration.hpp"
+#include "base/duration.hpp"
 
 #include <doctest/doctest.h>
 

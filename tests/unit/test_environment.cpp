@@ -1,4 +1,4 @@
-#include "environment.hpp"
+#include "base/environment.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,4 +1,4 @@
-#include "error.hpp"
+#include "base/error.hpp"
 
 #include <doctest/doctest.h>
 
@@ -6,7 +6,7 @@
 #include <cstring>
 #include <string>
 
-#include "exit_codes.hpp"
+#include "base/exit_codes.hpp"
 
 using looplock::Fatal;
 

@@ -9,11 +9,11 @@
 #include <functional>
 #include <map>
 
-#include "cluster.hpp"
-#include "error.hpp"
-#include "etcd.hpp"
-#include "sys.hpp"
-#include "verdict.hpp"
+#include "base/error.hpp"
+#include "cluster/cluster.hpp"
+#include "cluster/etcd.hpp"
+#include "os/sys.hpp"
+#include "records/verdict.hpp"
 
 using namespace looplock;
 using namespace looplock::etcd;

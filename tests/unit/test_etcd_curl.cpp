@@ -17,9 +17,9 @@
 #include <thread>
 #include <vector>
 
-#include "etcd_curl.hpp"
-#include "sys.hpp"
-#include "unique_fd.hpp"
+#include "cluster/etcd_curl.hpp"
+#include "os/sys.hpp"
+#include "os/unique_fd.hpp"
 
 using namespace looplock;
 using namespace looplock::etcd;

@@ -1,5 +1,5 @@
-#include "holder.hpp"
-#include "lock_id.hpp"
+#include "records/holder.hpp"
+#include "records/lock_id.hpp"
 
 #include <doctest/doctest.h>
 
@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "procfs.hpp"
+#include "os/procfs.hpp"
+#include "os/unique_fd.hpp"
 #include "testutil.hpp"
-#include "unique_fd.hpp"
 
 using looplock::HolderRead;
 using looplock::HolderRecord;

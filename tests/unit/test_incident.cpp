@@ -1,4 +1,4 @@
-#include "incident.hpp"
+#include "records/incident.hpp"
 
 #include <doctest/doctest.h>
 
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "os/unique_fd.hpp"
 #include "testutil.hpp"
-#include "unique_fd.hpp"
 
 using looplock::Incident;
 using looplock::Json;

@@ -1,4 +1,4 @@
-#include "inspect.hpp"
+#include "cli/inspect.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,4 +1,4 @@
-#include "ledger.hpp"
+#include "records/ledger.hpp"
 
 #include <doctest/doctest.h>
 #include <sys/stat.h>
@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "error.hpp"
-#include "lockfile.hpp"
-#include "procfs.hpp"
-#include "sealed.hpp"
+#include "base/error.hpp"
+#include "os/procfs.hpp"
+#include "records/lockfile.hpp"
+#include "records/sealed.hpp"
 #include "testutil.hpp"
 
 using looplock::RunEntry;

@@ -1,4 +1,4 @@
-#include "lock_files.hpp"
+#include "cli/lock_files.hpp"
 
 #include <doctest/doctest.h>
 #include <sys/stat.h>
@@ -6,9 +6,9 @@
 
 #include <string>
 
-#include "incident.hpp"
-#include "ledger.hpp"
-#include "metrics.hpp"
+#include "records/incident.hpp"
+#include "records/ledger.hpp"
+#include "records/metrics.hpp"
 #include "testutil.hpp"
 
 using looplock::FileProblem;

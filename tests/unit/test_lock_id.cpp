@@ -1,4 +1,4 @@
-#include "lock_id.hpp"
+#include "records/lock_id.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,5 +1,5 @@
-#include "lockfile.hpp"
-#include "sys.hpp"
+#include "os/sys.hpp"
+#include "records/lockfile.hpp"
 
 #include <doctest/doctest.h>
 
@@ -15,9 +15,9 @@
 #include <string>
 #include <thread>
 
-#include "error.hpp"
+#include "base/error.hpp"
+#include "os/unique_fd.hpp"
 #include "testutil.hpp"
-#include "unique_fd.hpp"
 
 using looplock::AcquireResult;
 using looplock::Acquisition;

@@ -1,11 +1,11 @@
-#include "log.hpp"
+#include "base/log.hpp"
 
 #include <unistd.h>
 
 #include <cerrno>
 
-#include "inspect.hpp"
-#include "sys.hpp"
+#include "cli/inspect.hpp"
+#include "os/sys.hpp"
 
 #include <doctest/doctest.h>
 
@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "os/unique_fd.hpp"
 #include "testutil.hpp"
-#include "unique_fd.hpp"
 
 using looplock::Json;
 using looplock::LogFormat;

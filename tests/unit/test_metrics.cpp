@@ -1,4 +1,4 @@
-#include "metrics.hpp"
+#include "records/metrics.hpp"
 
 #include <doctest/doctest.h>
 
@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "sys.hpp"
+#include "os/sys.hpp"
 #include "testutil.hpp"
 
 using looplock::MetricsFile;

@@ -1,4 +1,4 @@
-#include "nesting.hpp"
+#include "records/nesting.hpp"
 
 #include <doctest/doctest.h>
 
@@ -11,9 +11,9 @@
 #include <csignal>
 #include <string>
 
-#include "procfs.hpp"
+#include "os/procfs.hpp"
+#include "os/unique_fd.hpp"
 #include "testutil.hpp"
-#include "unique_fd.hpp"
 
 using looplock::EnvList;
 using looplock::UniqueFd;

@@ -1,4 +1,4 @@
-#include "options.hpp"
+#include "cli/options.hpp"
 
 #include <doctest/doctest.h>
 
@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "error.hpp"
-#include "exit_codes.hpp"
-#include "option_table.hpp"
+#include "base/error.hpp"
+#include "base/exit_codes.hpp"
+#include "cli/option_table.hpp"
 
 using looplock::Environment;
 using looplock::Fatal;

@@ -1,4 +1,4 @@
-#include "policy.hpp"
+#include "base/policy.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,4 +1,4 @@
-#include "procfs.hpp"
+#include "os/procfs.hpp"
 
 #include <doctest/doctest.h>
 
@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "os/unique_fd.hpp"
 #include "testutil.hpp"
-#include "unique_fd.hpp"
 
 namespace procfs = looplock::procfs;
 using looplock::UniqueFd;

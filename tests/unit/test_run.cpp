@@ -1,4 +1,4 @@
-#include "run.hpp"
+#include "run/run.hpp"
 
 #include <doctest/doctest.h>
 

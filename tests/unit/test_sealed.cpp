@@ -1,4 +1,4 @@
-#include "sealed.hpp"
+#include "records/sealed.hpp"
 
 #include <doctest/doctest.h>
 #include <fcntl.h>
@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "lock_id.hpp"
+#include "records/lock_id.hpp"
 #include "testutil.hpp"
 
 using looplock::seal;

@@ -1,7 +1,7 @@
 // looplock's own signal state (signals.hpp): what it inherits and gives
 // back to the command, the signals it supervises, and leaving the way the
 // command left (its status, or dying of its signal without a core file).
-#include "signals.hpp"
+#include "job/signals.hpp"
 
 #include <doctest/doctest.h>
 

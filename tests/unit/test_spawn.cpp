@@ -1,4 +1,4 @@
-#include "spawn.hpp"
+#include "job/spawn.hpp"
 
 #include <doctest/doctest.h>
 
@@ -16,10 +16,10 @@
 #include <string>
 #include <vector>
 
-#include "error.hpp"
-#include "log.hpp"
+#include "base/error.hpp"
+#include "base/log.hpp"
+#include "os/unique_fd.hpp"
 #include "testutil.hpp"
-#include "unique_fd.hpp"
 
 using looplock::CommandSpec;
 using looplock::Fatal;

@@ -1,4 +1,4 @@
-#include "supervisor.hpp"
+#include "job/supervisor.hpp"
 
 #include <doctest/doctest.h>
 

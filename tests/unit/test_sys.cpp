@@ -1,4 +1,4 @@
-#include "sys.hpp"
+#include "os/sys.hpp"
 
 #include <doctest/doctest.h>
 
@@ -10,9 +10,9 @@
 #include <string>
 #include <thread>
 
-#include "inspect.hpp"
+#include "cli/inspect.hpp"
+#include "os/unique_fd.hpp"
 #include "testutil.hpp"
-#include "unique_fd.hpp"
 
 namespace sys = looplock::sys;
 using looplock::UniqueFd;

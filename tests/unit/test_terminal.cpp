@@ -1,4 +1,4 @@
-#include "terminal.hpp"
+#include "job/terminal.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,4 +1,4 @@
-#include "unique_fd.hpp"
+#include "os/unique_fd.hpp"
 
 #include <doctest/doctest.h>
 

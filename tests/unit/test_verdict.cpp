@@ -1,4 +1,4 @@
-#include "verdict.hpp"
+#include "records/verdict.hpp"
 
 #include <doctest/doctest.h>
 

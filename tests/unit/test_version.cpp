@@ -1,7 +1,7 @@
 // --version: one fact per line, the version first (scripts read line 1).
 #include <doctest/doctest.h>
 
-#include "version.hpp"
+#include "cli/version.hpp"
 
 using namespace looplock;
 

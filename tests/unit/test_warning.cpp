@@ -1,4 +1,4 @@
-#include "warning.hpp"
+#include "job/warning.hpp"
 
 #include <doctest/doctest.h>
 #include <sys/prctl.h>
@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "procfs.hpp"
+#include "os/procfs.hpp"
 
 namespace {
 

@@ -5,7 +5,7 @@
 
 #include <doctest/doctest.h>
 
-#include "holder.hpp"
+#include "records/holder.hpp"
 
 #include <fcntl.h>
 #include <signal.h>

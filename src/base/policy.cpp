@@ -1,0 +1,55 @@
+#include "base/policy.hpp"
+
+namespace looplock {
+
+std::optional<Policy> parse_policy(std::string_view name) {
+  if (name == "mutation") return Policy::Mutation;
+  if (name == "monitor") return Policy::Monitor;
+  if (name == "single_flight") return Policy::SingleFlight;
+  if (name == "blocking") return Policy::Blocking;
+  return std::nullopt;
+}
+
+std::string_view policy_name(Policy p) {
+  switch (p) {
+    case Policy::Mutation: return "mutation";
+    case Policy::Monitor: return "monitor";
+    case Policy::SingleFlight: return "single_flight";
+    case Policy::Blocking: return "blocking";
+  }
+  return "mutation";
+}
+
+long long default_deadline_ns(Policy policy) {
+  switch (policy) {
+    case Policy::Mutation: return 5'000'000'000LL;
+    case Policy::Monitor: return 1'000'000'000LL;
+    default: return 0;
+  }
+}
+
+bool policy_takes_timeout(Policy policy) { return policy == Policy::Mutation || policy == Policy::Monitor; }
+
+WaitPlan wait_plan(Policy policy, std::optional<long long> timeout_ns) {
+  switch (policy) {
+    case Policy::SingleFlight: return {WaitPlan::Kind::NoWait, 0};
+    case Policy::Blocking: return {WaitPlan::Kind::Unbounded, 0};
+    default:
+      // -w inf: no deadline at all (and no overflow of start + deadline).
+      if (timeout_ns && *timeout_ns >= kNoDeadlineNs) return {WaitPlan::Kind::Unbounded, 0};
+      return {WaitPlan::Kind::Bounded, timeout_ns.value_or(default_deadline_ns(policy))};
+  }
+}
+
+std::string operator_action(Policy policy, const std::string& who, bool many) {
+  std::string common = "inspect " + who + " (looplock --inspect DIR); confirm " + (many ? "they are" : "it is") +
+                       " still running and actually stalled before terminating " + (many ? "them" : "it") +
+                       "; never delete the lock file";
+  switch (policy) {
+    case Policy::Monitor: return common + "; the monitor retries at its next scheduled poll, not in a tight loop";
+    case Policy::Mutation: return common + "; retry the mutation by hand once the holder has exited";
+    default: return common + "; retry once the holder has exited";
+  }
+}
+
+}  // namespace looplock

@@ -1,0 +1,95 @@
+#include "cli/app.hpp"
+
+#include <unistd.h>
+
+#include "base/error.hpp"
+#include "base/exit_codes.hpp"
+#include "cli/cluster_exec.hpp"
+#include "cli/inspect.hpp"
+#include "cli/version.hpp"
+#include "os/sys.hpp"
+
+namespace looplock {
+
+namespace {
+
+// --metrics-dir: after every run that got as far as knowing its lock. A file
+// that cannot be written is one warning: never another exit status.
+void write_metrics(const Options& o, const RunFacts& facts, int status, long long start_wall_ms, const Logger& log) {
+  if (o.metrics_dir.empty() || facts.lock_id.empty() || o.mode != Mode::Run) return;
+  RunMetrics m;
+  m.lock_id = facts.lock_id;
+  m.loop = facts.loop;
+  m.operation = o.operation;
+  m.outcome = facts.outcome.value_or(RunOutcome::Error);
+  m.exit_status = status;
+  m.start_s = static_cast<double>(start_wall_ms) / 1000.0;
+  m.end_s = static_cast<double>(sys::realtime_ms()) / 1000.0;
+  m.wait_s = static_cast<double>(facts.waited_ns) / 1e9;
+  m.duration_s = static_cast<double>(facts.ran_ns) / 1e9;
+  if (std::string err = update_metrics_file(o.metrics_dir, m); !err.empty()) {
+    log.warn("metrics_write_failed", "cannot update the metrics: " + err);
+  }
+}
+
+}  // namespace
+
+int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
+  const long long now_ns = sys::monotonic_ns();
+  const long long start_wall_ms = sys::realtime_ms();
+  // Until the options are parsed, errors use the --log-format asked for, if
+  // it can be told: with json, a usage error is a JSON line too.
+  Logger log(Verbosity::Normal, requested_log_format(argc, argv));
+  std::optional<Options> options;
+  RunFacts facts;
+  try {
+    std::vector<std::string> args(argv, argv + argc);
+    // getpid(2), once: the holder record, the job's signals and the leak check name this pid.
+    Context ctx{env_from(envp), getpid(), now_ns, start_wall_ms, cluster};
+    // looplock-etcd: the deadline counts from when looplock started.
+    if (auto handed = take_handed_start(ctx.env, now_ns); handed && cluster) {
+      ctx.start_ns = *handed;
+      ctx.start_wall_ms = start_wall_ms - (now_ns - *handed) / 1'000'000;
+    }
+    // The user name (getuid(2) and a read of /etc/passwd) only when no
+    // --agent or $LOOPLOCK_AGENT names the agent: the holder record's agent_id.
+    Environment penv{env_get(ctx.env, env_name::kAgent),         env_get(ctx.env, env_name::kEtcd),
+                     env_get(ctx.env, env_name::kMetricsDir),    [] { return sys::user_name(getuid()); },
+                     env_get(ctx.env, env_name::kEtcdCacert),    env_get(ctx.env, env_name::kEtcdClientCert),
+                     env_get(ctx.env, env_name::kEtcdClientKey), env_get(ctx.env, env_name::kEtcdPassword)};
+    const Options& o = options.emplace(parse_options(args, penv));
+    if (o.mode == Mode::Help) {
+      write_stdout(help_text());
+      return exit_code::kOk;
+    }
+    if (o.mode == Mode::Version) {
+      const bool helper = ctx.cluster != nullptr;  // this is looplock-etcd
+      const std::string etcd_status = helper ? "available, built in (this is looplock-etcd)" : cluster_helper_status();
+      write_stdout(version_text(build_info(helper), etcd_status));
+      return exit_code::kOk;
+    }
+    log = Logger(o.verbosity, o.log_format);
+    if (!o.etcd.empty() && !ctx.cluster) exec_cluster_helper(argv, ctx.env, ctx.start_ns);
+    if (o.mode == Mode::Inspect) return inspect(o, log, ctx.cluster);
+    Exit out = Run(o, ctx, log, facts).run();
+    const int status = out.kind == Exit::Kind::LikeWaitStatus ? shell_status(out.value) : out.value;
+    write_metrics(o, facts, status, start_wall_ms, log);
+    if (out.kind == Exit::Kind::LikeWaitStatus) exit_like(out.value);
+    return out.value;
+  } catch (const Fatal& e) {
+    log.error(e.event(), e.what(), e.hint());
+    if (options) write_metrics(*options, facts, e.status(), start_wall_ms, log);
+    return e.status();
+  } catch (const std::bad_alloc&) {
+    // No allocation here: there may be nothing left to allocate.
+    (void)sys::write_all(2, log.is_text()
+                                ? "looplock: out of memory\n"
+                                : "{\"level\":\"error\",\"event\":\"out_of_memory\",\"message\":\"out of memory\"}\n");
+    return exit_code::kOsError;
+  } catch (const std::exception& e) {
+    log.error("internal_error", std::string("internal error: ") + e.what());
+    return exit_code::kOsError;
+  }
+}
+
+}  // namespace looplock

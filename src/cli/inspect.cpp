@@ -1,0 +1,376 @@
+#include "cli/inspect.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "base/duration.hpp"
+#include "base/environment.hpp"
+#include "base/error.hpp"
+#include "base/exit_codes.hpp"
+#include "os/procfs.hpp"
+#include "os/sys.hpp"
+#include "records/lock_id.hpp"
+#include "records/lockfile.hpp"
+#include "records/survey.hpp"
+
+namespace looplock {
+
+namespace {
+
+constexpr long long kMs = 1'000'000LL;
+
+std::string ms_text(long long ms) { return format_duration(ms * kMs); }
+
+const char* read_state_name(HolderRead::State s) {
+  switch (s) {
+    case HolderRead::State::Empty: return "empty";
+    case HolderRead::State::Valid: return "valid";
+    case HolderRead::State::Unreadable: return "unreadable";
+    case HolderRead::State::Error: return "error";
+  }
+  return "error";
+}
+
+// The pids /proc/locks names: a holder's own, or the one that locked the
+// descriptor it holds the lock through.
+std::vector<pid_t> kernel_named(const std::vector<LockHolder>& holders) {
+  std::vector<pid_t> out;
+  for (const auto& h : holders) {
+    const pid_t p = h.locked_by != 0 ? h.locked_by : h.pid;
+    if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+  }
+  return out;
+}
+
+// "process" line of a record that claims the lock.
+std::string process_text(const LockFacts& f, const HolderRecord& rec) {
+  std::string proc = !f.record_pid_alive       ? "unknown"
+                     : !*f.record_pid_alive    ? "dead"
+                     : !f.record_same_process  ? "alive (its start time cannot be compared)"
+                     : !*f.record_same_process ? "pid reused by another process"
+                                               : "alive, same process";
+  if (!f.record_pid_note.empty()) proc += ", " + f.record_pid_note;
+  return proc + " (pid_start " + (rec.pid_start.empty() ? std::string("unknown") : rec.pid_start) + ")";
+}
+
+std::string record_state_text(RecordState s) {
+  switch (s) {
+    case RecordState::Current: return "current";
+    case RecordState::Unconfirmed: return "unconfirmed (the kernel cannot confirm it)";
+    case RecordState::Stale: return "stale (not the holder)";
+    case RecordState::Released: return "released";
+    case RecordState::Ended: return "ended (an -F run writes no release)";
+    case RecordState::Crashed: return "left behind (its holder crashed or was killed)";
+    case RecordState::Idle: return "not released (its process lives but does not hold the lock)";
+    case RecordState::NotRead: return "not read (the lock file cannot be read here)";
+    default: return std::string(record_state_name(s));
+  }
+}
+
+// The latest incident row in a few words.
+std::string incident_text(const Json& l) {
+  const Json& w = l.contains("waiter") && l["waiter"].is_object() ? l["waiter"] : Json::object();
+  const std::string who =
+      "pid " + std::to_string(w.value("pid", 0)) + " (" + w.value("operation", std::string("?")) + ")";
+  const std::string code = l.value("error_code", std::string("?"));
+  std::string out = l.value("at", std::string("?")) + " " + code + ": ";
+  if (l.contains("ran_ms") && l["ran_ms"].is_number_integer()) {
+    return out + who + " ran " + ms_text(l["ran_ms"].get<long long>());  // a job looplock ended
+  }
+  return out + "waiter " + who + " waited " + ms_text(l.value("waited_ms", 0LL));
+}
+
+}  // namespace
+
+Json error_entry(const std::string& dir, int status, const std::string& event, const std::string& message,
+                 const std::string& hint) {
+  Json j = Json::object();
+  j["lock_file"] = dir + (dir.ends_with('/') ? "" : "/") + kLockName;
+  j["error"] = {
+      {"status", status}, {"event", event}, {"message", message}, {"hint", hint.empty() ? Json(nullptr) : Json(hint)}};
+  return j;
+}
+
+namespace {
+
+Json report_json(const InspectFacts& facts, const Verdict& v) {
+  const LockFacts& f = facts.lock;
+  const bool held = v.state == LockState::Held;
+  const bool known = f.kernel_unknown.empty();
+  const HolderRecord* rec = v.read ? &*v.read : nullptr;
+  const std::vector<pid_t> named = kernel_named(v.holders);
+
+  Json j = Json::object();
+  j["lock_file"] = f.lock_path;
+  j["lock_id"] = facts.lock_id;
+  j["exists"] = f.exists;
+  j["kernel"] = {{"held", held || known ? Json(held) : Json(nullptr)},
+                 {"unknown", known ? Json(nullptr) : Json(f.kernel_unknown)},
+                 {"mode", held && !v.holders.empty() ? Json(v.exclusive ? "exclusive" : "shared") : Json(nullptr)},
+                 {"holder_pids", named},
+                 {"fd_holder_pids", Json::array()}};
+  for (const auto& h : v.holders) {
+    if (h.locked_by != 0) j["kernel"]["fd_holder_pids"].push_back(h.pid);
+  }
+  j["holder"] = holder_phrase(v);
+  Json holders = Json::array();
+  for (const auto& h : v.holders) {
+    holders.push_back({{"pid", h.pid},
+                       {"command", h.command.empty() ? Json(nullptr) : Json(h.command)},
+                       {"mode", h.exclusive ? "exclusive" : "shared"},
+                       {"locked_by", h.locked_by ? Json(h.locked_by) : Json(nullptr)},
+                       {"uid", h.uid ? Json(*h.uid) : Json(nullptr)},
+                       {"exited", h.exited}});
+  }
+  j["holders"] = std::move(holders);
+  j["network_fs"] = f.network_fs ? Json(*f.network_fs) : Json(nullptr);
+  Json waiters = Json::array();
+  for (const auto& w : facts.waiters) {
+    Json x = {{"pid", w.pid}, {"mode", w.exclusive ? "exclusive" : "shared"}, {"command", w.command}};
+    x["agent_id"] = w.agent_id ? Json(*w.agent_id) : Json(nullptr);
+    x["operation"] = w.operation ? Json(*w.operation) : Json(nullptr);
+    x["waiting_at_most_ms"] = w.at_most_ms ? Json(*w.at_most_ms) : Json(nullptr);
+    waiters.push_back(std::move(x));
+  }
+  j["waiters"] = std::move(waiters);
+  Json r = Json::object();
+  r["state"] = !f.exists                                                         ? "missing"
+               : f.refusal && !rec && f.record.state == HolderRead::State::Empty ? "not read"
+                                                                                 : read_state_name(f.record.state);
+  r["status"] = record_state_name(v.record);
+  r["holder"] = rec ? holder_to_json(*rec) : Json(nullptr);
+  r["released"] = rec ? Json(rec->released_at.has_value()) : Json(nullptr);
+  r["age_ms"] = f.record_age_ms ? Json(*f.record_age_ms) : Json(nullptr);
+  r["pid_alive"] = f.record_pid_alive ? Json(*f.record_pid_alive) : Json(nullptr);
+  r["same_process"] = f.record_same_process ? Json(*f.record_same_process) : Json(nullptr);
+  r["pid_note"] = f.record_pid_note.empty() ? Json(nullptr) : Json(f.record_pid_note);
+  j["record"] = r;
+  j["incidents"] = {{"count", facts.incidents.error ? Json(nullptr) : Json(facts.incidents.count)},
+                    {"error", facts.incidents.error ? Json(std::strerror(facts.incidents.error)) : Json(nullptr)},
+                    {"malformed", facts.incidents.malformed},
+                    {"examined", facts.incidents.examined},
+                    {"latest", facts.incidents.latest ? *facts.incidents.latest : Json(nullptr)},
+                    {"recent", facts.incidents.recent}};
+  Json runs = Json::array();
+  for (const auto& e : facts.runs) runs.push_back(run_entry_to_json(e));
+  j["runs"] = std::move(runs);
+  j["runs_damaged"] = facts.runs_damaged;
+  j["runs_error"] = facts.runs_error.empty() ? Json(nullptr) : Json(facts.runs_error);
+  j["warnings"] = v.warnings;
+  j["operator_action"] = v.action;
+  return j;
+}
+
+std::string report_text(const InspectFacts& facts, const Verdict& v) {
+  const LockFacts& f = facts.lock;
+  const bool held = v.state == LockState::Held;
+  const bool known = f.kernel_unknown.empty();
+  const HolderRecord* rec = v.read ? &*v.read : nullptr;
+  const std::vector<pid_t> named = kernel_named(v.holders);
+  std::string t;
+  auto line = [&](const char* label, const std::string& value) {
+    char head[16];
+    std::snprintf(head, sizeof head, "%-10s", label);
+    t += head + printable(value) + "\n";
+  };
+  line("lock", f.lock_path + " (lock_id " + facts.lock_id + ")");
+  if (!f.exists) {
+    const bool creatable = std::none_of(facts.files.begin(), facts.files.end(),
+                                        [&](const FileProblem& p) { return p.file == f.lock_path; });
+    line("file", creatable ? "missing: the next run creates it" : "missing, and no run can create it (see the warning)");
+  }
+  line("kernel", held && !named.empty()
+                     ? std::string("held (") + (v.exclusive ? "exclusive" : "shared") + ") by " + pids_text(named)
+                 : held  ? std::string("held")
+                 : known ? std::string("free")
+                         : "unknown (" + f.kernel_unknown + ")");
+  line("holder", holder_phrase(v));
+  if (rec) {
+    line("record", record_state_text(v.record) + ": " + record_summary(*rec));
+    std::string since = "acquired " + rec->acquired_at;
+    if (f.record_age_ms) since += " (" + ms_text(*f.record_age_ms) + " ago)";
+    since += rec->released_at ? ", released " + *rec->released_at
+                              : std::string(rec->no_fork ? ", not released (-F)" : ", not released");
+    line("", since);
+    if (!rec->released_at) line("process", process_text(f, *rec));
+  } else {
+    line("record", !f.exists                                         ? std::string("none")
+                   : f.record.state == HolderRead::State::Unreadable ? std::string("unreadable")
+                   : f.record.state == HolderRead::State::Error
+                       ? "not read: " + std::string(std::strerror(f.record.err ? f.record.err : EIO))
+                                                                     : std::string("none (the file is empty)"));
+  }
+  if (facts.waiters.empty()) line("waiting", known ? "none" : "unknown");
+  for (const auto& w : facts.waiters) {
+    std::string who = "pid " + std::to_string(w.pid) + " (" + w.command;
+    if (w.agent_id || w.operation) {
+      who += ": agent " + w.agent_id.value_or("?") + ", operation " + w.operation.value_or("?");
+    }
+    who += std::string("), ") + (w.exclusive ? "exclusive" : "shared");
+    if (w.at_most_ms) who += ", for at most " + ms_text(*w.at_most_ms);
+    line("waiting", who);
+  }
+  if (facts.incidents.error != 0) {
+    line("incidents", "not read: " + std::string(std::strerror(facts.incidents.error)));
+  } else if (facts.incidents.count == 0) {
+    line("incidents", "none");
+  } else {
+    std::string inc = std::to_string(facts.incidents.count);
+    if (facts.incidents.malformed) {
+      inc += " (" + std::to_string(facts.incidents.malformed) + " malformed among the newest " +
+             std::to_string(facts.incidents.examined) + ")";
+    }
+    if (const auto& l = facts.incidents.latest) inc += "; latest " + incident_text(*l);
+    line("incidents", inc);
+    // With --incidents N: the newest N rows, oldest first.
+    if (facts.incidents.recent.size() > 1) {
+      for (const auto& row : facts.incidents.recent) line("incident", incident_text(row));
+    }
+  }
+  for (const auto& e : facts.runs) {
+    const bool dead = std::find(facts.dead_runs.begin(), facts.dead_runs.end(), e.operation) != facts.dead_runs.end();
+    line("last run", "operation " + e.operation + ": " + describe_run(e) +
+                         (dead ? "; its looplock is dead (this host): the slot runs again at its next firing" : ""));
+  }
+  for (const auto& d : facts.runs_damaged) {
+    line("last run", "operation " + d + ": a damaged entry (the next --once-per run of it rewrites it)");
+  }
+  if (!facts.runs_error.empty()) line("last run", "not read: " + facts.runs_error);
+  for (const auto& w : v.warnings) line("warning", w);
+  line("action", v.action);
+  return t;
+}
+
+}  // namespace
+
+InspectReport build_report(const InspectFacts& facts) {
+  Verdict v = judge(facts.lock);
+  for (const auto& f : facts.files) v.warnings.push_back(f.file + ": " + f.problem + ". " + f.fix);
+  return {report_json(facts, v), report_text(facts, v)};
+}
+
+namespace {
+
+InspectFacts::Waiter describe_waiter(const procfs::KernelLock& k) {
+  InspectFacts::Waiter w;
+  w.pid = k.pid;
+  w.exclusive = k.exclusive;
+  w.command = procfs::comm(k.pid).value_or("?");
+  w.at_most_ms = procfs::age_ms(k.pid);
+  if (w.command == "looplock" || w.command == "looplock-etcd") {
+    // What it will record: its own command line read as looplock reads it
+    // (only the agent and the operation come out of it: never an argument).
+    if (auto argv = procfs::cmdline(k.pid)) {
+      Environment env;
+      env.looplock_agent = procfs::environ_get(k.pid, env_name::kAgent);
+      env.user_name = [pid = k.pid] {
+        auto uid = procfs::real_uid(pid);
+        return uid ? sys::user_name(*uid) : std::string("?");
+      };
+      if (auto id = looplock_identity(*argv, env)) {
+        w.agent_id = id->first;
+        w.operation = id->second;
+      }
+    }
+  }
+  return w;
+}
+
+}  // namespace
+
+std::optional<std::pair<std::string, std::string>> looplock_identity(const std::vector<std::string>& argv,
+                                                                     const Environment& env) {
+  try {
+    Options o = parse_options(argv, env);
+    if (o.mode != Mode::Run) return std::nullopt;
+    return std::make_pair(o.agent, o.operation);
+  } catch (const Fatal&) {
+    return std::nullopt;
+  }
+}
+
+namespace {
+
+// The part of a kind of lock besides the local one (--etcd's cluster lock),
+// under its key in the JSON and its label in the text.
+void add_part(const Options& o, const LockDir& dir, LockKind* kind, const Logger& log, InspectReport& report,
+              int& status) {
+  if (!kind) throw Fatal(exit_code::kOsError, "internal error: --inspect --etcd without the cluster lock");
+  std::string canonical = canonical_lock_path(dir.fd.get(), dir.path);
+  canonical.resize(canonical.size() - std::string_view(kLockName).size() - 1);
+  InspectPart part = kind->inspect(o, canonical, log);
+  if (part.status != 0) status = part.status;
+  std::string label = kind->key();
+  label.resize(std::max<size_t>(label.size() + 1, 10), ' ');
+  for (const auto& l : part.lines) report.text += label + printable(l) + "\n";
+  report.json[kind->key()] = std::move(part.json);
+}
+
+InspectReport inspect_dir(const Options& o, const std::string& path, LockKind* cluster, const Logger& log,
+                          int& status) {
+  LockDir dir = open_lock_dir(path, /*check_safety=*/false);
+  InspectFacts f;
+  f.lock_id = lock_id_for_path(canonical_lock_path(dir.fd.get(), path));
+  std::vector<procfs::KernelLock> waiters;
+  f.lock = survey_lock(dir, path + (path.ends_with('/') ? "" : "/") + kLockName, waiters);
+  f.lock.stale_after_ms = o.stale_after_ns / kMs;
+  for (const auto& k : waiters) f.waiters.push_back(describe_waiter(k));
+  f.incidents = summarize_incidents(dir.fd.get(), o.incidents);
+  try {
+    LedgerRead runs = read_ledger(dir);
+    f.runs = std::move(runs.entries);
+    // A start without an end whose looplock is proven dead: the slot runs again.
+    for (const auto& e : f.runs) {
+      if (!e.ended_ms && runner_proven_dead(e)) f.dead_runs.push_back(e.operation);
+    }
+    f.runs_damaged = std::move(runs.damaged);
+    if (runs.unreadable) f.runs_error = std::string(kRunsName) + " is not a run ledger (the next --once-per run rewrites it)";
+  } catch (const Fatal& e) {
+    f.runs_error = e.what();
+  }
+  f.files = judge_lock_files(dir, geteuid());
+  if (!o.metrics_dir.empty()) {
+    auto metrics = judge_metrics_files(o.metrics_dir, f.lock_id, geteuid());
+    f.files.insert(f.files.end(), metrics.begin(), metrics.end());
+  }
+
+  InspectReport report = build_report(f);
+  if (!o.etcd.empty()) add_part(o, dir, cluster, log, report, status);
+  return report;
+}
+
+}  // namespace
+
+int inspect(const Options& o, const Logger& log, LockKind* cluster) {
+  const std::vector<std::string> dirs = o.dirs.empty() ? std::vector<std::string>{o.dir} : o.dirs;
+  int status = exit_code::kOk;  // a DIR that could not be inspected (73, 66, 71), or etcd (69)
+  bool warned = false;
+  Json all = Json::array();
+  std::string text;
+  for (const auto& d : dirs) {
+    try {
+      InspectReport r = inspect_dir(o, d, cluster, log, status);
+      warned = warned || !r.json["warnings"].empty();
+      if (!text.empty()) text += "\n";
+      text += r.text;
+      all.push_back(std::move(r.json));
+    } catch (const Fatal& e) {
+      if (dirs.size() == 1 && !o.json) throw;
+      log.error(e.event(), e.what(), e.hint());
+      all.push_back(error_entry(d, e.status(), e.event(), e.what(), e.hint()));
+      if (status == exit_code::kOk) status = e.status();
+    }
+  }
+  if (o.json) {
+    write_stdout(dump_json(dirs.size() == 1 ? all.at(0) : all) + "\n");
+  } else {
+    write_stdout(text);
+  }
+  if (status != exit_code::kOk) return status;
+  return o.check && warned ? exit_code::kCheckWarned : exit_code::kOk;
+}
+
+}  // namespace looplock

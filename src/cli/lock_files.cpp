@@ -1,0 +1,207 @@
+#include "cli/lock_files.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "base/text.hpp"
+#include "os/unique_fd.hpp"
+#include "records/incident.hpp"
+#include "records/ledger.hpp"
+#include "records/metrics.hpp"
+
+namespace looplock {
+
+namespace {
+
+std::string in(const std::string& dir, std::string_view name) {
+  return dir + (dir.ends_with('/') ? "" : "/") + std::string(name);
+}
+
+// "uid 1001, mode 0600"
+std::string owner_mode(const struct stat& st) {
+  return "uid " + std::to_string(st.st_uid) + ", mode " + octal_mode(st.st_mode);
+}
+
+// Whether the caller (its effective ids and groups) may access `name` in
+// `dirfd` as `how` says (R_OK, W_OK), the file itself, not a link's target.
+bool may(int dirfd, const char* name, int how) {
+  return faccessat(dirfd, name, how, AT_EACCESS | AT_SYMLINK_NOFOLLOW) == 0;
+}
+
+// Whether DIR is on a file system mounted read-only.
+bool read_only(int dirfd) { return faccessat(dirfd, ".", W_OK, AT_EACCESS) != 0 && errno == EROFS; }
+
+// DIR/.state.lock missing where a run cannot create it, or one the caller
+// cannot open: every run exits 73.
+void judge_lock_file(const LockDir& dir, uid_t euid, std::vector<FileProblem>& out) {
+  struct stat st {};
+  const std::string path = in(dir.path, kLockName);
+  if (fstatat(dir.fd.get(), kLockName, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    if (S_ISREG(st.st_mode) && !may(dir.fd.get(), kLockName, R_OK)) {
+      out.push_back({path, "every run by you exits 73: you cannot open it (" + owner_mode(st) + ")",
+                     unopenable_hint(dir, st, euid)});
+    }
+    return;
+  }
+  if (errno != ENOENT) return;
+  const std::string create = "install -m 0660 /dev/null " + shell_word(path);
+  if (read_only(dir.fd.get())) {
+    out.push_back({path, "every run exits 73: it does not exist, and DIR's file system is read-only",
+                   "Create it while the file system is writable (" + create + "), or remount it read-write."});
+  } else if (faccessat(dir.fd.get(), ".", W_OK | X_OK, AT_EACCESS) != 0) {
+    out.push_back({path, "every run by you exits 73: it does not exist, and you cannot create it in DIR",
+                   "Let DIR's owner create it once (install -m 0660 -g GROUP /dev/null " + shell_word(path) +
+                       " for a group), or run as DIR's owner."});
+  }
+}
+
+// Whether the caller may replace `file` in DIR by a rename: DIR writable
+// and searchable, and, when it is sticky, the file or DIR the caller's.
+bool may_replace(int dirfd, const struct stat& dir, const struct stat& file, uid_t euid) {
+  if (faccessat(dirfd, ".", W_OK | X_OK, AT_EACCESS) != 0) return false;
+  return !(dir.st_mode & S_ISVTX) || euid == 0 || file.st_uid == euid || dir.st_uid == euid;
+}
+
+// Whether the caller is a member of group `gid` (its effective group or a
+// supplementary one).
+bool in_group(gid_t gid) {
+  if (getegid() == gid) return true;
+  gid_t groups[256];
+  const int n = getgroups(256, groups);
+  return n > 0 && std::find(groups, groups + n, gid) != groups + n;
+}
+
+// The fix of a file a group cannot share, for whoever can make it: its owner
+// (or root) opens its mode to its group (and gives it the directory's group
+// when it has another); a caller outside that group runs as a member.
+std::string share_fix(const std::string& path, const struct stat& st, const struct stat& dir, uid_t euid) {
+  std::string commands = "chmod g+rw " + path;
+  if (st.st_gid != dir.st_gid) commands = "chgrp " + std::to_string(dir.st_gid) + " " + path + "; " + commands;
+  if (euid == 0 || st.st_uid == euid) {
+    return "Let the group that shares the directory read and write it (" + commands +
+           "), or run every writer as one user.";
+  }
+  if (!in_group(st.st_gid)) {
+    return "Run as a member of its group (gid " + std::to_string(st.st_gid) + ") or as its owner (uid " +
+           std::to_string(st.st_uid) + ").";
+  }
+  return "Ask its owner (uid " + std::to_string(st.st_uid) + ") or root to let the group that shares the directory "
+         "read and write it (" + commands + "), or run every writer as one user.";
+}
+
+void judge_ledger(const LockDir& dir, uid_t euid, std::vector<FileProblem>& out) {
+  struct stat st {};
+  if (fstatat(dir.fd.get(), kRunsName, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
+  const std::string path = in(dir.path, kRunsName);
+  const std::string runs = "every --once-per run ";
+  if (read_only(dir.fd.get())) {
+    out.push_back({path, runs + "exits 73 unless its slot was run: DIR's file system is read-only, so no run can be "
+                                "recorded",
+                   "Remount it read-write; runs without --once-per still lock it."});
+  } else if (auto r = refuse_ledger(st, dir.st, euid, dir.path)) {
+    out.push_back({path, runs + "refuses it (exit 73): " + r->why, r->hint});
+  } else if (!may(dir.fd.get(), kRunsName, R_OK)) {
+    out.push_back({path, runs + "by you exits 73: you cannot read it (" + owner_mode(st) + ")",
+                   share_fix(path, st, dir.st, euid)});
+  } else if (!may(dir.fd.get(), kRunsName, W_OK) && !may_replace(dir.fd.get(), dir.st, st, euid)) {
+    out.push_back({path,
+                   runs + "by you exits 73: you can neither rewrite it (" + owner_mode(st) +
+                       ") nor replace it (you cannot write in DIR, or DIR is sticky)",
+                   share_fix(path, st, dir.st, euid)});
+  }
+}
+
+void judge_incidents(const LockDir& dir, uid_t euid, std::vector<FileProblem>& out) {
+  const std::string path = in(dir.path, kIncidentsName);
+  const std::string lost = "every incident row is lost (one warning each time): ";
+  if (read_only(dir.fd.get())) {
+    out.push_back({path, lost + "DIR's file system is read-only", "Remount it read-write."});
+    return;
+  }
+  struct stat st {};
+  if (fstatat(dir.fd.get(), kIncidentsName, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
+  const std::string move = "Move it away; looplock creates a regular file there on the next incident.";
+  if (S_ISLNK(st.st_mode)) {
+    out.push_back({path, lost + "it is a symbolic link, which looplock never writes through", move});
+  } else if (S_ISDIR(st.st_mode)) {
+    out.push_back({path, lost + "it is a directory", move});
+  } else if (!S_ISREG(st.st_mode)) {
+    out.push_back({path, lost + "it is not a regular file (a FIFO, socket or device)", move});
+  } else if (st.st_nlink > 1) {
+    out.push_back({path, lost + "it has " + std::to_string(st.st_nlink) + " hard links",
+                   "Replace it with a fresh regular file; rotate it by renaming it, never by a hard link."});
+  } else if (!may(dir.fd.get(), kIncidentsName, W_OK)) {
+    out.push_back({path, "your runs' incident rows are lost (one warning each time): you cannot write it (" +
+                             owner_mode(st) + ")",
+                   share_fix(path, st, dir.st, euid)});
+  }
+}
+
+}  // namespace
+
+std::vector<FileProblem> judge_lock_files(const LockDir& dir, uid_t euid) {
+  std::vector<FileProblem> out;
+  judge_lock_file(dir, euid, out);
+  judge_ledger(dir, euid, out);
+  judge_incidents(dir, euid, out);
+  return out;
+}
+
+std::vector<FileProblem> judge_metrics_files(const std::string& metrics_dir, const std::string& lock_id, uid_t euid) {
+  std::vector<FileProblem> out;
+  const std::string cannot = "your runs cannot update the metrics (a metrics_write_failed warning each run): ";
+  UniqueFd fd(open(metrics_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  struct stat dir {};
+  if (!fd || fstat(fd.get(), &dir) != 0) {
+    out.push_back({metrics_dir, cannot + "it cannot be opened as a directory",
+                   "Create it (node_exporter's --collector.textfile.directory), or correct --metrics-dir "
+                   "($LOOPLOCK_METRICS_DIR)."});
+    return out;
+  }
+  if (faccessat(fd.get(), ".", W_OK | X_OK, AT_EACCESS) != 0) {
+    if (errno == EROFS) {
+      out.push_back({metrics_dir, cannot + "its file system is read-only",
+                     "Remount it read-write, or give --metrics-dir a directory on a writable file system."});
+    } else {
+      const std::string fix = "chgrp GROUP " + metrics_dir + "; chmod 2775 " + metrics_dir;
+      out.push_back({metrics_dir, cannot + "you cannot write in it (" + owner_mode(dir) + ")",
+                     euid == 0 || dir.st_uid == euid
+                         ? "Give it to the group that runs looplock: " + fix + "."
+                         : "Ask its owner (uid " + std::to_string(dir.st_uid) +
+                               ") or root to give it to the group that runs looplock (" + fix +
+                               "), or run as a user who may write in it."});
+    }
+  }
+  const std::string name = metrics_file_name(lock_id);
+  const std::string lock = "." + name + ".lock";
+  struct stat st {};
+  if (fstatat(fd.get(), lock.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    const std::string path = in(metrics_dir, lock);
+    if (!S_ISREG(st.st_mode) || !may(fd.get(), lock.c_str(), R_OK)) {
+      out.push_back({path, cannot + "you cannot open its update lock (" + owner_mode(st) + ")",
+                     share_fix(path, st, dir, euid)});
+    } else if (st.st_mode & S_IROTH) {
+      out.push_back({path,
+                     "any local user can open this update lock and hold it, stalling every update of the metrics (" +
+                         owner_mode(st) + ": earlier versions made it 0644)",
+                     "chmod 0660 " + path + "."});
+    }
+  }
+  if (fstatat(fd.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+      !(st.st_mode & (S_IRGRP | S_IROTH))) {
+    const std::string path = in(metrics_dir, name);
+    out.push_back({path,
+                   "only uid " + std::to_string(st.st_uid) + " can read it (" + owner_mode(st) +
+                       "): node_exporter, running as another user, cannot collect it (made under umask 077)",
+                   std::string(euid == 0 || st.st_uid == euid ? "" : "Ask its owner or root to run: ") + "chmod 0664 " +
+                       path + " " + in(metrics_dir, "." + name + ".next") +
+                       " (looplock never changes a mode), and run looplock under umask 002 or 022 from now on."});
+  }
+  return out;
+}
+
+}  // namespace looplock

@@ -1,0 +1,752 @@
+#include "cli/options.hpp"
+
+#include <cxxopts.hpp>
+
+#include <algorithm>
+#include <csignal>
+#include <array>
+#include <charconv>
+#include <string_view>
+
+#include "base/duration.hpp"
+#include "base/error.hpp"
+#include "base/exit_codes.hpp"
+#include "cli/option_table.hpp"
+#include "cluster/etcd.hpp"
+#include "job/signals.hpp"
+#include "settings/lease.hpp"
+
+namespace looplock {
+
+namespace {
+
+constexpr std::string_view kTryHelp = "Try 'looplock --help' for more information.";
+
+[[noreturn]] void usage_error(const std::string& message, std::string hint = std::string(kTryHelp)) {
+  throw Fatal(exit_code::kUsage, message, std::move(hint));
+}
+
+// Options that take a value (from the table): the splitter must skip their
+// values when it looks for "--" and "-c".
+bool letter_takes_value(char c) {
+  const auto table = option_table();
+  return std::any_of(table.begin(), table.end(),
+                     [&](const OptionSpec& o) { return o.letter == c && !o.value.empty(); });
+}
+
+bool long_takes_value(std::string_view arg) {
+  // "--name" (value in the next argument); "--name=value" carries its own.
+  if (!arg.starts_with("--") || arg.find('=') != std::string_view::npos) return false;
+  arg.remove_prefix(2);
+  const OptionSpec* o = find_option(arg);
+  return o && !o->value.empty();
+}
+
+// For a group of short options like "-qw": whether its last value-taking
+// option consumes the next argument.
+bool short_group_takes_next(std::string_view arg) {
+  if (arg.size() < 2 || arg[0] != '-' || arg[1] == '-') return false;
+  for (size_t i = 1; i < arg.size(); ++i) {
+    if (letter_takes_value(arg[i])) {
+      return i + 1 == arg.size();  // "-w5" carries its value
+    }
+  }
+  return false;
+}
+
+// For "-w0.5" or "-qw0.5": the offset where the attached value starts.
+std::optional<size_t> attached_short_value(std::string_view arg) {
+  if (arg.size() < 3 || arg[0] != '-' || arg[1] == '-') return std::nullopt;
+  for (size_t i = 1; i < arg.size(); ++i) {
+    if (letter_takes_value(arg[i])) {
+      if (i + 1 < arg.size()) return i + 1;
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
+struct Split {
+  std::vector<std::string> own;  // argv[0] and looplock's own arguments
+  std::vector<std::string> command;
+  std::optional<std::string> shell_command;
+  bool saw_dashdash = false;
+};
+
+Split split_argv(const std::vector<std::string>& argv) {
+  Split s;
+  if (argv.empty()) {
+    s.own.emplace_back("looplock");
+    return s;
+  }
+  s.own.push_back(argv[0]);
+  for (size_t i = 1; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a == "--") {
+      s.saw_dashdash = true;
+      s.command.assign(argv.begin() + static_cast<long>(i) + 1, argv.end());
+      return s;
+    }
+    if (a == "-c") {
+      if (i + 1 >= argv.size()) {
+        usage_error("option -c needs a SHELL-COMMAND", "Example: looplock DIR -c 'python3 status.py --tick'");
+      }
+      s.shell_command = argv[i + 1];
+      if (i + 2 < argv.size()) {
+        usage_error("unexpected argument " + quote(argv[i + 2]) + " after -c SHELL-COMMAND",
+                    "Quote the whole shell command as one argument, or use '--' instead of -c.");
+      }
+      return s;
+    }
+    if (auto at = attached_short_value(a)) {
+      // "-w0.5" and "-qw0.5": hand cxxopts the option and its value apart.
+      s.own.push_back(a.substr(0, *at));
+      s.own.push_back(a.substr(*at));
+      continue;
+    }
+    s.own.push_back(a);
+    if ((long_takes_value(a) || short_group_takes_next(a)) && i + 1 < argv.size()) {
+      s.own.push_back(argv[++i]);
+    }
+  }
+  return s;
+}
+
+// The table's rows that the command line names, or nullopt when it names
+// an option the table does not have (or cannot be told apart: then every
+// row is declared, so that cxxopts reports it as it reports any unknown
+// option). Values are skipped the way split_argv() pairs them.
+std::optional<std::vector<const OptionSpec*>> named_rows(const std::vector<std::string>& own) {
+  std::vector<const OptionSpec*> rows;
+  auto add = [&](const OptionSpec* o) {
+    if (std::find(rows.begin(), rows.end(), o) == rows.end()) rows.push_back(o);
+  };
+  for (size_t i = 1; i < own.size(); ++i) {
+    const std::string_view a = own[i];
+    if (a.size() < 2 || a[0] != '-') continue;  // DIR, or "-" (a positional)
+    if (a[1] == '-') {
+      const OptionSpec* o = find_option(a.substr(2, a.find('=') - 2));
+      if (!o) return std::nullopt;
+      add(o);
+      if (!o->value.empty() && a.find('=') == std::string_view::npos) ++i;  // its value
+      continue;
+    }
+    for (size_t k = 1; k < a.size(); ++k) {
+      const auto table = option_table();
+      const auto o = std::find_if(table.begin(), table.end(), [&](const OptionSpec& r) { return r.letter == a[k]; });
+      if (o == table.end()) return std::nullopt;
+      add(&*o);
+      if (o->value.empty()) continue;
+      if (k + 1 == a.size()) ++i;  // "-w 5": the value is the next argument ("-w5" was split already)
+      break;
+    }
+  }
+  return rows;
+}
+
+// Declares to cxxopts the options the command line names (all of them when
+// it names one the table lacks). Each declared option costs every run
+// start-up time (cxxopts builds a map entry, shared pointers and a
+// std::function for it, and the first one initialises std::locale: about
+// 270 K instructions and a dozen first-touched pages for the whole table,
+// docs/BENCHMARKS.md), so a plain `looplock DIR -- COMMAND` declares none.
+// The positional arguments are cxxopts' unmatched ones.
+cxxopts::Options build_parser(const std::vector<std::string>& own, bool declare_all) {
+  cxxopts::Options parser("looplock", "");
+  auto declare = [&](const OptionSpec& o) {
+    const std::string names = (o.letter ? std::string(1, o.letter) + "," : std::string()) + std::string(o.name);
+    if (o.value.empty()) {
+      parser.add_options()(names, "");
+    } else {
+      parser.add_options()(names, "", cxxopts::value<std::string>());
+    }
+  };
+  if (const auto rows = declare_all ? std::nullopt : named_rows(own)) {
+    for (const OptionSpec* o : *rows) declare(*o);
+  } else {
+    for (const auto& o : option_table()) declare(o);
+  }
+  return parser;
+}
+
+// cxxopts' exception in looplock's words, with the option as it is typed
+// ('--bogus', '-x') and plain quotes.
+std::string cxxopts_message(const cxxopts::exceptions::exception& e, const std::vector<std::string>& own) {
+  // cxxopts quotes the option with ‘ ’ (or ' ' without Unicode): take the
+  // first quoted part.
+  std::string text = e.what();
+  auto unquote = [](std::string t) {
+    for (const char* q : {"\u2018", "\u2019"}) {
+      for (size_t at; (at = t.find(q)) != std::string::npos;) t.replace(at, std::string_view(q).size(), "'");
+    }
+    return t;
+  };
+  text = unquote(text);
+  std::string name;
+  if (auto a = text.find('\''); a != std::string::npos) {
+    if (auto b = text.find('\'', a + 1); b != std::string::npos) name = text.substr(a + 1, b - a - 1);
+  }
+  const std::string typed = name.size() == 1 ? "-" + name : "--" + name;
+  if (dynamic_cast<const cxxopts::exceptions::no_such_option*>(&e)) return "unknown option " + quote(typed);
+  if (dynamic_cast<const cxxopts::exceptions::missing_argument*>(&e) ||
+      dynamic_cast<const cxxopts::exceptions::option_requires_argument*>(&e)) {
+    return "option " + quote(typed) + " needs a value";
+  }
+  if (dynamic_cast<const cxxopts::exceptions::gratuitous_argument_for_option*>(&e)) {
+    return "option " + quote(typed) + " takes no value";
+  }
+  if (dynamic_cast<const cxxopts::exceptions::invalid_option_syntax*>(&e)) return "invalid option " + quote(name);
+  if (dynamic_cast<const cxxopts::exceptions::incorrect_argument_type*>(&e)) {
+    // "--quiet=x": a flag given a value.
+    for (const auto& a : own) {
+      if (a.starts_with("--") && a.ends_with("=" + name))
+        return "option " + quote(a.substr(0, a.find('='))) + " takes no value";
+    }
+  }
+  return "invalid command line: " + text;
+}
+
+long long duration_option(const char* name, const std::string& text) {
+  std::string why;
+  auto d = parse_duration(text, &why);
+  if (!d) usage_error("invalid --" + std::string(name) + " " + quote(text) + ": " + why);
+  return *d;
+}
+
+std::optional<int> parse_int(std::string_view text) {
+  int v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || p != text.data() + text.size() || text.empty()) return std::nullopt;
+  return v;
+}
+
+int parse_exit_code(const cxxopts::ParseResult& r, const char* name, int lo, int hi) {
+  const auto& text = r[name].as<std::string>();
+  auto v = parse_int(text);
+  if (!v || *v < lo || *v > hi) {
+    usage_error("invalid --" + std::string(name) + " " + quote(text) + ": expected an integer from " +
+                std::to_string(lo) + " to " + std::to_string(hi));
+  }
+  return *v;
+}
+
+std::string base_name(std::string_view path) {
+  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
+  auto slash = path.rfind('/');
+  if (slash != std::string_view::npos) path.remove_prefix(slash + 1);
+  return std::string(path);
+}
+
+enum class Family { None, Shell, Python, Node, Perl };
+
+Family interpreter_family(std::string_view base) {
+  auto starts = [&](std::string_view p) { return base.starts_with(p); };
+  if (base == "sh" || base == "bash" || base == "dash" || base == "zsh" || base == "ksh" || base == "mksh" ||
+      base == "ash" || base == "busybox")
+    return Family::Shell;
+  if (starts("python") || starts("pypy")) return Family::Python;
+  if (base == "node" || base == "nodejs" || base == "deno" || base == "bun") return Family::Node;
+  if (starts("perl") || starts("ruby") || starts("php") || starts("lua") || base == "tclsh" || base == "Rscript")
+    return Family::Perl;
+  return Family::None;
+}
+
+}  // namespace
+
+long long lease_kill_after_ns(std::optional<long long> given, int ttl_s, std::string_view given_text) {
+  if (!given) return lease_timing::default_kill_after_ns(ttl_s);
+  const std::string shown = given_text.empty() ? format_duration(*given) : std::string(given_text);
+  const std::string what = "invalid --kill-after " + quote(shown) + " with --ttl " + std::to_string(ttl_s);
+  // Truncated to 10 ms; the hint shows it cut to a printed digit, so the number shown is accepted.
+  const long long most = lease_timing::max_kill_after_ns(ttl_s) / 10'000'000LL * 10'000'000LL;
+  const std::string room = "Give --kill-after " + format_duration(printed_floor(most)) + " or less (default at --ttl " +
+                           std::to_string(ttl_s) + ": " + format_duration(lease_timing::default_kill_after_ns(ttl_s)) +
+                           "), or a longer --ttl.";
+  if (*given == 0) {
+    usage_error(what + ": a lease holder must be killable before its lease expires (0 would never send KILL)", room);
+  }
+  if (*given > most) {
+    usage_error(what +
+                    ": TERM would leave too little of the lease to renew it (a quarter of the TTL must "
+                    "remain to ride out an etcd outage)",
+                room);
+  }
+  return *given;
+}
+
+std::string derive_operation(const std::vector<std::string>& command) {
+  if (command.empty()) return "command";
+  std::string base = base_name(command[0]);
+  Family fam = interpreter_family(base);
+  if (fam == Family::None) return base.empty() ? "command" : base;
+  auto script_name = [&](std::string_view a) {
+    std::string script = base_name(a);
+    return script.empty() ? base : script;
+  };
+  // Short option letters that introduce inline code or a module (no script
+  // follows), and those that take a value.
+  auto code_letter = [&](char c) {
+    switch (fam) {
+      case Family::Shell: return c == 'c';
+      case Family::Python: return c == 'c' || c == 'm';
+      case Family::Node: return c == 'e' || c == 'p';
+      case Family::Perl: return c == 'e' || c == 'E';
+      case Family::None: break;
+    }
+    return false;
+  };
+  auto value_letter = [&](char c) {
+    switch (fam) {
+      case Family::Shell: return c == 'o';
+      case Family::Python: return c == 'W' || c == 'X';
+      case Family::Node: return c == 'r';
+      case Family::Perl: return c == 'I';
+      case Family::None: break;
+    }
+    return false;
+  };
+  for (size_t i = 1; i < command.size(); ++i) {
+    std::string_view a = command[i];
+    if (a == "--") {
+      if (i + 1 < command.size()) return script_name(command[i + 1]);
+      break;
+    }
+    if (a.empty() || a == "-") break;
+    const bool option = a[0] == '-' || (fam == Family::Shell && a[0] == '+' && a.size() > 1);
+    if (!option) return script_name(a);  // the first non-option argument is the script
+    if (a[1] == '-') {                   // a long option
+      if (fam == Family::Node && (a == "--eval" || a == "--print")) break;
+      if (fam == Family::Node && a == "--require") ++i;
+      continue;
+    }
+    // A cluster of short options ("-ec", "-uc", "-Wignore", "+o"): its letters
+    // up to the first that takes a value (the rest of the cluster is the value).
+    bool code = false;
+    for (size_t k = 1; k < a.size(); ++k) {
+      if (code_letter(a[k])) {
+        code = true;
+        break;
+      }
+      if (value_letter(a[k])) {
+        if (k + 1 == a.size()) ++i;  // the value is the next argument
+        break;
+      }
+    }
+    if (code) break;
+  }
+  return base;
+}
+
+namespace {
+
+// The cxxopts parse of looplock's own arguments (never the command's).
+cxxopts::ParseResult parse_own(const Split& split, bool declare_all) {
+  for (const auto& a : split.own) {
+    if (a == "--etcd-password" || a.starts_with("--etcd-password=")) {
+      usage_error("--etcd-password is not an option: a password on the command line is visible to every user",
+                  "Put it in $LOOPLOCK_ETCD_PASSWORD, or in a file for --etcd-password-file FILE.");
+    }
+  }
+  cxxopts::Options parser = build_parser(split.own, declare_all);
+  std::vector<const char*> cargv;
+  cargv.reserve(split.own.size());
+  for (const auto& a : split.own) cargv.push_back(a.c_str());
+  try {
+    return parser.parse(static_cast<int>(cargv.size()), cargv.data());
+  } catch (const cxxopts::exceptions::exception& e) {
+    usage_error(cxxopts_message(e, split.own));
+  }
+}
+
+const std::string& text_of(const cxxopts::ParseResult& r, const char* name) { return r[name].as<std::string>(); }
+
+// DIR (or the DIRs of --inspect), and flock(1)'s -u pointed elsewhere.
+void read_dirs(const cxxopts::ParseResult& r, Options& o) {
+  if (r.count("unlock")) {
+    usage_error("-u/--unlock is not an option: looplock releases the lock itself when the command has ended",
+                "flock -u unlocks a descriptor; under looplock, a command that must let go early can close "
+                "$LOOPLOCK_FD (and whatever it started), or run with -o so that only looplock holds the lock.");
+  }
+  const std::vector<std::string>& positional = r.unmatched();
+  if (positional.empty()) {
+    usage_error("missing DIR", o.mode == Mode::Inspect
+                                   ? "Give the loop directories: looplock --inspect [--json] [--check] DIR..."
+                                   : "Give the loop directory, then the command: looplock [OPTIONS] DIR -- COMMAND "
+                                     "[ARG]...");
+  }
+  for (const auto& d : positional) {
+    if (d.empty()) usage_error("DIR is an empty string");
+  }
+  if (positional.size() > 1 && o.mode != Mode::Inspect) {
+    usage_error("unexpected argument " + quote(positional[1]) + " before '--'",
+                "Put the command after '--': looplock DIR -- " + positional[1] + " ...");
+  }
+  o.dir = positional[0];
+  o.dirs = positional;
+}
+
+// Whether option `name` is given (--etcd also by $LOOPLOCK_ETCD).
+bool given(const cxxopts::ParseResult& r, const Options& o, std::string_view name) {
+  if (name == "etcd" && !o.etcd.empty()) return true;
+  return r.count(std::string(name)) > 0;
+}
+
+// The table's rules: each option applies in its modes only, some only with
+// --etcd, some not with -F; and the pairs that exclude each other.
+void check_applicable(const cxxopts::ParseResult& r, const Options& o) {
+  const bool no_fork = r.count("no-fork") > 0;
+  for (const auto& spec : option_table()) {
+    if (!given(r, o, spec.name) || (spec.name == "etcd" && !r.count("etcd"))) continue;
+    const std::string shown = option_shown(spec);
+    if (o.mode == Mode::Inspect && !(spec.applies & kInInspect)) usage_error(shown + " does not apply to --inspect");
+    if (o.mode == Mode::Run && !(spec.applies & kInRun)) {
+      usage_error(shown + " only applies to --inspect",
+                  spec.name == "json" ? "Use --log-format json for JSON log lines." : std::string(kTryHelp));
+    }
+    if (spec.needs_etcd && o.etcd.empty()) usage_error(shown + " applies only with --etcd ENDPOINTS");
+  }
+  if (o.mode != Mode::Run) return;
+  for (const auto& spec : option_table()) {
+    if (spec.not_with_no_fork && no_fork && given(r, o, spec.name)) {
+      usage_error(option_shown(spec) + (spec.name == "etcd" && !r.count("etcd") ? " ($LOOPLOCK_ETCD)" : "") +
+                      " needs looplock to stay the command's parent; drop -F/--no-fork",
+                  spec.name == "etcd" ? "looplock must stay to keep the etcd lease alive." : std::string(kTryHelp));
+    }
+  }
+  for (const auto& c : option_conflicts()) {
+    if (given(r, o, c.a) && given(r, o, c.b)) {
+      usage_error(option_shown(*find_option(c.a)) + " and " + option_shown(*find_option(c.b)) + " cannot be combined" +
+                      (c.why.empty() ? "" : ": " + std::string(c.why)),
+                  c.hint.empty() ? std::string(kTryHelp) : std::string(c.hint));
+    }
+  }
+}
+
+// -p, -w, -n, -E, --skip-exit-code.
+void read_policy(const cxxopts::ParseResult& r, Options& o) {
+  if (r.count("policy")) {
+    auto p = parse_policy(text_of(r, "policy"));
+    if (!p) {
+      usage_error("unknown policy " + quote(text_of(r, "policy")),
+                  "Policies: mutation (default), monitor, single_flight, blocking.");
+    }
+    o.policy = *p;
+  }
+  // -n/--nonblock is flock(1)'s spelling of -w 0: one attempt under the policy in force.
+  if (r.count("timeout") || r.count("nonblock")) {
+    const bool w = r.count("timeout") > 0;
+    if (!policy_takes_timeout(o.policy)) {
+      usage_error(std::string(w ? "-w/--timeout" : "-n/--nonblock") + " does not apply to policy " +
+                      std::string(policy_name(o.policy)),
+                  "single_flight never waits and blocking waits without limit; use -p mutation or -p monitor with " +
+                      std::string(w ? "-w." : "-n (or -p single_flight -q for a silent skip)."));
+    }
+    o.timeout_ns = w ? duration_option("timeout", text_of(r, "timeout")) : 0;
+  }
+  if (r.count("conflict-exit-code")) o.conflict_exit_code = parse_exit_code(r, "conflict-exit-code", 1, 255);
+  if (r.count("skip-exit-code")) o.skip_exit_code = parse_exit_code(r, "skip-exit-code", 0, 255);
+}
+
+// -s, -o, -F, --kill-after, --max-time (and what they resolve to).
+void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
+  o.shared = r.count("shared") > 0;
+  o.close_fd = r.count("close") > 0;
+  o.no_fork = r.count("no-fork") > 0;
+  if (r.count("kill-after")) o.kill_after_ns = duration_option("kill-after", text_of(r, "kill-after"));
+  if (r.count("max-time")) {
+    if (const long long d = duration_option("max-time", text_of(r, "max-time")); d != 0 && d != kForever) {
+      o.max_time_ns = d;
+    }
+  }
+  if (r.count("once-per")) {
+    const long long d = duration_option("once-per", text_of(r, "once-per"));
+    if (d == 0) {
+      usage_error("invalid --once-per " + quote(text_of(r, "once-per")) +
+                  ": expected a duration above 0 (such as 4m for a */5 schedule)");
+    }
+    o.once_per_ns = d;
+  }
+  if (r.count("jitter")) {
+    const long long d = duration_option("jitter", text_of(r, "jitter"));
+    if (d > kMaxJitterNs) {
+      usage_error("invalid --jitter " + quote(text_of(r, "jitter")) + ": at most 24h",
+                  "--jitter spreads a schedule's runs over part of its interval (20s for a */5 schedule).");
+    }
+    if (d != 0) o.jitter_ns = d;
+  }
+  if (r.count("warn-signal") && !r.count("warn-before")) usage_error("--warn-signal applies only with --warn-before");
+  if (r.count("warn-before")) {
+    o.warn_before_ns = duration_option("warn-before", text_of(r, "warn-before"));
+    if (!o.max_time_ns && o.etcd.empty()) {
+      usage_error("--warn-before applies only with --max-time or --etcd",
+                  "It signals the job before --max-time's TERM, or before a failing lease's.");
+    }
+    if (o.max_time_ns && *o.warn_before_ns >= *o.max_time_ns) {
+      usage_error("invalid --warn-before " + quote(text_of(r, "warn-before")) + ": not shorter than --max-time " +
+                  format_duration(*o.max_time_ns));
+    }
+    if (r.count("warn-signal")) {
+      const auto sig = parse_signal(text_of(r, "warn-signal"));
+      if (!sig) usage_error("invalid --warn-signal " + quote(text_of(r, "warn-signal")) + ": expected a signal name or number");
+      if (*sig == SIGKILL || *sig == SIGSTOP) {
+        usage_error("invalid --warn-signal " + quote(text_of(r, "warn-signal")) +
+                    ": KILL and STOP cannot be handled, so they warn nobody");
+      }
+      o.warn_signal = *sig;
+    }
+  }
+  // KILL after a forwarded TERM/INT: --kill-after, where 0 and inf mean
+  // never, as in timeout(1); after --max-time's TERM: the same, or 5 s when
+  // it was not given.
+  if (o.kill_after_ns && *o.kill_after_ns != 0 && *o.kill_after_ns != kForever)
+    o.signal_kill_after_ns = o.kill_after_ns;
+  o.max_time_kill_after_ns = o.kill_after_ns ? o.signal_kill_after_ns : std::optional<long long>(kDefaultKillAfterNs);
+}
+
+// -v, -q, --log-format, --metrics-dir.
+void read_output(const cxxopts::ParseResult& r, const Environment& env, Options& o) {
+  if (r.count("verbose")) o.verbosity = Verbosity::Verbose;
+  if (r.count("quiet")) o.verbosity = Verbosity::Quiet;
+  if (r.count("log-format")) {
+    const auto& f = text_of(r, "log-format");
+    if (f == "text") {
+      o.log_format = LogFormat::Text;
+    } else if (f == "json") {
+      o.log_format = LogFormat::Json;
+    } else {
+      usage_error("invalid --log-format " + quote(f) + ": expected text or json");
+    }
+  }
+  if (r.count("metrics-dir")) {
+    o.metrics_dir = text_of(r, "metrics-dir");
+    if (o.metrics_dir.empty()) usage_error("invalid --metrics-dir '': expected a directory");
+  } else if (env.metrics_dir && !env.metrics_dir->empty()) {
+    o.metrics_dir = *env.metrics_dir;  // --inspect judges its files too
+  }
+}
+
+// --etcd (or $LOOPLOCK_ETCD), before the rules are checked: whether the
+// cluster lock is asked for decides which options apply.
+void read_endpoints(const cxxopts::ParseResult& r, const Environment& env, Options& o) {
+  if (r.count("etcd")) {
+    o.etcd = text_of(r, "etcd");
+    if (o.etcd.empty()) usage_error("invalid --etcd '': expected endpoints such as http://127.0.0.1:2379");
+  } else if (env.looplock_etcd && !env.looplock_etcd->empty()) {
+    o.etcd = *env.looplock_etcd;
+  }
+  if (o.etcd.empty()) return;
+  auto parsed = etcd::parse_endpoints(o.etcd);
+  if (!parsed.error.empty()) {
+    usage_error("invalid --etcd " + quote(o.etcd) + " (or $LOOPLOCK_ETCD): " + parsed.error,
+                "Give comma-separated http://HOST:PORT or https://HOST:PORT endpoints of the etcd cluster "
+                "(etcd 3.4+).");
+  }
+  o.endpoints = std::move(parsed.endpoints);
+}
+
+// --etcd-cacert, --etcd-cert, --etcd-key, --etcd-user, --etcd-password-file
+// and their environment defaults.
+void read_cluster_access(const cxxopts::ParseResult& r, const Environment& env, Options& o) {
+  const bool any_tls =
+      std::any_of(o.endpoints.begin(), o.endpoints.end(), [](const etcd::Endpoint& e) { return e.tls; });
+  struct File {
+    const char* option;
+    const std::optional<std::string>& env_default;
+    std::string& out;
+  };
+  for (File f : {File{"etcd-cacert", env.looplock_etcd_cacert, o.etcd_cacert},
+                 File{"etcd-cert", env.looplock_etcd_client_cert, o.etcd_cert},
+                 File{"etcd-key", env.looplock_etcd_client_key, o.etcd_key}}) {
+    const std::string option = std::string("--") + f.option;
+    if (r.count(f.option)) {
+      f.out = text_of(r, f.option);
+      if (f.out.empty()) usage_error("invalid " + option + " '': expected a file name");
+      if (!any_tls) {
+        usage_error(option + " " + quote(f.out) + " applies only to https:// endpoints",
+                    "Give the etcd endpoints as https://HOST:PORT.");
+      }
+    } else if (any_tls && f.env_default && !f.env_default->empty()) {
+      f.out = *f.env_default;  // the environment's default: only for https:// endpoints
+    }
+  }
+  if (o.etcd_cert.empty() != o.etcd_key.empty()) {
+    usage_error(std::string(o.etcd_cert.empty() ? "--etcd-key" : "--etcd-cert") + " needs " +
+                    (o.etcd_cert.empty() ? "--etcd-cert" : "--etcd-key") + " too",
+                "A client certificate goes with its private key: give both (or $LOOPLOCK_ETCD_CLIENT_CERT and "
+                "$LOOPLOCK_ETCD_CLIENT_KEY).");
+  }
+  if (r.count("etcd-user")) {
+    o.etcd_user = text_of(r, "etcd-user");
+    if (o.etcd_user.empty()) usage_error("invalid --etcd-user '': expected an etcd user name");
+  }
+  if (r.count("etcd-password-file")) {
+    o.etcd_password_file = text_of(r, "etcd-password-file");
+    if (o.etcd_user.empty()) {
+      usage_error("--etcd-password-file " + quote(o.etcd_password_file) + " applies only with --etcd-user NAME");
+    }
+    if (o.etcd_password_file.empty()) usage_error("invalid --etcd-password-file '': expected a file name");
+  } else if (!o.etcd_user.empty()) {
+    if (!env.looplock_etcd_password || env.looplock_etcd_password->empty()) {
+      usage_error("--etcd-user " + quote(o.etcd_user) + " needs a password",
+                  "Put it in $LOOPLOCK_ETCD_PASSWORD, or in a file for --etcd-password-file FILE (never on the "
+                  "command line).");
+    }
+    o.etcd_password = env.looplock_etcd_password;
+  }
+}
+
+// --lock-name, --ttl, TLS and login.
+void read_cluster(const cxxopts::ParseResult& r, const Environment& env, Options& o) {
+  if (o.etcd.empty()) return;
+  if (r.count("lock-name")) {
+    o.lock_name = text_of(r, "lock-name");
+    if (!valid_lock_name(o.lock_name)) {
+      usage_error("invalid --lock-name " + quote(o.lock_name) + ": expected 1 to 255 bytes without control characters");
+    }
+  }
+  if (r.count("ttl")) {
+    // A duration of whole seconds (10, 10s, 10.0s, 1m): etcd's leases count
+    // in seconds.
+    const auto& text = text_of(r, "ttl");
+    const auto d = parse_duration(text);
+    constexpr long long kSec = 1'000'000'000LL;
+    if (!d || *d % kSec != 0 || *d < 2 * kSec || *d > 86400 * kSec) {
+      usage_error("invalid --ttl " + quote(text) + ": expected whole seconds from 2 to 86400 (10, 10s, 1m)",
+                  d && *d % kSec != 0 && *d != kForever ? "etcd's leases count in whole seconds." : std::string(kTryHelp));
+    }
+    o.ttl_s = static_cast<int>(*d / kSec);
+  }
+  read_cluster_access(r, env, o);
+}
+
+// --json, --check, --stale-after; and no command.
+void read_inspect(const cxxopts::ParseResult& r, const Split& split, Options& o) {
+  o.json = r.count("json") > 0;
+  o.check = r.count("check") > 0;
+  if (r.count("stale-after")) o.stale_after_ns = duration_option("stale-after", text_of(r, "stale-after"));
+  if (r.count("incidents")) {
+    const auto n = parse_int(text_of(r, "incidents"));
+    if (!n || *n < 1 || *n > static_cast<int>(kMaxIncidentsShown)) {
+      usage_error("invalid --incidents " + quote(text_of(r, "incidents")) + ": expected a whole number from 1 to " +
+                  std::to_string(kMaxIncidentsShown));
+    }
+    o.incidents = static_cast<size_t>(*n);
+  }
+  if (split.saw_dashdash || split.shell_command) {
+    usage_error("--inspect takes no command", "Give only directories: looplock --inspect [--json] [--check] DIR...");
+  }
+}
+
+// The command, and who runs what: --agent, --operation and their defaults.
+void read_command(const cxxopts::ParseResult& r, const Split& split, const Environment& env, Options& o) {
+  if (split.shell_command) {
+    if (split.shell_command->empty()) {
+      usage_error("option -c needs a non-empty SHELL-COMMAND", "Example: looplock DIR -c 'python3 status.py --tick'");
+    }
+    o.shell_form = true;
+    o.command = {"/bin/sh", "-c", "--", *split.shell_command};  // "--": a string may start with "-"
+  } else if (split.saw_dashdash) {
+    if (split.command.empty())
+      usage_error("no command after '--'", "Example: looplock DIR -- python3 status.py --tick");
+    o.command = split.command;
+  } else if (!o.dir.empty() && o.dir.find_first_not_of("0123456789") == std::string::npos) {
+    usage_error("missing '--' before the command; " + quote(o.dir) + " is taken as DIR, not as a descriptor",
+                "looplock locks a loop directory, not a descriptor (flock's 'flock N' form). Under looplock the "
+                "command already holds the lock through $LOOPLOCK_FD; run it as looplock [OPTIONS] DIR -- COMMAND.");
+  } else {
+    usage_error("missing '--' before the command",
+                "Put '--' between DIR and the command: looplock [OPTIONS] DIR -- COMMAND [ARG]..., or use "
+                "-c SHELL-COMMAND.");
+  }
+  for (const char* name : {"agent", "operation"}) {
+    if (r.count(name) && text_of(r, name).empty()) {
+      usage_error("invalid --" + std::string(name) + " '': expected a non-empty " +
+                      (name == std::string_view("agent") ? "ID" : "NAME"),
+                  "Records, incident rows and metrics labels name the run by it; leave the option out for the "
+                  "default.");
+    }
+  }
+  o.agent = r.count("agent") ? text_of(r, "agent")
+                             : (env.looplock_agent && !env.looplock_agent->empty()
+                                    ? *env.looplock_agent
+                                    : (env.user_name ? env.user_name() : std::string("unknown")));
+  o.operation =
+      r.count("operation") ? text_of(r, "operation") : (o.shell_form ? std::string("sh") : derive_operation(o.command));
+  if (o.once_per_ns && o.operation.size() > kMaxOncePerName) {
+    usage_error("--once-per needs an operation name of at most " + std::to_string(kMaxOncePerName) + " bytes (" +
+                    std::to_string(o.operation.size()) + " given)",
+                "Its slot is found by the whole name; give a shorter --operation NAME.");
+  }
+}
+
+}  // namespace
+
+Options parse_options(const std::vector<std::string>& argv, const Environment& env, bool declare_all) {
+  const Split split = split_argv(argv);
+  const cxxopts::ParseResult r = parse_own(split, declare_all);
+  Options o;
+  if (r.count("help")) {
+    o.mode = Mode::Help;
+    return o;
+  }
+  if (r.count("version")) {
+    o.mode = Mode::Version;
+    return o;
+  }
+  o.mode = r.count("inspect") ? Mode::Inspect : Mode::Run;
+  read_dirs(r, o);
+  read_endpoints(r, env, o);
+  check_applicable(r, o);
+  read_output(r, env, o);
+  read_cluster(r, env, o);
+  if (o.mode == Mode::Inspect) {
+    read_inspect(r, split, o);
+    return o;
+  }
+  read_policy(r, o);
+  read_lock_and_job(r, o);
+  if (!o.etcd.empty()) {
+    o.lease_kill_after_ns =
+        lease_kill_after_ns(o.kill_after_ns, o.ttl_s, r.count("kill-after") ? text_of(r, "kill-after") : std::string());
+  }
+  read_command(r, split, env, o);
+  return o;
+}
+
+LogFormat requested_log_format(int argc, char** argv) {
+  LogFormat f = LogFormat::Text;
+  for (int i = 1; i < argc && argv[i]; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--" || a == "-c") break;
+    if (a == "--log-format" && i + 1 < argc && argv[i + 1]) {
+      f = std::string_view(argv[++i]) == "json" ? LogFormat::Json : LogFormat::Text;
+    } else if (a.starts_with("--log-format=")) {
+      f = a.substr(13) == "json" ? LogFormat::Json : LogFormat::Text;
+    }
+  }
+  return f;
+}
+
+const std::string& help_text() {
+  static const std::string text = std::string(R"(Usage: looplock [OPTIONS] DIR -- COMMAND [ARG]...
+       looplock [OPTIONS] DIR -c SHELL-COMMAND
+       looplock --inspect [--json] [--check] [--stale-after DURATION] DIR...
+
+Run COMMAND while holding the advisory lock on DIR/.state.lock (flock(2)),
+then exit exactly as COMMAND exited.
+
+)") + options_help() + R"(
+Examples:
+  looplock /srv/loops/nightly -- python3 scripts/status.py --tick
+  looplock -p single_flight /srv/loops/nightly -- ./monitor.sh
+  looplock --once-per 4m --operation tick /srv/loops/nightly -- ./tick.py
+  looplock -w 30 /srv/loops/nightly -c 'status.py --approve && status.py --tick'
+
+Exit status: COMMAND's own; 75 deadline passed; 124 --max-time passed;
+64 usage; 66 no DIR; 73 unsafe lock file; 74 DIR vanished mid-lock;
+71 OS error; 126/127 exec; 69 etcd unreachable; 76 etcd lease lost.
+)";
+  return text;
+}
+
+}  // namespace looplock

@@ -1,0 +1,661 @@
+#include "cluster/cluster.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+
+#include "base/duration.hpp"
+#include "base/error.hpp"
+#include "base/exit_codes.hpp"
+#include "base/text.hpp"
+#include "os/procfs.hpp"
+#include "os/sys.hpp"
+#include "os/unique_fd.hpp"
+#include "records/holder.hpp"
+#include "records/verdict.hpp"
+#include "settings/settings.hpp"
+
+namespace looplock {
+
+namespace {
+
+constexpr long long kMs = 1'000'000LL;
+constexpr long long kSec = 1'000 * kMs;
+constexpr long long kNever = LLONG_MAX;
+// The least time given to reaching etcd and queuing (-w 0: "one attempt").
+constexpr long long kMinAttemptNs = 250 * kMs;
+// How long single_flight and blocking runs try to reach etcd at all before
+// giving up with 69 (a blocking wait that has reached etcd then rides out
+// any outage).
+constexpr long long kReachNs = 5 * kSec;
+constexpr long long kReleaseNs = 2 * kSec;
+constexpr long long kLostReleaseNs = kSec;
+// Once a wait's deadline has passed: how long the look at the holder (for
+// the report) and the revoke of the waiter's lease may take each, so that
+// the deadline (-w) is kept within a few hundred milliseconds. Where etcd
+// has stopped answering, the look is not made (the holder the wait found is
+// reported) and the revoke is one brief try: the lease expires anyway.
+constexpr long long kAfterDeadlineNs = 100 * kMs;
+// After a renewal round that got no answer, the next one is due this soon.
+constexpr long long kRenewRetryNs = 25 * kMs;
+// How early a waiter renews (more than etcd.cpp's slack for ending a watch).
+constexpr long long kRenewEarlyNs = 250 * kMs;
+// A password file is a line, not a document.
+constexpr size_t kMaxPasswordFile = 4096;
+
+}  // namespace
+
+std::string cluster_lock_name(const std::string& lock_name_option, const std::string& canonical_dir) {
+  if (!lock_name_option.empty()) return lock_name_option;
+  const size_t slash = canonical_dir.rfind('/');
+  std::string base = slash == std::string::npos ? canonical_dir : canonical_dir.substr(slash + 1);
+  if (base.empty()) base = "/";
+  if (!valid_lock_name(base)) {
+    throw Fatal(exit_code::kUsage, "the loop directory's base name cannot name a cluster lock",
+                "Give one with --lock-name NAME.");
+  }
+  return base;
+}
+
+std::string encode_cluster_holder(const ClusterHolder& h) {
+  Json j = Json::object();
+  j["host"] = clip_bytes(h.host);
+  j["pid"] = h.pid;
+  j["agent_id"] = clip_bytes(h.agent_id);
+  j["operation"] = clip_bytes(h.operation);
+  j["acquired_at"] = h.acquired_at;
+  j["lease"] = h.lease;
+  if (h.fencing_token != 0) j["fencing_token"] = h.fencing_token;
+  if (!h.pid_start.empty()) j["pid_start"] = h.pid_start;
+  if (!h.boot_id.empty()) j["boot_id"] = h.boot_id;
+  if (!h.pid_ns.empty()) j["pid_ns"] = h.pid_ns;
+  if (h.ttl_s > 0) j["ttl"] = h.ttl_s;
+  return dump_json(j);
+}
+
+std::optional<Json> parse_cluster_holder(std::string_view value) {
+  auto j = Json::parse(value.begin(), value.end(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return std::nullopt;
+  return j;
+}
+
+namespace {
+
+void check_readable(const std::string& option, const std::string& path) {
+  UniqueFd fd(sys::retry_eintr([&] { return open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK); }));
+  if (!fd) {
+    throw Fatal(exit_code::kUsage, errno_message("cannot read " + option + " " + quote(path), errno),
+                "Give a readable PEM file (or leave the option out).");
+  }
+}
+
+// The password file: a regular file (never a FIFO or a device that would
+// hang or stream), at most 4 KiB, its one line without the newline. Its
+// content appears in no message.
+std::string read_password_file(const std::string& path, const Logger& log) {
+  const std::string what = "cannot read --etcd-password-file " + quote(path);
+  const std::string hint = "Give a file that holds the etcd user's password on one line (mode 0600).";
+  UniqueFd fd(sys::retry_eintr([&] { return open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK); }));
+  if (!fd) throw Fatal(exit_code::kUsage, errno_message(what, errno), hint);
+  struct stat st {};
+  if (fstat(fd.get(), &st) != 0) throw Fatal(exit_code::kUsage, errno_message(what, errno), hint);
+  if (!S_ISREG(st.st_mode)) throw Fatal(exit_code::kUsage, what + ": not a regular file", hint);
+  if (static_cast<size_t>(st.st_size) > kMaxPasswordFile) {
+    throw Fatal(exit_code::kUsage, what + ": larger than 4 KiB, so not a password", hint);
+  }
+  auto text = sys::pread_all(fd.get(), kMaxPasswordFile + 1);
+  if (!text) throw Fatal(exit_code::kUsage, errno_message(what, errno), hint);
+  if (text->ends_with('\n')) text->pop_back();
+  if (text->ends_with('\r')) text->pop_back();
+  if (text->empty()) throw Fatal(exit_code::kUsage, what + ": it is empty", hint);
+  if (text->find('\n') != std::string::npos) throw Fatal(exit_code::kUsage, what + ": more than one line", hint);
+  if (st.st_mode & S_IROTH) {
+    log.warn("password_file_readable",
+             "--etcd-password-file " + quote(path) + " is readable by every user (chmod 600 it)");
+  }
+  return std::move(*text);
+}
+
+}  // namespace
+
+std::string cause_hint(etcd::Cause cause, std::string_view endpoint) {
+  // "HOST:PORT" of "http://HOST:PORT" or "https://HOST:PORT".
+  const std::string_view hostport = endpoint.substr(std::min(endpoint.find("//"), endpoint.size() - 2) + 2);
+  switch (cause) {
+    case etcd::Cause::None: return {};
+    case etcd::Cause::SpeaksTls:
+      return "The endpoint speaks TLS: use https://" + std::string(hostport) + " (and --etcd-cacert).";
+    case etcd::Cause::SpeaksPlainHttp:
+      return "Use http://" + std::string(hostport) +
+             " for this endpoint (it speaks plain HTTP; --etcd-cacert and the client certificate apply only to TLS).";
+    case etcd::Cause::NotTls:
+      return "The endpoint does not answer in TLS: check that HOST:PORT is an etcd client URL, and its scheme "
+             "(http:// for a member that speaks plain HTTP).";
+    case etcd::Cause::TlsRejected:
+      return "Check --etcd-cacert (the CA that signed etcd's certificates) and, when etcd asks for client "
+             "certificates, --etcd-cert and --etcd-key ($LOOPLOCK_ETCD_CACERT, $LOOPLOCK_ETCD_CLIENT_CERT, "
+             "$LOOPLOCK_ETCD_CLIENT_KEY).";
+    case etcd::Cause::CommonNameRefused:
+      return "With authentication enabled, etcd's HTTP gateway refuses client certificates that have a CommonName: "
+             "give --etcd-cert a certificate without one (its names as subjectAltNames only), and log in with "
+             "--etcd-user.";
+    case etcd::Cause::PermissionDenied:
+      return "Give the etcd user (--etcd-user) read and write permission on the key prefix looplock/.";
+    case etcd::Cause::BadCredentials:
+      return "Check --etcd-user and its password ($LOOPLOCK_ETCD_PASSWORD or --etcd-password-file).";
+  }
+  return {};
+}
+
+ClusterAccess cluster_access(const Options& o, const Logger& log) {
+  ClusterAccess a;
+  a.tls = {o.etcd_cacert, o.etcd_cert, o.etcd_key};
+  if (!o.etcd_cacert.empty()) check_readable("--etcd-cacert", o.etcd_cacert);
+  if (!o.etcd_cert.empty()) check_readable("--etcd-cert", o.etcd_cert);
+  if (!o.etcd_key.empty()) check_readable("--etcd-key", o.etcd_key);
+  a.user = o.etcd_user;
+  if (!o.etcd_user.empty()) {
+    a.password =
+        o.etcd_password_file.empty() ? o.etcd_password.value_or("") : read_password_file(o.etcd_password_file, log);
+  }
+  return a;
+}
+
+ClusterLock::ClusterLock(etcd::Transport& transport, std::vector<etcd::Endpoint> endpoints, std::string name, int ttl_s,
+                         long long kill_after_ns, const Logger& log, const ClusterAccess& access, etcd::Clock& clock)
+    : clock_(clock),
+      client_(transport, std::move(endpoints), clock),
+      name_(std::move(name)),
+      prefixes_(etcd::contender_prefixes(name_)),
+      ttl_s_(ttl_s),
+      kill_after_ns_(kill_after_ns),
+      log_(log) {
+  transport.configure(access.tls);
+  if (!access.user.empty()) client_.set_credentials(access.user, access.password);
+}
+
+ClusterLock::~ClusterLock() { release(); }
+
+template <typename T>
+void ClusterLock::unavailable(const std::string& what, const etcd::Result<T>& r) const {
+  const bool down = r.status == etcd::Status::Unavailable || r.status == etcd::Status::Timeout;
+  std::string hint = cause_hint(r.cause, r.cause_endpoint);
+  if (hint.empty()) {
+    hint = down ? "Check that etcd answers at the --etcd endpoints ($LOOPLOCK_ETCD)." : "Check etcd's logs.";
+  }
+  throw Fatal(exit_code::kClusterUnavailable,
+              "etcd " + std::string(down ? "unavailable" : "error") + ": cannot " + what + " for cluster lock " +
+                  printable(name_) + ": " + printable(r.error),
+              hint + " The command did not run.", down ? "etcd_unreachable" : "etcd_error");
+}
+
+long long ClusterLock::expiry_ns() const { return last_ok_ns_ + ttl_granted_ns_; }
+long long ClusterLock::kill_by_ns() const { return expiry_ns() - lease_timing::margin_ns(ttl_s_); }
+long long ClusterLock::term_by_ns() const { return kill_by_ns() - kill_after_ns_; }
+long long ClusterLock::next_renewal_ns() const { return next_renewal_ns_; }
+long long ClusterLock::since_last_keepalive_ns() const { return now() - last_ok_ns_; }
+
+std::string ClusterLock::holder_value(bool with_token) const {
+  ClusterHolder h = who_;
+  h.lease = etcd::lease_hex(lease_);
+  h.ttl_s = ttl_s_;
+  h.fencing_token = with_token ? token_ : 0;
+  return encode_cluster_holder(h);
+}
+
+void ClusterLock::note_unavailable(const std::string& error) {
+  last_error_ = error;
+  unavailable_now_ = true;
+  if (!said_unavailable_) {
+    said_unavailable_ = true;
+    log_.verbose("etcd_unavailable", "etcd does not answer (" + printable(error) + "); waiting for cluster lock " +
+                                         printable(name_) + " until it answers again");
+  }
+}
+
+void ClusterLock::note_answering() {
+  if (!unavailable_now_) return;
+  unavailable_now_ = false;
+  log_.verbose("etcd_answering", "etcd answers again; still waiting for cluster lock " + printable(name_));
+}
+
+bool ClusterLock::grant(long long deadline_ns, etcd::Result<long long>& r) {
+  r = client_.lease_grant(ttl_s_, {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
+  if (!r.ok()) return false;
+  lease_ = lease_id_ = r.value;
+  gone_ = false;  // a new lease (a waiter whose lease expired queues again)
+  lost_at_ns_ = 0;
+  why_.clear();
+  last_ok_ns_ = r.sent_ns;
+  ttl_granted_ns_ = lease_timing::ttl_ns(ttl_s_);
+  renewal_ns_ = lease_timing::waiter_renewal_ns(ttl_s_);  // holding, hold() renews more often
+  next_renewal_ns_ = r.sent_ns + renewal_ns_;
+  keys_.clear();
+  for (const auto& p : prefixes_) keys_.push_back(p + etcd::lease_hex(lease_));
+  key_ = keys_.front();
+  return true;
+}
+
+std::optional<Json> contender_value(etcd::Client& client, const std::string& name, const etcd::KeyValue& kv,
+                                    const etcd::Deadline& bound) {
+  if (auto h = parse_cluster_holder(kv.value)) return h;
+  // No value: an earlier looplock, which used etcd's lock service (its value
+  // lies beside the unencoded prefix), or another client of the same keys
+  // (etcdctl lock).
+  if (!etcd::is_contender_key(etcd::legacy_lock_prefix(name), kv.key)) return std::nullopt;
+  auto old = client.range({etcd::holder_key(name)}, bound);
+  if (!old.ok() || old.value.kvs.empty()) return std::nullopt;
+  return parse_cluster_holder(old.value.kvs.front().value);
+}
+
+ClusterQueueRead read_cluster_queue(etcd::Client& client, const std::string& name, const etcd::Deadline& bound) {
+  ClusterQueueRead q;
+  // An encoded name's contenders are read under the unencoded prefix too
+  // (earlier versions, etcdctl lock).
+  q.prefixes = etcd::contender_prefixes(name);
+  std::vector<etcd::RangeResult> reads;
+  for (const auto& p : q.prefixes) {
+    auto keys = client.range({p, true, 0, etcd::RangeQuery::Order::FirstCreated, 0}, bound);
+    if (!keys.ok()) {
+      q.error = keys.error;
+      return q;
+    }
+    reads.push_back(std::move(keys.value));
+  }
+  q.contenders = etcd::contenders(q.prefixes, reads);
+  if (!q.contenders.empty()) q.holder = contender_value(client, name, q.contenders.front(), bound);
+  return q;
+}
+
+std::string dead_contender_note(const Json& v) {
+  auto text = [&](const char* k) { return v.contains(k) && v[k].is_string() ? v[k].get<std::string>() : ""; };
+  const long long pid = v.contains("pid") && v["pid"].is_number_integer() ? v["pid"].get<long long>() : 0;
+  if (!procfs::proven_dead(text("boot_id"), text("pid_ns"), pid, text("pid_start"))) return {};
+  const bool ttl = v.contains("ttl") && v["ttl"].is_number_integer();
+  return "; its looplock is dead (this host): its key goes when its lease expires, within " +
+         (ttl ? std::to_string(v["ttl"].get<int>()) + "s" : std::string("its TTL"));
+}
+
+std::string confirm_cluster_holder(etcd::Client& client, const std::string& name, const std::string& key,
+                                   const std::string& host, long long pid, const etcd::Deadline& bound) {
+  const ClusterQueueRead q = read_cluster_queue(client, name, bound);
+  if (!q.error.empty()) return "cannot read it: " + q.error;
+  if (q.contenders.empty()) return "nobody holds it";
+  const std::string who = describe_cluster_holder(q.holder);
+  if (q.contenders.front().key != key) return "it is held by " + who + ", not through " + key;
+  const bool same = q.holder && q.holder->value("host", std::string()) == host &&
+                    (*q.holder)["pid"].is_number_integer() && (*q.holder)["pid"].get<long long>() == pid;
+  return same ? std::string() : "it is held through " + key + " by " + who + ", not by this looplock's ancestor";
+}
+
+std::optional<Json> ClusterLock::holder_of(const etcd::KeyValue& kv, long long deadline_ns) {
+  auto h = contender_value(client_, name_, kv, {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
+  if (h && !h->contains("fencing_token") && parse_cluster_holder(kv.value)) (*h)["fencing_token"] = kv.create_revision;
+  return h;
+}
+
+Acquisition ClusterLock::acquire(const WaitPlan& plan, long long start_ns, ClusterHolder who) {
+  const bool bounded = plan.kind == WaitPlan::Kind::Bounded;
+  const bool nowait = plan.kind == WaitPlan::Kind::NoWait;
+  const long long deadline = bounded ? start_ns + plan.deadline_ns : kNever;
+  who_ = std::move(who);
+  who_.acquired_at = sys::utc_now_iso8601();
+  const long long reach_by = bounded ? std::max(deadline, now() + kMinAttemptNs) : now() + kReachNs;
+
+  etcd::Result<long long> granted;
+  if (!grant(reach_by, granted)) unavailable("grant a lease", granted);
+
+  if (!nowait) return wait_in_queue(bounded, deadline);
+
+  // single_flight: take the lock only if nobody holds or waits for it.
+  auto t = client_.txn(etcd::create_if_free_txn_body(keys_, holder_value(false), lease_, prefixes_, ledger_key_),
+                       {std::max(reach_by, now() + kMinAttemptNs), lease_timing::attempt_ns(ttl_s_)});
+  if (!t.ok()) unavailable("take the lock", t);
+  auto ledger_read = pop_ledger_read(t.value);
+  if (t.value.succeeded) {
+    token_ = t.value.revision;
+    ledger_at_acquisition_ = std::move(ledger_read);
+    hold();
+    return Acquisition::Acquired;
+  }
+  const auto others = etcd::contenders(prefixes_, t.value.ranges);
+  if (others.empty()) {
+    // Only keys of other names deeper under a prefix (an earlier looplock's
+    // "NAME/lock/..."): queue, and take the lock only if first.
+    auto q = client_.txn(etcd::queue_txn_body(keys_, holder_value(false), lease_, prefixes_, ledger_key_),
+                         {std::max(reach_by, now() + kMinAttemptNs), lease_timing::attempt_ns(ttl_s_)});
+    if (!q.ok()) unavailable("take the lock", q);
+    auto queued_ledger_read = pop_ledger_read(q.value);
+    const size_t skip = q.value.succeeded ? 0 : 1;
+    const long long mine = q.value.succeeded ? q.value.revision
+                           : !q.value.ranges.empty() && !q.value.ranges[0].kvs.empty()
+                               ? q.value.ranges[0].kvs[0].create_revision
+                               : 0;
+    std::vector<etcd::RangeResult> reads(q.value.ranges.begin() + std::min(skip, q.value.ranges.size()),
+                                         q.value.ranges.end());
+    const auto queue = etcd::contenders(prefixes_, reads);
+    if (mine != 0 && !queue.empty() && queue.front().create_revision == mine) {
+      token_ = mine;
+      ledger_at_acquisition_ = std::move(queued_ledger_read);
+      hold();
+      return Acquisition::Acquired;
+    }
+    if (!queue.empty() && queue.front().create_revision != mine) blocker_ = holder_of(queue.front(), now() + kSec);
+  } else {
+    blocker_ = holder_of(others.front(), now() + kSec);
+  }
+  release();
+  return Acquisition::Busy;
+}
+
+void ClusterLock::hold() {
+  renewal_ns_ = lease_timing::holder_renewal_ns(ttl_s_, kill_after_ns_);
+  next_renewal_ns_ = std::min(next_renewal_ns_, last_ok_ns_ + renewal_ns_);
+}
+
+bool ClusterLock::acquired(long long revision, bool waited) {
+  token_ = revision;
+  if (waited) acquired_at_ = sys::utc_now_iso8601();
+  // Hand the command a full window: a lease older than a holder's renewal
+  // interval (a waiter renews less often, or its renewals failed) is renewed
+  // before the command starts, so that the holder rides out the outage the
+  // man page promises from its first moment. At the default TTL a holder
+  // renews as often as a waiter: not on the hand-off's path.
+  hold();
+  if (now() >= next_renewal_ns_ && !renew(term_by_ns())) return false;
+  // The value's acquired_at is rewritten at the job loop's first renewal,
+  // off the hand-off's path.
+  update_value_ = waited;
+  return true;
+}
+
+// Where we stand in the queue, as read at `revision`: the lock is ours, or
+// `q.before` is set to the contender just before us, or our key is gone.
+ClusterLock::Step ClusterLock::place(Queue& q, const std::vector<etcd::KeyValue>& queue, long long revision,
+                                     long long step_end) {
+  auto mine = std::find_if(queue.begin(), queue.end(),
+                           [&](const etcd::KeyValue& kv) { return kv.create_revision == q.my_rev; });
+  if (mine == queue.end()) {
+    // Our key is gone: the lease expired during an outage. Renew to find out
+    // (etcd says it is gone: queue again).
+    next_renewal_ns_ = now();
+    q.my_rev = 0;
+    q.before.reset();
+    return Step::Again;
+  }
+  if (mine == queue.begin()) return Step::Ours;
+  if (!q.said_waiting) {
+    blocker_ = holder_of(queue.front(), step_end);
+    q.said_waiting = true;
+    log_.verbose("waiting", "waiting for cluster lock " + printable(name_) + " on etcd, held by " +
+                                describe_cluster_holder(blocker_));
+  }
+  q.before = *std::prev(mine);
+  q.watch_from = revision + 1;
+  return Step::Next;
+}
+
+// Every step of a wait ends by the next renewal: the lease is our place in
+// the queue. One that expired meanwhile queues again.
+void ClusterLock::renew_in_queue(Queue& q, long long t0, long long deadline) {
+  if (!renew(std::min(deadline, t0 + renewal_ns_))) {
+    log_.verbose("lease_expired", "the etcd lease expired while waiting for cluster lock " + printable(name_) +
+                                      " (etcd did not answer for too long): queuing again");
+    lease_ = 0;
+    q.my_rev = 0;
+  } else if (renewed_) {
+    note_answering();
+  } else {
+    note_unavailable(last_error_);
+  }
+}
+
+// Joins the queue: one transaction, once (again only if the lease expired),
+// which also reads every contender.
+ClusterLock::Step ClusterLock::join(Queue& q, long long step_end) {
+  ledger_at_acquisition_.reset();
+  q.before.reset();  // queuing (again): whoever was before us must be read anew
+  auto t = client_.txn(etcd::queue_txn_body(keys_, holder_value(false), lease_, prefixes_, ledger_key_),
+                       {step_end, lease_timing::attempt_ns(ttl_s_)});
+  if (!t.ok()) {
+    if (t.status == etcd::Status::Failed && t.code == 5) {  // "requested lease not found": it expired
+      lease_ = 0;
+      return Step::Again;
+    }
+    if (t.status == etcd::Status::Failed) unavailable("take the lock", t);
+    note_unavailable(t.error);
+    return Step::Again;
+  }
+  note_answering();
+  auto ledger_read = pop_ledger_read(t.value);
+  const etcd::TxnResult& r = t.value;
+  const size_t reads_at = r.succeeded ? 0 : 1;
+  if (r.succeeded) {
+    q.my_rev = r.revision;
+  } else if (!r.ranges.empty() && !r.ranges[0].kvs.empty()) {
+    q.my_rev = r.ranges[0].kvs[0].create_revision;  // an attempt that timed out created it after all
+  }
+  if (q.my_rev == 0 || r.ranges.size() < reads_at + prefixes_.size()) return Step::Again;
+  const std::vector<etcd::RangeResult> reads(r.ranges.begin() + static_cast<long>(reads_at), r.ranges.end());
+  const Step step = place(q, etcd::contenders(prefixes_, reads), r.revision, step_end);
+  // Taken at once: the ledger read in the same transaction is the locked read.
+  if (step == Step::Ours) ledger_at_acquisition_ = std::move(ledger_read);
+  return step;
+}
+
+std::optional<etcd::RangeResult> ClusterLock::pop_ledger_read(etcd::TxnResult& r) const {
+  if (ledger_key_.empty() || r.ranges.empty()) return std::nullopt;
+  etcd::RangeResult read = std::move(r.ranges.back());
+  r.ranges.pop_back();
+  return read;
+}
+
+void ClusterLock::set_ledger_operation(const std::string& operation) { ledger_key_ = etcd::runs_key(name_, operation); }
+
+namespace {
+ClusterLock::LedgerEntry ledger_entry_of(const etcd::RangeResult& read) {
+  ClusterLock::LedgerEntry e;
+  if (read.kvs.empty()) return e;
+  e.mod_revision = read.kvs.front().mod_revision;
+  e.entry = parse_run_entry(read.kvs.front().value);
+  e.damaged = !e.entry;
+  return e;
+}
+}  // namespace
+
+std::optional<ClusterLock::LedgerEntry> ClusterLock::peek_ledger(long long deadline_ns) {
+  auto r = client_.range({ledger_key_}, {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
+  if (!r.ok()) {
+    last_error_ = r.error;
+    return std::nullopt;
+  }
+  return ledger_entry_of(r.value);
+}
+
+ClusterLock::LedgerEntry ClusterLock::ledger(long long deadline_ns) {
+  LedgerEntry e;
+  if (ledger_at_acquisition_) {
+    e = ledger_entry_of(*ledger_at_acquisition_);
+  } else {
+    auto r = client_.range({ledger_key_}, {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
+    if (!r.ok()) unavailable("read the run ledger", r);
+    e = ledger_entry_of(r.value);
+  }
+  ledger_mod_ = e.mod_revision;
+  return e;
+}
+
+bool ClusterLock::write_ledger(const RunEntry& entry, long long deadline_ns) {
+  auto t = client_.txn(
+      etcd::guarded_put_txn_body(keys_.at(0), token_, ledger_key_, ledger_mod_, dump_json(run_entry_to_json(entry))),
+      {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
+  if (!t.ok()) {
+    last_error_ = t.error;
+    return false;
+  }
+  if (!t.value.succeeded) return false;
+  ledger_mod_ = t.value.revision;
+  return true;
+}
+
+// Queued: reads the contenders up to us (by create revision).
+ClusterLock::Step ClusterLock::read_queue(Queue& q, long long step_end) {
+  std::vector<etcd::RangeResult> reads;
+  long long revision = LLONG_MAX;
+  for (const auto& p : prefixes_) {
+    auto r = client_.range({p, true, 0, etcd::RangeQuery::Order::FirstCreated, q.my_rev},
+                           {step_end, lease_timing::attempt_ns(ttl_s_)});
+    if (!r.ok()) {
+      if (r.status == etcd::Status::Failed) unavailable("read the lock", r);
+      note_unavailable(r.error);
+      return Step::Again;
+    }
+    revision = std::min(revision, r.value.revision);
+    reads.push_back(std::move(r.value));
+  }
+  note_answering();
+  return place(q, etcd::contenders(prefixes_, reads), revision, step_end);
+}
+
+// Waits for the deletion of the key before ours (its holder's release, or
+// its lease's expiry), at most until the next renewal. etcd ends the watch
+// then itself, on the kept connection: a round that brought no news is
+// followed, after the renewal, by the same watch from the same revision
+// (nothing that happened in between is missed), without reading the queue
+// again. The news, a canceled watch (a compacted revision: watching it again
+// would be canceled again at once) or a failure read the queue again.
+void ClusterLock::watch_before(Queue& q, long long step_end) {
+  auto w = client_.watch_delete(q.before->key, q.watch_from, {step_end, 0});
+  // A round that etcd did not end itself: it may have stopped answering.
+  silent_ = !w.ok() && w.status == etcd::Status::Timeout;
+  if (w.ok() && !w.value) return;  // etcd ended the round at its deadline: the same watch next round
+  q.before.reset();
+  if (!w.ok() && w.status != etcd::Status::Timeout) note_unavailable(w.error);
+}
+
+// The deadline passed: who holds the lock now, for the report (briefly;
+// not at all when etcd has stopped answering: then the holder the wait
+// found stands).
+void ClusterLock::note_blocker(long long my_rev) {
+  if (unavailable_now_ || silent_) return;
+  const long long by = now() + kAfterDeadlineNs;
+  std::vector<etcd::RangeResult> reads;
+  for (const auto& p : prefixes_) {
+    auto owner = client_.range({p, true, 0, etcd::RangeQuery::Order::FirstCreated, 0}, {by, 0});
+    if (!owner.ok()) return;
+    reads.push_back(std::move(owner.value));
+  }
+  const auto queue = etcd::contenders(prefixes_, reads);
+  if (!queue.empty() && queue.front().create_revision != my_rev) {
+    if (auto h = holder_of(queue.front(), std::max(by, now() + kMs))) blocker_ = std::move(h);
+  }
+}
+
+Acquisition ClusterLock::wait_in_queue(bool bounded, long long deadline) {
+  Queue q;
+  for (bool first = true;; first = false) {
+    const long long t0 = now();
+    if (!first && bounded && t0 >= deadline) break;
+    // Renewals come a little early while waiting: etcd ends each watch round
+    // a moment before the renewal is due (etcd.hpp), and the renewal follows.
+    if (!first && lease_ != 0 && t0 + kRenewEarlyNs >= next_renewal_ns_) {
+      renew_in_queue(q, t0, deadline);
+      continue;
+    }
+    long long step_end =
+        std::min(lease_ != 0 ? next_renewal_ns_ : t0 + lease_timing::waiter_renewal_ns(ttl_s_), deadline);
+    step_end = std::max(step_end, t0 + (first ? kMinAttemptNs : kRenewRetryNs));  // -w 0: one attempt
+    if (lease_ == 0) {
+      etcd::Result<long long> granted;
+      if (!grant(step_end, granted)) {
+        if (granted.status == etcd::Status::Failed) unavailable("grant a lease", granted);
+        note_unavailable(granted.error);
+        continue;
+      }
+    }
+    Step step = q.my_rev == 0 ? join(q, step_end) : Step::Next;
+    if (step == Step::Next && !q.before) step = read_queue(q, step_end);
+    if (step == Step::Ours) {
+      if (acquired(q.my_rev, q.said_waiting)) return Acquisition::Acquired;
+      lease_ = 0;
+      q.my_rev = 0;
+      continue;
+    }
+    if (step == Step::Again || !q.before) continue;
+    watch_before(q, step_end);
+  }
+  note_blocker(q.my_rev);
+  release(unavailable_now_ || silent_ ? kAfterDeadlineNs / 2 : kAfterDeadlineNs);
+  return Acquisition::TimedOut;
+}
+
+bool ClusterLock::renew(long long return_by_ns, const sigset_t* interrupt_on) {
+  renewed_ = false;
+  if (gone_) return false;
+  if (lease_ == 0) return false;
+  auto r = client_.lease_keepalive(lease_, {return_by_ns, lease_timing::attempt_ns(ttl_s_), false, interrupt_on});
+  if (r.ok() && r.value > 0) {
+    renewed_ = true;
+    renewal_failing_ = false;
+    last_ok_ns_ = std::max(last_ok_ns_, r.sent_ns);
+    ttl_granted_ns_ = std::min(lease_timing::ttl_ns(ttl_s_), r.value * kSec);
+    next_renewal_ns_ = r.sent_ns + renewal_ns_;
+    last_error_.clear();
+    if (update_value_ && now() < return_by_ns) {
+      // After a wait: the value's acquired_at still says when it queued. Best
+      // effort, once, off the hand-off's path.
+      update_value_ = false;
+      who_.acquired_at = acquired_at_;
+      (void)client_.txn(etcd::update_txn_body(keys_, holder_value(true), lease_, token_),
+                        {return_by_ns, lease_timing::attempt_ns(ttl_s_), true, interrupt_on});
+    }
+    return true;
+  }
+  if (r.ok()) {
+    gone_ = true;
+    if (lost_at_ns_ == 0) lost_at_ns_ = now();
+    if (why_.empty()) why_ = "etcd says the lease is gone (revoked or expired)";
+    return false;
+  }
+  // No answer (or a signal for the caller came first): the deadlines stand;
+  // try again soon.
+  if (r.status != etcd::Status::Interrupted) {
+    last_error_ = r.error;
+    renewal_failing_ = true;
+  }
+  next_renewal_ns_ = now() + kRenewRetryNs;
+  return true;
+}
+
+void ClusterLock::declare_lost(std::string why) {
+  lost_ = true;
+  if (lost_at_ns_ == 0) lost_at_ns_ = now();
+  if (why_.empty()) why_ = std::move(why);
+}
+
+std::string ClusterLock::overdue_why() const {
+  return "no keepalive was answered within the lease's safety window (TTL " +
+         format_duration(lease_timing::ttl_ns(ttl_s_)) + ", kill-after " + format_duration(kill_after_ns_) +
+         ", margin " + format_duration(lease_timing::margin_ns(ttl_s_)) + "; last answered one sent " +
+         format_duration(since_last_keepalive_ns()) + " ago" +
+         (last_error_.empty() ? "" : "; last error: " + last_error_) + ")";
+}
+
+void ClusterLock::release(long long bound_ns) {
+  if (lease_ == 0) return;
+  // Revoking the lease deletes the lock key (the next holder's watch fires
+  // at once) and anything else attached to it.
+  // Bounded shorter when it matters less: the lease is lost, or no lock was taken.
+  // Where etcd has stopped answering (the renewals fail), one brief try:
+  // the lease expires anyway, and looplock should not linger for it.
+  const long long usual = lost() || token_ == 0 ? kLostReleaseNs : kReleaseNs;
+  const long long bound = bound_ns > 0 ? bound_ns : renewal_failing_ || unavailable_now_ ? kAfterDeadlineNs : usual;
+  (void)client_.lease_revoke(lease_, {now() + bound, std::min(bound, lease_timing::attempt_ns(ttl_s_))});
+  lease_ = 0;
+}
+
+}  // namespace looplock

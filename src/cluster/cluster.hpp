@@ -1,0 +1,289 @@
+// The cluster lock (--etcd): an etcd lease and, under it, one key per
+// contender, looplock/NAME/lock/<lease hex>, whose value is the contender's
+// holder JSON (NAME percent-encoded when it holds '/' or '%', and then the
+// same key under the unencoded prefix too, for earlier versions: see
+// etcd.hpp). The contender whose key has the lowest create revision holds
+// the lock (etcd's concurrency.Mutex, which etcdctl lock and etcd's lock
+// service use: they exclude each other). A waiter creates its key once, in
+// one transaction, and keeps it and its lease for the whole wait, so waiters
+// take the lock in the order they arrived; it watches the key just before its
+// own for deletion. The cluster lock is taken before the local one and
+// released after it, by revoking the lease (which deletes the key).
+//
+// The lease, as the job loop sees it. Its expiry counts, on this host's
+// monotonic clock, from the moment the last keepalive (or the grant) that
+// etcd answered was SENT: etcd counts from when it received it, so looplock's
+// expiry is never later than etcd's, provided the two clocks run at about the
+// same rate (no agreement on wall-clock time is needed). The command's job
+// must have ended before that expiry: TERM by term_by_ns() (expiry −
+// kill-after − margin), KILL by kill_by_ns() (expiry − margin), where the
+// margin covers this host's scheduling, cutting a request short, and 1 % of
+// the TTL for the clocks' rates. A host that is paused as a whole (a
+// suspended VM, SIGSTOP of looplock and its command) can still act after its
+// lease is gone: the fencing token (LOOPLOCK_FENCING_TOKEN, the lock key's
+// create revision, which only grows) lets the resource refuse it.
+//
+// The numbers (T = the TTL; lease.hpp; the man page's CLUSTER section has
+// them by TTL):
+//   renewal while holding: every clamp(T - kill-after - margin -
+//     max(2.5 s, T/4), T/12, T/3): 250 ms at --ttl 3, 1.42 s at 5, 3.33 s at
+//     the default 10;
+//   renewal while waiting: every T/3 (an expired waiter's lease only costs it
+//     its place in the queue);
+//   each attempt: T/10, at least 250 ms, at most 2 s, then the next endpoint
+//     (connects: 40 ms, doubling), a keepalive's never growing;
+//   margin: 200 ms + T/100 (230 ms at --ttl 3): waking up late, the KILL
+//     taking effect, a request cut short, and the clocks' rates;
+//   kill-after by default: T/6, at most 5 s (0.5 s at --ttl 3, 1.67 s at 10 s).
+// A holder's lease then survives any outage that ends within
+// T - kill-after - margin - renewal of the renewal it interrupted: 2.5 s from
+// --ttl 5 up (4.7 s at 10), 2.02 s at --ttl 3 (less a retry pause, at most
+// 75 ms): a 3-member cluster's leader election (1-2 s with etcd's default
+// election timeout; etcd extends its leases when a new leader takes over)
+// does not cost the lease.
+//
+// Connections: one per run, kept (libcurl's cache), and one per wait: a
+// waiter's watch is bounded by etcd itself (the gateway's Grpc-Timeout,
+// etcd.hpp), so that the renewal and the next watch go on the same
+// connection; the news (the key before ours deleted) arrives while the
+// watch is open, and ending the watch then closes that connection (HTTP/1.1
+// cannot end one request otherwise): the run goes on with a new one.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/log.hpp"
+#include "base/policy.hpp"
+#include "cluster/etcd.hpp"
+#include "records/ledger.hpp"
+#include "settings/lease.hpp"
+#include "settings/settings.hpp"
+
+namespace looplock {
+
+// The cluster lock's name for a loop directory: `lock_name_option`
+// (--lock-name) when given, else the base name of `canonical_dir` (DIR's
+// canonical path; "/" for the root directory, whose path is empty here).
+// Throws Fatal 64 when that base name cannot name a lock (valid_lock_name()).
+// A run and --inspect both take the name from here.
+std::string cluster_lock_name(const std::string& lock_name_option, const std::string& canonical_dir);
+
+// What looplock writes as the value of its lock key (JSON).
+struct ClusterHolder {
+  std::string host;
+  long long pid = 0;
+  std::string agent_id;
+  std::string operation;
+  std::string acquired_at;
+  std::string lease;            // hex, as etcdctl prints it
+  long long fencing_token = 0;  // 0: not written (the key's create revision is the token)
+  // What tells its looplock apart on its host (ledger.hpp's RunEntry has the
+  // same), and its lease's TTL (how long a dead holder's lease can live on);
+  // each left out when empty or 0 (earlier versions wrote none).
+  std::string pid_start;
+  std::string boot_id;
+  std::string pid_ns;
+  int ttl_s = 0;
+};
+std::string encode_cluster_holder(const ClusterHolder& h);
+// The holder JSON as read (any object), or nullopt when not an object.
+std::optional<Json> parse_cluster_holder(std::string_view value);
+
+// A contender's holder value: its key's, or (an earlier looplock's key,
+// which has none) the value beside the unencoded prefix; nullopt when it
+// left none (etcdctl lock).
+std::optional<Json> contender_value(etcd::Client& client, const std::string& name, const etcd::KeyValue& kv,
+                                    const etcd::Deadline& bound);
+
+// Who holds cluster lock `name` and who waits, in the order they take it
+// (read only: --inspect --etcd).
+struct ClusterQueueRead {
+  std::string error;                       // why it could not be read; empty when it was
+  std::vector<std::string> prefixes;       // where contenders are looked for (the first is the name's own)
+  std::vector<etcd::KeyValue> contenders;  // the first holds the lock
+  std::optional<Json> holder;              // the first's value
+};
+ClusterQueueRead read_cluster_queue(etcd::Client& client, const std::string& name, const etcd::Deadline& bound);
+
+// Whether a contender's holder value proves its looplock dead on this host
+// (procfs::proven_dead), and the words that say so ("; its looplock is dead
+// (this host): its key goes when its lease expires, within 10s"), empty
+// when it is not.
+std::string dead_contender_note(const Json& value);
+
+// Whether cluster lock `name` is held through `key` by looplock `pid` on
+// `host` (a nested looplock confirms that its outer one holds the cluster
+// lock it asks for): empty when it is; else why not (etcd's error, or who
+// holds it instead).
+std::string confirm_cluster_holder(etcd::Client& client, const std::string& name, const std::string& key,
+                                   const std::string& host, long long pid, const etcd::Deadline& bound);
+
+// The fix for a failure's cause, in looplock's options (empty for None).
+// `endpoint`: the endpoint it is about ("http://HOST:PORT").
+std::string cause_hint(etcd::Cause cause, std::string_view endpoint);
+
+// TLS and authentication, from the options; the password file is read here.
+struct ClusterAccess {
+  etcd::Security tls;
+  std::string user;
+  std::string password;
+};
+// Throws Fatal 64 when a file named by an option cannot be read.
+ClusterAccess cluster_access(const Options& o, const Logger& log);
+
+class ClusterLock {
+public:
+  // `kill_after_ns`: the effective kill-after of the lease's deadlines
+  // (lease_kill_after_ns() in options.hpp, resolved by the command line).
+  ClusterLock(etcd::Transport& transport, std::vector<etcd::Endpoint> endpoints, std::string name, int ttl_s,
+              long long kill_after_ns, const Logger& log, const ClusterAccess& access = {},
+              etcd::Clock& clock = etcd::system_clock());
+  ~ClusterLock();  // release(), if still held
+  ClusterLock(const ClusterLock&) = delete;
+  ClusterLock& operator=(const ClusterLock&) = delete;
+
+  // Grants the lease and waits for the lock under `plan`, the deadline
+  // counting from `start_ns`; `who` becomes the key's value. Rides out etcd
+  // being unavailable while it waits (renewing the lease; a blocking wait
+  // until etcd answers again). Throws Fatal 69 when etcd cannot be reached at
+  // all (within the deadline; 5 s for single_flight and blocking) or answers
+  // with an error that waiting will not mend.
+  Acquisition acquire(const WaitPlan& plan, long long start_ns, ClusterHolder who);
+
+  // The lease, as the job loop sees it (CLOCK_MONOTONIC ns).
+  long long next_renewal_ns() const;  // when renew() should next be called
+  // One renewal round (attempts with failover) that returns by
+  // `return_by_ns`. False only when etcd says the lease is gone (lost_why()
+  // then says so); true when renewed, or when no answer came (the deadlines
+  // have not moved then: next_renewal_ns() is soon). A signal of
+  // `interrupt_on` that becomes pending ends the round early, within about a
+  // second (no answer, as above).
+  bool renew(long long return_by_ns, const sigset_t* interrupt_on = nullptr);
+  long long term_by_ns() const;  // expiry − kill-after − margin: TERM the job by then unless renewed
+  long long kill_by_ns() const;  // expiry − margin: KILL the job by then
+  long long expiry_ns() const;   // send time of the last answered grant/keepalive + TTL
+  // The job loop gave up on the lease (its TERM deadline passed): lost()
+  // from now on; `why` unless a reason is known already.
+  void declare_lost(std::string why);
+  // When the loss was known (etcd said the lease is gone, or declare_lost()
+  // was called); 0 while it is not lost. For the lease_lost row.
+  long long lost_at_ns() const { return lost_at_ns_; }
+  // The kill-after of term_by_ns(), when it is known only after construction.
+  void set_kill_after_ns(long long ns) {
+    kill_after_ns_ = ns;
+    if (token_ != 0) hold();  // holding: the renewal interval follows the kill-after
+  }
+  // The reason to give when term_by passed without a renewal.
+  std::string overdue_why() const;
+
+  // Revokes the lease, which deletes the lock key (bounded: by `bound_ns`
+  // when given, else by what the release needs; best effort).
+  void release(long long bound_ns = 0);
+
+  // The run ledger of --once-per: `operation`'s key (etcd::runs_key), read
+  // inside the acquisition's own transaction when the lock is taken at once.
+  void set_ledger_operation(const std::string& operation);
+  struct LedgerEntry {
+    std::optional<RunEntry> entry;
+    bool damaged = false;        // a value that is not an entry
+    long long mod_revision = 0;  // 0: no key
+  };
+  // Without the lock (before queuing, or once a wait ended): nullopt when
+  // etcd does not answer by `deadline_ns`.
+  std::optional<LedgerEntry> peek_ledger(long long deadline_ns);
+  // Holding the lock: the entry as the acquisition's transaction read it, or
+  // read now (linearizable). Throws Fatal 69 when etcd does not answer.
+  LedgerEntry ledger(long long deadline_ns);
+  // Writes `entry`, guarded by the fencing token and the revision last read
+  // or written: false when etcd rejects it (the lease is gone, or another
+  // wrote meanwhile) or does not answer.
+  bool write_ledger(const RunEntry& entry, long long deadline_ns);
+
+  const std::string& name() const { return name_; }
+  const std::string& key() const { return key_; }
+  long long lease() const { return lease_id_; }
+  long long fencing_token() const { return token_; }
+  int ttl_s() const { return ttl_s_; }
+  long long kill_after_ns() const { return kill_after_ns_; }
+  bool lost() const { return lost_ || gone_; }
+  const std::string& lost_why() const { return why_; }
+  long long since_last_keepalive_ns() const;
+  // Whether the last renewal round got no answer.
+  bool renewal_failing() const { return renewal_failing_; }
+  // What the last request that got no answer failed with.
+  const std::string& last_error() const { return last_error_; }
+  // Set when acquire() ended Busy or TimedOut: who held the lock.
+  const std::optional<Json>& blocker() const { return blocker_; }
+  const std::string& endpoint() const { return client_.current_endpoint(); }
+
+private:
+  template <typename T>
+  [[noreturn]] void unavailable(const std::string& what, const etcd::Result<T>& r) const;
+  bool grant(long long deadline_ns, etcd::Result<long long>& r);
+  // A wait in the queue, step by step: join it (one transaction), read where
+  // we stand, watch the key before ours, renew the lease between steps.
+  struct Queue {
+    long long my_rev = 0;                  // our keys' create revision, once queued
+    std::optional<etcd::KeyValue> before;  // the contender just before us, to watch
+    long long watch_from = 0;
+    bool said_waiting = false;
+  };
+  // What a step found: the lock is ours, go on to the next step, or start
+  // the round again.
+  enum class Step { Ours, Next, Again };
+  Acquisition wait_in_queue(bool bounded, long long deadline_ns);
+  Step place(Queue& q, const std::vector<etcd::KeyValue>& queue, long long revision, long long step_end);
+  void renew_in_queue(Queue& q, long long t0, long long deadline);
+  Step join(Queue& q, long long step_end);
+  Step read_queue(Queue& q, long long step_end);
+  void watch_before(Queue& q, long long step_end);
+  void note_blocker(long long my_rev);
+  // The ledger read a transaction ended with, taken off its ranges.
+  std::optional<etcd::RangeResult> pop_ledger_read(etcd::TxnResult& r) const;
+  bool acquired(long long revision, bool waited);
+  // The lock is ours: renew at the holder's interval from now on.
+  void hold();
+  std::optional<Json> holder_of(const etcd::KeyValue& kv, long long deadline_ns);
+  void note_unavailable(const std::string& error);
+  void note_answering();
+  std::string holder_value(bool with_token) const;
+  long long now() const { return clock_.now_ns(); }
+
+  etcd::Clock& clock_;
+  etcd::Client client_;
+  std::string name_;
+  std::vector<std::string> prefixes_;  // etcd::contender_prefixes(name_)
+  int ttl_s_;
+  long long kill_after_ns_;
+  const Logger& log_;
+  ClusterHolder who_;
+  long long lease_ = 0;            // the live lease (0: none granted, or released)
+  long long lease_id_ = 0;         // the lease the lock was taken with (kept after release, for reports)
+  std::vector<std::string> keys_;  // our key under each of prefixes_
+  std::string key_;                // keys_[0]
+  long long token_ = 0;
+  long long last_ok_ns_ = 0;  // send time of the last answered grant or keepalive
+  long long ttl_granted_ns_ = 0;
+  long long renewal_ns_ = 0;  // how often it renews: a waiter's interval, then a holder's (lease.hpp)
+  long long next_renewal_ns_ = 0;
+  bool gone_ = false;  // etcd said the lease is gone
+  bool lost_ = false;  // the job loop declared it lost
+  long long lost_at_ns_ = 0;
+  bool update_value_ = false;  // acquired after waiting: the next renewal rewrites acquired_at
+  std::string acquired_at_;
+  bool renewed_ = false;          // the last renew() renewed
+  bool renewal_failing_ = false;  // the last renewal round got no answer
+  bool said_unavailable_ = false;
+  bool unavailable_now_ = false;
+  bool silent_ = false;  // the last round of the watch timed out: etcd may have stopped answering
+  std::string last_error_;
+  std::string why_;
+  std::optional<Json> blocker_;
+  std::string ledger_key_;  // empty: no ledger (no --once-per)
+  std::optional<etcd::RangeResult> ledger_at_acquisition_;
+  long long ledger_mod_ = 0;
+};
+
+}  // namespace looplock

@@ -1,0 +1,140 @@
+#include "cluster/etcd_kind.hpp"
+
+#include "base/error.hpp"
+#include "base/exit_codes.hpp"
+#include "base/text.hpp"
+#include "cluster/cluster.hpp"
+#include "cluster/etcd_lock.hpp"
+#include "os/sys.hpp"
+#include "records/ledger.hpp"
+#include "settings/lease.hpp"
+
+namespace looplock {
+
+std::unique_ptr<Lock> EtcdKind::make(const Options& o, const LockTarget& target, pid_t pid, const Logger& log,
+                                     const Reporter& reporter) {
+  return std::make_unique<EtcdLock>(o, pid, log, reporter, transport_, target);
+}
+
+// A client of the cluster under the run's TLS files and credentials.
+etcd::Client EtcdKind::client(const Options& o, const Logger& log) {
+  const ClusterAccess access = cluster_access(o, log);
+  transport_.configure(access.tls);
+  etcd::Client c(transport_, o.endpoints);
+  if (!access.user.empty()) c.set_credentials(access.user, access.password);
+  return c;
+}
+
+// Nested with --etcd: the outer looplock must hold the cluster lock this run
+// asks for (its key, LOOPLOCK_ETCD_KEY, is the holder's on etcd, written by
+// that looplock on this host). Taking the cluster lock now, inside the local
+// one, would take the two in the wrong order: it could wait forever for a
+// run that holds the cluster lock and waits for this local one.
+void EtcdKind::confirm_outer(const Options& o, const LockTarget& target, const EnvList& env, long long outer_pid,
+                             const Logger& log) {
+  const std::string name = cluster_lock_name(o.lock_name, target.canonical_dir);
+  const std::optional<std::string> key = env_get(env, env_name::kEtcdKey);
+  std::string why = "its environment names no cluster lock (LOOPLOCK_ETCD_KEY)";
+  if (key) {
+    etcd::Client c = client(o, log);
+    why = confirm_cluster_holder(c, name, *key, sys::host_name(), outer_pid,
+                                 {sys::monotonic_ns() + 5'000'000'000LL, lease_timing::attempt_ns(o.ttl_s)});
+    if (why.empty()) return;
+    if (why.starts_with("cannot read it")) {
+      throw Fatal(exit_code::kClusterUnavailable, "cannot confirm that the outer looplock holds cluster lock " +
+                                                       printable(name) + ": " + why,
+                  "The command did not run.");
+    }
+  }
+  throw Fatal(exit_code::kUsage,
+              "this looplock runs inside one that holds " + target.loop + "'s lock but not cluster lock " +
+                  printable(name) + " (" + why + "): taking it now, inside the local lock, could wait forever for "
+                  "a run that holds it and waits for the local one",
+              "Give --etcd (and --lock-name " + printable(name) + ") to the outer looplock; a nested run then runs "
+              "inside both. The command did not run.",
+              "nested_cluster_lock");
+}
+
+// --inspect --etcd: who holds the cluster lock, who waits, in the order they
+// take it, and its run ledger; read only.
+InspectPart EtcdKind::inspect(const Options& o, const std::string& canonical_dir, const Logger& log) {
+  InspectPart part;
+  const std::string name = cluster_lock_name(o.lock_name, canonical_dir);
+  etcd::Client client = this->client(o, log);
+  const long long deadline = sys::monotonic_ns() + 5'000'000'000LL;
+  const etcd::Deadline bound{deadline, 1'000'000'000LL};
+  const ClusterQueueRead read = read_cluster_queue(client, name, bound);
+  const auto& prefixes = read.prefixes;
+  // The key too when the contender is on the unencoded prefix of an encoded
+  // name (an earlier looplock, etcdctl lock) or wrote no value; and that it
+  // is dead when its value proves it on this host (its key lives on until
+  // its lease expires).
+  auto key_note = [&](const std::optional<Json>& value, const etcd::KeyValue& kv) {
+    std::string note = !value || !etcd::is_contender_key(prefixes.front(), kv.key) ? ", key " + kv.key : "";
+    return value ? note + dead_contender_note(*value) : note;
+  };
+  Json c = {{"lock_name", name}};
+  std::vector<std::string> lines;
+  if (!read.error.empty()) {
+    c["error"] = read.error;
+    lines.push_back("cannot read from etcd: " + read.error);
+    part.status = exit_code::kClusterUnavailable;
+  } else {
+    const auto& kvs = read.contenders;
+    std::optional<Json> holder = read.holder;
+    if (holder) {
+      (*holder)["fencing_token"] = kvs.front().create_revision;
+      (*holder)["key"] = kvs.front().key;
+    }
+    Json waiting = Json::array();
+    for (size_t i = 1; i < kvs.size(); ++i) {
+      std::optional<Json> value = parse_cluster_holder(kvs[i].value);
+      Json w = value.value_or(Json::object());
+      // A waiter's value says when it queued, not an acquisition.
+      if (w.contains("acquired_at")) {
+        w["queued_at"] = w["acquired_at"];
+        w.erase("acquired_at");
+      }
+      w["key"] = kvs[i].key;
+      const std::optional<Json> shown = value ? std::optional<Json>(w) : std::nullopt;
+      lines.push_back("waiting " + std::to_string(i) + ": " + describe_cluster_waiter(shown) + key_note(value, kvs[i]));
+      waiting.push_back(std::move(w));
+    }
+    c["held"] = !kvs.empty();
+    c["contenders"] = kvs.size();
+    c["holder"] = holder ? *holder : Json(nullptr);
+    c["waiting"] = waiting;
+    if (kvs.empty()) {
+      lines.insert(lines.begin(), "free (lock name " + name + ")");
+    } else {
+      lines.insert(lines.begin(), "held by " + describe_cluster_holder(holder) + key_note(holder, kvs.front()) +
+                                      ", fencing token " + std::to_string(kvs.front().create_revision) +
+                                      " (lock name " + name + ")");
+      if (kvs.size() == 1) lines.push_back("waiting none");
+    }
+  }
+  if (read.error.empty()) {
+    // The cluster's run ledger (--once-per): one key per operation.
+    auto runs = client.range({etcd::runs_prefix(name), true}, bound);
+    Json entries = Json::array();
+    if (!runs.ok()) {
+      c["runs_error"] = runs.error;
+      lines.push_back("last run  not read: " + runs.error);
+    } else {
+      for (const auto& kv : runs.value.kvs) {
+        if (auto e = parse_run_entry(kv.value)) {
+          lines.push_back("last run  operation " + e->operation + ": " + describe_run(*e));
+          entries.push_back(run_entry_to_json(*e));
+        } else {
+          lines.push_back("last run  a damaged entry, key " + kv.key);
+        }
+      }
+    }
+    c["runs"] = std::move(entries);
+  }
+  part.json = std::move(c);
+  part.lines = std::move(lines);
+  return part;
+}
+
+}  // namespace looplock

@@ -1,0 +1,133 @@
+#include "cluster/etcd_lock.hpp"
+
+#include "base/duration.hpp"
+#include "base/error.hpp"
+#include "base/exit_codes.hpp"
+#include "cluster/etcd.hpp"
+#include "os/procfs.hpp"
+#include "os/sys.hpp"
+
+namespace looplock {
+
+namespace {
+constexpr long long kMs = 1'000'000LL;
+constexpr long long kLedgerNs = 5'000'000'000LL;  // a read or write of the run ledger, holding the lock
+constexpr long long kPeekNs = 1'000'000'000LL;    // a look at it without the lock
+}  // namespace
+
+EtcdLock::EtcdLock(const Options& options, pid_t pid, const Logger& log, const Reporter& reporter,
+                   etcd::Transport& transport, const LockTarget& target)
+    : o_(options),
+      pid_(pid),
+      log_(log),
+      reporter_(reporter),
+      host_(sys::host_name()),
+      lock_(transport, options.endpoints, cluster_lock_name(options.lock_name, target.canonical_dir), options.ttl_s,
+            options.lease_kill_after_ns, log, cluster_access(options, log)) {
+  if (o_.once_per_ns) lock_.set_ledger_operation(o_.operation);
+}
+
+Acquisition EtcdLock::acquire(const WaitPlan& plan, long long start_ns) {
+  // Who holds it, for every contender's eyes: with what tells this
+  // looplock apart on its host (a waiter on it can prove it dead).
+  ClusterHolder who;
+  who.host = host_;
+  who.pid = pid_;
+  who.agent_id = o_.agent;
+  who.operation = o_.operation;
+  who.pid_start = procfs::own_start().value_or("");
+  who.boot_id = procfs::boot_id();
+  who.pid_ns = procfs::pid_namespace();
+  const Acquisition got = lock_.acquire(plan, start_ns, who);
+  if (got != Acquisition::Acquired) return got;
+  const long long waited = sys::monotonic_ns() - start_ns;
+  log_.verbose("acquired",
+               "cluster lock " + printable(lock_.name()) + " acquired on etcd after " + format_duration(waited) +
+                   " (fencing token " + std::to_string(lock_.fencing_token()) + ")",
+               {{"lock_name", lock_.name()}, {"fencing_token", lock_.fencing_token()}, {"waited_ms", waited / kMs}});
+  return Acquisition::Acquired;
+}
+
+Blocker EtcdLock::blocker() const {
+  Blocker b;
+  const ClusterVerdict v = judge_cluster(lock_.blocker(), host_);
+  b.what = "cluster lock " + printable(lock_.name()) + " (etcd)";
+  b.who = v.holder + (lock_.blocker() ? dead_contender_note(*lock_.blocker()) : std::string());
+  b.confirm = v.confirm;
+  b.inspect_hint = "looplock --inspect --etcd " + shell_word(o_.etcd) + " " + shell_word(o_.dir);
+  b.cluster = Json{{"lock_name", lock_.name()},
+                   {"endpoint", lock_.endpoint()},
+                   {"holder", lock_.blocker() ? *lock_.blocker() : Json(nullptr)}};
+  if (const auto& h = lock_.blocker(); h && h->contains("pid") && (*h)["pid"].is_number_integer()) {
+    auto text = [&](const char* k) { return h->contains(k) && (*h)[k].is_string() ? (*h)[k].get<std::string>() : ""; };
+    b.holder_ids.push_back({.host = text("host"),
+                            .pid = (*h)["pid"].get<long long>(),
+                            .pid_start = text("pid_start"),
+                            .lease_ttl_s = h->contains("ttl") && (*h)["ttl"].is_number_integer() ? (*h)["ttl"].get<int>()
+                                                                                                  : 0});
+  }
+  b.action_extra = "; the cluster lock " + lock_.name() + " is held " +
+                   (v.on_this_host ? "by another looplock on this host" : "on another host") + ": inspect it with '" +
+                   b.inspect_hint + "'" + (v.on_this_host ? "" : " on any host") + ".";
+  return b;
+}
+
+void EtcdLock::export_to(CommandSpec& spec) {
+  env_set(spec.env, {{env_name::kFencingToken, std::to_string(lock_.fencing_token())},
+                     {env_name::kEtcdKey, lock_.key()},
+                     {env_name::kEtcdLease, etcd::lease_hex(lock_.lease())}});
+}
+
+void EtcdLock::release(Ending& ending) {
+  const JobEnd& job = ending.job;
+  // The job loop ended the job at the lease's TERM deadline: the lease is
+  // lost from looplock's point of view even if etcd never said so.
+  if (job.lease_lost && !lock_.lost()) lock_.declare_lost(lock_.overdue_why());
+  if (job.lease_lost) {
+    ending.lease_lost = true;
+    reporter_.lease_lost(
+        LeaseLoss{lock_.name(), lock_.endpoint(), lock_.ttl_s(), lock_.since_last_keepalive_ns(), lock_.fencing_token(),
+                  etcd::lease_hex(lock_.lease()), lock_.lost_why(), lock_.lost_at_ns()},
+        job, ending.record);
+  }
+  lock_.release();  // after the local lock, as promised
+  log_.verbose("released", "released cluster lock " + printable(lock_.name()) + " on etcd");
+}
+
+LedgerLook EtcdLock::look_ledger(const std::string& /*operation*/, bool locked) {
+  if (locked) {
+    const auto e = lock_.ledger(sys::monotonic_ns() + kLedgerNs);
+    return {.entry = e.entry, .damaged = e.damaged};
+  }
+  const auto e = lock_.peek_ledger(sys::monotonic_ns() + kPeekNs);
+  if (!e) return {.entry = std::nullopt, .damaged = false, .answered = false};
+  return {.entry = e->entry, .damaged = e->damaged};
+}
+
+void EtcdLock::record_start(const RunEntry& entry) {
+  RunEntry e = entry;
+  e.fencing_token = lock_.fencing_token();
+  if (lock_.write_ledger(e, sys::monotonic_ns() + kLedgerNs)) return;
+  throw Fatal(exit_code::kClusterUnavailable,
+              "cannot record this run's start in the run ledger of cluster lock " + printable(lock_.name()) +
+                  " on etcd: " +
+                  (lock_.last_error().empty() ? "etcd refused the write (the lease was lost)" : lock_.last_error()),
+              "The command did not run; the next tick tries again.");
+}
+
+bool EtcdLock::record_end(const RunEntry& entry) {
+  RunEntry e = entry;
+  e.fencing_token = lock_.fencing_token();
+  if (lock_.write_ledger(e, sys::monotonic_ns() + kLedgerNs)) return true;
+  log_.warn("ledger_write_failed",
+            "cannot record this run's end in the run ledger of cluster lock " + printable(lock_.name()) + " on etcd: " +
+                (lock_.last_error().empty() ? "etcd refused the write (the lease was lost)" : lock_.last_error()) +
+                "; this run does not count, so its slot may run again");
+  return false;
+}
+
+std::string EtcdLock::ledger_name() const {
+  return "run ledger of cluster lock " + printable(lock_.name()) + " on etcd";
+}
+
+}  // namespace looplock

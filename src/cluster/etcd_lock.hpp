@@ -1,0 +1,65 @@
+// The cluster lock of a run (lock.hpp), on etcd (cluster.hpp): taken before
+// the local lock and released after it, its lease renewed by the job loop,
+// its fencing token exported to the command.
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+
+#include "base/log.hpp"
+#include "cluster/cluster.hpp"
+#include "lock/lock.hpp"
+#include "lock/report.hpp"
+#include "records/lock_id.hpp"
+#include "settings/settings.hpp"
+
+namespace looplock {
+
+class EtcdLock final : public Lock {
+public:
+  EtcdLock(const Options& options, pid_t pid, const Logger& log, const Reporter& reporter, etcd::Transport& transport,
+           const LockTarget& target);
+
+  Acquisition acquire(const WaitPlan& plan, long long start_ns) override;
+  Blocker blocker() const override;
+  void export_to(CommandSpec& spec) override;
+  Lease* lease() override { return &lease_; }
+  void release(Ending& ending) override;
+  void abandon() override { lock_.release(); }
+  bool has_ledger() const override { return o_.once_per_ns.has_value(); }
+  LedgerLook look_ledger(const std::string& operation, bool locked) override;
+  void record_start(const RunEntry& entry) override;
+  bool record_end(const RunEntry& entry) override;
+  std::string ledger_name() const override;
+
+private:
+  // The lease as the job loop sees it: its renewals, and the deadlines by
+  // which the job must have been sent TERM and KILL.
+  class JobLease final : public Lease {
+  public:
+    explicit JobLease(ClusterLock& c) : c_(c) {}
+    long long next_renewal_ns() const override { return c_.next_renewal_ns(); }
+    bool renew(long long return_by_ns, const sigset_t& interrupt_on) override {
+      return c_.renew(return_by_ns, &interrupt_on);
+    }
+    long long term_by_ns() const override { return c_.term_by_ns(); }
+    long long kill_by_ns() const override { return c_.kill_by_ns(); }
+    bool renewal_failing() const override { return c_.renewal_failing(); }
+    long long least_renewal_ns() const override { return lease_timing::attempt_ns(c_.ttl_s()); }
+
+  private:
+    ClusterLock& c_;
+  };
+
+  const Options& o_;
+  pid_t pid_;
+  const Logger& log_;
+  const Reporter& reporter_;
+  std::string host_;
+  ClusterLock lock_;
+  JobLease lease_{lock_};
+};
+
+}  // namespace looplock

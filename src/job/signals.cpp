@@ -1,0 +1,190 @@
+#include "job/signals.hpp"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "base/error.hpp"
+#include "base/exit_codes.hpp"
+
+namespace looplock {
+
+namespace {
+
+constexpr int kEndingSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+
+// PID 1 of a pid namespace only receives signals it has a handler for; this
+// one ends a wait the way the default action ends it anywhere else (tini
+// exits 128+N too). Async-signal-safe: it only calls _exit(2).
+void end_as_pid1(int sig) { _exit(128 + sig); }
+
+struct sigaction action(void (*handler)(int)) {
+  struct sigaction sa {};
+  sa.sa_handler = handler;
+  sigemptyset(&sa.sa_mask);
+  return sa;
+}
+
+void change(InheritedSignals& in, int sig, const struct sigaction& to) {
+  struct sigaction old {};
+  if (sigaction(sig, &to, &old) != 0) {
+    fail_errno(exit_code::kOsError, "cannot set up signal handling (sigaction " + std::to_string(sig) + ")", errno);
+  }
+  in.actions.emplace_back(sig, old);
+}
+
+}  // namespace
+
+// Seven system calls, each for the command's sake or for looplock's while it
+// holds the lock: the mask read (the command gets it back), RLIMIT_CORE read
+// and lowered, three dispositions set, and the signals that end a wait
+// unblocked (the header says why each).
+InheritedSignals take_signal_control(pid_t self) {
+  InheritedSignals in;
+  if (sigprocmask(SIG_SETMASK, nullptr, &in.mask) != 0) {
+    fail_errno(exit_code::kOsError, "cannot read the signal mask", errno);
+  }
+  // Never a core file of looplock's own (a QUIT that ends a wait, an ABRT
+  // sent to a waiting looplock): the soft limit goes to 0, the hard one stays
+  // so that the command gets the inherited limit back.
+  if (getrlimit(RLIMIT_CORE, &in.core) == 0) {
+    struct rlimit none {
+      0, in.core.rlim_max
+    };
+    in.core_known = setrlimit(RLIMIT_CORE, &none) == 0;
+  }
+  change(in, SIGCHLD, action(SIG_DFL));
+  change(in, SIGPIPE, action(SIG_IGN));
+  change(in, SIGXFSZ, action(SIG_IGN));
+  if (self == 1) {
+    for (int s : kEndingSignals) {
+      struct sigaction now {};
+      if (sigaction(s, nullptr, &now) == 0 && now.sa_handler == SIG_DFL) change(in, s, action(end_as_pid1));
+    }
+  }
+  sigset_t ending;
+  sigemptyset(&ending);
+  for (int s : kEndingSignals) sigaddset(&ending, s);
+  if (sigprocmask(SIG_UNBLOCK, &ending, nullptr) != 0) {
+    fail_errno(exit_code::kOsError, "cannot unblock the signals that end a wait", errno);
+  }
+  return in;
+}
+
+bool restore_in_child(const InheritedSignals& inherited) {
+  for (const auto& [sig, act] : inherited.actions) sigaction(sig, &act, nullptr);
+  if (inherited.core_known) setrlimit(RLIMIT_CORE, &inherited.core);
+  return sigprocmask(SIG_SETMASK, &inherited.mask, nullptr) == 0;
+}
+
+namespace {
+struct Named {
+  const char* name;
+  int sig;
+};
+constexpr Named kNames[] = {
+    {"HUP", SIGHUP},       {"INT", SIGINT},   {"QUIT", SIGQUIT},   {"ILL", SIGILL},   {"TRAP", SIGTRAP},
+    {"ABRT", SIGABRT},     {"BUS", SIGBUS},   {"FPE", SIGFPE},     {"KILL", SIGKILL}, {"USR1", SIGUSR1},
+    {"SEGV", SIGSEGV},     {"USR2", SIGUSR2}, {"PIPE", SIGPIPE},   {"ALRM", SIGALRM}, {"TERM", SIGTERM},
+    {"STKFLT", SIGSTKFLT}, {"CHLD", SIGCHLD}, {"CONT", SIGCONT},   {"STOP", SIGSTOP}, {"TSTP", SIGTSTP},
+    {"TTIN", SIGTTIN},     {"TTOU", SIGTTOU}, {"URG", SIGURG},     {"XCPU", SIGXCPU}, {"XFSZ", SIGXFSZ},
+    {"VTALRM", SIGVTALRM}, {"PROF", SIGPROF}, {"WINCH", SIGWINCH}, {"IO", SIGIO},     {"PWR", SIGPWR},
+    {"SYS", SIGSYS},
+};
+}  // namespace
+
+std::optional<int> parse_signal(std::string_view text) {
+  std::string t;
+  for (char c : text) t += static_cast<char>(c >= 'a' && c <= 'z' ? c - 'a' + 'A' : c);
+  if (t.starts_with("SIG")) t.erase(0, 3);
+  if (!t.empty() && t.find_first_not_of("0123456789") == std::string::npos && t.size() < 4) {
+    const int n = std::stoi(t);
+    return n >= 1 && n <= SIGRTMAX ? std::optional<int>(n) : std::nullopt;
+  }
+  for (const auto& n : kNames) {
+    if (t == n.name) return n.sig;
+  }
+  if (t.starts_with("RTMIN+") && t.size() > 6 && t.size() < 9 &&
+      t.find_first_not_of("0123456789", 6) == std::string::npos) {
+    const int n = SIGRTMIN + std::stoi(t.substr(6));
+    return n <= SIGRTMAX ? std::optional<int>(n) : std::nullopt;
+  }
+  return std::nullopt;
+}
+
+std::string signal_name(int sig) {
+  for (const auto& n : kNames) {
+    if (n.sig == sig) return n.name;
+  }
+  if (sig >= SIGRTMIN && sig <= SIGRTMAX) return "RTMIN+" + std::to_string(sig - SIGRTMIN);
+  return std::to_string(sig);
+}
+
+sigset_t supervised_signals() {
+  sigset_t set;
+  sigfillset(&set);
+  sigdelset(&set, SIGKILL);
+  sigdelset(&set, SIGSTOP);
+  return set;
+}
+
+int shell_status(int wait_status) {
+  if (WIFEXITED(wait_status)) return WEXITSTATUS(wait_status);
+  if (WIFSIGNALED(wait_status)) return 128 + WTERMSIG(wait_status);
+  return exit_code::kOsError;
+}
+
+void exit_like(int wait_status) {
+  if (WIFSIGNALED(wait_status)) {
+    const int sig = WTERMSIG(wait_status);
+    // Die of the same signal, so the caller sees what it would see without
+    // looplock; but never leave a core file of looplock's own.
+    struct rlimit no_core {
+      0, 0
+    };
+    setrlimit(RLIMIT_CORE, &no_core);
+    struct sigaction dfl = action(SIG_DFL);
+    sigaction(sig, &dfl, nullptr);
+    sigset_t one;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    sigprocmask(SIG_UNBLOCK, &one, nullptr);
+    raise(sig);  // returns only where it cannot kill: as PID 1 of a pid namespace
+  }
+  _exit(shell_status(wait_status));
+}
+
+bool stop_self(int sig) {
+  struct sigaction old {};
+  if (sigaction(sig, nullptr, &old) != 0 || old.sa_handler == SIG_IGN) return false;
+  // SIGCONT stays blocked while the command runs: if it continues looplock,
+  // it is pending afterwards. One that is pending already came after the
+  // job stopped: the job is to go on, so looplock need not stop at all.
+  sigset_t cont;
+  sigemptyset(&cont);
+  sigaddset(&cont, SIGCONT);
+  auto take_cont = [&] {
+    timespec zero{};
+    int r;
+    do {
+      r = sigtimedwait(&cont, nullptr, &zero);
+    } while (r < 0 && errno == EINTR);
+    return r == SIGCONT;
+  };
+  if (take_cont()) return true;
+  struct sigaction dfl = action(SIG_DFL);
+  sigaction(sig, &dfl, nullptr);
+  sigset_t one;
+  sigemptyset(&one);
+  sigaddset(&one, sig);
+  // Pending while blocked; unblocking delivers it: looplock stops here until
+  // a SIGCONT, unless the kernel discards it (orphaned process group).
+  kill(getpid(), sig);
+  sigprocmask(SIG_UNBLOCK, &one, nullptr);
+  sigprocmask(SIG_BLOCK, &one, nullptr);
+  sigaction(sig, &old, nullptr);
+  return take_cont();
+}
+
+}  // namespace looplock

@@ -1,0 +1,98 @@
+// Running the command as a job: fork/exec with the lock fd passed on purpose
+// and the inherited signal state restored; the job leads a process group of
+// its own (and gets the terminal, see terminal.hpp); then a loop in ordinary
+// code (every signal blocked, taken with sigtimedwait, as tini and dumb-init
+// do) forwards each signal to the job's group once, reaps what the job
+// leaves behind, renews a lease, and ends the job when --kill-after,
+// --max-time or the lease says so.
+#pragma once
+
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/log.hpp"
+#include "job/signals.hpp"
+
+namespace looplock {
+
+// A lease the command runs under (the cluster lock, --etcd). The job loop
+// renews it and ends the job before it can expire: TERM by term_by_ns(), KILL
+// by kill_by_ns(), unless a renewal moved them on. All times CLOCK_MONOTONIC.
+class Lease {
+public:
+  virtual ~Lease() = default;
+  // When renew() is next due.
+  virtual long long next_renewal_ns() const = 0;
+  // One renewal; must return by `return_by_ns`, or soon after a signal of
+  // `interrupt_on` is pending. False once the lease is known to be gone (no
+  // renewal can help).
+  virtual bool renew(long long return_by_ns, const sigset_t& interrupt_on) = 0;
+  virtual long long term_by_ns() const = 0;
+  virtual long long kill_by_ns() const = 0;
+  // Whether the last renewal got no answer (term_by_ns() is not moving).
+  virtual bool renewal_failing() const { return false; }
+  // The least time a renewal needs (one attempt): a renewal is given that
+  // much even when the warning it races is nearer.
+  virtual long long least_renewal_ns() const { return 0; }
+};
+
+struct CommandSpec {
+  std::vector<std::string> argv;
+  std::vector<std::string> env;  // the whole environment, "NAME=value"
+  int pass_fd = -1;              // an fd to leave open in the command, or -1
+  // KILL the job this long after looplock forwarded it a TERM or INT
+  // (nullopt: never, as timeout(1) without -k).
+  std::optional<long long> kill_after_ns;
+  // --max-time: TERM the job once it has run this long, then KILL it
+  // max_time_kill_after_ns later (nullopt: never KILL).
+  std::optional<long long> max_time_ns;
+  std::optional<long long> max_time_kill_after_ns;
+  // --warn-before: send `warn_signal` once to each process of the job that
+  // catches it, this long before --max-time's TERM, or (the lease's
+  // renewals failing) before its TERM (warning.hpp).
+  std::optional<long long> warn_before_ns;
+  int warn_signal = SIGUSR1;
+  Lease* lease = nullptr;
+};
+
+// How the job ended.
+struct JobEnd {
+  enum class EndedBy {
+    Command,  // by itself, or by a signal someone sent it
+    MaxTime,  // looplock ended it: --max-time
+    Lease,    // looplock ended it: the lease was lost or about to expire
+  };
+  int status = 0;  // the wait status of the command (the job's first process)
+  EndedBy ended_by = EndedBy::Command;
+  bool killed = false;         // looplock had to send KILL
+  bool lease_lost = false;     // the lease was lost, or about to expire, while the job ran
+  long long started_ns = 0;    // when the command was started
+  long long term_sent_ns = 0;  // when looplock sent TERM (MaxTime, Lease)
+  long long ended_ns = 0;      // when the whole job had ended
+  pid_t pgid = 0;              // the job's process group
+  bool signalled = false;      // looplock sent the job's group a signal (forwarded, TERM or KILL of its own)
+  long long warned_ns = 0;     // when the --warn-before warning was due and given (0: it was not)
+  int warn_signal = 0;         // which signal
+  std::vector<pid_t> warned_pids;  // the job's processes it was sent to (those that catch it)
+  std::vector<pid_t> warn_skipped;  // those seen that do not catch it, and were not sent it
+};
+
+// Starts the command and supervises it until it has ended (and, when
+// looplock ended it, until its whole process group has), leaving every signal
+// blocked. `self` is looplock's pid. Throws Fatal 71 if it cannot be started
+// safely, 126/127 if the command cannot be executed (after reaping the child).
+JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log,
+                   pid_t self = getpid());
+
+// Replaces looplock with the command (-F). Returns only by throwing Fatal.
+[[noreturn]] void exec_command(const CommandSpec& spec, const InheritedSignals& inherited);
+
+// The status and message for an exec(2) errno: 127 when not found, else 126.
+int exec_failure_status(int err);
+
+}  // namespace looplock

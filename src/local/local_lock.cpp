@@ -1,0 +1,377 @@
+#include "local/local_lock.hpp"
+
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <ctime>
+
+#include "base/duration.hpp"
+#include "base/error.hpp"
+#include "base/exit_codes.hpp"
+#include "job/signals.hpp"
+#include "job/terminal.hpp"
+#include "os/procfs.hpp"
+#include "os/sys.hpp"
+#include "os/unique_fd.hpp"
+#include "records/survey.hpp"
+
+namespace looplock {
+
+namespace {
+
+constexpr long long kMs = 1'000'000LL;
+constexpr long long kSec = 1000 * kMs;
+// How long a process that is ending may take to close the lock descriptor
+// before it counts as keeping the lock.
+constexpr long long kEndingGraceNs = 200 * kMs;
+
+std::string lock_display(const std::string& dir) { return dir + (dir.ends_with('/') ? "" : "/") + kLockName; }
+
+// The holders as hints for a later look (the kernel's locks, as found).
+std::vector<procfs::KernelLock> as_hint(const LockFacts& f) {
+  std::vector<procfs::KernelLock> out;
+  for (const auto& h : f.holders) {
+    if (!h.exited) out.push_back({h.pid, h.exclusive, h.locked_by});
+  }
+  return out;
+}
+
+// Reports the wait: with -v once (naming the holder); on a terminal a status
+// line rewritten in place at most once a second (how long so far, how long
+// is left, whom it waits for), erased when the wait ends. For a wait that may
+// time out, it also notes who holds the lock when the wait starts, so that
+// the timeout's report only has to confirm it (cheaply) instead of reading
+// /proc/locks after the deadline.
+class WaitReporter : public AcquireObserver {
+public:
+  WaitReporter(const Options& o, const Logger& log, const WaitPlan& plan, long long start_ns, std::string shown,
+               std::vector<procfs::KernelLock>& holders_at_start, bool& said_waiting)
+      : o_(o),
+        log_(log),
+        plan_(plan),
+        start_ns_(start_ns),
+        shown_(std::move(shown)),
+        holders_at_start_(holders_at_start),
+        said_waiting_(said_waiting) {}
+
+  void on_wait(const LockFile& file) override {
+    wait_started_ns_ = sys::monotonic_ns();
+    // Asked only once there is a wait to show (isatty(3): an ioctl).
+    status_line_ = !log_.is_quiet() && log_.is_text() && isatty(log_.fd()) == 1;
+    if (!log_.is_verbose() && plan_.kind != WaitPlan::Kind::Bounded && !status_line_) return;
+    const LockFacts facts = survey_held(file, shown_);
+    holders_at_start_ = as_hint(facts);
+    who_ = holder_phrase(judge(facts));
+    if (said_waiting_) return;  // a second wait of the run (for the slot's run): said already
+    said_waiting_ = true;
+    log_.verbose("waiting", "waiting for " + who_ + " on " + shown_, {{"policy", policy_name(o_.policy)}});
+  }
+  void on_replaced(int count, bool dir_moved) override {
+    log_.warn("lock_file_replaced",
+              dir_moved ? o_.dir + " was moved, deleted or replaced while looplock waited for its lock; locking the "
+                                   "lock file of the directory now at that path (never move a loop's directory "
+                                   "while it runs)"
+                        : shown_ + " was deleted or replaced while looplock waited for it; locking the new file"
+                                   " (never delete the lock file)",
+              {{"count", count}});
+  }
+
+  long long tick_interval_ns() const override { return status_line_ ? kSec / 4 : 0; }
+  void on_tick() override {
+    const long long now = sys::monotonic_ns();
+    if (now - wait_started_ns_ < kSec || (drawn_ && now - last_draw_ns_ < kSec)) return;
+    last_draw_ns_ = now;
+    std::optional<long long> left;
+    if (plan_.kind == WaitPlan::Kind::Bounded) left = start_ns_ + plan_.deadline_ns - now;
+    winsize ws{};
+    const size_t width = ioctl(log_.fd(), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 ? ws.ws_col - 1u : 79u;
+    const std::string line = wait_status_line(now - wait_started_ns_, left, printable(who_), printable(shown_), width);
+    (void)sys::write_all(log_.fd(), "\r" + line + "\x1b[K");
+    drawn_ = true;
+  }
+  void on_wait_end() override {
+    if (drawn_) (void)sys::write_all(log_.fd(), "\r\x1b[K");
+    drawn_ = false;
+  }
+
+private:
+  const Options& o_;
+  const Logger& log_;
+  const WaitPlan& plan_;
+  long long start_ns_;
+  std::string shown_;
+  std::vector<procfs::KernelLock>& holders_at_start_;
+  bool& said_waiting_;  // the run's "waiting" line was written (by an earlier wait of the run)
+  bool status_line_ = false;
+  std::string who_ = "another process";
+  long long wait_started_ns_ = 0;
+  long long last_draw_ns_ = 0;
+  bool drawn_ = false;
+};
+
+// The descendants of looplock that still hold the lock through the inherited
+// descriptor once the job has ended. Those that are ending (exiting in the
+// kernel, or in the job's group when looplock sent it a signal: a TERM
+// forwarded from timeout(1) takes a moment to act) get up to 200 ms to close
+// it; what still holds it then is a leak, named every time. Only a run that
+// finds a holder here pays the wait.
+std::vector<pid_t> leaked_holders(pid_t self, const struct stat& file, const JobEnd& job) {
+  std::vector<pid_t> leaked = procfs::pids_holding_flock(procfs::descendants(self), file);
+  const long long until = sys::monotonic_ns() + kEndingGraceNs;
+  while (!leaked.empty() && sys::monotonic_ns() < until) {
+    const bool ending = std::any_of(leaked.begin(), leaked.end(), [&](pid_t p) {
+      const auto st = procfs::proc_stat(p);
+      return !st || st->exiting() || (job.signalled && st->pgrp == job.pgid);
+    });
+    if (!ending) break;
+    timespec pause{0, 5'000'000};
+    nanosleep(&pause, nullptr);
+    leaked = procfs::pids_holding_flock(leaked, file);
+  }
+  return leaked;
+}
+
+}  // namespace
+
+LocalLock::LocalLock(const Options& options, pid_t pid, const Logger& log, LockDir& dir, LockTarget target)
+    : o_(options), pid_(pid), log_(log), dir_(dir), target_(std::move(target)), shown_(lock_display(options.dir)) {}
+
+Acquisition LocalLock::acquire(const WaitPlan& plan, long long start_ns) {
+  const LockMode mode = o_.shared ? LockMode::Shared : LockMode::Exclusive;
+  // Work that does not need the lock is done before waiting for it.
+  // /proc/self/stat: looplock's start time, which the holder record carries
+  // so that a reader can tell this pid from a later process given the same
+  // number (read before waiting, not in the critical section).
+  if (mode == LockMode::Exclusive) pid_start_ = procfs::own_start().value_or("");
+  WaitReporter reporter(o_, log_, plan, start_ns, shown_, holders_at_start_, said_waiting_);
+  AcquireResult res = acquire_lock(dir_, plan, mode, reporter, start_ns);
+  file_ = std::move(res.file);
+  if (res.status != Acquisition::Acquired) return res.status;
+  log_.verbose("acquired",
+               std::string(o_.shared ? "shared" : "exclusive") + " lock on " + shown_ + " acquired after " +
+                   format_duration(res.waited_ns),
+               {{"lock_id", target_.lock_id}, {"waited_ms", res.waited_ns / kMs}});
+  if (mode == LockMode::Exclusive) write_record();
+  return Acquisition::Acquired;
+}
+
+// Held: record who holds it.
+void LocalLock::write_record() {
+  if (file_.read_only) {
+    log_.warn("read_only_lock_file",
+              shown_ + " is read-only for looplock: the lock is held, but no holder record can be written (" +
+                  (file_.read_only_err == EROFS       ? std::string("its file system is read-only")
+                   : file_.st.st_uid == geteuid() ? std::string("chmod u+w it")
+                                                  : "its owner, uid " + std::to_string(file_.st.st_uid) +
+                                                        ", or root makes it group-writable for a group: chmod g+w") +
+                  ")");
+    return;
+  }
+  record_ = HolderRecord{
+      target_.lock_id,        pid_,         pid_start_, o_.agent, o_.operation, std::string(policy_name(o_.policy)),
+      sys::utc_now_iso8601(), std::nullopt, o_.no_fork};
+  if (!write_holder(file_.fd.get(), *record_)) {
+    log_.warn("holder_write_failed", errno_message("cannot write the holder record into " + shown_, errno));
+    record_.reset();
+  }
+}
+
+Blocker LocalLock::blocker() const {
+  Blocker b;
+  b.what = shown_;
+  b.verdict = judge(survey_held(file_, b.what, holders_at_start_));
+  b.who = holder_phrase(*b.verdict);
+  b.inspect_hint = "looplock --inspect " + shell_word(o_.dir);
+  const std::string host = sys::host_name();
+  for (const auto& h : b.verdict->holders) {
+    b.holder_ids.push_back({.host = host, .pid = h.pid, .pid_start = h.start.value_or("")});
+  }
+  if (b.verdict->record == RecordState::Current && b.verdict->read) {
+    b.holder_ids.push_back({.host = host, .pid = b.verdict->read->pid, .pid_start = b.verdict->read->pid_start});
+  }
+  if (!b.verdict->confirm.empty()) {
+    b.confirm = pids_text(b.verdict->confirm);
+    b.many = b.verdict->confirm.size() > 1;
+  }
+  return b;
+}
+
+void LocalLock::prepare(CommandSpec& spec) {
+  env_set(spec.env,
+          {{env_name::kDir, target_.canonical_dir},
+           {env_name::kLockId, target_.lock_id},
+           {env_name::kPolicy, std::string(policy_name(o_.policy))},
+           {env_name::kHolderPid, std::to_string(pid_)}},
+          {env_name::kFd, env_name::kHolderFd, env_name::kEtcdPassword});
+}
+
+void LocalLock::export_to(CommandSpec& spec) {
+  const std::string fd = std::to_string(file_.fd.get());
+  spec.env.push_back(std::string(env_name::kHolderFd) + "=" + fd);
+  if (!o_.close_fd) spec.env.push_back(std::string(env_name::kFd) + "=" + fd);
+  spec.pass_fd = o_.close_fd ? -1 : file_.fd.get();
+}
+
+void LocalLock::release(Ending& ending) {
+  // The command has ended; looplock still holds the lock. Was it protecting
+  // the real file all along?
+  const IntactCheck check = lock_intact(dir_, file_);
+  if (!check.intact) {
+    log_.warn("intact_unknown",
+              errno_message("cannot check whether " + shown_ + " is still the file that was locked", check.err) +
+                  "; not reporting it as vanished");
+  }
+  ending.intact = check.intact.value_or(true);
+  if (record_ && ending.intact) {
+    record_->released_at = sys::utc_now_iso8601();
+    if (!write_holder(file_.fd.get(), *record_)) {
+      log_.warn("holder_write_failed", errno_message("cannot write the release into " + shown_, errno));
+    }
+  }
+  ending.record = record_;
+  file_.fd.reset();  // release
+  // After the release, so that the next holder does not wait for it: one
+  // read of /proc/PID/task/PID/children when the job left no process.
+  if (!o_.close_fd) report_leaks(ending.job);
+  const int status = ending.job.status;
+  log_.verbose("released",
+               "released " + shown_ + "; the command " +
+                   (WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
+                                        : "exited with " + std::to_string(shell_status(status))),
+               {{"lock_id", target_.lock_id},
+                {"exit_status", shell_status(status)},
+                {"ran_ms", (ending.job.ended_ns - ending.job.started_ns) / kMs}});
+  if (!ending.intact) {
+    const bool command_failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    log_.error("loop_dir_vanished",
+               "loop dir vanished mid-lock: " + shown_ +
+                   " was deleted or replaced while the command ran, so the lock no longer protected it",
+               command_failed ? "The command failed too; looplock exits with its status."
+                              : "Check what removed it; never delete the lock file or the loop directory of a running "
+                                "loop.");
+  }
+}
+
+// A process the command started may still hold the inherited lock fd: then
+// the lock stays held after looplock exits. (Checked after the release, so
+// that the next holder does not wait for it.)
+void LocalLock::report_leaks(const JobEnd& job) const {
+  const auto leaked = leaked_holders(pid_, file_.st, job);
+  if (leaked.empty()) return;
+  const bool many = leaked.size() > 1;
+  log_.warn_always(
+      "lock_leaked",
+      "the command exited, but " + pids_text(leaked) + " that it started still " + (many ? "hold " : "holds ") +
+          shown_ + " through the inherited lock fd; the lock stays held until " + (many ? "they exit" : "it exits") +
+          ". Use -o/--close for commands that start background processes",
+      {{"pids", leaked}});
+}
+
+void LocalLock::abandon() {
+  if (!record_) return;
+  record_->released_at = sys::utc_now_iso8601();
+  (void)write_holder(file_.fd.get(), *record_);
+}
+
+// --- the local run ledger (--once-per) --------------------------------------------
+
+namespace {
+
+std::string local_ledger_name(const std::string& dir) {
+  return "run ledger " + dir + (dir.ends_with('/') ? "" : "/") + kRunsName;
+}
+
+// Records `entry`; says when the ledger holds more operations inside their
+// slots than kMaxLedgerOperations (it grows), or had to drop some.
+void record_locally(const LockDir& dir, const RunEntry& entry, const Logger& log) {
+  const LedgerUpdate u = record_local_ledger(dir, entry, sys::realtime_ms());
+  if (u.dropped_in_slot > 0) {
+    log.warn("ledger_crowded",
+             local_ledger_name(dir.path) + " holds " + std::to_string(kMaxLedgerEntries) +
+                 " operations inside their --once-per slots, its most: the oldest " +
+                 std::to_string(u.dropped_in_slot) + " were dropped, and may run again within their slot",
+             {{"entries", kMaxLedgerEntries}, {"dropped", u.dropped_in_slot}});
+  } else if (u.crowded > 0) {
+    log.warn("ledger_crowded",
+             local_ledger_name(dir.path) + " holds " + std::to_string(u.crowded) +
+                 " operations inside their --once-per slots, more than " + std::to_string(kMaxLedgerOperations) +
+                 ": it grows (up to " + std::to_string(kMaxLedgerEntries) +
+                 "); are operation names made per run (a date, a job id)?",
+             {{"entries", u.crowded}, {"dropped", 0}});
+  }
+}
+
+bool record_end_locally(const LockDir& dir, const RunEntry& entry, const Logger& log) {
+  try {
+    (void)record_local_ledger(dir, entry, sys::realtime_ms());  // a crowded ledger was said at the start
+    return true;
+  } catch (const Fatal& f) {
+    log.warn("ledger_write_failed", std::string(f.what()) +
+                                        "; this run's end is not recorded, so its slot may run "
+                                        "again");
+    return false;
+  }
+}
+
+}  // namespace
+
+LedgerLook LocalLock::look_ledger(const std::string& operation, bool /*locked*/) {
+  return look_local_ledger(dir_, operation);
+}
+void LocalLock::record_start(const RunEntry& entry) { record_locally(dir_, entry, log_); }
+bool LocalLock::record_end(const RunEntry& entry) { return record_end_locally(dir_, entry, log_); }
+std::string LocalLock::ledger_name() const { return local_ledger_name(o_.dir); }
+
+LedgerLook InheritedLock::look_ledger(const std::string& operation, bool /*locked*/) {
+  return look_local_ledger(dir_, operation);
+}
+void InheritedLock::record_start(const RunEntry& entry) { record_locally(dir_, entry, log_); }
+bool InheritedLock::record_end(const RunEntry& entry) { return record_end_locally(dir_, entry, log_); }
+std::string InheritedLock::ledger_name() const { return local_ledger_name(o_.dir); }
+
+// --- nested -------------------------------------------------------------------
+
+std::optional<OuterHolder> outer_holder(const Options& o, const EnvList& env, const LockDir& dir, pid_t self,
+                                        struct stat& lock_file) {
+  if (!env_get(env, env_name::kHolderFd) || fstatat(dir.fd.get(), kLockName, &lock_file, AT_SYMLINK_NOFOLLOW) != 0 ||
+      !S_ISREG(lock_file.st_mode)) {
+    return std::nullopt;
+  }
+  return find_outer_holder(env, dir.fd.get(), lock_file, !o.shared, self);
+}
+
+InheritedLock::InheritedLock(const Options& options, const Logger& log, const LockDir& dir, const OuterHolder& outer,
+                             const struct stat& lock_file)
+    : o_(options), log_(log), dir_(dir), outer_(outer), lock_file_(lock_file) {
+  if (!o_.once_per_ns) return;
+  // Which operation's slot the outer holder runs: its record says.
+  UniqueFd fd(sys::retry_eintr(
+      [&] { return openat(dir.fd.get(), kLockName, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); }));
+  if (!fd) return;
+  const HolderRead read = read_holder(fd.get());
+  outer_operation_ = read.record && !read.record->released_at && read.record->operation == clip_bytes(o_.operation);
+}
+
+// No open, so no ownership check: the outer looplock made it; the command may
+// run as another user, under su or runuser, with the descriptor kept.
+Acquisition InheritedLock::acquire(const WaitPlan& /*plan*/, long long /*start_ns*/) {
+  log_.verbose("nested", std::string("already held ") +
+                             (outer_.inherited ? "through the lock descriptor this run inherited"
+                                               : "by looplock pid " + std::to_string(outer_.pid) + " (an ancestor)") +
+                             "; running inside its critical section");
+  return Acquisition::Acquired;
+}
+
+void InheritedLock::export_to(CommandSpec& spec) {
+  if (!o_.close_fd) return;
+  // -o holds inside a nested run too: the command gets no lock fd.
+  if (auto fd = inherited_lock_fd(spec.env, lock_file_); fd && fcntl(*fd, F_SETFD, FD_CLOEXEC) != 0) {
+    fail_errno(exit_code::kOsError, "cannot keep the lock descriptor from the command (-o)", errno);
+  }
+  env_set(spec.env, {}, {env_name::kFd});
+}
+
+}  // namespace looplock

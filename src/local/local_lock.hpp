@@ -1,0 +1,94 @@
+// The local lock of a run (lock.hpp): flock(2) on DIR/.state.lock under the
+// policy's wait plan, the holder record written while it is held, and what
+// the release finds (the lock file still in place, processes that keep the
+// descriptor). And the lock a nested looplock runs under: the outer
+// looplock's, already held.
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/log.hpp"
+#include "lock/lock.hpp"
+#include "os/procfs.hpp"
+#include "records/lock_id.hpp"
+#include "records/lockfile.hpp"
+#include "records/nesting.hpp"
+#include "settings/settings.hpp"
+
+namespace looplock {
+
+class LocalLock final : public Lock {
+public:
+  // `dir` stays open for the whole run (the lock may look it up again when
+  // it is replaced while waiting).
+  LocalLock(const Options& options, pid_t pid, const Logger& log, LockDir& dir, LockTarget target);
+
+  Acquisition acquire(const WaitPlan& plan, long long start_ns) override;
+  Blocker blocker() const override;
+  void prepare(CommandSpec& spec) override;
+  void export_to(CommandSpec& spec) override;
+  void release(Ending& ending) override;
+  void abandon() override;
+  bool has_ledger() const override { return o_.once_per_ns.has_value(); }
+  LedgerLook look_ledger(const std::string& operation, bool locked) override;
+  void record_start(const RunEntry& entry) override;
+  bool record_end(const RunEntry& entry) override;
+  std::string ledger_name() const override;
+
+private:
+  void write_record();
+  void report_leaks(const JobEnd& job) const;
+
+  const Options& o_;
+  pid_t pid_;
+  const Logger& log_;
+  LockDir& dir_;
+  LockTarget target_;
+  std::string shown_;                                 // DIR/.state.lock as given, for messages
+  LockFile file_;                                     // acquired: the locked file; else the one found held
+  std::vector<procfs::KernelLock> holders_at_start_;  // who held it when the wait began
+  bool said_waiting_ = false;                         // -v's "waiting" line, once a run
+  std::string pid_start_;
+  std::optional<HolderRecord> record_;
+};
+
+// Inside a looplock that already holds this lock (nesting.hpp): nothing to
+// take; the command runs in the outer critical section. With -o the command
+// still gets no lock descriptor.
+class InheritedLock final : public Lock {
+public:
+  InheritedLock(const Options& options, const Logger& log, const LockDir& dir, const OuterHolder& outer,
+                const struct stat& lock_file);
+
+  Acquisition acquire(const WaitPlan& plan, long long start_ns) override;
+  Blocker blocker() const override { return {}; }
+  void export_to(CommandSpec& spec) override;
+  void release(Ending& /*ending*/) override {}
+  // Under the outer holder's lock, the local ledger, for an operation of its
+  // own; the outer's own operation is the outer's slot, which this run is
+  // part of: it records nothing.
+  bool has_ledger() const override { return o_.once_per_ns.has_value() && !outer_operation_; }
+  LedgerLook look_ledger(const std::string& operation, bool locked) override;
+  void record_start(const RunEntry& entry) override;
+  bool record_end(const RunEntry& entry) override;
+  std::string ledger_name() const override;
+
+private:
+  const Options& o_;
+  const Logger& log_;
+  const LockDir& dir_;
+  bool outer_operation_ = false;  // the outer holder's record names this run's operation
+  OuterHolder outer_;
+  struct stat lock_file_ {};
+};
+
+// The holder of this lock when this run is nested in a looplock that holds
+// it already (nesting.hpp's rules), or nullopt.
+std::optional<OuterHolder> outer_holder(const Options& options, const EnvList& env, const LockDir& dir, pid_t self,
+                                        struct stat& lock_file);
+
+}  // namespace looplock

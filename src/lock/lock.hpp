@@ -1,0 +1,95 @@
+// One lock of a run's stack (run.hpp): the local lock on DIR/.state.lock
+// (local_lock.hpp), the cluster lock on etcd (etcd_lock.hpp), or, inside an
+// outer looplock, the lock it already holds. A run acquires them in order
+// with one conflict path, runs the job, and releases them in reverse; a new
+// kind of lock is a new class here, not another branch in the run.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "base/environment.hpp"
+#include "base/json.hpp"
+#include "base/policy.hpp"
+#include "job/spawn.hpp"
+#include "records/ledger.hpp"
+#include "records/verdict.hpp"
+
+namespace looplock {
+
+// A process that holds a lock, as a run ledger's entry names its runner:
+// for matching the two (a pid_start that either side left empty matches
+// any), and, for a lease, how long it can outlive a dead holder.
+struct HolderId {
+  std::string host;
+  long long pid = 0;
+  std::string pid_start;
+  int lease_ttl_s = 0;  // the cluster lock's holder: its lease's TTL (0: none, or unknown)
+  bool names(const RunEntry& e) const {
+    return host == e.host && pid == e.pid && (pid_start.empty() || e.pid_start.empty() || pid_start == e.pid_start);
+  }
+};
+
+// Who is in the way of a lock that was not acquired: what the skip and
+// timeout lines and the incident row say (report.hpp renders it).
+struct Blocker {
+  std::string what;                    // "DIR/.state.lock", or "cluster lock NAME (etcd)"
+  std::string who;                     // "pid 1234 (agent cron, operation tick.py, ...)"
+  std::string inspect_hint;            // the command that shows more
+  std::optional<Verdict> verdict;      // the local lock's
+  Json cluster = nullptr;              // the incident row's "cluster" object
+  std::string confirm = "the holder";  // whom the operator confirms stalled: "pid 12", "pids 12, 13"
+  bool many = false;                   // more than one of them
+  std::string action_extra;            // added to the policy's operator_action
+  // The holders, for matching the run ledger's entry.
+  std::vector<HolderId> holder_ids;
+};
+
+
+// What the release of the stack found, filled in lock by lock (in reverse
+// order of acquisition), for the run's conclusion and the rows about the job.
+struct Ending {
+  const JobEnd& job;
+  std::optional<HolderRecord> record;  // this run's holder record, when it wrote one
+  bool intact = true;                  // the lock file and DIR were still the ones locked
+  bool lease_lost = false;             // a cluster lock's lease was lost while the job ran
+};
+
+class Lock {
+public:
+  virtual ~Lock() = default;
+
+  // What can be prepared for the command before waiting (so that a hand-off
+  // from the previous holder does not wait for it).
+  virtual void prepare(CommandSpec& /*spec*/) {}
+  // Takes the lock under `plan`, the deadline counting from `start_ns`; once
+  // acquired, says so with -v.
+  virtual Acquisition acquire(const WaitPlan& plan, long long start_ns) = 0;
+  // After Busy or TimedOut: who holds it.
+  virtual Blocker blocker() const = 0;
+  // Once acquired: what it gives the command (its environment, a descriptor).
+  virtual void export_to(CommandSpec& spec) = 0;
+  // Its lease, when the job loop must renew it; null otherwise.
+  virtual Lease* lease() { return nullptr; }
+  // After the job: lets go of the lock, and notes what it found in `ending`.
+  virtual void release(Ending& ending) = 0;
+  // The job could not be run (a Fatal error): lets go as cleanly as it can.
+  virtual void abandon() {}
+
+  // The run ledger (--once-per), when this lock keeps one for this run: the
+  // entry of `operation`, read without the lock (before waiting, or once a
+  // wait ended) or holding it (`locked`: the authority; a ledger that cannot
+  // be read then is a Fatal error); this run's start, recorded before the
+  // command starts (Fatal when it cannot be); its end (false when it could
+  // not be recorded: the run then does not count).
+  virtual bool has_ledger() const { return false; }
+  virtual LedgerLook look_ledger(const std::string& /*operation*/, bool /*locked*/) { return {}; }
+  virtual void record_start(const RunEntry& /*entry*/) {}
+  virtual bool record_end(const RunEntry& /*entry*/) { return true; }
+  // Where its ledger is, for messages: "DIR/.state.lock.runs.json", "etcd".
+  virtual std::string ledger_name() const { return {}; }
+};
+
+}  // namespace looplock

@@ -1,0 +1,177 @@
+#include "lock/report.hpp"
+
+#include <algorithm>
+#include <cerrno>
+
+#include "base/duration.hpp"
+#include "base/error.hpp"
+#include "job/signals.hpp"
+#include "os/sys.hpp"
+#include "records/lockfile.hpp"
+
+namespace looplock {
+
+namespace {
+
+constexpr long long kMs = 1'000'000LL;
+
+Json job_details(const JobEnd& job) {
+  Json j{{"ran_ms", (job.ended_ns - job.started_ns) / kMs},
+         {"killed", job.killed},
+         {"ran_after_term_ms", job.term_sent_ns ? (job.ended_ns - job.term_sent_ns) / kMs : 0}};
+  // --warn-before: the warning the job had, and how long before its end.
+  if (job.warned_ns) {
+    j["warned"] = Json{{"signal", signal_name(job.warn_signal)},
+                       {"before_end_ms", (job.ended_ns - job.warned_ns) / kMs},
+                       {"pids", job.warned_pids},
+                       {"skipped", job.warn_skipped}};
+  }
+  return j;
+}
+
+const char* how_it_ended(const JobEnd& job) { return job.killed ? "KILL was needed" : "TERM sufficed"; }
+
+// A limit in whole ms, rounded up: one above zero is never 0 (no limit).
+long long limit_ms(long long ns) { return ns / kMs + (ns % kMs != 0 ? 1 : 0); }
+
+}  // namespace
+
+Incident Reporter::incident(std::string error_code) const {
+  Incident inc;
+  inc.at = sys::utc_now_iso8601();
+  inc.error_code = std::move(error_code);
+  inc.lock_id = lock_id_;
+  inc.policy = std::string(policy_name(o_.policy));
+  inc.waiter_pid = pid_;
+  inc.waiter_agent = o_.agent;
+  inc.waiter_operation = o_.operation;
+  return inc;
+}
+
+// The row is the audit trail of what looplock did: appended first (one
+// write), and a failure to append only adds a warning.
+void Reporter::append(const Incident& inc) const {
+  const int err = append_incident(dirfd_, encode_incident(inc));
+  if (err == 0) return;
+  const std::string path = o_.dir + (o_.dir.ends_with('/') ? "" : "/") + kIncidentsName;
+  // A file looplock refuses to write (append_incident's errors for it).
+  const char* why = err == ELOOP    ? "it is a symbolic link (looplock never writes through one)"
+                    : err == EISDIR ? "it is a directory"
+                    : err == EINVAL ? "it is not a regular file (a FIFO, socket or device)"
+                    : err == EMLINK ? "it has more than one hard link"
+                                    : nullptr;
+  if (why) {
+    log_.warn("unsafe_incidents_file",
+              "unsafe incidents file " + path + ": " + why + "; the incident row was not written",
+              {{"error_code", inc.error_code}});
+    return;
+  }
+  log_.warn("incident_append_failed", errno_message("cannot append the incident row to " + path, err));
+}
+
+Json Reporter::fields(const Blocker& b) const {
+  Json j = {
+      {"lock_id", lock_id_}, {"policy", policy_name(o_.policy)}, {"holder_pids", Json::array()}, {"holder", nullptr}};
+  if (const auto& v = b.verdict) {
+    for (const auto& h : v->holders) j["holder_pids"].push_back(h.pid);
+    if (v->record == RecordState::Current) j["holder"] = holder_to_json(*v->read);
+    j["record_status"] = record_state_name(v->record);
+    if (v->read && v->record != RecordState::Current) j["record"] = holder_to_json(*v->read);
+    if (!v->warnings.empty()) j["warnings"] = v->warnings;
+  }
+  if (!b.cluster.is_null()) j["cluster"] = b.cluster;
+  return j;
+}
+
+void Reporter::skip(const Blocker& b) const {
+  log_.result(
+      "noop-locked",
+      "noop-locked: " + b.what + " is held by " + b.who + "; skipped " + o_.operation + " (policy single_flight)",
+      fields(b));
+}
+
+void Reporter::already_run(const RunEntry& run, const Blocker* holding, const std::string& ledger) const {
+  const std::string who = holding ? describe_run(run) + "; its run holds the lock now: " + holding->what +
+                                        " is held by " + holding->who
+                                  : describe_run(run);
+  log_.result("noop-already-run",
+              "noop-already-run: " + o_.operation + " already ran in this slot (--once-per " +
+                  format_duration(*o_.once_per_ns) + ") on " + who + "; skipped " + o_.operation + " (" + ledger + ")",
+              {{"lock_id", lock_id_},
+               {"policy", policy_name(o_.policy)},
+               {"once_per_ms", *o_.once_per_ns / kMs},
+               {"running_now", holding != nullptr},
+               {"last_run", run_entry_to_json(run)}});
+}
+
+void Reporter::timeout(const Blocker& b, const WaitPlan& plan, long long waited_ns) const {
+  Incident inc = incident("lock_acquire_timeout");
+  inc.deadline_ms = limit_ms(plan.deadline_ns);
+  inc.waited_ms = waited_ns / kMs;
+  if (const auto& v = b.verdict) {
+    for (const auto& h : v->holders) inc.holder_pids.push_back(h.pid);
+    if (v->record == RecordState::Current) {
+      inc.holder = v->read;
+      inc.holder_alive = v->read_alive;
+    }
+    inc.record_status = record_state_name(v->record);
+    if (v->read && v->record != RecordState::Current) inc.record = v->read;
+    inc.warnings = v->warnings;
+  }
+  inc.cluster = b.cluster;
+  inc.operator_action = operator_action(o_.policy, b.confirm, b.many) + b.action_extra;
+  append(inc);
+  Json f = fields(b);
+  f["waited_ms"] = inc.waited_ms;
+  f["deadline_ms"] = inc.deadline_ms;
+  log_.error("lock_acquire_timeout",
+             "lock_acquire_timeout: " + b.what + " still held after " + format_duration(waited_ns) + " by " + b.who +
+                 "; gave up " + o_.operation + " (policy " + inc.policy + ")",
+             "Run '" + b.inspect_hint + "' to see the holder; never delete the lock file.", f);
+}
+
+void Reporter::max_time(const JobEnd& job, const std::optional<HolderRecord>& record) const {
+  Incident inc = incident("max_time_exceeded");
+  inc.deadline_ms = limit_ms(*o_.max_time_ns);
+  inc.waited_ms = (job.ended_ns - job.started_ns) / kMs;
+  inc.holder = record;
+  inc.holder_alive = record ? std::optional<bool>(true) : std::nullopt;
+  inc.holder_pids = {pid_};
+  inc.details = job_details(job);
+  inc.operator_action = std::string("The command ran longer than --max-time and looplock ended it (") +
+                        (job.killed ? "it ignored TERM: KILL was needed" : "TERM sufficed") +
+                        "); find out why it hung before the next run does too.";
+  append(inc);
+  Json f = {{"lock_id", lock_id_}, {"policy", policy_name(o_.policy)}, {"deadline_ms", inc.deadline_ms}};
+  f.update(inc.details);
+  log_.error("max_time_exceeded",
+             "max_time_exceeded: " + o_.operation + " ran longer than --max-time " + format_duration(*o_.max_time_ns) +
+                 " and was ended (" + how_it_ended(job) + ") after " + format_duration(job.ended_ns - job.started_ns),
+             "Find out why it hung; the lock was released once the whole job had ended.", f);
+}
+
+void Reporter::lease_lost(const LeaseLoss& loss, const JobEnd& job, const std::optional<HolderRecord>& record) const {
+  Incident inc = incident("lease_lost");
+  inc.deadline_ms = static_cast<long long>(loss.ttl_s) * 1000;
+  inc.waited_ms = loss.since_keepalive_ns / kMs;
+  inc.holder = record;
+  if (record) inc.holder_alive = true;
+  inc.holder_pids = {pid_};
+  inc.cluster = Json{{"lock_name", loss.lock_name},         {"endpoint", loss.endpoint}, {"holder", nullptr},
+                     {"fencing_token", loss.fencing_token}, {"lease", loss.lease},       {"why", loss.why}};
+  inc.details = job_details(job);
+  inc.details["ran_after_loss_ms"] = loss.lost_at_ns ? std::max(job.ended_ns - loss.lost_at_ns, 0LL) / kMs : 0;
+  inc.operator_action = "The etcd lease was lost while the command ran (" + loss.why +
+                        "), so another host may have taken the lock: the command was ended (" + how_it_ended(job) +
+                        "). Check etcd's health and the network between this host and etcd; make writers check "
+                        "LOOPLOCK_FENCING_TOKEN so a stale holder is refused.";
+  append(inc);
+  Json f = {{"lock_id", lock_id_}, {"cluster", inc.cluster}};
+  f.update(inc.details);
+  log_.error("lease_lost",
+             "lease_lost: the etcd lease of cluster lock " + printable(loss.lock_name) + " was lost while " +
+                 o_.operation + " ran: " + printable(loss.why) + "; the command was ended (" + how_it_ended(job) + ")",
+             "Another host may hold the lock now. Check etcd (" + loss.endpoint + ") and the network.", f);
+}
+
+}  // namespace looplock

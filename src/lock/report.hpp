@@ -1,0 +1,70 @@
+// What a run says about itself: the skip and timeout lines (with a timeout's
+// incident row) for a lock in the way, and the lines and rows about a job
+// looplock ended (--max-time, a lost lease). One line builder for every lock:
+// each lock only says who is in the way (lock.hpp's Blocker).
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+
+#include "base/log.hpp"
+#include "lock/lock.hpp"
+#include "records/holder.hpp"
+#include "records/incident.hpp"
+#include "records/ledger.hpp"
+#include "settings/settings.hpp"
+
+namespace looplock {
+
+// A lease that was lost while the job ran, as the cluster lock saw it.
+struct LeaseLoss {
+  std::string lock_name;
+  std::string endpoint;  // the endpoint that answered last
+  int ttl_s = 0;
+  long long since_keepalive_ns = 0;  // since the last answered keepalive was sent
+  long long fencing_token = 0;
+  std::string lease;  // hex
+  std::string why;
+  long long lost_at_ns = 0;  // when the loss was known (0: not known)
+};
+
+class Reporter {
+public:
+  Reporter(const Options& options, pid_t pid, const Logger& log) : o_(options), pid_(pid), log_(log) {}
+
+  // Once DIR is open: where rows go, and the lock's id.
+  void set_target(int dirfd, std::string lock_id) {
+    dirfd_ = dirfd;
+    lock_id_ = std::move(lock_id);
+  }
+
+  // single_flight found the lock held: the noop-locked line.
+  void skip(const Blocker& b) const;
+  // --once-per: this lock's operation already ran in this slot (the
+  // noop-already-run line). `holding`: who holds the lock, when that run
+  // (its looplock, or a process of its job) holds it now; named as every
+  // other line names a holder, never by the ledger's pid alone (that
+  // looplock may have died, its job holding on).
+  void already_run(const RunEntry& run, const Blocker* holding, const std::string& ledger) const;
+  // The deadline passed: the row, then the lock_acquire_timeout line.
+  void timeout(const Blocker& b, const WaitPlan& plan, long long waited_ns) const;
+  // --max-time ended the job.
+  void max_time(const JobEnd& job, const std::optional<HolderRecord>& record) const;
+  // The lease was lost while the job ran, and the job was ended.
+  void lease_lost(const LeaseLoss& loss, const JobEnd& job, const std::optional<HolderRecord>& record) const;
+
+private:
+  Incident incident(std::string error_code) const;
+  void append(const Incident& inc) const;
+  Json fields(const Blocker& b) const;
+
+  const Options& o_;
+  pid_t pid_;
+  const Logger& log_;
+  int dirfd_ = -1;
+  std::string lock_id_;
+};
+
+}  // namespace looplock

@@ -1,0 +1,133 @@
+// The lock file DIR/.state.lock: opened safely (no symlinks, regular file,
+// one link, trusted owner, never truncated, never deleted) and locked with
+// flock(2) under a WaitPlan. After locking, the path is checked to still name
+// the locked inode; if it was replaced meanwhile, the lock is retaken on the
+// new file within the same deadline.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "base/policy.hpp"
+#include "os/unique_fd.hpp"
+
+namespace looplock {
+
+inline constexpr const char* kLockName = ".state.lock";
+
+struct LockDir {
+  std::string path;  // as the user gave it
+  UniqueFd fd;       // O_PATH | O_DIRECTORY
+  struct stat st {};
+};
+
+// Opens DIR. Throws Fatal 66 if it is missing or not a directory, 73 if it is
+// world-writable without the sticky bit (unless `check_safety` is false, as
+// for --inspect, which only reads), 71 on resource exhaustion.
+LockDir open_lock_dir(const std::string& path, bool check_safety = true);
+// Whether a directory with this mode lets other users swap the lock file.
+bool dir_mode_unsafe(mode_t mode);
+
+struct LockFile {
+  UniqueFd fd;
+  struct stat st {};
+  bool read_only = false;  // opened O_RDONLY: locked, but no record can be written
+  int read_only_err = 0;   // why it could not be opened for writing (EACCES, EROFS, ...)
+};
+
+// The mode a new lock file (and every file looplock creates beside it: the
+// incidents file) is created with, before the umask: flock(2) needs only a
+// read descriptor, so whoever can open the file can take the lock.
+inline constexpr mode_t kCreateMode = 0660;
+
+// Why a run refuses a lock file (exit 73): the rule, as a run and --inspect
+// both judge it.
+struct Refusal {
+  std::string why;    // "it has 2 hard links; a lock file must have exactly one"
+  std::string hint;   // the fix
+  std::string event;  // unsafe_loop_dir, unsafe_lock_file
+};
+// DIR itself: world-writable without the sticky bit.
+std::optional<Refusal> refuse_dir(const struct stat& dir, const std::string& shown_dir);
+// The lock file as found at the path (lstat): a symlink, not a regular file,
+// more than one link, or owned by neither `euid` nor DIR's owner (in a DIR
+// its group may write, group-writable and not sticky, a file of DIR's group
+// may be any member's: every member could replace it anyway).
+std::optional<Refusal> refuse_lock_file(const struct stat& file, const struct stat& dir, uid_t euid,
+                                        std::string_view shown_dir = "DIR");
+// The same rules for another file of the lock's (`noun`: "run ledger", its
+// `name` in DIR), whose refusal is the event `event` ("unsafe_run_ledger").
+// `shown_dir`: DIR as the hints name it.
+std::optional<Refusal> refuse_file(const struct stat& file, const struct stat& dir, uid_t euid, std::string_view noun,
+                                   std::string_view name, std::string_view event, std::string_view shown_dir = "DIR");
+
+// The fix for a lock file `euid` cannot open (EACCES), by who can make it:
+// DIR's owner replaces it, else its owner or root opens its mode to the group.
+std::string unopenable_hint(const LockDir& dir, const struct stat& file, uid_t euid);
+
+// DIR/.state.lock cannot be looked at (fstatat failed with `err`): Fatal 73
+// (71 for resource exhaustion), with the fix when DIR lacks search permission.
+[[noreturn]] void lock_stat_failed(const LockDir& dir, int err);
+
+// Opens DIR/.state.lock, creating it (kCreateMode before umask) if missing.
+// Throws Fatal 73 if it is unsafe (refuse_lock_file) or cannot be opened, 71
+// on resource exhaustion.
+LockFile open_lock_file(const LockDir& dir);
+
+enum class LockMode { Exclusive, Shared };
+
+// Called by acquire_lock at the moments the caller reports on.
+class AcquireObserver {
+public:
+  virtual ~AcquireObserver() = default;
+  // The first attempt found the lock held and looplock is about to wait.
+  virtual void on_wait(const LockFile& /*file*/) {}
+  // The locked inode was no longer at the path (deleted or replaced, or DIR
+  // itself was: `dir_moved`); looplock retries on the new file. `count` is
+  // how many times this happened so far.
+  virtual void on_replaced(int /*count*/, bool /*dir_moved*/) {}
+  // While waiting: on_tick() about every tick_interval_ns() (0: never), and
+  // on_wait_end() once the wait is over, whatever its end.
+  virtual long long tick_interval_ns() const { return 0; }
+  virtual void on_tick() {}
+  virtual void on_wait_end() {}
+};
+
+struct AcquireResult {
+  Acquisition status = Acquisition::Busy;
+  // Acquired: the locked file. Busy/TimedOut: the file that was found held
+  // (open, not locked), for reading who holds it.
+  LockFile file;
+  long long waited_ns = 0;
+  int replaced = 0;
+};
+
+// The deadline counts from `start_ns` (CLOCK_MONOTONIC; looplock passes the
+// moment it started, so its own start-up is inside the deadline).
+AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, AcquireObserver& observer,
+                           long long start_ns);
+
+// The name of the network file system `fd` is on ("nfs", "cifs", ...), or
+// nullopt for a local one. flock(2) there may not exclude other hosts.
+std::optional<std::string> network_file_system(int fd);
+std::optional<std::string> network_fs_name(unsigned long f_type);
+
+// Whether DIR/.state.lock still names the inode of `file`: nullopt (errno
+// set) when that cannot be told (a failed stat other than ENOENT/ENOTDIR).
+std::optional<bool> lock_path_intact(const LockDir& dir, const LockFile& file);
+// Whether DIR's path still names the directory that was opened, and it has
+// not been removed; nullopt (errno set) when that cannot be told.
+std::optional<bool> dir_intact(const LockDir& dir);
+// Both, and the errno of a check that could not be made (0 when none).
+struct IntactCheck {
+  std::optional<bool> intact;
+  int err = 0;
+};
+IntactCheck lock_intact(const LockDir& dir, const LockFile& file);
+
+}  // namespace looplock

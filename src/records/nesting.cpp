@@ -1,0 +1,98 @@
+#include "records/nesting.hpp"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <charconv>
+
+#include "os/procfs.hpp"
+#include "os/sys.hpp"
+#include "os/unique_fd.hpp"
+#include "records/lockfile.hpp"
+
+namespace looplock {
+
+namespace {
+
+std::optional<long> to_long(const std::optional<std::string>& s) {
+  if (!s || s->empty()) return std::nullopt;
+  long v = 0;
+  auto [p, ec] = std::from_chars(s->data(), s->data() + s->size(), v);
+  if (ec != std::errc() || p != s->data() + s->size() || v < 0) return std::nullopt;
+  return v;
+}
+
+std::optional<int> to_fd(const std::optional<std::string>& s) {
+  auto v = to_long(s);
+  if (!v || *v > 0x7fffffff) return std::nullopt;
+  return static_cast<int>(*v);
+}
+
+bool is_lock_file(int fd, const struct stat& lock_file) {
+  struct stat st {};
+  return fstat(fd, &st) == 0 && sys::same_file(st, lock_file);
+}
+
+// Without /proc: flock(2) has no query, but the attempts below change
+// nothing when the lock is held. A shared attempt on a fresh open file
+// description succeeds only when nobody holds the lock exclusively (it is
+// undone at once). When someone does, an exclusive attempt on `fd` is a
+// no-op if `fd`'s open file description is that holder, and fails without
+// effect if another one is (`fd` then holds nothing). (Were the holder to
+// release between the two calls, `fd` would take the lock itself: still
+// exclusive, and `fd` then does hold it.)
+}  // namespace
+
+bool probe_holds_through(int fd, int dirfd, const struct stat& lock_file) {
+  UniqueFd fresh(sys::retry_eintr(
+      [&] { return openat(dirfd, kLockName, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); }));
+  if (!fresh || !is_lock_file(fresh.get(), lock_file)) return false;
+  if (flock(fresh.get(), LOCK_SH | LOCK_NB) == 0) return false;  // no exclusive holder; closing undoes it
+  if (errno != EWOULDBLOCK) return false;
+  return flock(fd, LOCK_EX | LOCK_NB) == 0;
+}
+
+bool holds_through(int fd, int dirfd, const struct stat& lock_file, bool exclusive) {
+  if (fd < 0 || !is_lock_file(fd, lock_file)) return false;
+  if (auto info = sys::read_file("/proc/self/fdinfo/" + std::to_string(fd), 1 << 20)) {
+    return procfs::parse_fdinfo_holds(*info, lock_file, exclusive);
+  }
+  // A shared holder through `fd` cannot be told apart this way; a shared
+  // inner run then simply takes a shared lock of its own, which never waits
+  // for a shared outer one.
+  return probe_holds_through(fd, dirfd, lock_file);
+}
+
+std::optional<OuterHolder> find_outer_holder(const EnvList& env, int dirfd, const struct stat& lock_file,
+                                             bool exclusive, pid_t self) {
+  auto pid = to_long(env_get(env, env_name::kHolderPid));
+  auto holder_fd = to_fd(env_get(env, env_name::kHolderFd));
+  if (!holder_fd) return std::nullopt;
+  const pid_t named = pid && *pid > 0 && *pid <= 0x7fffffff ? static_cast<pid_t>(*pid) : 0;
+  // This process's own descriptor, inherited from the outer looplock.
+  for (auto fd : {holder_fd, to_fd(env_get(env, env_name::kFd))}) {
+    if (fd && holds_through(*fd, dirfd, lock_file, exclusive)) return OuterHolder{named, *fd, true};
+  }
+  // The outer looplock's descriptor: it must be a live ancestor. Pids are
+  // only comparable when /proc shows this process's own pid namespace.
+  if (named == 0 || !procfs::proc_is_ours()) return std::nullopt;
+  if (!procfs::is_self_or_ancestor(named, self)) return std::nullopt;
+  if (!procfs::fd_holds_flock(named, *holder_fd, lock_file, exclusive)) return std::nullopt;
+  return OuterHolder{named, *holder_fd, false};
+}
+
+std::optional<int> inherited_lock_fd(const EnvList& env, const struct stat& lock_file) {
+  auto fd = to_fd(env_get(env, env_name::kFd));
+  if (!fd || !is_lock_file(*fd, lock_file)) return std::nullopt;
+  return fd;
+}
+
+bool deadline_owner_lives(const EnvList& env, pid_t self) {
+  const auto owner = parse_deadline_owner(env_get(env, env_name::kDeadlineOwner));
+  if (!owner || owner->start.empty() || owner->pid > 0x7fffffff || !procfs::proc_is_ours()) return false;
+  const auto pid = static_cast<pid_t>(owner->pid);
+  return procfs::is_self_or_ancestor(pid, self) && procfs::pid_start(pid) == owner->start;
+}
+
+}  // namespace looplock

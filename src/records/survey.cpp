@@ -1,0 +1,212 @@
+#include "records/survey.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "base/error.hpp"
+#include "os/sys.hpp"
+#include "os/unique_fd.hpp"
+
+namespace looplock {
+
+namespace {
+
+// Whether this process is in a pid namespace other than the initial one:
+// there /proc/locks (of its own /proc) does not list a lock held from outside.
+bool in_child_pid_namespace() {
+  char buf[64];
+  const ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
+  if (n <= 0) return false;                                                    // cannot tell: assume the usual
+  return std::string_view(buf, static_cast<size_t>(n)) != "pid:[4026531836]";  // PROC_PID_INIT_INO
+}
+
+// `locks` (as /proc/locks names them) confirmed through descriptors; see
+// live_holders().
+std::vector<procfs::KernelLock> confirm(const std::vector<procfs::KernelLock>& locks, const struct stat& file) {
+  if (locks.empty()) return {};
+  std::vector<pid_t> pids;
+  for (const auto& k : locks) pids.push_back(k.pid);
+  auto confirmed = procfs::fd_holders(pids, file);
+  if (confirmed.size() == locks.size()) return confirmed;
+  // A pid /proc/locks names no longer holds the lock itself: it exited (or
+  // closed its descriptor) after passing the descriptor on, and the kernel
+  // still names it. Whoever has the descriptor now holds the lock.
+  auto found = procfs::fd_holders(procfs::all_pids(), file);
+  if (found.empty()) return locks;
+  for (auto& k : found) {
+    for (const auto& l : locks) {
+      if (l.pid != k.pid && std::none_of(confirmed.begin(), confirmed.end(),
+                                         [&](const procfs::KernelLock& c) { return c.pid == l.pid; })) {
+        k.locked_by = l.pid;
+      }
+    }
+  }
+  return found;
+}
+
+// The kernel's holders with what names them.
+void add_holders(LockFacts& f, const std::vector<procfs::KernelLock>& locks) {
+  for (const auto& k : locks) {
+    if (k.locked_by != 0 &&
+        std::find(f.dead_kernel_pids.begin(), f.dead_kernel_pids.end(), k.locked_by) == f.dead_kernel_pids.end()) {
+      if (!procfs::pid_alive(k.locked_by)) f.dead_kernel_pids.push_back(k.locked_by);
+    }
+  }
+  for (const auto& k : locks) {
+    LockHolder h;
+    h.pid = k.pid;
+    h.exclusive = k.exclusive;
+    h.locked_by = k.locked_by;
+    h.exited = k.locked_by == 0 && !procfs::pid_alive(k.pid);
+    if (h.exited) {
+      if (std::find(f.dead_kernel_pids.begin(), f.dead_kernel_pids.end(), k.pid) == f.dead_kernel_pids.end()) {
+        f.dead_kernel_pids.push_back(k.pid);
+      }
+    } else {
+      h.command = procfs::comm(k.pid).value_or("");
+      h.start = procfs::pid_start(k.pid);
+      h.uid = procfs::real_uid(k.pid);
+      if (h.uid) h.gids = procfs::group_ids(k.pid).value_or(std::vector<gid_t>{});
+    }
+    f.holders.push_back(std::move(h));
+  }
+}
+
+}  // namespace
+
+std::vector<procfs::KernelLock> live_holders(const struct stat& file) {
+  auto locks = procfs::flock_holders(file);
+  if (!locks) return {};
+  return confirm(*locks, file);
+}
+
+std::vector<procfs::KernelLock> kernel_holders(const HolderRead& read, const struct stat& file,
+                                               const std::vector<procfs::KernelLock>& hint) {
+  if (!hint.empty()) {
+    std::vector<pid_t> pids;
+    for (const auto& k : hint) pids.push_back(k.pid);
+    if (procfs::pids_holding_flock(pids, file).size() == pids.size()) return hint;
+  }
+  if (read.record && !read.record->released_at) {
+    if (auto h = procfs::fd_holders({read.record->pid}, file); !h.empty()) return h;
+  }
+  return live_holders(file);
+}
+
+void survey_record_process(LockFacts& f) {
+  if (!f.record.record) return;
+  const HolderRecord& rec = *f.record.record;
+  if (auto at = sys::parse_utc_ms(rec.acquired_at)) f.record_age_ms = sys::realtime_ms() - *at;
+  // A holder that wrote its record inside a pid namespace of its own appears
+  // here under another pid (NSpid), with the same start time.
+  for (const auto& h : f.holders) {
+    if (h.pid == rec.pid || h.exited) continue;
+    auto nspids = procfs::ns_pids(h.pid);
+    if (nspids.size() > 1 && std::find(nspids.begin() + 1, nspids.end(), rec.pid) != nspids.end()) {
+      if (!rec.pid_start.empty() && h.start && *h.start == rec.pid_start) {
+        f.record_pid_alive = true;
+        f.record_same_process = true;
+        f.record_pid_here = h.pid;
+        f.record_pid_note =
+            "pid " + std::to_string(rec.pid) + " in its own pid namespace, pid " + std::to_string(h.pid) + " here";
+        return;
+      }
+    }
+  }
+  f.record_pid_alive = procfs::pid_alive(rec.pid);
+  if (!*f.record_pid_alive) {
+    if (in_child_pid_namespace()) {
+      f.record_pid_alive.reset();
+      f.record_pid_note = "not visible from this pid namespace (the record may come from outside it)";
+    }
+    return;
+  }
+  auto start = procfs::pid_start(rec.pid);
+  if (start && !rec.pid_start.empty()) f.record_same_process = *start == rec.pid_start;
+  if (!f.record_same_process) {
+    f.record_pid_note = rec.pid_start.empty() ? "no start time was recorded" : "its start time cannot be read";
+  }
+}
+
+LockFacts survey_held(const LockFile& file, const std::string& lock_path, const std::vector<procfs::KernelLock>& hint) {
+  LockFacts f;
+  f.lock_path = lock_path;
+  f.seen_held = true;
+  f.record = read_holder(file.fd.get());
+  add_holders(f, kernel_holders(f.record, file.st, hint));
+  if (f.holders.empty()) {
+    errno = 0;
+    if (!procfs::flock_holders(file.st)) {
+      f.kernel_unknown = errno_message("cannot read /proc/locks", errno ? errno : EIO);
+    } else if (in_child_pid_namespace()) {
+      f.kernel_unknown = "the holder is not listed: it may hold the lock from outside this pid namespace";
+    }
+  }
+  survey_record_process(f);
+  return f;
+}
+
+LockFacts survey_lock(const LockDir& dir, const std::string& lock_path, std::vector<procfs::KernelLock>& waiters) {
+  LockFacts f;
+  f.lock_path = lock_path;
+  f.dir_uid = dir.st.st_uid;
+  f.network_fs = network_file_system(dir.fd.get());
+  if (auto r = refuse_dir(dir.st, dir.path)) f.refusal = r;
+
+  struct stat st {};
+  if (fstatat(dir.fd.get(), kLockName, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    const int err = errno;
+    if (err == ENOENT) {
+      f.exists = false;
+      return f;
+    }
+    lock_stat_failed(dir, err);
+  }
+  if (!f.refusal) f.refusal = refuse_lock_file(st, dir.st, geteuid(), dir.path);
+  f.file_uid = st.st_uid;
+  if (st.st_mode & S_IRGRP) f.sharing_gid = st.st_gid;
+  f.group_can_write = (st.st_mode & S_IWGRP) != 0;
+  f.others_can_read = (st.st_mode & S_IROTH) != 0;
+  if (!S_ISREG(st.st_mode)) return f;
+
+  UniqueFd fd(sys::retry_eintr(
+      [&] { return openat(dir.fd.get(), kLockName, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); }));
+  const int open_err = fd ? 0 : errno;
+  if (fd) {
+    fstat(fd.get(), &st);
+  }
+  // The record, the kernel's table, and the record again: a holder that
+  // took or released the lock meanwhile changed the record, and the table is
+  // read once more (a bounded number of times), so that the two agree.
+  for (int round = 0; round < 3; ++round) {
+    f.record = fd ? read_holder(fd.get()) : HolderRead{.state = HolderRead::State::Error, .record = std::nullopt, .size = 0, .err = open_err};
+    errno = 0;
+    auto table = procfs::lock_table(st);
+    f.holders.clear();
+    f.dead_kernel_pids.clear();
+    waiters.clear();
+    if (!table) {
+      f.kernel_unknown = errno_message("cannot read /proc/locks", errno ? errno : EIO);
+      break;
+    }
+    waiters = table->waiters;
+    add_holders(f, confirm(table->holders, st));
+    if (f.holders.empty() && in_child_pid_namespace() && procfs::ns_pids(0).size() <= 1) {
+      f.kernel_unknown =
+          "no holder is listed, but this runs in a pid namespace of its own, whose /proc/locks does "
+          "not list a holder outside it";
+    }
+    const HolderRead again = fd ? read_holder(fd.get()) : f.record;
+    const bool same = again.state == f.record.state && again.size == f.record.size &&
+                      (!again.record || (f.record.record && again.record->acquired_at == f.record.record->acquired_at &&
+                                         again.record->released_at == f.record.record->released_at));
+    if (same) break;
+  }
+  survey_record_process(f);
+  return f;
+}
+
+}  // namespace looplock

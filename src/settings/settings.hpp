@@ -1,0 +1,89 @@
+// What a run or --inspect was asked to do, once the command line is parsed
+// (options.hpp): the Options struct the layers below the command line read,
+// and the bounds and checks of its values that they share.
+#pragma once
+
+#include <csignal>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/log.hpp"
+#include "base/policy.hpp"
+#include "settings/endpoints.hpp"
+
+namespace looplock {
+
+enum class Mode { Run, Inspect, Help, Version };
+
+struct Options {
+  Mode mode = Mode::Run;
+  std::string dir;                // the loop directory (the first one, for --inspect)
+  std::vector<std::string> dirs;  // --inspect: every DIR given, in order
+  // The argv to execute. For -c this is {"/bin/sh", "-c", "--", STRING}.
+  std::vector<std::string> command;
+  bool shell_form = false;
+
+  Policy policy = Policy::Mutation;
+  std::optional<long long> timeout_ns;     // -w
+  int conflict_exit_code = 75;             // -E
+  int skip_exit_code = 0;                  // --skip-exit-code
+  bool shared = false;                     // -s
+  bool close_fd = false;                   // -o
+  bool no_fork = false;                    // -F
+  std::optional<long long> kill_after_ns;  // --kill-after as given (0 and kForever: never)
+  // Resolved from it: KILL this long after a TERM or INT looplock forwarded
+  // (nullopt: never, as timeout(1)); and after --max-time's TERM (--kill-after
+  // as above, or kDefaultKillAfterNs when it was not given).
+  std::optional<long long> signal_kill_after_ns;
+  std::optional<long long> max_time_kill_after_ns;
+  std::optional<long long> max_time_ns;  // --max-time (nullopt: no limit)
+  std::optional<long long> warn_before_ns;  // --warn-before
+  int warn_signal = SIGUSR1;                // --warn-signal
+  std::optional<long long> once_per_ns;     // --once-per
+  std::optional<long long> jitter_ns;       // --jitter
+  std::string metrics_dir;               // --metrics-dir or $LOOPLOCK_METRICS_DIR; empty: none
+
+  std::string agent;      // resolved: --agent, $LOOPLOCK_AGENT, user name
+  std::string operation;  // resolved: --operation or derived from the command
+
+  Verbosity verbosity = Verbosity::Normal;
+  LogFormat log_format = LogFormat::Text;
+
+  // Cluster (--etcd): a lock on etcd taken before the local one.
+  std::string etcd;                       // the endpoints as given; empty: no cluster lock
+  std::vector<etcd::Endpoint> endpoints;  // parsed
+  std::string lock_name;                  // --lock-name; empty: the loop dir's base name
+  int ttl_s = 10;                         // --ttl: the lease's time to live
+  // The kill-after of the lease's deadlines (lease_kill_after_ns()): --kill-after,
+  // or a default that fits the TTL.
+  long long lease_kill_after_ns = 0;
+  // TLS and authentication (https:// endpoints, an etcd user).
+  std::string etcd_cacert;                   // --etcd-cacert, $LOOPLOCK_ETCD_CACERT
+  std::string etcd_cert;                     // --etcd-cert, $LOOPLOCK_ETCD_CLIENT_CERT
+  std::string etcd_key;                      // --etcd-key, $LOOPLOCK_ETCD_CLIENT_KEY
+  std::string etcd_user;                     // --etcd-user
+  std::string etcd_password_file;            // --etcd-password-file (read when the lock is taken)
+  std::optional<std::string> etcd_password;  // $LOOPLOCK_ETCD_PASSWORD, with --etcd-user; never printed
+
+  // --inspect
+  bool json = false;
+  bool check = false;  // --check: exit 1 when a report warns
+  long long stale_after_ns = 2LL * 3600 * 1'000'000'000LL;
+  size_t incidents = 1;  // --incidents: the newest rows --inspect shows
+};
+
+// The KILL after --max-time's TERM when --kill-after is not given.
+inline constexpr long long kDefaultKillAfterNs = 5'000'000'000LL;
+inline constexpr size_t kMaxIncidentsShown = 1000;  // --incidents' bound
+// --once-per compares operation names whole, and records them so: at most
+// this many bytes (records keep 256 bytes of a name).
+inline constexpr size_t kMaxOncePerName = 256;
+inline constexpr long long kMaxJitterNs = 86'400'000'000'000LL;  // --jitter's bound: 24h
+
+// A cluster lock name: 1 to 255 bytes without control characters.
+bool valid_lock_name(std::string_view name);
+
+}  // namespace looplock
