@@ -7,6 +7,7 @@
 #include "cluster/etcd_lock.hpp"
 #include "os/sys.hpp"
 #include "records/ledger.hpp"
+#include "records/verdict.hpp"
 #include "settings/lease.hpp"
 
 namespace looplock {

@@ -6,6 +6,7 @@
 #include "cluster/etcd.hpp"
 #include "os/procfs.hpp"
 #include "os/sys.hpp"
+#include "records/verdict.hpp"
 
 namespace looplock {
 
@@ -55,9 +56,9 @@ Blocker EtcdLock::blocker() const {
   b.who = v.holder + (lock_.blocker() ? dead_contender_note(*lock_.blocker()) : std::string());
   b.confirm = v.confirm;
   b.inspect_hint = "looplock --inspect --etcd " + shell_word(o_.etcd) + " " + shell_word(o_.dir);
-  b.cluster = Json{{"lock_name", lock_.name()},
-                   {"endpoint", lock_.endpoint()},
-                   {"holder", lock_.blocker() ? *lock_.blocker() : Json(nullptr)}};
+  b.fields["cluster"] = Json{{"lock_name", lock_.name()},
+                             {"endpoint", lock_.endpoint()},
+                             {"holder", lock_.blocker() ? *lock_.blocker() : Json(nullptr)}};
   if (const auto& h = lock_.blocker(); h && h->contains("pid") && (*h)["pid"].is_number_integer()) {
     auto text = [&](const char* k) { return h->contains(k) && (*h)[k].is_string() ? (*h)[k].get<std::string>() : ""; };
     b.holder_ids.push_back({.host = text("host"),
@@ -85,13 +86,29 @@ void EtcdLock::release(Ending& ending) {
   if (job.lease_lost && !lock_.lost()) lock_.declare_lost(lock_.overdue_why());
   if (job.lease_lost) {
     ending.lease_lost = true;
-    reporter_.lease_lost(
-        LeaseLoss{lock_.name(), lock_.endpoint(), lock_.ttl_s(), lock_.since_last_keepalive_ns(), lock_.fencing_token(),
-                  etcd::lease_hex(lock_.lease()), lock_.lost_why(), lock_.lost_at_ns()},
-        job, ending.record);
+    reporter_.lease_lost(lease_loss(), job, ending.record);
   }
   lock_.release();  // after the local lock, as promised
   log_.verbose("released", "released cluster lock " + printable(lock_.name()) + " on etcd");
+}
+
+LeaseLoss EtcdLock::lease_loss() const {
+  LeaseLoss loss{.lease = "etcd lease",
+                 .of = "cluster lock " + printable(lock_.name()),
+                 .why = lock_.lost_why(),
+                 .ttl_ms = static_cast<long long>(lock_.ttl_s()) * 1000,
+                 .since_renewal_ns = lock_.since_last_keepalive_ns(),
+                 .lost_at_ns = lock_.lost_at_ns(),
+                 .check = "Check etcd's health and the network between this host and etcd; make writers check "
+                          "LOOPLOCK_FENCING_TOKEN so a stale holder is refused.",
+                 .hint = "Another host may hold the lock now. Check etcd (" + lock_.endpoint() + ") and the network."};
+  loss.fields["cluster"] = Json{{"lock_name", lock_.name()},
+                                {"endpoint", lock_.endpoint()},
+                                {"holder", nullptr},
+                                {"fencing_token", lock_.fencing_token()},
+                                {"lease", etcd::lease_hex(lock_.lease())},
+                                {"why", lock_.lost_why()}};
+  return loss;
 }
 
 LedgerLook EtcdLock::look_ledger(const std::string& /*operation*/, bool locked) {

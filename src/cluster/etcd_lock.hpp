@@ -35,6 +35,9 @@ public:
   std::string ledger_name() const override;
 
 private:
+  // The lost lease, as the reporter words it.
+  LeaseLoss lease_loss() const;
+
   // The lease as the job loop sees it: its renewals, and the deadlines by
   // which the job must have been sent TERM and KILL.
   class JobLease final : public Lease {

@@ -179,22 +179,41 @@ void LocalLock::write_record() {
   }
 }
 
+namespace {
+
+// What the row and the line say of the holders: the verdict's.
+HolderFacts holder_facts(const Verdict& v) {
+  HolderFacts f;
+  for (const auto& h : v.holders) f.pids.push_back(h.pid);
+  if (v.record == RecordState::Current) {
+    f.holder = v.read;
+    f.holder_alive = v.read_alive;
+  }
+  f.record_status = record_state_name(v.record);
+  if (v.read && v.record != RecordState::Current) f.record = v.read;
+  f.warnings = v.warnings;
+  return f;
+}
+
+}  // namespace
+
 Blocker LocalLock::blocker() const {
   Blocker b;
   b.what = shown_;
-  b.verdict = judge(survey_held(file_, b.what, holders_at_start_));
-  b.who = holder_phrase(*b.verdict);
+  const Verdict v = judge(survey_held(file_, b.what, holders_at_start_));
+  b.who = holder_phrase(v);
   b.inspect_hint = "looplock --inspect " + shell_word(o_.dir);
+  b.holders = holder_facts(v);
   const std::string host = sys::host_name();
-  for (const auto& h : b.verdict->holders) {
+  for (const auto& h : v.holders) {
     b.holder_ids.push_back({.host = host, .pid = h.pid, .pid_start = h.start.value_or("")});
   }
-  if (b.verdict->record == RecordState::Current && b.verdict->read) {
-    b.holder_ids.push_back({.host = host, .pid = b.verdict->read->pid, .pid_start = b.verdict->read->pid_start});
+  if (v.record == RecordState::Current && v.read) {
+    b.holder_ids.push_back({.host = host, .pid = v.read->pid, .pid_start = v.read->pid_start});
   }
-  if (!b.verdict->confirm.empty()) {
-    b.confirm = pids_text(b.verdict->confirm);
-    b.many = b.verdict->confirm.size() > 1;
+  if (!v.confirm.empty()) {
+    b.confirm = pids_text(v.confirm);
+    b.many = v.confirm.size() > 1;
   }
   return b;
 }

@@ -5,6 +5,8 @@
 // kind of lock is a new class here, not another branch in the run.
 #pragma once
 
+#include <sys/types.h>
+
 #include <optional>
 #include <string>
 #include <utility>
@@ -14,8 +16,8 @@
 #include "base/json.hpp"
 #include "base/policy.hpp"
 #include "job/spawn.hpp"
+#include "records/holder.hpp"
 #include "records/ledger.hpp"
-#include "records/verdict.hpp"
 
 namespace looplock {
 
@@ -32,14 +34,29 @@ struct HolderId {
   }
 };
 
+// What a lock knows of the processes holding it, for the incident row and
+// the line's fields: each kind fills what it can tell (the local lock from
+// its verdict, verdict.hpp); what is left empty is written as none.
+struct HolderFacts {
+  std::vector<pid_t> pids;              // the processes the system shows holding it
+  std::optional<HolderRecord> holder;   // the holder's record, when it is the current holder's
+  std::optional<bool> holder_alive;     // whether that record's process lives
+  std::string record_status;            // the record's state ("current", "stale", ...); empty: no record kept
+  std::optional<HolderRecord> record;   // a record read that is not the current holder's
+  std::vector<std::string> warnings;    // what is wrong with the lock's files
+};
+
 // Who is in the way of a lock that was not acquired: what the skip and
-// timeout lines and the incident row say (report.hpp renders it).
+// timeout lines and the incident row say (report.hpp renders it, whatever
+// the kind of lock).
 struct Blocker {
   std::string what;                    // "DIR/.state.lock", or "cluster lock NAME (etcd)"
   std::string who;                     // "pid 1234 (agent cron, operation tick.py, ...)"
   std::string inspect_hint;            // the command that shows more
-  std::optional<Verdict> verdict;      // the local lock's
-  Json cluster = nullptr;              // the incident row's "cluster" object
+  HolderFacts holders;
+  // The kind's own fields of the row and the line, each under its key
+  // (the cluster lock's: {"cluster": {...}}).
+  Json fields = Json::object();
   std::string confirm = "the holder";  // whom the operator confirms stalled: "pid 12", "pids 12, 13"
   bool many = false;                   // more than one of them
   std::string action_extra;            // added to the policy's operator_action

@@ -72,14 +72,13 @@ void Reporter::append(const Incident& inc) const {
 Json Reporter::fields(const Blocker& b) const {
   Json j = {
       {"lock_id", lock_id_}, {"policy", policy_name(o_.policy)}, {"holder_pids", Json::array()}, {"holder", nullptr}};
-  if (const auto& v = b.verdict) {
-    for (const auto& h : v->holders) j["holder_pids"].push_back(h.pid);
-    if (v->record == RecordState::Current) j["holder"] = holder_to_json(*v->read);
-    j["record_status"] = record_state_name(v->record);
-    if (v->read && v->record != RecordState::Current) j["record"] = holder_to_json(*v->read);
-    if (!v->warnings.empty()) j["warnings"] = v->warnings;
-  }
-  if (!b.cluster.is_null()) j["cluster"] = b.cluster;
+  const HolderFacts& h = b.holders;
+  for (pid_t pid : h.pids) j["holder_pids"].push_back(pid);
+  if (h.holder) j["holder"] = holder_to_json(*h.holder);
+  if (!h.record_status.empty()) j["record_status"] = h.record_status;
+  if (h.record) j["record"] = holder_to_json(*h.record);
+  if (!h.warnings.empty()) j["warnings"] = h.warnings;
+  j.update(b.fields);
   return j;
 }
 
@@ -108,17 +107,13 @@ void Reporter::timeout(const Blocker& b, const WaitPlan& plan, long long waited_
   Incident inc = incident("lock_acquire_timeout");
   inc.deadline_ms = limit_ms(plan.deadline_ns);
   inc.waited_ms = waited_ns / kMs;
-  if (const auto& v = b.verdict) {
-    for (const auto& h : v->holders) inc.holder_pids.push_back(h.pid);
-    if (v->record == RecordState::Current) {
-      inc.holder = v->read;
-      inc.holder_alive = v->read_alive;
-    }
-    inc.record_status = record_state_name(v->record);
-    if (v->read && v->record != RecordState::Current) inc.record = v->read;
-    inc.warnings = v->warnings;
-  }
-  inc.cluster = b.cluster;
+  inc.holder_pids = b.holders.pids;
+  inc.holder = b.holders.holder;
+  inc.holder_alive = b.holders.holder_alive;
+  inc.record_status = b.holders.record_status;
+  inc.record = b.holders.record;
+  inc.warnings = b.holders.warnings;
+  inc.fields = b.fields;
   inc.operator_action = operator_action(o_.policy, b.confirm, b.many) + b.action_extra;
   append(inc);
   Json f = fields(b);
@@ -152,26 +147,25 @@ void Reporter::max_time(const JobEnd& job, const std::optional<HolderRecord>& re
 
 void Reporter::lease_lost(const LeaseLoss& loss, const JobEnd& job, const std::optional<HolderRecord>& record) const {
   Incident inc = incident("lease_lost");
-  inc.deadline_ms = static_cast<long long>(loss.ttl_s) * 1000;
-  inc.waited_ms = loss.since_keepalive_ns / kMs;
+  inc.deadline_ms = loss.ttl_ms;
+  inc.waited_ms = loss.since_renewal_ns / kMs;
   inc.holder = record;
   if (record) inc.holder_alive = true;
   inc.holder_pids = {pid_};
-  inc.cluster = Json{{"lock_name", loss.lock_name},         {"endpoint", loss.endpoint}, {"holder", nullptr},
-                     {"fencing_token", loss.fencing_token}, {"lease", loss.lease},       {"why", loss.why}};
+  inc.fields = loss.fields;
   inc.details = job_details(job);
   inc.details["ran_after_loss_ms"] = loss.lost_at_ns ? std::max(job.ended_ns - loss.lost_at_ns, 0LL) / kMs : 0;
-  inc.operator_action = "The etcd lease was lost while the command ran (" + loss.why +
+  inc.operator_action = "The " + loss.lease + " was lost while the command ran (" + loss.why +
                         "), so another host may have taken the lock: the command was ended (" + how_it_ended(job) +
-                        "). Check etcd's health and the network between this host and etcd; make writers check "
-                        "LOOPLOCK_FENCING_TOKEN so a stale holder is refused.";
+                        "). " + loss.check;
   append(inc);
-  Json f = {{"lock_id", lock_id_}, {"cluster", inc.cluster}};
+  Json f = {{"lock_id", lock_id_}};
+  f.update(loss.fields);
   f.update(inc.details);
   log_.error("lease_lost",
-             "lease_lost: the etcd lease of cluster lock " + printable(loss.lock_name) + " was lost while " +
-                 o_.operation + " ran: " + printable(loss.why) + "; the command was ended (" + how_it_ended(job) + ")",
-             "Another host may hold the lock now. Check etcd (" + loss.endpoint + ") and the network.", f);
+             "lease_lost: the " + loss.lease + " of " + loss.of + " was lost while " + o_.operation +
+                 " ran: " + printable(loss.why) + "; the command was ended (" + how_it_ended(job) + ")",
+             loss.hint, f);
 }
 
 }  // namespace looplock

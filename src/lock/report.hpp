@@ -18,16 +18,18 @@
 
 namespace looplock {
 
-// A lease that was lost while the job ran, as the cluster lock saw it.
+// A lease that was lost while the job ran, as the lock that held it tells
+// it: the reporter words the line and the row from it, whatever the kind.
 struct LeaseLoss {
-  std::string lock_name;
-  std::string endpoint;  // the endpoint that answered last
-  int ttl_s = 0;
-  long long since_keepalive_ns = 0;  // since the last answered keepalive was sent
-  long long fencing_token = 0;
-  std::string lease;  // hex
-  std::string why;
-  long long lost_at_ns = 0;  // when the loss was known (0: not known)
+  std::string lease;                // what was lost: "etcd lease"
+  std::string of;                   // whose: "cluster lock NAME" (printable)
+  std::string why;                  // the cause
+  long long ttl_ms = 0;             // the lease's time to live: the row's deadline_ms
+  long long since_renewal_ns = 0;   // since the last answered renewal was sent: the row's waited_ms
+  long long lost_at_ns = 0;         // when the loss was known (0: not known)
+  std::string check;                // what the operator checks, for the row's operator_action
+  std::string hint;                 // the line's hint
+  Json fields = Json::object();     // the kind's own fields, each under its key ({"cluster": {...}})
 };
 
 class Reporter {

@@ -35,7 +35,7 @@ Json incident_to_json(const Incident& i) {
   if (!i.warnings.empty()) j["warnings"] = i.warnings;
   j["waiter"] = {
       {"pid", i.waiter_pid}, {"agent_id", clip_bytes(i.waiter_agent)}, {"operation", clip_bytes(i.waiter_operation)}};
-  if (!i.cluster.is_null()) j["cluster"] = i.cluster;
+  if (i.fields.is_object()) j.update(i.fields);
   if (i.details.is_object()) {
     for (auto it = i.details.begin(); it != i.details.end(); ++it) j[it.key()] = it.value();
   }

@@ -40,8 +40,9 @@ struct Incident {
   std::string waiter_agent;
   std::string waiter_operation;
   std::string operator_action;
-  // The cluster lock (--etcd), when the row is about it: {"lock_name", "holder"}.
-  Json cluster = nullptr;
+  // The fields of the kind of lock the row is about, each under its key
+  // (the cluster lock's: {"cluster": {"lock_name", "holder", ...}}).
+  Json fields = Json::object();
   // Keys of rows about a job looplock ended (max_time_exceeded, lease_lost):
   // {"ran_ms", "killed", ...}, written before operator_action.
   Json details = nullptr;
