@@ -71,7 +71,8 @@ int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
     log = Logger(o.verbosity, o.log_format);
     if (!o.etcd.empty() && !ctx.cluster) exec_cluster_helper(argv, ctx.env, ctx.start_ns);
     if (o.mode == Mode::Inspect) return inspect(o, log, ctx.cluster);
-    Exit out = Run(o, ctx, log, facts).run();
+    ProcessJobs jobs;
+    Exit out = Run(o, ctx, log, facts, build_stack, jobs).run();
     const int status = out.kind == Exit::Kind::LikeWaitStatus ? shell_status(out.value) : out.value;
     write_metrics(o, facts, status, start_wall_ms, log);
     if (out.kind == Exit::Kind::LikeWaitStatus) exit_like(out.value);

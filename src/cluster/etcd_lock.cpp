@@ -111,40 +111,40 @@ LeaseLoss EtcdLock::lease_loss() const {
   return loss;
 }
 
-LedgerLook EtcdLock::look_ledger(const std::string& /*operation*/, bool locked) {
+LedgerLook EtcdLock::EtcdLedger::look(const std::string& /*operation*/, bool locked) {
   if (locked) {
-    const auto e = lock_.ledger(sys::monotonic_ns() + kLedgerNs);
+    const auto e = c_.ledger(sys::monotonic_ns() + kLedgerNs);
     return {.entry = e.entry, .damaged = e.damaged};
   }
-  const auto e = lock_.peek_ledger(sys::monotonic_ns() + kPeekNs);
+  const auto e = c_.peek_ledger(sys::monotonic_ns() + kPeekNs);
   if (!e) return {.entry = std::nullopt, .damaged = false, .answered = false};
   return {.entry = e->entry, .damaged = e->damaged};
 }
 
-void EtcdLock::record_start(const RunEntry& entry) {
+void EtcdLock::EtcdLedger::record_start(const RunEntry& entry) {
   RunEntry e = entry;
-  e.fencing_token = lock_.fencing_token();
-  if (lock_.write_ledger(e, sys::monotonic_ns() + kLedgerNs)) return;
+  e.fencing_token = c_.fencing_token();
+  if (c_.write_ledger(e, sys::monotonic_ns() + kLedgerNs)) return;
   throw Fatal(exit_code::kClusterUnavailable,
-              "cannot record this run's start in the run ledger of cluster lock " + printable(lock_.name()) +
+              "cannot record this run's start in the run ledger of cluster lock " + printable(c_.name()) +
                   " on etcd: " +
-                  (lock_.last_error().empty() ? "etcd refused the write (the lease was lost)" : lock_.last_error()),
+                  (c_.last_error().empty() ? "etcd refused the write (the lease was lost)" : c_.last_error()),
               "The command did not run; the next tick tries again.");
 }
 
-bool EtcdLock::record_end(const RunEntry& entry) {
+bool EtcdLock::EtcdLedger::record_end(const RunEntry& entry) {
   RunEntry e = entry;
-  e.fencing_token = lock_.fencing_token();
-  if (lock_.write_ledger(e, sys::monotonic_ns() + kLedgerNs)) return true;
+  e.fencing_token = c_.fencing_token();
+  if (c_.write_ledger(e, sys::monotonic_ns() + kLedgerNs)) return true;
   log_.warn("ledger_write_failed",
-            "cannot record this run's end in the run ledger of cluster lock " + printable(lock_.name()) + " on etcd: " +
-                (lock_.last_error().empty() ? "etcd refused the write (the lease was lost)" : lock_.last_error()) +
+            "cannot record this run's end in the run ledger of cluster lock " + printable(c_.name()) + " on etcd: " +
+                (c_.last_error().empty() ? "etcd refused the write (the lease was lost)" : c_.last_error()) +
                 "; this run does not count, so its slot may run again");
   return false;
 }
 
-std::string EtcdLock::ledger_name() const {
-  return "run ledger of cluster lock " + printable(lock_.name()) + " on etcd";
+std::string EtcdLock::EtcdLedger::name() const {
+  return "run ledger of cluster lock " + printable(c_.name()) + " on etcd";
 }
 
 }  // namespace looplock

@@ -28,13 +28,24 @@ public:
   Lease* lease() override { return &lease_; }
   void release(Ending& ending) override;
   void abandon() override { lock_.release(); }
-  bool has_ledger() const override { return o_.once_per_ns.has_value(); }
-  LedgerLook look_ledger(const std::string& operation, bool locked) override;
-  void record_start(const RunEntry& entry) override;
-  bool record_end(const RunEntry& entry) override;
-  std::string ledger_name() const override;
+  Ledger* ledger() override { return o_.once_per_ns ? &ledger_ : nullptr; }
 
 private:
+  // The cluster's run ledger: one key per operation beside the lock's keys
+  // (cluster.hpp).
+  class EtcdLedger final : public Ledger {
+  public:
+    EtcdLedger(ClusterLock& c, const Logger& log) : c_(c), log_(log) {}
+    LedgerLook look(const std::string& operation, bool locked) override;
+    void record_start(const RunEntry& entry) override;
+    bool record_end(const RunEntry& entry) override;
+    std::string name() const override;
+
+  private:
+    ClusterLock& c_;
+    const Logger& log_;
+  };
+
   // The lost lease, as the reporter words it.
   LeaseLoss lease_loss() const;
 
@@ -63,6 +74,7 @@ private:
   std::string host_;
   ClusterLock lock_;
   JobLease lease_{lock_};
+  EtcdLedger ledger_{lock_, log_};
 };
 
 }  // namespace looplock

@@ -92,6 +92,25 @@ JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, c
 // Replaces looplock with the command (-F). Returns only by throwing Fatal.
 [[noreturn]] void exec_command(const CommandSpec& spec, const InheritedSignals& inherited);
 
+// What runs a run's command: processes (ProcessJobs), or, in Run's unit
+// tests, a fake that says how the job ended.
+class JobRunner {
+public:
+  virtual ~JobRunner() = default;
+  // As run_command().
+  virtual JobEnd run(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log, pid_t self) = 0;
+  // As exec_command(): returns only by throwing.
+  virtual void exec(const CommandSpec& spec, const InheritedSignals& inherited) = 0;
+};
+
+class ProcessJobs final : public JobRunner {
+public:
+  JobEnd run(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log, pid_t self) override {
+    return run_command(spec, inherited, log, self);
+  }
+  void exec(const CommandSpec& spec, const InheritedSignals& inherited) override { exec_command(spec, inherited); }
+};
+
 // The status and message for an exec(2) errno: 127 when not found, else 126.
 int exec_failure_status(int err);
 

@@ -137,7 +137,13 @@ std::vector<pid_t> leaked_holders(pid_t self, const struct stat& file, const Job
 }  // namespace
 
 LocalLock::LocalLock(const Options& options, pid_t pid, const Logger& log, LockDir& dir, LockTarget target)
-    : o_(options), pid_(pid), log_(log), dir_(dir), target_(std::move(target)), shown_(lock_display(options.dir)) {}
+    : o_(options),
+      pid_(pid),
+      log_(log),
+      dir_(dir),
+      target_(std::move(target)),
+      shown_(lock_display(options.dir)),
+      ledger_(dir, options.dir, log) {}
 
 Acquisition LocalLock::acquire(const WaitPlan& plan, long long start_ns) {
   const LockMode mode = o_.shared ? LockMode::Shared : LockMode::Exclusive;
@@ -337,19 +343,12 @@ bool record_end_locally(const LockDir& dir, const RunEntry& entry, const Logger&
 
 }  // namespace
 
-LedgerLook LocalLock::look_ledger(const std::string& operation, bool /*locked*/) {
+LedgerLook LocalLedger::look(const std::string& operation, bool /*locked*/) {
   return look_local_ledger(dir_, operation);
 }
-void LocalLock::record_start(const RunEntry& entry) { record_locally(dir_, entry, log_); }
-bool LocalLock::record_end(const RunEntry& entry) { return record_end_locally(dir_, entry, log_); }
-std::string LocalLock::ledger_name() const { return local_ledger_name(o_.dir); }
-
-LedgerLook InheritedLock::look_ledger(const std::string& operation, bool /*locked*/) {
-  return look_local_ledger(dir_, operation);
-}
-void InheritedLock::record_start(const RunEntry& entry) { record_locally(dir_, entry, log_); }
-bool InheritedLock::record_end(const RunEntry& entry) { return record_end_locally(dir_, entry, log_); }
-std::string InheritedLock::ledger_name() const { return local_ledger_name(o_.dir); }
+void LocalLedger::record_start(const RunEntry& entry) { record_locally(dir_, entry, log_); }
+bool LocalLedger::record_end(const RunEntry& entry) { return record_end_locally(dir_, entry, log_); }
+std::string LocalLedger::name() const { return local_ledger_name(shown_); }
 
 // --- nested -------------------------------------------------------------------
 
@@ -364,7 +363,7 @@ std::optional<OuterHolder> outer_holder(const Options& o, const EnvList& env, co
 
 InheritedLock::InheritedLock(const Options& options, const Logger& log, const LockDir& dir, const OuterHolder& outer,
                              const struct stat& lock_file)
-    : o_(options), log_(log), dir_(dir), outer_(outer), lock_file_(lock_file) {
+    : o_(options), log_(log), dir_(dir), outer_(outer), lock_file_(lock_file), ledger_(dir, options.dir, log) {
   if (!o_.once_per_ns) return;
   // Which operation's slot the outer holder runs: its record says.
   UniqueFd fd(sys::retry_eintr(

@@ -21,6 +21,23 @@
 
 namespace looplock {
 
+// The local run ledger, DIR/.state.lock.runs.json (ledger.hpp), as the local
+// lock and a nested run's inherited lock offer it.
+class LocalLedger final : public Ledger {
+public:
+  LocalLedger(const LockDir& dir, std::string dir_shown, const Logger& log)
+      : dir_(dir), shown_(std::move(dir_shown)), log_(log) {}
+  LedgerLook look(const std::string& operation, bool locked) override;
+  void record_start(const RunEntry& entry) override;
+  bool record_end(const RunEntry& entry) override;
+  std::string name() const override;
+
+private:
+  const LockDir& dir_;
+  std::string shown_;  // DIR as given
+  const Logger& log_;
+};
+
 class LocalLock final : public Lock {
 public:
   // `dir` stays open for the whole run (the lock may look it up again when
@@ -33,11 +50,7 @@ public:
   void export_to(CommandSpec& spec) override;
   void release(Ending& ending) override;
   void abandon() override;
-  bool has_ledger() const override { return o_.once_per_ns.has_value(); }
-  LedgerLook look_ledger(const std::string& operation, bool locked) override;
-  void record_start(const RunEntry& entry) override;
-  bool record_end(const RunEntry& entry) override;
-  std::string ledger_name() const override;
+  Ledger* ledger() override { return o_.once_per_ns ? &ledger_ : nullptr; }
 
 private:
   void write_record();
@@ -54,6 +67,7 @@ private:
   bool said_waiting_ = false;                         // -v's "waiting" line, once a run
   std::string pid_start_;
   std::optional<HolderRecord> record_;
+  LocalLedger ledger_;
 };
 
 // Inside a looplock that already holds this lock (nesting.hpp): nothing to
@@ -71,11 +85,7 @@ public:
   // Under the outer holder's lock, the local ledger, for an operation of its
   // own; the outer's own operation is the outer's slot, which this run is
   // part of: it records nothing.
-  bool has_ledger() const override { return o_.once_per_ns.has_value() && !outer_operation_; }
-  LedgerLook look_ledger(const std::string& operation, bool locked) override;
-  void record_start(const RunEntry& entry) override;
-  bool record_end(const RunEntry& entry) override;
-  std::string ledger_name() const override;
+  Ledger* ledger() override { return o_.once_per_ns && !outer_operation_ ? &ledger_ : nullptr; }
 
 private:
   const Options& o_;
@@ -84,6 +94,7 @@ private:
   bool outer_operation_ = false;  // the outer holder's record names this run's operation
   OuterHolder outer_;
   struct stat lock_file_ {};
+  LocalLedger ledger_;
 };
 
 // The holder of this lock when this run is nested in a looplock that holds

@@ -74,6 +74,23 @@ struct Ending {
   bool lease_lost = false;             // a cluster lock's lease was lost while the job ran
 };
 
+// A run ledger (--once-per): the last run of each operation, kept by a lock
+// that offers one (Lock::ledger()). Its entry of an operation is read without
+// the lock (before waiting, or once a wait ended) or holding it (`locked`:
+// the authority; a ledger that cannot be read then is a Fatal error); this
+// run's start is recorded before the command starts (Fatal when it cannot
+// be), its end after (false when it could not be recorded: the run then
+// does not count).
+class Ledger {
+public:
+  virtual ~Ledger() = default;
+  virtual LedgerLook look(const std::string& operation, bool locked) = 0;
+  virtual void record_start(const RunEntry& entry) = 0;
+  virtual bool record_end(const RunEntry& entry) = 0;
+  // Where it is, for messages: "run ledger DIR/.state.lock.runs.json".
+  virtual std::string name() const = 0;
+};
+
 class Lock {
 public:
   virtual ~Lock() = default;
@@ -95,18 +112,8 @@ public:
   // The job could not be run (a Fatal error): lets go as cleanly as it can.
   virtual void abandon() {}
 
-  // The run ledger (--once-per), when this lock keeps one for this run: the
-  // entry of `operation`, read without the lock (before waiting, or once a
-  // wait ended) or holding it (`locked`: the authority; a ledger that cannot
-  // be read then is a Fatal error); this run's start, recorded before the
-  // command starts (Fatal when it cannot be); its end (false when it could
-  // not be recorded: the run then does not count).
-  virtual bool has_ledger() const { return false; }
-  virtual LedgerLook look_ledger(const std::string& /*operation*/, bool /*locked*/) { return {}; }
-  virtual void record_start(const RunEntry& /*entry*/) {}
-  virtual bool record_end(const RunEntry& /*entry*/) { return true; }
-  // Where its ledger is, for messages: "DIR/.state.lock.runs.json", "etcd".
-  virtual std::string ledger_name() const { return {}; }
+  // The run ledger this lock keeps for this run (--once-per), or null.
+  virtual Ledger* ledger() { return nullptr; }
 };
 
 }  // namespace looplock

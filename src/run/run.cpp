@@ -10,7 +10,6 @@
 #include "base/text.hpp"
 #include "job/spawn.hpp"
 #include "job/supervisor.hpp"
-#include "local/local_lock.hpp"
 #include "os/procfs.hpp"
 #include "os/sys.hpp"
 #include "records/nesting.hpp"
@@ -19,10 +18,6 @@
 namespace looplock {
 
 namespace {
-
-// A dead holder's lease lives at most its TTL: the extra wait for it to
-// expire, and for the queue to move.
-constexpr long long kLeaseSlackNs = 2'000'000'000LL;
 
 Exit exit_status(int status) { return {Exit::Kind::ExitStatus, status}; }
 
@@ -41,13 +36,21 @@ Conclusion conclude(const JobEnd& job, bool lease_lost, bool intact) {
   return {{Exit::Kind::LikeWaitStatus, job.status}, outcome};
 }
 
-Run::Run(const Options& options, const Context& context, const Logger& log, RunFacts& facts)
-    : o_(options), ctx_(context), log_(log), facts_(facts), reporter_(options, context.pid, log) {}
+Run::Run(const Options& options, const Context& context, const Logger& log, RunFacts& facts, StackFactory stack,
+         JobRunner& jobs)
+    : o_(options),
+      ctx_(context),
+      stack_(std::move(stack)),
+      jobs_(jobs),
+      log_(log),
+      facts_(facts),
+      reporter_(options, context.pid, log),
+      once_per_(options, context, log, reporter_) {}
 
 Exit Run::run() {
   open();
   wait_jitter();
-  if (auto done = ran_before_waiting()) return finish(*done);
+  if (once_per_.ran_before_waiting(locks_)) return finish(skipped());
   for (auto& lock : locks_) {
     lock->prepare(spec_);
     if (auto conflict = acquire(*lock)) return finish(*conflict);
@@ -59,10 +62,8 @@ Exit Run::run() {
   return finish(release(job));
 }
 
-// DIR, what the lock is called, and the stack of locks to take: inside an
-// outer looplock that holds this lock, only that one (it is held already);
-// else the cluster lock first and the local one second, always in that
-// order, so that two hosts never wait for each other crosswise.
+// DIR, what the lock is called, and the stack of locks to take, as the
+// factory builds it (stack.hpp).
 void Run::open() {
   inherited_ = take_signal_control(ctx_.pid);
   dir_ = open_lock_dir(o_.dir);
@@ -87,20 +88,9 @@ void Run::open() {
   spec_.warn_signal = o_.warn_signal;
   wait_start_ns_ = ctx_.start_ns;
 
-  struct stat lock_file {};
-  if (auto outer = outer_holder(o_, ctx_.env, dir_, ctx_.pid, lock_file)) {
-    if (!o_.etcd.empty()) cluster().confirm_outer(o_, target_, ctx_.env, outer->pid != 0 ? outer->pid : ctx_.pid, log_);
-    locks_.push_back(std::make_unique<InheritedLock>(o_, log_, dir_, *outer, lock_file));
-    nested_ = true;
-    return;
-  }
-  if (!o_.etcd.empty()) locks_.push_back(cluster().make(o_, target_, ctx_.pid, log_, reporter_));
-  locks_.push_back(std::make_unique<LocalLock>(o_, ctx_.pid, log_, dir_, target_));
-}
-
-LockKind& Run::cluster() const {
-  if (!ctx_.cluster) throw Fatal(exit_code::kOsError, "internal error: an --etcd run without the cluster lock");
-  return *ctx_.cluster;
+  Stack stack = stack_({o_, ctx_, log_, reporter_, dir_, target_});
+  locks_ = std::move(stack.locks);
+  nested_ = stack.nested;
 }
 
 // --jitter: a random time in [0, DURATION) before the first attempt, which
@@ -125,18 +115,16 @@ std::optional<Conclusion> Run::acquire(Lock& lock) {
   std::optional<Blocker> b;
   for (bool waited_for_run = false; got != Acquisition::Acquired; waited_for_run = true) {
     b = lock.blocker();
-    const SlotConflict c = slot_conflict(lock, *b);
-    if (c.done) return already_run(*c.done, nullptr, lock);
-    if (!c.running) break;
-    const std::optional<WaitPlan> more = waited_for_run ? std::nullopt : wait_for_run(*c.running, *b);
-    if (!more) return already_run(*c.running, &*b, lock);
-    got = lock.acquire(*more, wait_start_ns_);
+    const OncePer::Step slot = once_per_.on_conflict(lock, *b, waited_for_run, wait_start_ns_);
+    if (slot.skipped) return skipped();
+    if (!slot.more) break;
+    got = lock.acquire(*slot.more, wait_start_ns_);
   }
   facts_.waited_ns = sys::monotonic_ns() - wait_start_ns_;
   if (got == Acquisition::Acquired) return std::nullopt;
   if (got == Acquisition::Busy) {
     reporter_.skip(*b);
-    return Conclusion{exit_status(o_.skip_exit_code), RunOutcome::Skipped};
+    return skipped();
   }
   reporter_.timeout(*b, plan_, facts_.waited_ns);
   return Conclusion{exit_status(o_.conflict_exit_code), RunOutcome::Timeout};
@@ -146,13 +134,15 @@ std::optional<Conclusion> Run::acquire(Lock& lock) {
 JobEnd Run::run_job() {
   try {
     export_deadline();
-    if (o_.no_fork) exec_command(spec_, inherited_);
-    JobEnd job = run_command(spec_, inherited_, log_, ctx_.pid);
+    if (o_.no_fork) jobs_.exec(spec_, inherited_);
+    JobEnd job = jobs_.run(spec_, inherited_, log_, ctx_.pid);
     facts_.ran_ns = job.ended_ns - job.started_ns;
     return job;
   } catch (const Fatal& f) {
     // A command that cannot run has had its slot (126, 127).
-    if (f.status() == exit_code::kNotExecutable || f.status() == exit_code::kNotFound) record_end(f.status());
+    if (f.status() == exit_code::kNotExecutable || f.status() == exit_code::kNotFound) {
+      once_per_.record_end(locks_, f.status());
+    }
     abandon_locks();
     throw;
   }
@@ -198,7 +188,7 @@ Conclusion Run::release(const JobEnd& job) {
   // The run's end, in the ledger, under the locks; a lost lease's run does
   // not count.
   if (!job.lease_lost) {
-    record_end(job.ended_by == JobEnd::EndedBy::MaxTime ? exit_code::kMaxTime : shell_status(job.status));
+    once_per_.record_end(locks_, job.ended_by == JobEnd::EndedBy::MaxTime ? exit_code::kMaxTime : shell_status(job.status));
   }
   Ending ending{job, std::nullopt, true, false};
   for (auto it = locks_.rbegin(); it != locks_.rend(); ++it) (*it)->release(ending);
@@ -206,155 +196,24 @@ Conclusion Run::release(const JobEnd& job) {
   return conclude(job, ending.lease_lost, ending.intact);
 }
 
-Exit Run::finish(const Conclusion& c) {
-  facts_.outcome = c.outcome;
-  return c.exit;
-}
-
-// --- once per slot (--once-per) ------------------------------------------------
-
-// This run as the ledgers record it: who (with what tells its looplock
-// apart on this host: its start time, the boot, the pid namespace), when,
-// and its slot's length.
-RunEntry Run::this_run() const {
-  RunEntry e;
-  e.operation = o_.operation;
-  e.host = sys::host_name();
-  e.pid = ctx_.pid;
-  e.agent = o_.agent;
-  e.started_ms = ctx_.start_wall_ms;
-  e.once_per_ms = *o_.once_per_ns / 1'000'000;
-  e.pid_start = procfs::own_start().value_or("");
-  e.boot_id = procfs::boot_id();
-  e.pid_ns = procfs::pid_namespace();
-  return e;
-}
-
-// Whether a ledger's look shows a run that had this slot: one that started
-// within DURATION of this looplock's start and ended. What looks wrong is
-// said once, by the locked read (a damaged entry, a start beyond DURATION in
-// the future), and a start in the future that counts whenever it skips (the
-// hosts' clocks differ).
-bool Run::counts(const LedgerLook& look, const Lock& lock, bool locked) const {
-  const std::string ledger = lock.ledger_name();
-  if (look.damaged && locked) {
-    log_.warn("ledger_damaged",
-              look.whole ? ledger + " is not a run ledger (a write cut short, or another file): no operation's entry "
-                                    "counts, so each may run again in its slot; this run rewrites it"
-                         : ledger + ": the entry of " + quote(o_.operation) +
-                               " is damaged; it does not count, and this run rewrites it");
-  }
-  const SlotVerdict v = judge_slot(look.entry, ctx_.start_wall_ms, *o_.once_per_ns / 1'000'000);
-  if ((v.slot == Slot::Damaged && locked) || (v.ahead_ms > 0 && v.slot == Slot::Done)) {
-    const bool counted = v.slot != Slot::Damaged;
-    // One host's entry ahead of its own clock: that clock was set back.
-    const std::string why = look.entry->host == sys::host_name()
-                                ? "this host's clock was set back by about that much since that run started"
-                                : "the hosts' clocks differ by that much";
-    log_.warn("ledger_ahead",
-              ledger + ": the last run of " + quote(o_.operation) + " started " +
-                  format_duration(v.ahead_ms * 1'000'000) + " after this looplock started, by this host's clock: " +
-                  why + "; " + (counted ? "it counts (it is within --once-per)" : "it does not count (beyond --once-per)"),
-              {{"ahead_ms", v.ahead_ms}, {"counted", counted}});
-  }
-  return v.slot == Slot::Done;
-}
-
-Conclusion Run::already_run(const RunEntry& run, const Blocker* holding, const Lock& lock) {
-  reporter_.already_run(run, holding, lock.ledger_name());
-  return Conclusion{exit_status(o_.skip_exit_code), RunOutcome::Skipped};
-}
-
-// Before waiting: a slot already run skips at once, without queueing (a look
-// without the lock; the locked read stays the authority).
-std::optional<Conclusion> Run::ran_before_waiting() {
-  if (!o_.once_per_ns) return std::nullopt;
-  for (auto& lock : locks_) {
-    if (!lock->has_ledger()) continue;
-    const LedgerLook look = lock->look_ledger(o_.operation, false);
-    if (look.answered && counts(look, *lock, false)) return already_run(*look.entry, nullptr, *lock);
-  }
-  return std::nullopt;
-}
-
-// A wait that ended while the holder is running this slot (or has just run
-// it) is about the slot, not a conflict: its run done is the slot's skip;
-// its run still on (the holder's own) is waited for.
-Run::SlotConflict Run::slot_conflict(Lock& lock, const Blocker& b) {
-  if (!o_.once_per_ns || !lock.has_ledger()) return {};
-  const LedgerLook look = lock.look_ledger(o_.operation, false);
-  if (!look.answered || !look.entry) return {};
-  const RunEntry& e = *look.entry;
-  const SlotVerdict v = judge_slot(e, ctx_.start_wall_ms, *o_.once_per_ns / 1'000'000);
-  if (v.slot == Slot::Done && counts(look, lock, false)) return {e, std::nullopt};
-  const bool holder = std::any_of(b.holder_ids.begin(), b.holder_ids.end(), [&](const HolderId& h) { return h.names(e); });
-  if (v.slot == Slot::Running && holder) return {std::nullopt, e};
-  return {};
-}
-
-// The slot's run holds the lock and has not recorded its end: it may end
-// well (then this run skips), or may have crashed (then this run must run
-// it), so a waiter waits on past -w, until the lock is free or the slot is
-// over (--once-per from this looplock's start). A runner proven dead on
-// this host shortens that to its lease's expiry; single_flight waits only
-// for such a one. nullopt: the slot's skip now.
-std::optional<WaitPlan> Run::wait_for_run(const RunEntry& run, const Blocker& b) {
-  const long long now = sys::monotonic_ns();
-  long long until = later(ctx_.start_ns, *o_.once_per_ns);
-  const bool dead = runner_proven_dead(run);
-  if (dead) {
-    const auto h = std::find_if(b.holder_ids.begin(), b.holder_ids.end(), [&](const HolderId& x) { return x.names(run); });
-    if (h != b.holder_ids.end() && h->lease_ttl_s > 0) {
-      until = std::min(until, later(now, static_cast<long long>(h->lease_ttl_s) * 1'000'000'000LL + kLeaseSlackNs));
-    }
-  }
-  if ((!dead && o_.policy == Policy::SingleFlight) || now >= until) return std::nullopt;
-  log_.verbose("waiting",
-               "waiting past the deadline for the slot's run, " + describe_run(run) + ": " + b.what + " is held by " +
-                   b.who +
-                   (dead ? "; that run's looplock is dead, so this run takes the slot once the lock is free"
-                         : "; this run skips once it has recorded its end, or takes the slot if it never does") +
-                   " (at most " + format_duration(until - now) + ")",
-               {{"policy", policy_name(o_.policy)}});
-  return WaitPlan{WaitPlan::Kind::Bounded, until - wait_start_ns_};
-}
-
-// Holding every lock: the locked reads decide. A run that had the slot
-// skips (the locks are let go); otherwise this run's start is recorded in
-// each ledger (etcd first) before the command starts.
+// Holding every lock, the slot's run: a skip lets the locks go.
 std::optional<Conclusion> Run::claim_slot() {
-  if (!o_.once_per_ns) return std::nullopt;
   try {
-    for (auto& lock : locks_) {
-      if (!lock->has_ledger()) continue;
-      const LedgerLook look = lock->look_ledger(o_.operation, true);
-      if (counts(look, *lock, true)) {
-        abandon_locks();
-        return already_run(*look.entry, nullptr, *lock);
-      }
-    }
-    const RunEntry me = this_run();
-    for (auto& lock : locks_) {
-      if (lock->has_ledger()) lock->record_start(me);
-    }
-    claimed_ = me;
+    if (!once_per_.claim(locks_)) return std::nullopt;
   } catch (const Fatal&) {
     abandon_locks();
     throw;
   }
-  return std::nullopt;
+  abandon_locks();
+  return skipped();
 }
 
-// The run's end in each ledger, in order; after a failure the rest are not
-// written (the run does not count).
-void Run::record_end(int status) {
-  if (!claimed_) return;
-  RunEntry me = *claimed_;
-  me.ended_ms = sys::realtime_ms();
-  me.exit_status = status;
-  for (auto& lock : locks_) {
-    if (lock->has_ledger() && !lock->record_end(me)) return;
-  }
+// A skip (single_flight's, or the slot's): --skip-exit-code.
+Conclusion Run::skipped() const { return {exit_status(o_.skip_exit_code), RunOutcome::Skipped}; }
+
+Exit Run::finish(const Conclusion& c) {
+  facts_.outcome = c.outcome;
+  return c.exit;
 }
 
 }  // namespace looplock

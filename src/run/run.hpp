@@ -14,25 +14,16 @@
 #include "base/log.hpp"
 #include "job/signals.hpp"
 #include "lock/lock.hpp"
-#include "lock/lock_kind.hpp"
 #include "lock/report.hpp"
 #include "records/lock_id.hpp"
 #include "records/lockfile.hpp"
 #include "records/metrics.hpp"
 #include "records/nesting.hpp"
+#include "run/once_per.hpp"
+#include "run/stack.hpp"
 #include "settings/settings.hpp"
 
 namespace looplock {
-
-struct Context {
-  EnvList env;  // the environment looplock was started with
-  pid_t pid = 0;
-  long long start_ns = 0;       // CLOCK_MONOTONIC when looplock started
-  long long start_wall_ms = 0;  // the same instant on the wall clock (ms since the epoch)
-  // The cluster lock (--etcd): looplock-etcd's, null in looplock, which
-  // hands runs with --etcd to looplock-etcd (cli/cluster_exec.hpp).
-  LockKind* cluster = nullptr;
-};
 
 // How looplock ends: with an exit status, or like a wait status (exit N, or
 // die of the signal that killed the command).
@@ -65,39 +56,30 @@ struct RunFacts {
 
 class Run {
 public:
-  Run(const Options& options, const Context& context, const Logger& log, RunFacts& facts);
+  // `stack` builds the locks (build_stack() but in Run's unit tests), `jobs`
+  // runs the command.
+  Run(const Options& options, const Context& context, const Logger& log, RunFacts& facts, StackFactory stack,
+      JobRunner& jobs);
   // The script. Returns how looplock ends; throws Fatal for an error.
   Exit run();
 
 private:
   void open();
-  LockKind& cluster() const;
   void wait_jitter();
   std::optional<Conclusion> acquire(Lock& lock);
   JobEnd run_job();
   Conclusion release(const JobEnd& job);
   Exit finish(const Conclusion& c);
 
-  // --once-per (ledger.hpp): the slot's checks and records.
-  std::optional<Conclusion> ran_before_waiting();
-  // What the ledger says of a conflict: the slot's run done, or still on
-  // and holding the lock.
-  struct SlotConflict {
-    std::optional<RunEntry> done;
-    std::optional<RunEntry> running;
-  };
-  SlotConflict slot_conflict(Lock& lock, const Blocker& b);
-  std::optional<WaitPlan> wait_for_run(const RunEntry& run, const Blocker& b);
   std::optional<Conclusion> claim_slot();
-  bool counts(const LedgerLook& look, const Lock& lock, bool locked) const;
-  Conclusion already_run(const RunEntry& run, const Blocker* holding, const Lock& lock);
-  RunEntry this_run() const;
-  void record_end(int status);
+  Conclusion skipped() const;
   void abandon_locks();
   void export_deadline();
 
   const Options& o_;
   const Context& ctx_;
+  StackFactory stack_;
+  JobRunner& jobs_;
   const Logger& log_;
   RunFacts& facts_;
   Reporter reporter_;
@@ -105,7 +87,7 @@ private:
   WaitPlan plan_;
   long long wait_start_ns_ = 0;  // when the first attempt starts: after --jitter
   bool nested_ = false;          // inside an outer looplock that holds this lock
-  std::optional<RunEntry> claimed_;  // this run, once its start is in the run ledger
+  OncePer once_per_;
   LockDir dir_;
   LockTarget target_;
   CommandSpec spec_;

@@ -57,12 +57,12 @@ struct Step {
   std::string body;
   long long took_ns = kMs;
 };
-Step answer(std::string body, long long took = kMs) { return {Step::Answer, 200, std::move(body), took}; }
-Step http(int status, std::string body) { return {Step::Answer, status, std::move(body), kMs}; }
-Step refused() { return {Step::Refused, 0, "", 0}; }
-Step connect_timeout() { return {Step::ConnectTimeout, 0, "", 0}; }
-Step silent() { return {Step::Silent, 0, "", 0}; }
-Step signal_pending() { return {Step::Signal, 0, "", 0}; }
+[[maybe_unused]] Step answer(std::string body, long long took = kMs) { return {Step::Answer, 200, std::move(body), took}; }
+[[maybe_unused]] Step http(int status, std::string body) { return {Step::Answer, status, std::move(body), kMs}; }
+[[maybe_unused]] Step refused() { return {Step::Refused, 0, "", 0}; }
+[[maybe_unused]] Step connect_timeout() { return {Step::ConnectTimeout, 0, "", 0}; }
+[[maybe_unused]] Step silent() { return {Step::Silent, 0, "", 0}; }
+[[maybe_unused]] Step signal_pending() { return {Step::Signal, 0, "", 0}; }
 
 // A Transport whose every exchange is decided by `handler` (or taken from
 // `script` in order), on the fake clock.
@@ -376,9 +376,9 @@ struct MiniEtcd {
   }
 };
 
-WaitPlan bounded(long long ns) { return {WaitPlan::Kind::Bounded, ns}; }
+[[maybe_unused]] WaitPlan bounded(long long ns) { return {WaitPlan::Kind::Bounded, ns}; }
 const WaitPlan kBlocking{WaitPlan::Kind::Unbounded, 0};
-ClusterHolder me() {
+[[maybe_unused]] ClusterHolder me() {
   ClusterHolder h;
   h.host = "h1";
   h.pid = 42;
@@ -387,6 +387,6 @@ ClusterHolder me() {
   return h;
 }
 
-Logger quiet_log() { return Logger(Verbosity::Quiet, LogFormat::Text, -1); }
+[[maybe_unused]] Logger quiet_log() { return Logger(Verbosity::Quiet, LogFormat::Text, -1); }
 
 }  // namespace

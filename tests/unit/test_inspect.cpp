@@ -287,7 +287,9 @@ TEST_CASE("the JSON entry of a DIR that could not be inspected") {
 }
 
 TEST_CASE("looplock_identity reads a waiter's command line as looplock does") {
-  looplock::Environment env{std::string("cron"), std::nullopt, std::nullopt, [] { return std::string("user"); }};
+  looplock::Environment env;
+  env.looplock_agent = "cron";
+  env.user_name = [] { return std::string("user"); };
   auto id = looplock::looplock_identity(
       {"looplock", "-w", "5", "/srv/loops/n", "--", "python3", "/x/tick.py", "--secret"}, env);
   REQUIRE(id);

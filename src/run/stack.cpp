@@ -1,0 +1,37 @@
+#include "run/stack.hpp"
+
+#include <sys/stat.h>
+
+#include "base/error.hpp"
+#include "base/exit_codes.hpp"
+#include "local/local_lock.hpp"
+#include "records/nesting.hpp"
+
+namespace looplock {
+
+namespace {
+
+LockKind& cluster_of(const Context& ctx) {
+  if (!ctx.cluster) throw Fatal(exit_code::kOsError, "internal error: an --etcd run without the cluster lock");
+  return *ctx.cluster;
+}
+
+}  // namespace
+
+Stack build_stack(const StackSite& s) {
+  const Options& o = s.options;
+  const Context& ctx = s.context;
+  Stack stack;
+  struct stat lock_file {};
+  if (auto outer = outer_holder(o, ctx.env, s.dir, ctx.pid, lock_file)) {
+    if (!o.etcd.empty()) cluster_of(ctx).confirm_outer(o, s.target, ctx.env, outer->pid != 0 ? outer->pid : ctx.pid, s.log);
+    stack.locks.push_back(std::make_unique<InheritedLock>(o, s.log, s.dir, *outer, lock_file));
+    stack.nested = true;
+    return stack;
+  }
+  if (!o.etcd.empty()) stack.locks.push_back(cluster_of(ctx).make(o, s.target, ctx.pid, s.log, s.reporter));
+  stack.locks.push_back(std::make_unique<LocalLock>(o, ctx.pid, s.log, s.dir, s.target));
+  return stack;
+}
+
+}  // namespace looplock
