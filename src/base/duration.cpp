@@ -9,8 +9,6 @@ namespace looplock {
 
 namespace {
 
-constexpr long long kMs = 1'000'000LL;
-constexpr long long kSec = 1000 * kMs;
 
 constexpr const char* kRule =
     "expected a non-negative number such as 10, 2.5, .5 or 1e3 (or inf), with an optional unit ms, s (the "

@@ -11,6 +11,11 @@
 
 namespace looplock {
 
+// Durations are nanoseconds (long long) throughout; these are the units,
+// stated once.
+inline constexpr long long kMs = 1'000'000LL;       // a millisecond
+inline constexpr long long kSec = 1'000'000'000LL;  // a second
+
 // "No limit": anything beyond some 292 years.
 inline constexpr long long kForever = std::numeric_limits<long long>::max();
 

@@ -20,7 +20,6 @@ namespace looplock {
 
 namespace {
 
-constexpr long long kMs = 1'000'000LL;
 
 std::string ms_text(long long ms) { return format_duration(ms * kMs); }
 

@@ -14,7 +14,7 @@
 #include "cli/option_table.hpp"
 #include "cluster/etcd.hpp"
 #include "job/signals.hpp"
-#include "settings/lease.hpp"
+#include "settings/lease_timing.hpp"
 
 namespace looplock {
 
@@ -609,7 +609,6 @@ void read_cluster(const cxxopts::ParseResult& r, const Environment& env, Options
     // in seconds.
     const auto& text = text_of(r, "ttl");
     const auto d = parse_duration(text);
-    constexpr long long kSec = 1'000'000'000LL;
     if (!d || *d % kSec != 0 || *d < 2 * kSec || *d > 86400 * kSec) {
       usage_error("invalid --ttl " + quote(text) + ": expected whole seconds from 2 to 86400 (10, 10s, 1m)",
                   d && *d % kSec != 0 && *d != kForever ? "etcd's leases count in whole seconds." : std::string(kTryHelp));

@@ -23,8 +23,6 @@ namespace looplock {
 
 namespace {
 
-constexpr long long kMs = 1'000'000LL;
-constexpr long long kSec = 1'000 * kMs;
 constexpr long long kNever = LLONG_MAX;
 // The least time given to reaching etcd and queuing (-w 0: "one attempt").
 constexpr long long kMinAttemptNs = 250 * kMs;

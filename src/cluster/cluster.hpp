@@ -23,7 +23,7 @@
 // lease is gone: the fencing token (LOOPLOCK_FENCING_TOKEN, the lock key's
 // create revision, which only grows) lets the resource refuse it.
 //
-// The numbers (T = the TTL; lease.hpp; the man page's CLUSTER section has
+// The numbers (T = the TTL; settings/lease_timing.hpp; the man page's CLUSTER section has
 // them by TTL):
 //   renewal while holding: every clamp(T - kill-after - margin -
 //     max(2.5 s, T/4), T/12, T/3): 250 ms at --ttl 3, 1.42 s at 5, 3.33 s at
@@ -58,7 +58,7 @@
 #include "base/policy.hpp"
 #include "cluster/etcd.hpp"
 #include "records/ledger.hpp"
-#include "settings/lease.hpp"
+#include "settings/lease_timing.hpp"
 #include "settings/settings.hpp"
 
 namespace looplock {
@@ -266,7 +266,7 @@ private:
   long long token_ = 0;
   long long last_ok_ns_ = 0;  // send time of the last answered grant or keepalive
   long long ttl_granted_ns_ = 0;
-  long long renewal_ns_ = 0;  // how often it renews: a waiter's interval, then a holder's (lease.hpp)
+  long long renewal_ns_ = 0;  // how often it renews: a waiter's interval, then a holder's (settings/lease_timing.hpp)
   long long next_renewal_ns_ = 0;
   bool gone_ = false;  // etcd said the lease is gone
   bool lost_ = false;  // the job loop declared it lost

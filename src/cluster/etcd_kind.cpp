@@ -8,7 +8,7 @@
 #include "os/sys.hpp"
 #include "records/ledger.hpp"
 #include "records/verdict.hpp"
-#include "settings/lease.hpp"
+#include "settings/lease_timing.hpp"
 
 namespace looplock {
 

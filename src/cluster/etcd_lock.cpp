@@ -11,7 +11,6 @@
 namespace looplock {
 
 namespace {
-constexpr long long kMs = 1'000'000LL;
 constexpr long long kLedgerNs = 5'000'000'000LL;  // a read or write of the run ledger, holding the lock
 constexpr long long kPeekNs = 1'000'000'000LL;    // a look at it without the lock
 }  // namespace

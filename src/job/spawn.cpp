@@ -14,7 +14,7 @@
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "base/text.hpp"
-#include "job/supervisor.hpp"
+#include "job/next_step.hpp"
 #include "job/terminal.hpp"
 #include "job/warning.hpp"
 #include "os/sys.hpp"
@@ -23,7 +23,6 @@ namespace looplock {
 
 namespace {
 
-constexpr long long kSec = 1'000'000'000LL;
 // While looplock waits for the rest of a job it ended (members that are not
 // its children send it no SIGCHLD), how often it looks.
 constexpr long long kGroupPollNs = 20'000'000LL;
@@ -214,9 +213,9 @@ pid_t start_job(const CommandSpec& spec, const InheritedSignals& inherited, cons
 // The loop that runs until the job has ended (tini's, dumb-init's): reap
 // what ended, carry out what next_step() says is due, else wait for a signal
 // and pass it on to the job.
-class Supervisor {
+class JobLoop {
 public:
-  Supervisor(const CommandSpec& spec, const Logger& log, const SignalSets& signals, Job& job, JobEnd& end, bool has_tty,
+  JobLoop(const CommandSpec& spec, const Logger& log, const SignalSets& signals, Job& job, JobEnd& end, bool has_tty,
              pid_t parent)
       : spec_(spec),
         log_(log),
@@ -482,7 +481,7 @@ JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, c
   end.started_ns = sys::monotonic_ns();
   end.pgid = child;
   Job job(child, tty, has_terminal);
-  Supervisor(spec, log, signals, job, end, tty.present(), self).run();
+  JobLoop(spec, log, signals, job, end, tty.present(), self).run();
   return end;
 }
 

@@ -22,8 +22,6 @@ namespace looplock {
 
 namespace {
 
-constexpr long long kMs = 1'000'000LL;
-constexpr long long kSec = 1000 * kMs;
 // How long a process that is ending may take to close the lock descriptor
 // before it counts as keeping the lock.
 constexpr long long kEndingGraceNs = 200 * kMs;

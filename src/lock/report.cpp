@@ -13,7 +13,6 @@ namespace looplock {
 
 namespace {
 
-constexpr long long kMs = 1'000'000LL;
 
 Json job_details(const JobEnd& job) {
   Json j{{"ran_ms", (job.ended_ns - job.started_ns) / kMs},

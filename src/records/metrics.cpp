@@ -152,20 +152,6 @@ std::optional<Sample> parse_sample(std::string_view line) {
 
 }  // namespace
 
-std::string_view outcome_name(RunOutcome o) {
-  switch (o) {
-    case RunOutcome::Success: return "success";
-    case RunOutcome::Failure: return "failure";
-    case RunOutcome::Signaled: return "signaled";
-    case RunOutcome::Skipped: return "skipped";
-    case RunOutcome::Timeout: return "timeout";
-    case RunOutcome::LeaseLost: return "lease_lost";
-    case RunOutcome::MaxTime: return "max_time";
-    case RunOutcome::Error: return "error";
-  }
-  return "error";
-}
-
 std::string label_value(std::string_view raw) {
   std::string out;
   for (char c : utf8_text(raw, kMaxIdentityBytes)) {

@@ -16,14 +16,9 @@
 #include <string_view>
 #include <vector>
 
-namespace looplock {
+#include "base/outcome.hpp"
 
-// How a run ended, for looplock_runs_total{outcome=...}.
-enum class RunOutcome { Success, Failure, Signaled, Skipped, Timeout, LeaseLost, MaxTime, Error };
-std::string_view outcome_name(RunOutcome o);
-inline constexpr RunOutcome kAllOutcomes[] = {RunOutcome::Success, RunOutcome::Failure, RunOutcome::Signaled,
-                                              RunOutcome::Skipped, RunOutcome::Timeout, RunOutcome::LeaseLost,
-                                              RunOutcome::MaxTime, RunOutcome::Error};
+namespace looplock {
 
 // One run, as the metrics see it.
 struct RunMetrics {

@@ -10,7 +10,6 @@ namespace looplock {
 
 namespace {
 
-constexpr long long kMs = 1'000'000LL;
 
 std::string record_holder(const HolderRecord& r) {
   return "pid " + std::to_string(r.pid) + " (agent " + r.agent_id + ", operation " + r.operation + ", policy " +

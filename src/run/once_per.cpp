@@ -4,7 +4,7 @@
 
 #include "base/duration.hpp"
 #include "base/text.hpp"
-#include "job/supervisor.hpp"
+#include "job/next_step.hpp"
 #include "os/procfs.hpp"
 #include "os/sys.hpp"
 #include "records/ledger.hpp"

@@ -9,11 +9,11 @@
 #include "base/exit_codes.hpp"
 #include "base/text.hpp"
 #include "job/spawn.hpp"
-#include "job/supervisor.hpp"
+#include "job/next_step.hpp"
 #include "os/procfs.hpp"
 #include "os/sys.hpp"
 #include "records/nesting.hpp"
-#include "settings/lease.hpp"
+#include "settings/lease_timing.hpp"
 
 namespace looplock {
 

@@ -347,3 +347,58 @@ def test_looplock_holds_no_cluster_lock_code():
     helper = Path(LOOPLOCK).parent / "looplock-etcd"
     if helper.exists():  # the reading works: looplock-etcd has them all
         assert {"etcd::Client", "ClusterLock", "EtcdLock", "EtcdKind"} <= set(cluster_symbols(helper))
+
+
+# --- the operating system behind src/os/ --------------------------------------
+# Outside src/os/, a file may include only the C++ standard library's
+# headers, the project's own and its declared libraries' (nlohmann-json,
+# cxxopts; libcurl in the transport that looplock-etcd alone links), and
+# read nothing under /proc. <csignal> is not on the list: Windows has it, but
+# no SIGUSR1. POSIX_TODAY lists the files that still speak POSIX: the list
+# may only shrink as their system calls move behind src/os/ (a file that no
+# longer does must leave it), and no other file may join it.
+STD_HEADERS = set("""
+    algorithm any array atomic bit bitset cassert cctype cerrno cfloat charconv chrono cinttypes climits clocale cmath
+    compare concepts condition_variable cstdarg cstddef cstdint cstdio cstdlib cstring ctime cwchar deque exception
+    filesystem format fstream functional initializer_list iomanip ios iosfwd iostream istream iterator limits list
+    locale map memory mutex new numeric optional ostream queue random ranges ratio regex set source_location span
+    sstream stack stdexcept streambuf string string_view system_error thread tuple type_traits typeinfo
+    unordered_map unordered_set utility variant vector""".split())
+LIBRARY_HEADERS = {"nlohmann/json.hpp", "cxxopts.hpp"}
+TRANSPORT_HEADERS = {"curl/curl.h"}  # src/cluster/etcd_curl.*: looplock-etcd only, never built for Windows
+POSIX_TODAY = set("""
+    base/log.cpp base/text.hpp cli/app.cpp cli/app.hpp cli/cluster_exec.cpp cli/inspect.cpp cli/lock_files.cpp
+    cli/lock_files.hpp cli/options.cpp cluster/cluster.cpp cluster/etcd.hpp cluster/etcd_curl.cpp
+    cluster/etcd_lock.hpp job/lease.hpp job/signals.cpp job/signals.hpp job/spawn.cpp job/spawn.hpp
+    job/terminal.cpp job/terminal.hpp job/warning.cpp job/warning.hpp local/local_lock.cpp local/local_lock.hpp
+    lock/lock.hpp lock/lock_kind.hpp lock/report.hpp records/holder.cpp records/holder.hpp records/incident.cpp
+    records/incident.hpp records/ledger.cpp records/ledger.hpp records/lock_id.cpp records/lockfile.cpp
+    records/lockfile.hpp records/metrics.cpp records/nesting.cpp records/nesting.hpp records/sealed.cpp
+    records/sealed.hpp records/survey.cpp records/survey.hpp records/verdict.hpp run/run.cpp run/run.hpp
+    run/stack.cpp run/stack.hpp settings/settings.hpp""".split())
+
+
+def system_use(path):
+    """The headers outside the allow-list that `path` includes, and whether it reads /proc."""
+    text = path.read_text()
+    allowed = STD_HEADERS | LIBRARY_HEADERS | (TRANSPORT_HEADERS if path.stem == "etcd_curl" else set())
+    headers = sorted({h for h in re.findall(r"^\s*#\s*include\s*<([^>]+)>", text, re.M) if h not in allowed})
+    return headers, '"/proc' in text
+
+
+def test_the_operating_system_is_reached_only_where_it_is_today():
+    speaking = {str(f.relative_to(SRC)) for f in sources() if folder_of(f) != "os" and any(system_use(f))}
+    assert "records/lockfile.cpp" in speaking  # the reading works
+    joined = sorted(speaking - POSIX_TODAY)
+    assert joined == [], f"files outside src/os/ that now reach the system (go through src/os/): {joined}"
+    left = sorted(POSIX_TODAY - speaking)
+    assert left == [], f"files that no longer reach the system: remove them from POSIX_TODAY: {left}"
+
+
+def test_the_system_check_sees_headers_and_proc(tmp_path):
+    sample = tmp_path / "x.cpp"
+    sample.write_text('#include <string>\n#include <csignal>\n#include <nlohmann/json.hpp>\n'
+                      '#include <sys/stat.h>\nauto p = "/proc/self/stat";\n')
+    assert system_use(sample) == (["csignal", "sys/stat.h"], True)
+    sample.write_text("#include <vector>\n#include <cxxopts.hpp>\n")
+    assert system_use(sample) == ([], False)

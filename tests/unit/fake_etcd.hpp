@@ -11,12 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "base/duration.hpp"
 #include "cluster/etcd.hpp"
-
-namespace {
-constexpr long long kMs = 1'000'000LL;
-constexpr long long kSec = 1000 * kMs;
-}  // namespace
 
 namespace {
 

@@ -6,9 +6,10 @@
 #include <cstdlib>
 #include <string>
 
+using looplock::kMs;
+using looplock::kSec;
+
 namespace {
-constexpr long long kMs = 1'000'000LL;
-constexpr long long kSec = 1000 * kMs;
 constexpr long long kMin = 60 * kSec;
 constexpr long long kHour = 60 * kMin;
 constexpr long long kDay = 24 * kHour;

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/duration.hpp"
 #include "cluster/etcd_curl.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
@@ -26,7 +27,6 @@ using namespace looplock::etcd;
 
 namespace {
 
-constexpr long long kMs = 1'000'000LL;
 
 // A loopback listening socket on a free port.
 struct Listener {

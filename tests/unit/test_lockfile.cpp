@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "base/duration.hpp"
 #include "base/error.hpp"
 #include "os/unique_fd.hpp"
 #include "testutil.hpp"
@@ -22,6 +23,7 @@
 using looplock::AcquireResult;
 using looplock::Acquisition;
 using looplock::Fatal;
+using looplock::kMs;
 using looplock::LockDir;
 using looplock::LockFile;
 using looplock::LockMode;
@@ -31,7 +33,6 @@ using testutil::TempDir;
 
 namespace {
 
-constexpr long long kMs = 1'000'000;
 
 struct CountingObserver : looplock::AcquireObserver {
   int waits = 0;

@@ -1,12 +1,12 @@
-#include "settings/lease.hpp"
+#include "settings/lease_timing.hpp"
+
+#include "base/duration.hpp"
 
 #include <algorithm>
 
 namespace looplock::lease_timing {
 
 namespace {
-constexpr long long kMs = 1'000'000LL;
-constexpr long long kSec = 1000 * kMs;
 }  // namespace
 
 long long ttl_ns(int ttl_s) { return static_cast<long long>(ttl_s) * kSec; }

@@ -1,4 +1,4 @@
-#include "job/supervisor.hpp"
+#include "job/next_step.hpp"
 
 #include <doctest/doctest.h>
 
