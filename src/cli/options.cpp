@@ -455,7 +455,7 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
   if (r.count("kill-after")) o.kill_after_ns = duration_option("kill-after", text_of(r, "kill-after"));
   if (r.count("max-time")) {
     if (const long long d = duration_option("max-time", text_of(r, "max-time")); d != 0 && d != kForever) {
-      o.max_time_ns = d;
+      o.limits.max_time_ns = d;
     }
   }
   if (r.count("once-per")) {
@@ -476,14 +476,14 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
   }
   if (r.count("warn-signal") && !r.count("warn-before")) usage_error("--warn-signal applies only with --warn-before");
   if (r.count("warn-before")) {
-    o.warn_before_ns = duration_option("warn-before", text_of(r, "warn-before"));
-    if (!o.max_time_ns && o.etcd.empty()) {
+    o.limits.warn_before_ns = duration_option("warn-before", text_of(r, "warn-before"));
+    if (!o.limits.max_time_ns && o.etcd.empty()) {
       usage_error("--warn-before applies only with --max-time or --etcd",
                   "It signals the job before --max-time's TERM, or before a failing lease's.");
     }
-    if (o.max_time_ns && *o.warn_before_ns >= *o.max_time_ns) {
+    if (o.limits.max_time_ns && *o.limits.warn_before_ns >= *o.limits.max_time_ns) {
       usage_error("invalid --warn-before " + quote(text_of(r, "warn-before")) + ": not shorter than --max-time " +
-                  format_duration(*o.max_time_ns));
+                  format_duration(*o.limits.max_time_ns));
     }
     if (r.count("warn-signal")) {
       const auto sig = parse_signal(text_of(r, "warn-signal"));
@@ -492,15 +492,15 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
         usage_error("invalid --warn-signal " + quote(text_of(r, "warn-signal")) +
                     ": KILL and STOP cannot be handled, so they warn nobody");
       }
-      o.warn_signal = *sig;
+      o.limits.warn_signal = *sig;
     }
   }
   // KILL after a forwarded TERM/INT: --kill-after, where 0 and inf mean
   // never, as in timeout(1); after --max-time's TERM: the same, or 5 s when
   // it was not given.
   if (o.kill_after_ns && *o.kill_after_ns != 0 && *o.kill_after_ns != kForever)
-    o.signal_kill_after_ns = o.kill_after_ns;
-  o.max_time_kill_after_ns = o.kill_after_ns ? o.signal_kill_after_ns : std::optional<long long>(kDefaultKillAfterNs);
+    o.limits.kill_after_ns = o.kill_after_ns;
+  o.limits.max_time_kill_after_ns = o.kill_after_ns ? o.limits.kill_after_ns : std::optional<long long>(kDefaultKillAfterNs);
 }
 
 // -v, -q, --log-format, --metrics-dir.

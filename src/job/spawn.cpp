@@ -225,7 +225,7 @@ public:
         parent_(parent),
         wait_flags_(WNOHANG | (has_tty ? WUNTRACED : 0)),
         lease_live_(spec.lease != nullptr) {
-    if (spec.max_time_ns && *spec.max_time_ns > 0) max_time_at_ = later(end.started_ns, *spec.max_time_ns);
+    if (spec.limits.max_time_ns && *spec.limits.max_time_ns > 0) max_time_at_ = later(end.started_ns, *spec.limits.max_time_ns);
   }
 
   void run() {
@@ -256,8 +256,8 @@ private:
     // The warning, once: before --max-time's TERM, and before the lease's
     // when its renewals are failing (a short etcd outage may warn without a
     // TERM following); a renewal returns by the time it would be due.
-    if (spec_.warn_before_ns && end_.warned_ns == 0) {
-      const long long w = *spec_.warn_before_ns;
+    if (spec_.limits.warn_before_ns && end_.warned_ns == 0) {
+      const long long w = *spec_.limits.warn_before_ns;
       if (max_time_at_ != 0) d.warn_at = std::max(max_time_at_ - w, 1LL);
       if (lease_live_) {
         const long long lease_warn = std::max(d.lease_term_at - w, 1LL);
@@ -320,7 +320,7 @@ private:
         return;
       case JobAction::MaxTimeTerm: {
         max_time_at_ = 0;
-        const auto& k = spec_.max_time_kill_after_ns;
+        const auto& k = spec_.limits.max_time_kill_after_ns;
         terminate(JobEnd::EndedBy::MaxTime, k && *k > 0 ? later(now, *k) : 0);
         return;
       }
@@ -355,14 +355,14 @@ private:
   void warn(long long now) {
     const bool by_lease = max_time_at_ == 0 || (lease_live_ && spec_.lease->term_by_ns() < max_time_at_);
     const long long term_at = by_lease ? spec_.lease->term_by_ns() : max_time_at_;
-    const std::string sig = signal_name(spec_.warn_signal);
+    const std::string sig = signal_name(spec_.limits.warn_signal);
     const std::string when =
         (by_lease ? "the lease's renewals are failing, and its TERM comes in " : "--max-time's TERM comes in ") +
         format_duration(term_at - now) + " (--warn-before)";
     const Json facts = {{"signal", sig}, {"term_in_ms", (term_at - now) / 1'000'000}};
     end_.warned_ns = now;
-    end_.warn_signal = spec_.warn_signal;
-    warning_.emplace(parent_, job_.pgid(), spec_.warn_signal);
+    end_.warn_signal = spec_.limits.warn_signal;
+    warning_.emplace(parent_, job_.pgid(), spec_.limits.warn_signal);
     if (!warning_->pass()) {
       warning_.reset();
       log_.warn("warning_not_sent",
@@ -433,10 +433,10 @@ private:
     if (sig == SIGHUP && job_.hangup_reaches_it_directly()) return;
     job_.signal(sig);
     end_.signalled = true;
-    if ((sig == SIGTERM || sig == SIGINT) && spec_.kill_after_ns && !kill_after_armed_) {
+    if ((sig == SIGTERM || sig == SIGINT) && spec_.limits.kill_after_ns && !kill_after_armed_) {
       kill_after_armed_ = true;
       whole_group_ = true;
-      kill_at_ = earliest(kill_at_, later(sys::monotonic_ns(), *spec_.kill_after_ns));
+      kill_at_ = earliest(kill_at_, later(sys::monotonic_ns(), *spec_.limits.kill_after_ns));
     }
   }
 

@@ -18,6 +18,7 @@
 #include "base/log.hpp"
 #include "job/lease.hpp"
 #include "job/signals.hpp"
+#include "settings/job_limits.hpp"
 
 namespace looplock {
 
@@ -25,18 +26,7 @@ struct CommandSpec {
   std::vector<std::string> argv;
   std::vector<std::string> env;  // the whole environment, "NAME=value"
   int pass_fd = -1;              // an fd to leave open in the command, or -1
-  // KILL the job this long after looplock forwarded it a TERM or INT
-  // (nullopt: never, as timeout(1) without -k).
-  std::optional<long long> kill_after_ns;
-  // --max-time: TERM the job once it has run this long, then KILL it
-  // max_time_kill_after_ns later (nullopt: never KILL).
-  std::optional<long long> max_time_ns;
-  std::optional<long long> max_time_kill_after_ns;
-  // --warn-before: send `warn_signal` once to each process of the job that
-  // catches it, this long before --max-time's TERM, or (the lease's
-  // renewals failing) before its TERM (warning.hpp).
-  std::optional<long long> warn_before_ns;
-  int warn_signal = SIGUSR1;
+  JobLimits limits;              // --kill-after, --max-time, --warn-before
   Lease* lease = nullptr;
 };
 

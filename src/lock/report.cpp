@@ -126,7 +126,7 @@ void Reporter::timeout(const Blocker& b, const WaitPlan& plan, long long waited_
 
 void Reporter::max_time(const JobEnd& job, const std::optional<HolderRecord>& record) const {
   Incident inc = incident("max_time_exceeded");
-  inc.deadline_ms = limit_ms(*o_.max_time_ns);
+  inc.deadline_ms = limit_ms(*o_.limits.max_time_ns);
   inc.waited_ms = (job.ended_ns - job.started_ns) / kMs;
   inc.holder = record;
   inc.holder_alive = record ? std::optional<bool>(true) : std::nullopt;
@@ -139,7 +139,7 @@ void Reporter::max_time(const JobEnd& job, const std::optional<HolderRecord>& re
   Json f = {{"lock_id", lock_id_}, {"policy", policy_name(o_.policy)}, {"deadline_ms", inc.deadline_ms}};
   f.update(inc.details);
   log_.error("max_time_exceeded",
-             "max_time_exceeded: " + o_.operation + " ran longer than --max-time " + format_duration(*o_.max_time_ns) +
+             "max_time_exceeded: " + o_.operation + " ran longer than --max-time " + format_duration(*o_.limits.max_time_ns) +
                  " and was ended (" + how_it_ended(job) + ") after " + format_duration(job.ended_ns - job.started_ns),
              "Find out why it hung; the lock was released once the whole job had ended.", f);
 }

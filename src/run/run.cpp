@@ -81,11 +81,7 @@ void Run::open() {
 
   spec_.argv = o_.command;
   spec_.env = ctx_.env;
-  spec_.kill_after_ns = o_.signal_kill_after_ns;
-  spec_.max_time_ns = o_.max_time_ns;
-  spec_.max_time_kill_after_ns = o_.max_time_kill_after_ns;
-  spec_.warn_before_ns = o_.warn_before_ns;
-  spec_.warn_signal = o_.warn_signal;
+  spec_.limits = o_.limits;
   wait_start_ns_ = ctx_.start_ns;
 
   Stack stack = stack_({o_, ctx_, log_, reporter_, dir_, target_});
@@ -154,15 +150,15 @@ JobEnd Run::run_job() {
 // neither, so the command never sees a deadline that does not hold.
 void Run::export_deadline() {
   const std::optional<std::string> inherited = env_get(ctx_.env, env_name::kDeadline);
-  if (!inherited && !o_.max_time_ns) return;  // nothing to set or remove (the lock is held: no copy)
+  if (!inherited && !o_.limits.max_time_ns) return;  // nothing to set or remove (the lock is held: no copy)
   std::optional<long long> at;
   std::string owner;
   if (inherited && deadline_owner_lives(ctx_.env, ctx_.pid)) {
     at = parse_deadline(inherited);
     owner = env_get(ctx_.env, env_name::kDeadlineOwner).value_or("");
   }
-  if (o_.max_time_ns) {
-    const long long own = sys::realtime_ms() + *o_.max_time_ns / 1'000'000;
+  if (o_.limits.max_time_ns) {
+    const long long own = sys::realtime_ms() + *o_.limits.max_time_ns / 1'000'000;
     if (!at || own < *at) {
       at = own;
       // /proc/self/stat: this looplock's start time, so that a later process

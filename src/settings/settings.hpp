@@ -3,7 +3,6 @@
 // and the bounds and checks of its values that they share.
 #pragma once
 
-#include <csignal>
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -13,6 +12,7 @@
 #include "base/log.hpp"
 #include "base/policy.hpp"
 #include "settings/endpoints.hpp"
+#include "settings/job_limits.hpp"
 
 namespace looplock {
 
@@ -34,14 +34,7 @@ struct Options {
   bool close_fd = false;                   // -o
   bool no_fork = false;                    // -F
   std::optional<long long> kill_after_ns;  // --kill-after as given (0 and kForever: never)
-  // Resolved from it: KILL this long after a TERM or INT looplock forwarded
-  // (nullopt: never, as timeout(1)); and after --max-time's TERM (--kill-after
-  // as above, or kDefaultKillAfterNs when it was not given).
-  std::optional<long long> signal_kill_after_ns;
-  std::optional<long long> max_time_kill_after_ns;
-  std::optional<long long> max_time_ns;  // --max-time (nullopt: no limit)
-  std::optional<long long> warn_before_ns;  // --warn-before
-  int warn_signal = SIGUSR1;                // --warn-signal
+  JobLimits limits;                        // the job's limits, resolved (job_limits.hpp)
   std::optional<long long> once_per_ns;     // --once-per
   std::optional<long long> jitter_ns;       // --jitter
   std::string metrics_dir;               // --metrics-dir or $LOOPLOCK_METRICS_DIR; empty: none

@@ -375,7 +375,7 @@ POSIX_TODAY = set("""
     records/incident.hpp records/ledger.cpp records/ledger.hpp records/lock_id.cpp records/lockfile.cpp
     records/lockfile.hpp records/metrics.cpp records/nesting.cpp records/nesting.hpp records/sealed.cpp
     records/sealed.hpp records/survey.cpp records/survey.hpp records/verdict.hpp run/run.cpp run/run.hpp
-    run/stack.cpp run/stack.hpp settings/settings.hpp""".split())
+    run/stack.cpp run/stack.hpp settings/job_limits.hpp""".split())
 
 
 def system_use(path):

@@ -376,10 +376,10 @@ TEST_CASE("operation default") {
 }
 
 TEST_CASE("--max-time, --metrics-dir, --check and several --inspect DIRs") {
-  CHECK_FALSE(parse({"DIR", "--", "x"}).max_time_ns);
-  CHECK(parse({"--max-time", "1.5m", "DIR", "--", "x"}).max_time_ns == 90 * kSec);
-  CHECK_FALSE(parse({"--max-time", "0", "DIR", "--", "x"}).max_time_ns);
-  CHECK_FALSE(parse({"--max-time", "inf", "DIR", "--", "x"}).max_time_ns);
+  CHECK_FALSE(parse({"DIR", "--", "x"}).limits.max_time_ns);
+  CHECK(parse({"--max-time", "1.5m", "DIR", "--", "x"}).limits.max_time_ns == 90 * kSec);
+  CHECK_FALSE(parse({"--max-time", "0", "DIR", "--", "x"}).limits.max_time_ns);
+  CHECK_FALSE(parse({"--max-time", "inf", "DIR", "--", "x"}).limits.max_time_ns);
   CHECK(parse({"--metrics-dir", "/m", "DIR", "--", "x"}).metrics_dir == "/m");
   CHECK(parse({"DIR", "--", "x"}).metrics_dir.empty());
   looplock::Environment env;
@@ -394,8 +394,8 @@ TEST_CASE("--max-time, --metrics-dir, --check and several --inspect DIRs") {
 }
 
 TEST_CASE("--kill-after 0 and inf mean never; -w inf waits without limit") {
-  auto signal_kill_after = [](const Options& o) { return o.signal_kill_after_ns; };
-  auto max_time_kill_after = [](const Options& o) { return o.max_time_kill_after_ns; };
+  auto signal_kill_after = [](const Options& o) { return o.limits.kill_after_ns; };
+  auto max_time_kill_after = [](const Options& o) { return o.limits.max_time_kill_after_ns; };
   CHECK_FALSE(signal_kill_after(parse({"DIR", "--", "x"})));
   CHECK_FALSE(signal_kill_after(parse({"--kill-after", "0", "DIR", "--", "x"})));
   CHECK_FALSE(signal_kill_after(parse({"--kill-after", "inf", "DIR", "--", "x"})));
@@ -790,8 +790,8 @@ std::string outcome_of(const Args& args, bool declare_all) {
     add("E", std::to_string(o.conflict_exit_code) + "/" + std::to_string(o.skip_exit_code));
     add("flags", std::to_string(o.shared) + std::to_string(o.close_fd) + std::to_string(o.no_fork) +
                      std::to_string(o.json) + std::to_string(o.check));
-    add("kill", opt(o.kill_after_ns) + "/" + opt(o.signal_kill_after_ns) + "/" + opt(o.max_time_kill_after_ns));
-    add("max", opt(o.max_time_ns) + "/" + opt(o.warn_before_ns) + "/" + std::to_string(o.warn_signal));
+    add("kill", opt(o.kill_after_ns) + "/" + opt(o.limits.kill_after_ns) + "/" + opt(o.limits.max_time_kill_after_ns));
+    add("max", opt(o.limits.max_time_ns) + "/" + opt(o.limits.warn_before_ns) + "/" + std::to_string(o.limits.warn_signal));
     add("once", opt(o.once_per_ns) + "/" + opt(o.jitter_ns));
     add("metrics", o.metrics_dir);
     add("who", o.agent + "/" + o.operation);

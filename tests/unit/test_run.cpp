@@ -339,7 +339,7 @@ TEST_CASE("Run, the release finds the lock file replaced: a success becomes 74, 
 TEST_CASE("Run, the job ended by --max-time: 124, its row, and the end recorded with 124") {
   testutil::TempDir dir;
   Options o = options_for(dir);
-  o.max_time_ns = 2'000'000'000LL;
+  o.limits.max_time_ns = 2'000'000'000LL;
   JobEnd job = ended(SIGTERM);
   job.ended_by = JobEnd::EndedBy::MaxTime;
   const Outcome r = run_with(o, dir, {}, job);

@@ -332,7 +332,7 @@ TEST_CASE("a signal sent to looplock reaches the command") {
 TEST_CASE("--kill-after: KILL follows a TERM the command ignores") {
   ReadyPipe ready;
   CommandSpec spec = ready_then_wait(ready.w.get(), "trap '' TERM");
-  spec.kill_after_ns = 200'000'000;
+  spec.limits.kill_after_ns = 200'000'000;
   Looplock l(spec);
   ready.wait();
   auto t0 = std::chrono::steady_clock::now();
@@ -400,7 +400,7 @@ TEST_CASE("--kill-after: KILL reaches a process of the job that outlives the com
   const std::string pid_file = dir / "pid";
   ReadyPipe ready;
   CommandSpec spec = job_with_stubborn_child(ready.w.get(), pid_file);
-  spec.kill_after_ns = 300'000'000;
+  spec.limits.kill_after_ns = 300'000'000;
   Looplock l(spec);
   ready.wait();
   auto stubborn = read_pid(pid_file);
@@ -447,8 +447,8 @@ TEST_CASE("--max-time ends the whole job: TERM, then KILL after kill-after") {
       spec = sh("echo $$ > " + pid_file + "; echo ready >&" + n + "; exec " + n + ">&-; sleep 30 & wait");
       spec.pass_fd = ready.w.get();
     }
-    spec.max_time_ns = 300'000'000;
-    spec.max_time_kill_after_ns = 300'000'000;
+    spec.limits.max_time_ns = 300'000'000;
+    spec.limits.max_time_kill_after_ns = 300'000'000;
     Looplock l(spec);
     ready.wait();
     auto pid = read_pid(pid_file);

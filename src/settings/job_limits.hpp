@@ -1,0 +1,29 @@
+// The limits looplock puts on a command's job, resolved once from
+// --kill-after, --max-time, --warn-before and --warn-signal (cli/options.cpp),
+// and held whole by the settings (settings.hpp) and by the job's spec
+// (job/spawn.hpp's CommandSpec). A new job deadline is a field here, its
+// option in cli/option_table.cpp, and its rule in src/job/.
+#pragma once
+
+#include <csignal>
+#include <optional>
+
+namespace looplock {
+
+struct JobLimits {
+  // KILL the job this long after looplock forwarded it a TERM or INT
+  // (nullopt: never, as timeout(1) without -k).
+  std::optional<long long> kill_after_ns;
+  // --max-time: TERM the job once it has run this long (nullopt: no limit),
+  // then KILL it max_time_kill_after_ns later (--kill-after, or
+  // kDefaultKillAfterNs when it was not given; nullopt: never).
+  std::optional<long long> max_time_ns;
+  std::optional<long long> max_time_kill_after_ns;
+  // --warn-before: send `warn_signal` once to each process of the job that
+  // catches it, this long before --max-time's TERM, or (a lease's renewals
+  // failing) before its TERM (job/warning.hpp).
+  std::optional<long long> warn_before_ns;
+  int warn_signal = SIGUSR1;
+};
+
+}  // namespace looplock
