@@ -257,7 +257,12 @@ ClusterQueueRead read_cluster_queue(etcd::Client& client, const std::string& nam
   q.prefixes = etcd::contender_prefixes(name);
   std::vector<etcd::RangeResult> reads;
   for (const auto& p : q.prefixes) {
-    auto keys = client.range({p, true, 0, etcd::RangeQuery::Order::FirstCreated, 0}, bound);
+    auto keys = client.range({.key = p,
+                              .prefix = true,
+                              .limit = 0,
+                              .order = etcd::RangeQuery::Order::FirstCreated,
+                              .max_create_revision = 0},
+                             bound);
     if (!keys.ok()) {
       q.error = keys.error;
       return q;
@@ -505,7 +510,11 @@ ClusterLock::Step ClusterLock::read_queue(Queue& q, long long step_end) {
   std::vector<etcd::RangeResult> reads;
   long long revision = LLONG_MAX;
   for (const auto& p : prefixes_) {
-    auto r = client_.range({p, true, 0, etcd::RangeQuery::Order::FirstCreated, q.my_rev},
+    auto r = client_.range({.key = p,
+                            .prefix = true,
+                            .limit = 0,
+                            .order = etcd::RangeQuery::Order::FirstCreated,
+                            .max_create_revision = q.my_rev},
                            {step_end, lease_timing::attempt_ns(ttl_s_)});
     if (!r.ok()) {
       if (r.status == etcd::Status::Failed) unavailable("read the lock", r);
@@ -543,7 +552,12 @@ void ClusterLock::note_blocker(long long my_rev) {
   const long long by = now() + kAfterDeadlineNs;
   std::vector<etcd::RangeResult> reads;
   for (const auto& p : prefixes_) {
-    auto owner = client_.range({p, true, 0, etcd::RangeQuery::Order::FirstCreated, 0}, {by, 0});
+    auto owner = client_.range({.key = p,
+                                .prefix = true,
+                                .limit = 0,
+                                .order = etcd::RangeQuery::Order::FirstCreated,
+                                .max_create_revision = 0},
+                               {by, 0});
     if (!owner.ok()) return;
     reads.push_back(std::move(owner.value));
   }

@@ -166,7 +166,11 @@ Json create_revision_is(std::string_view key, long long revision, bool prefix = 
 }
 
 Json first_created(std::string_view prefix, long long limit) {
-  return Json{{"request_range", range_json({std::string(prefix), true, limit, RangeQuery::Order::FirstCreated, 0})}};
+  return Json{{"request_range", range_json({.key = std::string(prefix),
+                                            .prefix = true,
+                                            .limit = limit,
+                                            .order = RangeQuery::Order::FirstCreated,
+                                            .max_create_revision = 0})}};
 }
 
 }  // namespace
@@ -202,7 +206,11 @@ namespace {
 // The read of `key` at the end of a transaction's operations, when asked for.
 void add_read_also(Json& ops, std::string_view key) {
   if (!key.empty())
-    ops.push_back(Json{{"request_range", range_json({std::string(key), false, 0, RangeQuery::Order::None, 0})}});
+    ops.push_back(Json{{"request_range", range_json({.key = std::string(key),
+                                                     .prefix = false,
+                                                     .limit = 0,
+                                                     .order = RangeQuery::Order::None,
+                                                     .max_create_revision = 0})}});
 }
 }  // namespace
 
@@ -211,7 +219,11 @@ std::string queue_txn_body(const std::vector<std::string>& keys, std::string_vie
   Json success = puts(keys, value, lease);
   add_reads(success, prefixes);
   add_read_also(success, also_read);
-  Json failure = Json::array({Json{{"request_range", range_json({keys.at(0), false, 0, RangeQuery::Order::None, 0})}}});
+  Json failure = Json::array({Json{{"request_range", range_json({.key = keys.at(0),
+                                                                 .prefix = false,
+                                                                 .limit = 0,
+                                                                 .order = RangeQuery::Order::None,
+                                                                 .max_create_revision = 0})}}});
   add_reads(failure, prefixes);
   add_read_also(failure, also_read);
   return dump_json(Json{{"compare", Json::array({create_revision_is(keys.at(0), 0)})},
@@ -677,8 +689,7 @@ Result<Json> Client::attempts(const CallSpec& spec, bool with_token) {
 }
 
 bool Client::authenticate(long long deadline_ns, long long attempt_ns, Result<Json>& failure) {
-  CallSpec spec{
-      "/v3/auth/authenticate", authenticate_body(user_, password_), {deadline_ns, attempt_ns}, false, {}, nullptr};
+  const CallSpec spec = unary("/v3/auth/authenticate", authenticate_body(user_, password_), {deadline_ns, attempt_ns});
   Result<Json> r = attempts(spec, false);
   if (r.ok()) {
     auto token = parse_token(r.value);
@@ -750,17 +761,16 @@ constexpr int kCodeNotFound = 5;
 }  // namespace
 
 Result<long long> Client::lease_grant(int ttl_s, Deadline d) {
-  return interpret<long long>(call({"/v3/lease/grant", lease_grant_body(ttl_s), d, false, {}, nullptr}), "lease grant",
+  return interpret<long long>(call(unary("/v3/lease/grant", lease_grant_body(ttl_s), d)), "lease grant",
                               parse_lease_grant);
 }
 
 Result<long long> Client::lease_keepalive(long long id, Deadline d) {
-  return interpret<long long>(call({"/v3/lease/keepalive", lease_id_body(id), d, false, {}, nullptr}), "keepalive",
-                              keepalive_ttl);
+  return interpret<long long>(call(unary("/v3/lease/keepalive", lease_id_body(id), d)), "keepalive", keepalive_ttl);
 }
 
 Result<bool> Client::lease_revoke(long long id, Deadline d) {
-  auto r = interpret<bool>(call({"/v3/lease/revoke", lease_id_body(id), d, false, {}, nullptr}), "revoke", any_answer);
+  auto r = interpret<bool>(call(unary("/v3/lease/revoke", lease_id_body(id), d)), "revoke", any_answer);
   if (r.status == Status::Failed && r.code == kCodeNotFound) {
     r.status = Status::Ok;  // gone already: what a revoke wants
     r.value = false;
@@ -769,11 +779,11 @@ Result<bool> Client::lease_revoke(long long id, Deadline d) {
 }
 
 Result<RangeResult> Client::range(const RangeQuery& q, Deadline d) {
-  return interpret<RangeResult>(call({"/v3/kv/range", range_body(q), d, false, {}, nullptr}), "range", parse_range);
+  return interpret<RangeResult>(call(unary("/v3/kv/range", range_body(q), d)), "range", parse_range);
 }
 
 Result<TxnResult> Client::txn(const std::string& body, Deadline d) {
-  return interpret<TxnResult>(call({"/v3/kv/txn", body, d, false, {}, nullptr}), "txn", parse_txn);
+  return interpret<TxnResult>(call(unary("/v3/kv/txn", body, d)), "txn", parse_txn);
 }
 
 Result<bool> Client::watch_delete(std::string_view key, long long start_revision, Deadline d) {
@@ -784,8 +794,13 @@ Result<bool> Client::watch_delete(std::string_view key, long long start_revision
     const WatchProgress w = parse_watch(body);
     return w.deleted || (w.canceled && !w.ended) || w.malformed;
   };
-  CallSpec spec{"/v3/watch", watch_delete_body(key, start_revision), d, true, enough, &raw};
-  spec.server_timeout_ns = d.at_ns - clock_.now_ns();
+  const CallSpec spec{.path = "/v3/watch",
+                      .body = watch_delete_body(key, start_revision),
+                      .deadline = d,
+                      .timeout_ends = true,
+                      .enough = enough,
+                      .raw = &raw,
+                      .server_timeout_ns = d.at_ns - clock_.now_ns()};
   Result<Json> answer = call(spec);
   Result<bool> r;
   r.status = answer.status;

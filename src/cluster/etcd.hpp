@@ -31,7 +31,6 @@
 
 namespace looplock::etcd {
 
-
 // Standard base64 (RFC 4648, with padding), as the gateway encodes bytes.
 std::string base64_encode(std::string_view bytes);
 std::optional<std::string> base64_decode(std::string_view text);
@@ -339,6 +338,15 @@ private:
     std::string* raw = nullptr;       // receives the whole body (a stream's lines)
     long long server_timeout_ns = 0;  // Request::server_timeout_ns
   };
+  // A call of one answer (not a stream): retried on the next endpoint until
+  // the deadline.
+  static CallSpec unary(std::string_view path, std::string body, Deadline deadline) {
+    CallSpec s;
+    s.path = path;
+    s.body = std::move(body);
+    s.deadline = deadline;
+    return s;
+  }
   // What the attempts of one call found so far.
   struct CallProgress {
     std::vector<std::string> last_error;  // per endpoint

@@ -42,17 +42,19 @@ void EtcdKind::confirm_outer(const Options& o, const LockTarget& target, const E
                                  {sys::monotonic_ns() + 5'000'000'000LL, lease_timing::attempt_ns(o.ttl_s)});
     if (why.empty()) return;
     if (why.starts_with("cannot read it")) {
-      throw Fatal(exit_code::kClusterUnavailable, "cannot confirm that the outer looplock holds cluster lock " +
-                                                       printable(name) + ": " + why,
+      throw Fatal(exit_code::kClusterUnavailable,
+                  "cannot confirm that the outer looplock holds cluster lock " + printable(name) + ": " + why,
                   "The command did not run.");
     }
   }
   throw Fatal(exit_code::kUsage,
               "this looplock runs inside one that holds " + target.loop + "'s lock but not cluster lock " +
-                  printable(name) + " (" + why + "): taking it now, inside the local lock, could wait forever for "
+                  printable(name) + " (" + why +
+                  "): taking it now, inside the local lock, could wait forever for "
                   "a run that holds it and waits for the local one",
-              "Give --etcd (and --lock-name " + printable(name) + ") to the outer looplock; a nested run then runs "
-              "inside both. The command did not run.",
+              "Give --etcd (and --lock-name " + printable(name) +
+                  ") to the outer looplock; a nested run then runs "
+                  "inside both. The command did not run.",
               "nested_cluster_lock");
 }
 
@@ -116,7 +118,7 @@ InspectPart EtcdKind::inspect(const Options& o, const std::string& canonical_dir
   }
   if (read.error.empty()) {
     // The cluster's run ledger (--once-per): one key per operation.
-    auto runs = client.range({etcd::runs_prefix(name), true}, bound);
+    auto runs = client.range({.key = etcd::runs_prefix(name), .prefix = true}, bound);
     Json entries = Json::array();
     if (!runs.ok()) {
       c["runs_error"] = runs.error;

@@ -69,11 +69,13 @@ public:
   }
   void on_replaced(int count, bool dir_moved) override {
     log_.warn("lock_file_replaced",
-              dir_moved ? o_.dir + " was moved, deleted or replaced while looplock waited for its lock; locking the "
-                                   "lock file of the directory now at that path (never move a loop's directory "
-                                   "while it runs)"
-                        : shown_ + " was deleted or replaced while looplock waited for it; locking the new file"
-                                   " (never delete the lock file)",
+              dir_moved ? o_.dir +
+                              " was moved, deleted or replaced while looplock waited for its lock; locking the "
+                              "lock file of the directory now at that path (never move a loop's directory "
+                              "while it runs)"
+                        : shown_ +
+                              " was deleted or replaced while looplock waited for it; locking the new file"
+                              " (never delete the lock file)",
               {{"count", count}});
   }
 
@@ -167,16 +169,22 @@ void LocalLock::write_record() {
   if (file_.read_only) {
     log_.warn("read_only_lock_file",
               shown_ + " is read-only for looplock: the lock is held, but no holder record can be written (" +
-                  (file_.read_only_err == EROFS       ? std::string("its file system is read-only")
+                  (file_.read_only_err == EROFS   ? std::string("its file system is read-only")
                    : file_.st.st_uid == geteuid() ? std::string("chmod u+w it")
                                                   : "its owner, uid " + std::to_string(file_.st.st_uid) +
                                                         ", or root makes it group-writable for a group: chmod g+w") +
                   ")");
     return;
   }
-  record_ = HolderRecord{
-      target_.lock_id,        pid_,         pid_start_, o_.agent, o_.operation, std::string(policy_name(o_.policy)),
-      sys::utc_now_iso8601(), std::nullopt, o_.no_fork};
+  record_ = HolderRecord{.lock_id = target_.lock_id,
+                         .pid = pid_,
+                         .pid_start = pid_start_,
+                         .agent_id = o_.agent,
+                         .operation = o_.operation,
+                         .policy = std::string(policy_name(o_.policy)),
+                         .acquired_at = sys::utc_now_iso8601(),
+                         .released_at = std::nullopt,
+                         .no_fork = o_.no_fork};
   if (!write_holder(file_.fd.get(), *record_)) {
     log_.warn("holder_write_failed", errno_message("cannot write the holder record into " + shown_, errno));
     record_.reset();
