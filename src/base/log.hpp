@@ -19,7 +19,7 @@ public:
   Logger(Verbosity verbosity, LogFormat format, int fd = 2);
 
   // From now on, JSON lines carry "lock_id" (once the run knows it).
-  void set_lock_id(std::string lock_id) const { lock_id_ = std::move(lock_id); }
+  void set_lock_id(std::string lock_id) { lock_id_ = std::move(lock_id); }
 
   // Errors are always printed. `hint` becomes a second line.
   void error(const std::string& event, const std::string& message, const std::string& hint = {},
@@ -53,7 +53,7 @@ private:
   int fd_;
   // Filled in by the run that owns the Logger, once known (a detail of what
   // is printed, not state the run depends on).
-  mutable std::string lock_id_;
+  std::string lock_id_;
 };
 
 }  // namespace looplock

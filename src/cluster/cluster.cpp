@@ -425,7 +425,7 @@ ClusterLock::Step ClusterLock::join(Queue& q, long long step_end) {
   auto t = client_.txn(etcd::queue_txn_body(keys_, holder_value(false), lease_, prefixes_, ledger_key_),
                        {step_end, lease_timing::attempt_ns(ttl_s_)});
   if (!t.ok()) {
-    if (t.status == etcd::Status::Failed && t.code == 5) {  // "requested lease not found": it expired
+    if (t.status == etcd::Status::Failed && t.code == etcd::grpc_code::kNotFound) {  // "requested lease not found": it expired
       lease_ = 0;
       return Step::Again;
     }

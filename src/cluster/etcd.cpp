@@ -402,8 +402,7 @@ WatchProgress parse_watch(std::string_view body) {
       w.canceled = true;
       w.ended = true;
       if (j["error"].is_object()) {
-        constexpr int kDeadlineExceeded = 4;  // gRPC's code
-        w.deadline = j["error"].value("grpc_code", 0) == kDeadlineExceeded ||
+        w.deadline = j["error"].value("grpc_code", 0) == grpc_code::kDeadlineExceeded ||
                      j["error"].value("message", std::string()).find("context deadline exceeded") != std::string::npos;
       }
       w.reason = j["error"].is_object() ? j["error"].value("message", std::string("error")) : "error";
@@ -453,15 +452,6 @@ public:
   }
 };
 
-// gRPC status codes, as the gateway reports them.
-constexpr int kCodeDeadlineExceeded = 4;
-constexpr int kCodeResourceExhausted = 8;
-constexpr int kCodeFailedPrecondition = 9;
-constexpr int kCodeUnavailable = 14;
-constexpr int kCodeUnauthenticated = 16;
-constexpr int kCodeInvalidArgument = 3;
-constexpr int kCodePermissionDenied = 7;
-
 // The first and the largest pause between two rounds over the endpoints.
 constexpr long long kFirstPauseNs = 25'000'000LL;
 constexpr long long kMaxPauseNs = 400'000'000LL;
@@ -498,12 +488,13 @@ int answer_code(const std::optional<Json>& answer) {
 // An error a retry elsewhere (or a moment later) may not meet: no leader,
 // leader changed, request timed out, too many requests, or a proxy's 502-504.
 bool transient(int http_status, int code) {
-  if (code == kCodeUnavailable || code == kCodeDeadlineExceeded || code == kCodeResourceExhausted) return true;
+  if (code == grpc_code::kUnavailable || code == grpc_code::kDeadlineExceeded || code == grpc_code::kResourceExhausted)
+    return true;
   return code == 0 && (http_status == 502 || http_status == 503 || http_status == 504);
 }
 
 bool token_rejected(int code, const std::string& message) {
-  return code == kCodeUnauthenticated || message.find("revision of auth store is old") != std::string::npos;
+  return code == grpc_code::kUnauthenticated || message.find("revision of auth store is old") != std::string::npos;
 }
 
 }  // namespace
@@ -557,13 +548,13 @@ Answer classify_answer(const HttpResponse& resp, const std::string& endpoint) {
   const bool refused = resp.status >= 400 && resp.status < 500;
   if ((!answer && !refused) || transient(resp.status, a.code)) return a;
   a.kind = Answer::Kind::Failed;
-  if (token_rejected(a.code, message)) a.code = kCodeUnauthenticated;
+  if (token_rejected(a.code, message)) a.code = grpc_code::kUnauthenticated;
   if (message.find("CommonName of client sending a request against gateway") != std::string::npos) {
     a.cause = Cause::CommonNameRefused;
-  } else if (a.code == kCodePermissionDenied) {
+  } else if (a.code == grpc_code::kPermissionDenied) {
     a.cause = Cause::PermissionDenied;
   } else if (message.find("user name is empty") != std::string::npos ||
-             (a.code == kCodeInvalidArgument && message.find("authentication failed") != std::string::npos)) {
+             (a.code == grpc_code::kInvalidArgument && message.find("authentication failed") != std::string::npos)) {
     a.cause = Cause::BadCredentials;
   }
   return a;
@@ -701,7 +692,7 @@ bool Client::authenticate(long long deadline_ns, long long attempt_ns, Result<Js
     token_ = std::move(*token);
     return true;
   }
-  if (r.status == Status::Failed && r.code == kCodeFailedPrecondition &&
+  if (r.status == Status::Failed && r.code == grpc_code::kFailedPrecondition &&
       r.error.find("authentication is not enabled") != std::string::npos) {
     auth_disabled_ = true;  // nothing to log in to: requests go without a token
     return true;
@@ -721,7 +712,7 @@ Result<Json> Client::call(const CallSpec& spec) {
     if (!authenticate(spec.deadline.at_ns, spec.deadline.attempt_ns, failure)) return failure;
   }
   Result<Json> r = attempts(spec, auth && !auth_disabled_);
-  if (auth && !auth_disabled_ && r.status == Status::Failed && r.code == kCodeUnauthenticated) {
+  if (auth && !auth_disabled_ && r.status == Status::Failed && r.code == grpc_code::kUnauthenticated) {
     // The token expired (or the member restarted and forgot it): once more with a new one.
     token_.clear();
     Result<Json> failure;
@@ -756,7 +747,6 @@ Result<T> interpret(const Result<Json>& answer, const char* what, Parse parse) {
 
 std::optional<bool> any_answer(const Json&) { return true; }
 std::optional<long long> keepalive_ttl(const Json& answer) { return parse_keepalive_ttl(answer); }
-constexpr int kCodeNotFound = 5;
 
 }  // namespace
 
@@ -771,7 +761,7 @@ Result<long long> Client::lease_keepalive(long long id, Deadline d) {
 
 Result<bool> Client::lease_revoke(long long id, Deadline d) {
   auto r = interpret<bool>(call(unary("/v3/lease/revoke", lease_id_body(id), d)), "revoke", any_answer);
-  if (r.status == Status::Failed && r.code == kCodeNotFound) {
+  if (r.status == Status::Failed && r.code == grpc_code::kNotFound) {
     r.status = Status::Ok;  // gone already: what a revoke wants
     r.value = false;
   }

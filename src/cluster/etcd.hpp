@@ -90,6 +90,18 @@ std::string runs_key(std::string_view name, std::string_view operation);
 std::string lease_hex(long long id);
 
 // A range, as a request of its own or inside a txn.
+// gRPC status codes, as the gateway reports them (a Result's `code`).
+namespace grpc_code {
+inline constexpr int kInvalidArgument = 3;
+inline constexpr int kDeadlineExceeded = 4;
+inline constexpr int kNotFound = 5;  // "requested lease not found", among others
+inline constexpr int kPermissionDenied = 7;
+inline constexpr int kResourceExhausted = 8;
+inline constexpr int kFailedPrecondition = 9;
+inline constexpr int kUnavailable = 14;
+inline constexpr int kUnauthenticated = 16;
+}  // namespace grpc_code
+
 struct RangeQuery {
   std::string key;
   bool prefix = false;  // every key starting with `key`

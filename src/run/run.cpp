@@ -8,8 +8,8 @@
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "base/text.hpp"
-#include "job/spawn.hpp"
 #include "job/next_step.hpp"
+#include "job/spawn.hpp"
 #include "os/procfs.hpp"
 #include "os/sys.hpp"
 #include "records/nesting.hpp"
@@ -36,7 +36,7 @@ Conclusion conclude(const JobEnd& job, bool lease_lost, bool intact) {
   return {{Exit::Kind::LikeWaitStatus, job.status}, outcome};
 }
 
-Run::Run(const Options& options, const Context& context, const Logger& log, RunFacts& facts, StackFactory stack,
+Run::Run(const Options& options, const Context& context, Logger& log, RunFacts& facts, StackFactory stack,
          JobRunner& jobs)
     : o_(options),
       ctx_(context),
@@ -184,7 +184,8 @@ Conclusion Run::release(const JobEnd& job) {
   // The run's end, in the ledger, under the locks; a lost lease's run does
   // not count.
   if (!job.lease_lost) {
-    once_per_.record_end(locks_, job.ended_by == JobEnd::EndedBy::MaxTime ? exit_code::kMaxTime : shell_status(job.status));
+    once_per_.record_end(locks_,
+                         job.ended_by == JobEnd::EndedBy::MaxTime ? exit_code::kMaxTime : shell_status(job.status));
   }
   Ending ending{job, std::nullopt, true, false};
   for (auto it = locks_.rbegin(); it != locks_.rend(); ++it) (*it)->release(ending);

@@ -58,7 +58,7 @@ class Run {
 public:
   // `stack` builds the locks (build_stack() but in Run's unit tests), `jobs`
   // runs the command.
-  Run(const Options& options, const Context& context, const Logger& log, RunFacts& facts, StackFactory stack,
+  Run(const Options& options, const Context& context, Logger& log, RunFacts& facts, StackFactory stack,
       JobRunner& jobs);
   // The script. Returns how looplock ends; throws Fatal for an error.
   Exit run();
@@ -80,7 +80,7 @@ private:
   const Context& ctx_;
   StackFactory stack_;
   JobRunner& jobs_;
-  const Logger& log_;
+  Logger& log_;  // the run sets its lock id once DIR is known
   RunFacts& facts_;
   Reporter reporter_;
   InheritedSignals inherited_;

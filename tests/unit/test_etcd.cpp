@@ -402,7 +402,7 @@ TEST_CASE("client: transient errors go to the next member; definitive ones end t
   CHECK(t.calls[1].url.starts_with("http://10.0.0.2"));
   auto a = c.txn("{}", {clock.t + kSec, 0});
   CHECK(a.status == Status::Failed);
-  CHECK(a.code == 5);
+  CHECK(a.code == grpc_code::kNotFound);
   CHECK(a.error.find("HTTP 404: etcdserver: requested lease not found") != std::string::npos);
   auto b = c.lease_keepalive(7, {clock.t + kSec, 0});  // a stream's error frame
   CHECK(b.status == Status::Failed);

@@ -185,7 +185,7 @@ Outcome run_with(const Options& o, const testutil::TempDir& dir, FakeLock::Scrip
   const int log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   REQUIRE(log_fd >= 0);
   {
-    const Logger log(Verbosity::Normal, LogFormat::Json, log_fd);
+    Logger log(Verbosity::Normal, LogFormat::Json, log_fd);
     const Context ctx{.env = {"PATH=/usr/bin:/bin"},
                       .pid = getpid(),
                       .start_ns = sys::monotonic_ns(),
@@ -359,7 +359,7 @@ TEST_CASE("Run, a job that cannot start: the locks are let go (abandoned) and th
   testutil::SignalStateGuard signals;
   FakeLock::Calls calls;
   RunFacts facts;
-  const Logger log(Verbosity::Quiet, LogFormat::Json, -1);
+  Logger log(Verbosity::Quiet, LogFormat::Json, -1);
   const Context ctx{.env = {}, .pid = getpid(), .start_ns = sys::monotonic_ns(), .start_wall_ms = sys::realtime_ms()};
   FakeJobs jobs(ended(0));
   auto factory = [&](const StackSite&) {
