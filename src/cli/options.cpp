@@ -12,8 +12,8 @@
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "cli/option_table.hpp"
-#include "cluster/etcd.hpp"
 #include "job/signals.hpp"
+#include "settings/endpoints.hpp"
 #include "settings/lease_timing.hpp"
 
 namespace looplock {

@@ -89,7 +89,6 @@ std::string runs_key(std::string_view name, std::string_view operation);
 // part of the lock key.
 std::string lease_hex(long long id);
 
-// A range, as a request of its own or inside a txn.
 // gRPC status codes, as the gateway reports them (a Result's `code`).
 namespace grpc_code {
 inline constexpr int kInvalidArgument = 3;
@@ -102,6 +101,7 @@ inline constexpr int kUnavailable = 14;
 inline constexpr int kUnauthenticated = 16;
 }  // namespace grpc_code
 
+// A range, as a request of its own or inside a txn.
 struct RangeQuery {
   std::string key;
   bool prefix = false;  // every key starting with `key`

@@ -70,7 +70,7 @@ public:
   // As run_command().
   virtual JobEnd run(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log, pid_t self) = 0;
   // As exec_command(): returns only by throwing.
-  virtual void exec(const CommandSpec& spec, const InheritedSignals& inherited) = 0;
+  [[noreturn]] virtual void exec(const CommandSpec& spec, const InheritedSignals& inherited) = 0;
 };
 
 class ProcessJobs final : public JobRunner {
@@ -78,7 +78,9 @@ public:
   JobEnd run(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log, pid_t self) override {
     return run_command(spec, inherited, log, self);
   }
-  void exec(const CommandSpec& spec, const InheritedSignals& inherited) override { exec_command(spec, inherited); }
+  [[noreturn]] void exec(const CommandSpec& spec, const InheritedSignals& inherited) override {
+    exec_command(spec, inherited);
+  }
 };
 
 // The status and message for an exec(2) errno: 127 when not found, else 126.

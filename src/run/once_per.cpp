@@ -131,13 +131,16 @@ std::optional<WaitPlan> OncePer::wait_for_run(const RunEntry& run, const Blocker
 // Holding every lock: the locked reads decide. A run that had the slot
 // skips (the locks are let go); otherwise this run's start is recorded in
 // each ledger (etcd first) before the command starts.
-bool OncePer::claim(const Locks& locks) {
+bool OncePer::claim(const Locks& locks, const std::function<void()>& let_go) {
   if (!o_.once_per_ns) return false;
   for (const auto& lock : locks) {
     Ledger* l = lock->ledger();
     if (!l) continue;
     const LedgerLook look = l->look(o_.operation, true);
-    if (counts(look, *l, true)) return already_run(*look.entry, nullptr, *l);
+    if (counts(look, *l, true)) {
+      let_go();
+      return already_run(*look.entry, nullptr, *l);
+    }
   }
   const RunEntry me = this_run();
   for (const auto& lock : locks) {

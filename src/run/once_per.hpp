@@ -10,6 +10,7 @@
 // said (noop-already-run) before it is returned.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,9 +41,10 @@ public:
     std::optional<WaitPlan> more;
   };
   Step on_conflict(Lock& lock, const Blocker& b, bool waited_for_run, long long wait_start_ns) const;
-  // Holding every lock: true when a run had the slot (the skip was said);
-  // else this run's start is recorded (Fatal when it cannot be).
-  bool claim(const Locks& locks);
+  // Holding every lock: true when a run had the slot (the skip was said,
+  // once `let_go` has let the locks go); else this run's start is recorded
+  // (Fatal when it cannot be).
+  bool claim(const Locks& locks, const std::function<void()>& let_go);
   // The end of a run claim() recorded, with its exit status.
   void record_end(const Locks& locks, int status);
 

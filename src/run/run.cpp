@@ -193,15 +193,14 @@ Conclusion Run::release(const JobEnd& job) {
   return conclude(job, ending.lease_lost, ending.intact);
 }
 
-// Holding every lock, the slot's run: a skip lets the locks go.
+// Holding every lock, the slot's run: a skip lets the locks go, then says so.
 std::optional<Conclusion> Run::claim_slot() {
   try {
-    if (!once_per_.claim(locks_)) return std::nullopt;
+    if (!once_per_.claim(locks_, [this] { abandon_locks(); })) return std::nullopt;
   } catch (const Fatal&) {
     abandon_locks();
     throw;
   }
-  abandon_locks();
   return skipped();
 }
 

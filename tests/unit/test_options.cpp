@@ -7,18 +7,19 @@
 #include <string>
 #include <vector>
 
+#include "base/duration.hpp"
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "cli/option_table.hpp"
 
 using looplock::Environment;
 using looplock::Fatal;
+using looplock::kSec;
 using looplock::Options;
 using looplock::parse_options;
 
 namespace {
 
-constexpr long long kSec = 1'000'000'000LL;
 
 Environment test_env(std::optional<std::string> agent = std::nullopt) {
   Environment e;

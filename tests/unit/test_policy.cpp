@@ -4,11 +4,13 @@
 
 #include <string>
 
+#include "base/duration.hpp"
+
+using looplock::kSec;
 using looplock::Policy;
 using looplock::WaitPlan;
 
 namespace {
-constexpr long long kSec = 1'000'000'000LL;
 bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
 }  // namespace
 

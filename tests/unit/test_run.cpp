@@ -78,12 +78,16 @@ class FakeLock final : public Lock {
 public:
   struct Script {
     std::deque<Acquisition> answers{Acquisition::Acquired};  // one per acquire(); the last repeats
-    std::optional<RunEntry> ledger_entry;                     // its ledger's entry (a ledger when set)
-    bool lease_lost_at_release = false;                       // the job lost this lock's lease
-    bool replaced_at_release = false;                         // the release finds the lock file replaced
+    std::optional<RunEntry> ledger_entry;                    // its ledger's entry (a ledger when set)
+    bool lease_lost_at_release = false;                      // the job lost this lock's lease
+    bool replaced_at_release = false;                        // the release finds the lock file replaced
+    bool ledger_locked_only = false;  // its ledger shows the entry only to a locked read (a run that just ended)
+    std::string log_path;             // where the run's lines go: abandon() notes whether the skip was said yet
   };
   struct Calls {
     int acquire = 0, exported = 0, released = 0, abandoned = 0, starts = 0, ends = 0;
+    std::optional<int> end_status;  // the exit status the last recorded end carried
+    bool skip_said_before_let_go = false;
   };
 
   FakeLock(Script script, Calls& calls) : s_(std::move(script)), calls_(calls) {}
@@ -112,7 +116,13 @@ public:
     if (s_.lease_lost_at_release) ending.lease_lost = true;
     if (s_.replaced_at_release) ending.intact = false;
   }
-  void abandon() override { ++calls_.abandoned; }
+  void abandon() override {
+    ++calls_.abandoned;
+    if (!s_.log_path.empty()) {
+      calls_.skip_said_before_let_go =
+          testutil::slurp(s_.log_path).value_or("").find("noop-already-run") != std::string::npos;
+    }
+  }
   Ledger* ledger() override { return s_.ledger_entry ? &ledger_ : nullptr; }
 
 private:
@@ -120,10 +130,14 @@ private:
   class FakeLedger final : public Ledger {
   public:
     FakeLedger(const Script& s, Calls& calls) : s_(s), calls_(calls) {}
-    LedgerLook look(const std::string& /*operation*/, bool /*locked*/) override { return {.entry = s_.ledger_entry}; }
+    LedgerLook look(const std::string& /*operation*/, bool locked) override {
+      if (s_.ledger_locked_only && !locked) return {};
+      return {.entry = s_.ledger_entry};
+    }
     void record_start(const RunEntry& /*entry*/) override { ++calls_.starts; }
-    bool record_end(const RunEntry& /*entry*/) override {
+    bool record_end(const RunEntry& entry) override {
       ++calls_.ends;
+      calls_.end_status = entry.exit_status;
       return true;
     }
     std::string name() const override { return "the fake ledger"; }
@@ -149,7 +163,7 @@ public:
     env = spec.env;
     return end_;
   }
-  void exec(const CommandSpec& /*spec*/, const InheritedSignals& /*inherited*/) override {
+  [[noreturn]] void exec(const CommandSpec& /*spec*/, const InheritedSignals& /*inherited*/) override {
     throw Fatal(exit_code::kOsError, "the fake cannot exec");
   }
   int runs = 0;
@@ -240,11 +254,14 @@ RunEntry tick_run(long long ago_ms) {
   return e;
 }
 
-bool has(const std::vector<std::string>& v, const std::string& s) { return std::find(v.begin(), v.end(), s) != v.end(); }
+bool has(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
 
 }  // namespace
 
-TEST_CASE("Run, the lock acquired: the job runs under it, is given what the lock exports, and its status is looplock's") {
+TEST_CASE(
+    "Run, the lock acquired: the job runs under it, is given what the lock exports, and its status is looplock's") {
   testutil::TempDir dir;
   const Outcome r = run_with(options_for(dir), dir, {}, ended(3 << 8));
   CHECK(r.exit.kind == Exit::Kind::LikeWaitStatus);
@@ -323,6 +340,25 @@ TEST_CASE("Run, the ledger says this slot ran: the slot's skip before any wait, 
   CHECK(r.log.find("the fake ledger") != std::string::npos);
 }
 
+TEST_CASE("Run, the slot's run found once the locks are held: the locks are let go, then the skip is said") {
+  testutil::TempDir dir;
+  Options o = options_for(dir);
+  o.once_per_ns = 3'600'000'000'000LL;
+  FakeLock::Script script = with_ledger(tick_run(60'000));
+  script.ledger_locked_only = true;
+  script.log_path = dir / "log.jsonl";
+  const Outcome r = run_with(o, dir, script, ended(0));
+  CHECK(r.exit.value == 0);
+  CHECK(r.facts.outcome == RunOutcome::Skipped);
+  CHECK(r.calls.acquire == 1);
+  CHECK(r.calls.abandoned == 1);
+  CHECK(r.calls.released == 0);
+  CHECK(r.calls.starts == 0);
+  CHECK(r.job_runs == 0);
+  CHECK(r.log.find("\"event\":\"noop-already-run\"") != std::string::npos);
+  CHECK_FALSE(r.calls.skip_said_before_let_go);
+}
+
 TEST_CASE("Run, the release finds the lock file replaced: a success becomes 74, a failure keeps its status") {
   testutil::TempDir dir;
   FakeLock::Script replaced;
@@ -340,11 +376,15 @@ TEST_CASE("Run, the job ended by --max-time: 124, its row, and the end recorded 
   testutil::TempDir dir;
   Options o = options_for(dir);
   o.limits.max_time_ns = 2'000'000'000LL;
+  o.once_per_ns = 3'600'000'000'000LL;
   JobEnd job = ended(SIGTERM);
   job.ended_by = JobEnd::EndedBy::MaxTime;
-  const Outcome r = run_with(o, dir, {}, job);
+  const Outcome r = run_with(o, dir, with_ledger(tick_run(2 * 3'600'000LL)), job);
   CHECK(r.exit.kind == Exit::Kind::ExitStatus);
   CHECK(r.exit.value == exit_code::kMaxTime);
+  CHECK(r.calls.starts == 1);
+  CHECK(r.calls.ends == 1);
+  CHECK(r.calls.end_status == exit_code::kMaxTime);
   CHECK(r.facts.outcome == RunOutcome::MaxTime);
   CHECK(r.calls.released == 1);
   CHECK(r.log.find("\"event\":\"max_time_exceeded\"") != std::string::npos);

@@ -4,8 +4,11 @@
 
 #include <string>
 
+#include "base/duration.hpp"
+
+using looplock::kSec;
+
 namespace {
-constexpr long long kSec = 1'000'000'000LL;
 const std::string kWho = "pid 123 (flock): no looplock record";
 const std::string kPath = "/srv/loops/nightly-build/.state.lock";
 }  // namespace
