@@ -723,10 +723,10 @@ Result<Json> Client::call(const CallSpec& spec) {
 }
 
 namespace {
-// A call's answer as a typed result: `parse` gives the value (nullopt: the
-// answer is malformed); a failed call's status, error and cause carry over.
-template <typename T, typename Parse>
-Result<T> interpret(const Result<Json>& answer, const char* what, Parse parse) {
+// A call's outcome carried over to a typed result, its value still to be
+// read from the answer: status, error, cause, code, and when it was sent.
+template <typename T>
+Result<T> carried(const Result<Json>& answer) {
   Result<T> r;
   r.status = answer.status;
   r.error = answer.error;
@@ -734,6 +734,14 @@ Result<T> interpret(const Result<Json>& answer, const char* what, Parse parse) {
   r.cause_endpoint = answer.cause_endpoint;
   r.code = answer.code;
   r.sent_ns = answer.sent_ns;
+  return r;
+}
+
+// A call's answer as a typed result: `parse` gives the value (nullopt: the
+// answer is malformed); a failed call's status, error and cause carry over.
+template <typename T, typename Parse>
+Result<T> interpret(const Result<Json>& answer, const char* what, Parse parse) {
+  Result<T> r = carried<T>(answer);
   if (!answer.ok()) return r;
   std::optional<T> value = parse(answer.value);
   if (!value) {
@@ -792,12 +800,7 @@ Result<bool> Client::watch_delete(std::string_view key, long long start_revision
                       .raw = &raw,
                       .server_timeout_ns = d.at_ns - clock_.now_ns()};
   Result<Json> answer = call(spec);
-  Result<bool> r;
-  r.status = answer.status;
-  r.error = answer.error;
-  r.cause = answer.cause;
-  r.cause_endpoint = answer.cause_endpoint;
-  r.code = answer.code;
+  Result<bool> r = carried<bool>(answer);
   if (!answer.ok()) return r;
   WatchProgress w = parse_watch(raw);
   // Nothing decided on a whole line: the stream ended by itself, and its

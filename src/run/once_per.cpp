@@ -15,7 +15,7 @@ namespace {
 
 // A dead holder's lease lives at most its TTL: the extra wait for it to
 // expire, and for the queue to move.
-constexpr long long kLeaseSlackNs = 2'000'000'000LL;
+constexpr long long kLeaseSlackNs = 2 * kSec;
 
 }  // namespace
 
@@ -32,7 +32,7 @@ RunEntry OncePer::this_run() const {
   e.pid = ctx_.pid;
   e.agent = o_.agent;
   e.started_ms = ctx_.start_wall_ms;
-  e.once_per_ms = *o_.once_per_ns / 1'000'000;
+  e.once_per_ms = *o_.once_per_ns / kMs;
   e.pid_start = procfs::own_start().value_or("");
   e.boot_id = procfs::boot_id();
   e.pid_ns = procfs::pid_namespace();
@@ -48,12 +48,13 @@ bool OncePer::counts(const LedgerLook& look, const Ledger& l, bool locked) const
   const std::string ledger = l.name();
   if (look.damaged && locked) {
     log_.warn("ledger_damaged",
-              look.whole ? ledger + " is not a run ledger (a write cut short, or another file): no operation's entry "
-                                    "counts, so each may run again in its slot; this run rewrites it"
+              look.whole ? ledger +
+                               " is not a run ledger (a write cut short, or another file): no operation's entry "
+                               "counts, so each may run again in its slot; this run rewrites it"
                          : ledger + ": the entry of " + quote(o_.operation) +
                                " is damaged; it does not count, and this run rewrites it");
   }
-  const SlotVerdict v = judge_slot(look.entry, ctx_.start_wall_ms, *o_.once_per_ns / 1'000'000);
+  const SlotVerdict v = judge_slot(look.entry, ctx_.start_wall_ms, *o_.once_per_ns / kMs);
   if ((v.slot == Slot::Damaged && locked) || (v.ahead_ms > 0 && v.slot == Slot::Done)) {
     const bool counted = v.slot != Slot::Damaged;
     // One host's entry ahead of its own clock: that clock was set back.
@@ -61,9 +62,9 @@ bool OncePer::counts(const LedgerLook& look, const Ledger& l, bool locked) const
                                 ? "this host's clock was set back by about that much since that run started"
                                 : "the hosts' clocks differ by that much";
     log_.warn("ledger_ahead",
-              ledger + ": the last run of " + quote(o_.operation) + " started " +
-                  format_duration(v.ahead_ms * 1'000'000) + " after this looplock started, by this host's clock: " +
-                  why + "; " + (counted ? "it counts (it is within --once-per)" : "it does not count (beyond --once-per)"),
+              ledger + ": the last run of " + quote(o_.operation) + " started " + format_duration(v.ahead_ms * kMs) +
+                  " after this looplock started, by this host's clock: " + why + "; " +
+                  (counted ? "it counts (it is within --once-per)" : "it does not count (beyond --once-per)"),
               {{"ahead_ms", v.ahead_ms}, {"counted", counted}});
   }
   return v.slot == Slot::Done;
@@ -94,9 +95,10 @@ OncePer::SlotConflict OncePer::slot_conflict(Ledger& l, const Blocker& b) const 
   const LedgerLook look = l.look(o_.operation, false);
   if (!look.answered || !look.entry) return {};
   const RunEntry& e = *look.entry;
-  const SlotVerdict v = judge_slot(e, ctx_.start_wall_ms, *o_.once_per_ns / 1'000'000);
+  const SlotVerdict v = judge_slot(e, ctx_.start_wall_ms, *o_.once_per_ns / kMs);
   if (v.slot == Slot::Done && counts(look, l, false)) return {e, std::nullopt};
-  const bool holder = std::any_of(b.holder_ids.begin(), b.holder_ids.end(), [&](const HolderId& h) { return h.names(e); });
+  const bool holder =
+      std::any_of(b.holder_ids.begin(), b.holder_ids.end(), [&](const HolderId& h) { return h.names(e); });
   if (v.slot == Slot::Running && holder) return {std::nullopt, e};
   return {};
 }
@@ -112,9 +114,10 @@ std::optional<WaitPlan> OncePer::wait_for_run(const RunEntry& run, const Blocker
   long long until = later(ctx_.start_ns, *o_.once_per_ns);
   const bool dead = runner_proven_dead(run);
   if (dead) {
-    const auto h = std::find_if(b.holder_ids.begin(), b.holder_ids.end(), [&](const HolderId& x) { return x.names(run); });
+    const auto h =
+        std::find_if(b.holder_ids.begin(), b.holder_ids.end(), [&](const HolderId& x) { return x.names(run); });
     if (h != b.holder_ids.end() && h->lease_ttl_s > 0) {
-      until = std::min(until, later(now, static_cast<long long>(h->lease_ttl_s) * 1'000'000'000LL + kLeaseSlackNs));
+      until = std::min(until, later(now, static_cast<long long>(h->lease_ttl_s) * kSec + kLeaseSlackNs));
     }
   }
   if ((!dead && o_.policy == Policy::SingleFlight) || now >= until) return std::nullopt;
