@@ -1,7 +1,5 @@
 #include "base/log.hpp"
 
-#include <unistd.h>
-
 #include "os/sys.hpp"
 
 namespace looplock {
@@ -13,7 +11,7 @@ std::string Logger::format_line(const char* level, const std::string& event, con
   if (format_ == LogFormat::Json) {
     Json j = Json::object();
     j["ts"] = sys::utc_now_iso8601();
-    j["pid"] = static_cast<long>(getpid());  // asked here: most runs write no JSON line
+    j["pid"] = static_cast<long>(sys::own_pid());  // asked here: most runs write no JSON line
     j["level"] = level;
     j["event"] = event;
     if (!lock_id_.empty()) j["lock_id"] = lock_id_;

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "os/ids.hpp"
+
 namespace looplock {
 
 namespace {
@@ -120,16 +122,15 @@ std::string octal_mode(unsigned mode) {
   return buf;
 }
 
-std::string pids_text(const std::vector<pid_t>& pids) {
+std::string pids_text(const std::vector<Pid>& pids) {
   std::string out = pids.size() > 1 ? "pids " : "pid ";
   for (size_t i = 0; i < pids.size(); ++i) out += (i > 0 ? ", " : "") + std::to_string(pids[i]);
   return out;
 }
 
-std::string pids_text(const std::vector<pid_t>& pids, std::string_view one, std::string_view many) {
+std::string pids_text(const std::vector<Pid>& pids, std::string_view one, std::string_view many) {
   return pids_text(pids) + " " + std::string(pids.size() > 1 ? many : one);
 }
-
 
 bool valid_utf8(std::string_view text) {
   for (size_t i = 0; i < text.size();) {

@@ -2,12 +2,12 @@
 // and the one quoting rule for operands in messages.
 #pragma once
 
-#include <sys/types.h>
-
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include "os/ids.hpp"
 
 namespace looplock {
 
@@ -33,8 +33,8 @@ std::string shell_word(std::string_view text);
 
 // "pid 1" or "pids 1, 2"; with `verb` ("holds"/"hold", "is"/"are") the form
 // that agrees: pids_text({1, 2}, "is", "are") is "pids 1, 2 are".
-std::string pids_text(const std::vector<pid_t>& pids);
-std::string pids_text(const std::vector<pid_t>& pids, std::string_view one, std::string_view many);
+std::string pids_text(const std::vector<Pid>& pids);
+std::string pids_text(const std::vector<Pid>& pids, std::string_view one, std::string_view many);
 
 // A file mode's permission bits as chmod(1) takes them: "0640", "2770".
 std::string octal_mode(unsigned mode);

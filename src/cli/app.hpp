@@ -4,8 +4,6 @@
 // catch maps an error to its exit status.
 #pragma once
 
-#include <sys/types.h>
-
 #include "run/run.hpp"
 
 namespace looplock {

@@ -10,6 +10,7 @@
 #include "base/environment.hpp"
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
+#include "os/ids.hpp"
 #include "os/procfs.hpp"
 #include "os/sys.hpp"
 #include "records/lock_id.hpp"
@@ -19,7 +20,6 @@
 namespace looplock {
 
 namespace {
-
 
 std::string ms_text(long long ms) { return format_duration(ms * kMs); }
 
@@ -35,10 +35,10 @@ const char* read_state_name(HolderRead::State s) {
 
 // The pids /proc/locks names: a holder's own, or the one that locked the
 // descriptor it holds the lock through.
-std::vector<pid_t> kernel_named(const std::vector<LockHolder>& holders) {
-  std::vector<pid_t> out;
+std::vector<Pid> kernel_named(const std::vector<LockHolder>& holders) {
+  std::vector<Pid> out;
   for (const auto& h : holders) {
-    const pid_t p = h.locked_by != 0 ? h.locked_by : h.pid;
+    const Pid p = h.locked_by != 0 ? h.locked_by : h.pid;
     if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
   }
   return out;
@@ -100,7 +100,7 @@ Json report_json(const InspectFacts& facts, const Verdict& v) {
   const bool held = v.state == LockState::Held;
   const bool known = f.kernel_unknown.empty();
   const HolderRecord* rec = v.read ? &*v.read : nullptr;
-  const std::vector<pid_t> named = kernel_named(v.holders);
+  const std::vector<Pid> named = kernel_named(v.holders);
 
   Json j = Json::object();
   j["lock_file"] = f.lock_path;
@@ -168,7 +168,7 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
   const bool held = v.state == LockState::Held;
   const bool known = f.kernel_unknown.empty();
   const HolderRecord* rec = v.read ? &*v.read : nullptr;
-  const std::vector<pid_t> named = kernel_named(v.holders);
+  const std::vector<Pid> named = kernel_named(v.holders);
   std::string t;
   auto line = [&](const char* label, const std::string& value) {
     char head[16];

@@ -15,6 +15,7 @@
 #include "base/log.hpp"
 #include "cli/lock_files.hpp"
 #include "cli/options.hpp"
+#include "os/ids.hpp"
 #include "records/incident.hpp"
 #include "records/ledger.hpp"
 #include "records/verdict.hpp"
@@ -29,7 +30,7 @@ struct InspectFacts {
   IncidentSummary incidents;
   // The processes waiting for the lock (the kernel's blocked requests).
   struct Waiter {
-    pid_t pid = 0;
+    Pid pid = 0;
     bool exclusive = true;
     std::string command;                  // base name (/proc/PID/comm), or "?"
     std::optional<std::string> agent_id;  // a looplock waiter's, when it can be read

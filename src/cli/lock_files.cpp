@@ -8,6 +8,7 @@
 #include <cerrno>
 
 #include "base/text.hpp"
+#include "os/ids.hpp"
 #include "os/unique_fd.hpp"
 #include "records/incident.hpp"
 #include "records/ledger.hpp"
@@ -37,7 +38,7 @@ bool read_only(int dirfd) { return faccessat(dirfd, ".", W_OK, AT_EACCESS) != 0 
 
 // DIR/.state.lock missing where a run cannot create it, or one the caller
 // cannot open: every run exits 73.
-void judge_lock_file(const LockDir& dir, uid_t euid, std::vector<FileProblem>& out) {
+void judge_lock_file(const LockDir& dir, Uid euid, std::vector<FileProblem>& out) {
   struct stat st {};
   const std::string path = in(dir.path, kLockName);
   if (fstatat(dir.fd.get(), kLockName, &st, AT_SYMLINK_NOFOLLOW) == 0) {
@@ -61,16 +62,16 @@ void judge_lock_file(const LockDir& dir, uid_t euid, std::vector<FileProblem>& o
 
 // Whether the caller may replace `file` in DIR by a rename: DIR writable
 // and searchable, and, when it is sticky, the file or DIR the caller's.
-bool may_replace(int dirfd, const struct stat& dir, const struct stat& file, uid_t euid) {
+bool may_replace(int dirfd, const struct stat& dir, const struct stat& file, Uid euid) {
   if (faccessat(dirfd, ".", W_OK | X_OK, AT_EACCESS) != 0) return false;
   return !(dir.st_mode & S_ISVTX) || euid == 0 || file.st_uid == euid || dir.st_uid == euid;
 }
 
 // Whether the caller is a member of group `gid` (its effective group or a
 // supplementary one).
-bool in_group(gid_t gid) {
+bool in_group(Gid gid) {
   if (getegid() == gid) return true;
-  gid_t groups[256];
+  Gid groups[256];
   const int n = getgroups(256, groups);
   return n > 0 && std::find(groups, groups + n, gid) != groups + n;
 }
@@ -78,7 +79,7 @@ bool in_group(gid_t gid) {
 // The fix of a file a group cannot share, for whoever can make it: its owner
 // (or root) opens its mode to its group (and gives it the directory's group
 // when it has another); a caller outside that group runs as a member.
-std::string share_fix(const std::string& path, const struct stat& st, const struct stat& dir, uid_t euid) {
+std::string share_fix(const std::string& path, const struct stat& st, const struct stat& dir, Uid euid) {
   std::string commands = "chmod g+rw " + path;
   if (st.st_gid != dir.st_gid) commands = "chgrp " + std::to_string(dir.st_gid) + " " + path + "; " + commands;
   if (euid == 0 || st.st_uid == euid) {
@@ -93,7 +94,7 @@ std::string share_fix(const std::string& path, const struct stat& st, const stru
          "read and write it (" + commands + "), or run every writer as one user.";
 }
 
-void judge_ledger(const LockDir& dir, uid_t euid, std::vector<FileProblem>& out) {
+void judge_ledger(const LockDir& dir, Uid euid, std::vector<FileProblem>& out) {
   struct stat st {};
   if (fstatat(dir.fd.get(), kRunsName, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
   const std::string path = in(dir.path, kRunsName);
@@ -115,7 +116,7 @@ void judge_ledger(const LockDir& dir, uid_t euid, std::vector<FileProblem>& out)
   }
 }
 
-void judge_incidents(const LockDir& dir, uid_t euid, std::vector<FileProblem>& out) {
+void judge_incidents(const LockDir& dir, Uid euid, std::vector<FileProblem>& out) {
   const std::string path = in(dir.path, kIncidentsName);
   const std::string lost = "every incident row is lost (one warning each time): ";
   if (read_only(dir.fd.get())) {
@@ -143,7 +144,7 @@ void judge_incidents(const LockDir& dir, uid_t euid, std::vector<FileProblem>& o
 
 }  // namespace
 
-std::vector<FileProblem> judge_lock_files(const LockDir& dir, uid_t euid) {
+std::vector<FileProblem> judge_lock_files(const LockDir& dir, Uid euid) {
   std::vector<FileProblem> out;
   judge_lock_file(dir, euid, out);
   judge_ledger(dir, euid, out);
@@ -151,7 +152,7 @@ std::vector<FileProblem> judge_lock_files(const LockDir& dir, uid_t euid) {
   return out;
 }
 
-std::vector<FileProblem> judge_metrics_files(const std::string& metrics_dir, const std::string& lock_id, uid_t euid) {
+std::vector<FileProblem> judge_metrics_files(const std::string& metrics_dir, const std::string& lock_id, Uid euid) {
   std::vector<FileProblem> out;
   const std::string cannot = "your runs cannot update the metrics (a metrics_write_failed warning each run): ";
   UniqueFd fd(open(metrics_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));

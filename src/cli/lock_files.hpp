@@ -6,11 +6,10 @@
 // each file itself when it uses it.
 #pragma once
 
-#include <sys/types.h>
-
 #include <string>
 #include <vector>
 
+#include "os/ids.hpp"
 #include "records/lockfile.hpp"
 
 namespace looplock {
@@ -25,12 +24,12 @@ struct FileProblem {
 // system, a DIR the caller may not write), DIR/.state.lock.runs.json and
 // DIR/.state.lock.incidents.jsonl, for a run by `euid`. Another file that
 // does not exist is no problem (a run creates it).
-std::vector<FileProblem> judge_lock_files(const LockDir& dir, uid_t euid);
+std::vector<FileProblem> judge_lock_files(const LockDir& dir, Uid euid);
 
 // METRICS-DIR/looplock_<lock_id>.prom and its update lock, for a run by
 // `euid`: the directory missing or not writable, an update lock the caller
 // cannot open or that any user can hold, a file the collector (another
 // user) cannot read.
-std::vector<FileProblem> judge_metrics_files(const std::string& metrics_dir, const std::string& lock_id, uid_t euid);
+std::vector<FileProblem> judge_metrics_files(const std::string& metrics_dir, const std::string& lock_id, Uid euid);
 
 }  // namespace looplock

@@ -5,6 +5,7 @@
 #include "base/text.hpp"
 #include "cluster/cluster.hpp"
 #include "cluster/etcd_lock.hpp"
+#include "os/ids.hpp"
 #include "os/sys.hpp"
 #include "records/ledger.hpp"
 #include "records/verdict.hpp"
@@ -12,7 +13,7 @@
 
 namespace looplock {
 
-std::unique_ptr<Lock> EtcdKind::make(const Options& o, const LockTarget& target, pid_t pid, const Logger& log,
+std::unique_ptr<Lock> EtcdKind::make(const Options& o, const LockTarget& target, Pid pid, const Logger& log,
                                      const Reporter& reporter) {
   return std::make_unique<EtcdLock>(o, pid, log, reporter, transport_, target);
 }

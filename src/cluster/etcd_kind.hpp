@@ -6,6 +6,7 @@
 
 #include "cluster/etcd.hpp"
 #include "lock/lock_kind.hpp"
+#include "os/ids.hpp"
 
 namespace looplock {
 
@@ -14,7 +15,7 @@ public:
   explicit EtcdKind(etcd::Transport& transport) : transport_(transport) {}
 
   std::string key() const override { return "cluster"; }
-  std::unique_ptr<Lock> make(const Options& o, const LockTarget& target, pid_t pid, const Logger& log,
+  std::unique_ptr<Lock> make(const Options& o, const LockTarget& target, Pid pid, const Logger& log,
                              const Reporter& reporter) override;
   void confirm_outer(const Options& o, const LockTarget& target, const EnvList& env, long long outer_pid,
                      const Logger& log) override;

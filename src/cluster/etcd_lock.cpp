@@ -4,6 +4,7 @@
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "cluster/etcd.hpp"
+#include "os/ids.hpp"
 #include "os/procfs.hpp"
 #include "os/sys.hpp"
 #include "records/verdict.hpp"
@@ -15,7 +16,7 @@ constexpr long long kLedgerNs = 5'000'000'000LL;  // a read or write of the run 
 constexpr long long kPeekNs = 1'000'000'000LL;    // a look at it without the lock
 }  // namespace
 
-EtcdLock::EtcdLock(const Options& options, pid_t pid, const Logger& log, const Reporter& reporter,
+EtcdLock::EtcdLock(const Options& options, Pid pid, const Logger& log, const Reporter& reporter,
                    etcd::Transport& transport, const LockTarget& target)
     : o_(options),
       pid_(pid),

@@ -3,8 +3,6 @@
 // its fencing token exported to the command.
 #pragma once
 
-#include <sys/types.h>
-
 #include <optional>
 #include <string>
 
@@ -12,6 +10,7 @@
 #include "cluster/cluster.hpp"
 #include "lock/lock.hpp"
 #include "lock/report.hpp"
+#include "os/ids.hpp"
 #include "records/lock_id.hpp"
 #include "settings/settings.hpp"
 
@@ -19,7 +18,7 @@ namespace looplock {
 
 class EtcdLock final : public Lock {
 public:
-  EtcdLock(const Options& options, pid_t pid, const Logger& log, const Reporter& reporter, etcd::Transport& transport,
+  EtcdLock(const Options& options, Pid pid, const Logger& log, const Reporter& reporter, etcd::Transport& transport,
            const LockTarget& target);
 
   Acquisition acquire(const WaitPlan& plan, long long start_ns) override;
@@ -68,7 +67,7 @@ private:
   };
 
   const Options& o_;
-  pid_t pid_;
+  Pid pid_;
   const Logger& log_;
   const Reporter& reporter_;
   std::string host_;

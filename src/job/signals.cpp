@@ -7,6 +7,7 @@
 
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
+#include "os/ids.hpp"
 
 namespace looplock {
 
@@ -40,7 +41,7 @@ void change(InheritedSignals& in, int sig, const struct sigaction& to) {
 // holds the lock: the mask read (the command gets it back), RLIMIT_CORE read
 // and lowered, three dispositions set, and the signals that end a wait
 // unblocked (the header says why each).
-InheritedSignals take_signal_control(pid_t self) {
+InheritedSignals take_signal_control(Pid self) {
   InheritedSignals in;
   if (sigprocmask(SIG_SETMASK, nullptr, &in.mask) != 0) {
     fail_errno(exit_code::kOsError, "cannot read the signal mask", errno);

@@ -10,7 +10,6 @@
 
 #include <signal.h>
 #include <sys/resource.h>
-#include <sys/types.h>
 #include <unistd.h>
 
 #include <optional>
@@ -18,6 +17,8 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+#include "os/ids.hpp"
 
 namespace looplock {
 
@@ -43,7 +44,7 @@ struct InheritedSignals {
 //   A signal the caller ignored stays ignored.
 // `self` is looplock's pid (1: the entrypoint of a pid namespace). Throws
 // Fatal 71 if the signal state cannot be set.
-InheritedSignals take_signal_control(pid_t self = getpid());
+InheritedSignals take_signal_control(Pid self = getpid());
 
 // Puts back what the command must start with: the inherited dispositions,
 // core-file limit and mask. Async-signal-safe (it runs between vfork and

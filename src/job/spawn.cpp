@@ -17,6 +17,7 @@
 #include "job/next_step.hpp"
 #include "job/terminal.hpp"
 #include "job/warning.hpp"
+#include "os/ids.hpp"
 #include "os/sys.hpp"
 
 namespace looplock {
@@ -81,8 +82,8 @@ struct ChildReport {
 class Job {
 public:
   // `has_terminal`: the job was made the terminal's foreground group.
-  Job(pid_t leader, const Terminal& tty, bool has_terminal) : pgid_(leader), tty_(tty), has_terminal_(has_terminal) {}
-  pid_t pgid() const { return pgid_; }
+  Job(Pid leader, const Terminal& tty, bool has_terminal) : pgid_(leader), tty_(tty), has_terminal_(has_terminal) {}
+  Pid pgid() const { return pgid_; }
 
   void signal(int sig) const { (void)kill(-pgid_, sig); }
   // Whether no process of the group is left (zombies still count).
@@ -124,7 +125,7 @@ private:
     has_terminal_ = false;
   }
 
-  pid_t pgid_;
+  Pid pgid_;
   const Terminal& tty_;
   bool has_terminal_;
 };
@@ -154,8 +155,8 @@ SignalSets block_signals() {
 // group when looplock is in the foreground, the lock descriptor passed on
 // purpose and the inherited signal state restored. Returns its pid, and in
 // `has_terminal` whether it got the terminal.
-pid_t start_job(const CommandSpec& spec, const InheritedSignals& inherited, const Terminal& tty, const Logger& log,
-                pid_t parent, bool& has_terminal) {
+Pid start_job(const CommandSpec& spec, const InheritedSignals& inherited, const Terminal& tty, const Logger& log,
+                Pid parent, bool& has_terminal) {
   auto argv = c_strings(spec.argv);
   auto envp = c_strings(spec.env);
   const bool give_terminal = tty.looplock_in_foreground();
@@ -165,7 +166,7 @@ pid_t start_job(const CommandSpec& spec, const InheritedSignals& inherited, cons
   // through `report`. Between vfork and exec the child only makes system
   // calls (no allocation, no locks), and looplock is suspended meanwhile.
   volatile ChildReport report;
-  const pid_t child = vfork();
+  const Pid child = vfork();
   if (child < 0) fail_errno(exit_code::kOsError, "cannot start the command (vfork)", errno);
   if (child == 0) {
     auto fail = [&](ChildStep step) {
@@ -216,7 +217,7 @@ pid_t start_job(const CommandSpec& spec, const InheritedSignals& inherited, cons
 class JobLoop {
 public:
   JobLoop(const CommandSpec& spec, const Logger& log, const SignalSets& signals, Job& job, JobEnd& end, bool has_tty,
-             pid_t parent)
+             Pid parent)
       : spec_(spec),
         log_(log),
         signals_(signals),
@@ -278,7 +279,7 @@ private:
   void reap() {
     for (;;) {
       int st = 0;
-      const pid_t r = waitpid(-1, &st, wait_flags_);
+      const Pid r = waitpid(-1, &st, wait_flags_);
       if (r == 0) return;
       if (r < 0) {
         if (errno == EINTR) continue;
@@ -445,7 +446,7 @@ private:
   const SignalSets& signals_;
   Job& job_;
   JobEnd& end_;
-  const pid_t parent_;
+  const Pid parent_;
   const int wait_flags_;
   bool lease_live_;
   long long max_time_at_ = 0;
@@ -466,7 +467,7 @@ int exec_failure_status(int err) {
   return (err == ENOENT || err == ENOTDIR || err == ENAMETOOLONG) ? exit_code::kNotFound : exit_code::kNotExecutable;
 }
 
-JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log, pid_t self) {
+JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log, Pid self) {
   const SignalSets signals = block_signals();
   // Orphans of the job are reparented to looplock and reaped here: that
   // keeps the job's processes findable (a lock they keep is reported) and,
@@ -476,7 +477,7 @@ JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, c
   // (tcgetpgrp(3) each, until one is): the job gets it and gives it back.
   const Terminal tty = Terminal::find();
   bool has_terminal = false;
-  const pid_t child = start_job(spec, inherited, tty, log, self, has_terminal);
+  const Pid child = start_job(spec, inherited, tty, log, self, has_terminal);
   JobEnd end;
   end.started_ns = sys::monotonic_ns();
   end.pgid = child;

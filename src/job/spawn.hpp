@@ -7,7 +7,6 @@
 // --max-time or the lease says so.
 #pragma once
 
-#include <sys/types.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -18,6 +17,7 @@
 #include "base/log.hpp"
 #include "job/lease.hpp"
 #include "job/signals.hpp"
+#include "os/ids.hpp"
 #include "settings/job_limits.hpp"
 
 namespace looplock {
@@ -44,12 +44,12 @@ struct JobEnd {
   long long started_ns = 0;    // when the command was started
   long long term_sent_ns = 0;  // when looplock sent TERM (MaxTime, Lease)
   long long ended_ns = 0;      // when the whole job had ended
-  pid_t pgid = 0;              // the job's process group
+  Pid pgid = 0;              // the job's process group
   bool signalled = false;      // looplock sent the job's group a signal (forwarded, TERM or KILL of its own)
   long long warned_ns = 0;     // when the --warn-before warning was due and given (0: it was not)
   int warn_signal = 0;         // which signal
-  std::vector<pid_t> warned_pids;  // the job's processes it was sent to (those that catch it)
-  std::vector<pid_t> warn_skipped;  // those seen that do not catch it, and were not sent it
+  std::vector<Pid> warned_pids;  // the job's processes it was sent to (those that catch it)
+  std::vector<Pid> warn_skipped;  // those seen that do not catch it, and were not sent it
 };
 
 // Starts the command and supervises it until it has ended (and, when
@@ -57,7 +57,7 @@ struct JobEnd {
 // blocked. `self` is looplock's pid. Throws Fatal 71 if it cannot be started
 // safely, 126/127 if the command cannot be executed (after reaping the child).
 JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log,
-                   pid_t self = getpid());
+                   Pid self = getpid());
 
 // Replaces looplock with the command (-F). Returns only by throwing Fatal.
 [[noreturn]] void exec_command(const CommandSpec& spec, const InheritedSignals& inherited);
@@ -68,14 +68,14 @@ class JobRunner {
 public:
   virtual ~JobRunner() = default;
   // As run_command().
-  virtual JobEnd run(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log, pid_t self) = 0;
+  virtual JobEnd run(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log, Pid self) = 0;
   // As exec_command(): returns only by throwing.
   [[noreturn]] virtual void exec(const CommandSpec& spec, const InheritedSignals& inherited) = 0;
 };
 
 class ProcessJobs final : public JobRunner {
 public:
-  JobEnd run(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log, pid_t self) override {
+  JobEnd run(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log, Pid self) override {
     return run_command(spec, inherited, log, self);
   }
   [[noreturn]] void exec(const CommandSpec& spec, const InheritedSignals& inherited) override {

@@ -6,6 +6,7 @@
 #include <initializer_list>
 
 #include "base/duration.hpp"
+#include "os/ids.hpp"
 
 namespace looplock {
 
@@ -38,12 +39,12 @@ Terminal Terminal::find() {
 
 bool Terminal::looplock_in_foreground() const { return fd_ >= 0 && tcgetpgrp(fd_) == own_pgrp_; }
 
-bool Terminal::give_to(pid_t pgid) const {
+bool Terminal::give_to(Pid pgid) const {
   if (!looplock_in_foreground()) return true;  // in the background: the terminal is not ours to give
   return tcsetpgrp(fd_, pgid) == 0;
 }
 
-void Terminal::take_back_from(pid_t pgid) const {
+void Terminal::take_back_from(Pid pgid) const {
   if (fd_ >= 0 && tcgetpgrp(fd_) == pgid) (void)tcsetpgrp(fd_, own_pgrp_);
 }
 

@@ -10,10 +10,10 @@
 // gives it the terminal again if looplock is in the foreground.
 #pragma once
 
-#include <sys/types.h>
-
 #include <optional>
 #include <string>
+
+#include "os/ids.hpp"
 
 namespace looplock {
 
@@ -39,16 +39,16 @@ public:
   // Makes `pgid` the foreground group if looplock's group is (SIGTTOU must
   // be blocked: the caller blocks every signal while the command runs).
   // Async-signal-safe. Returns false (errno set) when tcsetpgrp fails.
-  bool give_to(pid_t pgid) const;
+  bool give_to(Pid pgid) const;
   // Takes the terminal back for looplock's group if `pgid` has it.
-  void take_back_from(pid_t pgid) const;
+  void take_back_from(Pid pgid) const;
   // Whether the terminal has hung up (it is no longer looplock's
   // controlling terminal: tcgetpgrp fails).
   bool hung_up() const;
 
 private:
   int fd_ = -1;
-  pid_t own_pgrp_ = 0;
+  Pid own_pgrp_ = 0;
 };
 
 }  // namespace looplock

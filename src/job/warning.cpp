@@ -7,13 +7,14 @@
 #include <cerrno>
 #include <csignal>
 
+#include "os/ids.hpp"
 #include "os/procfs.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 
 namespace looplock {
 
-bool signal_in_group(pid_t pid, pid_t pgid, int sig) {
+bool signal_in_group(Pid pid, Pid pgid, int sig) {
   auto in_group = [&] {
     const auto st = procfs::proc_stat(pid);
     return st && st->pgrp == pgid && !st->exiting();
@@ -31,25 +32,25 @@ bool signal_in_group(pid_t pid, pid_t pgid, int sig) {
 namespace {
 
 struct Member {
-  pid_t pid;
-  pid_t ppid;
-  pid_t pgrp;
+  Pid pid;
+  Pid ppid;
+  Pid pgrp;
 };
 
 // The processes of the job: looplock's descendants in the job's process
 // group, and in the job of a nested looplock among them (a looplock started
 // by the command runs its own command in a group of its own, and would have
 // passed a signal to its group on).
-std::vector<Member> job_members(pid_t self, pid_t pgid) {
+std::vector<Member> job_members(Pid self, Pid pgid) {
   std::vector<Member> all;
-  for (const pid_t pid : procfs::descendants(self)) {
+  for (const Pid pid : procfs::descendants(self)) {
     const auto text = sys::read_file("/proc/" + std::to_string(pid) + "/stat", 4096);
     if (!text) continue;
     const auto st = procfs::parse_proc_stat(*text);
     const auto ppid = procfs::parse_stat_ppid(*text);
     if (st && ppid && !st->exiting()) all.push_back({pid, *ppid, st->pgrp});
   }
-  std::vector<pid_t> groups{pgid};
+  std::vector<Pid> groups{pgid};
   auto in_job = [&](const Member& m) { return std::find(groups.begin(), groups.end(), m.pgrp) != groups.end(); };
   for (bool grew = true; grew;) {
     grew = false;
@@ -83,9 +84,9 @@ bool JobWarning::pass() {
   return true;
 }
 
-std::vector<pid_t> JobWarning::skipped() const {
-  std::vector<pid_t> out;
-  for (const pid_t p : seen_) {
+std::vector<Pid> JobWarning::skipped() const {
+  std::vector<Pid> out;
+  for (const Pid p : seen_) {
     if (std::find(sent_.begin(), sent_.end(), p) == sent_.end()) out.push_back(p);
   }
   return out;

@@ -10,9 +10,9 @@
 // late still gets it once.
 #pragma once
 
-#include <sys/types.h>
-
 #include <vector>
+
+#include "os/ids.hpp"
 
 namespace looplock {
 
@@ -20,29 +20,29 @@ class JobWarning {
 public:
   // The job: process group `pgid`, whose processes are descendants of
   // looplock (`self`: it is their subreaper).
-  JobWarning(pid_t self, pid_t pgid, int sig) : self_(self), pgid_(pgid), sig_(sig) {}
+  JobWarning(Pid self, Pid pgid, int sig) : self_(self), pgid_(pgid), sig_(sig) {}
 
   // One pass: each process of the group that catches the signal and has not
   // had it yet gets it. False when /proc cannot tell who catches it (then
   // nothing is sent).
   bool pass();
 
-  const std::vector<pid_t>& sent() const { return sent_; }
+  const std::vector<Pid>& sent() const { return sent_; }
   // The processes seen in the group that never caught it (they were not sent it).
-  std::vector<pid_t> skipped() const;
+  std::vector<Pid> skipped() const;
 
 private:
-  pid_t self_;
-  pid_t pgid_;
+  Pid self_;
+  Pid pgid_;
   int sig_;
-  std::vector<pid_t> sent_;
-  std::vector<pid_t> seen_;
+  std::vector<Pid> sent_;
+  std::vector<Pid> seen_;
 };
 
 // Sends `sig` to `pid` only while it is in process group `pgid`: through a
 // pidfd that pins the process before the group is checked again (without
 // pidfds, Linux before 5.3, the check and kill(2) follow each other). False
 // when it was not sent.
-bool signal_in_group(pid_t pid, pid_t pgid, int sig);
+bool signal_in_group(Pid pid, Pid pgid, int sig);
 
 }  // namespace looplock

@@ -13,6 +13,7 @@
 #include "base/exit_codes.hpp"
 #include "job/signals.hpp"
 #include "job/terminal.hpp"
+#include "os/ids.hpp"
 #include "os/procfs.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
@@ -118,11 +119,11 @@ private:
 // forwarded from timeout(1) takes a moment to act) get up to 200 ms to close
 // it; what still holds it then is a leak, named every time. Only a run that
 // finds a holder here pays the wait.
-std::vector<pid_t> leaked_holders(pid_t self, const struct stat& file, const JobEnd& job) {
-  std::vector<pid_t> leaked = procfs::pids_holding_flock(procfs::descendants(self), file);
+std::vector<Pid> leaked_holders(Pid self, const struct stat& file, const JobEnd& job) {
+  std::vector<Pid> leaked = procfs::pids_holding_flock(procfs::descendants(self), file);
   const long long until = sys::monotonic_ns() + kEndingGraceNs;
   while (!leaked.empty() && sys::monotonic_ns() < until) {
-    const bool ending = std::any_of(leaked.begin(), leaked.end(), [&](pid_t p) {
+    const bool ending = std::any_of(leaked.begin(), leaked.end(), [&](Pid p) {
       const auto st = procfs::proc_stat(p);
       return !st || st->exiting() || (job.signalled && st->pgrp == job.pgid);
     });
@@ -136,7 +137,7 @@ std::vector<pid_t> leaked_holders(pid_t self, const struct stat& file, const Job
 
 }  // namespace
 
-LocalLock::LocalLock(const Options& options, pid_t pid, const Logger& log, LockDir& dir, LockTarget target)
+LocalLock::LocalLock(const Options& options, Pid pid, const Logger& log, LockDir& dir, LockTarget target)
     : o_(options),
       pid_(pid),
       log_(log),
@@ -358,7 +359,7 @@ std::string LocalLedger::name() const { return local_ledger_name(shown_); }
 
 // --- nested -------------------------------------------------------------------
 
-std::optional<OuterHolder> outer_holder(const Options& o, const EnvList& env, const LockDir& dir, pid_t self,
+std::optional<OuterHolder> outer_holder(const Options& o, const EnvList& env, const LockDir& dir, Pid self,
                                         struct stat& lock_file) {
   if (!env_get(env, env_name::kHolderFd) || fstatat(dir.fd.get(), kLockName, &lock_file, AT_SYMLINK_NOFOLLOW) != 0 ||
       !S_ISREG(lock_file.st_mode)) {

@@ -5,14 +5,13 @@
 // looplock's, already held.
 #pragma once
 
-#include <sys/types.h>
-
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "base/log.hpp"
 #include "lock/lock.hpp"
+#include "os/ids.hpp"
 #include "os/procfs.hpp"
 #include "records/lock_id.hpp"
 #include "records/lockfile.hpp"
@@ -42,7 +41,7 @@ class LocalLock final : public Lock {
 public:
   // `dir` stays open for the whole run (the lock may look it up again when
   // it is replaced while waiting).
-  LocalLock(const Options& options, pid_t pid, const Logger& log, LockDir& dir, LockTarget target);
+  LocalLock(const Options& options, Pid pid, const Logger& log, LockDir& dir, LockTarget target);
 
   Acquisition acquire(const WaitPlan& plan, long long start_ns) override;
   Blocker blocker() const override;
@@ -57,7 +56,7 @@ private:
   void report_leaks(const JobEnd& job) const;
 
   const Options& o_;
-  pid_t pid_;
+  Pid pid_;
   const Logger& log_;
   LockDir& dir_;
   LockTarget target_;
@@ -99,7 +98,7 @@ private:
 
 // The holder of this lock when this run is nested in a looplock that holds
 // it already (nesting.hpp's rules), or nullopt.
-std::optional<OuterHolder> outer_holder(const Options& options, const EnvList& env, const LockDir& dir, pid_t self,
+std::optional<OuterHolder> outer_holder(const Options& options, const EnvList& env, const LockDir& dir, Pid self,
                                         struct stat& lock_file);
 
 }  // namespace looplock

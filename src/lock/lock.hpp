@@ -5,8 +5,6 @@
 // kind of lock is a new class here, not another branch in the run.
 #pragma once
 
-#include <sys/types.h>
-
 #include <optional>
 #include <string>
 #include <utility>
@@ -16,6 +14,7 @@
 #include "base/json.hpp"
 #include "base/policy.hpp"
 #include "job/spawn.hpp"
+#include "os/ids.hpp"
 #include "records/holder.hpp"
 #include "records/ledger.hpp"
 
@@ -38,7 +37,7 @@ struct HolderId {
 // the line's fields: each kind fills what it can tell (the local lock from
 // its verdict, verdict.hpp); what is left empty is written as none.
 struct HolderFacts {
-  std::vector<pid_t> pids;              // the processes the system shows holding it
+  std::vector<Pid> pids;              // the processes the system shows holding it
   std::optional<HolderRecord> holder;   // the holder's record, when it is the current holder's
   std::optional<bool> holder_alive;     // whether that record's process lives
   std::string record_status;            // the record's state ("current", "stale", ...); empty: no record kept
@@ -63,7 +62,6 @@ struct Blocker {
   // The holders, for matching the run ledger's entry.
   std::vector<HolderId> holder_ids;
 };
-
 
 // What the release of the stack found, filled in lock by lock (in reverse
 // order of acquisition), for the run's conclusion and the rows about the job.

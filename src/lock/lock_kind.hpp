@@ -7,8 +7,6 @@
 // (cli/inspect.hpp) reach it through this interface only, and never name it.
 #pragma once
 
-#include <sys/types.h>
-
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,6 +16,7 @@
 #include "base/log.hpp"
 #include "lock/lock.hpp"
 #include "lock/report.hpp"
+#include "os/ids.hpp"
 #include "records/lock_id.hpp"
 #include "settings/settings.hpp"
 
@@ -37,7 +36,7 @@ public:
   virtual std::string key() const = 0;
   // A run's lock of this kind for `target`, taken before the local lock and
   // released after it.
-  virtual std::unique_ptr<Lock> make(const Options& o, const LockTarget& target, pid_t pid, const Logger& log,
+  virtual std::unique_ptr<Lock> make(const Options& o, const LockTarget& target, Pid pid, const Logger& log,
                                      const Reporter& reporter) = 0;
   // A run nested in an outer looplock (pid `outer_pid`) that holds the local
   // lock: returns when the outer one holds this kind's lock for `target`

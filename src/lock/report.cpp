@@ -6,13 +6,13 @@
 #include "base/duration.hpp"
 #include "base/error.hpp"
 #include "job/signals.hpp"
+#include "os/ids.hpp"
 #include "os/sys.hpp"
 #include "records/lockfile.hpp"
 
 namespace looplock {
 
 namespace {
-
 
 Json job_details(const JobEnd& job) {
   Json j{{"ran_ms", (job.ended_ns - job.started_ns) / kMs},
@@ -72,7 +72,7 @@ Json Reporter::fields(const Blocker& b) const {
   Json j = {
       {"lock_id", lock_id_}, {"policy", policy_name(o_.policy)}, {"holder_pids", Json::array()}, {"holder", nullptr}};
   const HolderFacts& h = b.holders;
-  for (pid_t pid : h.pids) j["holder_pids"].push_back(pid);
+  for (Pid pid : h.pids) j["holder_pids"].push_back(pid);
   if (h.holder) j["holder"] = holder_to_json(*h.holder);
   if (!h.record_status.empty()) j["record_status"] = h.record_status;
   if (h.record) j["record"] = holder_to_json(*h.record);

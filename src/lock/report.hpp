@@ -4,13 +4,12 @@
 // each lock only says who is in the way (lock.hpp's Blocker).
 #pragma once
 
-#include <sys/types.h>
-
 #include <optional>
 #include <string>
 
 #include "base/log.hpp"
 #include "lock/lock.hpp"
+#include "os/ids.hpp"
 #include "records/holder.hpp"
 #include "records/incident.hpp"
 #include "records/ledger.hpp"
@@ -34,7 +33,7 @@ struct LeaseLoss {
 
 class Reporter {
 public:
-  Reporter(const Options& options, pid_t pid, const Logger& log) : o_(options), pid_(pid), log_(log) {}
+  Reporter(const Options& options, Pid pid, const Logger& log) : o_(options), pid_(pid), log_(log) {}
 
   // Once DIR is open: where rows go, and the lock's id.
   void set_target(int dirfd, std::string lock_id) {
@@ -63,7 +62,7 @@ private:
   Json fields(const Blocker& b) const;
 
   const Options& o_;
-  pid_t pid_;
+  Pid pid_;
   const Logger& log_;
   int dirfd_ = -1;
   std::string lock_id_;

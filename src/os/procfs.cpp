@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "os/ids.hpp"
+#include "os/stat.hpp"
 #include "os/sys.hpp"
 
 namespace looplock::procfs {
@@ -34,7 +36,7 @@ std::vector<std::string_view> stat_fields_after_comm(std::string_view stat) {
   return fields;
 }
 
-std::string proc_path(pid_t pid, const char* leaf) { return "/proc/" + std::to_string(pid) + "/" + leaf; }
+std::string proc_path(Pid pid, const char* leaf) { return "/proc/" + std::to_string(pid) + "/" + leaf; }
 
 template <typename T>
 std::optional<T> to_number(std::string_view s, int base = 10) {
@@ -82,7 +84,7 @@ std::optional<KernelLock> parse_lock_line(std::string_view line, const struct st
   if (!device_inode_matches(w[5], file)) return std::nullopt;
   auto pid = to_number<long>(w[4]);
   KernelLock k;
-  k.pid = pid ? static_cast<pid_t>(*pid) : -1;
+  k.pid = pid ? static_cast<Pid>(*pid) : -1;
   k.exclusive = w[3] == "WRITE";
   return k;
 }
@@ -96,12 +98,12 @@ std::optional<std::string> parse_stat_start(std::string_view stat) {
   return std::string(f[19]);
 }
 
-std::optional<pid_t> parse_stat_ppid(std::string_view stat) {
+std::optional<Pid> parse_stat_ppid(std::string_view stat) {
   auto f = stat_fields_after_comm(stat);
   if (f.size() < 2) return std::nullopt;
   auto v = to_number<long>(f[1]);
   if (!v) return std::nullopt;
-  return static_cast<pid_t>(*v);
+  return static_cast<Pid>(*v);
 }
 
 std::optional<ProcStat> parse_proc_stat(std::string_view stat) {
@@ -111,16 +113,16 @@ std::optional<ProcStat> parse_proc_stat(std::string_view stat) {
   auto pgrp = to_number<long>(f[2]);
   auto flags = to_number<unsigned long>(f[6]);
   if (!pgrp || !flags) return std::nullopt;
-  return ProcStat{f[0][0], static_cast<pid_t>(*pgrp), *flags};
+  return ProcStat{f[0][0], static_cast<Pid>(*pgrp), *flags};
 }
 
-std::optional<ProcStat> proc_stat(pid_t pid) {
+std::optional<ProcStat> proc_stat(Pid pid) {
   auto s = sys::read_file(proc_path(pid, "stat"), 4096);
   if (!s) return std::nullopt;
   return parse_proc_stat(*s);
 }
 
-std::optional<std::string> pid_start(pid_t pid) {
+std::optional<std::string> pid_start(Pid pid) {
   auto s = sys::read_file(proc_path(pid, "stat"), 4096);
   if (!s) return std::nullopt;
   return parse_stat_start(*s);
@@ -139,33 +141,33 @@ bool proc_is_ours() {
   return std::string_view(buf, static_cast<size_t>(n)) == std::to_string(getpid());
 }
 
-std::vector<pid_t> parse_ns_pids(std::string_view status) {
-  std::vector<pid_t> out;
+std::vector<Pid> parse_ns_pids(std::string_view status) {
+  std::vector<Pid> out;
   bool bad = false;
   sys::for_each_line(status, [&](std::string_view line) {
     if (!line.starts_with("NSpid:") || !out.empty()) return;
     for (auto w : words(line.substr(6))) {
       auto v = to_number<long>(w);
       bad = bad || !v;
-      if (v) out.push_back(static_cast<pid_t>(*v));
+      if (v) out.push_back(static_cast<Pid>(*v));
     }
   });
-  return bad ? std::vector<pid_t>{} : out;
+  return bad ? std::vector<Pid>{} : out;
 }
 
-std::vector<pid_t> ns_pids(pid_t pid) {
+std::vector<Pid> ns_pids(Pid pid) {
   auto s = sys::read_file(pid == 0 ? std::string("/proc/self/status") : proc_path(pid, "status"), 1 << 16);
-  return s ? parse_ns_pids(*s) : std::vector<pid_t>{};
+  return s ? parse_ns_pids(*s) : std::vector<Pid>{};
 }
 
-std::optional<std::string> comm(pid_t pid) {
+std::optional<std::string> comm(Pid pid) {
   auto s = sys::read_file(proc_path(pid, "comm"), 256);
   if (!s) return std::nullopt;
   while (!s->empty() && s->back() == '\n') s->pop_back();
   return s;
 }
 
-std::optional<pid_t> parent_pid(pid_t pid) {
+std::optional<Pid> parent_pid(Pid pid) {
   auto s = sys::read_file(proc_path(pid, "stat"), 4096);
   if (!s) return std::nullopt;
   return parse_stat_ppid(*s);
@@ -196,7 +198,7 @@ std::optional<SignalMasks> parse_signal_masks(std::string_view status) {
   return m;
 }
 
-std::optional<SignalMasks> signal_masks(pid_t pid) {
+std::optional<SignalMasks> signal_masks(Pid pid) {
   auto s = sys::read_file(proc_path(pid, "status"), 1 << 16);
   if (!s) return std::nullopt;
   return parse_signal_masks(*s);
@@ -224,14 +226,14 @@ std::string pid_namespace() {
 bool proven_dead(const std::string& boot, const std::string& pid_ns, long long pid, const std::string& start) {
   if (boot.empty() || pid_ns.empty() || start.empty() || pid <= 0 || pid > 0x7fffffff) return false;
   if (boot != boot_id() || pid_ns != pid_namespace() || !proc_is_ours()) return false;
-  if (!pid_alive(static_cast<pid_t>(pid))) return true;
-  const auto now = pid_start(static_cast<pid_t>(pid));
+  if (!pid_alive(static_cast<Pid>(pid))) return true;
+  const auto now = pid_start(static_cast<Pid>(pid));
   return now && *now != start;
 }
 
-bool is_self_or_ancestor(pid_t pid, pid_t self) {
+bool is_self_or_ancestor(Pid pid, Pid self) {
   if (pid <= 0) return false;
-  pid_t cur = self;
+  Pid cur = self;
   for (int depth = 0; depth < 4096 && cur > 0; ++depth) {
     if (cur == pid) return true;
     auto pp = parent_pid(cur);
@@ -241,7 +243,7 @@ bool is_self_or_ancestor(pid_t pid, pid_t self) {
   return false;
 }
 
-bool pid_alive(pid_t pid) {
+bool pid_alive(Pid pid) {
   if (pid <= 0) return false;
   return kill(pid, 0) == 0 || errno == EPERM;
 }
@@ -265,7 +267,7 @@ std::optional<LockTable> lock_table(const struct stat& file) {
   return parse_lock_table(*content, file);
 }
 
-std::optional<long long> age_ms(pid_t pid) {
+std::optional<long long> age_ms(Pid pid) {
   auto start = pid_start(pid);
   auto uptime = sys::read_file("/proc/uptime", 256);
   const long hz = sysconf(_SC_CLK_TCK);
@@ -276,7 +278,7 @@ std::optional<long long> age_ms(pid_t pid) {
   return static_cast<long long>((up_s - started_s) * 1000);
 }
 
-std::optional<std::vector<std::string>> cmdline(pid_t pid) {
+std::optional<std::vector<std::string>> cmdline(Pid pid) {
   auto s = sys::read_file(proc_path(pid, "cmdline"), 1 << 20);
   if (!s || s->empty()) return std::nullopt;
   std::vector<std::string> out;
@@ -290,7 +292,7 @@ std::optional<std::vector<std::string>> cmdline(pid_t pid) {
   return out;
 }
 
-std::optional<std::string> environ_get(pid_t pid, std::string_view name) {
+std::optional<std::string> environ_get(Pid pid, std::string_view name) {
   auto s = sys::read_file(proc_path(pid, "environ"), 1 << 20);
   if (!s) return std::nullopt;
   std::string_view all = *s;
@@ -306,7 +308,7 @@ std::optional<std::string> environ_get(pid_t pid, std::string_view name) {
   return std::nullopt;
 }
 
-std::optional<uid_t> real_uid(pid_t pid) {
+std::optional<Uid> real_uid(Pid pid) {
   auto s = sys::read_file(proc_path(pid, "status"), 1 << 16);
   if (!s) return std::nullopt;
   auto at = s->find("\nUid:");
@@ -315,11 +317,11 @@ std::optional<uid_t> real_uid(pid_t pid) {
   if (w.empty()) return std::nullopt;
   auto v = to_number<unsigned long>(w[0]);
   if (!v) return std::nullopt;
-  return static_cast<uid_t>(*v);
+  return static_cast<Uid>(*v);
 }
 
-std::vector<gid_t> parse_group_ids(std::string_view status) {
-  std::vector<gid_t> out;
+std::vector<Gid> parse_group_ids(std::string_view status) {
+  std::vector<Gid> out;
   auto add = [&](std::string_view field, size_t most) {
     const size_t at = status.find(field);
     if (at == std::string_view::npos || (at != 0 && status[at - 1] != '\n')) return;
@@ -328,7 +330,7 @@ std::vector<gid_t> parse_group_ids(std::string_view status) {
     size_t taken = 0;
     for (auto w : words(rest)) {
       if (taken++ == most) break;
-      if (auto v = to_number<unsigned long>(w)) out.push_back(static_cast<gid_t>(*v));
+      if (auto v = to_number<unsigned long>(w)) out.push_back(static_cast<Gid>(*v));
     }
   };
   add("Gid:", 2);  // real and effective
@@ -336,7 +338,7 @@ std::vector<gid_t> parse_group_ids(std::string_view status) {
   return out;
 }
 
-std::optional<std::vector<gid_t>> group_ids(pid_t pid) {
+std::optional<std::vector<Gid>> group_ids(Pid pid) {
   auto s = sys::read_file(proc_path(pid, "status"), 1 << 16);
   if (!s) return std::nullopt;
   return parse_group_ids(*s);
@@ -361,7 +363,7 @@ bool parse_fdinfo_holds(std::string_view fdinfo, const struct stat& file, bool e
 namespace {
 
 // The lock held through /proc/PID/fd/FD on `file`, if any.
-std::optional<KernelLock> fd_lock(pid_t pid, int fd, const struct stat& file) {
+std::optional<KernelLock> fd_lock(Pid pid, int fd, const struct stat& file) {
   if (pid <= 0 || fd < 0) return std::nullopt;
   std::string base = "/proc/" + std::to_string(pid);
   struct stat target {};
@@ -377,7 +379,7 @@ std::optional<KernelLock> fd_lock(pid_t pid, int fd, const struct stat& file) {
 
 }  // namespace
 
-bool fd_holds_flock(pid_t pid, int fd, const struct stat& file, bool exclusive) {
+bool fd_holds_flock(Pid pid, int fd, const struct stat& file, bool exclusive) {
   auto k = fd_lock(pid, fd, file);
   return k && (!exclusive || k->exclusive);
 }
@@ -397,11 +399,11 @@ std::vector<std::string> dir_entries(const std::string& path) {
 
 }  // namespace
 
-std::vector<pid_t> descendants(pid_t pid) {
-  std::vector<pid_t> out;
-  std::vector<pid_t> todo{pid};
+std::vector<Pid> descendants(Pid pid) {
+  std::vector<Pid> out;
+  std::vector<Pid> todo{pid};
   while (!todo.empty() && out.size() < 100000) {
-    pid_t p = todo.back();
+    Pid p = todo.back();
     todo.pop_back();
     std::string base = "/proc/" + std::to_string(p) + "/task";
     // Children are listed per thread; a single-threaded process has one,
@@ -413,8 +415,8 @@ std::vector<pid_t> descendants(pid_t pid) {
       if (!kids) continue;
       for (auto w : words(*kids)) {
         if (auto k = to_number<long>(w)) {
-          out.push_back(static_cast<pid_t>(*k));
-          todo.push_back(static_cast<pid_t>(*k));
+          out.push_back(static_cast<Pid>(*k));
+          todo.push_back(static_cast<Pid>(*k));
         }
       }
     }
@@ -422,17 +424,17 @@ std::vector<pid_t> descendants(pid_t pid) {
   return out;
 }
 
-std::vector<pid_t> all_pids() {
-  std::vector<pid_t> out;
+std::vector<Pid> all_pids() {
+  std::vector<Pid> out;
   for (const auto& e : dir_entries("/proc")) {
-    if (auto n = to_number<long>(e)) out.push_back(static_cast<pid_t>(*n));
+    if (auto n = to_number<long>(e)) out.push_back(static_cast<Pid>(*n));
   }
   return out;
 }
 
-std::vector<KernelLock> fd_holders(const std::vector<pid_t>& pids, const struct stat& file) {
+std::vector<KernelLock> fd_holders(const std::vector<Pid>& pids, const struct stat& file) {
   std::vector<KernelLock> out;
-  for (pid_t p : pids) {
+  for (Pid p : pids) {
     for (const auto& fd : dir_entries("/proc/" + std::to_string(p) + "/fd")) {
       auto n = to_number<int>(fd);
       if (!n) continue;
@@ -445,8 +447,8 @@ std::vector<KernelLock> fd_holders(const std::vector<pid_t>& pids, const struct 
   return out;
 }
 
-std::vector<pid_t> pids_holding_flock(const std::vector<pid_t>& pids, const struct stat& file) {
-  std::vector<pid_t> out;
+std::vector<Pid> pids_holding_flock(const std::vector<Pid>& pids, const struct stat& file) {
+  std::vector<Pid> out;
   for (const auto& k : fd_holders(pids, file)) out.push_back(k.pid);
   return out;
 }

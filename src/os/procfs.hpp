@@ -4,35 +4,36 @@
 #pragma once
 
 #include <sys/stat.h>
-#include <sys/types.h>
 
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "os/ids.hpp"
+
 namespace looplock::procfs {
 
 // Field 22 of /proc/PID/stat (start time in clock ticks after boot), as text.
-std::optional<std::string> pid_start(pid_t pid);
+std::optional<std::string> pid_start(Pid pid);
 // The same for this process, from /proc/self/stat (right even when /proc
 // belongs to another pid namespace, where /proc/PID names someone else).
 std::optional<std::string> own_start();
 // Parses the start time out of /proc/PID/stat content (exposed for tests).
 std::optional<std::string> parse_stat_start(std::string_view stat);
 // Parent pid from /proc/PID/stat.
-std::optional<pid_t> parent_pid(pid_t pid);
-std::optional<pid_t> parse_stat_ppid(std::string_view stat);
+std::optional<Pid> parent_pid(Pid pid);
+std::optional<Pid> parse_stat_ppid(std::string_view stat);
 
 // State, process group and flags from /proc/PID/stat (fields 3, 5 and 9).
 struct ProcStat {
   char state = '?';  // R, S, D, Z, X, ...
-  pid_t pgrp = 0;
+  Pid pgrp = 0;
   unsigned long flags = 0;  // the kernel's PF_* flags
   // Exiting: a zombie, dead, or PF_EXITING set (it is closing its files).
   bool exiting() const { return state == 'Z' || state == 'X' || (flags & 0x4) != 0; }
 };
-std::optional<ProcStat> proc_stat(pid_t pid);
+std::optional<ProcStat> proc_stat(Pid pid);
 std::optional<ProcStat> parse_proc_stat(std::string_view stat);
 
 // How a process treats signals: the masks of /proc/PID/status (bit N-1 for
@@ -41,7 +42,7 @@ struct SignalMasks {
   unsigned long long blocked = 0, ignored = 0, caught = 0;
   bool catches(int sig) const { return sig >= 1 && sig <= 64 && ((caught >> (sig - 1)) & 1ULL) != 0; }
 };
-std::optional<SignalMasks> signal_masks(pid_t pid);
+std::optional<SignalMasks> signal_masks(Pid pid);
 std::optional<SignalMasks> parse_signal_masks(std::string_view status);
 
 // This boot's id (/proc/sys/kernel/random/boot_id) and this process's pid
@@ -58,10 +59,10 @@ std::string pid_namespace();
 bool proven_dead(const std::string& boot, const std::string& pid_ns, long long pid, const std::string& start);
 
 // Whether `pid` is `self` or one of its ancestors.
-bool is_self_or_ancestor(pid_t pid, pid_t self);
+bool is_self_or_ancestor(Pid pid, Pid self);
 
 // Whether a process with this pid exists (kill(pid, 0); EPERM counts as alive).
-bool pid_alive(pid_t pid);
+bool pid_alive(Pid pid);
 
 // Whether /proc shows this process's own pid namespace (/proc/self is its
 // pid): only then do pids from /proc and from getpid() name the same
@@ -71,19 +72,19 @@ bool proc_is_ours();
 // The pid of `pid` in each pid namespace from /proc's down to its own
 // (NSpid in /proc/PID/status: one entry outside any child namespace); pid
 // 0 is this process (/proc/self).
-std::vector<pid_t> ns_pids(pid_t pid);
-std::vector<pid_t> parse_ns_pids(std::string_view status);
+std::vector<Pid> ns_pids(Pid pid);
+std::vector<Pid> parse_ns_pids(std::string_view status);
 
 // The process's name (/proc/PID/comm: the executable's base name, at most
 // 15 bytes), or nullopt.
-std::optional<std::string> comm(pid_t pid);
+std::optional<std::string> comm(Pid pid);
 
 struct KernelLock {
-  pid_t pid = 0;
+  Pid pid = 0;
   bool exclusive = true;
   // When `pid` holds the lock through a descriptor another process took it
   // on (and passed on): that process, as /proc/locks still names it; else 0.
-  pid_t locked_by = 0;
+  Pid locked_by = 0;
 };
 // The flock(2) locks that /proc/locks reports on this inode (waiters
 // excluded); nullopt, with errno set, when /proc/locks cannot be read. Its
@@ -103,35 +104,35 @@ LockTable parse_lock_table(std::string_view content, const struct stat& file);
 
 // How long ago the process started, in ms (from its start time and
 // /proc/uptime), or nullopt.
-std::optional<long long> age_ms(pid_t pid);
+std::optional<long long> age_ms(Pid pid);
 // Its arguments (/proc/PID/cmdline), its environment entry NAME
 // (/proc/PID/environ), its real uid (/proc/PID/status): nullopt when they
 // cannot be read (another user's process, hidepid).
-std::optional<std::vector<std::string>> cmdline(pid_t pid);
-std::optional<std::string> environ_get(pid_t pid, std::string_view name);
-std::optional<uid_t> real_uid(pid_t pid);
+std::optional<std::vector<std::string>> cmdline(Pid pid);
+std::optional<std::string> environ_get(Pid pid, std::string_view name);
+std::optional<Uid> real_uid(Pid pid);
 // Its groups: real, effective and supplementary (/proc/PID/status, Gid: and
 // Groups:); nullopt when they cannot be read.
-std::optional<std::vector<gid_t>> group_ids(pid_t pid);
-std::vector<gid_t> parse_group_ids(std::string_view status);
+std::optional<std::vector<Gid>> group_ids(Pid pid);
+std::vector<Gid> parse_group_ids(std::string_view status);
 
 // Whether the open file description behind /proc/PID/fd/FD is `file` and holds a
 // flock(2) lock on it (exclusive, or either kind when `exclusive` is false).
-bool fd_holds_flock(pid_t pid, int fd, const struct stat& file, bool exclusive);
+bool fd_holds_flock(Pid pid, int fd, const struct stat& file, bool exclusive);
 bool parse_fdinfo_holds(std::string_view fdinfo, const struct stat& file, bool exclusive);
 
 // The descendants of `pid` (children, their children, ...), from
 // /proc/PID/task/TID/children; `pid` is looplock itself, whose one thread
 // has its pid as tid (no listing of its task directory).
-std::vector<pid_t> descendants(pid_t pid);
+std::vector<Pid> descendants(Pid pid);
 
 // Every pid in /proc.
-std::vector<pid_t> all_pids();
+std::vector<Pid> all_pids();
 
 // Those of `pids` that have an fd on `file` whose open file description
 // holds a flock(2) lock on it, with the lock's mode.
-std::vector<KernelLock> fd_holders(const std::vector<pid_t>& pids, const struct stat& file);
+std::vector<KernelLock> fd_holders(const std::vector<Pid>& pids, const struct stat& file);
 // The same, pids only.
-std::vector<pid_t> pids_holding_flock(const std::vector<pid_t>& pids, const struct stat& file);
+std::vector<Pid> pids_holding_flock(const std::vector<Pid>& pids, const struct stat& file);
 
 }  // namespace looplock::procfs

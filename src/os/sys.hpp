@@ -2,13 +2,12 @@
 // deadline wait is not here: there EINTR must consult the clock (lockfile.cpp).
 #pragma once
 
-#include <sys/stat.h>
-#include <sys/types.h>
-
 #include <cerrno>
 #include <optional>
 #include <string>
 #include <string_view>
+
+#include "os/ids.hpp"
 
 namespace looplock::sys {
 
@@ -67,13 +66,14 @@ void sleep_until_ns(long long until_ns);
 // nullopt (errno set) when the kernel gives none.
 std::optional<unsigned long long> random_below(unsigned long long bound);
 
-bool same_file(const struct stat& a, const struct stat& b);
+// This process's id.
+Pid own_pid();
 
 // This host's name (gethostname(2)), or "unknown".
 std::string host_name();
 
 // The name of user `uid` as /etc/passwd lists it (one read), else the
 // number. Never NSS (getpwuid(3)): a static program cannot load its modules.
-std::string user_name(uid_t uid);
+std::string user_name(Uid uid);
 
 }  // namespace looplock::sys

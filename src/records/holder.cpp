@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <ctime>
 
+#include "os/ids.hpp"
 #include "os/sys.hpp"
 #include "records/sealed.hpp"
 
@@ -54,7 +55,7 @@ std::optional<HolderRecord> holder_from_json(const Json& j) {
   if (pid <= 0 || pid > 0x7fffffff) return std::nullopt;
   HolderRecord r;
   r.lock_id = j["lock_id"].get<std::string>();
-  r.pid = static_cast<pid_t>(pid);
+  r.pid = static_cast<Pid>(pid);
   r.pid_start = j["pid_start"].get<std::string>();
   r.agent_id = j["agent_id"].get<std::string>();
   r.operation = j["operation"].get<std::string>();

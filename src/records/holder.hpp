@@ -7,9 +7,8 @@
 // whole one.
 #pragma once
 
-#include <sys/types.h>
-
 #include "base/json.hpp"
+#include "os/ids.hpp"
 
 #include <optional>
 #include <string>
@@ -25,7 +24,7 @@ inline constexpr size_t kMaxIdentityBytes = 256;
 
 struct HolderRecord {
   std::string lock_id;
-  pid_t pid = 0;
+  Pid pid = 0;
   std::string pid_start;
   std::string agent_id;
   std::string operation;

@@ -4,8 +4,6 @@
 // failed append is the caller's warning, never a change of outcome.
 #pragma once
 
-#include <sys/types.h>
-
 #include "base/json.hpp"
 
 #include <optional>
@@ -13,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "os/ids.hpp"
 #include "records/holder.hpp"
 
 namespace looplock {
@@ -29,14 +28,14 @@ struct Incident {
   long long waited_ms = 0;
   std::optional<HolderRecord> holder;
   std::optional<bool> holder_alive;  // about the record's pid; null without a record
-  std::vector<pid_t> holder_pids;
+  std::vector<Pid> holder_pids;
   // The lock's verdict on the record (verdict.hpp's record_state_name:
   // "current", "stale", ...), the record as read when it is not the
   // holder's, and the verdict's warnings; each written only when set.
   std::string record_status;
   std::optional<HolderRecord> record;
   std::vector<std::string> warnings;
-  pid_t waiter_pid = 0;
+  Pid waiter_pid = 0;
   std::string waiter_agent;
   std::string waiter_operation;
   std::string operator_action;

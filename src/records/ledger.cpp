@@ -9,6 +9,7 @@
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "base/text.hpp"
+#include "os/ids.hpp"
 #include "os/procfs.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
@@ -45,7 +46,7 @@ std::string ledger_display(const LockDir& dir) {
 
 }  // namespace
 
-std::optional<Refusal> refuse_ledger(const struct stat& file, const struct stat& dir, uid_t euid,
+std::optional<Refusal> refuse_ledger(const struct stat& file, const struct stat& dir, Uid euid,
                                      std::string_view shown_dir) {
   return refuse_file(file, dir, euid, "run ledger", kRunsName, "unsafe_run_ledger", shown_dir);
 }

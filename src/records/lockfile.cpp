@@ -12,6 +12,8 @@
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "base/text.hpp"
+#include "os/ids.hpp"
+#include "os/stat.hpp"
 #include "os/sys.hpp"
 
 namespace looplock {
@@ -206,7 +208,7 @@ std::optional<Refusal> refuse_dir(const struct stat& dir, const std::string& sho
                  "unsafe_loop_dir"};
 }
 
-std::optional<Refusal> refuse_file(const struct stat& file, const struct stat& dir, uid_t euid, std::string_view noun,
+std::optional<Refusal> refuse_file(const struct stat& file, const struct stat& dir, Uid euid, std::string_view noun,
                                    std::string_view name, std::string_view event, std::string_view shown_dir) {
   const std::string n(noun);
   const std::string e(event);
@@ -238,7 +240,7 @@ std::optional<Refusal> refuse_file(const struct stat& file, const struct stat& d
   return std::nullopt;
 }
 
-std::string unopenable_hint(const LockDir& dir, const struct stat& file, uid_t euid) {
+std::string unopenable_hint(const LockDir& dir, const struct stat& file, Uid euid) {
   const std::string path = lock_display(dir);
   const std::string whose = "It is uid " + std::to_string(file.st_uid) + "'s, mode " + octal_mode(file.st_mode) + ": ";
   if (euid == dir.st.st_uid) {
@@ -250,7 +252,7 @@ std::string unopenable_hint(const LockDir& dir, const struct stat& file, uid_t e
          "), or run as a user who may open it.";
 }
 
-std::optional<Refusal> refuse_lock_file(const struct stat& file, const struct stat& dir, uid_t euid,
+std::optional<Refusal> refuse_lock_file(const struct stat& file, const struct stat& dir, Uid euid,
                                         std::string_view shown_dir) {
   return refuse_file(file, dir, euid, "lock file", kLockName, "unsafe_lock_file", shown_dir);
 }

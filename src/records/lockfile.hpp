@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "base/policy.hpp"
+#include "os/ids.hpp"
 #include "os/unique_fd.hpp"
 
 namespace looplock {
@@ -58,17 +59,17 @@ std::optional<Refusal> refuse_dir(const struct stat& dir, const std::string& sho
 // more than one link, or owned by neither `euid` nor DIR's owner (in a DIR
 // its group may write, group-writable and not sticky, a file of DIR's group
 // may be any member's: every member could replace it anyway).
-std::optional<Refusal> refuse_lock_file(const struct stat& file, const struct stat& dir, uid_t euid,
+std::optional<Refusal> refuse_lock_file(const struct stat& file, const struct stat& dir, Uid euid,
                                         std::string_view shown_dir = "DIR");
 // The same rules for another file of the lock's (`noun`: "run ledger", its
 // `name` in DIR), whose refusal is the event `event` ("unsafe_run_ledger").
 // `shown_dir`: DIR as the hints name it.
-std::optional<Refusal> refuse_file(const struct stat& file, const struct stat& dir, uid_t euid, std::string_view noun,
+std::optional<Refusal> refuse_file(const struct stat& file, const struct stat& dir, Uid euid, std::string_view noun,
                                    std::string_view name, std::string_view event, std::string_view shown_dir = "DIR");
 
 // The fix for a lock file `euid` cannot open (EACCES), by who can make it:
 // DIR's owner replaces it, else its owner or root opens its mode to the group.
-std::string unopenable_hint(const LockDir& dir, const struct stat& file, uid_t euid);
+std::string unopenable_hint(const LockDir& dir, const struct stat& file, Uid euid);
 
 // DIR/.state.lock cannot be looked at (fstatat failed with `err`): Fatal 73
 // (71 for resource exhaustion), with the fix when DIR lacks search permission.

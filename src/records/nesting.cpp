@@ -6,7 +6,9 @@
 
 #include <charconv>
 
+#include "os/ids.hpp"
 #include "os/procfs.hpp"
+#include "os/stat.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 #include "records/lockfile.hpp"
@@ -65,11 +67,11 @@ bool holds_through(int fd, int dirfd, const struct stat& lock_file, bool exclusi
 }
 
 std::optional<OuterHolder> find_outer_holder(const EnvList& env, int dirfd, const struct stat& lock_file,
-                                             bool exclusive, pid_t self) {
+                                             bool exclusive, Pid self) {
   auto pid = to_long(env_get(env, env_name::kHolderPid));
   auto holder_fd = to_fd(env_get(env, env_name::kHolderFd));
   if (!holder_fd) return std::nullopt;
-  const pid_t named = pid && *pid > 0 && *pid <= 0x7fffffff ? static_cast<pid_t>(*pid) : 0;
+  const Pid named = pid && *pid > 0 && *pid <= 0x7fffffff ? static_cast<Pid>(*pid) : 0;
   // This process's own descriptor, inherited from the outer looplock.
   for (auto fd : {holder_fd, to_fd(env_get(env, env_name::kFd))}) {
     if (fd && holds_through(*fd, dirfd, lock_file, exclusive)) return OuterHolder{named, *fd, true};
@@ -88,10 +90,10 @@ std::optional<int> inherited_lock_fd(const EnvList& env, const struct stat& lock
   return fd;
 }
 
-bool deadline_owner_lives(const EnvList& env, pid_t self) {
+bool deadline_owner_lives(const EnvList& env, Pid self) {
   const auto owner = parse_deadline_owner(env_get(env, env_name::kDeadlineOwner));
   if (!owner || owner->start.empty() || owner->pid > 0x7fffffff || !procfs::proc_is_ours()) return false;
-  const auto pid = static_cast<pid_t>(owner->pid);
+  const auto pid = static_cast<Pid>(owner->pid);
   return procfs::is_self_or_ancestor(pid, self) && procfs::pid_start(pid) == owner->start;
 }
 

@@ -16,16 +16,16 @@
 #pragma once
 
 #include <sys/stat.h>
-#include <sys/types.h>
 
 #include <optional>
 
 #include "base/environment.hpp"
+#include "os/ids.hpp"
 
 namespace looplock {
 
 struct OuterHolder {
-  pid_t pid;       // the outer looplock, as the environment names it (0 if it does not)
+  Pid pid;         // the outer looplock, as the environment names it (0 if it does not)
   int fd;          // the descriptor through which the lock is held
   bool inherited;  // the descriptor is this process's own
 };
@@ -34,7 +34,7 @@ struct OuterHolder {
 // `dirfd`), if the environment names one that really holds it (exclusively,
 // when `exclusive`) on behalf of this process `self`.
 std::optional<OuterHolder> find_outer_holder(const EnvList& env, int dirfd, const struct stat& lock_file,
-                                             bool exclusive, pid_t self);
+                                             bool exclusive, Pid self);
 
 // Whether the lock on `lock_file` is held through this process's descriptor
 // `fd` (exclusively, when `exclusive`): from /proc/self/fdinfo, else by
@@ -51,7 +51,7 @@ bool probe_holds_through(int fd, int dirfd, const struct stat& lock_file);
 // the same start time: only then does its deadline hold. A copied, stale or
 // unowned deadline does not (and without /proc of this pid namespace it
 // cannot be told, so it does not either).
-bool deadline_owner_lives(const EnvList& env, pid_t self);
+bool deadline_owner_lives(const EnvList& env, Pid self);
 
 // The fd named by $LOOPLOCK_FD, if this process has it open on `lock_file`.
 std::optional<int> inherited_lock_fd(const EnvList& env, const struct stat& lock_file);

@@ -7,6 +7,7 @@
 #include <cerrno>
 
 #include "base/error.hpp"
+#include "os/ids.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 
@@ -27,7 +28,7 @@ bool in_child_pid_namespace() {
 // live_holders().
 std::vector<procfs::KernelLock> confirm(const std::vector<procfs::KernelLock>& locks, const struct stat& file) {
   if (locks.empty()) return {};
-  std::vector<pid_t> pids;
+  std::vector<Pid> pids;
   for (const auto& k : locks) pids.push_back(k.pid);
   auto confirmed = procfs::fd_holders(pids, file);
   if (confirmed.size() == locks.size()) return confirmed;
@@ -69,7 +70,7 @@ void add_holders(LockFacts& f, const std::vector<procfs::KernelLock>& locks) {
       h.command = procfs::comm(k.pid).value_or("");
       h.start = procfs::pid_start(k.pid);
       h.uid = procfs::real_uid(k.pid);
-      if (h.uid) h.gids = procfs::group_ids(k.pid).value_or(std::vector<gid_t>{});
+      if (h.uid) h.gids = procfs::group_ids(k.pid).value_or(std::vector<Gid>{});
     }
     f.holders.push_back(std::move(h));
   }
@@ -86,7 +87,7 @@ std::vector<procfs::KernelLock> live_holders(const struct stat& file) {
 std::vector<procfs::KernelLock> kernel_holders(const HolderRead& read, const struct stat& file,
                                                const std::vector<procfs::KernelLock>& hint) {
   if (!hint.empty()) {
-    std::vector<pid_t> pids;
+    std::vector<Pid> pids;
     for (const auto& k : hint) pids.push_back(k.pid);
     if (procfs::pids_holding_flock(pids, file).size() == pids.size()) return hint;
   }

@@ -5,11 +5,11 @@
 
 #include "base/duration.hpp"
 #include "base/text.hpp"
+#include "os/ids.hpp"
 
 namespace looplock {
 
 namespace {
-
 
 std::string record_holder(const HolderRecord& r) {
   return "pid " + std::to_string(r.pid) + " (agent " + r.agent_id + ", operation " + r.operation + ", policy " +
@@ -43,15 +43,15 @@ bool read_only_looplocks(const LockFacts& f) {
   });
 }
 
-std::vector<pid_t> pids_of(const std::vector<LockHolder>& holders) {
-  std::vector<pid_t> out;
+std::vector<Pid> pids_of(const std::vector<LockHolder>& holders) {
+  std::vector<Pid> out;
   for (const auto& h : holders) {
     if (!h.exited) out.push_back(h.pid);
   }
   return out;
 }
 
-bool contains(const std::vector<pid_t>& v, pid_t p) { return std::find(v.begin(), v.end(), p) != v.end(); }
+bool contains(const std::vector<Pid>& v, Pid p) { return std::find(v.begin(), v.end(), p) != v.end(); }
 
 // Whether the record's process is gone: dead, or its pid reused.
 bool record_gone(const LockFacts& f) {
@@ -72,7 +72,7 @@ RecordState judge_record(const LockFacts& f, LockState state, bool& left_by_loop
   if (f.record.state == HolderRead::State::Error) return RecordState::NotRead;
   if (!f.record.record) return RecordState::None;
   const HolderRecord& r = *f.record.record;
-  const pid_t here = f.record_pid_here.value_or(r.pid);
+  const Pid here = f.record_pid_here.value_or(r.pid);
   // The kernel names its pid (and it is the same process), or a process holds
   // the lock through the descriptor the record's looplock locked and passed on.
   const bool direct = !r.released_at && std::any_of(f.holders.begin(), f.holders.end(), [&](const LockHolder& h) {
@@ -214,7 +214,7 @@ Verdict judge(const LockFacts& f) {
   std::vector<std::string>& w = v.warnings;
   access_warnings(f, w);
   if (!f.dead_kernel_pids.empty()) {
-    std::vector<pid_t> found;
+    std::vector<Pid> found;
     for (const auto& h : f.holders) {
       if (h.locked_by != 0 && contains(f.dead_kernel_pids, h.locked_by)) found.push_back(h.pid);
     }

@@ -15,8 +15,6 @@
 // Pure: no I/O.
 #pragma once
 
-#include <sys/types.h>
-
 #include <optional>
 #include <string>
 #include <string_view>
@@ -24,6 +22,7 @@
 
 #include "base/json.hpp"
 #include "base/text.hpp"
+#include "os/ids.hpp"
 #include "records/holder.hpp"
 #include "records/lockfile.hpp"
 
@@ -32,16 +31,16 @@ namespace looplock {
 // A process the kernel shows holding the lock, confirmed through its
 // descriptor.
 struct LockHolder {
-  pid_t pid = 0;
+  Pid pid = 0;
   bool exclusive = true;
   // The pid /proc/locks names when this process holds the lock through a
   // descriptor that process locked and passed on (and has exited since); 0
   // when /proc/locks names this process itself.
-  pid_t locked_by = 0;
+  Pid locked_by = 0;
   std::string command;               // its base name (/proc/PID/comm); empty when unknown
   std::optional<std::string> start;  // its start time, as a record's pid_start
-  std::optional<uid_t> uid;          // its real uid
-  std::vector<gid_t> gids;           // its groups (real, effective, supplementary), when known
+  std::optional<Uid> uid;            // its real uid
+  std::vector<Gid> gids;             // its groups (real, effective, supplementary), when known
   // /proc/locks names it but it has exited, and the process that holds the
   // lock through the descriptor it passed on could not be found.
   bool exited = false;
@@ -53,24 +52,24 @@ struct LockFacts {
   bool exists = true;
   std::optional<Refusal> refusal;  // why every run refuses it (73)
   bool others_can_read = false;    // any local user can open it, so take the lock
-  std::optional<uid_t> file_uid;
-  std::optional<uid_t> dir_uid;
+  std::optional<Uid> file_uid;
+  std::optional<Uid> dir_uid;
   // The lock file's group, when its members may open it (group-readable):
   // a member of that group holds the lock as the man page's group recipe has it.
-  std::optional<gid_t> sharing_gid;
+  std::optional<Gid> sharing_gid;
   bool group_can_write = false;  // the lock file is group-writable (a member's looplock writes its record)
   std::optional<std::string> network_fs;
   // The kernel.
-  bool seen_held = false;               // this run's own attempt found the lock held
-  std::vector<LockHolder> holders;      // who holds it
-  std::string kernel_unknown;           // why the kernel's view is not whole ("": it is)
-  std::vector<pid_t> dead_kernel_pids;  // pids /proc/locks names that have exited
+  bool seen_held = false;             // this run's own attempt found the lock held
+  std::vector<LockHolder> holders;    // who holds it
+  std::string kernel_unknown;         // why the kernel's view is not whole ("": it is)
+  std::vector<Pid> dead_kernel_pids;  // pids /proc/locks names that have exited
   // The record, and its process.
   HolderRead record;
   std::optional<long long> record_age_ms;
   std::optional<bool> record_pid_alive;     // nullopt: cannot be told
   std::optional<bool> record_same_process;  // nullopt: cannot be compared
-  std::optional<pid_t> record_pid_here;     // its pid as seen here, when it wrote it in a pid namespace of its own
+  std::optional<Pid> record_pid_here;       // its pid as seen here, when it wrote it in a pid namespace of its own
   std::string record_pid_note;              // how its pid is seen from here, when that is not plain
   long long stale_after_ms = 2LL * 3600 * 1000;
 };
@@ -105,7 +104,7 @@ struct Verdict {
   // Held by looplocks the lock file is read-only for (a group's member under
   // umask 022): no record, and no warning.
   bool read_only_holder = false;
-  std::vector<pid_t> confirm;  // whom an operator confirms stalled before terminating
+  std::vector<Pid> confirm;  // whom an operator confirms stalled before terminating
   std::vector<std::string> warnings;
   std::string action;  // what to do, one sentence
 };

@@ -4,8 +4,6 @@
 // job, release the locks in reverse, and conclude once.
 #pragma once
 
-#include <sys/types.h>
-
 #include <memory>
 #include <optional>
 #include <vector>

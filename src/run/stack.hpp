@@ -4,8 +4,6 @@
 // in build_stack(); Run's unit tests give Run a factory of their own.
 #pragma once
 
-#include <sys/types.h>
-
 #include <functional>
 #include <memory>
 #include <vector>
@@ -15,6 +13,7 @@
 #include "lock/lock.hpp"
 #include "lock/lock_kind.hpp"
 #include "lock/report.hpp"
+#include "os/ids.hpp"
 #include "records/lock_id.hpp"
 #include "records/lockfile.hpp"
 #include "settings/settings.hpp"
@@ -23,7 +22,7 @@ namespace looplock {
 
 struct Context {
   EnvList env;  // the environment looplock was started with
-  pid_t pid = 0;
+  Pid pid = 0;
   long long start_ns = 0;       // CLOCK_MONOTONIC when looplock started
   long long start_wall_ms = 0;  // the same instant on the wall clock (ms since the epoch)
   // The cluster lock (--etcd): looplock-etcd's, null in looplock, which

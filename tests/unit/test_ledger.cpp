@@ -9,11 +9,13 @@
 #include <vector>
 
 #include "base/error.hpp"
+#include "os/ids.hpp"
 #include "os/procfs.hpp"
 #include "records/lockfile.hpp"
 #include "records/sealed.hpp"
 #include "testutil.hpp"
 
+using looplock::Pid;
 using looplock::RunEntry;
 using looplock::Slot;
 using testutil::TempDir;
@@ -335,7 +337,7 @@ TEST_CASE("a runner is proven dead only on this boot and pid namespace, its pid 
   RunEntry reused = e;
   reused.pid_start = e.pid_start + "1";
   CHECK(looplock::runner_proven_dead(reused));  // the pid is another process now
-  const pid_t child = fork();
+  const Pid child = fork();
   REQUIRE(child >= 0);
   if (child == 0) _exit(0);
   REQUIRE(waitpid(child, nullptr, 0) == child);

@@ -17,6 +17,7 @@
 
 #include "base/duration.hpp"
 #include "base/error.hpp"
+#include "os/ids.hpp"
 #include "os/unique_fd.hpp"
 #include "testutil.hpp"
 
@@ -27,12 +28,12 @@ using looplock::kMs;
 using looplock::LockDir;
 using looplock::LockFile;
 using looplock::LockMode;
+using looplock::Pid;
 using looplock::UniqueFd;
 using looplock::WaitPlan;
 using testutil::TempDir;
 
 namespace {
-
 
 struct CountingObserver : looplock::AcquireObserver {
   int waits = 0;
@@ -209,7 +210,7 @@ TEST_CASE("open_lock_file refuses unsafe lock paths with 73") {
 TEST_CASE("descriptors are moved above stdin, stdout and stderr") {
   TempDir dir;
   // In a child, with 0, 1 and 2 closed, so that open() would return them.
-  pid_t child = fork();
+  Pid child = fork();
   REQUIRE(child >= 0);
   if (child == 0) {
     close(0);
@@ -491,8 +492,8 @@ TEST_CASE("an EINTR storm does not stretch the deadline") {
   struct sigaction saved {};
   REQUIRE(sigaction(SIGUSR1, &h, &saved) == 0);
 
-  const pid_t target = getpid();
-  pid_t storm = fork();
+  const Pid target = getpid();
+  Pid storm = fork();
   REQUIRE(storm >= 0);
   if (storm == 0) {
     alarm(20);

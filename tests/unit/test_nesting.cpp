@@ -11,11 +11,13 @@
 #include <csignal>
 #include <string>
 
+#include "os/ids.hpp"
 #include "os/procfs.hpp"
 #include "os/unique_fd.hpp"
 #include "testutil.hpp"
 
 using looplock::EnvList;
+using looplock::Pid;
 using looplock::UniqueFd;
 using testutil::TempDir;
 
@@ -24,7 +26,7 @@ namespace {
 EnvList holder_env(const std::string& pid, const std::string& fd) {
   return {"PATH=/bin", "LOOPLOCK_HOLDER_PID=" + pid, "LOOPLOCK_HOLDER_FD=" + fd};
 }
-EnvList holder_env(pid_t pid, int fd) { return holder_env(std::to_string(pid), std::to_string(fd)); }
+EnvList holder_env(Pid pid, int fd) { return holder_env(std::to_string(pid), std::to_string(fd)); }
 
 struct Lock {
   UniqueFd dir;
@@ -45,7 +47,7 @@ struct Lock {
   }
 };
 
-std::optional<looplock::OuterHolder> outer(const EnvList& env, const Lock& l, bool exclusive, pid_t self = getpid()) {
+std::optional<looplock::OuterHolder> outer(const EnvList& env, const Lock& l, bool exclusive, Pid self = getpid()) {
   return looplock::find_outer_holder(env, l.dir.get(), l.st, exclusive, self);
 }
 
@@ -61,7 +63,7 @@ TEST_CASE("no or garbage environment: no outer holder") {
   TempDir dir;
   Lock lock(dir);
   REQUIRE(flock(lock.fd.get(), LOCK_EX) == 0);
-  const pid_t self = getpid();
+  const Pid self = getpid();
   const std::string fd = std::to_string(lock.fd.get());
   const std::string pid = std::to_string(self);
 
@@ -94,7 +96,7 @@ TEST_CASE("the lock must be held through that very descriptor") {
   TempDir dir;
   Lock lock(dir);
   Lock other(dir, "other");
-  const pid_t self = getpid();
+  const Pid self = getpid();
 
   CHECK_FALSE(outer(holder_env(self, lock.fd.get()), lock, true));  // not locked yet
   REQUIRE(flock(lock.fd.get(), LOCK_EX) == 0);
@@ -120,7 +122,7 @@ TEST_CASE("without the descriptor: the named holder must be a live ancestor hold
   TempDir dir;
   Lock lock(dir);
   REQUIRE(flock(lock.fd.get(), LOCK_EX) == 0);
-  const pid_t self = getpid();
+  const Pid self = getpid();
 
   // A child that holds the lock through a descriptor number this process
   // does not have: it is not our ancestor.
@@ -128,7 +130,7 @@ TEST_CASE("without the descriptor: the named holder must be a live ancestor hold
   REQUIRE(fcntl(kChildFd, F_GETFD) == -1);
   int p[2];
   REQUIRE(pipe2(p, O_CLOEXEC) == 0);
-  pid_t child = fork();
+  Pid child = fork();
   REQUIRE(child >= 0);
   if (child == 0) {
     close(p[1]);
@@ -157,7 +159,7 @@ TEST_CASE("without the descriptor: the named holder must be a live ancestor hold
   child = fork();
   REQUIRE(child >= 0);
   if (child == 0) {
-    pid_t grandchild = fork();
+    Pid grandchild = fork();
     if (grandchild == 0) {
       const int fd = lock.fd.get();
       close(fd);
@@ -206,17 +208,17 @@ TEST_CASE("the probe used without /proc changes nothing and tells an exclusive h
 TEST_CASE("an inherited deadline holds only while the looplock that set it is a live ancestor") {
   const auto start = looplock::procfs::own_start();
   REQUIRE(start);
-  const pid_t self = getpid();
+  const Pid self = getpid();
   auto owner = [](long long pid, const std::string& st) {
     return EnvList{"LOOPLOCK_DEADLINE=1700000000.000", "LOOPLOCK_DEADLINE_OWNER=" + std::to_string(pid) + ":" + st};
   };
   CHECK(looplock::deadline_owner_lives(owner(self, *start), self));  // this process: an ancestor of itself
-  const pid_t parent = getppid();
+  const Pid parent = getppid();
   if (auto ps = looplock::procfs::pid_start(parent)) CHECK(looplock::deadline_owner_lives(owner(parent, *ps), self));
   CHECK_FALSE(looplock::deadline_owner_lives(owner(self, *start + "0"), self));  // another start: a reused pid
   CHECK_FALSE(looplock::deadline_owner_lives(EnvList{"LOOPLOCK_DEADLINE=1700000000.000"}, self));  // no owner
   // A live process that is not an ancestor: a child.
-  const pid_t child = fork();
+  const Pid child = fork();
   REQUIRE(child >= 0);
   if (child == 0) {
     pause();

@@ -14,8 +14,12 @@
 #include <string>
 #include <vector>
 
+#include "os/ids.hpp"
 #include "os/unique_fd.hpp"
 #include "testutil.hpp"
+
+using looplock::Gid;
+using looplock::Pid;
 
 namespace procfs = looplock::procfs;
 using looplock::UniqueFd;
@@ -39,7 +43,7 @@ struct stat fake_stat(unsigned maj, unsigned min, ino_t ino) {
 
 // A child that waits until its stdin pipe closes (or 20 s pass), then exits.
 struct Sleeper {
-  pid_t pid = -1;
+  Pid pid = -1;
   int release_fd = -1;
   Sleeper() {
     int p[2];
@@ -107,7 +111,7 @@ TEST_CASE("pid_start, parent_pid and pid_alive of real processes") {
   CHECK_FALSE(procfs::pid_alive(0));
   CHECK_FALSE(procfs::pid_alive(-1));
 
-  pid_t child = fork();
+  Pid child = fork();
   REQUIRE(child >= 0);
   if (child == 0) _exit(0);
   REQUIRE(testutil::wait_child(child));
@@ -132,11 +136,11 @@ TEST_CASE("is_self_or_ancestor") {
   // A grandchild sees this process as an ancestor.
   int p[2];
   REQUIRE(pipe2(p, O_CLOEXEC) == 0);
-  const pid_t me = getpid();
-  pid_t child = fork();
+  const Pid me = getpid();
+  Pid child = fork();
   REQUIRE(child >= 0);
   if (child == 0) {
-    pid_t grandchild = fork();
+    Pid grandchild = fork();
     if (grandchild == 0) {
       char ok = procfs::is_self_or_ancestor(me, getpid()) && !procfs::is_self_or_ancestor(unrelated.pid, getpid())
                     ? 'y'
@@ -269,7 +273,7 @@ TEST_CASE("own_start, proc_is_ours, comm and ns_pids") {
   REQUIRE_FALSE(mine.empty());
   CHECK(mine.back() == getpid());
   CHECK(procfs::ns_pids(getpid()) == mine);
-  CHECK(procfs::parse_ns_pids("Name:\tx\nNSpid:\t4321\t1\nNSpgid:\t4321\t1\n") == std::vector<pid_t>{4321, 1});
+  CHECK(procfs::parse_ns_pids("Name:\tx\nNSpid:\t4321\t1\nNSpgid:\t4321\t1\n") == std::vector<Pid>{4321, 1});
   CHECK(procfs::parse_ns_pids("Name:\tx\n").empty());
   CHECK(procfs::parse_ns_pids("NSpid:\t12\tx\n").empty());
 }
@@ -288,11 +292,11 @@ TEST_CASE("descendants and pids_holding_flock") {
   int release[2], ready[2];
   REQUIRE(pipe2(release, O_CLOEXEC) == 0);
   REQUIRE(pipe2(ready, O_CLOEXEC) == 0);
-  pid_t child = fork();
+  Pid child = fork();
   REQUIRE(child >= 0);
   if (child == 0) {
     close(release[1]);
-    pid_t grandchild = fork();
+    Pid grandchild = fork();
     if (grandchild == 0) {
       int own = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
       if (own < 0 || flock(own, LOCK_EX) != 0) _exit(1);
@@ -328,16 +332,16 @@ TEST_CASE("descendants and pids_holding_flock") {
   }
   close(ready[0]);
   REQUIRE(got.rfind("ready ", 0) == 0);
-  const pid_t grandchild = static_cast<pid_t>(std::stol(got.substr(6)));
+  const Pid grandchild = static_cast<Pid>(std::stol(got.substr(6)));
 
   auto all = procfs::descendants(getpid());
   CHECK(std::find(all.begin(), all.end(), child) != all.end());
   CHECK(std::find(all.begin(), all.end(), grandchild) != all.end());
   auto below_child = procfs::descendants(child);
-  CHECK(below_child == std::vector<pid_t>{grandchild});
+  CHECK(below_child == std::vector<Pid>{grandchild});
   CHECK(procfs::descendants(grandchild).empty());
 
-  CHECK(procfs::pids_holding_flock({child, grandchild}, st) == std::vector<pid_t>{grandchild});
+  CHECK(procfs::pids_holding_flock({child, grandchild}, st) == std::vector<Pid>{grandchild});
   CHECK(procfs::pids_holding_flock({getpid()}, st).empty());  // our fd is not locked
   CHECK(procfs::pids_holding_flock({}, st).empty());
 
@@ -348,8 +352,8 @@ TEST_CASE("descendants and pids_holding_flock") {
 TEST_CASE("parse_group_ids: the real and effective group, then the supplementary ones") {
   const std::string status = "Name:\tpython3\nUid:\t1000\t1000\t1000\t1000\nGid:\t1000\t1001\t1002\t1003\n"
                              "FDSize:\t64\nGroups:\t27 5000 \nNStgid:\t1\n";
-  CHECK(looplock::procfs::parse_group_ids(status) == std::vector<gid_t>{1000, 1001, 27, 5000});
-  CHECK(looplock::procfs::parse_group_ids("Gid:\t7\t7\t7\t7\nGroups:\t\n") == std::vector<gid_t>{7, 7});
+  CHECK(looplock::procfs::parse_group_ids(status) == std::vector<Gid>{1000, 1001, 27, 5000});
+  CHECK(looplock::procfs::parse_group_ids("Gid:\t7\t7\t7\t7\nGroups:\t\n") == std::vector<Gid>{7, 7});
   CHECK(looplock::procfs::parse_group_ids("Name:\tx\n").empty());
   const auto mine = looplock::procfs::group_ids(getpid());
   REQUIRE(mine);

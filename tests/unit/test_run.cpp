@@ -9,6 +9,7 @@
 
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
+#include "os/ids.hpp"
 #include "os/sys.hpp"
 #include "testutil.hpp"
 
@@ -157,7 +158,7 @@ class FakeJobs final : public JobRunner {
 public:
   explicit FakeJobs(JobEnd end) : end_(std::move(end)) {}
   JobEnd run(const CommandSpec& spec, const InheritedSignals& /*inherited*/, const Logger& /*log*/,
-             pid_t /*self*/) override {
+             Pid /*self*/) override {
     ++runs;
     argv = spec.argv;
     env = spec.env;

@@ -10,9 +10,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "os/ids.hpp"
 #include "testutil.hpp"
 
 using looplock::InheritedSignals;
+using looplock::Pid;
 
 TEST_CASE("shell_status") {
   CHECK(looplock::shell_status(W_EXITCODE(0, 0)) == 0);
@@ -24,7 +26,7 @@ TEST_CASE("shell_status") {
   CHECK(looplock::shell_status(W_STOPCODE(SIGSTOP)) == 71);                       // not an ending
 
   // Real wait statuses.
-  pid_t child = fork();
+  Pid child = fork();
   REQUIRE(child >= 0);
   if (child == 0) _exit(42);
   auto st = testutil::wait_child(child);
@@ -109,7 +111,7 @@ TEST_CASE("take_signal_control captures the inherited state and sets looplock's 
 
 TEST_CASE("exit_like exits with the status or dies of the signal, without a core") {
   auto outcome = [](int wait_status) {
-    pid_t child = fork();
+    Pid child = fork();
     REQUIRE(child >= 0);
     if (child == 0) looplock::exit_like(wait_status);
     auto st = testutil::wait_child(child);

@@ -18,6 +18,7 @@
 
 #include "base/error.hpp"
 #include "base/log.hpp"
+#include "os/ids.hpp"
 #include "os/unique_fd.hpp"
 #include "testutil.hpp"
 
@@ -25,6 +26,7 @@ using looplock::CommandSpec;
 using looplock::Fatal;
 using looplock::InheritedSignals;
 using looplock::Logger;
+using looplock::Pid;
 using looplock::UniqueFd;
 using testutil::TempDir;
 
@@ -41,7 +43,6 @@ CommandSpec sh(const std::string& script, std::vector<std::string> env = base_en
   spec.env = std::move(env);
   return spec;
 }
-
 
 // What one run_command in a child "looplock" process came to.
 struct Result {
@@ -78,7 +79,7 @@ public:
     if (result_fd_ >= 0) close(result_fd_);
     if (pid_ > 0 && !reaped_) testutil::wait_child(pid_, std::chrono::seconds(1));
   }
-  pid_t pid() const { return pid_; }
+  Pid pid() const { return pid_; }
 
   Result finish() {
     auto st = testutil::wait_child(pid_);
@@ -145,7 +146,7 @@ private:
     _exit(0);
   }
 
-  pid_t pid_ = -1;
+  Pid pid_ = -1;
   int result_fd_ = -1;
   bool reaped_ = false;
 };
@@ -347,12 +348,12 @@ TEST_CASE("--kill-after: KILL follows a TERM the command ignores") {
 }
 
 namespace {
-bool process_exists(pid_t pid) { return kill(pid, 0) == 0 || errno == EPERM; }
+bool process_exists(Pid pid) { return kill(pid, 0) == 0 || errno == EPERM; }
 
-std::optional<pid_t> read_pid(const std::string& path) {
+std::optional<Pid> read_pid(const std::string& path) {
   for (int i = 0; i < 2000; ++i) {  // up to 10 s
     if (auto text = testutil::slurp(path); text && !text->empty() && text->back() == '\n') {
-      return static_cast<pid_t>(std::stol(*text));
+      return static_cast<Pid>(std::stol(*text));
     }
     usleep(5000);
   }
@@ -554,7 +555,7 @@ TEST_CASE("a lock descriptor that cannot be passed: 71, and the command does not
   CHECK_FALSE(r.zombies);
   CHECK_FALSE(testutil::slurp(marker));
 
-  pid_t child = fork();
+  Pid child = fork();
   REQUIRE(child >= 0);
   if (child == 0) {
     InheritedSignals in = looplock::take_signal_control();
@@ -572,7 +573,7 @@ TEST_CASE("a lock descriptor that cannot be passed: 71, and the command does not
 }
 
 TEST_CASE("exec_command replaces the process; a failure throws") {
-  pid_t child = fork();
+  Pid child = fork();
   REQUIRE(child >= 0);
   if (child == 0) {
     InheritedSignals in = looplock::take_signal_control();

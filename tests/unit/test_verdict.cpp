@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "os/ids.hpp"
 #include "testutil.hpp"
 
 using looplock::HolderRead;
@@ -12,7 +13,9 @@ using looplock::HolderRecord;
 using looplock::LockFacts;
 using looplock::LockHolder;
 using looplock::LockState;
+using looplock::Pid;
 using looplock::RecordState;
+using looplock::Uid;
 using looplock::Verdict;
 
 namespace {
@@ -21,7 +24,7 @@ constexpr long long kHourMs = 3'600'000;
 const std::string kSince = "2026-11-30T17:00:00.123Z";
 const std::string kRecordHolder = "pid 1234 (agent cron, operation status.py, policy mutation, since " + kSince + ")";
 
-LockHolder holder(pid_t pid, const char* command = "", bool exclusive = true) {
+LockHolder holder(Pid pid, const char* command = "", bool exclusive = true) {
   LockHolder h;
   h.pid = pid;
   h.exclusive = exclusive;
@@ -77,7 +80,7 @@ TEST_CASE("held by the recorded looplock: the record names the holder") {
   CHECK(v.record == RecordState::Current);
   CHECK(v.warnings.empty());
   CHECK(looplock::holder_phrase(v) == kRecordHolder);
-  CHECK(v.confirm == std::vector<pid_t>{1234});
+  CHECK(v.confirm == std::vector<Pid>{1234});
   CHECK(v.action.find("confirm that pid 1234 is alive and stalled") != std::string::npos);
   CHECK(v.action.find("Never delete the lock file") != std::string::npos);
 }
@@ -91,7 +94,7 @@ TEST_CASE("a crashed looplock's record is never pinned on the next holder") {
   Verdict v = looplock::judge(f);
   CHECK(v.record == RecordState::Stale);
   CHECK(looplock::holder_phrase(v) == "pid 2001 (flock): no looplock record");
-  CHECK(v.confirm == std::vector<pid_t>{2001});
+  CHECK(v.confirm == std::vector<Pid>{2001});
   CHECK(v.action.find("pid 2001") != std::string::npos);
   CHECK(v.action.find("1234") == std::string::npos);
   CHECK(any_contains(v.warnings, "the holder record is stale: it names looplock pid 1234"));
@@ -179,7 +182,7 @@ TEST_CASE("held through a descriptor the recorded looplock passed on before it e
   CHECK(v.left_by_looplock);
   CHECK(looplock::holder_phrase(v) ==
         "pid 4100 (sleep), left holding the lock by looplock " + kRecordHolder + ", which has exited");
-  CHECK(v.confirm == std::vector<pid_t>{4100});
+  CHECK(v.confirm == std::vector<Pid>{4100});
   CHECK(any_contains(v.warnings, "the kernel names pid 1234, which has exited"));
   CHECK(any_contains(v.warnings, "by pid 4100"));
   // Nobody found holding the descriptor.
@@ -259,7 +262,7 @@ TEST_CASE("who may hold the lock: readable by others, or held by a foreign user"
   CHECK(any_contains(
       looplock::judge(f).warnings,
       "pid 1234 holds the lock as uid 2000, neither the lock file's owner (uid 1000) nor DIR's (uid 1001)"));
-  for (uid_t ok : {0u, 1000u, 1001u}) {
+  for (Uid ok : {0u, 1000u, 1001u}) {
     f.holders[0].uid = ok;
     CHECK(looplock::judge(f).warnings.empty());
   }

@@ -10,7 +10,10 @@
 #include <algorithm>
 #include <vector>
 
+#include "os/ids.hpp"
 #include "os/procfs.hpp"
+
+using looplock::Pid;
 
 namespace {
 
@@ -19,10 +22,10 @@ volatile sig_atomic_t got = 0;
 // A child in process group `pgid` (0: a new one of its own) that treats
 // USR1 as `how` says ('c' catches, 'i' ignores, 'b' blocks, 'd' default),
 // and exits 7 when a caught USR1 came. It reports ready through a pipe.
-pid_t child(pid_t pgid, char how) {
+Pid child(Pid pgid, char how) {
   int fds[2];
   REQUIRE(pipe(fds) == 0);
-  const pid_t pid = fork();
+  const Pid pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
     close(fds[0]);
@@ -50,7 +53,7 @@ pid_t child(pid_t pgid, char how) {
   return pid;
 }
 
-int reap(pid_t pid) {
+int reap(Pid pid) {
   int st = 0;
   waitpid(pid, &st, 0);
   return st;
@@ -75,24 +78,24 @@ TEST_CASE("parse_signal_masks reads SigBlk, SigIgn and SigCgt") {
 
 TEST_CASE("a warning pass sends the signal to each process of the group that catches it, once") {
   REQUIRE(prctl(PR_SET_CHILD_SUBREAPER, 1) == 0);  // as looplock is the job's
-  const pid_t leader = child(0, 'd');
-  const pid_t catcher = child(leader, 'c');
-  const pid_t ignorer = child(leader, 'i');
-  const pid_t blocker = child(leader, 'b');
-  const pid_t outsider = child(0, 'c');  // catches it, but in another group
+  const Pid leader = child(0, 'd');
+  const Pid catcher = child(leader, 'c');
+  const Pid ignorer = child(leader, 'i');
+  const Pid blocker = child(leader, 'b');
+  const Pid outsider = child(0, 'c');  // catches it, but in another group
   looplock::JobWarning w(getpid(), leader, SIGUSR1);
   REQUIRE(w.pass());
-  CHECK(w.sent() == std::vector<pid_t>{catcher});
+  CHECK(w.sent() == std::vector<Pid>{catcher});
   auto skipped = w.skipped();
   std::sort(skipped.begin(), skipped.end());
-  std::vector<pid_t> expected{leader, ignorer, blocker};
+  std::vector<Pid> expected{leader, ignorer, blocker};
   std::sort(expected.begin(), expected.end());
   CHECK(skipped == expected);
   REQUIRE(w.pass());  // once: the catcher is not sent it again
-  CHECK(w.sent() == std::vector<pid_t>{catcher});
+  CHECK(w.sent() == std::vector<Pid>{catcher});
   CHECK(WEXITSTATUS(reap(catcher)) == 7);
   CHECK(WEXITSTATUS(reap(outsider)) == 0);
-  for (pid_t p : {leader, ignorer, blocker}) {
+  for (Pid p : {leader, ignorer, blocker}) {
     kill(p, SIGKILL);
     reap(p);
   }

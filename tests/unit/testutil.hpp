@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include "os/ids.hpp"
 #include "records/holder.hpp"
 
 #include <fcntl.h>
@@ -144,11 +145,11 @@ inline bool fd_is_open(int fd) { return fcntl(fd, F_GETFD) != -1 || errno != EBA
 
 // Waits for a child with a timeout (a hang fails instead of wedging the run):
 // returns its wait status, or nullopt after killing it when it did not end.
-inline std::optional<int> wait_child(pid_t pid, std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+inline std::optional<int> wait_child(looplock::Pid pid, std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     int status = 0;
-    pid_t r = waitpid(pid, &status, WNOHANG);
+    looplock::Pid r = waitpid(pid, &status, WNOHANG);
     if (r == pid) return status;
     if (r < 0 && errno != EINTR) return std::nullopt;
     if (std::chrono::steady_clock::now() >= deadline) {

@@ -1,0 +1,1 @@
+/usr/include/cxxopts.hpp

@@ -1,0 +1,141 @@
+// sys.hpp on POSIX (Linux): the system calls themselves.
+#include "os/sys.hpp"
+
+#include <fcntl.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <ctime>
+#include <type_traits>
+
+#include "os/ids.hpp"
+#include "os/unique_fd.hpp"
+
+namespace looplock::sys {
+
+// os/ids.hpp's types are the system's own: no conversion at any call.
+static_assert(std::is_same_v<Pid, pid_t> && std::is_same_v<Uid, uid_t> && std::is_same_v<Gid, gid_t>);
+
+bool write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    ssize_t n = retry_eintr([&] { return ::write(fd, data.data(), data.size()); });
+    if (n < 0) {
+      return false;
+    }
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
+
+bool pwrite_all(int fd, std::string_view data) {
+  size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t n =
+        retry_eintr([&] { return ::pwrite(fd, data.data() + done, data.size() - done, static_cast<off_t>(done)); });
+    if (n < 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+namespace {
+// Reads go straight into the result, in chunks of this size (no buffer on
+// the stack: a fresh stack page costs a run a page fault).
+constexpr size_t kChunk = 4096;
+
+// Up to `limit` bytes from read_at(into, count, offset) (a read(2) or
+// pread(2)), until it returns 0, or fewer bytes than asked where
+// `short_is_end`. nullopt on error.
+template <typename ReadAt>
+std::optional<std::string> read_chunks(size_t limit, bool short_is_end, ReadAt read_at) {
+  std::string out;
+  while (out.size() < limit) {
+    const size_t have = out.size();
+    const size_t want = std::min(kChunk, limit - have);
+    out.resize(have + want);
+    const ssize_t n = retry_eintr([&] { return read_at(out.data() + have, want, static_cast<off_t>(have)); });
+    if (n < 0) return std::nullopt;
+    out.resize(have + static_cast<size_t>(n));
+    if (n == 0 || (short_is_end && static_cast<size_t>(n) < want)) break;
+  }
+  return out;
+}
+}  // namespace
+
+std::optional<std::string> pread_all(int fd, size_t limit) {
+  // A regular file's pread(2) comes back short only at its end: no second
+  // call to be told so (a file that grows meanwhile is read as it was).
+  return read_chunks(limit, true, [&](char* into, size_t count, off_t at) { return ::pread(fd, into, count, at); });
+}
+
+std::optional<std::string> read_file(const std::string& path, size_t limit) {
+  UniqueFd fd(retry_eintr([&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY); }));
+  if (!fd) return std::nullopt;
+  // /proc files report size 0 and must be read sequentially, not with pread.
+  return read_chunks(limit, false, [&](char* into, size_t count, off_t) { return ::read(fd.get(), into, count); });
+}
+
+long long monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+long long realtime_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<long long>(ts.tv_sec) * 1000LL + ts.tv_nsec / 1000000LL;
+}
+
+void sleep_until_ns(long long until_ns) {
+  const timespec ts{static_cast<time_t>(until_ns / 1'000'000'000LL), static_cast<long>(until_ns % 1'000'000'000LL)};
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {
+  }
+}
+
+std::optional<unsigned long long> random_below(unsigned long long bound) {
+  // Rejection sampling: no value is likelier than another.
+  const unsigned long long limit = ~0ULL - (~0ULL % bound);
+  for (;;) {
+    unsigned long long v = 0;
+    const ssize_t n = retry_eintr([&] { return getrandom(&v, sizeof v, 0); });
+    if (n != static_cast<ssize_t>(sizeof v)) {
+      if (n >= 0) errno = EIO;
+      return std::nullopt;
+    }
+    if (v < limit) return v % bound;
+  }
+}
+
+Pid own_pid() { return getpid(); }
+
+std::string host_name() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "unknown";
+  return buf;
+}
+
+std::string user_name(Uid uid) {
+  const std::string id = std::to_string(uid);
+  if (auto passwd = read_file("/etc/passwd", 4 << 20)) {
+    std::string_view all = *passwd;
+    while (!all.empty()) {
+      auto nl = all.find('\n');
+      std::string_view line = all.substr(0, nl);
+      all = nl == std::string_view::npos ? std::string_view{} : all.substr(nl + 1);
+      auto c1 = line.find(':');
+      auto c2 = c1 == std::string_view::npos ? c1 : line.find(':', c1 + 1);
+      auto c3 = c2 == std::string_view::npos ? c2 : line.find(':', c2 + 1);
+      if (c3 != std::string_view::npos && line.substr(c2 + 1, c3 - c2 - 1) == id && c1 > 0) {
+        return std::string(line.substr(0, c1));
+      }
+    }
+  }
+  // Never getpwuid(3): in a static program glibc would dlopen the NSS
+  // modules that /etc/nsswitch.conf names (systemd, sss, ldap), which crash
+  // there. A user /etc/passwd does not list is named by number.
+  return id;
+}
+
+}  // namespace looplock::sys

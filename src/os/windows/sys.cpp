@@ -1,0 +1,166 @@
+// sys.hpp on Windows, after Microsoft's documentation of each call (wine runs
+// the unit tests, tests/unit/test_os.cpp; it does not check every rule).
+// Descriptors are the C runtime's, as on POSIX; a positioned read or write
+// goes to the descriptor's HANDLE with an OVERLAPPED offset, which on a
+// synchronous handle moves the file pointer: it is put back, so that the
+// file offset stays, as pread(2) and pwrite(2) promise.
+#include "os/sys.hpp"
+
+// windows.h first: bcrypt.h needs what it declares.
+// clang-format off
+#include <windows.h>
+#include <bcrypt.h>
+#include <fcntl.h>
+#include <io.h>
+// clang-format on
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <thread>
+
+namespace looplock::sys {
+
+bool write_all(int fd, std::string_view data) {
+  while (!data.empty()) {
+    const unsigned chunk = static_cast<unsigned>(std::min<size_t>(data.size(), INT_MAX));
+    const int n = _write(fd, data.data(), chunk);
+    if (n < 0) return false;
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
+}
+
+namespace {
+// Calls io(handle, overlapped at `offset`) and puts the descriptor's file
+// pointer back afterwards. -1 (errno EBADF) when fd has no handle.
+template <typename Io>
+bool at_offset(int fd, Io io) {
+  const HANDLE h = reinterpret_cast<HANDLE>(_get_osfhandle(fd));
+  if (h == INVALID_HANDLE_VALUE) {
+    errno = EBADF;
+    return false;
+  }
+  const long long kept = _lseeki64(fd, 0, SEEK_CUR);
+  const bool ok = io(h);
+  if (kept >= 0) _lseeki64(fd, kept, SEEK_SET);
+  return ok;
+}
+
+OVERLAPPED at(unsigned long long offset) {
+  OVERLAPPED o{};
+  o.Offset = static_cast<DWORD>(offset);
+  o.OffsetHigh = static_cast<DWORD>(offset >> 32);
+  return o;
+}
+}  // namespace
+
+bool pwrite_all(int fd, std::string_view data) {
+  return at_offset(fd, [&](HANDLE h) {
+    size_t done = 0;
+    while (done < data.size()) {
+      OVERLAPPED o = at(done);
+      DWORD n = 0;
+      const DWORD chunk = static_cast<DWORD>(std::min<size_t>(data.size() - done, 1u << 30));
+      if (!WriteFile(h, data.data() + done, chunk, &n, &o)) {
+        errno = EIO;
+        return false;
+      }
+      done += n;
+    }
+    return true;
+  });
+}
+
+std::optional<std::string> pread_all(int fd, size_t limit) {
+  std::string out;
+  const bool ok = at_offset(fd, [&](HANDLE h) {
+    while (out.size() < limit) {
+      const size_t have = out.size();
+      const DWORD want = static_cast<DWORD>(std::min<size_t>(limit - have, 1u << 30));
+      out.resize(have + want);
+      OVERLAPPED o = at(have);
+      DWORD n = 0;
+      if (!ReadFile(h, out.data() + have, want, &n, &o) && GetLastError() != ERROR_HANDLE_EOF) {
+        errno = EIO;
+        return false;
+      }
+      out.resize(have + n);
+      if (n < want) break;  // a regular file's short read is its end
+    }
+    return true;
+  });
+  if (!ok) return std::nullopt;
+  return out;
+}
+
+std::optional<std::string> read_file(const std::string& path, size_t limit) {
+  const int fd = _open(path.c_str(), _O_RDONLY | _O_BINARY | _O_NOINHERIT);
+  if (fd < 0) return std::nullopt;
+  std::string out;
+  while (out.size() < limit) {
+    const size_t have = out.size();
+    const unsigned want = static_cast<unsigned>(std::min<size_t>(limit - have, 1u << 20));
+    out.resize(have + want);
+    const int n = _read(fd, out.data() + have, want);
+    if (n < 0) {
+      const int err = errno;
+      _close(fd);
+      errno = err;
+      return std::nullopt;
+    }
+    out.resize(have + static_cast<size_t>(n));
+    if (n == 0) break;
+  }
+  _close(fd);
+  return out;
+}
+
+// The C++ library's steady clock is QueryPerformanceCounter on Windows, a
+// clock that never goes back and does not count sleep as a jump.
+long long monotonic_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+long long realtime_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+void sleep_until_ns(long long until_ns) {
+  // The library's sleep_until can wake a little early under mingw-w64
+  // (seen under wine: 0.3 ms); sleep on until the clock says so.
+  for (long long now = monotonic_ns(); now < until_ns; now = monotonic_ns()) {
+    std::this_thread::sleep_for(std::chrono::nanoseconds(until_ns - now));
+  }
+}
+
+std::optional<unsigned long long> random_below(unsigned long long bound) {
+  // Rejection sampling, as on POSIX; the bytes are the system's preferred
+  // generator's (BCryptGenRandom).
+  const unsigned long long limit = ~0ULL - (~0ULL % bound);
+  for (;;) {
+    unsigned long long v = 0;
+    if (BCryptGenRandom(nullptr, reinterpret_cast<PUCHAR>(&v), sizeof v, BCRYPT_USE_SYSTEM_PREFERRED_RNG) != 0) {
+      errno = EIO;
+      return std::nullopt;
+    }
+    if (v < limit) return v % bound;
+  }
+}
+
+Pid own_pid() { return static_cast<Pid>(GetCurrentProcessId()); }
+
+std::string host_name() {
+  char buf[256] = {};
+  DWORD size = sizeof buf;
+  if (!GetComputerNameExA(ComputerNameDnsHostname, buf, &size)) return "unknown";
+  return std::string(buf, size);
+}
+
+// Windows names a user by SID, not by number: there is no user database to
+// ask for a uid's name, so the number is all there is to say.
+std::string user_name(Uid uid) { return std::to_string(uid); }
+
+}  // namespace looplock::sys

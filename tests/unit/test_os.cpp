@@ -1,0 +1,101 @@
+// What src/os/sys.hpp promises on every system: this file runs on Linux and,
+// in the Windows cross build, under wine (tests/unit/meson.build). The POSIX
+// implementation's own cases are in test_sys.cpp.
+#include "os/sys.hpp"
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+
+namespace sys = looplock::sys;
+
+TEST_CASE("the monotonic clock does not go back, and sleep_until_ns reaches its time") {
+  const long long a = sys::monotonic_ns();
+  const long long b = sys::monotonic_ns();
+  CHECK(b >= a);
+  const long long until = b + 20'000'000;
+  sys::sleep_until_ns(until);
+  CHECK(sys::monotonic_ns() >= until);
+  CHECK(sys::monotonic_ms() >= until / 1'000'000);
+}
+
+TEST_CASE("the wall clock is the C++ library's") {
+  const long long ours = sys::realtime_ms();
+  const long long theirs =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  CHECK(theirs - ours >= 0);
+  CHECK(theirs - ours < 60'000);  // generous: the same clock, read twice
+  CHECK(sys::parse_utc_ms(sys::utc_now_iso8601()).value() >= ours - 1);
+}
+
+TEST_CASE("utc_iso8601 and parse_utc_ms agree both ways") {
+  for (long long ms = 0; ms < 200LL * 366 * 86'400'000LL; ms += 7'777'777'777LL) {
+    CAPTURE(ms);
+    CHECK(sys::parse_utc_ms(sys::utc_iso8601(ms)) == ms);
+  }
+  CHECK(sys::utc_iso8601(0) == "1970-01-01T00:00:00.000Z");
+  CHECK(sys::utc_iso8601(951'782'400'000LL) == "2000-02-29T00:00:00.000Z");
+}
+
+TEST_CASE("parse_utc_ms") {
+  using looplock::sys::parse_utc_ms;
+  CHECK(parse_utc_ms("1970-01-01T00:00:00.000Z") == 0);
+  CHECK(parse_utc_ms("2000-01-01T00:00:00.000Z") == 946'684'800'000LL);
+  CHECK(parse_utc_ms("2026-11-30T17:00:00.123Z") == 1'796'058'000'123LL);
+  CHECK(parse_utc_ms("2024-02-29T23:59:59.999Z") == 1'709'251'199'999LL);
+  for (const char* bad : {"", "garbage", "2026-11-30T17:00:00Z", "2026-11-30T17:00:00.123", "2026-11-30 17:00:00.123Z",
+                          "2026-11-30T17:00:00.123+", "2026-11-30T17:00:00.1234Z", "2026-11-30T17:00:00,123Z",
+                          "XXXX-11-30T17:00:00.123Z"}) {
+    std::string shown = bad;
+    CAPTURE(shown);
+    CHECK_FALSE(parse_utc_ms(bad));
+  }
+}
+
+TEST_CASE("parse_utc_ms is strict: fixed digits, no signs, values in range") {
+  // "...00.12Z " would otherwise read as 12 ms instead of 120 ms.
+  for (const char* bad : {"2026-11-30T17:00:00.12Z ", "2026-1-30T17:00:00.123Z ", "+026-11-30T17:00:00.123Z",
+                          "2026-11-30T17:00:00.+12Z", "2026-13-01T00:00:00.000Z", "2026-11-30T25:00:00.000Z",
+                          "2026-11-31T00:00:00.000Z", "2026-02-29T00:00:00.000Z", "2026-04-00T00:00:00.000Z"}) {
+    std::string shown = bad;
+    CAPTURE(shown);
+    CHECK_FALSE(looplock::sys::parse_utc_ms(bad));
+  }
+}
+
+TEST_CASE("random_below stays below its bound and reaches every value") {
+  CHECK(sys::random_below(1) == 0ULL);
+  std::set<unsigned long long> seen;
+  for (int i = 0; i < 2000; ++i) {
+    const auto v = sys::random_below(4);
+    REQUIRE(v);
+    REQUIRE(*v < 4);
+    seen.insert(*v);
+  }
+  CHECK(seen.size() == 4);  // each value is missed 2000 times in a row with odds 4 * (3/4)^2000
+}
+
+TEST_CASE("this process, this host") {
+  CHECK(sys::own_pid() > 0);
+  CHECK_FALSE(sys::host_name().empty());
+}
+
+TEST_CASE("read_file reads a whole file, up to its limit") {
+  const auto path = std::filesystem::temp_directory_path() / ("looplock-test-os-" + std::to_string(sys::own_pid()));
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << "line one\nline two\n" << std::string(10000, 'x');
+  }
+  const auto whole = sys::read_file(path.string());
+  REQUIRE(whole);
+  CHECK(whole->size() == 18 + 10000);
+  CHECK(whole->substr(0, 9) == "line one\n");
+  CHECK(sys::read_file(path.string(), 5) == "line ");
+  std::filesystem::remove(path);
+  CHECK_FALSE(sys::read_file(path.string()));
+}
