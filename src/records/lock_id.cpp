@@ -1,7 +1,5 @@
 #include "records/lock_id.hpp"
 
-#include <nettle/sha2.h>
-
 #include <climits>
 #include <cstdlib>
 #include <memory>
@@ -9,28 +7,13 @@
 
 #include <unistd.h>
 
+#include "os/digest.hpp"
 #include "records/lockfile.hpp"
 
 namespace looplock {
 
-std::string sha256_hex(std::string_view data) {
-  sha256_ctx ctx;
-  sha256_init(&ctx);
-  sha256_update(&ctx, data.size(), reinterpret_cast<const uint8_t*>(data.data()));
-  uint8_t digest[SHA256_DIGEST_SIZE];
-  sha256_digest(&ctx, sizeof digest, digest);
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(2 * sizeof digest);
-  for (uint8_t b : digest) {
-    out += hex[b >> 4];
-    out += hex[b & 15];
-  }
-  return out;
-}
-
 std::string lock_id_for_path(std::string_view canonical_lock_path) {
-  return sha256_hex(canonical_lock_path).substr(0, 16);
+  return sys::sha256_hex(canonical_lock_path).substr(0, 16);
 }
 
 std::string lexically_normal(std::string_view path) {

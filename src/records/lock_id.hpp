@@ -8,7 +8,6 @@
 
 namespace looplock {
 
-std::string sha256_hex(std::string_view data);
 std::string lock_id_for_path(std::string_view canonical_lock_path);
 
 // "/a/b/../c/." -> "/a/c": "." and ".." removed without asking the file

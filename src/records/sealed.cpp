@@ -3,8 +3,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "os/digest.hpp"
 #include "os/sys.hpp"
-#include "records/lock_id.hpp"
 
 namespace looplock {
 
@@ -13,7 +13,7 @@ constexpr std::string_view kCheckKey = ",\"check\":\"";
 constexpr size_t kCheckDigits = 16;
 }  // namespace
 
-std::string check_of(std::string_view body) { return sha256_hex(body).substr(0, kCheckDigits); }
+std::string check_of(std::string_view body) { return sys::sha256_hex(body).substr(0, kCheckDigits); }
 
 std::string seal(const std::string& body) { return body + std::string(kCheckKey) + check_of(body) + "\"}\n"; }
 

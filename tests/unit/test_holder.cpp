@@ -1,5 +1,4 @@
 #include "records/holder.hpp"
-#include "records/lock_id.hpp"
 
 #include <doctest/doctest.h>
 
@@ -11,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "os/digest.hpp"
 #include "os/procfs.hpp"
 #include "os/unique_fd.hpp"
 #include "testutil.hpp"
@@ -78,7 +78,7 @@ TEST_CASE("encode and parse round trip") {
       R"("agent_id":"cron","operation":"status.py","policy":"mutation",)"
       R"("acquired_at":"2026-11-30T17:00:00.123Z","released_at":null)";
   CHECK(looplock::encode_holder(sample()) ==
-        body + R"(,"check":")" + looplock::sha256_hex(body).substr(0, 16) + "\"}\n");
+        body + R"(,"check":")" + looplock::sys::sha256_hex(body).substr(0, 16) + "\"}\n");
 }
 
 TEST_CASE("an -F run's record says no_fork; older records and readers do without it") {

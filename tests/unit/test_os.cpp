@@ -1,6 +1,7 @@
 // What src/os/sys.hpp promises on every system: this file runs on Linux and,
 // in the Windows cross build, under wine (tests/unit/meson.build). The POSIX
 // implementation's own cases are in test_sys.cpp.
+#include "os/digest.hpp"
 #include "os/sys.hpp"
 
 #include <doctest/doctest.h>
@@ -98,4 +99,14 @@ TEST_CASE("read_file reads a whole file, up to its limit") {
   CHECK(sys::read_file(path.string(), 5) == "line ");
   std::filesystem::remove(path);
   CHECK_FALSE(sys::read_file(path.string()));
+}
+
+TEST_CASE("sha256_hex: the known vectors, from the system's own implementation") {
+  CHECK(sys::sha256_hex("") == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  CHECK(sys::sha256_hex("abc") == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(sys::sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq") ==
+        "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  CHECK(sys::sha256_hex(std::string(1000000, 'a')) ==
+        "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  CHECK(sys::sha256_hex(std::string("a\0b", 3)) != sys::sha256_hex("a"));  // bytes, not a C string
 }

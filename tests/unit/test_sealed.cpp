@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "records/lock_id.hpp"
+#include "os/digest.hpp"
 #include "testutil.hpp"
 
 using looplock::seal;
@@ -15,8 +15,8 @@ using looplock::unseal;
 TEST_CASE("seal: the check is the SHA-256 of the text before it, and goes last") {
   const std::string body = R"({"a":1)";
   const std::string sealed = seal(body);
-  CHECK(sealed == body + R"(,"check":")" + looplock::sha256_hex(body).substr(0, 16) + "\"}\n");
-  CHECK(looplock::check_of(body) == looplock::sha256_hex(body).substr(0, 16));
+  CHECK(sealed == body + R"(,"check":")" + looplock::sys::sha256_hex(body).substr(0, 16) + "\"}\n");
+  CHECK(looplock::check_of(body) == looplock::sys::sha256_hex(body).substr(0, 16));
 }
 
 TEST_CASE("unseal: a whole text, padded or not; a torn one is refused") {
