@@ -7,6 +7,8 @@
 #include "cli/cluster_exec.hpp"
 #include "cli/inspect.hpp"
 #include "cli/version.hpp"
+#include "job/signals.hpp"
+#include "job/spawn.hpp"
 #include "os/sys.hpp"
 
 namespace looplock {

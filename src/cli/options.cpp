@@ -475,6 +475,7 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
     if (d != 0) o.jitter_ns = d;
   }
   if (r.count("warn-signal") && !r.count("warn-before")) usage_error("--warn-signal applies only with --warn-before");
+  o.limits.warn_signal = SIGUSR1;  // --warn-signal's default
   if (r.count("warn-before")) {
     o.limits.warn_before_ns = duration_option("warn-before", text_of(r, "warn-before"));
     if (!o.limits.max_time_ns && o.etcd.empty()) {

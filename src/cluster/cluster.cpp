@@ -605,7 +605,7 @@ Acquisition ClusterLock::wait_in_queue(bool bounded, long long deadline) {
   return Acquisition::TimedOut;
 }
 
-bool ClusterLock::renew(long long return_by_ns, const sigset_t* interrupt_on) {
+bool ClusterLock::renew(long long return_by_ns, const sys::Interrupts* interrupt_on) {
   renewed_ = false;
   if (gone_) return false;
   if (lease_ == 0) return false;

@@ -160,7 +160,7 @@ public:
   // have not moved then: next_renewal_ns() is soon). A signal of
   // `interrupt_on` that becomes pending ends the round early, within about a
   // second (no answer, as above).
-  bool renew(long long return_by_ns, const sigset_t* interrupt_on = nullptr);
+  bool renew(long long return_by_ns, const sys::Interrupts* interrupt_on = nullptr);
   long long term_by_ns() const;  // expiry − kill-after − margin: TERM the job by then unless renewed
   long long kill_by_ns() const;  // expiry − margin: KILL the job by then
   long long expiry_ns() const;   // send time of the last answered grant/keepalive + TTL

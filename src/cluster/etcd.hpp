@@ -18,7 +18,6 @@
 // waiting.
 #pragma once
 
-#include <signal.h>
 
 #include <functional>
 #include <optional>
@@ -27,6 +26,7 @@
 #include <vector>
 
 #include "base/json.hpp"
+#include "os/interrupts.hpp"
 #include "settings/endpoints.hpp"
 
 namespace looplock::etcd {
@@ -266,7 +266,7 @@ struct Request {
   long long server_timeout_ns = 0;
   // Signals that end the exchange early once pending, blocked or not (null:
   // only those that would end looplock, see etcd_curl.cpp).
-  const sigset_t* interrupt_on = nullptr;
+  const sys::Interrupts* interrupt_on = nullptr;
 };
 
 // TLS for https:// endpoints: files in PEM; empty: the system's CAs, no
@@ -303,7 +303,7 @@ struct Deadline {
   // through); a keepalive, which etcd answers without a disk write, keeps it.
   bool grow = true;
   // A signal of this set pending ends the call at once: Status::Interrupted.
-  const sigset_t* interrupt_on = nullptr;
+  const sys::Interrupts* interrupt_on = nullptr;
 };
 
 class Client {

@@ -20,6 +20,7 @@
 
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
+#include "os/posix/interrupts.hpp"
 #include "os/sys.hpp"
 
 namespace looplock::etcd {
@@ -397,7 +398,7 @@ Transfer CurlTransport::perform(const Endpoint& ep, const Request& req) {
   sigset_t all;
   sigfillset(&all);
   SignalWatch watch;
-  watch.interrupt_on = req.interrupt_on;
+  watch.interrupt_on = req.interrupt_on ? &req.interrupt_on->signals : nullptr;
   pthread_sigmask(SIG_BLOCK, &all, &watch.caller_mask);
   set(easy_, CURLOPT_XFERINFODATA, &watch);
   Transfer t;

@@ -85,7 +85,7 @@ void EtcdLock::release(Ending& ending) {
   // lost from looplock's point of view even if etcd never said so.
   if (job.lease_lost && !lock_.lost()) lock_.declare_lost(lock_.overdue_why());
   if (job.lease_lost) {
-    ending.lease_lost = true;
+    ending.lost = true;
     reporter_.lease_lost(lease_loss(), job, ending.record);
   }
   lock_.release();  // after the local lock, as promised

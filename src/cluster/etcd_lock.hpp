@@ -54,7 +54,7 @@ private:
   public:
     explicit JobLease(ClusterLock& c) : c_(c) {}
     long long next_renewal_ns() const override { return c_.next_renewal_ns(); }
-    bool renew(long long return_by_ns, const sigset_t& interrupt_on) override {
+    bool renew(long long return_by_ns, const sys::Interrupts& interrupt_on) override {
       return c_.renew(return_by_ns, &interrupt_on);
     }
     long long term_by_ns() const override { return c_.term_by_ns(); }

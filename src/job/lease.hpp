@@ -4,7 +4,7 @@
 // lock.hpp's Lock::lease(). Its timing for etcd is settings/lease_timing.hpp.
 #pragma once
 
-#include <signal.h>
+#include "os/interrupts.hpp"
 
 namespace looplock {
 
@@ -16,10 +16,10 @@ public:
   virtual ~Lease() = default;
   // When renew() is next due.
   virtual long long next_renewal_ns() const = 0;
-  // One renewal; must return by `return_by_ns`, or soon after a signal of
-  // `interrupt_on` is pending. False once the lease is known to be gone (no
+  // One renewal; must return by `return_by_ns`, or soon after one of
+  // `interrupt_on` happens. False once the lease is known to be gone (no
   // renewal can help).
-  virtual bool renew(long long return_by_ns, const sigset_t& interrupt_on) = 0;
+  virtual bool renew(long long return_by_ns, const sys::Interrupts& interrupt_on) = 0;
   virtual long long term_by_ns() const = 0;
   virtual long long kill_by_ns() const = 0;
   // Whether the last renewal got no answer (term_by_ns() is not moving).

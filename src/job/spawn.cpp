@@ -18,6 +18,7 @@
 #include "job/terminal.hpp"
 #include "job/warning.hpp"
 #include "os/ids.hpp"
+#include "os/posix/interrupts.hpp"
 #include "os/sys.hpp"
 
 namespace looplock {
@@ -139,12 +140,12 @@ struct SignalSets {
   // A lease renewal that etcd does not answer gives way to any of these
   // (CHLD aside: a job's orphans may send it often, and the command's end
   // can wait for the renewal).
-  sigset_t interrupting;
+  sys::Interrupts interrupting;
 };
 
 SignalSets block_signals() {
-  SignalSets s{supervised_signals(), supervised_signals()};
-  sigdelset(&s.interrupting, SIGCHLD);
+  SignalSets s{supervised_signals(), {supervised_signals()}};
+  sigdelset(&s.interrupting.signals, SIGCHLD);
   if (sigprocmask(SIG_BLOCK, &s.supervised, nullptr) != 0) {
     fail_errno(exit_code::kOsError, "cannot block signals to run the command", errno);
   }

@@ -9,48 +9,12 @@
 
 #include <unistd.h>
 
-#include <csignal>
-#include <optional>
-#include <string>
-#include <vector>
-
 #include "base/log.hpp"
-#include "job/lease.hpp"
+#include "job/job.hpp"
 #include "job/signals.hpp"
 #include "os/ids.hpp"
-#include "settings/job_limits.hpp"
 
 namespace looplock {
-
-struct CommandSpec {
-  std::vector<std::string> argv;
-  std::vector<std::string> env;  // the whole environment, "NAME=value"
-  int pass_fd = -1;              // an fd to leave open in the command, or -1
-  JobLimits limits;              // --kill-after, --max-time, --warn-before
-  Lease* lease = nullptr;
-};
-
-// How the job ended.
-struct JobEnd {
-  enum class EndedBy {
-    Command,  // by itself, or by a signal someone sent it
-    MaxTime,  // looplock ended it: --max-time
-    Lease,    // looplock ended it: the lease was lost or about to expire
-  };
-  int status = 0;  // the wait status of the command (the job's first process)
-  EndedBy ended_by = EndedBy::Command;
-  bool killed = false;         // looplock had to send KILL
-  bool lease_lost = false;     // the lease was lost, or about to expire, while the job ran
-  long long started_ns = 0;    // when the command was started
-  long long term_sent_ns = 0;  // when looplock sent TERM (MaxTime, Lease)
-  long long ended_ns = 0;      // when the whole job had ended
-  Pid pgid = 0;              // the job's process group
-  bool signalled = false;      // looplock sent the job's group a signal (forwarded, TERM or KILL of its own)
-  long long warned_ns = 0;     // when the --warn-before warning was due and given (0: it was not)
-  int warn_signal = 0;         // which signal
-  std::vector<Pid> warned_pids;  // the job's processes it was sent to (those that catch it)
-  std::vector<Pid> warn_skipped;  // those seen that do not catch it, and were not sent it
-};
 
 // Starts the command and supervises it until it has ended (and, when
 // looplock ended it, until its whole process group has), leaving every signal
@@ -62,25 +26,18 @@ JobEnd run_command(const CommandSpec& spec, const InheritedSignals& inherited, c
 // Replaces looplock with the command (-F). Returns only by throwing Fatal.
 [[noreturn]] void exec_command(const CommandSpec& spec, const InheritedSignals& inherited);
 
-// What runs a run's command: processes (ProcessJobs), or, in Run's unit
-// tests, a fake that says how the job ended.
-class JobRunner {
-public:
-  virtual ~JobRunner() = default;
-  // As run_command().
-  virtual JobEnd run(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log, Pid self) = 0;
-  // As exec_command(): returns only by throwing.
-  [[noreturn]] virtual void exec(const CommandSpec& spec, const InheritedSignals& inherited) = 0;
-};
-
+// Jobs as processes: looplock's signal state taken (take_signal_control)
+// and what it inherited given back to each command.
 class ProcessJobs final : public JobRunner {
 public:
-  JobEnd run(const CommandSpec& spec, const InheritedSignals& inherited, const Logger& log, Pid self) override {
-    return run_command(spec, inherited, log, self);
+  void take_control(Pid self) override { inherited_ = take_signal_control(self); }
+  JobEnd run(const CommandSpec& spec, const Logger& log, Pid self) override {
+    return run_command(spec, inherited_, log, self);
   }
-  [[noreturn]] void exec(const CommandSpec& spec, const InheritedSignals& inherited) override {
-    exec_command(spec, inherited);
-  }
+  [[noreturn]] void exec(const CommandSpec& spec) override { exec_command(spec, inherited_); }
+
+private:
+  InheritedSignals inherited_;
 };
 
 // The status and message for an exec(2) errno: 127 when not found, else 126.

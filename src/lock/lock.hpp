@@ -13,7 +13,7 @@
 #include "base/environment.hpp"
 #include "base/json.hpp"
 #include "base/policy.hpp"
-#include "job/spawn.hpp"
+#include "job/job.hpp"
 #include "os/ids.hpp"
 #include "records/holder.hpp"
 #include "records/ledger.hpp"
@@ -69,7 +69,7 @@ struct Ending {
   const JobEnd& job;
   std::optional<HolderRecord> record;  // this run's holder record, when it wrote one
   bool intact = true;                  // the lock file and DIR were still the ones locked
-  bool lease_lost = false;             // a cluster lock's lease was lost while the job ran
+  bool lost = false;                   // a lock was lost while the job ran (its lease ended): 76
 };
 
 // A run ledger (--once-per): the last run of each operation, kept by a lock

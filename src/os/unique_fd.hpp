@@ -2,11 +2,15 @@
 // ccache's util::Fd): closes in the destructor; release() gives it up.
 #pragma once
 
-#include <unistd.h>
-
 #include <utility>
 
 namespace looplock {
+
+namespace sys {
+// close(2) on POSIX, the C runtime's _close on Windows (os/posix/sys.cpp,
+// os/windows/sys.cpp).
+void close_fd(int fd) noexcept;
+}  // namespace sys
 
 class UniqueFd {
 public:
@@ -32,7 +36,7 @@ public:
   // close() is not retried on EINTR: on Linux the descriptor is gone anyway.
   void reset(int fd = -1) noexcept {
     if (fd_ >= 0 && fd_ != fd) {
-      ::close(fd_);
+      sys::close_fd(fd_);
     }
     fd_ = fd;
   }

@@ -69,7 +69,7 @@ std::optional<HolderRecord> holder_from_json(const Json& j) {
 namespace {
 // Beyond this size a lock file holds something else (garbage): the record
 // then cuts it off rather than padding over it.
-constexpr off_t kMaxPaddedSize = 4096;
+constexpr long long kMaxPaddedSize = 4096;
 }  // namespace
 
 std::string holder_check(std::string_view body) { return check_of(body); }

@@ -269,7 +269,7 @@ int write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries) {
     if (static_cast<size_t>(st.st_size) < data.size()) {
       if (const int err = reserve(in_place.get(), data.size()); err != 0) return err;
     }
-    return write_over(in_place.get(), data, static_cast<off_t>(kMaxLedgerBytes)) ? 0 : errno;
+    return write_over(in_place.get(), data, static_cast<long long>(kMaxLedgerBytes)) ? 0 : errno;
   }
   if (errno != ENOENT && errno != EACCES && errno != EPERM) return errno;
   // Missing, or a group member's file this process may not write: a new

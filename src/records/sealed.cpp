@@ -32,7 +32,7 @@ std::optional<Unsealed> unseal(std::string_view content) {
   return Unsealed{content, true};
 }
 
-bool write_over(int fd, std::string data, off_t max_padded) {
+bool write_over(int fd, std::string data, long long max_padded) {
   // fstat(2): how much to pad (the file is never shrunk), then one pwrite(2).
   struct stat st {};
   if (fstat(fd, &st) != 0) return false;

@@ -7,8 +7,6 @@
 // The holder record (holder.hpp) and the run ledger (ledger.hpp) use them.
 #pragma once
 
-#include <sys/types.h>
-
 #include <optional>
 #include <string>
 #include <string_view>
@@ -34,6 +32,6 @@ std::optional<Unsealed> unseal(std::string_view content);
 // padded with spaces before the newline to the file's size when that is
 // larger; a file larger than `max_padded` is truncated first. False with
 // errno set on failure.
-bool write_over(int fd, std::string data, off_t max_padded);
+bool write_over(int fd, std::string data, long long max_padded);
 
 }  // namespace looplock

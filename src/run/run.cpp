@@ -8,8 +8,9 @@
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "base/text.hpp"
+#include "job/job.hpp"
 #include "job/next_step.hpp"
-#include "job/spawn.hpp"
+#include "job/signals.hpp"
 #include "os/procfs.hpp"
 #include "os/sys.hpp"
 #include "records/nesting.hpp"
@@ -28,8 +29,8 @@ RunOutcome outcome_of(int wait_status) {
 
 }  // namespace
 
-Conclusion conclude(const JobEnd& job, bool lease_lost, bool intact) {
-  if (lease_lost) return {exit_status(exit_code::kLeaseLost), RunOutcome::LeaseLost};
+Conclusion conclude(const JobEnd& job, bool lost, bool intact) {
+  if (lost) return {exit_status(exit_code::kLeaseLost), RunOutcome::LeaseLost};
   if (job.ended_by == JobEnd::EndedBy::MaxTime) return {exit_status(exit_code::kMaxTime), RunOutcome::MaxTime};
   const RunOutcome outcome = outcome_of(job.status);
   if (!intact && outcome == RunOutcome::Success) return {exit_status(exit_code::kVanished), RunOutcome::Error};
@@ -65,7 +66,7 @@ Exit Run::run() {
 // DIR, what the lock is called, and the stack of locks to take, as the
 // factory builds it (stack.hpp).
 void Run::open() {
-  inherited_ = take_signal_control(ctx_.pid);
+  jobs_.take_control(ctx_.pid);
   dir_ = open_lock_dir(o_.dir);
   if (auto fs = network_file_system(dir_.fd.get())) {
     log_.warn("network_file_system", o_.dir + " is on a network file system (" + *fs +
@@ -130,8 +131,8 @@ std::optional<Conclusion> Run::acquire(Lock& lock) {
 JobEnd Run::run_job() {
   try {
     export_deadline();
-    if (o_.no_fork) jobs_.exec(spec_, inherited_);
-    JobEnd job = jobs_.run(spec_, inherited_, log_, ctx_.pid);
+    if (o_.no_fork) jobs_.exec(spec_);
+    JobEnd job = jobs_.run(spec_, log_, ctx_.pid);
     facts_.ran_ns = job.ended_ns - job.started_ns;
     return job;
   } catch (const Fatal& f) {
@@ -190,7 +191,7 @@ Conclusion Run::release(const JobEnd& job) {
   Ending ending{job, std::nullopt, true, false};
   for (auto it = locks_.rbegin(); it != locks_.rend(); ++it) (*it)->release(ending);
   if (job.ended_by == JobEnd::EndedBy::MaxTime) reporter_.max_time(job, ending.record);
-  return conclude(job, ending.lease_lost, ending.intact);
+  return conclude(job, ending.lost, ending.intact);
 }
 
 // Holding every lock, the slot's run: a skip lets the locks go, then says so.

@@ -10,7 +10,6 @@
 
 #include "base/environment.hpp"
 #include "base/log.hpp"
-#include "job/signals.hpp"
 #include "lock/lock.hpp"
 #include "lock/report.hpp"
 #include "records/lock_id.hpp"
@@ -37,10 +36,10 @@ struct Conclusion {
   RunOutcome outcome = RunOutcome::Error;
 };
 
-// The conclusion of a job that ran: a lost lease (76) comes first, then
+// The conclusion of a job that ran: a lock lost (its lease, 76) comes first, then
 // --max-time (124), then a lock file or DIR that vanished under a command
 // that succeeded (74), then the command's own status.
-Conclusion conclude(const JobEnd& job, bool lease_lost, bool intact);
+Conclusion conclude(const JobEnd& job, bool lost, bool intact);
 
 // What a run came to, for the metrics (--metrics-dir): filled in as the run
 // learns it (the lock_id stays empty when the run ended before).
@@ -81,7 +80,6 @@ private:
   Logger& log_;  // the run sets its lock id once DIR is known
   RunFacts& facts_;
   Reporter reporter_;
-  InheritedSignals inherited_;
   WaitPlan plan_;
   long long wait_start_ns_ = 0;  // when the first attempt starts: after --jitter
   bool nested_ = false;          // inside an outer looplock that holds this lock

@@ -5,7 +5,6 @@
 // option in cli/option_table.cpp, and its rule in src/job/.
 #pragma once
 
-#include <csignal>
 #include <optional>
 
 namespace looplock {
@@ -21,9 +20,10 @@ struct JobLimits {
   std::optional<long long> max_time_kill_after_ns;
   // --warn-before: send `warn_signal` once to each process of the job that
   // catches it, this long before --max-time's TERM, or (a lease's renewals
-  // failing) before its TERM (job/warning.hpp).
+  // failing) before its TERM (job/warning.hpp). The command line sets the
+  // signal (USR1 unless --warn-signal, cli/options.cpp): a system's number.
   std::optional<long long> warn_before_ns;
-  int warn_signal = SIGUSR1;
+  int warn_signal = 0;
 };
 
 }  // namespace looplock

@@ -12,6 +12,7 @@
 #include "base/error.hpp"
 #include "cluster/cluster.hpp"
 #include "cluster/etcd.hpp"
+#include "os/posix/interrupts.hpp"
 #include "os/sys.hpp"
 #include "records/verdict.hpp"
 
@@ -291,9 +292,9 @@ TEST_CASE("client: a signal of interrupt_on ends the call at once, no other endp
   FakeTransport t(clock);
   t.script = {signal_pending()};
   Client c(t, endpoints(3), clock);
-  sigset_t usr1;
-  sigemptyset(&usr1);
-  sigaddset(&usr1, SIGUSR1);
+  looplock::sys::Interrupts usr1;
+  sigemptyset(&usr1.signals);
+  sigaddset(&usr1.signals, SIGUSR1);
   const long long start = clock.t;
   auto r = c.lease_keepalive(7, {start + 10 * kSec, kSec, false, &usr1});
   CHECK(r.status == Status::Interrupted);

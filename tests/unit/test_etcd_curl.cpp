@@ -19,6 +19,7 @@
 
 #include "base/duration.hpp"
 #include "cluster/etcd_curl.hpp"
+#include "os/posix/interrupts.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 
@@ -216,7 +217,8 @@ TEST_CASE("a pending signal of interrupt_on ends a request that gets no answer, 
   const long long start = sys::monotonic_ns();
   req.connect_deadline_ns = start + 1000 * kMs;
   req.deadline_ns = start + 10'000 * kMs;
-  req.interrupt_on = &pending.usr1;
+  const looplock::sys::Interrupts usr1{pending.usr1};
+  req.interrupt_on = &usr1;
   HttpResponse out;
   std::string error;
   const Exchange ex = t.post(l.endpoint(), req, out, error);

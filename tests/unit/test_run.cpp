@@ -38,7 +38,7 @@ TEST_CASE("the conclusion of a job that ran: the command's own status, or looplo
   struct Row {
     const char* what;
     JobEnd job;
-    bool lease_lost;
+    bool lost;
     bool intact;
     Exit::Kind kind;
     int value;
@@ -60,7 +60,7 @@ TEST_CASE("the conclusion of a job that ran: the command's own status, or looplo
   };
   for (const Row& r : rows) {
     CAPTURE(r.what);
-    const Conclusion c = looplock::conclude(r.job, r.lease_lost, r.intact);
+    const Conclusion c = looplock::conclude(r.job, r.lost, r.intact);
     CHECK(c.exit.kind == r.kind);
     CHECK(c.exit.value == r.value);
     CHECK(c.outcome == r.outcome);
@@ -114,7 +114,7 @@ public:
   }
   void release(Ending& ending) override {
     ++calls_.released;
-    if (s_.lease_lost_at_release) ending.lease_lost = true;
+    if (s_.lease_lost_at_release) ending.lost = true;
     if (s_.replaced_at_release) ending.intact = false;
   }
   void abandon() override {
@@ -157,17 +157,18 @@ private:
 class FakeJobs final : public JobRunner {
 public:
   explicit FakeJobs(JobEnd end) : end_(std::move(end)) {}
-  JobEnd run(const CommandSpec& spec, const InheritedSignals& /*inherited*/, const Logger& /*log*/,
-             Pid /*self*/) override {
+  void take_control(Pid /*self*/) override { ++took_control; }
+  JobEnd run(const CommandSpec& spec, const Logger& /*log*/, Pid /*self*/) override {
     ++runs;
     argv = spec.argv;
     env = spec.env;
     return end_;
   }
-  [[noreturn]] void exec(const CommandSpec& /*spec*/, const InheritedSignals& /*inherited*/) override {
+  [[noreturn]] void exec(const CommandSpec& /*spec*/) override {
     throw Fatal(exit_code::kOsError, "the fake cannot exec");
   }
   int runs = 0;
+  int took_control = 0;
   std::vector<std::string> argv, env;
 
 private:
@@ -179,6 +180,7 @@ struct Outcome {
   RunFacts facts;
   FakeLock::Calls calls;
   int job_runs = 0;
+  int took_control = 0;  // the job runner was given the signals
   std::vector<std::string> job_env;
   std::string log;        // the JSON lines written
   std::string incidents;  // DIR's incident rows
@@ -194,7 +196,6 @@ Options options_for(const testutil::TempDir& dir) {
 }
 
 Outcome run_with(const Options& o, const testutil::TempDir& dir, FakeLock::Script script, JobEnd job) {
-  testutil::SignalStateGuard signals;  // Run takes the signals as looplock does
   Outcome out;
   const std::string log_path = dir / "log.jsonl";
   const int log_fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -213,6 +214,7 @@ Outcome run_with(const Options& o, const testutil::TempDir& dir, FakeLock::Scrip
     };
     out.exit = Run(o, ctx, log, out.facts, factory, jobs).run();
     out.job_runs = jobs.runs;
+    out.took_control = jobs.took_control;
     out.job_env = jobs.env;
   }
   ::close(log_fd);
@@ -272,6 +274,7 @@ TEST_CASE(
   CHECK(r.calls.exported == 1);
   CHECK(r.calls.released == 1);
   CHECK(r.job_runs == 1);
+  CHECK(r.took_control == 1);  // once, through the runner: Run holds no signal state of its own
   CHECK(has(r.job_env, "FAKE_LOCK=held"));
   CHECK(r.incidents.empty());
 }
@@ -397,7 +400,6 @@ TEST_CASE("Run, a job that cannot start: the locks are let go (abandoned) and th
   testutil::TempDir dir;
   Options o = options_for(dir);
   o.no_fork = true;  // the fake's exec throws, as exec_command does when exec(2) fails
-  testutil::SignalStateGuard signals;
   FakeLock::Calls calls;
   RunFacts facts;
   Logger log(Verbosity::Quiet, LogFormat::Json, -1);

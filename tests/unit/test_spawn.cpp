@@ -476,7 +476,7 @@ public:
         gone_(gone),
         counter_(std::move(counter)) {}
   long long next_renewal_ns() const override { return next_; }
-  bool renew(long long return_by, const sigset_t&) override {
+  bool renew(long long return_by, const looplock::sys::Interrupts&) override {
     CHECK(return_by <= term_);
     testutil::write_file(counter_, std::to_string(++renewals_) + "\n", 0644);
     next_ = now() + 50'000'000;

@@ -110,6 +110,8 @@ std::optional<unsigned long long> random_below(unsigned long long bound) {
 
 Pid own_pid() { return getpid(); }
 
+void close_fd(int fd) noexcept { ::close(fd); }
+
 std::string host_name() {
   char buf[256] = {};
   if (gethostname(buf, sizeof buf - 1) != 0) return "unknown";

@@ -152,6 +152,8 @@ std::optional<unsigned long long> random_below(unsigned long long bound) {
 
 Pid own_pid() { return static_cast<Pid>(GetCurrentProcessId()); }
 
+void close_fd(int fd) noexcept { _close(fd); }
+
 std::string host_name() {
   char buf[256] = {};
   DWORD size = sizeof buf;

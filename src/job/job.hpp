@@ -1,0 +1,64 @@
+// The job as the layers above see it: what to run with which limits, how it
+// ended, and what runs it (JobRunner: processes in spawn.hpp, or a fake in
+// Run's unit tests).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "base/log.hpp"
+#include "job/lease.hpp"
+#include "os/ids.hpp"
+#include "settings/job_limits.hpp"
+
+namespace looplock {
+
+struct CommandSpec {
+  std::vector<std::string> argv;
+  std::vector<std::string> env;  // the whole environment, "NAME=value"
+  int pass_fd = -1;              // an fd to leave open in the command, or -1
+  JobLimits limits;              // --kill-after, --max-time, --warn-before
+  Lease* lease = nullptr;
+};
+
+// How the job ended.
+struct JobEnd {
+  enum class EndedBy {
+    Command,  // by itself, or by a signal someone sent it
+    MaxTime,  // looplock ended it: --max-time
+    Lease,    // looplock ended it: the lease was lost or about to expire
+  };
+  int status = 0;  // the wait status of the command (the job's first process)
+  EndedBy ended_by = EndedBy::Command;
+  bool killed = false;         // looplock had to send KILL
+  bool lease_lost = false;     // the lease was lost, or about to expire, while the job ran
+  long long started_ns = 0;    // when the command was started
+  long long term_sent_ns = 0;  // when looplock sent TERM (MaxTime, Lease)
+  long long ended_ns = 0;      // when the whole job had ended
+  Pid pgid = 0;              // the job's process group
+  bool signalled = false;      // looplock sent the job's group a signal (forwarded, TERM or KILL of its own)
+  long long warned_ns = 0;     // when the --warn-before warning was due and given (0: it was not)
+  int warn_signal = 0;         // which signal
+  std::vector<Pid> warned_pids;  // the job's processes it was sent to (those that catch it)
+  std::vector<Pid> warn_skipped;  // those seen that do not catch it, and were not sent it
+};
+
+// What runs a run's command: processes (ProcessJobs), or, in Run's unit
+// tests, a fake that says how the job ended.
+class JobRunner {
+public:
+  virtual ~JobRunner() = default;
+  // Takes looplock's own signal state for the run, before it waits for
+  // anything; what looplock inherited is what each command gets back.
+  // `self` is looplock's pid. Throws Fatal 71 when it cannot.
+  virtual void take_control(Pid self) = 0;
+  // Starts the command and supervises it until it has ended (and, when
+  // looplock ended it, until its whole process group has). Throws Fatal 71
+  // if it cannot be started safely, 126/127 if the command cannot be
+  // executed.
+  virtual JobEnd run(const CommandSpec& spec, const Logger& log, Pid self) = 0;
+  // Replaces looplock with the command (-F). Returns only by throwing Fatal.
+  [[noreturn]] virtual void exec(const CommandSpec& spec) = 0;
+};
+
+}  // namespace looplock
