@@ -8,6 +8,7 @@
 #include <cerrno>
 
 #include "base/text.hpp"
+#include "os/file_status.hpp"
 #include "os/ids.hpp"
 #include "os/unique_fd.hpp"
 #include "records/incident.hpp"
@@ -23,8 +24,8 @@ std::string in(const std::string& dir, std::string_view name) {
 }
 
 // "uid 1001, mode 0600"
-std::string owner_mode(const struct stat& st) {
-  return "uid " + std::to_string(st.st_uid) + ", mode " + octal_mode(st.st_mode);
+std::string owner_mode(const sys::FileStatus& st) {
+  return "uid " + std::to_string(st.owner) + ", mode " + octal_mode(st.mode);
 }
 
 // Whether the caller (its effective ids and groups) may access `name` in
@@ -39,10 +40,10 @@ bool read_only(int dirfd) { return faccessat(dirfd, ".", W_OK, AT_EACCESS) != 0 
 // DIR/.state.lock missing where a run cannot create it, or one the caller
 // cannot open: every run exits 73.
 void judge_lock_file(const LockDir& dir, Uid euid, std::vector<FileProblem>& out) {
-  struct stat st {};
+  sys::FileStatus st;
   const std::string path = in(dir.path, kLockName);
-  if (fstatat(dir.fd.get(), kLockName, &st, AT_SYMLINK_NOFOLLOW) == 0) {
-    if (S_ISREG(st.st_mode) && !may(dir.fd.get(), kLockName, R_OK)) {
+  if (sys::status_at(dir.fd.get(), kLockName, st)) {
+    if (S_ISREG(st.mode) && !may(dir.fd.get(), kLockName, R_OK)) {
       out.push_back({path, "every run by you exits 73: you cannot open it (" + owner_mode(st) + ")",
                      unopenable_hint(dir, st, euid)});
     }
@@ -62,9 +63,9 @@ void judge_lock_file(const LockDir& dir, Uid euid, std::vector<FileProblem>& out
 
 // Whether the caller may replace `file` in DIR by a rename: DIR writable
 // and searchable, and, when it is sticky, the file or DIR the caller's.
-bool may_replace(int dirfd, const struct stat& dir, const struct stat& file, Uid euid) {
+bool may_replace(int dirfd, const sys::FileStatus& dir, const sys::FileStatus& file, Uid euid) {
   if (faccessat(dirfd, ".", W_OK | X_OK, AT_EACCESS) != 0) return false;
-  return !(dir.st_mode & S_ISVTX) || euid == 0 || file.st_uid == euid || dir.st_uid == euid;
+  return !(dir.mode & S_ISVTX) || euid == 0 || file.owner == euid || dir.owner == euid;
 }
 
 // Whether the caller is a member of group `gid` (its effective group or a
@@ -79,24 +80,24 @@ bool in_group(Gid gid) {
 // The fix of a file a group cannot share, for whoever can make it: its owner
 // (or root) opens its mode to its group (and gives it the directory's group
 // when it has another); a caller outside that group runs as a member.
-std::string share_fix(const std::string& path, const struct stat& st, const struct stat& dir, Uid euid) {
+std::string share_fix(const std::string& path, const sys::FileStatus& st, const sys::FileStatus& dir, Uid euid) {
   std::string commands = "chmod g+rw " + path;
-  if (st.st_gid != dir.st_gid) commands = "chgrp " + std::to_string(dir.st_gid) + " " + path + "; " + commands;
-  if (euid == 0 || st.st_uid == euid) {
+  if (st.group != dir.group) commands = "chgrp " + std::to_string(dir.group) + " " + path + "; " + commands;
+  if (euid == 0 || st.owner == euid) {
     return "Let the group that shares the directory read and write it (" + commands +
            "), or run every writer as one user.";
   }
-  if (!in_group(st.st_gid)) {
-    return "Run as a member of its group (gid " + std::to_string(st.st_gid) + ") or as its owner (uid " +
-           std::to_string(st.st_uid) + ").";
+  if (!in_group(st.group)) {
+    return "Run as a member of its group (gid " + std::to_string(st.group) + ") or as its owner (uid " +
+           std::to_string(st.owner) + ").";
   }
-  return "Ask its owner (uid " + std::to_string(st.st_uid) + ") or root to let the group that shares the directory "
+  return "Ask its owner (uid " + std::to_string(st.owner) + ") or root to let the group that shares the directory "
          "read and write it (" + commands + "), or run every writer as one user.";
 }
 
 void judge_ledger(const LockDir& dir, Uid euid, std::vector<FileProblem>& out) {
-  struct stat st {};
-  if (fstatat(dir.fd.get(), kRunsName, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
+  sys::FileStatus st;
+  if (!sys::status_at(dir.fd.get(), kRunsName, st)) return;
   const std::string path = in(dir.path, kRunsName);
   const std::string runs = "every --once-per run ";
   if (read_only(dir.fd.get())) {
@@ -123,17 +124,17 @@ void judge_incidents(const LockDir& dir, Uid euid, std::vector<FileProblem>& out
     out.push_back({path, lost + "DIR's file system is read-only", "Remount it read-write."});
     return;
   }
-  struct stat st {};
-  if (fstatat(dir.fd.get(), kIncidentsName, &st, AT_SYMLINK_NOFOLLOW) != 0) return;
+  sys::FileStatus st;
+  if (!sys::status_at(dir.fd.get(), kIncidentsName, st)) return;
   const std::string move = "Move it away; looplock creates a regular file there on the next incident.";
-  if (S_ISLNK(st.st_mode)) {
+  if (S_ISLNK(st.mode)) {
     out.push_back({path, lost + "it is a symbolic link, which looplock never writes through", move});
-  } else if (S_ISDIR(st.st_mode)) {
+  } else if (S_ISDIR(st.mode)) {
     out.push_back({path, lost + "it is a directory", move});
-  } else if (!S_ISREG(st.st_mode)) {
+  } else if (!S_ISREG(st.mode)) {
     out.push_back({path, lost + "it is not a regular file (a FIFO, socket or device)", move});
-  } else if (st.st_nlink > 1) {
-    out.push_back({path, lost + "it has " + std::to_string(st.st_nlink) + " hard links",
+  } else if (st.links > 1) {
+    out.push_back({path, lost + "it has " + std::to_string(st.links) + " hard links",
                    "Replace it with a fresh regular file; rotate it by renaming it, never by a hard link."});
   } else if (!may(dir.fd.get(), kIncidentsName, W_OK)) {
     out.push_back({path, "your runs' incident rows are lost (one warning each time): you cannot write it (" +
@@ -156,8 +157,8 @@ std::vector<FileProblem> judge_metrics_files(const std::string& metrics_dir, con
   std::vector<FileProblem> out;
   const std::string cannot = "your runs cannot update the metrics (a metrics_write_failed warning each run): ";
   UniqueFd fd(open(metrics_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
-  struct stat dir {};
-  if (!fd || fstat(fd.get(), &dir) != 0) {
+  sys::FileStatus dir;
+  if (!fd || !sys::status_of_fd(fd.get(), dir)) {
     out.push_back({metrics_dir, cannot + "it cannot be opened as a directory",
                    "Create it (node_exporter's --collector.textfile.directory), or correct --metrics-dir "
                    "($LOOPLOCK_METRICS_DIR)."});
@@ -170,35 +171,35 @@ std::vector<FileProblem> judge_metrics_files(const std::string& metrics_dir, con
     } else {
       const std::string fix = "chgrp GROUP " + metrics_dir + "; chmod 2775 " + metrics_dir;
       out.push_back({metrics_dir, cannot + "you cannot write in it (" + owner_mode(dir) + ")",
-                     euid == 0 || dir.st_uid == euid
+                     euid == 0 || dir.owner == euid
                          ? "Give it to the group that runs looplock: " + fix + "."
-                         : "Ask its owner (uid " + std::to_string(dir.st_uid) +
+                         : "Ask its owner (uid " + std::to_string(dir.owner) +
                                ") or root to give it to the group that runs looplock (" + fix +
                                "), or run as a user who may write in it."});
     }
   }
   const std::string name = metrics_file_name(lock_id);
   const std::string lock = "." + name + ".lock";
-  struct stat st {};
-  if (fstatat(fd.get(), lock.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0) {
+  sys::FileStatus st;
+  if (sys::status_at(fd.get(), lock.c_str(), st)) {
     const std::string path = in(metrics_dir, lock);
-    if (!S_ISREG(st.st_mode) || !may(fd.get(), lock.c_str(), R_OK)) {
+    if (!S_ISREG(st.mode) || !may(fd.get(), lock.c_str(), R_OK)) {
       out.push_back({path, cannot + "you cannot open its update lock (" + owner_mode(st) + ")",
                      share_fix(path, st, dir, euid)});
-    } else if (st.st_mode & S_IROTH) {
+    } else if (st.mode & S_IROTH) {
       out.push_back({path,
                      "any local user can open this update lock and hold it, stalling every update of the metrics (" +
                          owner_mode(st) + ": earlier versions made it 0644)",
                      "chmod 0660 " + path + "."});
     }
   }
-  if (fstatat(fd.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
-      !(st.st_mode & (S_IRGRP | S_IROTH))) {
+  if (sys::status_at(fd.get(), name.c_str(), st) && S_ISREG(st.mode) &&
+      !(st.mode & (S_IRGRP | S_IROTH))) {
     const std::string path = in(metrics_dir, name);
     out.push_back({path,
-                   "only uid " + std::to_string(st.st_uid) + " can read it (" + owner_mode(st) +
+                   "only uid " + std::to_string(st.owner) + " can read it (" + owner_mode(st) +
                        "): node_exporter, running as another user, cannot collect it (made under umask 077)",
-                   std::string(euid == 0 || st.st_uid == euid ? "" : "Ask its owner or root to run: ") + "chmod 0664 " +
+                   std::string(euid == 0 || st.owner == euid ? "" : "Ask its owner or root to run: ") + "chmod 0664 " +
                        path + " " + in(metrics_dir, "." + name + ".next") +
                        " (looplock never changes a mode), and run looplock under umask 002 or 022 from now on."});
   }

@@ -36,7 +36,7 @@ Acquisition EtcdLock::acquire(const WaitPlan& plan, long long start_ns) {
   who.pid = pid_;
   who.agent_id = o_.agent;
   who.operation = o_.operation;
-  who.pid_start = procfs::own_start().value_or("");
+  who.pid_start = sys::own_start().value_or("");
   who.boot_id = procfs::boot_id();
   who.pid_ns = procfs::pid_namespace();
   const Acquisition got = lock_.acquire(plan, start_ns, who);

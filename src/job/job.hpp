@@ -61,4 +61,8 @@ public:
   [[noreturn]] virtual void exec(const CommandSpec& spec) = 0;
 };
 
+// The exit status looplock reports for the command's status (JobEnd::status),
+// when it does not die of the signal itself: N, or 128+S.
+int shell_status(int status);
+
 }  // namespace looplock

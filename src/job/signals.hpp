@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "os/ids.hpp"
+#include "os/signal_names.hpp"
 
 namespace looplock {
 
@@ -51,18 +52,8 @@ InheritedSignals take_signal_control(Pid self = getpid());
 // exec); returns false (errno set) when the mask cannot be restored.
 bool restore_in_child(const InheritedSignals& inherited);
 
-// A signal by name ("USR1", "SIGUSR1", "usr1"), "RTMIN+N", or number; nullopt
-// when it is none.
-std::optional<int> parse_signal(std::string_view text);
-// "USR1", "RTMIN+2", or the number.
-std::string signal_name(int sig);
-
 // Every signal looplock takes while the command runs: all but KILL and STOP.
 sigset_t supervised_signals();
-
-// The exit status looplock reports for a wait status, when it does not die
-// of the signal itself: N, or 128+S.
-int shell_status(int wait_status);
 
 // Exits with the command's status, or dies of the signal that killed it
 // (without a core file: see take_signal_control). As PID 1, which cannot die

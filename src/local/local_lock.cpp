@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +14,7 @@
 #include "base/exit_codes.hpp"
 #include "job/signals.hpp"
 #include "job/terminal.hpp"
+#include "os/file_status.hpp"
 #include "os/ids.hpp"
 #include "os/procfs.hpp"
 #include "os/sys.hpp"
@@ -119,7 +121,7 @@ private:
 // forwarded from timeout(1) takes a moment to act) get up to 200 ms to close
 // it; what still holds it then is a leak, named every time. Only a run that
 // finds a holder here pays the wait.
-std::vector<Pid> leaked_holders(Pid self, const struct stat& file, const JobEnd& job) {
+std::vector<Pid> leaked_holders(Pid self, const sys::FileStatus& file, const JobEnd& job) {
   std::vector<Pid> leaked = procfs::pids_holding_flock(procfs::descendants(self), file);
   const long long until = sys::monotonic_ns() + kEndingGraceNs;
   while (!leaked.empty() && sys::monotonic_ns() < until) {
@@ -152,7 +154,7 @@ Acquisition LocalLock::acquire(const WaitPlan& plan, long long start_ns) {
   // /proc/self/stat: looplock's start time, which the holder record carries
   // so that a reader can tell this pid from a later process given the same
   // number (read before waiting, not in the critical section).
-  if (mode == LockMode::Exclusive) pid_start_ = procfs::own_start().value_or("");
+  if (mode == LockMode::Exclusive) pid_start_ = sys::own_start().value_or("");
   WaitReporter reporter(o_, log_, plan, start_ns, shown_, holders_at_start_, said_waiting_);
   AcquireResult res = acquire_lock(dir_, plan, mode, reporter, start_ns);
   file_ = std::move(res.file);
@@ -171,8 +173,8 @@ void LocalLock::write_record() {
     log_.warn("read_only_lock_file",
               shown_ + " is read-only for looplock: the lock is held, but no holder record can be written (" +
                   (file_.read_only_err == EROFS   ? std::string("its file system is read-only")
-                   : file_.st.st_uid == geteuid() ? std::string("chmod u+w it")
-                                                  : "its owner, uid " + std::to_string(file_.st.st_uid) +
+                   : file_.st.owner == geteuid() ? std::string("chmod u+w it")
+                                                  : "its owner, uid " + std::to_string(file_.st.owner) +
                                                         ", or root makes it group-writable for a group: chmod g+w") +
                   ")");
     return;
@@ -360,16 +362,16 @@ std::string LocalLedger::name() const { return local_ledger_name(shown_); }
 // --- nested -------------------------------------------------------------------
 
 std::optional<OuterHolder> outer_holder(const Options& o, const EnvList& env, const LockDir& dir, Pid self,
-                                        struct stat& lock_file) {
-  if (!env_get(env, env_name::kHolderFd) || fstatat(dir.fd.get(), kLockName, &lock_file, AT_SYMLINK_NOFOLLOW) != 0 ||
-      !S_ISREG(lock_file.st_mode)) {
+                                        sys::FileStatus& lock_file) {
+  if (!env_get(env, env_name::kHolderFd) || !sys::status_at(dir.fd.get(), kLockName, lock_file) ||
+      !S_ISREG(lock_file.mode)) {
     return std::nullopt;
   }
   return find_outer_holder(env, dir.fd.get(), lock_file, !o.shared, self);
 }
 
 InheritedLock::InheritedLock(const Options& options, const Logger& log, const LockDir& dir, const OuterHolder& outer,
-                             const struct stat& lock_file)
+                             const sys::FileStatus& lock_file)
     : o_(options), log_(log), dir_(dir), outer_(outer), lock_file_(lock_file), ledger_(dir, options.dir, log) {
   if (!o_.once_per_ns) return;
   // Which operation's slot the outer holder runs: its record says.

@@ -11,6 +11,7 @@
 
 #include "base/log.hpp"
 #include "lock/lock.hpp"
+#include "os/file_status.hpp"
 #include "os/ids.hpp"
 #include "os/procfs.hpp"
 #include "records/lock_id.hpp"
@@ -75,7 +76,7 @@ private:
 class InheritedLock final : public Lock {
 public:
   InheritedLock(const Options& options, const Logger& log, const LockDir& dir, const OuterHolder& outer,
-                const struct stat& lock_file);
+                const sys::FileStatus& lock_file);
 
   Acquisition acquire(const WaitPlan& plan, long long start_ns) override;
   Blocker blocker() const override { return {}; }
@@ -92,13 +93,13 @@ private:
   const LockDir& dir_;
   bool outer_operation_ = false;  // the outer holder's record names this run's operation
   OuterHolder outer_;
-  struct stat lock_file_ {};
+  sys::FileStatus lock_file_;
   LocalLedger ledger_;
 };
 
 // The holder of this lock when this run is nested in a looplock that holds
 // it already (nesting.hpp's rules), or nullopt.
 std::optional<OuterHolder> outer_holder(const Options& options, const EnvList& env, const LockDir& dir, Pid self,
-                                        struct stat& lock_file);
+                                        sys::FileStatus& lock_file);
 
 }  // namespace looplock

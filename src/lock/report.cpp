@@ -5,8 +5,8 @@
 
 #include "base/duration.hpp"
 #include "base/error.hpp"
-#include "job/signals.hpp"
 #include "os/ids.hpp"
+#include "os/signal_names.hpp"
 #include "os/sys.hpp"
 #include "records/lockfile.hpp"
 

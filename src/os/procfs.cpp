@@ -10,8 +10,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "os/file_status.hpp"
 #include "os/ids.hpp"
-#include "os/stat.hpp"
 #include "os/sys.hpp"
 
 namespace looplock::procfs {
@@ -47,15 +47,15 @@ std::optional<T> to_number(std::string_view s, int base = 10) {
 }
 
 // "fe:00:10952825" -> matches st_dev/st_ino of `file`.
-bool device_inode_matches(std::string_view field, const struct stat& file) {
+bool device_inode_matches(std::string_view field, const sys::FileStatus& file) {
   auto c1 = field.find(':');
   auto c2 = field.find(':', c1 == std::string_view::npos ? c1 : c1 + 1);
   if (c1 == std::string_view::npos || c2 == std::string_view::npos) return false;
   auto maj = to_number<unsigned>(field.substr(0, c1), 16);
   auto min = to_number<unsigned>(field.substr(c1 + 1, c2 - c1 - 1), 16);
   auto ino = to_number<unsigned long long>(field.substr(c2 + 1));
-  return maj && min && ino && *maj == major(file.st_dev) && *min == minor(file.st_dev) &&
-         *ino == static_cast<unsigned long long>(file.st_ino);
+  return maj && min && ino && *maj == major(file.device) && *min == minor(file.device) &&
+         *ino == static_cast<unsigned long long>(file.inode);
 }
 
 std::vector<std::string_view> words(std::string_view line) {
@@ -74,7 +74,7 @@ std::vector<std::string_view> words(std::string_view line) {
 // Parses one lock line ("1: FLOCK  ADVISORY  WRITE 2181 fe:00:10952825 0 EOF"),
 // skipping blocked waiters ("1: -> FLOCK ...") unless `waiter`, which reads
 // only those.
-std::optional<KernelLock> parse_lock_line(std::string_view line, const struct stat& file, bool waiter = false) {
+std::optional<KernelLock> parse_lock_line(std::string_view line, const sys::FileStatus& file, bool waiter = false) {
   auto w = words(line);
   if (waiter) {
     if (w.size() < 7 || w[1] != "->") return std::nullopt;
@@ -128,11 +128,20 @@ std::optional<std::string> pid_start(Pid pid) {
   return parse_stat_start(*s);
 }
 
+}  // namespace looplock::procfs
+
+namespace looplock::sys {
+
+// sys.hpp's, on POSIX: it reads /proc as pid_start() does.
 std::optional<std::string> own_start() {
-  auto s = sys::read_file("/proc/self/stat", 4096);
+  auto s = read_file("/proc/self/stat", 4096);
   if (!s) return std::nullopt;
-  return parse_stat_start(*s);
+  return procfs::parse_stat_start(*s);
 }
+
+}  // namespace looplock::sys
+
+namespace looplock::procfs {
 
 bool proc_is_ours() {
   char buf[32];
@@ -248,11 +257,11 @@ bool pid_alive(Pid pid) {
   return kill(pid, 0) == 0 || errno == EPERM;
 }
 
-std::vector<KernelLock> parse_proc_locks(std::string_view content, const struct stat& file) {
+std::vector<KernelLock> parse_proc_locks(std::string_view content, const sys::FileStatus& file) {
   return parse_lock_table(content, file).holders;
 }
 
-LockTable parse_lock_table(std::string_view content, const struct stat& file) {
+LockTable parse_lock_table(std::string_view content, const sys::FileStatus& file) {
   LockTable t;
   sys::for_each_line(content, [&](std::string_view line) {
     if (auto k = parse_lock_line(line, file)) t.holders.push_back(*k);
@@ -261,7 +270,7 @@ LockTable parse_lock_table(std::string_view content, const struct stat& file) {
   return t;
 }
 
-std::optional<LockTable> lock_table(const struct stat& file) {
+std::optional<LockTable> lock_table(const sys::FileStatus& file) {
   auto content = sys::read_file("/proc/locks", 64 << 20);
   if (!content) return std::nullopt;
   return parse_lock_table(*content, file);
@@ -344,13 +353,13 @@ std::optional<std::vector<Gid>> group_ids(Pid pid) {
   return parse_group_ids(*s);
 }
 
-std::optional<std::vector<KernelLock>> flock_holders(const struct stat& file) {
+std::optional<std::vector<KernelLock>> flock_holders(const sys::FileStatus& file) {
   auto table = lock_table(file);
   if (!table) return std::nullopt;
   return table->holders;
 }
 
-bool parse_fdinfo_holds(std::string_view fdinfo, const struct stat& file, bool exclusive) {
+bool parse_fdinfo_holds(std::string_view fdinfo, const sys::FileStatus& file, bool exclusive) {
   bool holds = false;
   sys::for_each_line(fdinfo, [&](std::string_view line) {
     if (!line.starts_with("lock:")) return;
@@ -363,11 +372,11 @@ bool parse_fdinfo_holds(std::string_view fdinfo, const struct stat& file, bool e
 namespace {
 
 // The lock held through /proc/PID/fd/FD on `file`, if any.
-std::optional<KernelLock> fd_lock(Pid pid, int fd, const struct stat& file) {
+std::optional<KernelLock> fd_lock(Pid pid, int fd, const sys::FileStatus& file) {
   if (pid <= 0 || fd < 0) return std::nullopt;
   std::string base = "/proc/" + std::to_string(pid);
-  struct stat target {};
-  if (stat((base + "/fd/" + std::to_string(fd)).c_str(), &target) != 0) return std::nullopt;
+  sys::FileStatus target;
+  if (!sys::status_of_path((base + "/fd/" + std::to_string(fd)), target)) return std::nullopt;
   if (!sys::same_file(target, file)) return std::nullopt;
   auto info = sys::read_file(base + "/fdinfo/" + std::to_string(fd), 1 << 20);
   if (!info) return std::nullopt;
@@ -379,7 +388,7 @@ std::optional<KernelLock> fd_lock(Pid pid, int fd, const struct stat& file) {
 
 }  // namespace
 
-bool fd_holds_flock(Pid pid, int fd, const struct stat& file, bool exclusive) {
+bool fd_holds_flock(Pid pid, int fd, const sys::FileStatus& file, bool exclusive) {
   auto k = fd_lock(pid, fd, file);
   return k && (!exclusive || k->exclusive);
 }
@@ -432,7 +441,7 @@ std::vector<Pid> all_pids() {
   return out;
 }
 
-std::vector<KernelLock> fd_holders(const std::vector<Pid>& pids, const struct stat& file) {
+std::vector<KernelLock> fd_holders(const std::vector<Pid>& pids, const sys::FileStatus& file) {
   std::vector<KernelLock> out;
   for (Pid p : pids) {
     for (const auto& fd : dir_entries("/proc/" + std::to_string(p) + "/fd")) {
@@ -447,7 +456,7 @@ std::vector<KernelLock> fd_holders(const std::vector<Pid>& pids, const struct st
   return out;
 }
 
-std::vector<Pid> pids_holding_flock(const std::vector<Pid>& pids, const struct stat& file) {
+std::vector<Pid> pids_holding_flock(const std::vector<Pid>& pids, const sys::FileStatus& file) {
   std::vector<Pid> out;
   for (const auto& k : fd_holders(pids, file)) out.push_back(k.pid);
   return out;

@@ -3,22 +3,18 @@
 // /proc/PID/fdinfo). Every reader tolerates missing or odd content.
 #pragma once
 
-#include <sys/stat.h>
-
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "os/file_status.hpp"
 #include "os/ids.hpp"
 
 namespace looplock::procfs {
 
 // Field 22 of /proc/PID/stat (start time in clock ticks after boot), as text.
 std::optional<std::string> pid_start(Pid pid);
-// The same for this process, from /proc/self/stat (right even when /proc
-// belongs to another pid namespace, where /proc/PID names someone else).
-std::optional<std::string> own_start();
 // Parses the start time out of /proc/PID/stat content (exposed for tests).
 std::optional<std::string> parse_stat_start(std::string_view stat);
 // Parent pid from /proc/PID/stat.
@@ -91,16 +87,16 @@ struct KernelLock {
 // pid is the process that took the lock, which may have exited since,
 // passing the descriptor on; a holder outside /proc's pid namespace is not
 // listed at all.
-std::optional<std::vector<KernelLock>> flock_holders(const struct stat& file);
-std::vector<KernelLock> parse_proc_locks(std::string_view content, const struct stat& file);
+std::optional<std::vector<KernelLock>> flock_holders(const sys::FileStatus& file);
+std::vector<KernelLock> parse_proc_locks(std::string_view content, const sys::FileStatus& file);
 // Holders and the blocked requests ("->" lines: processes waiting in
 // flock(2)) on this inode, from one read of /proc/locks.
 struct LockTable {
   std::vector<KernelLock> holders;
   std::vector<KernelLock> waiters;
 };
-std::optional<LockTable> lock_table(const struct stat& file);
-LockTable parse_lock_table(std::string_view content, const struct stat& file);
+std::optional<LockTable> lock_table(const sys::FileStatus& file);
+LockTable parse_lock_table(std::string_view content, const sys::FileStatus& file);
 
 // How long ago the process started, in ms (from its start time and
 // /proc/uptime), or nullopt.
@@ -118,8 +114,8 @@ std::vector<Gid> parse_group_ids(std::string_view status);
 
 // Whether the open file description behind /proc/PID/fd/FD is `file` and holds a
 // flock(2) lock on it (exclusive, or either kind when `exclusive` is false).
-bool fd_holds_flock(Pid pid, int fd, const struct stat& file, bool exclusive);
-bool parse_fdinfo_holds(std::string_view fdinfo, const struct stat& file, bool exclusive);
+bool fd_holds_flock(Pid pid, int fd, const sys::FileStatus& file, bool exclusive);
+bool parse_fdinfo_holds(std::string_view fdinfo, const sys::FileStatus& file, bool exclusive);
 
 // The descendants of `pid` (children, their children, ...), from
 // /proc/PID/task/TID/children; `pid` is looplock itself, whose one thread
@@ -131,8 +127,8 @@ std::vector<Pid> all_pids();
 
 // Those of `pids` that have an fd on `file` whose open file description
 // holds a flock(2) lock on it, with the lock's mode.
-std::vector<KernelLock> fd_holders(const std::vector<Pid>& pids, const struct stat& file);
+std::vector<KernelLock> fd_holders(const std::vector<Pid>& pids, const sys::FileStatus& file);
 // The same, pids only.
-std::vector<Pid> pids_holding_flock(const std::vector<Pid>& pids, const struct stat& file);
+std::vector<Pid> pids_holding_flock(const std::vector<Pid>& pids, const sys::FileStatus& file);
 
 }  // namespace looplock::procfs

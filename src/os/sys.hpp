@@ -38,6 +38,9 @@ bool write_all(int fd, std::string_view data);
 // returns false (errno set) on failure.
 bool pwrite_all(int fd, std::string_view data);
 
+// Cuts the file open as `fd` to `size` bytes; false (errno set) on failure.
+bool truncate_fd(int fd, long long size);
+
 // Reads up to `limit` bytes from the start of `fd`, a regular file (pread;
 // a short read is its end). nullopt on error.
 std::optional<std::string> pread_all(int fd, size_t limit);
@@ -68,6 +71,12 @@ std::optional<unsigned long long> random_below(unsigned long long bound);
 
 // This process's id.
 Pid own_pid();
+// This process's start time as the system tells it, which with the pid names
+// the process (POSIX, procfs.cpp: field 22 of /proc/self/stat, as pid_start
+// reads another's; right even when /proc belongs to another pid namespace,
+// where /proc/PID names someone else. windows/: its creation time, in 100 ns
+// units since 1601). nullopt when it cannot be read.
+std::optional<std::string> own_start();
 
 // This host's name (gethostname(2)), or "unknown".
 std::string host_name();

@@ -12,6 +12,7 @@
 #include <iterator>
 
 #include "base/log.hpp"
+#include "os/file_status.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 #include "records/lockfile.hpp"
@@ -76,10 +77,10 @@ int append_incident(int dirfd, const std::string& line) {
                   kCreateMode);
   }));
   if (!fd) return errno;
-  struct stat st {};
-  if (fstat(fd.get(), &st) != 0) return errno;
-  if (!S_ISREG(st.st_mode)) return EINVAL;
-  if (st.st_nlink != 1) return EMLINK;
+  sys::FileStatus st;
+  if (!sys::status_of_fd(fd.get(), st)) return errno;
+  if (!S_ISREG(st.mode)) return EINVAL;
+  if (st.links != 1) return EMLINK;
   // A row cut short earlier (a full disk, a file-size limit) ends without a
   // newline: this one then starts on a line of its own instead of being
   // glued to it (readers count the damaged line and skip it). Appenders
@@ -93,8 +94,8 @@ int append_incident(int dirfd, const std::string& line) {
     nanosleep(&ms, nullptr);
   }
   char last = '\n';
-  const bool cut = locked && fstat(fd.get(), &st) == 0 && st.st_size > 0 &&
-                   pread(fd.get(), &last, 1, st.st_size - 1) == 1 && last != '\n';
+  const bool cut = locked && sys::status_of_fd(fd.get(), st) && st.size > 0 &&
+                   pread(fd.get(), &last, 1, st.size - 1) == 1 && last != '\n';
   std::string row(cut ? 1 : 0, '\n');
   row += line;
   ssize_t n = sys::retry_eintr([&] { return write(fd.get(), row.data(), row.size()); });
@@ -127,12 +128,12 @@ IncidentSummary summarize_incidents(int dirfd, size_t recent) {
     if (errno != ENOENT) s.error = errno;  // a symlink (ELOOP), a permission
     return s;
   }
-  struct stat st {};
-  if (fstat(fd.get(), &st) != 0) {
+  sys::FileStatus st;
+  if (!sys::status_of_fd(fd.get(), st)) {
     s.error = errno;
     return s;
   }
-  if (!S_ISREG(st.st_mode)) {
+  if (!S_ISREG(st.mode)) {
     s.error = EINVAL;  // lock_files.hpp says what it is instead
     return s;
   }

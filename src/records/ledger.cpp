@@ -9,6 +9,7 @@
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "base/text.hpp"
+#include "os/file_status.hpp"
 #include "os/ids.hpp"
 #include "os/procfs.hpp"
 #include "os/sys.hpp"
@@ -46,7 +47,7 @@ std::string ledger_display(const LockDir& dir) {
 
 }  // namespace
 
-std::optional<Refusal> refuse_ledger(const struct stat& file, const struct stat& dir, Uid euid,
+std::optional<Refusal> refuse_ledger(const sys::FileStatus& file, const sys::FileStatus& dir, Uid euid,
                                      std::string_view shown_dir) {
   return refuse_file(file, dir, euid, "run ledger", kRunsName, "unsafe_run_ledger", shown_dir);
 }
@@ -137,8 +138,8 @@ SlotVerdict judge_slot(const std::optional<RunEntry>& entry, long long now_ms, l
 
 LedgerRead read_ledger(const LockDir& dir) {
   LedgerRead out;
-  struct stat st {};
-  if (fstatat(dir.fd.get(), kRunsName, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+  sys::FileStatus st;
+  if (!sys::status_at(dir.fd.get(), kRunsName, st)) {
     if (errno == ENOENT) return out;
     fail_errno(status_for_errno(errno, exit_code::kCantCreate), "cannot stat " + ledger_display(dir), errno, "",
                "run_ledger_unusable");
@@ -151,7 +152,7 @@ LedgerRead read_ledger(const LockDir& dir) {
   if (!fd) {
     const int err = errno;
     fail_errno(status_for_errno(err, exit_code::kCantCreate), "cannot open " + ledger_display(dir), err,
-               err == EACCES ? "--once-per reads it under the lock: its owner (uid " + std::to_string(st.st_uid) +
+               err == EACCES ? "--once-per reads it under the lock: its owner (uid " + std::to_string(st.owner) +
                                    ") or root lets the group that shares DIR read and write it (chgrp GROUP " +
                                    ledger_display(dir) + "; chmod g+rw " + ledger_display(dir) + ")."
                              : "",
@@ -261,12 +262,12 @@ int write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries) {
   UniqueFd in_place(sys::retry_eintr(
       [&] { return openat(dir.fd.get(), kRunsName, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); }));
   if (in_place) {
-    struct stat st {};
-    if (fstat(in_place.get(), &st) != 0) return errno;
+    sys::FileStatus st;
+    if (!sys::status_of_fd(in_place.get(), st)) return errno;
     if (refuse_ledger(st, dir.st, geteuid())) return EPERM;
     // Its new length first: a full disk then fails here, before a byte of
     // the ledger changed (a torn ledger would lose every operation's slot).
-    if (static_cast<size_t>(st.st_size) < data.size()) {
+    if (static_cast<size_t>(st.size) < data.size()) {
       if (const int err = reserve(in_place.get(), data.size()); err != 0) return err;
     }
     return write_over(in_place.get(), data, static_cast<long long>(kMaxLedgerBytes)) ? 0 : errno;

@@ -6,14 +6,13 @@
 // on etcd, cluster.hpp).
 #pragma once
 
-#include <sys/stat.h>
-
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "base/json.hpp"
+#include "os/file_status.hpp"
 #include "os/ids.hpp"
 #include "records/lockfile.hpp"
 
@@ -98,7 +97,7 @@ struct LedgerRead {
 // write (group-writable, not sticky) a ledger of DIR's group may be owned by
 // any member (a write by one who may not write it replaces the file, so its
 // owner is the last such writer).
-std::optional<Refusal> refuse_ledger(const struct stat& file, const struct stat& dir, Uid euid,
+std::optional<Refusal> refuse_ledger(const sys::FileStatus& file, const sys::FileStatus& dir, Uid euid,
                                      std::string_view shown_dir = "DIR");
 // Reads DIR/.state.lock.runs.json (missing: empty). Throws Fatal 73 when the
 // file is unsafe, 71 on resource exhaustion.

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/vfs.h>
 #include <unistd.h>
 
@@ -12,8 +13,8 @@
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "base/text.hpp"
+#include "os/file_status.hpp"
 #include "os/ids.hpp"
-#include "os/stat.hpp"
 #include "os/sys.hpp"
 
 namespace looplock {
@@ -29,11 +30,11 @@ std::string lock_display(const LockDir& dir) {
 // The hint for EACCES on a name inside DIR: DIR lacks search (x) permission
 // for the caller; who can give it depends on who the caller is.
 std::string search_hint(const LockDir& dir) {
-  if (geteuid() == dir.st.st_uid) {
+  if (geteuid() == dir.st.owner) {
     return "looplock needs search permission on DIR (" + dir.path + "): 'chmod u+x' it.";
   }
-  return "looplock needs search permission on DIR (" + dir.path + ", uid " + std::to_string(dir.st.st_uid) +
-         "'s, mode " + octal_mode(dir.st.st_mode) +
+  return "looplock needs search permission on DIR (" + dir.path + ", uid " + std::to_string(dir.st.owner) +
+         "'s, mode " + octal_mode(dir.st.mode) +
          "): run as its owner or a member of its group, or ask its owner to let yours search it (chmod g+x or o+x).";
 }
 
@@ -201,49 +202,49 @@ std::optional<std::string> network_file_system(int fd) {
 
 bool dir_mode_unsafe(mode_t mode) { return (mode & S_IWOTH) && !(mode & S_ISVTX); }
 
-std::optional<Refusal> refuse_dir(const struct stat& dir, const std::string& shown_dir) {
-  if (!dir_mode_unsafe(dir.st_mode)) return std::nullopt;
+std::optional<Refusal> refuse_dir(const sys::FileStatus& dir, const std::string& shown_dir) {
+  if (!dir_mode_unsafe(dir.mode)) return std::nullopt;
   return Refusal{"world-writable without the sticky bit",
                  "Any user could replace the lock file there; run 'chmod o-w " + shown_dir + "' (or chmod +t).",
                  "unsafe_loop_dir"};
 }
 
-std::optional<Refusal> refuse_file(const struct stat& file, const struct stat& dir, Uid euid, std::string_view noun,
+std::optional<Refusal> refuse_file(const sys::FileStatus& file, const sys::FileStatus& dir, Uid euid, std::string_view noun,
                                    std::string_view name, std::string_view event, std::string_view shown_dir) {
   const std::string n(noun);
   const std::string e(event);
-  if (S_ISLNK(file.st_mode)) return Refusal{kSymlinkWhy, kSymlinkHint, e};
-  if (!S_ISREG(file.st_mode)) {
-    return Refusal{"it is " + file_kind(file.st_mode) + ", not a regular file",
+  if (S_ISLNK(file.mode)) return Refusal{kSymlinkWhy, kSymlinkHint, e};
+  if (!S_ISREG(file.mode)) {
+    return Refusal{"it is " + file_kind(file.mode) + ", not a regular file",
                    "Move it away; looplock creates a regular file there.", e};
   }
-  if (file.st_nlink > 1) {
-    return Refusal{"it has " + std::to_string(file.st_nlink) + " hard links; a " + n + " must have exactly one",
+  if (file.links > 1) {
+    return Refusal{"it has " + std::to_string(file.links) + " hard links; a " + n + " must have exactly one",
                    "Another name for the same file could be swapped; replace it with a fresh regular file.", e};
   }
   // In a DIR its group may write (group-writable, not sticky), a file of
   // DIR's group may be any member's: every member could replace it anyway.
-  const bool group_shared = (dir.st_mode & S_IWGRP) && !(dir.st_mode & S_ISVTX) && file.st_gid == dir.st_gid;
-  if (file.st_uid != euid && file.st_uid != dir.st_uid && !group_shared) {
+  const bool group_shared = (dir.mode & S_IWGRP) && !(dir.mode & S_ISVTX) && file.group == dir.group;
+  if (file.owner != euid && file.owner != dir.owner && !group_shared) {
     const std::string dir_path(shown_dir);
     const std::string replace = "install -m 0660 -g GROUP /dev/null " + shell_word(dir_path) +
                                 (dir_path.ends_with('/') ? "" : "/") + std::string(name);
-    return Refusal{"it is owned by uid " + std::to_string(file.st_uid) + ", neither you nor DIR's owner",
-                   euid == dir.st_uid
+    return Refusal{"it is owned by uid " + std::to_string(file.owner) + ", neither you nor DIR's owner",
+                   euid == dir.owner
                        ? "As DIR's owner, replace it with one of your own while nobody holds the lock (looplock "
                          "--inspect " + shell_word(dir_path) + " says it is free): " + replace + "."
                        : "Only the caller or DIR's owner may own the " + n + " (or, in a DIR its group may write, "
-                         "a member of DIR's group); ask DIR's owner (uid " + std::to_string(dir.st_uid) +
+                         "a member of DIR's group); ask DIR's owner (uid " + std::to_string(dir.owner) +
                          ") to replace it with one of their own, or run as DIR's owner.",
                    e};
   }
   return std::nullopt;
 }
 
-std::string unopenable_hint(const LockDir& dir, const struct stat& file, Uid euid) {
+std::string unopenable_hint(const LockDir& dir, const sys::FileStatus& file, Uid euid) {
   const std::string path = lock_display(dir);
-  const std::string whose = "It is uid " + std::to_string(file.st_uid) + "'s, mode " + octal_mode(file.st_mode) + ": ";
-  if (euid == dir.st.st_uid) {
+  const std::string whose = "It is uid " + std::to_string(file.owner) + "'s, mode " + octal_mode(file.mode) + ": ";
+  if (euid == dir.st.owner) {
     return whose + "as DIR's owner, replace it with one of your own while nobody holds the lock (looplock --inspect " +
            shell_word(dir.path) + " says it is free): install -m 0660 -g GROUP /dev/null " + path +
            "; or its owner or root lets the group read and write it (chmod g+rw " + path + ").";
@@ -252,7 +253,7 @@ std::string unopenable_hint(const LockDir& dir, const struct stat& file, Uid eui
          "), or run as a user who may open it.";
 }
 
-std::optional<Refusal> refuse_lock_file(const struct stat& file, const struct stat& dir, Uid euid,
+std::optional<Refusal> refuse_lock_file(const sys::FileStatus& file, const sys::FileStatus& dir, Uid euid,
                                         std::string_view shown_dir) {
   return refuse_file(file, dir, euid, "lock file", kLockName, "unsafe_lock_file", shown_dir);
 }
@@ -281,7 +282,7 @@ LockDir open_lock_dir(const std::string& path, bool check_safety) {
   if (!dir.fd) fail_errno(exit_code::kOsError, "cannot open loop directory " + path, errno);
   // Its mode (refuse_dir) and owner (refuse_lock_file), and the identity
   // dir_intact() compares against after the command.
-  if (fstat(dir.fd.get(), &dir.st) != 0) fail_errno(exit_code::kOsError, "cannot stat " + path, errno);
+  if (!sys::status_of_fd(dir.fd.get(), dir.st)) fail_errno(exit_code::kOsError, "cannot stat " + path, errno);
   if (check_safety) {
     if (auto r = refuse_dir(dir.st, path)) refused(dir, *r);
   }
@@ -297,12 +298,12 @@ LockFile open_lock_file(const LockDir& dir) {
   // A file that vanishes between our steps (nlink 0, ENOENT, EEXIST races)
   // is retried; a persistent race is reported rather than looping forever.
   for (int attempt = 0; attempt < 1000; ++attempt) {
-    struct stat pre {};
+    sys::FileStatus pre;
     // Looked at before it is opened: a FIFO or a device must never be opened
     // (an open of either can block or have effects), a symlink is refused.
-    bool exists = fstatat(dir.fd.get(), kLockName, &pre, AT_SYMLINK_NOFOLLOW) == 0;
+    bool exists = sys::status_at(dir.fd.get(), kLockName, pre);
     if (!exists && errno != ENOENT) lock_stat_failed(dir, errno);
-    if (exists && (S_ISLNK(pre.st_mode) || !S_ISREG(pre.st_mode))) {
+    if (exists && (S_ISLNK(pre.mode) || !S_ISREG(pre.mode))) {
       refused(dir, *refuse_lock_file(pre, dir.st, geteuid(), dir.path));
     }
 
@@ -343,8 +344,8 @@ LockFile open_lock_file(const LockDir& dir) {
     f.read_only_err = read_only_err;
     // What was opened (the name may have changed since the fstatat): its
     // links and owner, and the inode the lock is checked against.
-    if (fstat(f.fd.get(), &f.st) != 0) fail_errno(exit_code::kOsError, "cannot stat " + lock_display(dir), errno);
-    if (S_ISREG(f.st.st_mode) && f.st.st_nlink == 0) continue;  // replaced between open and fstat
+    if (!sys::status_of_fd(f.fd.get(), f.st)) fail_errno(exit_code::kOsError, "cannot stat " + lock_display(dir), errno);
+    if (S_ISREG(f.st.mode) && f.st.links == 0) continue;  // replaced between open and fstat
     if (auto r = refuse_lock_file(f.st, dir.st, geteuid(), dir.path)) refused(dir, *r);
     return f;
   }
@@ -361,17 +362,17 @@ std::optional<bool> stat_failed() {
 }  // namespace
 
 std::optional<bool> lock_path_intact(const LockDir& dir, const LockFile& file) {
-  struct stat now {};
-  if (fstatat(dir.fd.get(), kLockName, &now, AT_SYMLINK_NOFOLLOW) != 0) return stat_failed();
+  sys::FileStatus now;
+  if (!sys::status_at(dir.fd.get(), kLockName, now)) return stat_failed();
   return sys::same_file(now, file.st);
 }
 
 std::optional<bool> dir_intact(const LockDir& dir) {
-  struct stat by_fd {};
-  struct stat by_path {};
-  if (fstat(dir.fd.get(), &by_fd) != 0) return std::nullopt;
-  if (by_fd.st_nlink == 0) return false;
-  if (stat(dir.path.c_str(), &by_path) != 0) return stat_failed();
+  sys::FileStatus by_fd;
+  sys::FileStatus by_path;
+  if (!sys::status_of_fd(dir.fd.get(), by_fd)) return std::nullopt;
+  if (by_fd.links == 0) return false;
+  if (!sys::status_of_path(dir.path, by_path)) return stat_failed();
   return sys::same_file(by_fd, by_path);
 }
 

@@ -5,15 +5,12 @@
 // new file within the same deadline.
 #pragma once
 
-#include <sys/stat.h>
-
-#include <sys/types.h>
-
 #include <optional>
 #include <string>
 #include <string_view>
 
 #include "base/policy.hpp"
+#include "os/file_status.hpp"
 #include "os/ids.hpp"
 #include "os/unique_fd.hpp"
 
@@ -24,7 +21,7 @@ inline constexpr const char* kLockName = ".state.lock";
 struct LockDir {
   std::string path;  // as the user gave it
   UniqueFd fd;       // O_PATH | O_DIRECTORY
-  struct stat st {};
+  sys::FileStatus st;
 };
 
 // Opens DIR. Throws Fatal 66 if it is missing or not a directory, 73 if it is
@@ -32,11 +29,11 @@ struct LockDir {
 // for --inspect, which only reads), 71 on resource exhaustion.
 LockDir open_lock_dir(const std::string& path, bool check_safety = true);
 // Whether a directory with this mode lets other users swap the lock file.
-bool dir_mode_unsafe(mode_t mode);
+bool dir_mode_unsafe(unsigned mode);
 
 struct LockFile {
   UniqueFd fd;
-  struct stat st {};
+  sys::FileStatus st;
   bool read_only = false;  // opened O_RDONLY: locked, but no record can be written
   int read_only_err = 0;   // why it could not be opened for writing (EACCES, EROFS, ...)
 };
@@ -44,7 +41,7 @@ struct LockFile {
 // The mode a new lock file (and every file looplock creates beside it: the
 // incidents file) is created with, before the umask: flock(2) needs only a
 // read descriptor, so whoever can open the file can take the lock.
-inline constexpr mode_t kCreateMode = 0660;
+inline constexpr unsigned kCreateMode = 0660;
 
 // Why a run refuses a lock file (exit 73): the rule, as a run and --inspect
 // both judge it.
@@ -54,22 +51,22 @@ struct Refusal {
   std::string event;  // unsafe_loop_dir, unsafe_lock_file
 };
 // DIR itself: world-writable without the sticky bit.
-std::optional<Refusal> refuse_dir(const struct stat& dir, const std::string& shown_dir);
+std::optional<Refusal> refuse_dir(const sys::FileStatus& dir, const std::string& shown_dir);
 // The lock file as found at the path (lstat): a symlink, not a regular file,
 // more than one link, or owned by neither `euid` nor DIR's owner (in a DIR
 // its group may write, group-writable and not sticky, a file of DIR's group
 // may be any member's: every member could replace it anyway).
-std::optional<Refusal> refuse_lock_file(const struct stat& file, const struct stat& dir, Uid euid,
+std::optional<Refusal> refuse_lock_file(const sys::FileStatus& file, const sys::FileStatus& dir, Uid euid,
                                         std::string_view shown_dir = "DIR");
 // The same rules for another file of the lock's (`noun`: "run ledger", its
 // `name` in DIR), whose refusal is the event `event` ("unsafe_run_ledger").
 // `shown_dir`: DIR as the hints name it.
-std::optional<Refusal> refuse_file(const struct stat& file, const struct stat& dir, Uid euid, std::string_view noun,
+std::optional<Refusal> refuse_file(const sys::FileStatus& file, const sys::FileStatus& dir, Uid euid, std::string_view noun,
                                    std::string_view name, std::string_view event, std::string_view shown_dir = "DIR");
 
 // The fix for a lock file `euid` cannot open (EACCES), by who can make it:
 // DIR's owner replaces it, else its owner or root opens its mode to the group.
-std::string unopenable_hint(const LockDir& dir, const struct stat& file, Uid euid);
+std::string unopenable_hint(const LockDir& dir, const sys::FileStatus& file, Uid euid);
 
 // DIR/.state.lock cannot be looked at (fstatat failed with `err`): Fatal 73
 // (71 for resource exhaustion), with the fix when DIR lacks search permission.

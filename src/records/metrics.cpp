@@ -17,6 +17,7 @@
 
 #include "base/log.hpp"
 #include "base/text.hpp"
+#include "os/file_status.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 #include "records/holder.hpp"
@@ -265,8 +266,8 @@ bool swap_in(const Place& at, const std::string& text, std::string& err) {
     return openat(at.dirfd, staging.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY,
                   kCollectedMode);
   }));
-  struct stat st {};
-  if (!fd || fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) return false;
+  sys::FileStatus st;
+  if (!fd || !sys::status_of_fd(fd.get(), st) || !S_ISREG(st.mode) || st.links != 1) return false;
   // A broken lease would be signalled to looplock: with URG, whose default
   // action is to ignore it.
   if (fcntl(fd.get(), F_SETSIG, SIGURG) != 0 || fcntl(fd.get(), F_SETLEASE, F_WRLCK) != 0) return false;
@@ -274,7 +275,7 @@ bool swap_in(const Place& at, const std::string& text, std::string& err) {
     err = failed("cannot write " + at.dir + "/" + staging);
     return true;
   }
-  if (static_cast<size_t>(st.st_size) > text.size() &&
+  if (static_cast<size_t>(st.size) > text.size() &&
       sys::retry_eintr([&] { return ftruncate(fd.get(), static_cast<off_t>(text.size())); }) != 0) {
     err = failed("cannot write " + at.dir + "/" + staging);
     return true;

@@ -6,9 +6,9 @@
 
 #include <charconv>
 
+#include "os/file_status.hpp"
 #include "os/ids.hpp"
 #include "os/procfs.hpp"
-#include "os/stat.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 #include "records/lockfile.hpp"
@@ -31,9 +31,9 @@ std::optional<int> to_fd(const std::optional<std::string>& s) {
   return static_cast<int>(*v);
 }
 
-bool is_lock_file(int fd, const struct stat& lock_file) {
-  struct stat st {};
-  return fstat(fd, &st) == 0 && sys::same_file(st, lock_file);
+bool is_lock_file(int fd, const sys::FileStatus& lock_file) {
+  sys::FileStatus st;
+  return sys::status_of_fd(fd, st) && sys::same_file(st, lock_file);
 }
 
 // Without /proc: flock(2) has no query, but the attempts below change
@@ -46,7 +46,7 @@ bool is_lock_file(int fd, const struct stat& lock_file) {
 // exclusive, and `fd` then does hold it.)
 }  // namespace
 
-bool probe_holds_through(int fd, int dirfd, const struct stat& lock_file) {
+bool probe_holds_through(int fd, int dirfd, const sys::FileStatus& lock_file) {
   UniqueFd fresh(sys::retry_eintr(
       [&] { return openat(dirfd, kLockName, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); }));
   if (!fresh || !is_lock_file(fresh.get(), lock_file)) return false;
@@ -55,7 +55,7 @@ bool probe_holds_through(int fd, int dirfd, const struct stat& lock_file) {
   return flock(fd, LOCK_EX | LOCK_NB) == 0;
 }
 
-bool holds_through(int fd, int dirfd, const struct stat& lock_file, bool exclusive) {
+bool holds_through(int fd, int dirfd, const sys::FileStatus& lock_file, bool exclusive) {
   if (fd < 0 || !is_lock_file(fd, lock_file)) return false;
   if (auto info = sys::read_file("/proc/self/fdinfo/" + std::to_string(fd), 1 << 20)) {
     return procfs::parse_fdinfo_holds(*info, lock_file, exclusive);
@@ -66,7 +66,7 @@ bool holds_through(int fd, int dirfd, const struct stat& lock_file, bool exclusi
   return probe_holds_through(fd, dirfd, lock_file);
 }
 
-std::optional<OuterHolder> find_outer_holder(const EnvList& env, int dirfd, const struct stat& lock_file,
+std::optional<OuterHolder> find_outer_holder(const EnvList& env, int dirfd, const sys::FileStatus& lock_file,
                                              bool exclusive, Pid self) {
   auto pid = to_long(env_get(env, env_name::kHolderPid));
   auto holder_fd = to_fd(env_get(env, env_name::kHolderFd));
@@ -84,7 +84,7 @@ std::optional<OuterHolder> find_outer_holder(const EnvList& env, int dirfd, cons
   return OuterHolder{named, *holder_fd, false};
 }
 
-std::optional<int> inherited_lock_fd(const EnvList& env, const struct stat& lock_file) {
+std::optional<int> inherited_lock_fd(const EnvList& env, const sys::FileStatus& lock_file) {
   auto fd = to_fd(env_get(env, env_name::kFd));
   if (!fd || !is_lock_file(*fd, lock_file)) return std::nullopt;
   return fd;

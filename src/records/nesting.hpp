@@ -15,11 +15,10 @@
 //   as /proc/PID/fdinfo reports: this needs /proc of this pid namespace.
 #pragma once
 
-#include <sys/stat.h>
-
 #include <optional>
 
 #include "base/environment.hpp"
+#include "os/file_status.hpp"
 #include "os/ids.hpp"
 
 namespace looplock {
@@ -33,7 +32,7 @@ struct OuterHolder {
 // The outer holder of the lock file `lock_file` (found in DIR, open as
 // `dirfd`), if the environment names one that really holds it (exclusively,
 // when `exclusive`) on behalf of this process `self`.
-std::optional<OuterHolder> find_outer_holder(const EnvList& env, int dirfd, const struct stat& lock_file,
+std::optional<OuterHolder> find_outer_holder(const EnvList& env, int dirfd, const sys::FileStatus& lock_file,
                                              bool exclusive, Pid self);
 
 // Whether the lock on `lock_file` is held through this process's descriptor
@@ -41,10 +40,10 @@ std::optional<OuterHolder> find_outer_holder(const EnvList& env, int dirfd, cons
 // probing (a fresh shared attempt on a new descriptor from `dirfd`, then an
 // exclusive attempt on `fd`, which is a no-op when `fd` holds the lock and
 // fails without effect when another does).
-bool holds_through(int fd, int dirfd, const struct stat& lock_file, bool exclusive);
+bool holds_through(int fd, int dirfd, const sys::FileStatus& lock_file, bool exclusive);
 // The probe alone (exposed for tests): true only when `fd` holds the lock
 // exclusively.
-bool probe_holds_through(int fd, int dirfd, const struct stat& lock_file);
+bool probe_holds_through(int fd, int dirfd, const sys::FileStatus& lock_file);
 
 // Whether the looplock that set an inherited LOOPLOCK_DEADLINE (named by
 // LOOPLOCK_DEADLINE_OWNER) is this process `self` or a live ancestor with
@@ -54,6 +53,6 @@ bool probe_holds_through(int fd, int dirfd, const struct stat& lock_file);
 bool deadline_owner_lives(const EnvList& env, Pid self);
 
 // The fd named by $LOOPLOCK_FD, if this process has it open on `lock_file`.
-std::optional<int> inherited_lock_fd(const EnvList& env, const struct stat& lock_file);
+std::optional<int> inherited_lock_fd(const EnvList& env, const sys::FileStatus& lock_file);
 
 }  // namespace looplock

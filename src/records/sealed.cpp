@@ -1,9 +1,7 @@
 #include "records/sealed.hpp"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include "os/digest.hpp"
+#include "os/file_status.hpp"
 #include "os/sys.hpp"
 
 namespace looplock {
@@ -33,13 +31,13 @@ std::optional<Unsealed> unseal(std::string_view content) {
 }
 
 bool write_over(int fd, std::string data, long long max_padded) {
-  // fstat(2): how much to pad (the file is never shrunk), then one pwrite(2).
-  struct stat st {};
-  if (fstat(fd, &st) != 0) return false;
-  if (st.st_size > max_padded) {
-    if (sys::retry_eintr([&] { return ftruncate(fd, 0); }) != 0) return false;
-  } else if (static_cast<size_t>(st.st_size) > data.size()) {
-    data.insert(data.size() - 1, static_cast<size_t>(st.st_size) - data.size(), ' ');
+  // The file's size: how much to pad (it is never shrunk), then one write at its start.
+  sys::FileStatus st;
+  if (!sys::status_of_fd(fd, st)) return false;
+  if (st.size > max_padded) {
+    if (!sys::truncate_fd(fd, 0)) return false;
+  } else if (static_cast<size_t>(st.size) > data.size()) {
+    data.insert(data.size() - 1, static_cast<size_t>(st.size) - data.size(), ' ');
   }
   return sys::pwrite_all(fd, data);
 }

@@ -1,12 +1,14 @@
 #include "records/survey.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 
 #include "base/error.hpp"
+#include "os/file_status.hpp"
 #include "os/ids.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
@@ -26,7 +28,7 @@ bool in_child_pid_namespace() {
 
 // `locks` (as /proc/locks names them) confirmed through descriptors; see
 // live_holders().
-std::vector<procfs::KernelLock> confirm(const std::vector<procfs::KernelLock>& locks, const struct stat& file) {
+std::vector<procfs::KernelLock> confirm(const std::vector<procfs::KernelLock>& locks, const sys::FileStatus& file) {
   if (locks.empty()) return {};
   std::vector<Pid> pids;
   for (const auto& k : locks) pids.push_back(k.pid);
@@ -78,13 +80,13 @@ void add_holders(LockFacts& f, const std::vector<procfs::KernelLock>& locks) {
 
 }  // namespace
 
-std::vector<procfs::KernelLock> live_holders(const struct stat& file) {
+std::vector<procfs::KernelLock> live_holders(const sys::FileStatus& file) {
   auto locks = procfs::flock_holders(file);
   if (!locks) return {};
   return confirm(*locks, file);
 }
 
-std::vector<procfs::KernelLock> kernel_holders(const HolderRead& read, const struct stat& file,
+std::vector<procfs::KernelLock> kernel_holders(const HolderRead& read, const sys::FileStatus& file,
                                                const std::vector<procfs::KernelLock>& hint) {
   if (!hint.empty()) {
     std::vector<Pid> pids;
@@ -153,12 +155,12 @@ LockFacts survey_held(const LockFile& file, const std::string& lock_path, const 
 LockFacts survey_lock(const LockDir& dir, const std::string& lock_path, std::vector<procfs::KernelLock>& waiters) {
   LockFacts f;
   f.lock_path = lock_path;
-  f.dir_uid = dir.st.st_uid;
+  f.dir_uid = dir.st.owner;
   f.network_fs = network_file_system(dir.fd.get());
   if (auto r = refuse_dir(dir.st, dir.path)) f.refusal = r;
 
-  struct stat st {};
-  if (fstatat(dir.fd.get(), kLockName, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+  sys::FileStatus st;
+  if (!sys::status_at(dir.fd.get(), kLockName, st)) {
     const int err = errno;
     if (err == ENOENT) {
       f.exists = false;
@@ -167,17 +169,17 @@ LockFacts survey_lock(const LockDir& dir, const std::string& lock_path, std::vec
     lock_stat_failed(dir, err);
   }
   if (!f.refusal) f.refusal = refuse_lock_file(st, dir.st, geteuid(), dir.path);
-  f.file_uid = st.st_uid;
-  if (st.st_mode & S_IRGRP) f.sharing_gid = st.st_gid;
-  f.group_can_write = (st.st_mode & S_IWGRP) != 0;
-  f.others_can_read = (st.st_mode & S_IROTH) != 0;
-  if (!S_ISREG(st.st_mode)) return f;
+  f.file_uid = st.owner;
+  if (st.mode & S_IRGRP) f.sharing_gid = st.group;
+  f.group_can_write = (st.mode & S_IWGRP) != 0;
+  f.others_can_read = (st.mode & S_IROTH) != 0;
+  if (!S_ISREG(st.mode)) return f;
 
   UniqueFd fd(sys::retry_eintr(
       [&] { return openat(dir.fd.get(), kLockName, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); }));
   const int open_err = fd ? 0 : errno;
   if (fd) {
-    fstat(fd.get(), &st);
+    (void)sys::status_of_fd(fd.get(), st);
   }
   // The record, the kernel's table, and the record again: a holder that
   // took or released the lock meanwhile changed the record, and the table is

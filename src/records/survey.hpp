@@ -6,11 +6,10 @@
 // everything, waiters included.
 #pragma once
 
-#include <sys/stat.h>
-
 #include <string>
 #include <vector>
 
+#include "os/file_status.hpp"
 #include "os/procfs.hpp"
 #include "records/holder.hpp"
 #include "records/lockfile.hpp"
@@ -24,7 +23,7 @@ namespace looplock {
 // keeps naming the process that took the lock), whoever has the descriptor
 // now, found among all processes. Empty when /proc/locks cannot be read or
 // shows no holder.
-std::vector<procfs::KernelLock> live_holders(const struct stat& file);
+std::vector<procfs::KernelLock> live_holders(const sys::FileStatus& file);
 
 // The processes holding the lock on `file`, found the cheap way when
 // possible: the pids of `hint` (an earlier answer) or the record's pid, each
@@ -32,7 +31,7 @@ std::vector<procfs::KernelLock> live_holders(const struct stat& file);
 // of /proc/locks takes the kernel's file-lock rwsem for writing (an RCU
 // grace period: up to tens of milliseconds, and it stalls every flock(2) on
 // the machine meanwhile).
-std::vector<procfs::KernelLock> kernel_holders(const HolderRead& read, const struct stat& file,
+std::vector<procfs::KernelLock> kernel_holders(const HolderRead& read, const sys::FileStatus& file,
                                                const std::vector<procfs::KernelLock>& hint = {});
 
 // The facts for a run whose attempt found the lock on `file` held (open,

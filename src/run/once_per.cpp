@@ -33,7 +33,7 @@ RunEntry OncePer::this_run() const {
   e.agent = o_.agent;
   e.started_ms = ctx_.start_wall_ms;
   e.once_per_ms = *o_.once_per_ns / kMs;
-  e.pid_start = procfs::own_start().value_or("");
+  e.pid_start = sys::own_start().value_or("");
   e.boot_id = procfs::boot_id();
   e.pid_ns = procfs::pid_namespace();
   return e;

@@ -1,7 +1,5 @@
 #include "run/run.hpp"
 
-#include <sys/wait.h>
-
 #include <algorithm>
 
 #include "base/duration.hpp"
@@ -10,9 +8,8 @@
 #include "base/text.hpp"
 #include "job/job.hpp"
 #include "job/next_step.hpp"
-#include "job/signals.hpp"
-#include "os/procfs.hpp"
 #include "os/sys.hpp"
+#include "os/wait_status.hpp"
 #include "records/nesting.hpp"
 #include "settings/lease_timing.hpp"
 
@@ -23,8 +20,9 @@ namespace {
 Exit exit_status(int status) { return {Exit::Kind::ExitStatus, status}; }
 
 RunOutcome outcome_of(int wait_status) {
-  if (WIFSIGNALED(wait_status)) return RunOutcome::Signaled;
-  return WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0 ? RunOutcome::Success : RunOutcome::Failure;
+  const auto ending = sys::ending_of(wait_status);
+  if (ending && ending->by_signal) return RunOutcome::Signaled;
+  return ending && ending->value == 0 ? RunOutcome::Success : RunOutcome::Failure;
 }
 
 }  // namespace
@@ -164,7 +162,7 @@ void Run::export_deadline() {
       at = own;
       // /proc/self/stat: this looplock's start time, so that a later process
       // given its pid is not taken for it.
-      owner = format_deadline_owner(ctx_.pid, procfs::own_start().value_or(""));
+      owner = format_deadline_owner(ctx_.pid, sys::own_start().value_or(""));
     }
   }
   if (at) {

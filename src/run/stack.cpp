@@ -1,10 +1,9 @@
 #include "run/stack.hpp"
 
-#include <sys/stat.h>
-
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "local/local_lock.hpp"
+#include "os/file_status.hpp"
 #include "records/nesting.hpp"
 
 namespace looplock {
@@ -22,7 +21,7 @@ Stack build_stack(const StackSite& s) {
   const Options& o = s.options;
   const Context& ctx = s.context;
   Stack stack;
-  struct stat lock_file {};
+  sys::FileStatus lock_file;
   if (auto outer = outer_holder(o, ctx.env, s.dir, ctx.pid, lock_file)) {
     if (!o.etcd.empty()) cluster_of(ctx).confirm_outer(o, s.target, ctx.env, outer->pid != 0 ? outer->pid : ctx.pid, s.log);
     stack.locks.push_back(std::make_unique<InheritedLock>(o, s.log, s.dir, *outer, lock_file));

@@ -11,6 +11,7 @@
 #include "base/error.hpp"
 #include "os/ids.hpp"
 #include "os/procfs.hpp"
+#include "os/sys.hpp"
 #include "records/lockfile.hpp"
 #include "records/sealed.hpp"
 #include "testutil.hpp"
@@ -231,9 +232,9 @@ TEST_CASE("the local ledger: missing is empty; written by rename; read back") {
   CHECK(look.entry->ended_ms == kT + 5);
   CHECK_FALSE(look.damaged);
   CHECK(looplock::read_ledger(d).entries.size() == 2);
-  struct stat st {};
-  REQUIRE(stat((dir / looplock::kRunsName).c_str(), &st) == 0);
-  CHECK((st.st_mode & 0007) == 0);  // 0660 less the umask: never for other users
+  looplock::sys::FileStatus st;
+  REQUIRE(looplock::sys::status_of_path((dir / looplock::kRunsName), st));
+  CHECK((st.mode & 0007) == 0);  // 0660 less the umask: never for other users
   CHECK(access((dir / looplock::kRunsNewName).c_str(), F_OK) != 0);
 }
 
@@ -299,36 +300,36 @@ TEST_CASE("the local ledger follows the lock file's rules") {
 }
 
 TEST_CASE("refuse_ledger: another owner only in a DIR its group shares") {
-  struct stat dir {};
-  dir.st_mode = S_IFDIR | 02770;
-  dir.st_uid = 1000;
-  dir.st_gid = 500;
-  struct stat file {};
-  file.st_mode = S_IFREG | 0660;
-  file.st_nlink = 1;
-  file.st_uid = 1001;  // another member of the group wrote it last
-  file.st_gid = 500;
+  looplock::sys::FileStatus dir;
+  dir.mode = S_IFDIR | 02770;
+  dir.owner = 1000;
+  dir.group = 500;
+  looplock::sys::FileStatus file;
+  file.mode = S_IFREG | 0660;
+  file.links = 1;
+  file.owner = 1001;  // another member of the group wrote it last
+  file.group = 500;
   CHECK_FALSE(looplock::refuse_ledger(file, dir, 1002));
-  file.st_gid = 501;  // not DIR's group
+  file.group = 501;  // not DIR's group
   CHECK(looplock::refuse_ledger(file, dir, 1002));
-  file.st_gid = 500;
-  dir.st_mode = S_IFDIR | 0750;  // DIR not writable by its group
+  file.group = 500;
+  dir.mode = S_IFDIR | 0750;  // DIR not writable by its group
   CHECK(looplock::refuse_ledger(file, dir, 1002));
-  dir.st_mode = S_IFDIR | 01770;  // sticky: members cannot replace each other's files
+  dir.mode = S_IFDIR | 01770;  // sticky: members cannot replace each other's files
   CHECK(looplock::refuse_ledger(file, dir, 1002));
-  dir.st_mode = S_IFDIR | 02770;
-  file.st_nlink = 2;  // still never a hard link
+  dir.mode = S_IFDIR | 02770;
+  file.links = 2;  // still never a hard link
   CHECK(looplock::refuse_ledger(file, dir, 1002));
-  file.st_nlink = 1;
-  file.st_uid = 1000;  // DIR's owner
-  dir.st_mode = S_IFDIR | 0755;
+  file.links = 1;
+  file.owner = 1000;  // DIR's owner
+  dir.mode = S_IFDIR | 0755;
   CHECK_FALSE(looplock::refuse_ledger(file, dir, 1002));
 }
 
 TEST_CASE("a runner is proven dead only on this boot and pid namespace, its pid gone or another process") {
   RunEntry e = entry("t", kT);
   e.pid = getpid();
-  e.pid_start = looplock::procfs::own_start().value_or("");
+  e.pid_start = looplock::sys::own_start().value_or("");
   e.boot_id = looplock::procfs::boot_id();
   e.pid_ns = looplock::procfs::pid_namespace();
   REQUIRE_FALSE(e.pid_start.empty());

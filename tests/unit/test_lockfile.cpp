@@ -95,7 +95,7 @@ TEST_CASE("open_lock_dir") {
     LockDir d = looplock::open_lock_dir(dir.path());
     CHECK(d.path == dir.path());
     CHECK(d.fd.get() >= 3);
-    CHECK(S_ISDIR(d.st.st_mode));
+    CHECK(S_ISDIR(d.st.mode));
   }
   SUBCASE("missing: 66") {
     CHECK(fatal_status([&] { looplock::open_lock_dir(dir / "missing"); }) == 66);
@@ -146,18 +146,18 @@ TEST_CASE("open_lock_file creates a 0660 regular file (other users cannot open i
   umask(old);
   CHECK(f.fd.get() >= 3);
   CHECK_FALSE(f.read_only);
-  struct stat st {};
-  REQUIRE(lstat(path.c_str(), &st) == 0);
-  CHECK(S_ISREG(st.st_mode));
-  CHECK((st.st_mode & 07777) == 0660);
-  CHECK(st.st_size == 0);
-  CHECK(st.st_ino == f.st.st_ino);
+  looplock::sys::FileStatus st;
+  REQUIRE(looplock::sys::status_at(AT_FDCWD, path.c_str(), st));
+  CHECK(S_ISREG(st.mode));
+  CHECK((st.mode & 07777) == 0660);
+  CHECK(st.size == 0);
+  CHECK(st.inode == f.st.inode);
   CHECK((fcntl(f.fd.get(), F_GETFD) & FD_CLOEXEC) != 0);
 
   // Opening an existing file keeps its content (the previous record).
   testutil::write_file(path, "previous record\n");
   LockFile again = looplock::open_lock_file(d);
-  CHECK(again.st.st_ino == st.st_ino);
+  CHECK(again.st.inode == st.inode);
   CHECK(testutil::slurp(path) == "previous record\n");
   CHECK(looplock::lock_path_intact(d, again) == true);
 }
@@ -271,9 +271,9 @@ TEST_CASE("acquire_lock while another open file description holds the lock") {
     CHECK(seconds_since(t0) < 1.0);
     CHECK(r.file.fd);
     CHECK(obs.waits == 0);
-    struct stat st {};
-    REQUIRE(stat(path.c_str(), &st) == 0);
-    CHECK(r.file.st.st_ino == st.st_ino);
+    looplock::sys::FileStatus st;
+    REQUIRE(looplock::sys::status_of_path(path, st));
+    CHECK(r.file.st.inode == st.inode);
   }
   SUBCASE("Bounded 0: one attempt, TimedOut at once") {
     CountingObserver obs;
@@ -472,9 +472,9 @@ TEST_CASE("a lock file replaced while waited for is retaken on the new file") {
   REQUIRE(r.status == Acquisition::Acquired);
   CHECK(r.replaced == 1);
   CHECK(obs.replaced == 1);
-  struct stat st {};
-  REQUIRE(stat(path.c_str(), &st) == 0);
-  CHECK(r.file.st.st_ino == st.st_ino);
+  looplock::sys::FileStatus st;
+  REQUIRE(looplock::sys::status_of_path(path, st));
+  CHECK(r.file.st.inode == st.inode);
   CHECK(looplock::lock_path_intact(d, r.file) == true);
   CHECK(lock_taken(path));
 }
@@ -542,47 +542,47 @@ TEST_CASE("the umask applies to the lock file's 0660, and an existing file's mod
   mode_t old = umask(027);
   { LockFile f = looplock::open_lock_file(d); }
   umask(old);
-  struct stat st {};
-  REQUIRE(lstat(path.c_str(), &st) == 0);
-  CHECK((st.st_mode & 07777) == 0640);
+  looplock::sys::FileStatus st;
+  REQUIRE(looplock::sys::status_at(AT_FDCWD, path.c_str(), st));
+  CHECK((st.mode & 07777) == 0640);
   REQUIRE(chmod(path.c_str(), 0644) == 0);
   { LockFile f = looplock::open_lock_file(d); }
-  REQUIRE(lstat(path.c_str(), &st) == 0);
-  CHECK((st.st_mode & 07777) == 0644);
+  REQUIRE(looplock::sys::status_at(AT_FDCWD, path.c_str(), st));
+  CHECK((st.mode & 07777) == 0644);
 }
 
 TEST_CASE("refuse_lock_file: the rules a run and --inspect share") {
-  struct stat dir {};
-  dir.st_mode = S_IFDIR | 0755;
-  dir.st_uid = 1000;
-  struct stat f {};
-  f.st_mode = S_IFREG | 0660;
-  f.st_nlink = 1;
-  f.st_uid = 1000;
+  looplock::sys::FileStatus dir;
+  dir.mode = S_IFDIR | 0755;
+  dir.owner = 1000;
+  looplock::sys::FileStatus f;
+  f.mode = S_IFREG | 0660;
+  f.links = 1;
+  f.owner = 1000;
   CHECK_FALSE(looplock::refuse_lock_file(f, dir, 1000));
   CHECK_FALSE(looplock::refuse_lock_file(f, dir, 0));  // DIR's owner's file, for root too
-  f.st_uid = 0;
+  f.owner = 0;
   CHECK_FALSE(looplock::refuse_lock_file(f, dir, 0));  // the caller's own
-  f.st_uid = 2000;
+  f.owner = 2000;
   auto r = looplock::refuse_lock_file(f, dir, 0);
   REQUIRE(r);
   CHECK(r->why == "it is owned by uid 2000, neither you nor DIR's owner");
   CHECK(r->event == "unsafe_lock_file");
-  f.st_uid = 1000;
-  f.st_nlink = 2;
+  f.owner = 1000;
+  f.links = 2;
   r = looplock::refuse_lock_file(f, dir, 1000);
   REQUIRE(r);
   CHECK(r->why == "it has 2 hard links; a lock file must have exactly one");
-  f.st_nlink = 1;
-  f.st_mode = S_IFLNK | 0777;
+  f.links = 1;
+  f.mode = S_IFLNK | 0777;
   CHECK(looplock::refuse_lock_file(f, dir, 1000)->why.find("symbolic link") != std::string::npos);
-  f.st_mode = S_IFIFO | 0644;
+  f.mode = S_IFIFO | 0644;
   CHECK(looplock::refuse_lock_file(f, dir, 1000)->why == "it is a FIFO, not a regular file");
-  dir.st_mode = S_IFDIR | 0777;
+  dir.mode = S_IFDIR | 0777;
   auto d = looplock::refuse_dir(dir, "D");
   REQUIRE(d);
   CHECK(d->event == "unsafe_loop_dir");
   CHECK(d->hint.find("chmod o-w D") != std::string::npos);
-  dir.st_mode = S_IFDIR | 01777;
+  dir.mode = S_IFDIR | 01777;
   CHECK_FALSE(looplock::refuse_dir(dir, "D"));
 }

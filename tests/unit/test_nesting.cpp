@@ -13,6 +13,7 @@
 
 #include "os/ids.hpp"
 #include "os/procfs.hpp"
+#include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 #include "testutil.hpp"
 
@@ -31,13 +32,13 @@ EnvList holder_env(Pid pid, int fd) { return holder_env(std::to_string(pid), std
 struct Lock {
   UniqueFd dir;
   UniqueFd fd;
-  struct stat st {};
+  looplock::sys::FileStatus st;
   explicit Lock(const TempDir& d, const char* name = ".state.lock") {
     dir.reset(::open(d.path().c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
     REQUIRE(dir);
     fd.reset(::openat(dir.get(), name, O_RDWR | O_CREAT | O_CLOEXEC, 0644));
     REQUIRE(fd);
-    REQUIRE(fstat(fd.get(), &st) == 0);
+    REQUIRE(looplock::sys::status_of_fd(fd.get(), st));
   }
   // Another open file description of the same file.
   UniqueFd reopen() const {
@@ -143,8 +144,8 @@ TEST_CASE("without the descriptor: the named holder must be a live ancestor hold
   }
   close(p[0]);
   auto child_has_fd = [&] {
-    struct stat st {};
-    return stat(("/proc/" + std::to_string(child) + "/fd/" + std::to_string(kChildFd)).c_str(), &st) == 0;
+    looplock::sys::FileStatus st;
+    return looplock::sys::status_of_path(("/proc/" + std::to_string(child) + "/fd/" + std::to_string(kChildFd)), st);
   };
   for (int i = 0; i < 2000 && !child_has_fd(); ++i) usleep(1000);
   REQUIRE(child_has_fd());
@@ -206,7 +207,7 @@ TEST_CASE("the probe used without /proc changes nothing and tells an exclusive h
 }
 
 TEST_CASE("an inherited deadline holds only while the looplock that set it is a live ancestor") {
-  const auto start = looplock::procfs::own_start();
+  const auto start = looplock::sys::own_start();
   REQUIRE(start);
   const Pid self = getpid();
   auto owner = [](long long pid, const std::string& st) {

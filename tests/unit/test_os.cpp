@@ -2,6 +2,7 @@
 // in the Windows cross build, under wine (tests/unit/meson.build). The POSIX
 // implementation's own cases are in test_sys.cpp.
 #include "os/digest.hpp"
+#include "os/file_status.hpp"
 #include "os/sys.hpp"
 
 #include <doctest/doctest.h>
@@ -109,4 +110,26 @@ TEST_CASE("sha256_hex: the known vectors, from the system's own implementation")
   CHECK(sys::sha256_hex(std::string(1000000, 'a')) ==
         "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
   CHECK(sys::sha256_hex(std::string("a\0b", 3)) != sys::sha256_hex("a"));  // bytes, not a C string
+}
+
+TEST_CASE("status_of_path: a regular file's size, and its identity") {
+  const auto base = std::filesystem::temp_directory_path() / ("looplock-test-os-st-" + std::to_string(sys::own_pid()));
+  std::filesystem::create_directory(base);
+  {
+    std::ofstream(base / "a", std::ios::binary) << "12345";
+    std::ofstream(base / "b", std::ios::binary) << "";
+  }
+  sys::FileStatus a, again, b, dir;
+  REQUIRE(sys::status_of_path((base / "a").string(), a));
+  REQUIRE(sys::status_of_path((base / "a").string(), again));
+  REQUIRE(sys::status_of_path((base / "b").string(), b));
+  REQUIRE(sys::status_of_path(base.string(), dir));
+  CHECK(a.size == 5);
+  CHECK((a.mode & 0170000) == 0100000);  // a regular file, numbered as POSIX numbers it
+  CHECK((dir.mode & 0170000) == 0040000);  // a directory
+  CHECK(a.links == 1);
+  CHECK(sys::same_file(a, again));
+  CHECK_FALSE(sys::same_file(a, b));
+  std::filesystem::remove_all(base);
+  CHECK_FALSE(sys::status_of_path((base / "a").string(), a));
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "os/ids.hpp"
+#include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 #include "testutil.hpp"
 
@@ -34,10 +35,10 @@ std::string stat_line(const std::string& comm, const std::string& ppid, const st
   return s;
 }
 
-struct stat fake_stat(unsigned maj, unsigned min, ino_t ino) {
-  struct stat st {};
-  st.st_dev = makedev(maj, min);
-  st.st_ino = ino;
+looplock::sys::FileStatus fake_stat(unsigned maj, unsigned min, ino_t ino) {
+  looplock::sys::FileStatus st;
+  st.device = makedev(maj, min);
+  st.inode = ino;
   return st;
 }
 
@@ -159,7 +160,7 @@ TEST_CASE("is_self_or_ancestor") {
 }
 
 TEST_CASE("parse_proc_locks") {
-  const struct stat file = fake_stat(0xfe, 0x00, 10952825);
+  const looplock::sys::FileStatus file = fake_stat(0xfe, 0x00, 10952825);
   const std::string content =
       "1: FLOCK  ADVISORY  WRITE 2181 fe:00:10952825 0 EOF\n"
       "2: FLOCK  ADVISORY  READ  2182 fe:00:10952825 0 EOF\n"
@@ -184,7 +185,7 @@ TEST_CASE("parse_proc_locks") {
 
   CHECK(procfs::parse_proc_locks("", file).empty());
   // Device numbers are hex: major 259 is "103".
-  const struct stat nvme = fake_stat(259, 2, 77);
+  const looplock::sys::FileStatus nvme = fake_stat(259, 2, 77);
   auto l = procfs::parse_proc_locks("1: FLOCK  ADVISORY  WRITE 10 103:02:77 0 EOF\n", nvme);
   REQUIRE(l.size() == 1);
   CHECK(l[0].pid == 10);
@@ -192,7 +193,7 @@ TEST_CASE("parse_proc_locks") {
 }
 
 TEST_CASE("parse_fdinfo_holds") {
-  const struct stat file = fake_stat(0xfe, 0x00, 10952825);
+  const looplock::sys::FileStatus file = fake_stat(0xfe, 0x00, 10952825);
   const std::string head = "pos:\t0\nflags:\t02100002\nmnt_id:\t29\nino:\t10952825\n";
   const std::string write_lock = head + "lock:\t1: FLOCK  ADVISORY  WRITE 2181 fe:00:10952825 0 EOF\n";
   const std::string read_lock = head + "lock:\t1: FLOCK  ADVISORY  READ  2181 fe:00:10952825 0 EOF\n";
@@ -218,8 +219,8 @@ TEST_CASE("flock_holders and fd_holds_flock on a real lock") {
   testutil::write_file(path, "");
   UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
   REQUIRE(fd);
-  struct stat st {};
-  REQUIRE(fstat(fd.get(), &st) == 0);
+  looplock::sys::FileStatus st;
+  REQUIRE(looplock::sys::status_of_fd(fd.get(), st));
 
   CHECK(procfs::flock_holders(st).value().empty());
   CHECK_FALSE(procfs::fd_holds_flock(getpid(), fd.get(), st, false));
@@ -238,8 +239,8 @@ TEST_CASE("flock_holders and fd_holds_flock on a real lock") {
   CHECK_FALSE(procfs::fd_holds_flock(getpid(), other.get(), st, false));
   // The locking fd, but asked about another file.
   testutil::write_file(dir / "second", "");
-  struct stat st2 {};
-  REQUIRE(stat((dir / "second").c_str(), &st2) == 0);
+  looplock::sys::FileStatus st2;
+  REQUIRE(looplock::sys::status_of_path((dir / "second"), st2));
   CHECK_FALSE(procfs::fd_holds_flock(getpid(), fd.get(), st2, false));
   CHECK(procfs::flock_holders(st2).value().empty());
   // Bad pid or fd.
@@ -264,7 +265,7 @@ TEST_CASE("flock_holders and fd_holds_flock on a real lock") {
 }
 
 TEST_CASE("own_start, proc_is_ours, comm and ns_pids") {
-  CHECK(procfs::own_start() == procfs::pid_start(getpid()));
+  CHECK(looplock::sys::own_start() == procfs::pid_start(getpid()));
   CHECK(procfs::proc_is_ours());
   auto name = procfs::comm(getpid());
   REQUIRE(name);
@@ -284,8 +285,8 @@ TEST_CASE("descendants and pids_holding_flock") {
   testutil::write_file(path, "");
   UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
   REQUIRE(fd);
-  struct stat st {};
-  REQUIRE(fstat(fd.get(), &st) == 0);
+  looplock::sys::FileStatus st;
+  REQUIRE(looplock::sys::status_of_fd(fd.get(), st));
 
   // A child and a grandchild that wait for the pipe to close; the grandchild
   // holds the lock through its own open file description.

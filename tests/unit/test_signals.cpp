@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "job/job.hpp"
 #include "os/ids.hpp"
 #include "testutil.hpp"
 

@@ -1,4 +1,4 @@
-#include "os/stat.hpp"
+#include "os/file_status.hpp"
 #include "os/sys.hpp"
 
 #include <doctest/doctest.h>
@@ -138,18 +138,34 @@ TEST_CASE("clocks and the ISO 8601 time") {
   CHECK(sys::realtime_ms() > 1'600'000'000'000LL);  // after 2020
 }
 
-TEST_CASE("same_file compares device and inode") {
+TEST_CASE("file status on POSIX: identity, type, mode, owner, links and size; status_at does not follow a link") {
   TempDir dir;
-  testutil::write_file(dir / "a", "");
+  testutil::write_file(dir / "a", "12345");
   testutil::write_file(dir / "b", "");
+  REQUIRE(chmod((dir / "a").c_str(), 0640) == 0);
   REQUIRE(link((dir / "a").c_str(), (dir / "a2").c_str()) == 0);
-  struct stat a {
-  }, a2{}, b{};
-  REQUIRE(stat((dir / "a").c_str(), &a) == 0);
-  REQUIRE(stat((dir / "a2").c_str(), &a2) == 0);
-  REQUIRE(stat((dir / "b").c_str(), &b) == 0);
+  REQUIRE(symlink("a", (dir / "l").c_str()) == 0);
+  sys::FileStatus a, a2, b, l, by_fd;
+  REQUIRE(sys::status_of_path(dir / "a", a));
+  REQUIRE(sys::status_of_path(dir / "a2", a2));
+  REQUIRE(sys::status_of_path(dir / "b", b));
   CHECK(sys::same_file(a, a2));
   CHECK_FALSE(sys::same_file(a, b));
+  CHECK(S_ISREG(a.mode));
+  CHECK((a.mode & 07777) == 0640);
+  CHECK(a.owner == geteuid());
+  CHECK(a.group == getegid());
+  CHECK(a.links == 2);
+  CHECK(a.size == 5);
+  UniqueFd dfd(open(dir.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  REQUIRE(sys::status_at(dfd.get(), "l", l));
+  CHECK(S_ISLNK(l.mode));
+  CHECK_FALSE(sys::same_file(a, l));
+  REQUIRE(sys::status_of_fd(dfd.get(), by_fd));
+  CHECK(S_ISDIR(by_fd.mode));
+  errno = 0;
+  CHECK_FALSE(sys::status_at(dfd.get(), "missing", l));
+  CHECK(errno == ENOENT);
 }
 
 TEST_CASE("utc_iso8601 agrees with gmtime(3) across centuries, leap days and negative times") {

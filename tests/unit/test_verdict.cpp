@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "os/ids.hpp"
-#include "testutil.hpp"
+#include "samples.hpp"
 
 using looplock::HolderRead;
 using looplock::HolderRecord;

@@ -6,7 +6,7 @@
 #include <doctest/doctest.h>
 
 #include "os/ids.hpp"
-#include "records/holder.hpp"
+#include "samples.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -26,20 +26,6 @@
 #include <vector>
 
 namespace testutil {
-
-// The holder record the record, incident and inspect tests start from.
-inline looplock::HolderRecord sample_record(std::optional<std::string> released = std::nullopt) {
-  looplock::HolderRecord r;
-  r.lock_id = "0123456789abcdef";
-  r.pid = 1234;
-  r.pid_start = "987654";
-  r.agent_id = "cron";
-  r.operation = "status.py";
-  r.policy = "mutation";
-  r.acquired_at = "2026-11-30T17:00:00.123Z";
-  r.released_at = std::move(released);
-  return r;
-}
 
 // Set by the listener below when an assertion of the current test case fails.
 inline bool g_current_test_failed = false;

@@ -39,6 +39,10 @@ bool pwrite_all(int fd, std::string_view data) {
   return true;
 }
 
+bool truncate_fd(int fd, long long size) {
+  return retry_eintr([&] { return ftruncate(fd, static_cast<off_t>(size)); }) == 0;
+}
+
 namespace {
 // Reads go straight into the result, in chunks of this size (no buffer on
 // the stack: a fresh stack page costs a run a page fault).

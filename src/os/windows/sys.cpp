@@ -31,6 +31,8 @@ bool write_all(int fd, std::string_view data) {
   return true;
 }
 
+bool truncate_fd(int fd, long long size) { return _chsize_s(fd, size) == 0; }
+
 namespace {
 // Calls io(handle, overlapped at `offset`) and puts the descriptor's file
 // pointer back afterwards. -1 (errno EBADF) when fd has no handle.
@@ -151,6 +153,12 @@ std::optional<unsigned long long> random_below(unsigned long long bound) {
 }
 
 Pid own_pid() { return static_cast<Pid>(GetCurrentProcessId()); }
+
+std::optional<std::string> own_start() {
+  FILETIME created{}, exited{}, kernel{}, user{};
+  if (!GetProcessTimes(GetCurrentProcess(), &created, &exited, &kernel, &user)) return std::nullopt;
+  return std::to_string((static_cast<unsigned long long>(created.dwHighDateTime) << 32) | created.dwLowDateTime);
+}
 
 void close_fd(int fd) noexcept { _close(fd); }
 

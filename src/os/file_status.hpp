@@ -1,0 +1,34 @@
+// A file's status as looplock judges it: who owns it, its type and mode, its
+// links and size, and its identity. Each system's code reads it
+// (posix/file_status.cpp: fstat(2) and fstatat(2); windows/: the C
+// runtime's _fstat64 and _stat64).
+#pragma once
+
+#include <string>
+
+#include "os/ids.hpp"
+
+namespace looplock::sys {
+
+struct FileStatus {
+  unsigned long long device = 0;  // with `inode`, the file's identity
+  unsigned long long inode = 0;
+  unsigned mode = 0;  // its type and permission bits, numbered as POSIX numbers them (S_IFREG | 0660)
+  unsigned long long links = 0;
+  Uid owner = 0;
+  Gid group = 0;
+  long long size = 0;
+};
+
+inline bool same_file(const FileStatus& a, const FileStatus& b) { return a.device == b.device && a.inode == b.inode; }
+
+// The status of the open descriptor `fd`; false (errno set) when it cannot
+// be had.
+bool status_of_fd(int fd, FileStatus& out);
+// The status of the file `path` names, links followed.
+bool status_of_path(const std::string& path, FileStatus& out);
+// The status of `name` in the directory open as `dirfd`, of the link itself
+// when it is one (POSIX: Windows has no directory descriptors).
+bool status_at(int dirfd, const char* name, FileStatus& out);
+
+}  // namespace looplock::sys
