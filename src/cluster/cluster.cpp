@@ -1,9 +1,5 @@
 #include "cluster/cluster.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <climits>
@@ -12,6 +8,7 @@
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "base/text.hpp"
+#include "os/file_status.hpp"
 #include "os/procfs.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
@@ -84,7 +81,7 @@ std::optional<Json> parse_cluster_holder(std::string_view value) {
 namespace {
 
 void check_readable(const std::string& option, const std::string& path) {
-  UniqueFd fd(sys::retry_eintr([&] { return open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK); }));
+  const UniqueFd fd = sys::open_for_reading(path);
   if (!fd) {
     throw Fatal(exit_code::kUsage, errno_message("cannot read " + option + " " + quote(path), errno),
                 "Give a readable PEM file (or leave the option out).");
@@ -97,12 +94,12 @@ void check_readable(const std::string& option, const std::string& path) {
 std::string read_password_file(const std::string& path, const Logger& log) {
   const std::string what = "cannot read --etcd-password-file " + quote(path);
   const std::string hint = "Give a file that holds the etcd user's password on one line (mode 0600).";
-  UniqueFd fd(sys::retry_eintr([&] { return open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK); }));
+  const UniqueFd fd = sys::open_for_reading(path);
   if (!fd) throw Fatal(exit_code::kUsage, errno_message(what, errno), hint);
-  struct stat st {};
-  if (fstat(fd.get(), &st) != 0) throw Fatal(exit_code::kUsage, errno_message(what, errno), hint);
-  if (!S_ISREG(st.st_mode)) throw Fatal(exit_code::kUsage, what + ": not a regular file", hint);
-  if (static_cast<size_t>(st.st_size) > kMaxPasswordFile) {
+  sys::FileStatus st;
+  if (!sys::status_of_fd(fd.get(), st)) throw Fatal(exit_code::kUsage, errno_message(what, errno), hint);
+  if (!st.regular()) throw Fatal(exit_code::kUsage, what + ": not a regular file", hint);
+  if (static_cast<size_t>(st.size) > kMaxPasswordFile) {
     throw Fatal(exit_code::kUsage, what + ": larger than 4 KiB, so not a password", hint);
   }
   auto text = sys::pread_all(fd.get(), kMaxPasswordFile + 1);
@@ -111,7 +108,7 @@ std::string read_password_file(const std::string& path, const Logger& log) {
   if (text->ends_with('\r')) text->pop_back();
   if (text->empty()) throw Fatal(exit_code::kUsage, what + ": it is empty", hint);
   if (text->find('\n') != std::string::npos) throw Fatal(exit_code::kUsage, what + ": more than one line", hint);
-  if (st.st_mode & S_IROTH) {
+  if (st.mode & 0004) {  // others may read it
     log.warn("password_file_readable",
              "--etcd-password-file " + quote(path) + " is readable by every user (chmod 600 it)");
   }

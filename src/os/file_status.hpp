@@ -18,6 +18,9 @@ struct FileStatus {
   Uid owner = 0;
   Gid group = 0;
   long long size = 0;
+
+  bool regular() const { return (mode & 0170000) == 0100000; }
+  bool directory() const { return (mode & 0170000) == 0040000; }
 };
 
 inline bool same_file(const FileStatus& a, const FileStatus& b) { return a.device == b.device && a.inode == b.inode; }

@@ -1,5 +1,4 @@
-// Signals by name and number, from the system's own table (posix/: every
-// signal of Linux, and RTMIN+N; windows/: the C runtime's six).
+// Signals by name and number, over the system's own table (signal_table.hpp).
 #pragma once
 
 #include <optional>

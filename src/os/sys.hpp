@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "os/ids.hpp"
+#include "os/unique_fd.hpp"
 
 namespace looplock::sys {
 
@@ -77,6 +78,21 @@ Pid own_pid();
 // where /proc/PID names someone else. windows/: its creation time, in 100 ns
 // units since 1601). nullopt when it cannot be read.
 std::optional<std::string> own_start();
+
+// The absolute path the system knows an open file or directory by (posix/:
+// one readlink(2) of /proc/self/fd/N; windows/: GetFinalPathNameByHandle);
+// nullopt when it has none (it was removed) or it cannot be read.
+std::optional<std::string> path_of_fd(int fd);
+// `path` made absolute with every link resolved (realpath(3)); nullopt
+// (errno set) when it cannot be.
+std::optional<std::string> real_path(const std::string& path);
+// The working directory; nullopt when it cannot be read.
+std::optional<std::string> working_dir();
+
+// Opens `path` for reading only: never as a controlling terminal, without
+// waiting on a FIFO, not inherited by the command. An invalid UniqueFd
+// (errno set) when it cannot be opened.
+UniqueFd open_for_reading(const std::string& path);
 
 // This host's name (gethostname(2)), or "unknown".
 std::string host_name();

@@ -1,8 +1,5 @@
 #include "records/holder.hpp"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <ctime>
 

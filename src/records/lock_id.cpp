@@ -1,13 +1,9 @@
 #include "records/lock_id.hpp"
 
-#include <climits>
-#include <cstdlib>
-#include <memory>
 #include <vector>
 
-#include <unistd.h>
-
 #include "os/digest.hpp"
+#include "os/sys.hpp"
 #include "records/lockfile.hpp"
 
 namespace looplock {
@@ -38,34 +34,25 @@ std::string lexically_normal(std::string_view path) {
 }
 
 std::string canonical_lock_path(int dirfd, const std::string& dir) {
-  char buf[PATH_MAX + 1];
-  // One readlink(2) of the open descriptor: the canonical path that names
-  // the lock (its lock_id, $LOOPLOCK_DIR), without realpath(3)'s walk.
-  std::string link = "/proc/self/fd/" + std::to_string(dirfd);
-  ssize_t n = readlink(link.c_str(), buf, sizeof buf - 1);
-  // The kernel's name for a removed directory ends in " (deleted)"; anything
-  // not absolute is not a path.
-  if (n > 0 && n < static_cast<ssize_t>(sizeof buf) - 1 && buf[0] == '/') {
-    std::string p(buf, static_cast<size_t>(n));
-    if (!p.ends_with(" (deleted)")) {
-      if (p.back() != '/') p += '/';
-      return p + kLockName;
-    }
+  // The path the system knows the open descriptor by: the canonical path
+  // that names the lock (its lock_id, $LOOPLOCK_DIR), without realpath(3)'s
+  // walk.
+  if (auto p = sys::path_of_fd(dirfd)) {
+    if (p->back() != '/') *p += '/';
+    return *p + kLockName;
   }
   return canonical_lock_path(dir);
 }
 
 std::string canonical_lock_path(const std::string& dir) {
-  std::unique_ptr<char, decltype(&std::free)> real(realpath(dir.c_str(), nullptr), &std::free);
   std::string p;
-  if (real) {
-    p = real.get();
+  if (auto real = sys::real_path(dir)) {
+    p = *real;
   } else {
     // DIR was opened but cannot be resolved (a parent lost its search
     // permission?): fall back to its absolute spelling.
     if (!dir.starts_with('/')) {
-      std::unique_ptr<char, decltype(&std::free)> cwd(getcwd(nullptr, 0), &std::free);
-      if (cwd) p = std::string(cwd.get()) + "/";
+      if (auto cwd = sys::working_dir()) p = *cwd + "/";
     }
     p += dir;
     p = lexically_normal(p);

@@ -3,6 +3,7 @@
 // implementation's own cases are in test_sys.cpp.
 #include "os/digest.hpp"
 #include "os/file_status.hpp"
+#include "os/signal_names.hpp"
 #include "os/sys.hpp"
 
 #include <doctest/doctest.h>
@@ -132,4 +133,50 @@ TEST_CASE("status_of_path: a regular file's size, and its identity") {
   CHECK_FALSE(sys::same_file(a, b));
   std::filesystem::remove_all(base);
   CHECK_FALSE(sys::status_of_path((base / "a").string(), a));
+}
+
+TEST_CASE("open_for_reading, pread_all, status_of_fd and the paths the system knows") {
+  const auto base = std::filesystem::temp_directory_path() / ("looplock-test-os-open-" + std::to_string(sys::own_pid()));
+  std::filesystem::create_directory(base);
+  const auto path = base / "opened.txt";
+  std::ofstream(path, std::ios::binary) << "hello\nworld";
+  {
+    const looplock::UniqueFd fd = sys::open_for_reading(path.string());
+    REQUIRE(fd);
+    CHECK(sys::pread_all(fd.get(), 100) == "hello\nworld");
+    CHECK(sys::pread_all(fd.get(), 5) == "hello");  // from the start again: the offset stays
+    sys::FileStatus st;
+    REQUIRE(sys::status_of_fd(fd.get(), st));
+    CHECK(st.regular());
+    CHECK(st.size == 11);
+    const auto by_fd = sys::path_of_fd(fd.get());
+    REQUIRE(by_fd);
+    CHECK(by_fd->ends_with("opened.txt"));
+    const auto real = sys::real_path(path.string());
+    REQUIRE(real);
+    CHECK(real->ends_with("opened.txt"));
+  }
+  CHECK(sys::working_dir() == std::filesystem::current_path().string());
+  CHECK_FALSE(sys::open_for_reading((base / "missing").string()));
+  CHECK_FALSE(sys::real_path((base / "missing").string()));
+  std::filesystem::remove_all(base);
+}
+
+TEST_CASE("signals by name and number, both ways, over the system's table") {
+  using looplock::parse_signal;
+  using looplock::signal_name;
+  // The C++ standard's six, which every system's table names.
+  for (const char* name : {"INT", "ILL", "FPE", "SEGV", "TERM", "ABRT"}) {
+    CAPTURE(std::string(name));
+    const auto sig = parse_signal(name);
+    REQUIRE(sig);
+    CHECK(signal_name(*sig) == name);
+    CHECK(parse_signal("sig" + std::string(name)) == sig);
+    CHECK(parse_signal(std::to_string(*sig)) == sig);
+  }
+  CHECK(parse_signal("term") == parse_signal("TERM"));
+  for (const char* bad : {"", "NOPE", "SIG", "0", "1000", "-1", "RTMIN+999"}) {
+    CAPTURE(std::string(bad));
+    CHECK_FALSE(parse_signal(bad));
+  }
 }

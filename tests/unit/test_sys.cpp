@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <regex>
 #include <string>
 #include <thread>
@@ -217,4 +218,18 @@ TEST_CASE("user_name: /etc/passwd's name, else the number, never NSS") {
   // (the static looplock never asks NSS: test_users.py runs it so).
   CHECK(looplock::sys::user_name(0) == "root");
   CHECK(looplock::sys::user_name(4000000123u) == "4000000123");
+}
+
+TEST_CASE("path_of_fd on POSIX: the directory's canonical path, none once it is removed") {
+  TempDir dir;
+  std::filesystem::create_directory(dir / "d");
+  REQUIRE(symlink((dir / "d").c_str(), (dir / "link").c_str()) == 0);
+  UniqueFd fd(open((dir / "link").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  REQUIRE(fd);
+  const auto real = sys::real_path(dir / "link");
+  REQUIRE(real);
+  CHECK(sys::path_of_fd(fd.get()) == real);
+  CHECK(real->ends_with("/d"));
+  REQUIRE(rmdir((dir / "d").c_str()) == 0);
+  CHECK_FALSE(sys::path_of_fd(fd.get()));  // the kernel says "(deleted)"
 }

@@ -6,6 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdlib>
+#include <memory>
 #include <ctime>
 #include <type_traits>
 
@@ -115,6 +118,34 @@ std::optional<unsigned long long> random_below(unsigned long long bound) {
 Pid own_pid() { return getpid(); }
 
 void close_fd(int fd) noexcept { ::close(fd); }
+
+std::optional<std::string> path_of_fd(int fd) {
+  char buf[PATH_MAX + 1];
+  const std::string link = "/proc/self/fd/" + std::to_string(fd);
+  const ssize_t n = readlink(link.c_str(), buf, sizeof buf - 1);
+  // The kernel's name for a removed directory ends in " (deleted)"; anything
+  // not absolute is not a path.
+  if (n <= 0 || n >= static_cast<ssize_t>(sizeof buf) - 1 || buf[0] != '/') return std::nullopt;
+  std::string p(buf, static_cast<size_t>(n));
+  if (p.ends_with(" (deleted)")) return std::nullopt;
+  return p;
+}
+
+std::optional<std::string> real_path(const std::string& path) {
+  std::unique_ptr<char, decltype(&std::free)> real(realpath(path.c_str(), nullptr), &std::free);
+  if (!real) return std::nullopt;
+  return std::string(real.get());
+}
+
+std::optional<std::string> working_dir() {
+  std::unique_ptr<char, decltype(&std::free)> cwd(getcwd(nullptr, 0), &std::free);
+  if (!cwd) return std::nullopt;
+  return std::string(cwd.get());
+}
+
+UniqueFd open_for_reading(const std::string& path) {
+  return UniqueFd(retry_eintr([&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK); }));
+}
 
 std::string host_name() {
   char buf[256] = {};

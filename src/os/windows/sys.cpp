@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <filesystem>
 #include <thread>
 
 namespace looplock::sys {
@@ -161,6 +162,38 @@ std::optional<std::string> own_start() {
 }
 
 void close_fd(int fd) noexcept { _close(fd); }
+
+std::optional<std::string> path_of_fd(int fd) {
+  const HANDLE h = reinterpret_cast<HANDLE>(_get_osfhandle(fd));
+  if (h == INVALID_HANDLE_VALUE) return std::nullopt;
+  char buf[32768];
+  const DWORD n = GetFinalPathNameByHandleA(h, buf, sizeof buf, FILE_NAME_NORMALIZED | VOLUME_NAME_DOS);
+  if (n == 0 || n >= sizeof buf) return std::nullopt;
+  std::string p(buf, n);
+  if (p.starts_with("\\\\?\\")) p.erase(0, 4);  // the \\?\ prefix of a long path
+  return p;
+}
+
+std::optional<std::string> real_path(const std::string& path) {
+  std::error_code ec;
+  const auto p = std::filesystem::canonical(path, ec);
+  if (ec) {
+    errno = ec.value();
+    return std::nullopt;
+  }
+  return p.string();
+}
+
+std::optional<std::string> working_dir() {
+  std::error_code ec;
+  const auto p = std::filesystem::current_path(ec);
+  if (ec) return std::nullopt;
+  return p.string();
+}
+
+UniqueFd open_for_reading(const std::string& path) {
+  return UniqueFd(_open(path.c_str(), _O_RDONLY | _O_BINARY | _O_NOINHERIT));
+}
 
 std::string host_name() {
   char buf[256] = {};
