@@ -447,8 +447,7 @@ public:
   void sleep_until(long long until_ns) override {
     const long long left = until_ns - sys::monotonic_ns();
     if (left <= 0) return;
-    timespec ts{static_cast<time_t>(left / 1'000'000'000LL), static_cast<long>(left % 1'000'000'000LL)};
-    nanosleep(&ts, nullptr);  // a signal ends it early: the caller looks at the clock again
+    sys::nap_ns(left);  // a signal ends it early: the caller looks at the clock again
   }
 };
 

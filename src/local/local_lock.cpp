@@ -130,8 +130,7 @@ std::vector<Pid> leaked_holders(Pid self, const sys::FileStatus& file, const Job
       return !st || st->exiting() || (job.signalled && st->pgrp == job.pgid);
     });
     if (!ending) break;
-    timespec pause{0, 5'000'000};
-    nanosleep(&pause, nullptr);
+    sys::nap_ns(5'000'000);
     leaked = procfs::pids_holding_flock(leaked, file);
   }
   return leaked;

@@ -13,7 +13,11 @@ namespace looplock::sys {
 struct FileStatus {
   unsigned long long device = 0;  // with `inode`, the file's identity
   unsigned long long inode = 0;
-  unsigned mode = 0;  // its type and permission bits, numbered as POSIX numbers them (S_IFREG | 0660)
+  bool identified = true;  // false where the system could not say (windows/: a pipe, NUL)
+  // Its type and permission bits, numbered as POSIX numbers them
+  // (S_IFREG | 0660). windows/: the type and the owner's bits only; access
+  // there is by ACL, and no group or other bits are said.
+  unsigned mode = 0;
   unsigned long long links = 0;
   Uid owner = 0;
   Gid group = 0;
@@ -23,7 +27,11 @@ struct FileStatus {
   bool directory() const { return (mode & 0170000) == 0040000; }
 };
 
-inline bool same_file(const FileStatus& a, const FileStatus& b) { return a.device == b.device && a.inode == b.inode; }
+// Whether two statuses are of the same file; never for a file whose
+// identity is unknown.
+inline bool same_file(const FileStatus& a, const FileStatus& b) {
+  return a.identified && b.identified && a.device == b.device && a.inode == b.inode;
+}
 
 // The status of the open descriptor `fd`; false (errno set) when it cannot
 // be had.

@@ -12,7 +12,7 @@ std::optional<int> parse_signal(std::string_view text) {
   if (t.starts_with("SIG")) t.erase(0, 3);
   if (!t.empty() && t.find_first_not_of("0123456789") == std::string::npos && t.size() < 4) {
     const int n = std::stoi(t);
-    return n >= 1 && n <= signal_table::highest() ? std::optional<int>(n) : std::nullopt;
+    return signal_table::valid(n) ? std::optional<int>(n) : std::nullopt;
   }
   for (const auto& n : signal_table::named()) {
     if (t == n.name) return n.sig;

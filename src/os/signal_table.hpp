@@ -15,8 +15,8 @@ struct Named {
 
 // The signals with names.
 std::span<const Named> named();
-// The highest signal number.
-int highest();
+// Whether `sig` is a signal's number.
+bool valid(int sig);
 // RTMIN+n, when the system has it.
 std::optional<int> realtime(int n);
 // n of RTMIN+n for `sig`, when it is a real-time signal.

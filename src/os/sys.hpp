@@ -64,6 +64,9 @@ std::optional<long long> parse_utc_ms(const std::string& iso);
 // Milliseconds since the epoch for the current time.
 long long realtime_ms();
 
+// Sleeps for `ns`, or less when a signal arrives (posix/: one nanosleep(2);
+// windows/: Sleep, rounded up to whole milliseconds): a pause between tries.
+void nap_ns(long long ns);
 // Sleeps until CLOCK_MONOTONIC reaches `until_ns` (EINTR: sleeps on).
 void sleep_until_ns(long long until_ns);
 // A uniformly random number in [0, bound) from getrandom(2) (bound > 0);

@@ -140,8 +140,7 @@ HolderRead read_holder(int fd) {
   HolderRead out;
   for (int attempt = 0; attempt < 5; ++attempt) {
     if (attempt > 0) {
-      timespec ts{0, 2'000'000};
-      nanosleep(&ts, nullptr);
+      sys::nap_ns(2'000'000);
     }
     auto content = sys::pread_all(fd, kReadLimit);
     if (!content) {

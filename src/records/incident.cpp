@@ -90,8 +90,7 @@ int append_incident(int dirfd, const std::string& line) {
   // without looking.
   bool locked = false;
   for (int i = 0; i < 100 && !(locked = flock(fd.get(), LOCK_EX | LOCK_NB) == 0); ++i) {
-    timespec ms{0, 1'000'000};
-    nanosleep(&ms, nullptr);
+    sys::nap_ns(1'000'000);
   }
   char last = '\n';
   const bool cut = locked && sys::status_of_fd(fd.get(), st) && st.size > 0 &&

@@ -334,8 +334,7 @@ std::string update_metrics_file(const std::string& dir, const RunMetrics& run) {
   while (flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno != EWOULDBLOCK && errno != EINTR) return failed("cannot lock " + dir + "/." + name + ".lock");
     if (sys::monotonic_ns() >= give_up) return "the metrics file " + dir + "/" + name + " stayed busy for 5 s";
-    timespec ms{0, 1'000'000};
-    nanosleep(&ms, nullptr);
+    sys::nap_ns(1'000'000);
   }
 
   MetricsFile f;

@@ -349,13 +349,31 @@ STD_HEADERS = set("""
 LIBRARY_HEADERS = {"nlohmann/json.hpp", "cxxopts.hpp"}
 TRANSPORT_HEADERS = {"curl/curl.h"}  # src/cluster/etcd_curl.*: looplock-etcd only, never built for Windows
 POSIX_BOUND = SRC / "posix_bound.txt"
+# POSIX calls that the C++ standard's headers let through on Linux (<ctime>,
+# <cstdlib>, <cstdio>): a file that calls one reaches the system as surely
+# as one that includes <unistd.h>.
+POSIX_CALL = re.compile(r"\b(nanosleep|clock_gettime|clock_nanosleep|gmtime_r|localtime_r|timegm|realpath|mkstemp|"
+                        r"mkdtemp|setenv|unsetenv|fileno|popen|fdopen)\s*\(")
+# src/os/'s headers whose functions only Linux has (no windows/ form): a
+# file that includes one does not link on Windows.
+LINUX_ONLY = {"os/procfs.hpp"}
 
 def system_use(path):
-    """The headers outside the allow-list that `path` includes, and whether it reads /proc."""
+    """The headers outside the allow-list that `path` includes (and the POSIX
+    calls it makes through allowed ones, as "name()"), and whether it reads /proc."""
     text = path.read_text()
     allowed = STD_HEADERS | LIBRARY_HEADERS | (TRANSPORT_HEADERS if path.stem == "etcd_curl" else set())
     headers = sorted({h for h in re.findall(r"^\s*#\s*include\s*<([^>]+)>", text, re.M) if h not in allowed})
-    return headers, '"/proc' in text
+    code = re.sub(r"//[^\n]*", "", text)
+    calls = sorted({m + "()" for m in POSIX_CALL.findall(code)})
+    return headers + calls, '"/proc' in text
+
+def source_graph():
+    """src/'s files: name -> (reaches the system itself, the project headers it includes)."""
+    files = {str(f.relative_to(SRC)): (any(system_use(f)), INCLUDE.findall(f.read_text())) for f in sources()}
+    for name in LINUX_ONLY:
+        files[name] = (True, files[name][1])
+    return files
 
 def reaching(files):
     """`files`: name -> (reaches the system itself, the project headers it
@@ -374,9 +392,8 @@ def listed_bound():
     return {line for line in lines if line and not line.startswith("#")}
 
 def test_the_operating_system_is_reached_only_where_it_is_today():
-    files = {str(f.relative_to(SRC)): (any(system_use(f)), INCLUDE.findall(f.read_text())) for f in sources()}
-    bound = {name for name in reaching(files) if not name.startswith("os/")}
-    assert "records/lockfile.cpp" in bound and "cli/app.cpp" in bound  # the reading works, through includes
+    bound = {name for name in reaching(source_graph()) if not name.startswith("os/")}
+    assert {"records/lockfile.cpp", "cli/app.cpp", "run/once_per.cpp"} <= bound  # the reading works: includes, procfs
     joined = sorted(bound - listed_bound())
     assert joined == [], f"files outside src/os/ that now reach the system (go through src/os/): {joined}"
     left = sorted(listed_bound() - bound)
@@ -385,8 +402,9 @@ def test_the_operating_system_is_reached_only_where_it_is_today():
 def test_the_system_check_sees_headers_and_proc(tmp_path):
     sample = tmp_path / "x.cpp"
     sample.write_text('#include <string>\n#include <csignal>\n#include <nlohmann/json.hpp>\n'
-                      '#include <sys/stat.h>\nauto p = "/proc/self/stat";\n')
-    assert system_use(sample) == (["csignal", "sys/stat.h"], True)
+                      '#include <sys/stat.h>\nauto p = "/proc/self/stat";\nvoid f() { nanosleep(&ts, nullptr); }\n'
+                      '// realpath(3) in a comment is no call\n')
+    assert system_use(sample) == (["csignal", "sys/stat.h", "nanosleep()"], True)
     sample.write_text("#include <vector>\n#include <cxxopts.hpp>\n")
     assert system_use(sample) == ([], False)
 
@@ -399,7 +417,7 @@ def test_the_windows_unit_tests_reach_no_system():
     meson = (ROOT / "tests" / "unit" / "meson.build").read_text()
     names = re.findall(r"'(\w+)'", re.search(r"portable_unit_tests = \[(.*?)\]", meson, re.S).group(1))
     assert "text" in names
-    files = {str(f.relative_to(SRC)): (any(system_use(f)), INCLUDE.findall(f.read_text())) for f in sources()}
+    files = source_graph()
     for helper in (ROOT / "tests" / "unit").glob("*.hpp"):  # testutil.hpp, samples.hpp: included by name
         headers, proc = system_use(helper)
         files[helper.name] = (proc or headers not in ([], ["doctest/doctest.h"]), INCLUDE.findall(helper.read_text()))

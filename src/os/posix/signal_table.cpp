@@ -19,7 +19,7 @@ constexpr Named kNames[] = {
 
 std::span<const Named> named() { return kNames; }
 
-int highest() { return SIGRTMAX; }
+bool valid(int sig) { return sig >= 1 && sig <= SIGRTMAX; }
 
 std::optional<int> realtime(int n) {
   const int sig = SIGRTMIN + n;

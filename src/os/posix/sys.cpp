@@ -95,6 +95,11 @@ long long realtime_ms() {
   return static_cast<long long>(ts.tv_sec) * 1000LL + ts.tv_nsec / 1000000LL;
 }
 
+void nap_ns(long long ns) {
+  const timespec ts{static_cast<time_t>(ns / 1'000'000'000LL), static_cast<long>(ns % 1'000'000'000LL)};
+  nanosleep(&ts, nullptr);
+}
+
 void sleep_until_ns(long long until_ns) {
   const timespec ts{static_cast<time_t>(until_ns / 1'000'000'000LL), static_cast<long>(until_ns % 1'000'000'000LL)};
   while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {

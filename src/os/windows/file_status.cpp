@@ -1,9 +1,13 @@
 // file_status.hpp on Windows: the C runtime's stat, whose mode numbers the
-// type as POSIX does (_S_IFREG, _S_IFDIR) and whose owner is always 0 (a
-// Windows file is owned by a SID, not a number). The identity is the
-// volume's serial number and the file's index, as GetFileInformationByHandle
-// gives them; a path is opened for that without access rights, sharing all.
-// status_at has no Windows form: there are no directory descriptors.
+// type as POSIX does (_S_IFREG, _S_IFDIR) but copies the owner's bits to the
+// group's and others' (Microsoft's _stat documentation), so only the type
+// and the owner's bits are kept; its owner is always 0 (a Windows file is
+// owned by a SID, not a number). The identity is the volume's serial number
+// and the file's 64-bit index, as GetFileInformationByHandle gives them (on
+// ReFS only FILE_ID_INFO's 128 bits are unique: not handled yet); a path is
+// opened for that without access rights, sharing all. A file without one (a
+// pipe, NUL) is not identified, and is the same file as none. status_at
+// has no Windows form: there are no directory descriptors.
 // windows.h first: io.h needs nothing of it, but the order is the usual one.
 // clang-format off
 #include <windows.h>
@@ -19,7 +23,9 @@ namespace looplock::sys {
 namespace {
 bool identify(HANDLE h, FileStatus& out) {
   BY_HANDLE_FILE_INFORMATION info{};
+  out.identified = false;
   if (h == INVALID_HANDLE_VALUE || !GetFileInformationByHandle(h, &info)) return false;
+  out.identified = true;
   out.device = info.dwVolumeSerialNumber;
   out.inode = (static_cast<unsigned long long>(info.nFileIndexHigh) << 32) | info.nFileIndexLow;
   out.links = info.nNumberOfLinks;
@@ -27,7 +33,7 @@ bool identify(HANDLE h, FileStatus& out) {
 }
 
 void take(const struct _stat64& st, FileStatus& out) {
-  out.mode = st.st_mode;
+  out.mode = st.st_mode & (_S_IFMT | 0700);
   out.size = st.st_size;
   out.links = st.st_nlink;
 }
@@ -49,10 +55,8 @@ bool status_of_path(const std::string& path, FileStatus& out) {
   take(st, out);
   const HANDLE h = CreateFileA(path.c_str(), 0, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
                                OPEN_EXISTING, FILE_FLAG_BACKUP_SEMANTICS, nullptr);
-  if (h != INVALID_HANDLE_VALUE) {
-    identify(h, out);
-    CloseHandle(h);
-  }
+  identify(h, out);
+  if (h != INVALID_HANDLE_VALUE) CloseHandle(h);
   return true;
 }
 

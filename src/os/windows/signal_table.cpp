@@ -15,7 +15,12 @@ constexpr Named kNames[] = {
 
 std::span<const Named> named() { return kNames; }
 
-int highest() { return NSIG - 1; }
+bool valid(int sig) {
+  for (const auto& n : kNames) {
+    if (n.sig == sig) return true;
+  }
+  return false;
+}
 
 std::optional<int> realtime(int) { return std::nullopt; }
 

@@ -131,6 +131,8 @@ long long realtime_ms() {
       .count();
 }
 
+void nap_ns(long long ns) { Sleep(static_cast<DWORD>((ns + 999'999) / 1'000'000)); }
+
 void sleep_until_ns(long long until_ns) {
   // The library's sleep_until can wake a little early under mingw-w64
   // (seen under wine: 0.3 ms); sleep on until the clock says so.
@@ -170,7 +172,10 @@ std::optional<std::string> path_of_fd(int fd) {
   const DWORD n = GetFinalPathNameByHandleA(h, buf, sizeof buf, FILE_NAME_NORMALIZED | VOLUME_NAME_DOS);
   if (n == 0 || n >= sizeof buf) return std::nullopt;
   std::string p(buf, n);
-  if (p.starts_with("\\\\?\\")) p.erase(0, 4);  // the \\?\ prefix of a long path
+  // The prefix of a long path: \\?\UNC\server\share\... is \\server\share\...,
+  // \\?\C:\... is C:\...
+  if (p.starts_with("\\\\?\\UNC\\")) return "\\\\" + p.substr(8);
+  if (p.starts_with("\\\\?\\")) p.erase(0, 4);
   return p;
 }
 
