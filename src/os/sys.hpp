@@ -1,5 +1,8 @@
-// Tiny EINTR-safe wrappers around the system calls looplock repeats. The
-// deadline wait is not here: there EINTR must consult the clock (lockfile.cpp).
+// What looplock asks of the operating system in small: writes and reads,
+// clocks, random numbers, its own pid and start time, paths, names. posix/
+// and windows/ implement it (sys.cpp: what both share); on POSIX the calls
+// are EINTR-safe. The deadline wait is not here: there EINTR must consult
+// the clock (records/lockfile.cpp).
 #pragma once
 
 #include <cerrno>
