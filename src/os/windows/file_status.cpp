@@ -21,41 +21,37 @@
 namespace looplock::sys {
 
 namespace {
-bool identify(HANDLE h, FileStatus& out) {
-  BY_HANDLE_FILE_INFORMATION info{};
-  out.identified = false;
-  if (h == INVALID_HANDLE_VALUE || !GetFileInformationByHandle(h, &info)) return false;
-  out.identified = true;
-  out.device = info.dwVolumeSerialNumber;
-  out.inode = (static_cast<unsigned long long>(info.nFileIndexHigh) << 32) | info.nFileIndexLow;
-  out.links = info.nNumberOfLinks;
-  return true;
-}
-
-void take(const struct _stat64& st, FileStatus& out) {
+// What the C runtime's stat says, with the identity of the file open as `h`
+// where the system has one.
+FileStatus from(const struct _stat64& st, HANDLE h) {
+  FileStatus out;
   out.mode = st.st_mode & (_S_IFMT | 0700);
   out.size = st.st_size;
   out.links = st.st_nlink;
+  BY_HANDLE_FILE_INFORMATION info{};
+  out.identified = h != INVALID_HANDLE_VALUE && GetFileInformationByHandle(h, &info);
+  if (out.identified) {
+    out.device = info.dwVolumeSerialNumber;
+    out.inode = (static_cast<unsigned long long>(info.nFileIndexHigh) << 32) | info.nFileIndexLow;
+    out.links = info.nNumberOfLinks;
+  }
+  return out;
 }
 }  // namespace
 
 bool status_of_fd(int fd, FileStatus& out) {
   struct _stat64 st {};
   if (_fstat64(fd, &st) != 0) return false;
-  out = FileStatus{};
-  take(st, out);
-  identify(reinterpret_cast<HANDLE>(_get_osfhandle(fd)), out);
+  out = from(st, reinterpret_cast<HANDLE>(_get_osfhandle(fd)));
   return true;
 }
 
 bool status_of_path(const std::string& path, FileStatus& out) {
   struct _stat64 st {};
   if (_stat64(path.c_str(), &st) != 0) return false;
-  out = FileStatus{};
-  take(st, out);
   const HANDLE h = CreateFileA(path.c_str(), 0, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
                                OPEN_EXISTING, FILE_FLAG_BACKUP_SEMANTICS, nullptr);
-  identify(h, out);
+  out = from(st, h);
   if (h != INVALID_HANDLE_VALUE) CloseHandle(h);
   return true;
 }
