@@ -11,7 +11,7 @@
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "os/ids.hpp"
-#include "os/procfs.hpp"
+#include "os/posix/procfs.hpp"
 #include "os/sys.hpp"
 #include "records/lock_id.hpp"
 #include "records/lockfile.hpp"
@@ -253,7 +253,7 @@ InspectReport build_report(const InspectFacts& facts) {
 
 namespace {
 
-InspectFacts::Waiter describe_waiter(const procfs::KernelLock& k) {
+InspectFacts::Waiter describe_waiter(const sys::KernelLock& k) {
   InspectFacts::Waiter w;
   w.pid = k.pid;
   w.exclusive = k.exclusive;
@@ -313,7 +313,7 @@ InspectReport inspect_dir(const Options& o, const std::string& path, LockKind* c
   LockDir dir = open_lock_dir(path, /*check_safety=*/false);
   InspectFacts f;
   f.lock_id = lock_id_for_path(canonical_lock_path(dir.fd.get(), path));
-  std::vector<procfs::KernelLock> waiters;
+  std::vector<sys::KernelLock> waiters;
   f.lock = survey_lock(dir, path + (path.ends_with('/') ? "" : "/") + kLockName, waiters);
   f.lock.stale_after_ms = o.stale_after_ns / kMs;
   for (const auto& k : waiters) f.waiters.push_back(describe_waiter(k));

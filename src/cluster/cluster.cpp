@@ -9,7 +9,7 @@
 #include "base/exit_codes.hpp"
 #include "base/text.hpp"
 #include "os/file_status.hpp"
-#include "os/procfs.hpp"
+#include "os/process.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 #include "records/holder.hpp"
@@ -274,7 +274,7 @@ ClusterQueueRead read_cluster_queue(etcd::Client& client, const std::string& nam
 std::string dead_contender_note(const Json& v) {
   auto text = [&](const char* k) { return v.contains(k) && v[k].is_string() ? v[k].get<std::string>() : ""; };
   const long long pid = v.contains("pid") && v["pid"].is_number_integer() ? v["pid"].get<long long>() : 0;
-  if (!procfs::proven_dead(text("boot_id"), text("pid_ns"), pid, text("pid_start"))) return {};
+  if (!sys::proven_dead(text("boot_id"), text("pid_ns"), pid, text("pid_start"))) return {};
   const bool ttl = v.contains("ttl") && v["ttl"].is_number_integer();
   return "; its looplock is dead (this host): its key goes when its lease expires, within " +
          (ttl ? std::to_string(v["ttl"].get<int>()) + "s" : std::string("its TTL"));

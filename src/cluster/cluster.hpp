@@ -57,7 +57,7 @@
 #include "base/log.hpp"
 #include "base/policy.hpp"
 #include "cluster/etcd.hpp"
-#include "records/ledger.hpp"
+#include "records/run_entry.hpp"
 #include "settings/lease_timing.hpp"
 #include "settings/settings.hpp"
 
@@ -108,7 +108,7 @@ struct ClusterQueueRead {
 ClusterQueueRead read_cluster_queue(etcd::Client& client, const std::string& name, const etcd::Deadline& bound);
 
 // Whether a contender's holder value proves its looplock dead on this host
-// (procfs::proven_dead), and the words that say so ("; its looplock is dead
+// (sys::proven_dead, os/process.hpp), and the words that say so ("; its looplock is dead
 // (this host): its key goes when its lease expires, within 10s"), empty
 // when it is not.
 std::string dead_contender_note(const Json& value);

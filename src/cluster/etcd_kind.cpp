@@ -7,7 +7,7 @@
 #include "cluster/etcd_lock.hpp"
 #include "os/ids.hpp"
 #include "os/sys.hpp"
-#include "records/ledger.hpp"
+#include "records/run_entry.hpp"
 #include "records/verdict.hpp"
 #include "settings/lease_timing.hpp"
 

@@ -5,7 +5,7 @@
 #include "base/exit_codes.hpp"
 #include "cluster/etcd.hpp"
 #include "os/ids.hpp"
-#include "os/procfs.hpp"
+#include "os/process.hpp"
 #include "os/sys.hpp"
 #include "records/verdict.hpp"
 
@@ -37,8 +37,8 @@ Acquisition EtcdLock::acquire(const WaitPlan& plan, long long start_ns) {
   who.agent_id = o_.agent;
   who.operation = o_.operation;
   who.pid_start = sys::own_start().value_or("");
-  who.boot_id = procfs::boot_id();
-  who.pid_ns = procfs::pid_namespace();
+  who.boot_id = sys::boot_id();
+  who.pid_ns = sys::pid_namespace();
   const Acquisition got = lock_.acquire(plan, start_ns, who);
   if (got != Acquisition::Acquired) return got;
   const long long waited = sys::monotonic_ns() - start_ns;

@@ -16,9 +16,11 @@
 #include "job/terminal.hpp"
 #include "os/file_status.hpp"
 #include "os/ids.hpp"
-#include "os/procfs.hpp"
+#include "os/posix/procfs.hpp"
+#include "os/process.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
+#include "records/ledger.hpp"
 #include "records/survey.hpp"
 
 namespace looplock {
@@ -32,8 +34,8 @@ constexpr long long kEndingGraceNs = 200 * kMs;
 std::string lock_display(const std::string& dir) { return dir + (dir.ends_with('/') ? "" : "/") + kLockName; }
 
 // The holders as hints for a later look (the kernel's locks, as found).
-std::vector<procfs::KernelLock> as_hint(const LockFacts& f) {
-  std::vector<procfs::KernelLock> out;
+std::vector<sys::KernelLock> as_hint(const LockFacts& f) {
+  std::vector<sys::KernelLock> out;
   for (const auto& h : f.holders) {
     if (!h.exited) out.push_back({h.pid, h.exclusive, h.locked_by});
   }
@@ -49,7 +51,7 @@ std::vector<procfs::KernelLock> as_hint(const LockFacts& f) {
 class WaitReporter : public AcquireObserver {
 public:
   WaitReporter(const Options& o, const Logger& log, const WaitPlan& plan, long long start_ns, std::string shown,
-               std::vector<procfs::KernelLock>& holders_at_start, bool& said_waiting)
+               std::vector<sys::KernelLock>& holders_at_start, bool& said_waiting)
       : o_(o),
         log_(log),
         plan_(plan),
@@ -106,7 +108,7 @@ private:
   const WaitPlan& plan_;
   long long start_ns_;
   std::string shown_;
-  std::vector<procfs::KernelLock>& holders_at_start_;
+  std::vector<sys::KernelLock>& holders_at_start_;
   bool& said_waiting_;  // the run's "waiting" line was written (by an earlier wait of the run)
   bool status_line_ = false;
   std::string who_ = "another process";

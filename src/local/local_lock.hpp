@@ -13,7 +13,7 @@
 #include "lock/lock.hpp"
 #include "os/file_status.hpp"
 #include "os/ids.hpp"
-#include "os/procfs.hpp"
+#include "os/lock_holders.hpp"
 #include "records/lock_id.hpp"
 #include "records/lockfile.hpp"
 #include "records/nesting.hpp"
@@ -63,7 +63,7 @@ private:
   LockTarget target_;
   std::string shown_;                                 // DIR/.state.lock as given, for messages
   LockFile file_;                                     // acquired: the locked file; else the one found held
-  std::vector<procfs::KernelLock> holders_at_start_;  // who held it when the wait began
+  std::vector<sys::KernelLock> holders_at_start_;  // who held it when the wait began
   bool said_waiting_ = false;                         // -v's "waiting" line, once a run
   std::string pid_start_;
   std::optional<HolderRecord> record_;

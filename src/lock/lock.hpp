@@ -16,7 +16,7 @@
 #include "job/job.hpp"
 #include "os/ids.hpp"
 #include "records/holder.hpp"
-#include "records/ledger.hpp"
+#include "records/run_entry.hpp"
 
 namespace looplock {
 

@@ -12,7 +12,7 @@
 #include "os/ids.hpp"
 #include "records/holder.hpp"
 #include "records/incident.hpp"
-#include "records/ledger.hpp"
+#include "records/run_entry.hpp"
 #include "settings/settings.hpp"
 
 namespace looplock {

@@ -76,14 +76,8 @@ void sleep_until_ns(long long until_ns);
 // nullopt (errno set) when the kernel gives none.
 std::optional<unsigned long long> random_below(unsigned long long bound);
 
-// This process's id.
+// This process's id (process.hpp: its start time).
 Pid own_pid();
-// This process's start time as the system tells it, which with the pid names
-// the process (POSIX, procfs.cpp: field 22 of /proc/self/stat, as pid_start
-// reads another's; right even when /proc belongs to another pid namespace,
-// where /proc/PID names someone else. windows/: its creation time, in 100 ns
-// units since 1601). nullopt when it cannot be read.
-std::optional<std::string> own_start();
 
 // The absolute path the system knows an open file or directory by (posix/:
 // one readlink(2) of /proc/self/fd/N; windows/: GetFinalPathNameByHandle);

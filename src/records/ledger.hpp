@@ -1,9 +1,6 @@
-// The run ledger of --once-per: per operation, the last run of a lock (who
-// ran it, when it started, whether and how it ended), so that a schedule
-// runs once per DURATION across schedulers and hosts. The entry codec and the
-// slot's judgement are pure; the local ledger is the file
-// DIR/.state.lock.runs.json, written only under the lock (the cluster's lives
-// on etcd, cluster.hpp).
+// The local run ledger of --once-per: the file DIR/.state.lock.runs.json,
+// written only under the lock, with the entries of run_entry.hpp (the
+// cluster's ledger lives on etcd, cluster.hpp).
 #pragma once
 
 #include <optional>
@@ -11,80 +8,15 @@
 #include <string_view>
 #include <vector>
 
-#include "base/json.hpp"
 #include "os/file_status.hpp"
 #include "os/ids.hpp"
 #include "records/lockfile.hpp"
+#include "records/run_entry.hpp"
 
 namespace looplock {
 
 inline constexpr const char* kRunsName = ".state.lock.runs.json";
 inline constexpr const char* kRunsNewName = ".state.lock.runs.json.new";  // the next ledger, before its rename
-inline constexpr std::string_view kRunsSchema = "looplock_runs_v0";
-// The local ledger keeps this many operations; past it, the oldest whose
-// slot is over go first. Entries inside their own slot are never dropped
-// below kMaxLedgerEntries (the ledger grows, with a warning); past that, the
-// oldest go whatever their slot.
-inline constexpr size_t kMaxLedgerOperations = 64;
-inline constexpr size_t kMaxLedgerEntries = 1024;
-
-// One run, as a ledger keeps it.
-struct RunEntry {
-  std::string operation;  // the name as given, any bytes (stored losslessly)
-  std::string host;
-  long long pid = 0;
-  std::string agent;
-  long long started_ms = 0;  // when that looplock started (wall clock, ms since the epoch)
-  std::optional<long long> ended_ms;
-  std::optional<int> exit_status;  // the run's exit status (128+N for a signal), once ended
-  long long fencing_token = 0;     // with --etcd
-  std::optional<long long> once_per_ms;  // its --once-per (none in entries of earlier versions)
-  // Who its looplock is, so that a dead one can be told on its own host:
-  // its start time (field 22 of /proc/PID/stat), the boot and the pid
-  // namespace it ran in; each empty when unknown (earlier versions).
-  std::string pid_start;
-  std::string boot_id;
-  std::string pid_ns;
-};
-
-Json run_entry_to_json(const RunEntry& e);
-// Strict: every field of the right type; nullopt otherwise (a damaged entry).
-std::optional<RunEntry> run_entry_from_json(const Json& j);
-// The same from an entry's JSON text (an etcd value): nullopt when it is not one.
-std::optional<RunEntry> parse_run_entry(std::string_view text);
-
-// "host h1 pid 12 (agent cron), which started at T and ended at T2 with
-// status 0": a run that ended is never presented as a live process.
-std::string describe_run(const RunEntry& e);
-
-// Whether the looplock that ran entry `e` is proven dead: it ran on this
-// host (this boot, this process's pid namespace, by the entry's own
-// record of them), and its pid is gone or is now another process (another
-// start time). An entry from another host, or one without these facts (an
-// earlier version), is never proven dead.
-bool runner_proven_dead(const RunEntry& e);
-
-// What a ledger's entry means for this run's slot.
-enum class Slot {
-  Free,      // no entry, or its run started DURATION ago or more: run
-  Done,      // its run started within DURATION and ended: skip
-  Running,   // started within DURATION, not ended: its run is on, or its looplock died before recording the end
-  Damaged,   // started further in the future than DURATION: it does not count
-};
-struct SlotVerdict {
-  Slot slot = Slot::Free;
-  long long ahead_ms = 0;  // how far in the future it started (a clock difference), when it did
-};
-// `now_ms`: when this looplock started; `once_per_ms`: DURATION.
-SlotVerdict judge_slot(const std::optional<RunEntry>& entry, long long now_ms, long long once_per_ms);
-
-// What a look at a ledger found for one operation.
-struct LedgerLook {
-  std::optional<RunEntry> entry;
-  bool damaged = false;   // its entry, or the whole ledger, did not validate (it is rewritten)
-  bool answered = true;   // false: it could not be read (etcd did not answer a look without the lock)
-  bool whole = false;     // damaged: the whole ledger (every operation's entry is lost)
-};
 
 // The local ledger of a loop dir, opened by the lock file's rules (no
 // symbolic link, one link, owned by the caller or DIR's owner).
@@ -104,18 +36,6 @@ std::optional<Refusal> refuse_ledger(const sys::FileStatus& file, const sys::Fil
 LedgerRead read_ledger(const LockDir& dir);
 // The entry of `operation`, if any (names compared whole).
 std::optional<RunEntry> entry_of(const LedgerRead& ledger, const std::string& operation);
-// The ledger with `entry` in the place of its operation's (most recent
-// last). Past kMaxLedgerOperations, the oldest entries whose slot is over at
-// `now_ms` are dropped; `crowded` then says how many entries remain inside
-// their slots (0: none beyond the limit), and `dropped_in_slot` how many of
-// those had to go at kMaxLedgerEntries.
-struct LedgerUpdate {
-  std::vector<RunEntry> entries;
-  size_t crowded = 0;
-  size_t dropped_in_slot = 0;
-};
-LedgerUpdate with_entry(std::vector<RunEntry> entries, const RunEntry& entry, long long now_ms);
-std::string encode_ledger(const std::vector<RunEntry>& entries);
 // Writes the ledger: in place when this process may write the file, its new
 // length reserved first (beyond its end, its size kept), so that a full
 // disk or a crash before the write changes nothing; else a new file beside

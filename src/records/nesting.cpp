@@ -8,7 +8,7 @@
 
 #include "os/file_status.hpp"
 #include "os/ids.hpp"
-#include "os/procfs.hpp"
+#include "os/posix/procfs.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 #include "records/lockfile.hpp"

@@ -10,6 +10,7 @@
 #include "base/error.hpp"
 #include "os/file_status.hpp"
 #include "os/ids.hpp"
+#include "os/posix/procfs.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 
@@ -28,7 +29,7 @@ bool in_child_pid_namespace() {
 
 // `locks` (as /proc/locks names them) confirmed through descriptors; see
 // live_holders().
-std::vector<procfs::KernelLock> confirm(const std::vector<procfs::KernelLock>& locks, const sys::FileStatus& file) {
+std::vector<sys::KernelLock> confirm(const std::vector<sys::KernelLock>& locks, const sys::FileStatus& file) {
   if (locks.empty()) return {};
   std::vector<Pid> pids;
   for (const auto& k : locks) pids.push_back(k.pid);
@@ -42,7 +43,7 @@ std::vector<procfs::KernelLock> confirm(const std::vector<procfs::KernelLock>& l
   for (auto& k : found) {
     for (const auto& l : locks) {
       if (l.pid != k.pid && std::none_of(confirmed.begin(), confirmed.end(),
-                                         [&](const procfs::KernelLock& c) { return c.pid == l.pid; })) {
+                                         [&](const sys::KernelLock& c) { return c.pid == l.pid; })) {
         k.locked_by = l.pid;
       }
     }
@@ -51,7 +52,7 @@ std::vector<procfs::KernelLock> confirm(const std::vector<procfs::KernelLock>& l
 }
 
 // The kernel's holders with what names them.
-void add_holders(LockFacts& f, const std::vector<procfs::KernelLock>& locks) {
+void add_holders(LockFacts& f, const std::vector<sys::KernelLock>& locks) {
   for (const auto& k : locks) {
     if (k.locked_by != 0 &&
         std::find(f.dead_kernel_pids.begin(), f.dead_kernel_pids.end(), k.locked_by) == f.dead_kernel_pids.end()) {
@@ -80,14 +81,14 @@ void add_holders(LockFacts& f, const std::vector<procfs::KernelLock>& locks) {
 
 }  // namespace
 
-std::vector<procfs::KernelLock> live_holders(const sys::FileStatus& file) {
+std::vector<sys::KernelLock> live_holders(const sys::FileStatus& file) {
   auto locks = procfs::flock_holders(file);
   if (!locks) return {};
   return confirm(*locks, file);
 }
 
-std::vector<procfs::KernelLock> kernel_holders(const HolderRead& read, const sys::FileStatus& file,
-                                               const std::vector<procfs::KernelLock>& hint) {
+std::vector<sys::KernelLock> kernel_holders(const HolderRead& read, const sys::FileStatus& file,
+                                               const std::vector<sys::KernelLock>& hint) {
   if (!hint.empty()) {
     std::vector<Pid> pids;
     for (const auto& k : hint) pids.push_back(k.pid);
@@ -134,7 +135,7 @@ void survey_record_process(LockFacts& f) {
   }
 }
 
-LockFacts survey_held(const LockFile& file, const std::string& lock_path, const std::vector<procfs::KernelLock>& hint) {
+LockFacts survey_held(const LockFile& file, const std::string& lock_path, const std::vector<sys::KernelLock>& hint) {
   LockFacts f;
   f.lock_path = lock_path;
   f.seen_held = true;
@@ -152,7 +153,7 @@ LockFacts survey_held(const LockFile& file, const std::string& lock_path, const 
   return f;
 }
 
-LockFacts survey_lock(const LockDir& dir, const std::string& lock_path, std::vector<procfs::KernelLock>& waiters) {
+LockFacts survey_lock(const LockDir& dir, const std::string& lock_path, std::vector<sys::KernelLock>& waiters) {
   LockFacts f;
   f.lock_path = lock_path;
   f.dir_uid = dir.st.owner;

@@ -5,9 +5,9 @@
 #include "base/duration.hpp"
 #include "base/text.hpp"
 #include "job/next_step.hpp"
-#include "os/procfs.hpp"
+#include "os/process.hpp"
 #include "os/sys.hpp"
-#include "records/ledger.hpp"
+#include "records/run_entry.hpp"
 
 namespace looplock {
 
@@ -34,8 +34,8 @@ RunEntry OncePer::this_run() const {
   e.started_ms = ctx_.start_wall_ms;
   e.once_per_ms = *o_.once_per_ns / kMs;
   e.pid_start = sys::own_start().value_or("");
-  e.boot_id = procfs::boot_id();
-  e.pid_ns = procfs::pid_namespace();
+  e.boot_id = sys::boot_id();
+  e.pid_ns = sys::pid_namespace();
   return e;
 }
 

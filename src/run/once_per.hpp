@@ -20,7 +20,7 @@
 #include "base/policy.hpp"
 #include "lock/lock.hpp"
 #include "lock/report.hpp"
-#include "records/ledger.hpp"
+#include "records/run_entry.hpp"
 #include "run/stack.hpp"
 #include "settings/settings.hpp"
 

@@ -8,6 +8,7 @@
 #include "base/text.hpp"
 #include "job/job.hpp"
 #include "job/next_step.hpp"
+#include "os/process.hpp"
 #include "os/sys.hpp"
 #include "os/wait_status.hpp"
 #include "records/nesting.hpp"

@@ -283,7 +283,7 @@ def test_the_readme_layout_lists_every_folder_and_module():
     for line in layout.splitlines():
         if m := re.match(r"^src/([a-z]+)/ ", line):
             folder = m.group(1)
-        elif (m := re.match(r"^  ([a-z_]+)\.", line)) and folder:
+        elif (m := re.match(r"^  (?:posix/|windows/)?([a-z_]+)\.", line)) and folder:
             listed.add(f"{folder}/{m.group(1)}")
         elif line and not line.startswith(" "):
             folder = None
@@ -354,9 +354,6 @@ POSIX_BOUND = SRC / "posix_bound.txt"
 # as one that includes <unistd.h>.
 POSIX_CALL = re.compile(r"\b(nanosleep|clock_gettime|clock_nanosleep|gmtime_r|localtime_r|timegm|realpath|mkstemp|"
                         r"mkdtemp|setenv|unsetenv|fileno|popen|fdopen)\s*\(")
-# src/os/'s headers whose functions only Linux has (no windows/ form): a
-# file that includes one does not link on Windows.
-LINUX_ONLY = {"os/procfs.hpp"}
 
 def system_use(path):
     """The headers outside the allow-list that `path` includes (and the POSIX
@@ -370,10 +367,15 @@ def system_use(path):
 
 def source_graph():
     """src/'s files: name -> (reaches the system itself, the project headers it includes)."""
-    files = {str(f.relative_to(SRC)): (any(system_use(f)), INCLUDE.findall(f.read_text())) for f in sources()}
-    for name in LINUX_ONLY:
-        files[name] = (True, files[name][1])
+    files = {str(f.relative_to(SRC)): (any(system_use(f)) or system_own(f), INCLUDE.findall(f.read_text()))
+             for f in sources()}
     return files
+
+def system_own(path):
+    """Whether `path` is one system's own code in src/os/ (posix/, windows/):
+    a file that includes one of those headers builds for that system alone."""
+    parts = path.relative_to(SRC).parts
+    return len(parts) == 3 and parts[0] == "os" and parts[1] in SYSTEMS
 
 def reaching(files):
     """`files`: name -> (reaches the system itself, the project headers it
@@ -393,7 +395,7 @@ def listed_bound():
 
 def test_the_operating_system_is_reached_only_where_it_is_today():
     bound = {name for name in reaching(source_graph()) if not name.startswith("os/")}
-    assert {"records/lockfile.cpp", "cli/app.cpp", "run/once_per.cpp"} <= bound  # the reading works: includes, procfs
+    assert {"records/lockfile.cpp", "cli/app.cpp", "job/spawn.hpp"} <= bound  # the reading works: includes, headers
     joined = sorted(bound - listed_bound())
     assert joined == [], f"files outside src/os/ that now reach the system (go through src/os/): {joined}"
     left = sorted(listed_bound() - bound)
@@ -407,6 +409,8 @@ def test_the_system_check_sees_headers_and_proc(tmp_path):
     assert system_use(sample) == (["csignal", "sys/stat.h", "nanosleep()"], True)
     sample.write_text("#include <vector>\n#include <cxxopts.hpp>\n")
     assert system_use(sample) == ([], False)
+    assert system_own(SRC / "os" / "posix" / "procfs.hpp") and system_own(SRC / "os" / "windows" / "sys.cpp")
+    assert not system_own(SRC / "os" / "process.hpp")
 
 def test_reaching_follows_includes_however_deep():
     files = {"a.cpp": (False, ["b.hpp"]), "b.hpp": (False, ["c.hpp"]), "c.hpp": (True, []), "d.cpp": (False, ["e.hpp"]),

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "os/digest.hpp"
-#include "os/procfs.hpp"
+#include "os/posix/procfs.hpp"
 #include "os/unique_fd.hpp"
 #include "testutil.hpp"
 

@@ -12,7 +12,8 @@
 #include <string>
 
 #include "os/ids.hpp"
-#include "os/procfs.hpp"
+#include "os/posix/procfs.hpp"
+#include "os/process.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 #include "testutil.hpp"

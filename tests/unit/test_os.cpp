@@ -3,6 +3,7 @@
 // implementation's own cases are in test_sys.cpp.
 #include "os/digest.hpp"
 #include "os/file_status.hpp"
+#include "os/process.hpp"
 #include "os/signal_names.hpp"
 #include "os/sys.hpp"
 
@@ -86,6 +87,21 @@ TEST_CASE("random_below stays below its bound and reaches every value") {
 TEST_CASE("this process, this host") {
   CHECK(sys::own_pid() > 0);
   CHECK_FALSE(sys::host_name().empty());
+}
+
+TEST_CASE("a process is alive and has a start; a record of this very process is never proven dead") {
+  const auto self = sys::own_pid();
+  CHECK(sys::process_alive(self));
+  REQUIRE(sys::own_start());
+  CHECK_FALSE(sys::own_start()->empty());
+  CHECK(sys::process_start(self) == sys::own_start());
+  for (const looplock::Pid none : {0, -1}) {
+    CHECK_FALSE(sys::process_alive(none));
+    CHECK_FALSE(sys::process_start(none));
+  }
+  CHECK_FALSE(sys::proven_dead(sys::boot_id(), sys::pid_namespace(), self, *sys::own_start()));
+  CHECK_FALSE(sys::proven_dead("", "", self, "1"));  // a record without the facts
+  CHECK(sys::boot_id().empty() == sys::pid_namespace().empty());  // both known, or neither
 }
 
 TEST_CASE("read_file reads a whole file, up to its limit") {

@@ -1,4 +1,4 @@
-#include "os/procfs.hpp"
+#include "os/posix/procfs.hpp"
 
 #include <doctest/doctest.h>
 
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "os/ids.hpp"
+#include "os/process.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 #include "testutil.hpp"

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "os/ids.hpp"
-#include "os/procfs.hpp"
+#include "os/posix/procfs.hpp"
 
 using looplock::Pid;
 

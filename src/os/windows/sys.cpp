@@ -157,12 +157,6 @@ std::optional<unsigned long long> random_below(unsigned long long bound) {
 
 Pid own_pid() { return static_cast<Pid>(GetCurrentProcessId()); }
 
-std::optional<std::string> own_start() {
-  FILETIME created{}, exited{}, kernel{}, user{};
-  if (!GetProcessTimes(GetCurrentProcess(), &created, &exited, &kernel, &user)) return std::nullopt;
-  return std::to_string((static_cast<unsigned long long>(created.dwHighDateTime) << 32) | created.dwLowDateTime);
-}
-
 void close_fd(int fd) noexcept { _close(fd); }
 
 std::optional<std::string> path_of_fd(int fd) {

@@ -1,4 +1,4 @@
-#include "os/procfs.hpp"
+#include "os/posix/procfs.hpp"
 
 #include <dirent.h>
 #include <signal.h>
@@ -74,7 +74,7 @@ std::vector<std::string_view> words(std::string_view line) {
 // Parses one lock line ("1: FLOCK  ADVISORY  WRITE 2181 fe:00:10952825 0 EOF"),
 // skipping blocked waiters ("1: -> FLOCK ...") unless `waiter`, which reads
 // only those.
-std::optional<KernelLock> parse_lock_line(std::string_view line, const sys::FileStatus& file, bool waiter = false) {
+std::optional<sys::KernelLock> parse_lock_line(std::string_view line, const sys::FileStatus& file, bool waiter = false) {
   auto w = words(line);
   if (waiter) {
     if (w.size() < 7 || w[1] != "->") return std::nullopt;
@@ -83,7 +83,7 @@ std::optional<KernelLock> parse_lock_line(std::string_view line, const sys::File
   if (w.size() < 6 || w[1] == "->" || w[1] != "FLOCK") return std::nullopt;
   if (!device_inode_matches(w[5], file)) return std::nullopt;
   auto pid = to_number<long>(w[4]);
-  KernelLock k;
+  sys::KernelLock k;
   k.pid = pid ? static_cast<Pid>(*pid) : -1;
   k.exclusive = w[3] == "WRITE";
   return k;
@@ -128,20 +128,6 @@ std::optional<std::string> pid_start(Pid pid) {
   return parse_stat_start(*s);
 }
 
-}  // namespace looplock::procfs
-
-namespace looplock::sys {
-
-// sys.hpp's, on POSIX: it reads /proc as pid_start() does.
-std::optional<std::string> own_start() {
-  auto s = read_file("/proc/self/stat", 4096);
-  if (!s) return std::nullopt;
-  return procfs::parse_stat_start(*s);
-}
-
-}  // namespace looplock::sys
-
-namespace looplock::procfs {
 
 bool proc_is_ours() {
   char buf[32];
@@ -213,33 +199,6 @@ std::optional<SignalMasks> signal_masks(Pid pid) {
   return parse_signal_masks(*s);
 }
 
-std::string boot_id() {
-  auto s = sys::read_file("/proc/sys/kernel/random/boot_id", 128);
-  if (!s) return {};
-  while (!s->empty() && (s->back() == '\n' || s->back() == ' ')) s->pop_back();
-  return *s;
-}
-
-std::string pid_namespace() {
-  char buf[64];
-  const ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
-  if (n <= 0) return {};
-  // "pid:[4026531836]": its inode.
-  const std::string_view link(buf, static_cast<size_t>(n));
-  const size_t open = link.find('[');
-  const size_t close = link.rfind(']');
-  if (open == std::string_view::npos || close == std::string_view::npos || close <= open + 1) return {};
-  return std::string(link.substr(open + 1, close - open - 1));
-}
-
-bool proven_dead(const std::string& boot, const std::string& pid_ns, long long pid, const std::string& start) {
-  if (boot.empty() || pid_ns.empty() || start.empty() || pid <= 0 || pid > 0x7fffffff) return false;
-  if (boot != boot_id() || pid_ns != pid_namespace() || !proc_is_ours()) return false;
-  if (!pid_alive(static_cast<Pid>(pid))) return true;
-  const auto now = pid_start(static_cast<Pid>(pid));
-  return now && *now != start;
-}
-
 bool is_self_or_ancestor(Pid pid, Pid self) {
   if (pid <= 0) return false;
   Pid cur = self;
@@ -257,7 +216,7 @@ bool pid_alive(Pid pid) {
   return kill(pid, 0) == 0 || errno == EPERM;
 }
 
-std::vector<KernelLock> parse_proc_locks(std::string_view content, const sys::FileStatus& file) {
+std::vector<sys::KernelLock> parse_proc_locks(std::string_view content, const sys::FileStatus& file) {
   return parse_lock_table(content, file).holders;
 }
 
@@ -353,7 +312,7 @@ std::optional<std::vector<Gid>> group_ids(Pid pid) {
   return parse_group_ids(*s);
 }
 
-std::optional<std::vector<KernelLock>> flock_holders(const sys::FileStatus& file) {
+std::optional<std::vector<sys::KernelLock>> flock_holders(const sys::FileStatus& file) {
   auto table = lock_table(file);
   if (!table) return std::nullopt;
   return table->holders;
@@ -372,7 +331,7 @@ bool parse_fdinfo_holds(std::string_view fdinfo, const sys::FileStatus& file, bo
 namespace {
 
 // The lock held through /proc/PID/fd/FD on `file`, if any.
-std::optional<KernelLock> fd_lock(Pid pid, int fd, const sys::FileStatus& file) {
+std::optional<sys::KernelLock> fd_lock(Pid pid, int fd, const sys::FileStatus& file) {
   if (pid <= 0 || fd < 0) return std::nullopt;
   std::string base = "/proc/" + std::to_string(pid);
   sys::FileStatus target;
@@ -381,7 +340,7 @@ std::optional<KernelLock> fd_lock(Pid pid, int fd, const sys::FileStatus& file) 
   auto info = sys::read_file(base + "/fdinfo/" + std::to_string(fd), 1 << 20);
   if (!info) return std::nullopt;
   for (const auto exclusive : {true, false}) {
-    if (parse_fdinfo_holds(*info, file, exclusive)) return KernelLock{pid, exclusive};
+    if (parse_fdinfo_holds(*info, file, exclusive)) return sys::KernelLock{pid, exclusive};
   }
   return std::nullopt;
 }
@@ -441,8 +400,8 @@ std::vector<Pid> all_pids() {
   return out;
 }
 
-std::vector<KernelLock> fd_holders(const std::vector<Pid>& pids, const sys::FileStatus& file) {
-  std::vector<KernelLock> out;
+std::vector<sys::KernelLock> fd_holders(const std::vector<Pid>& pids, const sys::FileStatus& file) {
+  std::vector<sys::KernelLock> out;
   for (Pid p : pids) {
     for (const auto& fd : dir_entries("/proc/" + std::to_string(p) + "/fd")) {
       auto n = to_number<int>(fd);

@@ -10,6 +10,7 @@
 
 #include "os/file_status.hpp"
 #include "os/ids.hpp"
+#include "os/lock_holders.hpp"
 
 namespace looplock::procfs {
 
@@ -41,19 +42,6 @@ struct SignalMasks {
 std::optional<SignalMasks> signal_masks(Pid pid);
 std::optional<SignalMasks> parse_signal_masks(std::string_view status);
 
-// This boot's id (/proc/sys/kernel/random/boot_id) and this process's pid
-// namespace (the inode of /proc/self/ns/pid, as text): with a pid and its
-// start time, they tell a process on this host apart from every other.
-// Empty when they cannot be read.
-std::string boot_id();
-std::string pid_namespace();
-
-// Whether the process (pid, its start time, the boot and the pid namespace it
-// ran in, as a record of it says) is proven dead: it ran on this boot in this
-// process's pid namespace, and its pid is gone or now another process. A
-// record without those facts, or from elsewhere, never is.
-bool proven_dead(const std::string& boot, const std::string& pid_ns, long long pid, const std::string& start);
-
 // Whether `pid` is `self` or one of its ancestors.
 bool is_self_or_ancestor(Pid pid, Pid self);
 
@@ -75,25 +63,18 @@ std::vector<Pid> parse_ns_pids(std::string_view status);
 // 15 bytes), or nullopt.
 std::optional<std::string> comm(Pid pid);
 
-struct KernelLock {
-  Pid pid = 0;
-  bool exclusive = true;
-  // When `pid` holds the lock through a descriptor another process took it
-  // on (and passed on): that process, as /proc/locks still names it; else 0.
-  Pid locked_by = 0;
-};
 // The flock(2) locks that /proc/locks reports on this inode (waiters
 // excluded); nullopt, with errno set, when /proc/locks cannot be read. Its
 // pid is the process that took the lock, which may have exited since,
 // passing the descriptor on; a holder outside /proc's pid namespace is not
 // listed at all.
-std::optional<std::vector<KernelLock>> flock_holders(const sys::FileStatus& file);
-std::vector<KernelLock> parse_proc_locks(std::string_view content, const sys::FileStatus& file);
+std::optional<std::vector<sys::KernelLock>> flock_holders(const sys::FileStatus& file);
+std::vector<sys::KernelLock> parse_proc_locks(std::string_view content, const sys::FileStatus& file);
 // Holders and the blocked requests ("->" lines: processes waiting in
 // flock(2)) on this inode, from one read of /proc/locks.
 struct LockTable {
-  std::vector<KernelLock> holders;
-  std::vector<KernelLock> waiters;
+  std::vector<sys::KernelLock> holders;
+  std::vector<sys::KernelLock> waiters;
 };
 std::optional<LockTable> lock_table(const sys::FileStatus& file);
 LockTable parse_lock_table(std::string_view content, const sys::FileStatus& file);
@@ -127,7 +108,7 @@ std::vector<Pid> all_pids();
 
 // Those of `pids` that have an fd on `file` whose open file description
 // holds a flock(2) lock on it, with the lock's mode.
-std::vector<KernelLock> fd_holders(const std::vector<Pid>& pids, const sys::FileStatus& file);
+std::vector<sys::KernelLock> fd_holders(const std::vector<Pid>& pids, const sys::FileStatus& file);
 // The same, pids only.
 std::vector<Pid> pids_holding_flock(const std::vector<Pid>& pids, const sys::FileStatus& file);
 

@@ -1,0 +1,50 @@
+// process.hpp on POSIX: what /proc says (procfs.hpp).
+#include "os/process.hpp"
+
+#include <unistd.h>
+
+#include <string_view>
+
+#include "os/posix/procfs.hpp"
+#include "os/sys.hpp"
+
+namespace looplock::sys {
+
+std::optional<std::string> process_start(Pid pid) { return procfs::pid_start(pid); }
+
+std::optional<std::string> own_start() {
+  auto s = read_file("/proc/self/stat", 4096);
+  if (!s) return std::nullopt;
+  return procfs::parse_stat_start(*s);
+}
+
+bool process_alive(Pid pid) { return procfs::pid_alive(pid); }
+
+std::string boot_id() {
+  auto s = read_file("/proc/sys/kernel/random/boot_id", 128);
+  if (!s) return {};
+  while (!s->empty() && (s->back() == '\n' || s->back() == ' ')) s->pop_back();
+  return *s;
+}
+
+std::string pid_namespace() {
+  char buf[64];
+  const ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
+  if (n <= 0) return {};
+  // "pid:[4026531836]": its inode.
+  const std::string_view link(buf, static_cast<size_t>(n));
+  const size_t open = link.find('[');
+  const size_t close = link.rfind(']');
+  if (open == std::string_view::npos || close == std::string_view::npos || close <= open + 1) return {};
+  return std::string(link.substr(open + 1, close - open - 1));
+}
+
+bool proven_dead(const std::string& boot, const std::string& pid_ns, long long pid, const std::string& start) {
+  if (boot.empty() || pid_ns.empty() || start.empty() || pid <= 0 || pid > 0x7fffffff) return false;
+  if (boot != boot_id() || pid_ns != pid_namespace() || !procfs::proc_is_ours()) return false;
+  if (!process_alive(static_cast<Pid>(pid))) return true;
+  const auto now = process_start(static_cast<Pid>(pid));
+  return now && *now != start;
+}
+
+}  // namespace looplock::sys

@@ -1,0 +1,42 @@
+// A process on this host, told apart from any later one that gets its pid:
+// its pid and its start time (text the system gives, the same for the same
+// process), the boot it ran in and its pid namespace. posix/process.cpp
+// reads them from /proc (posix/procfs.hpp); windows/process.cpp asks the
+// kernel for the process's creation time and has no boot id, so nothing is
+// ever proven dead there.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "os/ids.hpp"
+
+namespace looplock::sys {
+
+// The start time of process `pid` (posix/: field 22 of /proc/PID/stat, in
+// clock ticks after boot; windows/: its creation time, in 100 ns units since
+// 1601); nullopt when it cannot be read or there is no such process.
+std::optional<std::string> process_start(Pid pid);
+// This process's, in the same form. On POSIX it reads /proc/self, so it is
+// right even when /proc belongs to another pid namespace.
+std::optional<std::string> own_start();
+
+// Whether a process with this pid exists (posix/: kill(pid, 0), EPERM
+// counting as alive).
+bool process_alive(Pid pid);
+
+// This boot's id (posix/: /proc/sys/kernel/random/boot_id) and this
+// process's pid namespace (posix/: the inode of /proc/self/ns/pid, as
+// text): with a pid and its start time they tell a process on this host
+// apart from every other. Empty when the system cannot say (windows/:
+// always).
+std::string boot_id();
+std::string pid_namespace();
+
+// Whether the process (pid, its start time, the boot and the pid namespace it
+// ran in, as a record of it says) is proven dead: it ran on this boot in this
+// process's pid namespace, and its pid is gone or now another process. A
+// record without those facts, or from elsewhere, never is.
+bool proven_dead(const std::string& boot, const std::string& pid_ns, long long pid, const std::string& start);
+
+}  // namespace looplock::sys
