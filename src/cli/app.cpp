@@ -1,14 +1,11 @@
 #include "cli/app.hpp"
 
-#include <unistd.h>
-
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "cli/cluster_exec.hpp"
 #include "cli/inspect.hpp"
 #include "cli/version.hpp"
-#include "job/signals.hpp"
-#include "job/spawn.hpp"
+#include "job/job.hpp"
 #include "os/sys.hpp"
 
 namespace looplock {
@@ -46,8 +43,8 @@ int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
   RunFacts facts;
   try {
     std::vector<std::string> args(argv, argv + argc);
-    // getpid(2), once: the holder record, the job's signals and the leak check name this pid.
-    Context ctx{env_from(envp), getpid(), now_ns, start_wall_ms, cluster};
+    // Its pid, once: the holder record, the job's signals and the leak check name this pid.
+    Context ctx{env_from(envp), sys::own_pid(), now_ns, start_wall_ms, cluster};
     // looplock-etcd: the deadline counts from when looplock started.
     if (auto handed = take_handed_start(ctx.env, now_ns); handed && cluster) {
       ctx.start_ns = *handed;
@@ -56,7 +53,7 @@ int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
     // The user name (getuid(2) and a read of /etc/passwd) only when no
     // --agent or $LOOPLOCK_AGENT names the agent: the holder record's agent_id.
     Environment penv{env_get(ctx.env, env_name::kAgent),         env_get(ctx.env, env_name::kEtcd),
-                     env_get(ctx.env, env_name::kMetricsDir),    [] { return sys::user_name(getuid()); },
+                     env_get(ctx.env, env_name::kMetricsDir),    [] { return sys::user_name(sys::own_uid()); },
                      env_get(ctx.env, env_name::kEtcdCacert),    env_get(ctx.env, env_name::kEtcdClientCert),
                      env_get(ctx.env, env_name::kEtcdClientKey), env_get(ctx.env, env_name::kEtcdPassword)};
     const Options& o = options.emplace(parse_options(args, penv));
@@ -73,11 +70,11 @@ int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
     log = Logger(o.verbosity, o.log_format);
     if (!o.etcd.empty() && !ctx.cluster) exec_cluster_helper(argv, ctx.env, ctx.start_ns);
     if (o.mode == Mode::Inspect) return inspect(o, log, ctx.cluster);
-    ProcessJobs jobs;
-    Exit out = Run(o, ctx, log, facts, build_stack, jobs).run();
+    const auto jobs = process_jobs();
+    Exit out = Run(o, ctx, log, facts, build_stack, *jobs).run();
     const int status = out.kind == Exit::Kind::LikeWaitStatus ? shell_status(out.value) : out.value;
     write_metrics(o, facts, status, start_wall_ms, log);
-    if (out.kind == Exit::Kind::LikeWaitStatus) exit_like(out.value);
+    if (out.kind == Exit::Kind::LikeWaitStatus) jobs->exit_like(out.value);
     return out.value;
   } catch (const Fatal& e) {
     log.error(e.event(), e.what(), e.hint());

@@ -1,16 +1,14 @@
 #include "cli/cluster_exec.hpp"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
-#include <climits>
 #include <cstring>
 
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "base/text.hpp"
+#include "os/sys.hpp"
 
 #ifndef LOOPLOCK_HELPER_DIR
 #define LOOPLOCK_HELPER_DIR "/usr/local/libexec/looplock"
@@ -24,11 +22,8 @@ constexpr std::string_view kInstallHint = "install the looplock-etcd package";
 
 // Where this executable looks for looplock-etcd.
 std::vector<std::string> installed_helper_paths() {
-  char self[PATH_MAX];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof self);
-  // Unknown (no /proc) or cut short: only the install's directory is tried.
-  const std::string_view self_exe(self, n > 0 && static_cast<size_t>(n) < sizeof self ? static_cast<size_t>(n) : 0);
-  return cluster_helper_paths(self_exe, LOOPLOCK_HELPER_DIR);
+  // Unknown (no /proc): only the install's directory is tried.
+  return cluster_helper_paths(sys::own_executable().value_or(""), LOOPLOCK_HELPER_DIR);
 }
 
 }  // namespace
@@ -49,10 +44,9 @@ std::vector<std::string> cluster_helper_paths(std::string_view self_exe, std::st
 std::string cluster_helper_status() {
   const auto paths = installed_helper_paths();
   for (const auto& path : paths) {
-    if (access(path.c_str(), F_OK) != 0) continue;
-    if (access(path.c_str(), X_OK) != 0) {
-      return "not available: " + path + " cannot be executed (" + std::string(std::strerror(errno)) + ")";
-    }
+    const int err = sys::execute_access(path);
+    if (err == ENOENT) continue;
+    if (err != 0) return "not available: " + path + " cannot be executed (" + std::string(std::strerror(err)) + ")";
     return "available, through " + path;
   }
   return "not available: " + std::string(kClusterHelperName) + " is not installed (looked for " + join(paths) + "); " +
@@ -60,20 +54,16 @@ std::string cluster_helper_status() {
 }
 
 void exec_cluster_helper(char** argv, const EnvList& env, long long start_ns) {
-  EnvList handed = env_with(env, {{env_name::kStartNs, std::to_string(start_ns)}});
-  std::vector<char*> envp;
-  envp.reserve(handed.size() + 1);
-  for (auto& e : handed) envp.push_back(e.data());
-  envp.push_back(nullptr);
+  const EnvList handed = env_with(env, {{env_name::kStartNs, std::to_string(start_ns)}});
 
   const auto paths = installed_helper_paths();
   std::string failed;  // the first that exists but cannot be executed
   int failed_errno = 0;
   for (const auto& path : paths) {
-    execve(path.c_str(), argv, envp.data());
-    if (errno != ENOENT && failed.empty()) {
+    const int err = sys::exec_program(path, argv, handed);
+    if (err != ENOENT && failed.empty()) {
       failed = path;
-      failed_errno = errno;
+      failed_errno = err;
     }
   }
   if (!failed.empty()) {

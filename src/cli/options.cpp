@@ -3,7 +3,6 @@
 #include <cxxopts.hpp>
 
 #include <algorithm>
-#include <csignal>
 #include <array>
 #include <charconv>
 #include <string_view>
@@ -12,8 +11,8 @@
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "cli/option_table.hpp"
-#include "job/signals.hpp"
 #include "settings/endpoints.hpp"
+#include "os/signal_names.hpp"
 #include "settings/lease_timing.hpp"
 
 namespace looplock {
@@ -475,7 +474,7 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
     if (d != 0) o.jitter_ns = d;
   }
   if (r.count("warn-signal") && !r.count("warn-before")) usage_error("--warn-signal applies only with --warn-before");
-  o.limits.warn_signal = SIGUSR1;  // --warn-signal's default
+  o.limits.warn_signal = parse_signal("USR1").value_or(0);  // --warn-signal's default (0: the system has no USR1)
   if (r.count("warn-before")) {
     o.limits.warn_before_ns = duration_option("warn-before", text_of(r, "warn-before"));
     if (!o.limits.max_time_ns && o.etcd.empty()) {
@@ -489,7 +488,7 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
     if (r.count("warn-signal")) {
       const auto sig = parse_signal(text_of(r, "warn-signal"));
       if (!sig) usage_error("invalid --warn-signal " + quote(text_of(r, "warn-signal")) + ": expected a signal name or number");
-      if (*sig == SIGKILL || *sig == SIGSTOP) {
+      if (const std::string name = signal_name(*sig); name == "KILL" || name == "STOP") {
         usage_error("invalid --warn-signal " + quote(text_of(r, "warn-signal")) +
                     ": KILL and STOP cannot be handled, so they warn nobody");
       }

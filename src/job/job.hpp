@@ -3,6 +3,7 @@
 // Run's unit tests).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -59,7 +60,13 @@ public:
   virtual JobEnd run(const CommandSpec& spec, const Logger& log, Pid self) = 0;
   // Replaces looplock with the command (-F). Returns only by throwing Fatal.
   [[noreturn]] virtual void exec(const CommandSpec& spec) = 0;
+  // Leaves looplock the way the command left (JobEnd::status): with its
+  // exit status, or dying of the signal that killed it.
+  [[noreturn]] virtual void exit_like(int status) = 0;
 };
+
+// The runner of real processes (spawn.cpp).
+std::unique_ptr<JobRunner> process_jobs();
 
 // The exit status looplock reports for the command's status (JobEnd::status),
 // when it does not die of the signal itself: N, or 128+S.

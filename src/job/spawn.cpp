@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <memory>
 
 #include "base/duration.hpp"
 #include "base/error.hpp"
@@ -495,5 +496,7 @@ void exec_command(const CommandSpec& spec, const InheritedSignals& inherited) {
   execvpe(argv[0], argv.data(), envp.data());
   exec_failed(spec.argv[0], errno);
 }
+
+std::unique_ptr<JobRunner> process_jobs() { return std::make_unique<ProcessJobs>(); }
 
 }  // namespace looplock

@@ -35,6 +35,7 @@ public:
     return run_command(spec, inherited_, log, self);
   }
   [[noreturn]] void exec(const CommandSpec& spec) override { exec_command(spec, inherited_); }
+  [[noreturn]] void exit_like(int status) override { looplock::exit_like(status); }
 
 private:
   InheritedSignals inherited_;

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "os/ids.hpp"
 #include "os/unique_fd.hpp"
@@ -78,6 +79,22 @@ std::optional<unsigned long long> random_below(unsigned long long bound);
 
 // This process's id (process.hpp: its start time).
 Pid own_pid();
+// This process's real and effective user ids (windows/: 0, since Windows
+// names users by SID, not by number).
+Uid own_uid();
+Uid own_euid();
+
+// The absolute path of this process's own executable (posix/: one
+// readlink(2) of /proc/self/exe; windows/: GetModuleFileName); nullopt
+// when it cannot be told.
+std::optional<std::string> own_executable();
+// Whether this process may execute `path`: 0, or why not as an errno
+// (ENOENT: it sees no such file; posix/: access(2)).
+int execute_access(const std::string& path);
+// Replaces this process with the program at `path`, given `argv` and the
+// environment `env` ("NAME=value" each); returns only when it cannot, with
+// the errno (posix/: execve(2); windows/: ENOSYS, Windows has no exec).
+int exec_program(const std::string& path, char** argv, const std::vector<std::string>& env);
 
 // The absolute path the system knows an open file or directory by (posix/:
 // one readlink(2) of /proc/self/fd/N; windows/: GetFinalPathNameByHandle);

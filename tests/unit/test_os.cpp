@@ -9,6 +9,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -87,6 +88,16 @@ TEST_CASE("random_below stays below its bound and reaches every value") {
 TEST_CASE("this process, this host") {
   CHECK(sys::own_pid() > 0);
   CHECK_FALSE(sys::host_name().empty());
+}
+
+TEST_CASE("this process's executable can be executed; a missing file cannot") {
+  const auto self = sys::own_executable();
+  REQUIRE(self);
+  CHECK(std::filesystem::path(*self).is_absolute());
+  CHECK(std::filesystem::path(*self).stem() == "test_os");
+  CHECK(sys::execute_access(*self) == 0);
+  CHECK(sys::execute_access(*self + ".missing") == ENOENT);
+  CHECK(sys::own_uid() == sys::own_uid());
 }
 
 TEST_CASE("a process is alive and has a start; a record of this very process is never proven dead") {

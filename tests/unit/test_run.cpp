@@ -167,6 +167,7 @@ public:
   [[noreturn]] void exec(const CommandSpec& /*spec*/) override {
     throw Fatal(exit_code::kOsError, "the fake cannot exec");
   }
+  [[noreturn]] void exit_like(int /*status*/) override { throw Fatal(exit_code::kOsError, "the fake cannot exit"); }
   int runs = 0;
   int took_control = 0;
   std::vector<std::string> argv, env;

@@ -233,3 +233,21 @@ TEST_CASE("path_of_fd on POSIX: the directory's canonical path, none once it is 
   REQUIRE(rmdir((dir / "d").c_str()) == 0);
   CHECK_FALSE(sys::path_of_fd(fd.get()));  // the kernel says "(deleted)"
 }
+
+TEST_CASE("exec_program on POSIX: the program replaces the process, with the environment given; a missing one is ENOENT") {
+  char* argv[] = {const_cast<char*>("sh"), const_cast<char*>("-c"), const_cast<char*>("exit $CODE"), nullptr};
+  CHECK(looplock::sys::exec_program("/nonexistent/looplock-test", argv, {"CODE=7"}) == ENOENT);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) _exit(100 + looplock::sys::exec_program("/bin/sh", argv, {"CODE=7"}) % 100);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 7);
+}
+
+TEST_CASE("own_uid and own_euid are getuid(2) and geteuid(2); own_executable is /proc/self/exe") {
+  CHECK(looplock::sys::own_uid() == getuid());
+  CHECK(looplock::sys::own_euid() == geteuid());
+  CHECK(looplock::sys::own_executable() == std::filesystem::read_symlink("/proc/self/exe").string());
+}

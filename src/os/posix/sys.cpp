@@ -6,11 +6,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <memory>
 #include <ctime>
 #include <type_traits>
+#include <vector>
 
 #include "os/ids.hpp"
 #include "os/unique_fd.hpp"
@@ -121,6 +123,31 @@ std::optional<unsigned long long> random_below(unsigned long long bound) {
 }
 
 Pid own_pid() { return getpid(); }
+
+Uid own_uid() { return getuid(); }
+
+Uid own_euid() { return geteuid(); }
+
+std::optional<std::string> own_executable() {
+  char self[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self);
+  if (n <= 0 || static_cast<size_t>(n) >= sizeof self) return std::nullopt;  // no /proc, or cut short
+  return std::string(self, static_cast<size_t>(n));
+}
+
+int execute_access(const std::string& path) {
+  if (access(path.c_str(), F_OK) != 0) return ENOENT;  // none this process can see
+  return access(path.c_str(), X_OK) == 0 ? 0 : errno;
+}
+
+int exec_program(const std::string& path, char** argv, const std::vector<std::string>& env) {
+  std::vector<char*> envp;
+  envp.reserve(env.size() + 1);
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  execve(path.c_str(), argv, envp.data());
+  return errno;
+}
 
 void close_fd(int fd) noexcept { ::close(fd); }
 

@@ -15,6 +15,7 @@
 // clang-format on
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <filesystem>
@@ -156,6 +157,33 @@ std::optional<unsigned long long> random_below(unsigned long long bound) {
 }
 
 Pid own_pid() { return static_cast<Pid>(GetCurrentProcessId()); }
+
+Uid own_uid() { return 0; }
+
+Uid own_euid() { return 0; }
+
+std::optional<std::string> own_executable() {
+  std::wstring path(MAX_PATH, L'\0');
+  for (;;) {
+    const DWORD n = GetModuleFileNameW(nullptr, path.data(), static_cast<DWORD>(path.size()));
+    if (n == 0) return std::nullopt;
+    if (n < path.size()) {
+      path.resize(n);
+      return std::filesystem::path(path).string();
+    }
+    if (path.size() >= 32768) return std::nullopt;  // the longest path Windows has
+    path.resize(path.size() * 2);
+  }
+}
+
+int execute_access(const std::string& path) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(std::filesystem::path(path), ec);
+  if (ec || !std::filesystem::exists(st)) return ENOENT;
+  return std::filesystem::is_regular_file(st) ? 0 : EACCES;
+}
+
+int exec_program(const std::string&, char**, const std::vector<std::string>&) { return ENOSYS; }
 
 void close_fd(int fd) noexcept { _close(fd); }
 
