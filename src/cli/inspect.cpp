@@ -1,8 +1,5 @@
 #include "cli/inspect.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <cstdio>
 #include <cstring>
 
@@ -11,7 +8,7 @@
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "os/ids.hpp"
-#include "os/posix/procfs.hpp"
+#include "os/process.hpp"
 #include "os/sys.hpp"
 #include "records/lock_id.hpp"
 #include "records/lockfile.hpp"
@@ -257,16 +254,16 @@ InspectFacts::Waiter describe_waiter(const sys::KernelLock& k) {
   InspectFacts::Waiter w;
   w.pid = k.pid;
   w.exclusive = k.exclusive;
-  w.command = procfs::comm(k.pid).value_or("?");
-  w.at_most_ms = procfs::age_ms(k.pid);
+  w.command = sys::process_name(k.pid).value_or("?");
+  w.at_most_ms = sys::process_age_ms(k.pid);
   if (w.command == "looplock" || w.command == "looplock-etcd") {
     // What it will record: its own command line read as looplock reads it
     // (only the agent and the operation come out of it: never an argument).
-    if (auto argv = procfs::cmdline(k.pid)) {
+    if (auto argv = sys::process_args(k.pid)) {
       Environment env;
-      env.looplock_agent = procfs::environ_get(k.pid, env_name::kAgent);
+      env.looplock_agent = sys::process_env(k.pid, env_name::kAgent);
       env.user_name = [pid = k.pid] {
-        auto uid = procfs::real_uid(pid);
+        auto uid = sys::process_uid(pid);
         return uid ? sys::user_name(*uid) : std::string("?");
       };
       if (auto id = looplock_identity(*argv, env)) {
@@ -330,9 +327,9 @@ InspectReport inspect_dir(const Options& o, const std::string& path, LockKind* c
   } catch (const Fatal& e) {
     f.runs_error = e.what();
   }
-  f.files = judge_lock_files(dir, geteuid());
+  f.files = judge_lock_files(dir, sys::own_euid());
   if (!o.metrics_dir.empty()) {
-    auto metrics = judge_metrics_files(o.metrics_dir, f.lock_id, geteuid());
+    auto metrics = judge_metrics_files(o.metrics_dir, f.lock_id, sys::own_euid());
     f.files.insert(f.files.end(), metrics.begin(), metrics.end());
   }
 

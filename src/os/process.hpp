@@ -8,6 +8,8 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "os/ids.hpp"
 
@@ -38,5 +40,22 @@ std::string pid_namespace();
 // process's pid namespace, and its pid is gone or now another process. A
 // record without those facts, or from elsewhere, never is.
 bool proven_dead(const std::string& boot, const std::string& pid_ns, long long pid, const std::string& start);
+
+// What the system tells about another process (--inspect's waiters), each
+// nullopt when it cannot say (another user's process, /proc mounted with
+// hidepid, or a system without the fact):
+// - its name: the executable's base name (posix/: /proc/PID/comm, at most 15
+//   bytes; windows/: without ".exe");
+std::optional<std::string> process_name(Pid pid);
+// - how long ago it started, in ms;
+std::optional<long long> process_age_ms(Pid pid);
+// - its arguments and its environment entry NAME (posix/: /proc/PID/cmdline
+//   and /proc/PID/environ; windows/: never, Windows documents no way to read
+//   another process's);
+std::optional<std::vector<std::string>> process_args(Pid pid);
+std::optional<std::string> process_env(Pid pid, std::string_view name);
+// - its real user id (posix/: /proc/PID/status; windows/: never, users
+//   have no number there).
+std::optional<Uid> process_uid(Pid pid);
 
 }  // namespace looplock::sys

@@ -56,7 +56,7 @@ LedgerRead read_ledger(const LockDir& dir) {
     fail_errno(status_for_errno(errno, exit_code::kCantCreate), "cannot stat " + ledger_display(dir), errno, "",
                "run_ledger_unusable");
   }
-  if (auto r = refuse_ledger(st, dir.st, geteuid(), dir.path)) {
+  if (auto r = refuse_ledger(st, dir.st, sys::own_euid(), dir.path)) {
     throw Fatal(exit_code::kCantCreate, "unsafe run ledger " + ledger_display(dir) + ": " + r->why, r->hint, r->event);
   }
   UniqueFd fd(sys::retry_eintr(
@@ -149,7 +149,7 @@ int write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries) {
   if (in_place) {
     sys::FileStatus st;
     if (!sys::status_of_fd(in_place.get(), st)) return errno;
-    if (refuse_ledger(st, dir.st, geteuid())) return EPERM;
+    if (refuse_ledger(st, dir.st, sys::own_euid())) return EPERM;
     // Its new length first: a full disk then fails here, before a byte of
     // the ledger changed (a torn ledger would lose every operation's slot).
     if (static_cast<size_t>(st.size) < data.size()) {

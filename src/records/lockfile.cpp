@@ -30,7 +30,7 @@ std::string lock_display(const LockDir& dir) {
 // The hint for EACCES on a name inside DIR: DIR lacks search (x) permission
 // for the caller; who can give it depends on who the caller is.
 std::string search_hint(const LockDir& dir) {
-  if (geteuid() == dir.st.owner) {
+  if (sys::own_euid() == dir.st.owner) {
     return "looplock needs search permission on DIR (" + dir.path + "): 'chmod u+x' it.";
   }
   return "looplock needs search permission on DIR (" + dir.path + ", uid " + std::to_string(dir.st.owner) +
@@ -304,7 +304,7 @@ LockFile open_lock_file(const LockDir& dir) {
     bool exists = sys::status_at(dir.fd.get(), kLockName, pre);
     if (!exists && errno != ENOENT) lock_stat_failed(dir, errno);
     if (exists && (S_ISLNK(pre.mode) || !S_ISREG(pre.mode))) {
-      refused(dir, *refuse_lock_file(pre, dir.st, geteuid(), dir.path));
+      refused(dir, *refuse_lock_file(pre, dir.st, sys::own_euid(), dir.path));
     }
 
     int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK;
@@ -331,7 +331,7 @@ LockFile open_lock_file(const LockDir& dir) {
         hint = "DIR is on a read-only file system: create " + std::string(kLockName) +
                " there while it is writable (an existing lock file is locked read-only).";
       } else if (err == EACCES) {
-        hint = exists ? unopenable_hint(dir, pre, geteuid())
+        hint = exists ? unopenable_hint(dir, pre, sys::own_euid())
                       : "looplock must be able to create the lock file in DIR; check DIR's permissions.";
       }
       fail_errno(status_for_errno(err, exit_code::kCantCreate),
@@ -346,7 +346,7 @@ LockFile open_lock_file(const LockDir& dir) {
     // links and owner, and the inode the lock is checked against.
     if (!sys::status_of_fd(f.fd.get(), f.st)) fail_errno(exit_code::kOsError, "cannot stat " + lock_display(dir), errno);
     if (S_ISREG(f.st.mode) && f.st.links == 0) continue;  // replaced between open and fstat
-    if (auto r = refuse_lock_file(f.st, dir.st, geteuid(), dir.path)) refused(dir, *r);
+    if (auto r = refuse_lock_file(f.st, dir.st, sys::own_euid(), dir.path)) refused(dir, *r);
     return f;
   }
   throw Fatal(exit_code::kCantCreate, "cannot open " + lock_display(dir) + ": it keeps being replaced",

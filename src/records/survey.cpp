@@ -169,7 +169,7 @@ LockFacts survey_lock(const LockDir& dir, const std::string& lock_path, std::vec
     }
     lock_stat_failed(dir, err);
   }
-  if (!f.refusal) f.refusal = refuse_lock_file(st, dir.st, geteuid(), dir.path);
+  if (!f.refusal) f.refusal = refuse_lock_file(st, dir.st, sys::own_euid(), dir.path);
   f.file_uid = st.owner;
   if (st.mode & S_IRGRP) f.sharing_gid = st.group;
   f.group_can_write = (st.mode & S_IWGRP) != 0;

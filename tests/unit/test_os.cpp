@@ -115,6 +115,17 @@ TEST_CASE("a process is alive and has a start; a record of this very process is 
   CHECK(sys::boot_id().empty() == sys::pid_namespace().empty());  // both known, or neither
 }
 
+TEST_CASE("what the system tells about a process: its name and age") {
+  const auto self = sys::own_pid();
+  CHECK(sys::process_name(self) == "test_os");
+  const auto age = sys::process_age_ms(self);
+  REQUIRE(age);
+  CHECK(*age >= 0);
+  CHECK(*age < 24LL * 3600 * 1000);
+  CHECK_FALSE(sys::process_name(-1));
+  CHECK_FALSE(sys::process_age_ms(-1));
+}
+
 TEST_CASE("read_file reads a whole file, up to its limit") {
   const auto path = std::filesystem::temp_directory_path() / ("looplock-test-os-" + std::to_string(sys::own_pid()));
   {

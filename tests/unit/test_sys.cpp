@@ -1,4 +1,5 @@
 #include "os/file_status.hpp"
+#include "os/process.hpp"
 #include "os/sys.hpp"
 
 #include <doctest/doctest.h>
@@ -250,4 +251,13 @@ TEST_CASE("own_uid and own_euid are getuid(2) and geteuid(2); own_executable is 
   CHECK(looplock::sys::own_uid() == getuid());
   CHECK(looplock::sys::own_euid() == geteuid());
   CHECK(looplock::sys::own_executable() == std::filesystem::read_symlink("/proc/self/exe").string());
+}
+
+TEST_CASE("what POSIX tells about a process: its arguments, its environment and its user, from /proc") {
+  const auto args = looplock::sys::process_args(getpid());
+  REQUIRE(args);
+  REQUIRE_FALSE(args->empty());
+  CHECK(std::filesystem::path(args->front()).filename() == "test_sys");
+  CHECK(looplock::sys::process_env(getpid(), "PATH") == std::string(std::getenv("PATH")));
+  CHECK(looplock::sys::process_uid(getpid()) == getuid());
 }

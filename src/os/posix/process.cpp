@@ -20,6 +20,16 @@ std::optional<std::string> own_start() {
 
 bool process_alive(Pid pid) { return procfs::pid_alive(pid); }
 
+std::optional<std::string> process_name(Pid pid) { return procfs::comm(pid); }
+
+std::optional<long long> process_age_ms(Pid pid) { return procfs::age_ms(pid); }
+
+std::optional<std::vector<std::string>> process_args(Pid pid) { return procfs::cmdline(pid); }
+
+std::optional<std::string> process_env(Pid pid, std::string_view name) { return procfs::environ_get(pid, name); }
+
+std::optional<Uid> process_uid(Pid pid) { return procfs::real_uid(pid); }
+
 std::string boot_id() {
   auto s = read_file("/proc/sys/kernel/random/boot_id", 128);
   if (!s) return {};

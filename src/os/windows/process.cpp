@@ -5,6 +5,8 @@
 
 #include <windows.h>
 
+#include <filesystem>
+
 namespace looplock::sys {
 
 namespace {
@@ -49,6 +51,39 @@ bool process_alive(Pid pid) {
   CloseHandle(h);
   return running;
 }
+
+std::optional<std::string> process_name(Pid pid) {
+  HANDLE h = open_process(pid, PROCESS_QUERY_LIMITED_INFORMATION);
+  if (h == nullptr) return std::nullopt;
+  std::wstring path(32768, L'\0');
+  DWORD size = static_cast<DWORD>(path.size());
+  const bool named = QueryFullProcessImageNameW(h, 0, path.data(), &size) != 0;
+  CloseHandle(h);
+  if (!named) return std::nullopt;
+  path.resize(size);
+  return std::filesystem::path(path).stem().string();
+}
+
+std::optional<long long> process_age_ms(Pid pid) {
+  HANDLE h = open_process(pid, PROCESS_QUERY_LIMITED_INFORMATION);
+  if (h == nullptr) return std::nullopt;
+  FILETIME created{}, exited{}, kernel{}, user{}, now{};
+  const bool timed = GetProcessTimes(h, &created, &exited, &kernel, &user) != 0;
+  CloseHandle(h);
+  if (!timed) return std::nullopt;
+  GetSystemTimeAsFileTime(&now);
+  const auto ticks = [](const FILETIME& t) {
+    return static_cast<long long>((static_cast<unsigned long long>(t.dwHighDateTime) << 32) | t.dwLowDateTime);
+  };
+  const long long age = (ticks(now) - ticks(created)) / 10'000;  // 100 ns units
+  return age < 0 ? 0 : age;
+}
+
+std::optional<std::vector<std::string>> process_args(Pid) { return std::nullopt; }
+
+std::optional<std::string> process_env(Pid, std::string_view) { return std::nullopt; }
+
+std::optional<Uid> process_uid(Pid) { return std::nullopt; }
 
 std::string boot_id() { return {}; }
 
