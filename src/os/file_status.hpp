@@ -23,9 +23,24 @@ struct FileStatus {
   Gid group = 0;
   long long size = 0;
 
-  bool regular() const { return (mode & 0170000) == 0100000; }
-  bool directory() const { return (mode & 0170000) == 0040000; }
+  bool regular() const { return type() == 0100000; }
+  bool directory() const { return type() == 0040000; }
+  bool symlink() const { return type() == 0120000; }
+  bool fifo() const { return type() == 0010000; }
+  bool socket() const { return type() == 0140000; }
+  bool char_device() const { return type() == 0020000; }
+  bool block_device() const { return type() == 0060000; }
+  unsigned type() const { return mode & 0170000; }
 };
+
+// FileStatus::mode's permission bits, as POSIX numbers them.
+namespace mode {
+inline constexpr unsigned kSticky = 01000;
+inline constexpr unsigned kGroupRead = 0040;
+inline constexpr unsigned kGroupWrite = 0020;
+inline constexpr unsigned kOtherRead = 0004;
+inline constexpr unsigned kOtherWrite = 0002;
+}  // namespace mode
 
 // Whether two statuses are of the same file; never for a file whose
 // identity is unknown.

@@ -46,9 +46,9 @@ bool pwrite_all(int fd, std::string_view data);
 // Cuts the file open as `fd` to `size` bytes; false (errno set) on failure.
 bool truncate_fd(int fd, long long size);
 
-// Reads up to `limit` bytes from the start of `fd`, a regular file (pread;
-// a short read is its end). nullopt on error.
-std::optional<std::string> pread_all(int fd, size_t limit);
+// Reads up to `limit` bytes from `offset` (its start by default) of `fd`, a
+// regular file (pread; a short read is its end). nullopt on error.
+std::optional<std::string> pread_all(int fd, size_t limit, long long offset = 0);
 
 // Reads a whole (small) file such as /proc/PID/stat. nullopt on error, errno set.
 std::optional<std::string> read_file(const std::string& path, size_t limit = 1 << 20);

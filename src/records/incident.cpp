@@ -1,11 +1,7 @@
 #include "records/incident.hpp"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <ctime>
 #include <deque>
@@ -13,6 +9,7 @@
 
 #include "base/log.hpp"
 #include "os/file_status.hpp"
+#include "os/files.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 #include "records/lockfile.hpp"
@@ -72,47 +69,40 @@ std::optional<Json> parse_incident_line(std::string_view line) {
 }
 
 int append_incident(int dirfd, const std::string& line) {
-  UniqueFd fd(sys::retry_eintr([&] {
-    return openat(dirfd, kIncidentsName, O_RDWR | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK,
-                  kCreateMode);
-  }));
+  const UniqueFd fd = sys::open_in(dirfd, kIncidentsName,
+                                   {.access = sys::OpenIn::Access::ReadWrite,
+                                    .create = sys::OpenIn::Create::IfMissing,
+                                    .mode = kCreateMode,
+                                    .append = true});
   if (!fd) return errno;
   sys::FileStatus st;
   if (!sys::status_of_fd(fd.get(), st)) return errno;
-  if (!S_ISREG(st.mode)) return EINVAL;
+  if (!st.regular()) return EINVAL;
   if (st.links != 1) return EMLINK;
   // A row cut short earlier (a full disk, a file-size limit) ends without a
   // newline: this one then starts on a line of its own instead of being
   // glued to it (readers count the damaged line and skip it). Appenders
-  // take a flock(2) on the incidents file (not the lock they wait for) for
+  // take a lock on the incidents file (not the lock they wait for) for
   // the look and the write, so that none takes another's row, half written
   // across a page, for a damaged one; briefly: past 100 ms it appends
   // without looking.
   bool locked = false;
-  for (int i = 0; i < 100 && !(locked = flock(fd.get(), LOCK_EX | LOCK_NB) == 0); ++i) {
+  for (int i = 0; i < 100 && !(locked = sys::try_lock(fd.get(), /*exclusive=*/true)); ++i) {
     sys::nap_ns(1'000'000);
   }
-  char last = '\n';
+  std::optional<std::string> last;
   const bool cut = locked && sys::status_of_fd(fd.get(), st) && st.size > 0 &&
-                   pread(fd.get(), &last, 1, st.size - 1) == 1 && last != '\n';
+                   (last = sys::pread_all(fd.get(), 1, st.size - 1)) && *last != "\n" && last->size() == 1;
   std::string row(cut ? 1 : 0, '\n');
   row += line;
-  ssize_t n = sys::retry_eintr([&] { return write(fd.get(), row.data(), row.size()); });
-  if (n < 0) return errno;
-  if (static_cast<size_t>(n) != row.size()) {
-    // Cut short: end the damaged line now if the file takes one more byte;
-    // when it does not, that write says why (a full disk, a size limit).
-    if (sys::retry_eintr([&] { return write(fd.get(), "\n", 1); }) < 0) return errno;
-    return EIO;
-  }
-  return 0;
+  return sys::append_row(fd.get(), row) ? 0 : errno;
 }
 
 namespace {
 
 // Where a row lies in the file.
 struct Span {
-  off_t at = 0;
+  long long at = 0;
   size_t size = 0;
 };
 constexpr size_t kMaxRowBytes = 1 << 20;  // a longer line is a runaway: malformed, never read
@@ -121,8 +111,7 @@ constexpr size_t kMaxRowBytes = 1 << 20;  // a longer line is a runaway: malform
 
 IncidentSummary summarize_incidents(int dirfd, size_t recent) {
   IncidentSummary s;
-  UniqueFd fd(sys::retry_eintr(
-      [&] { return openat(dirfd, kIncidentsName, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK); }));
+  const UniqueFd fd = sys::open_in(dirfd, kIncidentsName, {.access = sys::OpenIn::Access::Read});
   if (!fd) {
     if (errno != ENOENT) s.error = errno;  // a symlink (ELOOP), a permission
     return s;
@@ -132,7 +121,7 @@ IncidentSummary summarize_incidents(int dirfd, size_t recent) {
     s.error = errno;
     return s;
   }
-  if (!S_ISREG(st.mode)) {
+  if (!st.regular()) {
     s.error = EINVAL;  // lock_files.hpp says what it is instead
     return s;
   }
@@ -140,39 +129,36 @@ IncidentSummary summarize_incidents(int dirfd, size_t recent) {
   // One pass: count the rows, and keep where the newest ones lie.
   const size_t keep = kMaxExamined;  // 16 bytes each
   std::deque<Span> tail;
-  auto row = [&](off_t at, size_t size) {
+  auto row = [&](long long at, size_t size) {
     if (size == 0) return;
     ++s.count;
     tail.push_back({at, size});
     if (tail.size() > keep) tail.pop_front();
   };
-  std::vector<char> buf(1 << 20);
-  off_t offset = 0;      // of buf's first byte in the file
-  off_t line_at = 0;     // where the current line starts
+  long long offset = 0;   // of the chunk's first byte in the file
+  long long line_at = 0;  // where the current line starts
   for (;;) {
-    const ssize_t n = sys::retry_eintr([&] { return read(fd.get(), buf.data(), buf.size()); });
-    if (n <= 0) break;
-    const char* p = buf.data();
-    const char* end = p + n;
+    const auto chunk = sys::pread_all(fd.get(), 1 << 20, offset);
+    if (!chunk || chunk->empty()) break;
+    const char* p = chunk->data();
+    const char* end = p + chunk->size();
     while (const char* nl = static_cast<const char*>(std::memchr(p, '\n', static_cast<size_t>(end - p)))) {
-      const off_t nl_at = offset + (nl - buf.data());
+      const long long nl_at = offset + (nl - chunk->data());
       row(line_at, static_cast<size_t>(nl_at - line_at));
       line_at = nl_at + 1;
       p = nl + 1;
     }
-    offset += n;
+    offset += static_cast<long long>(chunk->size());
   }
   row(line_at, static_cast<size_t>(offset - line_at));  // a last line without its newline
   // Back from the newest: parse until `recent` valid rows are found.
   std::vector<Json> newest_first;
-  std::string text;
   for (auto it = tail.rbegin(); it != tail.rend() && newest_first.size() < recent; ++it) {
     ++s.examined;
     std::optional<Json> j;
     if (it->size <= kMaxRowBytes) {
-      text.resize(it->size);
-      const ssize_t got = sys::retry_eintr([&] { return pread(fd.get(), text.data(), text.size(), it->at); });
-      if (got == static_cast<ssize_t>(text.size())) j = parse_incident_line(text);
+      const auto text = sys::pread_all(fd.get(), it->size, it->at);
+      if (text && text->size() == it->size) j = parse_incident_line(*text);
     }
     if (j) {
       newest_first.push_back(std::move(*j));

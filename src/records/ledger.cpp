@@ -1,8 +1,5 @@
 #include "records/ledger.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 
@@ -10,6 +7,7 @@
 #include "base/exit_codes.hpp"
 #include "base/text.hpp"
 #include "os/file_status.hpp"
+#include "os/files.hpp"
 #include "os/ids.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
@@ -22,20 +20,6 @@ namespace {
 
 // kMaxLedgerEntries entries of the longest names fit (each about 2 KB).
 constexpr size_t kMaxLedgerBytes = 4 << 20;
-
-// Reserves the blocks of `size` bytes of `fd` beyond its end without
-// changing its size (FALLOC_FL_KEEP_SIZE), so that a crash before the write
-// leaves the ledger as it was; where the file system cannot, by
-// posix_fallocate(3), whose NUL bytes past the end readers skip. 0 or errno.
-int reserve(int fd, size_t size) {
-  if (sys::retry_eintr([&] { return fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(size)); }) == 0) return 0;
-  if (errno != EOPNOTSUPP && errno != ENOSYS) return errno;
-  int err;
-  do {
-    err = posix_fallocate(fd, 0, static_cast<off_t>(size));
-  } while (err == EINTR);
-  return err;
-}
 
 std::string ledger_display(const LockDir& dir) {
   return dir.path + (dir.path.ends_with('/') ? "" : "/") + kRunsName;
@@ -59,8 +43,7 @@ LedgerRead read_ledger(const LockDir& dir) {
   if (auto r = refuse_ledger(st, dir.st, sys::own_euid(), dir.path)) {
     throw Fatal(exit_code::kCantCreate, "unsafe run ledger " + ledger_display(dir) + ": " + r->why, r->hint, r->event);
   }
-  UniqueFd fd(sys::retry_eintr(
-      [&] { return openat(dir.fd.get(), kRunsName, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); }));
+  const UniqueFd fd = sys::open_in(dir.fd.get(), kRunsName, {.access = sys::OpenIn::Access::Read});
   if (!fd) {
     const int err = errno;
     fail_errno(status_for_errno(err, exit_code::kCantCreate), "cannot open " + ledger_display(dir), err,
@@ -144,17 +127,16 @@ int write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries) {
   const std::string data = encode_ledger(entries);
   // In place when this process may write the file (no journal transaction:
   // sealed.hpp); a torn write fails its check, so it reads as no entry.
-  UniqueFd in_place(sys::retry_eintr(
-      [&] { return openat(dir.fd.get(), kRunsName, O_WRONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); }));
+  const UniqueFd in_place = sys::open_in(dir.fd.get(), kRunsName, {.access = sys::OpenIn::Access::Write});
   if (in_place) {
     sys::FileStatus st;
     if (!sys::status_of_fd(in_place.get(), st)) return errno;
     if (refuse_ledger(st, dir.st, sys::own_euid())) return EPERM;
     // Its new length first: a full disk then fails here, before a byte of
     // the ledger changed (a torn ledger would lose every operation's slot).
-    if (static_cast<size_t>(st.size) < data.size()) {
-      if (const int err = reserve(in_place.get(), data.size()); err != 0) return err;
-    }
+    // Where the file system reserves with NUL bytes past the end, readers
+    // skip them.
+    if (static_cast<size_t>(st.size) < data.size() && !sys::reserve_space(in_place.get(), data.size())) return errno;
     return write_over(in_place.get(), data, static_cast<long long>(kMaxLedgerBytes)) ? 0 : errno;
   }
   if (errno != ENOENT && errno != EACCES && errno != EPERM) return errno;
@@ -162,22 +144,18 @@ int write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries) {
   // file beside it, renamed over it. Only the lock's holder writes the
   // ledger, so one name for the new file serves; one left by a looplock that
   // died mid-write is replaced.
-  const auto create = [&] {
-    return sys::retry_eintr([&] {
-      return openat(dir.fd.get(), kRunsNewName, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY,
-                    kCreateMode);
-    });
-  };
-  UniqueFd fd(create());
+  const sys::OpenIn create{
+      .access = sys::OpenIn::Access::Write, .create = sys::OpenIn::Create::New, .mode = kCreateMode};
+  UniqueFd fd = sys::open_in(dir.fd.get(), kRunsNewName, create);
   if (!fd && errno == EEXIST) {
-    (void)unlinkat(dir.fd.get(), kRunsNewName, 0);
-    fd.reset(create());
+    (void)sys::remove_in(dir.fd.get(), kRunsNewName);
+    fd = sys::open_in(dir.fd.get(), kRunsNewName, create);
   }
   if (!fd) return errno;
   int err = sys::write_all(fd.get(), data) ? 0 : errno;
-  if (err == 0 && ::close(fd.release()) != 0) err = errno;
-  if (err == 0 && renameat(dir.fd.get(), kRunsNewName, dir.fd.get(), kRunsName) != 0) err = errno;
-  if (err != 0) (void)unlinkat(dir.fd.get(), kRunsNewName, 0);
+  if (err == 0 && !sys::close_checked(std::move(fd))) err = errno;
+  if (err == 0 && !sys::rename_in(dir.fd.get(), kRunsNewName, kRunsName)) err = errno;
+  if (err != 0) (void)sys::remove_in(dir.fd.get(), kRunsNewName);
   return err;
 }
 

@@ -1,19 +1,13 @@
 #include "records/lockfile.hpp"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <sys/vfs.h>
-#include <unistd.h>
-
-#include <csignal>
-#include <ctime>
+#include <cerrno>
 #include <string>
 
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "base/text.hpp"
 #include "os/file_status.hpp"
+#include "os/files.hpp"
 #include "os/ids.hpp"
 #include "os/sys.hpp"
 
@@ -38,13 +32,13 @@ std::string search_hint(const LockDir& dir) {
          "): run as its owner or a member of its group, or ask its owner to let yours search it (chmod g+x or o+x).";
 }
 
-std::string file_kind(mode_t m) {
-  if (S_ISDIR(m)) return "a directory";
-  if (S_ISFIFO(m)) return "a FIFO";
-  if (S_ISSOCK(m)) return "a socket";
-  if (S_ISCHR(m)) return "a character device";
-  if (S_ISBLK(m)) return "a block device";
-  if (S_ISLNK(m)) return "a symbolic link";
+std::string file_kind(const sys::FileStatus& st) {
+  if (st.directory()) return "a directory";
+  if (st.fifo()) return "a FIFO";
+  if (st.socket()) return "a socket";
+  if (st.char_device()) return "a character device";
+  if (st.block_device()) return "a block device";
+  if (st.symlink()) return "a symbolic link";
   return "not a regular file";
 }
 
@@ -59,148 +53,23 @@ std::string file_kind(mode_t m) {
 const char* const kSymlinkWhy = "it is a symbolic link (looplock never follows one)";
 const char* const kSymlinkHint = "Replace it with a regular file, or remove the link and let looplock create the file.";
 
-// Moves fd to 3 or above, so that a command started with stdin, stdout or
-// stderr closed never finds the lock file there.
-int above_stdio(int fd) {
-  if (fd >= 3) return fd;
-  int moved = fcntl(fd, F_DUPFD_CLOEXEC, 3);
-  int err = errno;
-  ::close(fd);
-  errno = err;
-  return moved;
-}
-
-// A monotonic one-shot timer that interrupts a blocking flock(2) with
-// SIGALRM, whatever SIGALRM's inherited disposition and mask. It re-fires
-// every millisecond after the deadline, so a signal that lands between the
-// clock check and the next flock(2) call costs at most 1 ms. disarm() (also
-// run by the destructor, which cannot report) stops it, discards pending
-// timer signals and restores SIGALRM's disposition and mask. Every step is
-// checked: a timer that cannot be armed would make the wait unbounded, one
-// that cannot be stopped would go on firing at looplock and the command.
-class DeadlineAlarm {
-public:
-  explicit DeadlineAlarm(long long deadline_abs_ns, long long interval_ns = 1'000'000) {
-    struct sigaction sa {};
-    sa.sa_handler = [](int) {};  // only there to make flock(2) return EINTR
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = 0;  // no SA_RESTART
-    if (sigaction(SIGALRM, &sa, &old_action_) != 0) {
-      fail_errno(exit_code::kOsError, "cannot set up the deadline timer's signal", errno);
-    }
-    sigevent sev{};
-    sev.sigev_notify = SIGEV_SIGNAL;
-    sev.sigev_signo = SIGALRM;
-    if (timer_create(CLOCK_MONOTONIC, &sev, &timer_) != 0) {
-      int err = errno;
-      sigaction(SIGALRM, &old_action_, nullptr);
-      fail_errno(exit_code::kOsError, "cannot create the deadline timer", err);
-    }
-    itimerspec its{};
-    its.it_value.tv_sec = static_cast<time_t>(deadline_abs_ns / 1'000'000'000LL);
-    its.it_value.tv_nsec = static_cast<long>(deadline_abs_ns % 1'000'000'000LL);
-    its.it_interval.tv_sec = static_cast<time_t>(interval_ns / 1'000'000'000LL);
-    its.it_interval.tv_nsec = static_cast<long>(interval_ns % 1'000'000'000LL);
-    if (timer_settime(timer_, TIMER_ABSTIME, &its, nullptr) != 0) {
-      int err = errno;
-      timer_delete(timer_);
-      sigaction(SIGALRM, &old_action_, nullptr);
-      fail_errno(exit_code::kOsError, "cannot arm the deadline timer", err, "Without it the wait would have no bound.");
-    }
-    armed_ = true;
-    sigset_t alrm;
-    sigemptyset(&alrm);
-    sigaddset(&alrm, SIGALRM);
-    sigprocmask(SIG_UNBLOCK, &alrm, &old_mask_);
-  }
-
-  // Stops the timer for good. Throws Fatal 71 if it cannot be stopped.
-  void disarm() {
-    if (!armed_) return;
-    armed_ = false;
-    sigset_t alrm;
-    sigemptyset(&alrm);
-    sigaddset(&alrm, SIGALRM);
-    sigprocmask(SIG_BLOCK, &alrm, nullptr);
-    if (timer_delete(timer_) != 0) {
-      const int err = errno;
-      itimerspec stop{};
-      if (timer_settime(timer_, 0, &stop, nullptr) != 0) {
-        // SIGALRM stays blocked: the timer cannot reach anyone now.
-        fail_errno(exit_code::kOsError, "cannot stop the deadline timer", err);
-      }
-    }
-    timespec zero{};
-    while (sigtimedwait(&alrm, nullptr, &zero) == SIGALRM) {
-    }
-    // Restoring can only fail where nothing is lost: looplock's handler does
-    // nothing, and the command gets the inherited state from spawn anyway.
-    sigaction(SIGALRM, &old_action_, nullptr);
-    sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
-  }
-
-  ~DeadlineAlarm() {
-    try {
-      disarm();
-    } catch (const Fatal&) {
-      // Unwinding already, for another reason; SIGALRM stays blocked.
-    }
-  }
-
-  DeadlineAlarm(const DeadlineAlarm&) = delete;
-  DeadlineAlarm& operator=(const DeadlineAlarm&) = delete;
-
-private:
-  timer_t timer_{};
-  bool armed_ = false;
-  struct sigaction old_action_ {};
-  sigset_t old_mask_{};
-};
-
 [[noreturn]] void lock_failed(const LockDir& dir, int err) {
   fail_errno(exit_code::kOsError, "cannot lock " + lock_display(dir), err,
              err == ENOLCK ? "The file system may not support flock(2) (network file system?)." : "");
 }
 
-// One non-blocking attempt: 0 when locked, EWOULDBLOCK when held elsewhere.
-// EINTR counts as "held, try again later" rather than being retried here, so
-// that an EINTR storm cannot keep looplock past its deadline.
-int try_lock(const LockDir& dir, const LockFile& file, int op) {
-  if (flock(file.fd.get(), op | LOCK_NB) == 0) return 0;
-  if (errno == EWOULDBLOCK || errno == EINTR) return EWOULDBLOCK;
-  lock_failed(dir, errno);
+// One attempt that does not wait: whether it locked (an interrupted attempt
+// counts as "held, try again later", so that interruptions cannot keep
+// looplock past its deadline).
+bool try_lock(const LockDir& dir, const LockFile& file, LockMode mode) {
+  if (sys::try_lock(file.fd.get(), mode == LockMode::Exclusive)) return true;
+  if (errno != EWOULDBLOCK) lock_failed(dir, errno);
+  return false;
 }
 
 }  // namespace
 
-std::optional<std::string> network_fs_name(unsigned long f_type) {
-  switch (f_type) {
-    case 0x6969: return "nfs";
-    case 0x517b: return "smb";
-    case 0xfe534d42: return "smb2";
-    case 0xff534d42: return "cifs";
-    case 0x00c36400: return "ceph";
-    case 0x5346414f: return "afs";
-    case 0x73757245: return "coda";
-    case 0x01021997: return "9p";
-    case 0x564c: return "ncp";
-    case 0x01161970: return "gfs2";
-    case 0x7461636f: return "ocfs2";
-    case 0x0bd00bd0: return "lustre";
-    case 0x47504653: return "gpfs";
-    default: return std::nullopt;
-  }
-}
-
-std::optional<std::string> network_file_system(int fd) {
-  // fstatfs(2): the one warning a run gives before it locks, when flock(2)
-  // may not exclude other hosts.
-  struct statfs sfs {};
-  if (fstatfs(fd, &sfs) != 0) return std::nullopt;
-  return network_fs_name(static_cast<unsigned long>(sfs.f_type));
-}
-
-bool dir_mode_unsafe(mode_t mode) { return (mode & S_IWOTH) && !(mode & S_ISVTX); }
+bool dir_mode_unsafe(unsigned mode) { return (mode & sys::mode::kOtherWrite) && !(mode & sys::mode::kSticky); }
 
 std::optional<Refusal> refuse_dir(const sys::FileStatus& dir, const std::string& shown_dir) {
   if (!dir_mode_unsafe(dir.mode)) return std::nullopt;
@@ -213,9 +82,9 @@ std::optional<Refusal> refuse_file(const sys::FileStatus& file, const sys::FileS
                                    std::string_view name, std::string_view event, std::string_view shown_dir) {
   const std::string n(noun);
   const std::string e(event);
-  if (S_ISLNK(file.mode)) return Refusal{kSymlinkWhy, kSymlinkHint, e};
-  if (!S_ISREG(file.mode)) {
-    return Refusal{"it is " + file_kind(file.mode) + ", not a regular file",
+  if (file.symlink()) return Refusal{kSymlinkWhy, kSymlinkHint, e};
+  if (!file.regular()) {
+    return Refusal{"it is " + file_kind(file) + ", not a regular file",
                    "Move it away; looplock creates a regular file there.", e};
   }
   if (file.links > 1) {
@@ -224,7 +93,8 @@ std::optional<Refusal> refuse_file(const sys::FileStatus& file, const sys::FileS
   }
   // In a DIR its group may write (group-writable, not sticky), a file of
   // DIR's group may be any member's: every member could replace it anyway.
-  const bool group_shared = (dir.mode & S_IWGRP) && !(dir.mode & S_ISVTX) && file.group == dir.group;
+  const bool group_shared =
+      (dir.mode & sys::mode::kGroupWrite) && !(dir.mode & sys::mode::kSticky) && file.group == dir.group;
   if (file.owner != euid && file.owner != dir.owner && !group_shared) {
     const std::string dir_path(shown_dir);
     const std::string replace = "install -m 0660 -g GROUP /dev/null " + shell_word(dir_path) +
@@ -261,7 +131,7 @@ std::optional<Refusal> refuse_lock_file(const sys::FileStatus& file, const sys::
 LockDir open_lock_dir(const std::string& path, bool check_safety) {
   LockDir dir;
   dir.path = path;
-  dir.fd.reset(sys::retry_eintr([&] { return ::open(path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC); }));
+  dir.fd = sys::open_directory(path);
   if (!dir.fd) {
     int err = errno;
     if (err == ENOENT) {
@@ -277,9 +147,6 @@ LockDir open_lock_dir(const std::string& path, bool check_safety) {
     }
     fail_errno(status_for_errno(err, exit_code::kNoInput), "cannot open loop directory " + path, err);
   }
-  int moved = above_stdio(dir.fd.release());
-  dir.fd.reset(moved);
-  if (!dir.fd) fail_errno(exit_code::kOsError, "cannot open loop directory " + path, errno);
   // Its mode (refuse_dir) and owner (refuse_lock_file), and the identity
   // dir_intact() compares against after the command.
   if (!sys::status_of_fd(dir.fd.get(), dir.st)) fail_errno(exit_code::kOsError, "cannot stat " + path, errno);
@@ -303,27 +170,26 @@ LockFile open_lock_file(const LockDir& dir) {
     // (an open of either can block or have effects), a symlink is refused.
     bool exists = sys::status_at(dir.fd.get(), kLockName, pre);
     if (!exists && errno != ENOENT) lock_stat_failed(dir, errno);
-    if (exists && (S_ISLNK(pre.mode) || !S_ISREG(pre.mode))) {
+    if (exists && !pre.regular()) {
       refused(dir, *refuse_lock_file(pre, dir.st, sys::own_euid(), dir.path));
     }
 
-    int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK;
+    sys::OpenIn how{.access = sys::OpenIn::Access::ReadWrite,
+                    .create = exists ? sys::OpenIn::Create::No : sys::OpenIn::Create::New,
+                    .mode = kCreateMode,
+                    .above_stdio = true};
     bool read_only = false;
     int read_only_err = 0;
-    int fd;
-    if (!exists) {
-      fd = sys::retry_eintr([&] { return openat(dir.fd.get(), kLockName, flags | O_CREAT | O_EXCL, kCreateMode); });
-      if (fd < 0 && errno == EEXIST) continue;  // created meanwhile: look again
-    } else {
-      fd = sys::retry_eintr([&] { return openat(dir.fd.get(), kLockName, flags); });
-      if (fd < 0 && (errno == EACCES || errno == EROFS || errno == EPERM || errno == ETXTBSY)) {
-        read_only = true;
-        read_only_err = errno;
-        fd = sys::retry_eintr([&] { return openat(dir.fd.get(), kLockName, (flags & ~O_RDWR) | O_RDONLY); });
-      }
-      if (fd < 0 && errno == ENOENT) continue;  // deleted meanwhile
+    UniqueFd fd = sys::open_in(dir.fd.get(), kLockName, how);
+    if (!exists && !fd && errno == EEXIST) continue;  // created meanwhile: look again
+    if (exists && !fd && (errno == EACCES || errno == EROFS || errno == EPERM || errno == ETXTBSY)) {
+      read_only = true;
+      read_only_err = errno;
+      how.access = sys::OpenIn::Access::Read;
+      fd = sys::open_in(dir.fd.get(), kLockName, how);
     }
-    if (fd < 0) {
+    if (exists && !fd && errno == ENOENT) continue;  // deleted meanwhile
+    if (!fd) {
       int err = errno;
       if (err == ELOOP) refused(dir, Refusal{kSymlinkWhy, kSymlinkHint, "unsafe_lock_file"});
       std::string hint;
@@ -338,14 +204,13 @@ LockFile open_lock_file(const LockDir& dir) {
                  std::string(exists ? "cannot open " : "cannot create ") + lock_display(dir), err, hint);
     }
     LockFile f;
-    f.fd.reset(above_stdio(fd));
-    if (!f.fd) fail_errno(exit_code::kOsError, "cannot open " + lock_display(dir), errno);
+    f.fd = std::move(fd);
     f.read_only = read_only;
     f.read_only_err = read_only_err;
     // What was opened (the name may have changed since the fstatat): its
     // links and owner, and the inode the lock is checked against.
     if (!sys::status_of_fd(f.fd.get(), f.st)) fail_errno(exit_code::kOsError, "cannot stat " + lock_display(dir), errno);
-    if (S_ISREG(f.st.mode) && f.st.links == 0) continue;  // replaced between open and fstat
+    if (f.st.regular() && f.st.links == 0) continue;  // replaced between open and fstat
     if (auto r = refuse_lock_file(f.st, dir.st, sys::own_euid(), dir.path)) refused(dir, *r);
     return f;
   }
@@ -394,58 +259,39 @@ IntactCheck lock_intact(const LockDir& dir, const LockFile& file) {
 
 AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, AcquireObserver& observer,
                            long long start_ns) {
-  const int op = mode == LockMode::Exclusive ? LOCK_EX : LOCK_SH;
   const long long start = start_ns;
   const bool bounded = plan.kind == WaitPlan::Kind::Bounded;
   const long long deadline = start + plan.deadline_ns;
-  std::optional<DeadlineAlarm> alarm;   // armed only when the first attempt finds the lock held
-  std::optional<DeadlineAlarm> ticker;  // the observer's ticks (a status line)
   bool told_wait = false;
-  // The wait is over: the timers stop (the ticker first: it was armed after
-  // the alarm and restores the alarm's handler), and the observer is told.
-  auto wait_over = [&] {
-    if (ticker) ticker->disarm();
-    if (alarm) alarm->disarm();
+  AcquireResult result;
+  // The wait is over, whatever its end: the observer is told.
+  auto over = [&](Acquisition status, LockFile file) {
+    result.status = status;
+    result.file = std::move(file);
+    result.waited_ns = sys::monotonic_ns() - start;
     if (told_wait) observer.on_wait_end();
+    return std::move(result);
   };
 
-  AcquireResult result;
   for (;;) {
     LockFile file = open_lock_file(dir);
-    if (try_lock(dir, file, op) != 0) {
-      bool give_up = plan.kind == WaitPlan::Kind::NoWait || (bounded && sys::monotonic_ns() >= deadline);
-      if (give_up) {
-        result.status = plan.kind == WaitPlan::Kind::NoWait ? Acquisition::Busy : Acquisition::TimedOut;
-        result.file = std::move(file);
-        result.waited_ns = sys::monotonic_ns() - start;
-        wait_over();
-        return result;
-      }
+    if (!try_lock(dir, file, mode)) {
+      if (plan.kind == WaitPlan::Kind::NoWait) return over(Acquisition::Busy, std::move(file));
+      if (bounded && sys::monotonic_ns() >= deadline) return over(Acquisition::TimedOut, std::move(file));
       if (!told_wait) {
         told_wait = true;
         observer.on_wait(file);
       }
-      if (bounded && !alarm) alarm.emplace(deadline);
-      if (const long long tick = observer.tick_interval_ns(); tick > 0 && !ticker) {
-        try {
-          ticker.emplace(sys::monotonic_ns() + tick, tick);
-        } catch (const Fatal&) {
-          // Only a status line depends on it: wait without one.
-        }
-      }
-      for (;;) {
-        if (flock(file.fd.get(), op) == 0) break;
-        if (errno != EINTR) lock_failed(dir, errno);
-        if (ticker) observer.on_tick();
-        if (bounded && sys::monotonic_ns() >= deadline) {
-          // One last non-blocking attempt: a release exactly at the deadline wins.
-          if (try_lock(dir, file, op) == 0) break;
-          result.status = Acquisition::TimedOut;
-          result.file = std::move(file);
-          result.waited_ns = sys::monotonic_ns() - start;
-          wait_over();
-          return result;
-        }
+      const auto wait = sys::lock_until(file.fd.get(), mode == LockMode::Exclusive,
+                                        bounded ? std::optional<long long>(deadline) : std::nullopt,
+                                        observer.tick_interval_ns(), [&] { observer.on_tick(); });
+      switch (wait.end) {
+        case sys::LockWait::End::Locked: break;
+        case sys::LockWait::End::TimedOut: return over(Acquisition::TimedOut, std::move(file));
+        case sys::LockWait::End::LockFailed: lock_failed(dir, wait.err);
+        case sys::LockWait::End::TimerFailed:
+          fail_errno(exit_code::kOsError, wait.step, wait.err, "Without it the wait would have no bound.");
+        case sys::LockWait::End::TimerStuck: fail_errno(exit_code::kOsError, wait.step, wait.err);
       }
     }
     // Locked. The path must still name this inode: a lock on a file that was
@@ -455,13 +301,7 @@ AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, Ac
       fail_errno(exit_code::kOsError, "cannot check that " + lock_display(dir) + " is still the file locked", check.err,
                  "The command was not run.");
     }
-    if (*check.intact) {
-      result.status = Acquisition::Acquired;
-      result.file = std::move(file);
-      result.waited_ns = sys::monotonic_ns() - start;
-      wait_over();
-      return result;
-    }
+    if (*check.intact) return over(Acquisition::Acquired, std::move(file));
     // DIR itself was removed, moved or replaced, or only the lock file.
     const bool dir_moved = !dir_intact(dir).value_or(false);
     observer.on_replaced(++result.replaced, dir_moved);

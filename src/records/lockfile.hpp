@@ -20,7 +20,7 @@ inline constexpr const char* kLockName = ".state.lock";
 
 struct LockDir {
   std::string path;  // as the user gave it
-  UniqueFd fd;       // O_PATH | O_DIRECTORY
+  UniqueFd fd;       // sys::open_directory's
   sys::FileStatus st;
 };
 
@@ -109,11 +109,6 @@ struct AcquireResult {
 // moment it started, so its own start-up is inside the deadline).
 AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, AcquireObserver& observer,
                            long long start_ns);
-
-// The name of the network file system `fd` is on ("nfs", "cifs", ...), or
-// nullopt for a local one. flock(2) there may not exclude other hosts.
-std::optional<std::string> network_file_system(int fd);
-std::optional<std::string> network_fs_name(unsigned long f_type);
 
 // Whether DIR/.state.lock still names the inode of `file`: nullopt (errno
 // set) when that cannot be told (a failed stat other than ENOENT/ENOTDIR).

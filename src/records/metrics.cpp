@@ -1,15 +1,9 @@
 #include "records/metrics.hpp"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <charconv>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -18,6 +12,7 @@
 #include "base/log.hpp"
 #include "base/text.hpp"
 #include "os/file_status.hpp"
+#include "os/files.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 #include "records/holder.hpp"
@@ -32,8 +27,8 @@ constexpr size_t kMaxFileBytes = 4 << 20;
 // temporary) 0664, so that the collector, another user, can read it and a
 // group that shares the directory can write it; the lock that serialises
 // updates 0660, as the lock file: whoever can open it can hold it.
-constexpr mode_t kCollectedMode = 0664;
-constexpr mode_t kUpdateLockMode = 0660;
+constexpr unsigned kCollectedMode = 0664;
+constexpr unsigned kUpdateLockMode = 0660;
 // How long a run waits for the other runs' updates of the same file.
 constexpr long long kLockWaitNs = 5'000'000'000LL;
 
@@ -262,48 +257,47 @@ struct Place {
 // RENAME_EXCHANGE): the caller replaces the file the old way.
 bool swap_in(const Place& at, const std::string& text, std::string& err) {
   const std::string staging = "." + at.name + ".next";
-  UniqueFd fd(sys::retry_eintr([&] {
-    return openat(at.dirfd, staging.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY,
-                  kCollectedMode);
-  }));
+  const UniqueFd fd = sys::open_in(at.dirfd, staging,
+                                   {.access = sys::OpenIn::Access::ReadWrite,
+                                    .create = sys::OpenIn::Create::IfMissing,
+                                    .mode = kCollectedMode});
   sys::FileStatus st;
-  if (!fd || !sys::status_of_fd(fd.get(), st) || !S_ISREG(st.mode) || st.links != 1) return false;
-  // A broken lease would be signalled to looplock: with URG, whose default
-  // action is to ignore it.
-  if (fcntl(fd.get(), F_SETSIG, SIGURG) != 0 || fcntl(fd.get(), F_SETLEASE, F_WRLCK) != 0) return false;
+  if (!fd || !sys::status_of_fd(fd.get(), st) || !st.regular() || st.links != 1) return false;
+  if (!sys::exclusive_write_lease(fd.get())) return false;
   if (!sys::pwrite_all(fd.get(), text)) {
     err = failed("cannot write " + at.dir + "/" + staging);
     return true;
   }
   if (static_cast<size_t>(st.size) > text.size() &&
-      sys::retry_eintr([&] { return ftruncate(fd.get(), static_cast<off_t>(text.size())); }) != 0) {
+      !sys::truncate_fd(fd.get(), static_cast<long long>(text.size()))) {
     err = failed("cannot write " + at.dir + "/" + staging);
     return true;
   }
-  if (renameat2(at.dirfd, staging.c_str(), at.dirfd, at.name.c_str(), RENAME_EXCHANGE) == 0) return true;
+  if (sys::exchange_in(at.dirfd, staging, at.name)) return true;
   if (errno == EINVAL || errno == ENOSYS) return false;  // no RENAME_EXCHANGE here
   // No collector's file yet (the first run, or it was deleted): the staging
   // file becomes it, and the next run makes a new one.
-  if (errno == ENOENT && renameat(at.dirfd, staging.c_str(), at.dirfd, at.name.c_str()) == 0) return true;
+  if (errno == ENOENT && sys::rename_in(at.dirfd, staging, at.name)) return true;
   err = failed("cannot rename " + staging + " to " + at.dir + "/" + at.name);
   return true;
 }
 
 // The file replaced by a new one: a temporary file renamed over it.
 std::string replace_by_rename(const Place& at, const std::string& text) {
-  const std::string tmp = "." + at.name + "." + std::to_string(getpid()) + ".tmp";
-  UniqueFd out(sys::retry_eintr([&] {
-    return openat(at.dirfd, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY,
-                  kCollectedMode);
-  }));
+  const std::string tmp = "." + at.name + "." + std::to_string(sys::own_pid()) + ".tmp";
+  UniqueFd out = sys::open_in(at.dirfd, tmp,
+                              {.access = sys::OpenIn::Access::Write,
+                               .create = sys::OpenIn::Create::IfMissing,
+                               .mode = kCollectedMode,
+                               .truncate = true});
   if (!out) return failed("cannot create " + at.dir + "/" + tmp);
   std::string err;
   if (!sys::write_all(out.get(), text)) err = failed("cannot write " + at.dir + "/" + tmp);
-  if (err.empty() && ::close(out.release()) != 0) err = failed("cannot write " + at.dir + "/" + tmp);
-  if (err.empty() && renameat(at.dirfd, tmp.c_str(), at.dirfd, at.name.c_str()) != 0) {
+  if (err.empty() && !sys::close_checked(std::move(out))) err = failed("cannot write " + at.dir + "/" + tmp);
+  if (err.empty() && !sys::rename_in(at.dirfd, tmp, at.name)) {
     err = failed("cannot rename " + tmp + " to " + at.dir + "/" + at.name);
   }
-  if (!err.empty()) unlinkat(at.dirfd, tmp.c_str(), 0);
+  if (!err.empty()) (void)sys::remove_in(at.dirfd, tmp);
   return err;
 }
 
@@ -312,7 +306,7 @@ std::string replace_by_rename(const Place& at, const std::string& text) {
 std::string metrics_file_name(const std::string& lock_id) { return "looplock_" + lock_id + ".prom"; }
 
 std::string update_metrics_file(const std::string& dir, const RunMetrics& run) {
-  UniqueFd dirfd(sys::retry_eintr([&] { return ::open(dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC); }));
+  const UniqueFd dirfd = sys::open_directory(dir);
   if (!dirfd) return failed("cannot open the metrics directory " + dir);
   const std::string name = metrics_file_name(run.lock_id);
 
@@ -321,25 +315,21 @@ std::string update_metrics_file(const std::string& dir, const RunMetrics& run) {
   // the group made without group write (0644, as earlier versions did) is
   // opened read-only.
   const std::string lock_name = "." + name + ".lock";
-  UniqueFd lock(sys::retry_eintr([&] {
-    return openat(dirfd.get(), lock_name.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY,
-                  kUpdateLockMode);
-  }));
-  if (!lock && errno == EACCES) {
-    lock.reset(sys::retry_eintr(
-        [&] { return openat(dirfd.get(), lock_name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY); }));
-  }
+  sys::OpenIn how{.access = sys::OpenIn::Access::ReadWrite,
+                  .create = sys::OpenIn::Create::IfMissing,
+                  .mode = kUpdateLockMode};
+  UniqueFd lock = sys::open_in(dirfd.get(), lock_name, how);
+  if (!lock && errno == EACCES) lock = sys::open_in(dirfd.get(), lock_name, {.access = sys::OpenIn::Access::Read});
   if (!lock) return failed("cannot open " + dir + "/" + lock_name);
   const long long give_up = sys::monotonic_ns() + kLockWaitNs;
-  while (flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
-    if (errno != EWOULDBLOCK && errno != EINTR) return failed("cannot lock " + dir + "/." + name + ".lock");
+  while (!sys::try_lock(lock.get(), /*exclusive=*/true)) {
+    if (errno != EWOULDBLOCK) return failed("cannot lock " + dir + "/." + name + ".lock");
     if (sys::monotonic_ns() >= give_up) return "the metrics file " + dir + "/" + name + " stayed busy for 5 s";
     sys::nap_ns(1'000'000);
   }
 
   MetricsFile f;
-  UniqueFd old(sys::retry_eintr(
-      [&] { return openat(dirfd.get(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); }));
+  const UniqueFd old = sys::open_in(dirfd.get(), name, {.access = sys::OpenIn::Access::Read});
   if (old) {
     if (auto text = sys::pread_all(old.get(), kMaxFileBytes)) f = parse_metrics(*text);
   }

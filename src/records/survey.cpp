@@ -9,6 +9,7 @@
 
 #include "base/error.hpp"
 #include "os/file_status.hpp"
+#include "os/files.hpp"
 #include "os/ids.hpp"
 #include "os/posix/procfs.hpp"
 #include "os/sys.hpp"
@@ -157,7 +158,7 @@ LockFacts survey_lock(const LockDir& dir, const std::string& lock_path, std::vec
   LockFacts f;
   f.lock_path = lock_path;
   f.dir_uid = dir.st.owner;
-  f.network_fs = network_file_system(dir.fd.get());
+  f.network_fs = sys::network_file_system(dir.fd.get());
   if (auto r = refuse_dir(dir.st, dir.path)) f.refusal = r;
 
   sys::FileStatus st;

@@ -8,6 +8,7 @@
 #include "base/text.hpp"
 #include "job/job.hpp"
 #include "job/next_step.hpp"
+#include "os/files.hpp"
 #include "os/process.hpp"
 #include "os/sys.hpp"
 #include "os/wait_status.hpp"
@@ -67,7 +68,7 @@ Exit Run::run() {
 void Run::open() {
   jobs_.take_control(ctx_.pid);
   dir_ = open_lock_dir(o_.dir);
-  if (auto fs = network_file_system(dir_.fd.get())) {
+  if (auto fs = sys::network_file_system(dir_.fd.get())) {
     log_.warn("network_file_system", o_.dir + " is on a network file system (" + *fs +
                                          "): flock(2) there may not exclude processes on other hosts; looplock "
                                          "supports local file systems only");

@@ -517,23 +517,6 @@ TEST_CASE("an EINTR storm does not stretch the deadline") {
   CHECK(seen > 0);  // the storm did reach this process
 }
 
-TEST_CASE("network file systems are named; local ones are not") {
-  CHECK(looplock::network_fs_name(0x6969) == "nfs");
-  CHECK(looplock::network_fs_name(0xff534d42) == "cifs");
-  CHECK(looplock::network_fs_name(0xfe534d42) == "smb2");
-  CHECK(looplock::network_fs_name(0x00c36400) == "ceph");
-  CHECK(looplock::network_fs_name(0x01021997) == "9p");
-  CHECK_FALSE(looplock::network_fs_name(0xEF53));      // ext4
-  CHECK_FALSE(looplock::network_fs_name(0x01021994));  // tmpfs
-  CHECK_FALSE(looplock::network_fs_name(0x58465342));  // xfs
-  CHECK_FALSE(looplock::network_fs_name(0x794c7630));  // overlayfs
-  CHECK_FALSE(looplock::network_fs_name(0x9123683E));  // btrfs
-
-  UniqueFd proc(::open("/proc", O_PATH | O_DIRECTORY | O_CLOEXEC));
-  REQUIRE(proc);
-  CHECK_FALSE(looplock::network_file_system(proc.get()));
-  CHECK_FALSE(looplock::network_file_system(-1));  // an error is not a warning
-}
 
 TEST_CASE("the umask applies to the lock file's 0660, and an existing file's mode is never changed") {
   TempDir dir;

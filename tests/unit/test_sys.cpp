@@ -1,4 +1,6 @@
 #include "os/file_status.hpp"
+#include "os/files.hpp"
+#include "os/posix/files.hpp"
 #include "os/process.hpp"
 #include "os/sys.hpp"
 
@@ -260,4 +262,22 @@ TEST_CASE("what POSIX tells about a process: its arguments, its environment and 
   CHECK(std::filesystem::path(args->front()).filename() == "test_sys");
   CHECK(looplock::sys::process_env(getpid(), "PATH") == std::string(std::getenv("PATH")));
   CHECK(looplock::sys::process_uid(getpid()) == getuid());
+}
+
+TEST_CASE("network file systems are named; local ones are not") {
+  CHECK(looplock::sys::network_fs_name(0x6969) == "nfs");
+  CHECK(looplock::sys::network_fs_name(0xff534d42) == "cifs");
+  CHECK(looplock::sys::network_fs_name(0xfe534d42) == "smb2");
+  CHECK(looplock::sys::network_fs_name(0x00c36400) == "ceph");
+  CHECK(looplock::sys::network_fs_name(0x01021997) == "9p");
+  CHECK_FALSE(looplock::sys::network_fs_name(0xEF53));      // ext4
+  CHECK_FALSE(looplock::sys::network_fs_name(0x01021994));  // tmpfs
+  CHECK_FALSE(looplock::sys::network_fs_name(0x58465342));  // xfs
+  CHECK_FALSE(looplock::sys::network_fs_name(0x794c7630));  // overlayfs
+  CHECK_FALSE(looplock::sys::network_fs_name(0x9123683E));  // btrfs
+
+  looplock::UniqueFd proc(::open("/proc", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  REQUIRE(proc);
+  CHECK_FALSE(looplock::sys::network_file_system(proc.get()));
+  CHECK_FALSE(looplock::sys::network_file_system(-1));  // an error is not a warning
 }

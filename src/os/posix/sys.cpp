@@ -72,10 +72,11 @@ std::optional<std::string> read_chunks(size_t limit, bool short_is_end, ReadAt r
 }
 }  // namespace
 
-std::optional<std::string> pread_all(int fd, size_t limit) {
+std::optional<std::string> pread_all(int fd, size_t limit, long long offset) {
   // A regular file's pread(2) comes back short only at its end: no second
   // call to be told so (a file that grows meanwhile is read as it was).
-  return read_chunks(limit, true, [&](char* into, size_t count, off_t at) { return ::pread(fd, into, count, at); });
+  return read_chunks(limit, true,
+                     [&](char* into, size_t count, off_t at) { return ::pread(fd, into, count, offset + at); });
 }
 
 std::optional<std::string> read_file(const std::string& path, size_t limit) {

@@ -76,14 +76,14 @@ bool pwrite_all(int fd, std::string_view data) {
   });
 }
 
-std::optional<std::string> pread_all(int fd, size_t limit) {
+std::optional<std::string> pread_all(int fd, size_t limit, long long offset) {
   std::string out;
   const bool ok = at_offset(fd, [&](HANDLE h) {
     while (out.size() < limit) {
       const size_t have = out.size();
       const DWORD want = static_cast<DWORD>(std::min<size_t>(limit - have, 1u << 30));
       out.resize(have + want);
-      OVERLAPPED o = at(have);
+      OVERLAPPED o = at(static_cast<unsigned long long>(offset) + have);
       DWORD n = 0;
       if (!ReadFile(h, out.data() + have, want, &n, &o) && GetLastError() != ERROR_HANDLE_EOF) {
         errno = EIO;

@@ -1,0 +1,113 @@
+// Files in a directory that others share, and the locks on them: what the
+// lock file, the run ledger, the incidents file and the metrics files ask
+// of the system. A file is reached through its directory's descriptor and a
+// name, never through a symbolic link at that name; it is never opened as
+// a controlling terminal nor waited on (a FIFO), and no descriptor of these
+// is inherited by a command. posix/files.cpp: openat(2) with O_NOFOLLOW,
+// O_NOCTTY, O_NONBLOCK and O_CLOEXEC, and flock(2). Each call returns false
+// or an invalid UniqueFd with errno set when it fails, as sys.hpp's do.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "os/unique_fd.hpp"
+
+namespace looplock::sys {
+
+// Opens the directory `path` to reach the files in it (posix/: O_PATH |
+// O_DIRECTORY), at descriptor 3 or above: a command started with stdin,
+// stdout or stderr closed must never find it there. ENOENT when there is
+// none, ENOTDIR when it is not a directory.
+UniqueFd open_directory(const std::string& path);
+
+// How open_in opens a file.
+struct OpenIn {
+  enum class Access { Read, Write, ReadWrite };
+  enum class Create {
+    No,         // ENOENT when it is missing
+    IfMissing,  // created when missing
+    New,        // created; EEXIST when it exists
+  };
+  Access access = Access::Read;
+  Create create = Create::No;
+  unsigned mode = 0;         // a created file's mode, before the umask
+  bool append = false;       // every write goes to its end
+  bool truncate = false;     // emptied as it is opened
+  bool above_stdio = false;  // at descriptor 3 or above (see open_directory)
+};
+// Opens `name` in the directory `dirfd` (ELOOP when the name is a symbolic
+// link).
+UniqueFd open_in(int dirfd, const std::string& name, const OpenIn& how);
+
+// Appends `row` to `fd` (opened to append) in one write, so that the rows
+// of processes appending at once never mix. A write that comes short (a
+// full disk, a file-size limit) has its damaged line ended with a newline
+// when the file takes one more byte: false then, with errno EIO, or the
+// errno of that last write (which says why).
+bool append_row(int fd, std::string_view row);
+
+// Renames `from` to `to` in the directory `dirfd`, replacing `to`.
+bool rename_in(int dirfd, const std::string& from, const std::string& to);
+// Swaps the files named `a` and `b` in `dirfd` in one step (posix/:
+// renameat2(RENAME_EXCHANGE)); ENOENT when either is missing, EINVAL or
+// ENOSYS when the system or the file system cannot.
+bool exchange_in(int dirfd, const std::string& a, const std::string& b);
+// Removes the file `name` from `dirfd`.
+bool remove_in(int dirfd, const std::string& name);
+// Closes `fd`, saying whether the close succeeded: a file system may report
+// a failed write only then (NFS).
+bool close_checked(UniqueFd fd);
+// Reserves the blocks for the first `size` bytes of `fd` without changing
+// its size, so that a write of that much cannot fail for want of space
+// (posix/: fallocate(2) with FALLOC_FL_KEEP_SIZE; where the file system
+// cannot, posix_fallocate(3), which extends the file with NUL bytes).
+bool reserve_space(int fd, std::size_t size);
+// Takes a lease that proves no other descriptor has `fd`'s file open, and
+// makes any open of it wait until `fd` is closed (posix/: F_SETLEASE
+// F_WRLCK, its break signalled with URG, which is ignored by default);
+// false when it cannot be had (another holds the file, or no leases here).
+bool exclusive_write_lease(int fd);
+// The name of the network file system `fd` is on ("nfs", "cifs", ...), or
+// nullopt for a local one: a lock there may not exclude other hosts.
+std::optional<std::string> network_file_system(int fd);
+
+// Locks on a whole file, held by the open file (posix/: flock(2): every
+// descriptor of that open file description shares it; it is released when
+// the last one closes).
+//
+// One attempt that does not wait: true when locked; false with errno
+// EWOULDBLOCK when another holds it (an interrupted attempt counts as that,
+// so that interruptions cannot keep the caller past its deadline).
+bool try_lock(int fd, bool exclusive);
+// Releases `fd`'s lock.
+bool unlock(int fd);
+
+// How a wait for a lock ended.
+struct LockWait {
+  enum class End {
+    Locked,
+    TimedOut,     // the deadline came first
+    LockFailed,   // the lock could not be taken: `err` says why
+    TimerFailed,  // the deadline's timer could not be set up, so the wait would have no bound
+    TimerStuck,   // the timer could not be stopped (after the lock was taken or the deadline passed)
+  };
+  // LockFailed, TimerFailed, TimerStuck: why (an errno), and the step that
+  // failed ("cannot arm the deadline timer").
+  End end = End::Locked;
+  int err = 0;
+  const char* step = "";
+};
+// Waits for the lock on `fd` until the monotonic clock (sys::monotonic_ns)
+// reaches `deadline_ns` (nullopt: for ever), calling `on_tick` about every
+// `tick_ns` while it waits (0: never). A lock released exactly at the
+// deadline is still taken. posix/: a blocking flock(2) that a timer ends
+// with SIGALRM, whatever SIGALRM's inherited disposition and mask, which
+// are given back before it returns.
+LockWait lock_until(int fd, bool exclusive, std::optional<long long> deadline_ns, long long tick_ns,
+                    const std::function<void()>& on_tick);
+
+}  // namespace looplock::sys
