@@ -53,8 +53,8 @@ inline bool same_file(const FileStatus& a, const FileStatus& b) {
 bool status_of_fd(int fd, FileStatus& out);
 // The status of the file `path` names, links followed.
 bool status_of_path(const std::string& path, FileStatus& out);
-// The status of `name` in the directory open as `dirfd`, of the link itself
-// when it is one (POSIX: Windows has no directory descriptors).
+// The status of `name` in the directory open as `dirfd` (files.hpp's
+// open_directory), of the link itself when it is one.
 bool status_at(int dirfd, const char* name, FileStatus& out);
 
 }  // namespace looplock::sys

@@ -3,6 +3,7 @@
 // implementation's own cases are in test_sys.cpp.
 #include "os/digest.hpp"
 #include "os/file_status.hpp"
+#include "os/files.hpp"
 #include "os/process.hpp"
 #include "os/signal_names.hpp"
 #include "os/sys.hpp"
@@ -111,7 +112,7 @@ TEST_CASE("a process is alive and has a start; a record of this very process is 
     CHECK_FALSE(sys::process_start(none));
   }
   CHECK_FALSE(sys::proven_dead(sys::boot_id(), sys::pid_namespace(), self, *sys::own_start()));
-  CHECK_FALSE(sys::proven_dead("", "", self, "1"));  // a record without the facts
+  CHECK_FALSE(sys::proven_dead("", "", self, "1"));               // a record without the facts
   CHECK(sys::boot_id().empty() == sys::pid_namespace().empty());  // both known, or neither
 }
 
@@ -164,7 +165,7 @@ TEST_CASE("status_of_path: a regular file's size, and its identity") {
   REQUIRE(sys::status_of_path((base / "b").string(), b));
   REQUIRE(sys::status_of_path(base.string(), dir));
   CHECK(a.size == 5);
-  CHECK((a.mode & 0170000) == 0100000);  // a regular file, numbered as POSIX numbers it
+  CHECK((a.mode & 0170000) == 0100000);    // a regular file, numbered as POSIX numbers it
   CHECK((dir.mode & 0170000) == 0040000);  // a directory
   CHECK(a.links == 1);
   CHECK(sys::same_file(a, again));
@@ -174,7 +175,8 @@ TEST_CASE("status_of_path: a regular file's size, and its identity") {
 }
 
 TEST_CASE("open_for_reading, pread_all, status_of_fd and the paths the system knows") {
-  const auto base = std::filesystem::temp_directory_path() / ("looplock-test-os-open-" + std::to_string(sys::own_pid()));
+  const auto base =
+      std::filesystem::temp_directory_path() / ("looplock-test-os-open-" + std::to_string(sys::own_pid()));
   std::filesystem::create_directory(base);
   const auto path = base / "opened.txt";
   std::ofstream(path, std::ios::binary) << "hello\nworld";
@@ -217,4 +219,100 @@ TEST_CASE("signals by name and number, both ways, over the system's table") {
     CAPTURE(std::string(bad));
     CHECK_FALSE(parse_signal(bad));
   }
+}
+
+TEST_CASE("files in a directory: created, appended to, renamed and removed by name") {
+  const auto base =
+      std::filesystem::temp_directory_path() / ("looplock-test-os-files-" + std::to_string(sys::own_pid()));
+  std::filesystem::remove_all(base);
+  std::filesystem::create_directories(base);
+  std::ofstream(base / "plain") << "x";
+  CHECK_FALSE(sys::open_directory((base / "missing").string()));
+  CHECK(errno == ENOENT);
+  CHECK_FALSE(sys::open_directory((base / "plain").string()));
+  CHECK(errno == ENOTDIR);
+  {
+    const looplock::UniqueFd dir = sys::open_directory(base.string());
+    REQUIRE(dir);
+    CHECK(dir.get() >= 3);
+
+    using Access = sys::OpenIn::Access;
+    using Create = sys::OpenIn::Create;
+    CHECK_FALSE(sys::open_in(dir.get(), "rows", {.access = Access::Read}));
+    CHECK(errno == ENOENT);
+    const sys::OpenIn appending{.access = Access::ReadWrite, .create = Create::IfMissing, .mode = 0660, .append = true};
+    {
+      const looplock::UniqueFd rows = sys::open_in(dir.get(), "rows", appending);
+      REQUIRE(rows);
+      CHECK(sys::append_row(rows.get(), "one\n"));
+    }
+    {
+      const looplock::UniqueFd rows = sys::open_in(dir.get(), "rows", appending);
+      REQUIRE(rows);
+      CHECK(sys::append_row(rows.get(), "two\n"));
+      CHECK(sys::pread_all(rows.get(), 100) == "one\ntwo\n");
+      CHECK(sys::pread_all(rows.get(), 3, 4) == "two");
+    }
+    CHECK_FALSE(sys::open_in(dir.get(), "rows", {.access = Access::Write, .create = Create::New, .mode = 0660}));
+    CHECK(errno == EEXIST);
+    sys::FileStatus st;
+    REQUIRE(sys::status_at(dir.get(), "rows", st));
+    CHECK(st.regular());
+    CHECK(st.size == 8);
+    CHECK(st.links == 1);
+    REQUIRE(sys::status_at(dir.get(), "plain", st));
+    CHECK(st.regular());
+
+    CHECK(sys::rename_in(dir.get(), "rows", "plain"));  // replacing it
+    CHECK_FALSE(sys::status_at(dir.get(), "rows", st));
+    CHECK(errno == ENOENT);
+    REQUIRE(sys::status_at(dir.get(), "plain", st));
+    CHECK(st.size == 8);
+    {
+      const looplock::UniqueFd f = sys::open_in(dir.get(), "plain", {.access = Access::ReadWrite});
+      REQUIRE(f);
+      const bool reserved = sys::reserve_space(f.get(), 1 << 16);
+      INFO("errno " << errno);
+      CHECK(reserved);
+      CHECK(sys::pread_all(f.get(), 1 << 20)->substr(0, 8) == "one\ntwo\n");
+    }
+    CHECK(sys::remove_in(dir.get(), "plain"));
+    CHECK_FALSE(sys::status_at(dir.get(), "plain", st));
+  }
+  std::filesystem::remove_all(base);
+}
+
+TEST_CASE("a lock on a file: one holder at a time, a wait bounded by its deadline") {
+  const auto base =
+      std::filesystem::temp_directory_path() / ("looplock-test-os-lock-" + std::to_string(sys::own_pid()));
+  std::filesystem::remove_all(base);
+  std::filesystem::create_directories(base);
+  {
+    const looplock::UniqueFd dir = sys::open_directory(base.string());
+    REQUIRE(dir);
+    const sys::OpenIn how{
+        .access = sys::OpenIn::Access::ReadWrite, .create = sys::OpenIn::Create::IfMissing, .mode = 0660};
+    const looplock::UniqueFd a = sys::open_in(dir.get(), "lock", how);
+    const looplock::UniqueFd b = sys::open_in(dir.get(), "lock", how);
+    REQUIRE(a);
+    REQUIRE(b);
+    REQUIRE(sys::try_lock(a.get(), true));
+    CHECK_FALSE(sys::try_lock(b.get(), true));
+    CHECK(errno == EWOULDBLOCK);
+
+    int ticks = 0;
+    const long long start = sys::monotonic_ns();
+    const auto timed_out = sys::lock_until(b.get(), true, start + 300'000'000, 50'000'000, [&] { ++ticks; });
+    CHECK(timed_out.end == sys::LockWait::End::TimedOut);
+    CHECK(sys::monotonic_ns() - start >= 300'000'000);
+    CHECK(ticks >= 1);
+    const auto past = sys::lock_until(b.get(), true, start, 0, [] {});
+    CHECK(past.end == sys::LockWait::End::TimedOut);
+
+    REQUIRE(sys::unlock(a.get()));
+    const auto locked = sys::lock_until(b.get(), true, sys::monotonic_ns() + 60'000'000'000, 0, [] {});
+    CHECK(locked.end == sys::LockWait::End::Locked);
+    CHECK_FALSE(sys::try_lock(a.get(), true));
+  }  // every descriptor closed: Windows removes no directory with a file open in it
+  std::filesystem::remove_all(base);
 }

@@ -7,7 +7,9 @@
 // ReFS only FILE_ID_INFO's 128 bits are unique: not handled yet); a path is
 // opened for that without access rights, sharing all. A file without one (a
 // pipe, NUL) is not identified, and is the same file as none. status_at
-// has no Windows form: there are no directory descriptors.
+// reaches the name through the path the system knows the directory by
+// (there are no directory descriptors), and says what is at the name
+// itself: a symbolic link (or junction) is one, not its target.
 // windows.h first: io.h needs nothing of it, but the order is the usual one.
 // clang-format off
 #include <windows.h>
@@ -17,6 +19,10 @@
 // clang-format on
 
 #include "os/file_status.hpp"
+
+#include <cerrno>
+
+#include "os/sys.hpp"
 
 namespace looplock::sys {
 
@@ -53,6 +59,41 @@ bool status_of_path(const std::string& path, FileStatus& out) {
                                OPEN_EXISTING, FILE_FLAG_BACKUP_SEMANTICS, nullptr);
   out = from(st, h);
   if (h != INVALID_HANDLE_VALUE) CloseHandle(h);
+  return true;
+}
+
+bool status_at(int dirfd, const char* name, FileStatus& out) {
+  const auto dir = path_of_fd(dirfd);
+  if (!dir) {
+    errno = EBADF;
+    return false;
+  }
+  const std::string path = *dir + (dir->ends_with('\\') ? "" : "\\") + name;
+  const HANDLE h = CreateFileA(path.c_str(), FILE_READ_ATTRIBUTES, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE,
+                               nullptr, OPEN_EXISTING, FILE_FLAG_BACKUP_SEMANTICS | FILE_FLAG_OPEN_REPARSE_POINT, nullptr);
+  if (h == INVALID_HANDLE_VALUE) {
+    const DWORD error = GetLastError();
+    errno = error == ERROR_FILE_NOT_FOUND || error == ERROR_PATH_NOT_FOUND ? ENOENT
+            : error == ERROR_ACCESS_DENIED                                 ? EACCES
+                                                                           : EIO;
+    return false;
+  }
+  BY_HANDLE_FILE_INFORMATION info{};
+  const bool known = GetFileInformationByHandle(h, &info);
+  CloseHandle(h);
+  if (!known) {
+    errno = EIO;
+    return false;
+  }
+  out = FileStatus{};
+  const unsigned type = (info.dwFileAttributes & FILE_ATTRIBUTE_REPARSE_POINT) ? 0120000
+                        : (info.dwFileAttributes & FILE_ATTRIBUTE_DIRECTORY)   ? 0040000
+                                                                               : 0100000;
+  out.mode = type | 0400 | ((info.dwFileAttributes & FILE_ATTRIBUTE_READONLY) ? 0 : 0200) | (type == 0040000 ? 0100 : 0);
+  out.device = info.dwVolumeSerialNumber;
+  out.inode = (static_cast<unsigned long long>(info.nFileIndexHigh) << 32) | info.nFileIndexLow;
+  out.links = info.nNumberOfLinks;
+  out.size = static_cast<long long>((static_cast<unsigned long long>(info.nFileSizeHigh) << 32) | info.nFileSizeLow);
   return true;
 }
 

@@ -1,0 +1,262 @@
+// files.hpp on Windows, after Microsoft's documentation of each call (wine
+// runs tests/unit/test_os.cpp; it enforces none of Windows' byte-range
+// locking rules). A directory is a C runtime descriptor of a handle opened
+// with FILE_FLAG_BACKUP_SEMANTICS; a file in it is reached by the path the
+// system knows the directory by and its name, opened with
+// FILE_FLAG_OPEN_REPARSE_POINT, so that a symbolic link is found and
+// refused rather than followed. No handle is inheritable. A lock is
+// LockFileEx on byte 0, length 1 (what the C runtime's _locking takes, so
+// that the loop scripts' own helper and looplock exclude each other); a wait
+// for one tries again every 10 ms until its deadline.
+// clang-format off
+#include <windows.h>
+#include <fcntl.h>
+#include <io.h>
+// clang-format on
+
+#include "os/files.hpp"
+
+#include <cerrno>
+
+#include "os/sys.hpp"
+
+namespace looplock::sys {
+
+namespace {
+
+constexpr long long kRetryNs = 10'000'000;
+
+// errno for what GetLastError() says.
+int errno_of(DWORD error) {
+  switch (error) {
+    case ERROR_FILE_NOT_FOUND:
+    case ERROR_PATH_NOT_FOUND:
+    case ERROR_INVALID_NAME: return ENOENT;
+    case ERROR_FILE_EXISTS:
+    case ERROR_ALREADY_EXISTS: return EEXIST;
+    case ERROR_ACCESS_DENIED:
+    case ERROR_SHARING_VIOLATION: return EACCES;
+    case ERROR_WRITE_PROTECT: return EROFS;
+    case ERROR_DISK_FULL:
+    case ERROR_HANDLE_DISK_FULL: return ENOSPC;
+    case ERROR_LOCK_VIOLATION:
+    case ERROR_IO_PENDING: return EWOULDBLOCK;
+    case ERROR_TOO_MANY_OPEN_FILES: return EMFILE;
+    case ERROR_NOT_ENOUGH_MEMORY:
+    case ERROR_OUTOFMEMORY: return ENOMEM;
+    case ERROR_DIRECTORY: return ENOTDIR;
+    case ERROR_NOT_SUPPORTED:
+    case ERROR_CALL_NOT_IMPLEMENTED:
+    case ERROR_INVALID_FUNCTION: return ENOSYS;
+    case ERROR_INVALID_PARAMETER: return EINVAL;
+    default: return EIO;
+  }
+}
+
+bool failed() {
+  errno = errno_of(GetLastError());
+  return false;
+}
+
+HANDLE handle_of(int fd) { return reinterpret_cast<HANDLE>(_get_osfhandle(fd)); }
+
+// `fd` at 3 or above: the C runtime gives the lowest free descriptor, which
+// is one of stdio's when the caller closed it.
+UniqueFd moved_above_stdio(UniqueFd fd) {
+  UniqueFd low[3];
+  for (int i = 0; fd && fd.get() < 3 && i < 3; ++i) {
+    UniqueFd up(_dup(fd.get()));
+    if (!up) return UniqueFd();
+    low[i] = std::move(fd);  // kept open until a descriptor above stdio is found
+    fd = std::move(up);
+  }
+  return fd;
+}
+
+// The C runtime's descriptor for `h`, which it then owns.
+UniqueFd descriptor_of(HANDLE h, int flags) {
+  const int fd = _open_osfhandle(reinterpret_cast<intptr_t>(h), flags | _O_BINARY | _O_NOINHERIT);
+  if (fd < 0) {
+    CloseHandle(h);
+    errno = EMFILE;
+  }
+  return UniqueFd(fd);
+}
+
+// `name` in the directory open as `dirfd`, as a path.
+std::optional<std::string> path_in(int dirfd, const std::string& name) {
+  auto dir = path_of_fd(dirfd);
+  if (!dir) {
+    errno = EBADF;
+    return std::nullopt;
+  }
+  if (name.find_first_of("\\/") != std::string::npos) {
+    errno = EINVAL;  // a name, not a path
+    return std::nullopt;
+  }
+  return *dir + (dir->ends_with('\\') ? "" : "\\") + name;
+}
+
+OVERLAPPED first_byte() { return OVERLAPPED{}; }
+
+}  // namespace
+
+UniqueFd open_directory(const std::string& path) {
+  const HANDLE h =
+      CreateFileA(path.c_str(), FILE_READ_ATTRIBUTES, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
+                  OPEN_EXISTING, FILE_FLAG_BACKUP_SEMANTICS, nullptr);
+  if (h == INVALID_HANDLE_VALUE) {
+    failed();
+    return UniqueFd();
+  }
+  BY_HANDLE_FILE_INFORMATION info{};
+  if (!GetFileInformationByHandle(h, &info) || !(info.dwFileAttributes & FILE_ATTRIBUTE_DIRECTORY)) {
+    CloseHandle(h);
+    errno = ENOTDIR;
+    return UniqueFd();
+  }
+  return moved_above_stdio(descriptor_of(h, _O_RDONLY));
+}
+
+UniqueFd open_in(int dirfd, const std::string& name, const OpenIn& how) {
+  const auto path = path_in(dirfd, name);
+  if (!path) return UniqueFd();
+  DWORD access = FILE_READ_ATTRIBUTES | SYNCHRONIZE;
+  int flags = 0;
+  switch (how.access) {
+    case OpenIn::Access::Read:
+      access |= GENERIC_READ;
+      flags = _O_RDONLY;
+      break;
+    case OpenIn::Access::Write: flags = _O_WRONLY; break;
+    case OpenIn::Access::ReadWrite:
+      access |= GENERIC_READ;
+      flags = _O_RDWR;
+      break;
+  }
+  if (how.access != OpenIn::Access::Read) {
+    // Append only: each write then goes to the end in one step, whoever else appends.
+    access |= how.append ? FILE_APPEND_DATA : GENERIC_WRITE;
+    if (how.append) flags |= _O_APPEND;
+  }
+  DWORD disposition = OPEN_EXISTING;
+  switch (how.create) {
+    case OpenIn::Create::No: disposition = how.truncate ? TRUNCATE_EXISTING : OPEN_EXISTING; break;
+    case OpenIn::Create::IfMissing: disposition = how.truncate ? CREATE_ALWAYS : OPEN_ALWAYS; break;
+    case OpenIn::Create::New: disposition = CREATE_NEW; break;
+  }
+  // The owner's write bit of `mode` is all Windows keeps of it: a file
+  // created without it is read-only.
+  const DWORD attributes =
+      (how.mode & 0200) || how.create == OpenIn::Create::No ? FILE_ATTRIBUTE_NORMAL : FILE_ATTRIBUTE_READONLY;
+  const HANDLE h = CreateFileA(path->c_str(), access, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
+                               disposition, attributes | FILE_FLAG_OPEN_REPARSE_POINT, nullptr);
+  if (h == INVALID_HANDLE_VALUE) {
+    failed();
+    return UniqueFd();
+  }
+  BY_HANDLE_FILE_INFORMATION info{};
+  if (GetFileInformationByHandle(h, &info) && (info.dwFileAttributes & FILE_ATTRIBUTE_REPARSE_POINT)) {
+    CloseHandle(h);
+    errno = ELOOP;  // a symbolic link (or a junction) at the name: never followed
+    return UniqueFd();
+  }
+  UniqueFd fd = descriptor_of(h, flags);
+  return how.above_stdio ? moved_above_stdio(std::move(fd)) : std::move(fd);
+}
+
+bool append_row(int fd, std::string_view row) {
+  const HANDLE h = handle_of(fd);
+  DWORD n = 0;
+  if (h == INVALID_HANDLE_VALUE || row.size() > 0xffffffffu) {
+    errno = EBADF;
+    return false;
+  }
+  if (!WriteFile(h, row.data(), static_cast<DWORD>(row.size()), &n, nullptr)) return failed();
+  if (n == row.size()) return true;
+  DWORD one = 0;
+  if (WriteFile(h, "\n", 1, &one, nullptr)) errno = EIO;
+  return one == 1 ? false : failed();
+}
+
+bool rename_in(int dirfd, const std::string& from, const std::string& to) {
+  const auto a = path_in(dirfd, from);
+  const auto b = path_in(dirfd, to);
+  if (!a || !b) return false;
+  return MoveFileExA(a->c_str(), b->c_str(), MOVEFILE_REPLACE_EXISTING) ? true : failed();
+}
+
+bool exchange_in(int, const std::string&, const std::string&) {
+  errno = ENOSYS;  // Windows swaps no two names in one step
+  return false;
+}
+
+bool remove_in(int dirfd, const std::string& name) {
+  const auto path = path_in(dirfd, name);
+  if (!path) return false;
+  return DeleteFileA(path->c_str()) ? true : failed();
+}
+
+bool close_checked(UniqueFd fd) { return _close(fd.release()) == 0; }
+
+bool reserve_space(int fd, std::size_t size) {
+  // The allocation size: the blocks are reserved, the file's size stays.
+  FILE_ALLOCATION_INFO info{};
+  info.AllocationSize.QuadPart = static_cast<LONGLONG>(size);
+  if (SetFileInformationByHandle(handle_of(fd), FileAllocationInfo, &info, sizeof info)) return true;
+  if (failed() || errno != ENOSYS) return false;
+  // Where that is not implemented (wine), as posix_fallocate(3) does: the
+  // file extended with NUL bytes to `size`, which readers skip.
+  const long long now = _filelengthi64(fd);
+  if (now < 0) return false;
+  if (now >= static_cast<long long>(size)) return true;
+  const errno_t err = _chsize_s(fd, static_cast<long long>(size));
+  errno = err;
+  return err == 0;
+}
+
+bool exclusive_write_lease(int) {
+  errno = ENOSYS;  // no lease: the caller replaces the file by a rename instead
+  return false;
+}
+
+std::optional<std::string> network_file_system(int fd) {
+  const auto path = path_of_fd(fd);
+  if (!path) return std::nullopt;
+  if (path->starts_with("\\\\")) return "smb";  // \\server\share\...
+  if (path->size() < 3 || (*path)[1] != ':') return std::nullopt;
+  const std::string root = path->substr(0, 3);  // "C:\"
+  return GetDriveTypeA(root.c_str()) == DRIVE_REMOTE ? std::optional<std::string>("smb") : std::nullopt;
+}
+
+bool try_lock(int fd, bool exclusive) {
+  OVERLAPPED at = first_byte();
+  const DWORD flags = (exclusive ? LOCKFILE_EXCLUSIVE_LOCK : 0) | LOCKFILE_FAIL_IMMEDIATELY;
+  if (LockFileEx(handle_of(fd), flags, 0, 1, 0, &at)) return true;
+  return failed();  // ERROR_LOCK_VIOLATION: EWOULDBLOCK
+}
+
+bool unlock(int fd) {
+  OVERLAPPED at = first_byte();
+  return UnlockFileEx(handle_of(fd), 0, 1, 0, &at) ? true : failed();
+}
+
+LockWait lock_until(int fd, bool exclusive, std::optional<long long> deadline_ns, long long tick_ns,
+                    const std::function<void()>& on_tick) {
+  long long next_tick = tick_ns > 0 ? monotonic_ns() + tick_ns : 0;
+  for (;;) {
+    if (try_lock(fd, exclusive)) return {LockWait::End::Locked};
+    if (errno != EWOULDBLOCK) return {LockWait::End::LockFailed, errno, "cannot lock"};
+    const long long now = monotonic_ns();
+    if (deadline_ns && now >= *deadline_ns) return {LockWait::End::TimedOut};
+    if (next_tick && now >= next_tick) {
+      on_tick();
+      next_tick = now + tick_ns;
+    }
+    long long until = now + kRetryNs;
+    if (deadline_ns && *deadline_ns < until) until = *deadline_ns;
+    sleep_until_ns(until);
+  }
+}
+
+}  // namespace looplock::sys
