@@ -212,9 +212,12 @@ LockWait lock_until(int fd, bool exclusive, std::optional<long long> deadline_ns
   const auto lock_failed = [] { return LockWait{LockWait::End::LockFailed, errno, "cannot lock"}; };
   const auto timer_failed = [](LockWait::End end, const char* step) { return LockWait{end, errno, step}; };
   const auto past = [&] { return deadline_ns && monotonic_ns() >= *deadline_ns; };
-  if (try_lock(fd, exclusive)) return {LockWait::End::Locked};
-  if (errno != EWOULDBLOCK) return lock_failed();
-  if (past()) return {LockWait::End::TimedOut};
+  if (past()) {
+    if (try_lock(fd, exclusive)) return {LockWait::End::Locked};
+    return errno == EWOULDBLOCK ? LockWait{LockWait::End::TimedOut} : lock_failed();
+  }
+  // The timers first, then the blocking call (which returns at once when
+  // the lock is free).
   DeadlineAlarm alarm;   // the deadline
   DeadlineAlarm ticker;  // the caller's ticks
   if (deadline_ns) {
