@@ -1,15 +1,12 @@
 #include "cli/lock_files.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <algorithm>
 #include <cerrno>
 
 #include "base/text.hpp"
 #include "os/file_status.hpp"
+#include "os/files.hpp"
 #include "os/ids.hpp"
+#include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 #include "records/incident.hpp"
 #include "records/ledger.hpp"
@@ -28,14 +25,12 @@ std::string owner_mode(const sys::FileStatus& st) {
   return "uid " + std::to_string(st.owner) + ", mode " + octal_mode(st.mode);
 }
 
-// Whether the caller (its effective ids and groups) may access `name` in
-// `dirfd` as `how` says (R_OK, W_OK), the file itself, not a link's target.
-bool may(int dirfd, const char* name, int how) {
-  return faccessat(dirfd, name, how, AT_EACCESS | AT_SYMLINK_NOFOLLOW) == 0;
-}
+constexpr sys::Permission kRead{.read = true};
+constexpr sys::Permission kWrite{.write = true};
+constexpr sys::Permission kWriteIn{.write = true, .search = true};  // a directory's: to create and rename there
 
 // Whether DIR is on a file system mounted read-only.
-bool read_only(int dirfd) { return faccessat(dirfd, ".", W_OK, AT_EACCESS) != 0 && errno == EROFS; }
+bool read_only(int dirfd) { return !sys::may_access(dirfd, ".", kWrite) && errno == EROFS; }
 
 // DIR/.state.lock missing where a run cannot create it, or one the caller
 // cannot open: every run exits 73.
@@ -43,7 +38,7 @@ void judge_lock_file(const LockDir& dir, Uid euid, std::vector<FileProblem>& out
   sys::FileStatus st;
   const std::string path = in(dir.path, kLockName);
   if (sys::status_at(dir.fd.get(), kLockName, st)) {
-    if (S_ISREG(st.mode) && !may(dir.fd.get(), kLockName, R_OK)) {
+    if (st.regular() && !sys::may_access(dir.fd.get(), kLockName, kRead)) {
       out.push_back({path, "every run by you exits 73: you cannot open it (" + owner_mode(st) + ")",
                      unopenable_hint(dir, st, euid)});
     }
@@ -54,7 +49,7 @@ void judge_lock_file(const LockDir& dir, Uid euid, std::vector<FileProblem>& out
   if (read_only(dir.fd.get())) {
     out.push_back({path, "every run exits 73: it does not exist, and DIR's file system is read-only",
                    "Create it while the file system is writable (" + create + "), or remount it read-write."});
-  } else if (faccessat(dir.fd.get(), ".", W_OK | X_OK, AT_EACCESS) != 0) {
+  } else if (!sys::may_access(dir.fd.get(), ".", kWriteIn)) {
     out.push_back({path, "every run by you exits 73: it does not exist, and you cannot create it in DIR",
                    "Let DIR's owner create it once (install -m 0660 -g GROUP /dev/null " + shell_word(path) +
                        " for a group), or run as DIR's owner."});
@@ -64,17 +59,8 @@ void judge_lock_file(const LockDir& dir, Uid euid, std::vector<FileProblem>& out
 // Whether the caller may replace `file` in DIR by a rename: DIR writable
 // and searchable, and, when it is sticky, the file or DIR the caller's.
 bool may_replace(int dirfd, const sys::FileStatus& dir, const sys::FileStatus& file, Uid euid) {
-  if (faccessat(dirfd, ".", W_OK | X_OK, AT_EACCESS) != 0) return false;
-  return !(dir.mode & S_ISVTX) || euid == 0 || file.owner == euid || dir.owner == euid;
-}
-
-// Whether the caller is a member of group `gid` (its effective group or a
-// supplementary one).
-bool in_group(Gid gid) {
-  if (getegid() == gid) return true;
-  Gid groups[256];
-  const int n = getgroups(256, groups);
-  return n > 0 && std::find(groups, groups + n, gid) != groups + n;
+  if (!sys::may_access(dirfd, ".", kWriteIn)) return false;
+  return !(dir.mode & sys::mode::kSticky) || euid == 0 || file.owner == euid || dir.owner == euid;
 }
 
 // The fix of a file a group cannot share, for whoever can make it: its owner
@@ -87,7 +73,7 @@ std::string share_fix(const std::string& path, const sys::FileStatus& st, const 
     return "Let the group that shares the directory read and write it (" + commands +
            "), or run every writer as one user.";
   }
-  if (!in_group(st.group)) {
+  if (!sys::in_group(st.group)) {
     return "Run as a member of its group (gid " + std::to_string(st.group) + ") or as its owner (uid " +
            std::to_string(st.owner) + ").";
   }
@@ -106,10 +92,10 @@ void judge_ledger(const LockDir& dir, Uid euid, std::vector<FileProblem>& out) {
                    "Remount it read-write; runs without --once-per still lock it."});
   } else if (auto r = refuse_ledger(st, dir.st, euid, dir.path)) {
     out.push_back({path, runs + "refuses it (exit 73): " + r->why, r->hint});
-  } else if (!may(dir.fd.get(), kRunsName, R_OK)) {
+  } else if (!sys::may_access(dir.fd.get(), kRunsName, kRead)) {
     out.push_back({path, runs + "by you exits 73: you cannot read it (" + owner_mode(st) + ")",
                    share_fix(path, st, dir.st, euid)});
-  } else if (!may(dir.fd.get(), kRunsName, W_OK) && !may_replace(dir.fd.get(), dir.st, st, euid)) {
+  } else if (!sys::may_access(dir.fd.get(), kRunsName, kWrite) && !may_replace(dir.fd.get(), dir.st, st, euid)) {
     out.push_back({path,
                    runs + "by you exits 73: you can neither rewrite it (" + owner_mode(st) +
                        ") nor replace it (you cannot write in DIR, or DIR is sticky)",
@@ -127,16 +113,16 @@ void judge_incidents(const LockDir& dir, Uid euid, std::vector<FileProblem>& out
   sys::FileStatus st;
   if (!sys::status_at(dir.fd.get(), kIncidentsName, st)) return;
   const std::string move = "Move it away; looplock creates a regular file there on the next incident.";
-  if (S_ISLNK(st.mode)) {
+  if (st.symlink()) {
     out.push_back({path, lost + "it is a symbolic link, which looplock never writes through", move});
-  } else if (S_ISDIR(st.mode)) {
+  } else if (st.directory()) {
     out.push_back({path, lost + "it is a directory", move});
-  } else if (!S_ISREG(st.mode)) {
+  } else if (!st.regular()) {
     out.push_back({path, lost + "it is not a regular file (a FIFO, socket or device)", move});
   } else if (st.links > 1) {
     out.push_back({path, lost + "it has " + std::to_string(st.links) + " hard links",
                    "Replace it with a fresh regular file; rotate it by renaming it, never by a hard link."});
-  } else if (!may(dir.fd.get(), kIncidentsName, W_OK)) {
+  } else if (!sys::may_access(dir.fd.get(), kIncidentsName, kWrite)) {
     out.push_back({path, "your runs' incident rows are lost (one warning each time): you cannot write it (" +
                              owner_mode(st) + ")",
                    share_fix(path, st, dir.st, euid)});
@@ -156,7 +142,7 @@ std::vector<FileProblem> judge_lock_files(const LockDir& dir, Uid euid) {
 std::vector<FileProblem> judge_metrics_files(const std::string& metrics_dir, const std::string& lock_id, Uid euid) {
   std::vector<FileProblem> out;
   const std::string cannot = "your runs cannot update the metrics (a metrics_write_failed warning each run): ";
-  UniqueFd fd(open(metrics_dir.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  const UniqueFd fd = sys::open_directory(metrics_dir);
   sys::FileStatus dir;
   if (!fd || !sys::status_of_fd(fd.get(), dir)) {
     out.push_back({metrics_dir, cannot + "it cannot be opened as a directory",
@@ -164,7 +150,7 @@ std::vector<FileProblem> judge_metrics_files(const std::string& metrics_dir, con
                    "($LOOPLOCK_METRICS_DIR)."});
     return out;
   }
-  if (faccessat(fd.get(), ".", W_OK | X_OK, AT_EACCESS) != 0) {
+  if (!sys::may_access(fd.get(), ".", kWriteIn)) {
     if (errno == EROFS) {
       out.push_back({metrics_dir, cannot + "its file system is read-only",
                      "Remount it read-write, or give --metrics-dir a directory on a writable file system."});
@@ -183,18 +169,18 @@ std::vector<FileProblem> judge_metrics_files(const std::string& metrics_dir, con
   sys::FileStatus st;
   if (sys::status_at(fd.get(), lock.c_str(), st)) {
     const std::string path = in(metrics_dir, lock);
-    if (!S_ISREG(st.mode) || !may(fd.get(), lock.c_str(), R_OK)) {
+    if (!st.regular() || !sys::may_access(fd.get(), lock, kRead)) {
       out.push_back({path, cannot + "you cannot open its update lock (" + owner_mode(st) + ")",
                      share_fix(path, st, dir, euid)});
-    } else if (st.mode & S_IROTH) {
+    } else if (st.mode & sys::mode::kOtherRead) {
       out.push_back({path,
                      "any local user can open this update lock and hold it, stalling every update of the metrics (" +
                          owner_mode(st) + ": earlier versions made it 0644)",
                      "chmod 0660 " + path + "."});
     }
   }
-  if (sys::status_at(fd.get(), name.c_str(), st) && S_ISREG(st.mode) &&
-      !(st.mode & (S_IRGRP | S_IROTH))) {
+  if (sys::status_at(fd.get(), name.c_str(), st) && st.regular() &&
+      !(st.mode & (sys::mode::kGroupRead | sys::mode::kOtherRead))) {
     const std::string path = in(metrics_dir, name);
     out.push_back({path,
                    "only uid " + std::to_string(st.owner) + " can read it (" + owner_mode(st) +

@@ -43,6 +43,19 @@ struct OpenIn {
 // link).
 UniqueFd open_in(int dirfd, const std::string& name, const OpenIn& how);
 
+// What the caller may do with `name` in the directory `dirfd` ("." for the
+// directory itself), by its effective ids and groups, judging the name
+// itself, not a link's target: false (errno set: EACCES, or EROFS when
+// only a read-only file system forbids it) when it may not do all that
+// `want` asks. posix/: faccessat(2) with AT_EACCESS; windows/: its
+// read-only attribute only (access there is by ACL).
+struct Permission {
+  bool read = false;
+  bool write = false;
+  bool search = false;  // a directory's
+};
+bool may_access(int dirfd, const std::string& name, Permission want);
+
 // Appends `row` to `fd` (opened to append) in one write, so that the rows
 // of processes appending at once never mix. A write that comes short (a
 // full disk, a file-size limit) has its damaged line ended with a newline

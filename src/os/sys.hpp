@@ -83,6 +83,9 @@ Pid own_pid();
 // names users by SID, not by number).
 Uid own_uid();
 Uid own_euid();
+// Whether this process belongs to group `gid`, as its effective group or a
+// supplementary one (windows/: never: groups there have no number).
+bool in_group(Gid gid);
 
 // The absolute path of this process's own executable (posix/: one
 // readlink(2) of /proc/self/exe; windows/: GetModuleFileName); nullopt

@@ -262,6 +262,10 @@ TEST_CASE("files in a directory: created, appended to, renamed and removed by na
     CHECK(st.links == 1);
     REQUIRE(sys::status_at(dir.get(), "plain", st));
     CHECK(st.regular());
+    CHECK(sys::may_access(dir.get(), "plain", {.read = true}));
+    CHECK(sys::may_access(dir.get(), ".", {.write = true, .search = true}));
+    CHECK_FALSE(sys::may_access(dir.get(), "missing", {.read = true}));
+    CHECK(errno == ENOENT);
 
     CHECK(sys::rename_in(dir.get(), "rows", "plain"));  // replacing it
     CHECK_FALSE(sys::status_at(dir.get(), "rows", st));

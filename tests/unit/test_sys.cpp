@@ -252,6 +252,7 @@ TEST_CASE("exec_program on POSIX: the program replaces the process, with the env
 TEST_CASE("own_uid and own_euid are getuid(2) and geteuid(2); own_executable is /proc/self/exe") {
   CHECK(looplock::sys::own_uid() == getuid());
   CHECK(looplock::sys::own_euid() == geteuid());
+  CHECK(looplock::sys::in_group(getegid()));
   CHECK(looplock::sys::own_executable() == std::filesystem::read_symlink("/proc/self/exe").string());
 }
 

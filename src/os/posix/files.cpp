@@ -141,6 +141,11 @@ UniqueFd open_in(int dirfd, const std::string& name, const OpenIn& how) {
   return how.above_stdio ? moved_above_stdio(std::move(fd)) : std::move(fd);
 }
 
+bool may_access(int dirfd, const std::string& name, Permission want) {
+  const int how = (want.read ? R_OK : 0) | (want.write ? W_OK : 0) | (want.search ? X_OK : 0);
+  return faccessat(dirfd, name.c_str(), how == 0 ? F_OK : how, AT_EACCESS | AT_SYMLINK_NOFOLLOW) == 0;
+}
+
 bool append_row(int fd, std::string_view row) {
   const ssize_t n = retry_eintr([&] { return write(fd, row.data(), row.size()); });
   if (n < 0) return false;

@@ -129,6 +129,13 @@ Uid own_uid() { return getuid(); }
 
 Uid own_euid() { return geteuid(); }
 
+bool in_group(Gid gid) {
+  if (getegid() == gid) return true;
+  Gid groups[256];
+  const int n = getgroups(256, groups);
+  return n > 0 && std::find(groups, groups + n, gid) != groups + n;
+}
+
 std::optional<std::string> own_executable() {
   char self[PATH_MAX];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof self);

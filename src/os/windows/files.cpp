@@ -18,6 +18,7 @@
 
 #include <cerrno>
 
+#include "os/file_status.hpp"
 #include "os/sys.hpp"
 
 namespace looplock::sys {
@@ -163,6 +164,16 @@ UniqueFd open_in(int dirfd, const std::string& name, const OpenIn& how) {
   }
   UniqueFd fd = descriptor_of(h, flags);
   return how.above_stdio ? moved_above_stdio(std::move(fd)) : std::move(fd);
+}
+
+bool may_access(int dirfd, const std::string& name, Permission want) {
+  FileStatus st;
+  if (!status_at(dirfd, name.c_str(), st)) return false;
+  if ((want.write && !(st.mode & 0200)) || (want.search && !st.directory())) {
+    errno = EACCES;
+    return false;
+  }
+  return true;
 }
 
 bool append_row(int fd, std::string_view row) {

@@ -162,6 +162,8 @@ Uid own_uid() { return 0; }
 
 Uid own_euid() { return 0; }
 
+bool in_group(Gid) { return false; }
+
 std::optional<std::string> own_executable() {
   std::wstring path(MAX_PATH, L'\0');
   for (;;) {
