@@ -1,25 +1,19 @@
 #include "local/local_lock.hpp"
 
-#include <fcntl.h>
-#include <sys/ioctl.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <ctime>
 
 #include "base/duration.hpp"
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
-#include "job/signals.hpp"
 #include "job/terminal.hpp"
 #include "os/file_status.hpp"
+#include "os/files.hpp"
 #include "os/ids.hpp"
-#include "os/posix/procfs.hpp"
+#include "os/lock_holders.hpp"
 #include "os/process.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
+#include "os/wait_status.hpp"
 #include "records/ledger.hpp"
 #include "records/survey.hpp"
 
@@ -63,7 +57,7 @@ public:
   void on_wait(const LockFile& file) override {
     wait_started_ns_ = sys::monotonic_ns();
     // Asked only once there is a wait to show (isatty(3): an ioctl).
-    status_line_ = !log_.is_quiet() && log_.is_text() && isatty(log_.fd()) == 1;
+    status_line_ = !log_.is_quiet() && log_.is_text() && sys::is_terminal(log_.fd());
     if (!log_.is_verbose() && plan_.kind != WaitPlan::Kind::Bounded && !status_line_) return;
     const LockFacts facts = survey_held(file, shown_);
     holders_at_start_ = as_hint(facts);
@@ -91,8 +85,8 @@ public:
     last_draw_ns_ = now;
     std::optional<long long> left;
     if (plan_.kind == WaitPlan::Kind::Bounded) left = start_ns_ + plan_.deadline_ns - now;
-    winsize ws{};
-    const size_t width = ioctl(log_.fd(), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 ? ws.ws_col - 1u : 79u;
+    const auto columns = sys::terminal_width(log_.fd());
+    const size_t width = columns && *columns > 1 ? static_cast<size_t>(*columns - 1) : 79u;
     const std::string line = wait_status_line(now - wait_started_ns_, left, printable(who_), printable(shown_), width);
     (void)sys::write_all(log_.fd(), "\r" + line + "\x1b[K");
     drawn_ = true;
@@ -124,16 +118,14 @@ private:
 // it; what still holds it then is a leak, named every time. Only a run that
 // finds a holder here pays the wait.
 std::vector<Pid> leaked_holders(Pid self, const sys::FileStatus& file, const JobEnd& job) {
-  std::vector<Pid> leaked = procfs::pids_holding_flock(procfs::descendants(self), file);
+  std::vector<Pid> leaked = sys::holding_lock(sys::descendants(self), file);
   const long long until = sys::monotonic_ns() + kEndingGraceNs;
   while (!leaked.empty() && sys::monotonic_ns() < until) {
-    const bool ending = std::any_of(leaked.begin(), leaked.end(), [&](Pid p) {
-      const auto st = procfs::proc_stat(p);
-      return !st || st->exiting() || (job.signalled && st->pgrp == job.pgid);
-    });
+    const bool ending = std::any_of(leaked.begin(), leaked.end(),
+                                    [&](Pid p) { return sys::process_ending(p, job.signalled ? job.pgid : 0); });
     if (!ending) break;
     sys::nap_ns(5'000'000);
-    leaked = procfs::pids_holding_flock(leaked, file);
+    leaked = sys::holding_lock(leaked, file);
   }
   return leaked;
 }
@@ -171,13 +163,14 @@ Acquisition LocalLock::acquire(const WaitPlan& plan, long long start_ns) {
 // Held: record who holds it.
 void LocalLock::write_record() {
   if (file_.read_only) {
-    log_.warn("read_only_lock_file",
-              shown_ + " is read-only for looplock: the lock is held, but no holder record can be written (" +
-                  (file_.read_only_err == EROFS   ? std::string("its file system is read-only")
-                   : file_.st.owner == geteuid() ? std::string("chmod u+w it")
-                                                  : "its owner, uid " + std::to_string(file_.st.owner) +
-                                                        ", or root makes it group-writable for a group: chmod g+w") +
-                  ")");
+    log_.warn(
+        "read_only_lock_file",
+        shown_ + " is read-only for looplock: the lock is held, but no holder record can be written (" +
+            (file_.read_only_err == EROFS        ? std::string("its file system is read-only")
+             : file_.st.owner == sys::own_euid() ? std::string("chmod u+w it")
+                                                 : "its owner, uid " + std::to_string(file_.st.owner) +
+                                                       ", or root makes it group-writable for a group: chmod g+w") +
+            ")");
     return;
   }
   record_ = HolderRecord{.lock_id = target_.lock_id,
@@ -272,15 +265,16 @@ void LocalLock::release(Ending& ending) {
   // read of /proc/PID/task/PID/children when the job left no process.
   if (!o_.close_fd) report_leaks(ending.job);
   const int status = ending.job.status;
+  const auto end = sys::ending_of(status);
   log_.verbose("released",
                "released " + shown_ + "; the command " +
-                   (WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
-                                        : "exited with " + std::to_string(shell_status(status))),
+                   (end && end->by_signal ? "was killed by signal " + std::to_string(end->value)
+                                          : "exited with " + std::to_string(shell_status(status))),
                {{"lock_id", target_.lock_id},
                 {"exit_status", shell_status(status)},
                 {"ran_ms", (ending.job.ended_ns - ending.job.started_ns) / kMs}});
   if (!ending.intact) {
-    const bool command_failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    const bool command_failed = !(end && !end->by_signal && end->value == 0);
     log_.error("loop_dir_vanished",
                "loop dir vanished mid-lock: " + shown_ +
                    " was deleted or replaced while the command ran, so the lock no longer protected it",
@@ -365,7 +359,7 @@ std::string LocalLedger::name() const { return local_ledger_name(shown_); }
 std::optional<OuterHolder> outer_holder(const Options& o, const EnvList& env, const LockDir& dir, Pid self,
                                         sys::FileStatus& lock_file) {
   if (!env_get(env, env_name::kHolderFd) || !sys::status_at(dir.fd.get(), kLockName, lock_file) ||
-      !S_ISREG(lock_file.mode)) {
+      !lock_file.regular()) {
     return std::nullopt;
   }
   return find_outer_holder(env, dir.fd.get(), lock_file, !o.shared, self);
@@ -376,8 +370,7 @@ InheritedLock::InheritedLock(const Options& options, const Logger& log, const Lo
     : o_(options), log_(log), dir_(dir), outer_(outer), lock_file_(lock_file), ledger_(dir, options.dir, log) {
   if (!o_.once_per_ns) return;
   // Which operation's slot the outer holder runs: its record says.
-  UniqueFd fd(sys::retry_eintr(
-      [&] { return openat(dir.fd.get(), kLockName, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); }));
+  const UniqueFd fd = sys::open_in(dir.fd.get(), kLockName, {.access = sys::OpenIn::Access::Read});
   if (!fd) return;
   const HolderRead read = read_holder(fd.get());
   outer_operation_ = read.record && !read.record->released_at && read.record->operation == clip_bytes(o_.operation);
@@ -396,7 +389,7 @@ Acquisition InheritedLock::acquire(const WaitPlan& /*plan*/, long long /*start_n
 void InheritedLock::export_to(CommandSpec& spec) {
   if (!o_.close_fd) return;
   // -o holds inside a nested run too: the command gets no lock fd.
-  if (auto fd = inherited_lock_fd(spec.env, lock_file_); fd && fcntl(*fd, F_SETFD, FD_CLOEXEC) != 0) {
+  if (auto fd = inherited_lock_fd(spec.env, lock_file_); fd && !sys::keep_from_commands(*fd)) {
     fail_errno(exit_code::kOsError, "cannot keep the lock descriptor from the command (-o)", errno);
   }
   env_set(spec.env, {}, {env_name::kFd});

@@ -3,6 +3,9 @@
 // there the answer is always "not known".
 #pragma once
 
+#include <vector>
+
+#include "os/file_status.hpp"
 #include "os/ids.hpp"
 
 namespace looplock::sys {
@@ -15,5 +18,9 @@ struct KernelLock {
   // on (and passed on): that process, as /proc/locks still names it; else 0.
   Pid locked_by = 0;
 };
+
+// Those of `pids` that hold a lock on `file` through a descriptor of their
+// own (posix/: /proc/PID/fdinfo; windows/: none can be told).
+std::vector<Pid> holding_lock(const std::vector<Pid>& pids, const FileStatus& file);
 
 }  // namespace looplock::sys

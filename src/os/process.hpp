@@ -41,6 +41,15 @@ std::string pid_namespace();
 // record without those facts, or from elsewhere, never is.
 bool proven_dead(const std::string& boot, const std::string& pid_ns, long long pid, const std::string& start);
 
+// The descendants of this process `self` (children, their children, ...):
+// posix/: from /proc/PID/task/TID/children; windows/: none (no command there
+// inherits a lock's handle, which is what they are asked about).
+std::vector<Pid> descendants(Pid self);
+// Whether process `pid` is ending: gone, a zombie, or exiting in the kernel
+// (closing its files), or, when `group` is not 0, in that process group
+// (one looplock has signalled). posix/: /proc/PID/stat.
+bool process_ending(Pid pid, Pid group);
+
 // What the system tells about another process (--inspect's waiters), each
 // nullopt when it cannot say (another user's process, /proc mounted with
 // hidepid, or a system without the fact):

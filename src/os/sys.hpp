@@ -109,6 +109,14 @@ std::optional<std::string> real_path(const std::string& path);
 // The working directory; nullopt when it cannot be read.
 std::optional<std::string> working_dir();
 
+// Whether `fd` is a terminal (posix/: isatty(3)), and its width in columns
+// when the system says (posix/: TIOCGWINSZ).
+bool is_terminal(int fd);
+std::optional<int> terminal_width(int fd);
+// Keeps `fd` from the commands this process starts (posix/: FD_CLOEXEC;
+// windows/: the handle made not inheritable); false (errno set) when it cannot.
+bool keep_from_commands(int fd);
+
 // Opens `path` for reading only: never as a controlling terminal, without
 // waiting on a FIFO, not inherited by the command. An invalid UniqueFd
 // (errno set) when it cannot be opened.

@@ -353,7 +353,8 @@ POSIX_BOUND = SRC / "posix_bound.txt"
 # <cstdlib>, <cstdio>): a file that calls one reaches the system as surely
 # as one that includes <unistd.h>.
 POSIX_CALL = re.compile(r"\b(nanosleep|clock_gettime|clock_nanosleep|gmtime_r|localtime_r|timegm|realpath|mkstemp|"
-                        r"mkdtemp|setenv|unsetenv|fileno|popen|fdopen)\s*\(")
+                        r"mkdtemp|setenv|unsetenv|fileno|popen|fdopen|getpid|getppid|getuid|geteuid|getgid|getegid|"
+                        r"getgroups|isatty|pread|pwrite|ftruncate|fsync|fdatasync)\s*\(")
 
 def system_use(path):
     """The headers outside the allow-list that `path` includes (and the POSIX

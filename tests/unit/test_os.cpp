@@ -320,3 +320,9 @@ TEST_CASE("a lock on a file: one holder at a time, a wait bounded by its deadlin
   }  // every descriptor closed: Windows removes no directory with a file open in it
   std::filesystem::remove_all(base);
 }
+
+TEST_CASE("this process is not ending; no descriptor -1 is a terminal") {
+  CHECK_FALSE(sys::process_ending(sys::own_pid(), 0));
+  CHECK_FALSE(sys::is_terminal(-1));
+  CHECK_FALSE(sys::terminal_width(-1));
+}

@@ -1,5 +1,6 @@
 #include "os/file_status.hpp"
 #include "os/files.hpp"
+#include "os/lock_holders.hpp"
 #include "os/posix/files.hpp"
 #include "os/process.hpp"
 #include "os/sys.hpp"
@@ -281,4 +282,37 @@ TEST_CASE("network file systems are named; local ones are not") {
   REQUIRE(proc);
   CHECK_FALSE(looplock::sys::network_file_system(proc.get()));
   CHECK_FALSE(looplock::sys::network_file_system(-1));  // an error is not a warning
+}
+
+TEST_CASE("on Linux: descendants, a process ending, who holds a lock, a descriptor kept from commands") {
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  const auto kids = looplock::sys::descendants(getpid());
+  CHECK(std::find(kids.begin(), kids.end(), child) != kids.end());
+  CHECK_FALSE(looplock::sys::process_ending(child, 0));
+  CHECK(looplock::sys::process_ending(child, getpgrp()));  // in the group looplock signalled
+  kill(child, SIGKILL);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(looplock::sys::process_ending(child, 0));
+
+  testutil::TempDir tmp;
+  const looplock::UniqueFd dir = looplock::sys::open_directory(tmp.path());
+  const looplock::UniqueFd fd = looplock::sys::open_in(
+      dir.get(), "lock",
+      {.access = looplock::sys::OpenIn::Access::ReadWrite, .create = looplock::sys::OpenIn::Create::New, .mode = 0600});
+  REQUIRE(fd);
+  looplock::sys::FileStatus st;
+  REQUIRE(looplock::sys::status_of_fd(fd.get(), st));
+  CHECK(looplock::sys::holding_lock({getpid()}, st).empty());
+  REQUIRE(looplock::sys::try_lock(fd.get(), true));
+  CHECK(looplock::sys::holding_lock({getpid()}, st) == std::vector<looplock::Pid>{getpid()});
+  CHECK((fcntl(fd.get(), F_GETFD) & FD_CLOEXEC) != 0);  // open_in's own
+  REQUIRE(fcntl(fd.get(), F_SETFD, 0) == 0);
+  CHECK(looplock::sys::keep_from_commands(fd.get()));
+  CHECK((fcntl(fd.get(), F_GETFD) & FD_CLOEXEC) != 0);
 }

@@ -20,6 +20,13 @@ std::optional<std::string> own_start() {
 
 bool process_alive(Pid pid) { return procfs::pid_alive(pid); }
 
+std::vector<Pid> descendants(Pid self) { return procfs::descendants(self); }
+
+bool process_ending(Pid pid, Pid group) {
+  const auto st = procfs::proc_stat(pid);
+  return !st || st->exiting() || (group != 0 && st->pgrp == group);
+}
+
 std::optional<std::string> process_name(Pid pid) { return procfs::comm(pid); }
 
 std::optional<long long> process_age_ms(Pid pid) { return procfs::age_ms(pid); }

@@ -2,6 +2,7 @@
 #include "os/sys.hpp"
 
 #include <fcntl.h>
+#include <sys/ioctl.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -128,6 +129,19 @@ Pid own_pid() { return getpid(); }
 Uid own_uid() { return getuid(); }
 
 Uid own_euid() { return geteuid(); }
+
+bool is_terminal(int fd) { return isatty(fd) == 1; }
+
+std::optional<int> terminal_width(int fd) {
+  winsize ws{};
+  if (ioctl(fd, TIOCGWINSZ, &ws) != 0 || ws.ws_col == 0) return std::nullopt;
+  return static_cast<int>(ws.ws_col);
+}
+
+bool keep_from_commands(int fd) {
+  const int flags = fcntl(fd, F_GETFD);
+  return flags >= 0 && (flags & FD_CLOEXEC ? true : fcntl(fd, F_SETFD, flags | FD_CLOEXEC) == 0);
+}
 
 bool in_group(Gid gid) {
   if (getegid() == gid) return true;

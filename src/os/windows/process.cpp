@@ -52,6 +52,10 @@ bool process_alive(Pid pid) {
   return running;
 }
 
+std::vector<Pid> descendants(Pid) { return {}; }
+
+bool process_ending(Pid pid, Pid) { return !process_alive(pid); }
+
 std::optional<std::string> process_name(Pid pid) {
   HANDLE h = open_process(pid, PROCESS_QUERY_LIMITED_INFORMATION);
   if (h == nullptr) return std::nullopt;

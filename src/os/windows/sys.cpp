@@ -164,6 +164,25 @@ Uid own_euid() { return 0; }
 
 bool in_group(Gid) { return false; }
 
+bool is_terminal(int fd) { return _isatty(fd) != 0; }
+
+std::optional<int> terminal_width(int fd) {
+  CONSOLE_SCREEN_BUFFER_INFO info{};
+  const HANDLE h = reinterpret_cast<HANDLE>(_get_osfhandle(fd));
+  if (h == INVALID_HANDLE_VALUE || !GetConsoleScreenBufferInfo(h, &info)) return std::nullopt;
+  const int width = info.srWindow.Right - info.srWindow.Left + 1;
+  return width > 0 ? std::optional<int>(width) : std::nullopt;
+}
+
+bool keep_from_commands(int fd) {
+  const HANDLE h = reinterpret_cast<HANDLE>(_get_osfhandle(fd));
+  if (h == INVALID_HANDLE_VALUE || !SetHandleInformation(h, HANDLE_FLAG_INHERIT, 0)) {
+    errno = EBADF;
+    return false;
+  }
+  return true;
+}
+
 std::optional<std::string> own_executable() {
   std::wstring path(MAX_PATH, L'\0');
   for (;;) {
