@@ -50,6 +50,23 @@ std::vector<Pid> descendants(Pid self);
 // (one looplock has signalled). posix/: /proc/PID/stat.
 bool process_ending(Pid pid, Pid group);
 
+// Whether `pid` is `self` or one of its ancestors (posix/: parents from
+// /proc/PID/stat; windows/: only `self` itself is known).
+bool is_self_or_ancestor(Pid pid, Pid self);
+// Whether the pids the system lists (posix/: /proc) name the processes this
+// process's own pids do: /proc shows its own pid namespace.
+bool pids_comparable();
+
+// Whether this process runs in a pid namespace other than the initial one
+// (posix/: /proc/self/ns/pid; windows/: never): the system's lock table then
+// leaves out holders outside it.
+bool in_child_pid_namespace();
+// The pid of `pid` in each pid namespace from /proc's down to its own
+// (posix/: NSpid in /proc/PID/status; 0 is this process): one entry for a
+// process in /proc's own namespace; empty when it cannot be read (windows/:
+// always).
+std::vector<Pid> namespace_pids(Pid pid);
+
 // What the system tells about another process (--inspect's waiters), each
 // nullopt when it cannot say (another user's process, /proc mounted with
 // hidepid, or a system without the fact):
@@ -66,5 +83,8 @@ std::optional<std::string> process_env(Pid pid, std::string_view name);
 // - its real user id (posix/: /proc/PID/status; windows/: never, users
 //   have no number there).
 std::optional<Uid> process_uid(Pid pid);
+// - its groups: real, effective and supplementary (posix/: /proc/PID/status;
+//   windows/: never).
+std::optional<std::vector<Gid>> process_groups(Pid pid);
 
 }  // namespace looplock::sys

@@ -1,14 +1,12 @@
 #include "records/nesting.hpp"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <unistd.h>
-
 #include <charconv>
 
 #include "os/file_status.hpp"
 #include "os/ids.hpp"
-#include "os/posix/procfs.hpp"
+#include "os/files.hpp"
+#include "os/lock_holders.hpp"
+#include "os/process.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 #include "records/lockfile.hpp"
@@ -47,19 +45,16 @@ bool is_lock_file(int fd, const sys::FileStatus& lock_file) {
 }  // namespace
 
 bool probe_holds_through(int fd, int dirfd, const sys::FileStatus& lock_file) {
-  UniqueFd fresh(sys::retry_eintr(
-      [&] { return openat(dirfd, kLockName, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); }));
+  const UniqueFd fresh = sys::open_in(dirfd, kLockName, {.access = sys::OpenIn::Access::Read});
   if (!fresh || !is_lock_file(fresh.get(), lock_file)) return false;
-  if (flock(fresh.get(), LOCK_SH | LOCK_NB) == 0) return false;  // no exclusive holder; closing undoes it
+  if (sys::try_lock(fresh.get(), /*exclusive=*/false)) return false;  // no exclusive holder; closing undoes it
   if (errno != EWOULDBLOCK) return false;
-  return flock(fd, LOCK_EX | LOCK_NB) == 0;
+  return sys::try_lock(fd, /*exclusive=*/true);
 }
 
 bool holds_through(int fd, int dirfd, const sys::FileStatus& lock_file, bool exclusive) {
   if (fd < 0 || !is_lock_file(fd, lock_file)) return false;
-  if (auto info = sys::read_file("/proc/self/fdinfo/" + std::to_string(fd), 1 << 20)) {
-    return procfs::parse_fdinfo_holds(*info, lock_file, exclusive);
-  }
+  if (const auto holds = sys::own_fd_holds_lock(fd, lock_file, exclusive)) return *holds;
   // A shared holder through `fd` cannot be told apart this way; a shared
   // inner run then simply takes a shared lock of its own, which never waits
   // for a shared outer one.
@@ -78,9 +73,9 @@ std::optional<OuterHolder> find_outer_holder(const EnvList& env, int dirfd, cons
   }
   // The outer looplock's descriptor: it must be a live ancestor. Pids are
   // only comparable when /proc shows this process's own pid namespace.
-  if (named == 0 || !procfs::proc_is_ours()) return std::nullopt;
-  if (!procfs::is_self_or_ancestor(named, self)) return std::nullopt;
-  if (!procfs::fd_holds_flock(named, *holder_fd, lock_file, exclusive)) return std::nullopt;
+  if (named == 0 || !sys::pids_comparable()) return std::nullopt;
+  if (!sys::is_self_or_ancestor(named, self)) return std::nullopt;
+  if (!sys::fd_holds_lock(named, *holder_fd, lock_file, exclusive)) return std::nullopt;
   return OuterHolder{named, *holder_fd, false};
 }
 
@@ -92,9 +87,9 @@ std::optional<int> inherited_lock_fd(const EnvList& env, const sys::FileStatus& 
 
 bool deadline_owner_lives(const EnvList& env, Pid self) {
   const auto owner = parse_deadline_owner(env_get(env, env_name::kDeadlineOwner));
-  if (!owner || owner->start.empty() || owner->pid > 0x7fffffff || !procfs::proc_is_ours()) return false;
+  if (!owner || owner->start.empty() || owner->pid > 0x7fffffff || !sys::pids_comparable()) return false;
   const auto pid = static_cast<Pid>(owner->pid);
-  return procfs::is_self_or_ancestor(pid, self) && procfs::pid_start(pid) == owner->start;
+  return sys::is_self_or_ancestor(pid, self) && sys::process_start(pid) == owner->start;
 }
 
 }  // namespace looplock

@@ -1,9 +1,5 @@
 #include "records/survey.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 
@@ -11,7 +7,8 @@
 #include "os/file_status.hpp"
 #include "os/files.hpp"
 #include "os/ids.hpp"
-#include "os/posix/procfs.hpp"
+#include "os/lock_holders.hpp"
+#include "os/process.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 
@@ -19,45 +16,12 @@ namespace looplock {
 
 namespace {
 
-// Whether this process is in a pid namespace other than the initial one:
-// there /proc/locks (of its own /proc) does not list a lock held from outside.
-bool in_child_pid_namespace() {
-  char buf[64];
-  const ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
-  if (n <= 0) return false;                                                    // cannot tell: assume the usual
-  return std::string_view(buf, static_cast<size_t>(n)) != "pid:[4026531836]";  // PROC_PID_INIT_INO
-}
-
-// `locks` (as /proc/locks names them) confirmed through descriptors; see
-// live_holders().
-std::vector<sys::KernelLock> confirm(const std::vector<sys::KernelLock>& locks, const sys::FileStatus& file) {
-  if (locks.empty()) return {};
-  std::vector<Pid> pids;
-  for (const auto& k : locks) pids.push_back(k.pid);
-  auto confirmed = procfs::fd_holders(pids, file);
-  if (confirmed.size() == locks.size()) return confirmed;
-  // A pid /proc/locks names no longer holds the lock itself: it exited (or
-  // closed its descriptor) after passing the descriptor on, and the kernel
-  // still names it. Whoever has the descriptor now holds the lock.
-  auto found = procfs::fd_holders(procfs::all_pids(), file);
-  if (found.empty()) return locks;
-  for (auto& k : found) {
-    for (const auto& l : locks) {
-      if (l.pid != k.pid && std::none_of(confirmed.begin(), confirmed.end(),
-                                         [&](const sys::KernelLock& c) { return c.pid == l.pid; })) {
-        k.locked_by = l.pid;
-      }
-    }
-  }
-  return found;
-}
-
 // The kernel's holders with what names them.
 void add_holders(LockFacts& f, const std::vector<sys::KernelLock>& locks) {
   for (const auto& k : locks) {
     if (k.locked_by != 0 &&
         std::find(f.dead_kernel_pids.begin(), f.dead_kernel_pids.end(), k.locked_by) == f.dead_kernel_pids.end()) {
-      if (!procfs::pid_alive(k.locked_by)) f.dead_kernel_pids.push_back(k.locked_by);
+      if (!sys::process_alive(k.locked_by)) f.dead_kernel_pids.push_back(k.locked_by);
     }
   }
   for (const auto& k : locks) {
@@ -65,16 +29,16 @@ void add_holders(LockFacts& f, const std::vector<sys::KernelLock>& locks) {
     h.pid = k.pid;
     h.exclusive = k.exclusive;
     h.locked_by = k.locked_by;
-    h.exited = k.locked_by == 0 && !procfs::pid_alive(k.pid);
+    h.exited = k.locked_by == 0 && !sys::process_alive(k.pid);
     if (h.exited) {
       if (std::find(f.dead_kernel_pids.begin(), f.dead_kernel_pids.end(), k.pid) == f.dead_kernel_pids.end()) {
         f.dead_kernel_pids.push_back(k.pid);
       }
     } else {
-      h.command = procfs::comm(k.pid).value_or("");
-      h.start = procfs::pid_start(k.pid);
-      h.uid = procfs::real_uid(k.pid);
-      if (h.uid) h.gids = procfs::group_ids(k.pid).value_or(std::vector<Gid>{});
+      h.command = sys::process_name(k.pid).value_or("");
+      h.start = sys::process_start(k.pid);
+      h.uid = sys::process_uid(k.pid);
+      if (h.uid) h.gids = sys::process_groups(k.pid).value_or(std::vector<Gid>{});
     }
     f.holders.push_back(std::move(h));
   }
@@ -83,9 +47,9 @@ void add_holders(LockFacts& f, const std::vector<sys::KernelLock>& locks) {
 }  // namespace
 
 std::vector<sys::KernelLock> live_holders(const sys::FileStatus& file) {
-  auto locks = procfs::flock_holders(file);
-  if (!locks) return {};
-  return confirm(*locks, file);
+  auto table = sys::lock_table(file);
+  if (!table) return {};
+  return std::move(table->holders);
 }
 
 std::vector<sys::KernelLock> kernel_holders(const HolderRead& read, const sys::FileStatus& file,
@@ -93,10 +57,10 @@ std::vector<sys::KernelLock> kernel_holders(const HolderRead& read, const sys::F
   if (!hint.empty()) {
     std::vector<Pid> pids;
     for (const auto& k : hint) pids.push_back(k.pid);
-    if (procfs::pids_holding_flock(pids, file).size() == pids.size()) return hint;
+    if (sys::holding_lock(pids, file).size() == pids.size()) return hint;
   }
   if (read.record && !read.record->released_at) {
-    if (auto h = procfs::fd_holders({read.record->pid}, file); !h.empty()) return h;
+    if (auto h = sys::holders_among({read.record->pid}, file); !h.empty()) return h;
   }
   return live_holders(file);
 }
@@ -109,7 +73,7 @@ void survey_record_process(LockFacts& f) {
   // here under another pid (NSpid), with the same start time.
   for (const auto& h : f.holders) {
     if (h.pid == rec.pid || h.exited) continue;
-    auto nspids = procfs::ns_pids(h.pid);
+    auto nspids = sys::namespace_pids(h.pid);
     if (nspids.size() > 1 && std::find(nspids.begin() + 1, nspids.end(), rec.pid) != nspids.end()) {
       if (!rec.pid_start.empty() && h.start && *h.start == rec.pid_start) {
         f.record_pid_alive = true;
@@ -121,15 +85,15 @@ void survey_record_process(LockFacts& f) {
       }
     }
   }
-  f.record_pid_alive = procfs::pid_alive(rec.pid);
+  f.record_pid_alive = sys::process_alive(rec.pid);
   if (!*f.record_pid_alive) {
-    if (in_child_pid_namespace()) {
+    if (sys::in_child_pid_namespace()) {
       f.record_pid_alive.reset();
       f.record_pid_note = "not visible from this pid namespace (the record may come from outside it)";
     }
     return;
   }
-  auto start = procfs::pid_start(rec.pid);
+  auto start = sys::process_start(rec.pid);
   if (start && !rec.pid_start.empty()) f.record_same_process = *start == rec.pid_start;
   if (!f.record_same_process) {
     f.record_pid_note = rec.pid_start.empty() ? "no start time was recorded" : "its start time cannot be read";
@@ -144,9 +108,9 @@ LockFacts survey_held(const LockFile& file, const std::string& lock_path, const 
   add_holders(f, kernel_holders(f.record, file.st, hint));
   if (f.holders.empty()) {
     errno = 0;
-    if (!procfs::flock_holders(file.st)) {
+    if (!sys::lock_table(file.st)) {
       f.kernel_unknown = errno_message("cannot read /proc/locks", errno ? errno : EIO);
-    } else if (in_child_pid_namespace()) {
+    } else if (sys::in_child_pid_namespace()) {
       f.kernel_unknown = "the holder is not listed: it may hold the lock from outside this pid namespace";
     }
   }
@@ -172,13 +136,12 @@ LockFacts survey_lock(const LockDir& dir, const std::string& lock_path, std::vec
   }
   if (!f.refusal) f.refusal = refuse_lock_file(st, dir.st, sys::own_euid(), dir.path);
   f.file_uid = st.owner;
-  if (st.mode & S_IRGRP) f.sharing_gid = st.group;
-  f.group_can_write = (st.mode & S_IWGRP) != 0;
-  f.others_can_read = (st.mode & S_IROTH) != 0;
-  if (!S_ISREG(st.mode)) return f;
+  if (st.mode & sys::mode::kGroupRead) f.sharing_gid = st.group;
+  f.group_can_write = (st.mode & sys::mode::kGroupWrite) != 0;
+  f.others_can_read = (st.mode & sys::mode::kOtherRead) != 0;
+  if (!st.regular()) return f;
 
-  UniqueFd fd(sys::retry_eintr(
-      [&] { return openat(dir.fd.get(), kLockName, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY); }));
+  const UniqueFd fd = sys::open_in(dir.fd.get(), kLockName, {.access = sys::OpenIn::Access::Read});
   const int open_err = fd ? 0 : errno;
   if (fd) {
     (void)sys::status_of_fd(fd.get(), st);
@@ -189,7 +152,7 @@ LockFacts survey_lock(const LockDir& dir, const std::string& lock_path, std::vec
   for (int round = 0; round < 3; ++round) {
     f.record = fd ? read_holder(fd.get()) : HolderRead{.state = HolderRead::State::Error, .record = std::nullopt, .size = 0, .err = open_err};
     errno = 0;
-    auto table = procfs::lock_table(st);
+    auto table = sys::lock_table(st);
     f.holders.clear();
     f.dead_kernel_pids.clear();
     waiters.clear();
@@ -198,8 +161,8 @@ LockFacts survey_lock(const LockDir& dir, const std::string& lock_path, std::vec
       break;
     }
     waiters = table->waiters;
-    add_holders(f, confirm(table->holders, st));
-    if (f.holders.empty() && in_child_pid_namespace() && procfs::ns_pids(0).size() <= 1) {
+    add_holders(f, table->holders);
+    if (f.holders.empty() && sys::in_child_pid_namespace() && sys::namespace_pids(0).size() <= 1) {
       f.kernel_unknown =
           "no holder is listed, but this runs in a pid namespace of its own, whose /proc/locks does "
           "not list a holder outside it";

@@ -311,8 +311,31 @@ TEST_CASE("on Linux: descendants, a process ending, who holds a lock, a descript
   CHECK(looplock::sys::holding_lock({getpid()}, st).empty());
   REQUIRE(looplock::sys::try_lock(fd.get(), true));
   CHECK(looplock::sys::holding_lock({getpid()}, st) == std::vector<looplock::Pid>{getpid()});
+  CHECK(looplock::sys::own_fd_holds_lock(fd.get(), st, true) == true);
+  CHECK(looplock::sys::fd_holds_lock(getpid(), fd.get(), st, true));
+  const auto held = looplock::sys::holders_among({getpid()}, st);
+  REQUIRE(held.size() == 1);
+  CHECK(held[0].exclusive);
+  const auto table = looplock::sys::lock_table(st);
+  REQUIRE(table);
+  REQUIRE(table->holders.size() == 1);
+  CHECK(table->holders[0].pid == getpid());
+  CHECK(table->waiters.empty());
   CHECK((fcntl(fd.get(), F_GETFD) & FD_CLOEXEC) != 0);  // open_in's own
   REQUIRE(fcntl(fd.get(), F_SETFD, 0) == 0);
   CHECK(looplock::sys::keep_from_commands(fd.get()));
   CHECK((fcntl(fd.get(), F_GETFD) & FD_CLOEXEC) != 0);
+}
+
+TEST_CASE("on Linux: ancestry, pid namespaces and groups from /proc") {
+  CHECK(looplock::sys::is_self_or_ancestor(getpid(), getpid()));
+  CHECK(looplock::sys::is_self_or_ancestor(getppid(), getpid()));
+  CHECK_FALSE(looplock::sys::is_self_or_ancestor(0, getpid()));
+  CHECK(looplock::sys::pids_comparable());
+  const auto mine = looplock::sys::namespace_pids(0);
+  REQUIRE_FALSE(mine.empty());
+  CHECK(mine.back() == getpid());  // in its own namespace, last
+  const auto groups = looplock::sys::process_groups(getpid());
+  REQUIRE(groups);
+  CHECK(std::find(groups->begin(), groups->end(), getegid()) != groups->end());
 }

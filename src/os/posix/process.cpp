@@ -37,6 +37,21 @@ std::optional<std::string> process_env(Pid pid, std::string_view name) { return 
 
 std::optional<Uid> process_uid(Pid pid) { return procfs::real_uid(pid); }
 
+std::optional<std::vector<Gid>> process_groups(Pid pid) { return procfs::group_ids(pid); }
+
+bool is_self_or_ancestor(Pid pid, Pid self) { return procfs::is_self_or_ancestor(pid, self); }
+
+bool pids_comparable() { return procfs::proc_is_ours(); }
+
+bool in_child_pid_namespace() {
+  char buf[64];
+  const ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
+  if (n <= 0) return false;                                                    // cannot tell: assume the usual
+  return std::string_view(buf, static_cast<size_t>(n)) != "pid:[4026531836]";  // PROC_PID_INIT_INO
+}
+
+std::vector<Pid> namespace_pids(Pid pid) { return procfs::ns_pids(pid); }
+
 std::string boot_id() {
   auto s = read_file("/proc/sys/kernel/random/boot_id", 128);
   if (!s) return {};

@@ -313,7 +313,7 @@ std::optional<std::vector<Gid>> group_ids(Pid pid) {
 }
 
 std::optional<std::vector<sys::KernelLock>> flock_holders(const sys::FileStatus& file) {
-  auto table = lock_table(file);
+  auto table = procfs::lock_table(file);
   if (!table) return std::nullopt;
   return table->holders;
 }

@@ -89,6 +89,16 @@ std::optional<std::string> process_env(Pid, std::string_view) { return std::null
 
 std::optional<Uid> process_uid(Pid) { return std::nullopt; }
 
+std::optional<std::vector<Gid>> process_groups(Pid) { return std::nullopt; }
+
+bool is_self_or_ancestor(Pid pid, Pid self) { return pid > 0 && pid == self; }
+
+bool pids_comparable() { return true; }
+
+bool in_child_pid_namespace() { return false; }
+
+std::vector<Pid> namespace_pids(Pid) { return {}; }
+
 std::string boot_id() { return {}; }
 
 std::string pid_namespace() { return {}; }
