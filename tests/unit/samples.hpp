@@ -4,8 +4,10 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "records/holder.hpp"
+#include "records/run_entry.hpp"
 
 namespace testutil {
 
@@ -21,6 +23,22 @@ inline looplock::HolderRecord sample_record(std::optional<std::string> released 
   r.acquired_at = "2026-11-30T17:00:00.123Z";
   r.released_at = std::move(released);
   return r;
+}
+
+// A moment in 2026, in ms since the epoch, and a run of `operation` then, as
+// the run ledger tests start from.
+inline constexpr long long kT = 1'796'000'000'000LL;
+inline looplock::RunEntry run_entry(std::string operation, long long started_ms,
+                                    std::optional<long long> ended_ms = std::nullopt) {
+  looplock::RunEntry e;
+  e.operation = std::move(operation);
+  e.host = "h1";
+  e.pid = 4242;
+  e.agent = "cron";
+  e.started_ms = started_ms;
+  e.ended_ms = ended_ms;
+  if (ended_ms) e.exit_status = 0;
+  return e;
 }
 
 }  // namespace testutil

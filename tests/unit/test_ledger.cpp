@@ -19,24 +19,12 @@
 
 using looplock::Pid;
 using looplock::RunEntry;
-using looplock::Slot;
+using testutil::kT;
+using testutil::run_entry;
 using testutil::TempDir;
 
 namespace {
 
-RunEntry entry(std::string operation, long long started_ms, std::optional<long long> ended_ms = std::nullopt) {
-  RunEntry e;
-  e.operation = std::move(operation);
-  e.host = "h1";
-  e.pid = 4242;
-  e.agent = "cron";
-  e.started_ms = started_ms;
-  e.ended_ms = ended_ms;
-  if (ended_ms) e.exit_status = 0;
-  return e;
-}
-
-constexpr long long kT = 1'796'000'000'000LL;  // a moment in 2026, in ms
 
 template <typename F>
 int fatal_status(F&& f) {
@@ -53,7 +41,7 @@ int fatal_status(F&& f) {
 
 TEST_CASE("names are compared and stored whole: invalid UTF-8 is kept in hex beside its display") {
   const std::string raw = std::string("tick\xff", 5);
-  RunEntry e = entry(raw, kT, kT + 1);
+  RunEntry e = run_entry(raw, kT, kT + 1);
   const looplock::Json j = looplock::run_entry_to_json(e);
   CHECK(j["operation_bytes"] == "7469636bff");
   CHECK(looplock::dump_json(j["operation"]) == "\"tick\xef\xbf\xbd\"");  // U+FFFD for display
@@ -61,10 +49,10 @@ TEST_CASE("names are compared and stored whole: invalid UTF-8 is kept in hex bes
   REQUIRE(back);
   CHECK(back->operation == raw);
   // Valid UTF-8 is stored as it is, without hex.
-  CHECK_FALSE(looplock::run_entry_to_json(entry("t\xc3\xa9", kT)).contains("operation_bytes"));
+  CHECK_FALSE(looplock::run_entry_to_json(run_entry("t\xc3\xa9", kT)).contains("operation_bytes"));
   // A ledger keeps tick\xff apart from tick\ufffd and from other names.
   std::vector<RunEntry> es;
-  es = looplock::with_entry(es, entry("tick\xef\xbf\xbd", kT, kT + 1), kT).entries;
+  es = looplock::with_entry(es, run_entry("tick\xef\xbf\xbd", kT, kT + 1), kT).entries;
   es = looplock::with_entry(es, e, kT).entries;
   CHECK(es.size() == 2);
   looplock::LedgerRead read;
@@ -86,9 +74,9 @@ TEST_CASE("the local ledger: missing is empty; written by rename; read back") {
   CHECK(looplock::read_ledger(d).entries.empty());
   CHECK_FALSE(looplock::look_local_ledger(d, "t").entry);
 
-  looplock::record_local_ledger(d, entry("t", kT), kT);
-  looplock::record_local_ledger(d, entry("u", kT + 1, kT + 2), kT);
-  looplock::record_local_ledger(d, entry("t", kT, kT + 5), kT);
+  looplock::record_local_ledger(d, run_entry("t", kT), kT);
+  looplock::record_local_ledger(d, run_entry("u", kT + 1, kT + 2), kT);
+  looplock::record_local_ledger(d, run_entry("t", kT, kT + 5), kT);
   const auto look = looplock::look_local_ledger(d, "t");
   REQUIRE(look.entry);
   CHECK(look.entry->ended_ms == kT + 5);
@@ -103,7 +91,7 @@ TEST_CASE("the local ledger: missing is empty; written by rename; read back") {
 TEST_CASE("a ledger cut short or damaged by a crash blocks nothing: it reads as no entry and is rewritten") {
   TempDir dir;
   const looplock::LockDir d = looplock::open_lock_dir(dir.path());
-  looplock::record_local_ledger(d, entry("t", kT, kT + 5), kT);
+  looplock::record_local_ledger(d, run_entry("t", kT, kT + 5), kT);
   const std::string whole = *testutil::slurp(dir / looplock::kRunsName);
   // Every prefix of a valid ledger (what a torn write would leave).
   for (size_t n = 1; n + 1 < whole.size(); n += 7) {
@@ -116,7 +104,7 @@ TEST_CASE("a ledger cut short or damaged by a crash blocks nothing: it reads as 
   // ledger is renamed into place when it is missing).
   REQUIRE(unlink((dir / looplock::kRunsName).c_str()) == 0);
   testutil::write_file(dir / looplock::kRunsNewName, "{\"schema\":", 0640);
-  looplock::record_local_ledger(d, entry("t", kT + 9, kT + 10), kT);
+  looplock::record_local_ledger(d, run_entry("t", kT + 9, kT + 10), kT);
   const auto look = looplock::look_local_ledger(d, "t");
   REQUIRE(look.entry);
   CHECK(look.entry->started_ms == kT + 9);
@@ -126,7 +114,7 @@ TEST_CASE("a ledger cut short or damaged by a crash blocks nothing: it reads as 
   // One damaged entry among good ones: that operation has none, the others keep theirs.
   testutil::write_file(dir / looplock::kRunsName,
                        looplock::seal(R"({"schema":"looplock_runs_v0","runs":[{"operation":"t","pid":"x"},)" +
-                                      looplock::dump_json(looplock::run_entry_to_json(entry("u", kT, kT + 1))) + "]"),
+                                      looplock::dump_json(looplock::run_entry_to_json(run_entry("u", kT, kT + 1))) + "]"),
                        0640);
   const auto t = looplock::look_local_ledger(d, "t");
   CHECK_FALSE(t.entry);
@@ -138,7 +126,7 @@ TEST_CASE("a ledger cut short or damaged by a crash blocks nothing: it reads as 
   // with one that does not match (a torn write).
   testutil::write_file(dir / looplock::kRunsName, looplock::seal(R"({"schema":"other","runs":[])"), 0640);
   CHECK(looplock::look_local_ledger(d, "u").damaged);
-  const std::string good = looplock::encode_ledger({entry("u", kT, kT + 1)});
+  const std::string good = looplock::encode_ledger({run_entry("u", kT, kT + 1)});
   testutil::write_file(dir / looplock::kRunsName, good.substr(0, good.find(",\"check\"")) + "}\n", 0640);
   CHECK(looplock::look_local_ledger(d, "u").damaged);
   std::string flipped = good;
@@ -155,7 +143,7 @@ TEST_CASE("the local ledger follows the lock file's rules") {
   testutil::write_file(dir / "elsewhere", "{}", 0640);
   REQUIRE(symlink((dir / "elsewhere").c_str(), (dir / looplock::kRunsName).c_str()) == 0);
   CHECK(fatal_status([&] { looplock::read_ledger(d); }) == 73);
-  CHECK(fatal_status([&] { looplock::record_local_ledger(d, entry("t", kT), kT); }) == 73);
+  CHECK(fatal_status([&] { looplock::record_local_ledger(d, run_entry("t", kT), kT); }) == 73);
   REQUIRE(unlink((dir / looplock::kRunsName).c_str()) == 0);
   REQUIRE(link((dir / "elsewhere").c_str(), (dir / looplock::kRunsName).c_str()) == 0);
   CHECK(fatal_status([&] { looplock::read_ledger(d); }) == 73);
@@ -189,7 +177,7 @@ TEST_CASE("refuse_ledger: another owner only in a DIR its group shares") {
 }
 
 TEST_CASE("a runner is proven dead only on this boot and pid namespace, its pid gone or another process") {
-  RunEntry e = entry("t", kT);
+  RunEntry e = run_entry("t", kT);
   e.pid = getpid();
   e.pid_start = looplock::sys::own_start().value_or("");
   e.boot_id = looplock::sys::boot_id();
@@ -222,7 +210,7 @@ TEST_CASE("a runner is proven dead only on this boot and pid namespace, its pid 
 TEST_CASE("NUL bytes after the ledger's newline (blocks reserved for a rewrite that never came) are not content") {
   TempDir dir;
   const looplock::LockDir d = looplock::open_lock_dir(dir.path());
-  looplock::record_local_ledger(d, entry("t", kT, kT + 5), kT);
+  looplock::record_local_ledger(d, run_entry("t", kT, kT + 5), kT);
   const std::string whole = *testutil::slurp(dir / looplock::kRunsName);
   testutil::write_file(dir / looplock::kRunsName, whole + std::string(300, '\0'), 0640);
   const auto look = looplock::look_local_ledger(d, "t");

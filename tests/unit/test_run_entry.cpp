@@ -9,30 +9,16 @@
 #include <vector>
 
 #include "base/json.hpp"
+#include "samples.hpp"
 
 using looplock::RunEntry;
 using looplock::Slot;
+using testutil::kT;
+using testutil::run_entry;
 
-namespace {
-
-RunEntry entry(std::string operation, long long started_ms, std::optional<long long> ended_ms = std::nullopt) {
-  RunEntry e;
-  e.operation = std::move(operation);
-  e.host = "h1";
-  e.pid = 4242;
-  e.agent = "cron";
-  e.started_ms = started_ms;
-  e.ended_ms = ended_ms;
-  if (ended_ms) e.exit_status = 0;
-  return e;
-}
-
-constexpr long long kT = 1'796'000'000'000LL;  // a moment in 2026, in ms
-
-}  // namespace
 
 TEST_CASE("a run entry round-trips through JSON, and a damaged one is none") {
-  RunEntry e = entry("tick.py", kT, kT + 2000);
+  RunEntry e = run_entry("tick.py", kT, kT + 2000);
   e.exit_status = 137;
   e.fencing_token = 99;
   const auto back = looplock::run_entry_from_json(looplock::run_entry_to_json(e));
@@ -46,7 +32,7 @@ TEST_CASE("a run entry round-trips through JSON, and a damaged one is none") {
   CHECK(back->exit_status == 137);
   CHECK(back->fencing_token == 99);
 
-  const auto running = looplock::run_entry_from_json(looplock::run_entry_to_json(entry("t", kT)));
+  const auto running = looplock::run_entry_from_json(looplock::run_entry_to_json(run_entry("t", kT)));
   REQUIRE(running);
   CHECK_FALSE(running->ended_ms);
   CHECK_FALSE(running->exit_status);
@@ -70,13 +56,13 @@ TEST_CASE("a run entry round-trips through JSON, and a damaged one is none") {
 }
 
 TEST_CASE("describe_run says a run ended, and never presents it as a live process") {
-  const std::string ended = looplock::describe_run(entry("t", kT, kT + 1500));
+  const std::string ended = looplock::describe_run(run_entry("t", kT, kT + 1500));
   CHECK(ended.find("host h1 pid 4242 (agent cron)") == 0);
   CHECK(ended.find("started at ") != std::string::npos);
   CHECK(ended.find("ended at ") != std::string::npos);
   CHECK(ended.find("with status 0") != std::string::npos);
   CHECK(ended.find("running") == std::string::npos);
-  const std::string open = looplock::describe_run(entry("t", kT));
+  const std::string open = looplock::describe_run(run_entry("t", kT));
   CHECK(open.find("has not recorded its end") != std::string::npos);
 }
 
@@ -84,34 +70,34 @@ TEST_CASE("judge_slot: the slot is DURATION from the recorded start, by this loo
   const long long d = 4000;
   CHECK(looplock::judge_slot(std::nullopt, kT, d).slot == Slot::Free);
   // Ended within DURATION: done; at DURATION or later: free.
-  CHECK(looplock::judge_slot(entry("t", kT - 3999, kT - 3000), kT, d).slot == Slot::Done);
-  CHECK(looplock::judge_slot(entry("t", kT - 4000, kT - 3000), kT, d).slot == Slot::Free);
-  CHECK(looplock::judge_slot(entry("t", kT - 60000, kT - 59000), kT, d).slot == Slot::Free);
+  CHECK(looplock::judge_slot(run_entry("t", kT - 3999, kT - 3000), kT, d).slot == Slot::Done);
+  CHECK(looplock::judge_slot(run_entry("t", kT - 4000, kT - 3000), kT, d).slot == Slot::Free);
+  CHECK(looplock::judge_slot(run_entry("t", kT - 60000, kT - 59000), kT, d).slot == Slot::Free);
   // Not ended within DURATION: running (or its looplock died).
-  CHECK(looplock::judge_slot(entry("t", kT - 100), kT, d).slot == Slot::Running);
+  CHECK(looplock::judge_slot(run_entry("t", kT - 100), kT, d).slot == Slot::Running);
   // A start in the future (another host's clock is ahead) up to DURATION
   // counts, with how far ahead; further is damaged.
-  const auto ahead = looplock::judge_slot(entry("t", kT + 3000, kT + 3500), kT, d);
+  const auto ahead = looplock::judge_slot(run_entry("t", kT + 3000, kT + 3500), kT, d);
   CHECK(ahead.slot == Slot::Done);
   CHECK(ahead.ahead_ms == 3000);
-  CHECK(looplock::judge_slot(entry("t", kT + 4000, kT + 4500), kT, d).slot == Slot::Done);
-  const auto far = looplock::judge_slot(entry("t", kT + 4001, kT + 4500), kT, d);
+  CHECK(looplock::judge_slot(run_entry("t", kT + 4000, kT + 4500), kT, d).slot == Slot::Done);
+  const auto far = looplock::judge_slot(run_entry("t", kT + 4001, kT + 4500), kT, d);
   CHECK(far.slot == Slot::Damaged);
   CHECK(far.ahead_ms == 4001);
-  CHECK(looplock::judge_slot(entry("t", kT - 5, kT - 1), kT, d).ahead_ms == 0);
+  CHECK(looplock::judge_slot(run_entry("t", kT - 5, kT - 1), kT, d).ahead_ms == 0);
 }
 
 TEST_CASE("with_entry replaces the operation's entry; past 64 operations the oldest out of their slot go") {
   std::vector<RunEntry> es;
-  es = looplock::with_entry(es, entry("a", kT), kT).entries;
-  es = looplock::with_entry(es, entry("b", kT + 1), kT).entries;
-  es = looplock::with_entry(es, entry("a", kT + 2, kT + 3), kT).entries;
+  es = looplock::with_entry(es, run_entry("a", kT), kT).entries;
+  es = looplock::with_entry(es, run_entry("b", kT + 1), kT).entries;
+  es = looplock::with_entry(es, run_entry("a", kT + 2, kT + 3), kT).entries;
   REQUIRE(es.size() == 2);
   CHECK(es[0].operation == "b");
   CHECK(es[1].operation == "a");
   CHECK(es[1].ended_ms == kT + 3);
   // Entries without a slot length (earlier versions) or whose slot is over go first.
-  for (int i = 0; i < 100; ++i) es = looplock::with_entry(es, entry("op" + std::to_string(i), kT + i), kT).entries;
+  for (int i = 0; i < 100; ++i) es = looplock::with_entry(es, run_entry("op" + std::to_string(i), kT + i), kT).entries;
   CHECK(es.size() == looplock::kMaxLedgerOperations);
   CHECK(es.front().operation == "op36");  // the oldest went first
   CHECK(es.back().operation == "op99");
@@ -119,7 +105,7 @@ TEST_CASE("with_entry replaces the operation's entry; past 64 operations the old
 
 TEST_CASE("an entry inside its own slot is never dropped below the hard cap: the ledger grows, and says so") {
   auto slotted = [](std::string op, long long started, long long once_per_ms) {
-    RunEntry e = entry(std::move(op), started, started + 10);
+    RunEntry e = run_entry(std::move(op), started, started + 10);
     e.once_per_ms = once_per_ms;
     return e;
   };
@@ -151,7 +137,7 @@ TEST_CASE("an entry inside its own slot is never dropped below the hard cap: the
   CHECK(u.dropped_in_slot == 1);
 }
 TEST_CASE("an entry keeps its slot length and its looplock's identity; earlier entries read without them") {
-  RunEntry e = entry("t", kT, kT + 1);
+  RunEntry e = run_entry("t", kT, kT + 1);
   e.once_per_ms = 240'000;
   e.pid_start = "68907";
   e.boot_id = "0b5d2c1e-8f4a-4d3b-9c1e-2a6f7b8c9d0e";
@@ -162,7 +148,7 @@ TEST_CASE("an entry keeps its slot length and its looplock's identity; earlier e
   CHECK(back->pid_start == "68907");
   CHECK(back->boot_id == e.boot_id);
   CHECK(back->pid_ns == "4026531836");
-  const auto old = looplock::run_entry_from_json(looplock::run_entry_to_json(entry("t", kT)));
+  const auto old = looplock::run_entry_from_json(looplock::run_entry_to_json(run_entry("t", kT)));
   REQUIRE(old);
   CHECK_FALSE(old->once_per_ms);
   CHECK(old->pid_start.empty());
