@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from conftest import (EX_CANTCREAT, EX_NOTFOUND, EX_TEMPFAIL, LOOPLOCK, NO_PROC, PY, TIMEOUT, children,
-                      expect_line, expect_stderr, helper, incident_rows, kill_and_wait_gone, need_no_proc, run, start, wait_until)
+                      expect_line, expect_stderr, helper, incident_rows, kill_and_wait_gone, need_no_proc, run, running, start,
+                      wait_until)
 
 TICK = helper("slot_tick.py")
 CHECKPOINT = helper("checkpoint_tick.py")
@@ -215,13 +216,18 @@ def test_a_looplock_killed_while_its_job_holds_on_never_uses_up_the_slot(loop_di
     run of the slot, even single_flight, waits past its deadline for the
     lock, names the process that holds it (never the dead looplock), and
     runs the slot once that process has gone."""
-    a = start([*once(loop_dir), "sh", "-c", "sleep 60 & echo $!; wait"])
+    a = start([*once(loop_dir), "sh", "-c", "echo $$; sleep 60 & echo $!; wait"])
     job = None
     b = None
     try:
+        shell = int(a.stdout.readline())
         job = int(a.stdout.readline())
         os.kill(a.pid, signal.SIGKILL)
         a.wait(timeout=TIMEOUT)
+        # The job's shell dies of its parent-death signal a moment after
+        # looplock (on a busy machine, a moment that can be seen): only then
+        # does the sleep alone hold the lock.
+        wait_until(lambda: not running(shell), "the job's shell to die with its looplock")
         b = start(["-v", *once(loop_dir, "60s", "tick", *policy), "echo", "ran"])
         (line,) = [x for x in expect_stderr(b, "waiting past the deadline") if "waiting past the deadline" in x]
         assert "has not recorded its end" in line and "that run's looplock is dead" in line, line
