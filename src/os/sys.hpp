@@ -50,6 +50,10 @@ bool truncate_fd(int fd, long long size);
 // regular file (pread; a short read is its end). nullopt on error.
 std::optional<std::string> pread_all(int fd, size_t limit, long long offset = 0);
 
+// One read of up to `size` bytes at `offset` of `fd` (pread; short at the
+// file's end); nullopt (errno set) on error.
+std::optional<std::string> pread_some(int fd, size_t size, long long offset);
+
 // Reads a whole (small) file such as /proc/PID/stat. nullopt on error, errno set.
 std::optional<std::string> read_file(const std::string& path, size_t limit = 1 << 20);
 

@@ -138,7 +138,7 @@ IncidentSummary summarize_incidents(int dirfd, size_t recent) {
   long long offset = 0;   // of the chunk's first byte in the file
   long long line_at = 0;  // where the current line starts
   for (;;) {
-    const auto chunk = sys::pread_all(fd.get(), 1 << 20, offset);
+    const auto chunk = sys::pread_some(fd.get(), 1 << 20, offset);
     if (!chunk || chunk->empty()) break;
     const char* p = chunk->data();
     const char* end = p + chunk->size();
@@ -157,7 +157,7 @@ IncidentSummary summarize_incidents(int dirfd, size_t recent) {
     ++s.examined;
     std::optional<Json> j;
     if (it->size <= kMaxRowBytes) {
-      const auto text = sys::pread_all(fd.get(), it->size, it->at);
+      const auto text = sys::pread_some(fd.get(), it->size, it->at);
       if (text && text->size() == it->size) j = parse_incident_line(*text);
     }
     if (j) {

@@ -252,6 +252,8 @@ TEST_CASE("files in a directory: created, appended to, renamed and removed by na
       CHECK(sys::append_row(rows.get(), "two\n"));
       CHECK(sys::pread_all(rows.get(), 100) == "one\ntwo\n");
       CHECK(sys::pread_all(rows.get(), 3, 4) == "two");
+      CHECK(sys::pread_some(rows.get(), 100, 4) == "two\n");
+      CHECK(sys::pread_some(rows.get(), 100, 8) == "");
     }
     CHECK_FALSE(sys::open_in(dir.get(), "rows", {.access = Access::Write, .create = Create::New, .mode = 0660}));
     CHECK(errno == EEXIST);

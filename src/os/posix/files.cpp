@@ -38,10 +38,11 @@ int open_flags(const OpenIn& how) {
   return flags;
 }
 
-// A monotonic one-shot timer that interrupts a blocking flock(2) with
-// SIGALRM, whatever SIGALRM's inherited disposition and mask. It re-fires
-// every `interval_ns` after its first time, so a signal that lands between
-// the clock check and the next flock(2) call costs at most that long.
+// A monotonic timer that interrupts a blocking flock(2) with SIGALRM,
+// whatever SIGALRM's inherited disposition and mask: it fires at `first_ns`,
+// then every `interval_ns` (the deadline's re-fires, so that a signal that
+// lands between the clock check and the next flock(2) call costs at most
+// that long; the caller's ticks).
 // disarm() (also run by the destructor, which cannot report) stops it,
 // discards pending timer signals and restores SIGALRM's disposition and
 // mask. Every step is checked: a timer that cannot be armed would make the
@@ -240,7 +241,7 @@ LockWait lock_until(int fd, bool exclusive, std::optional<long long> deadline_ns
     if (ticker.armed()) on_tick();
     if (past()) {
       // One last attempt that does not wait: a release exactly at the deadline wins.
-      if (!try_lock(fd, exclusive)) out = {LockWait::End::TimedOut};
+      if (!try_lock(fd, exclusive)) out = errno == EWOULDBLOCK ? LockWait{LockWait::End::TimedOut} : lock_failed();
       break;
     }
   }

@@ -44,10 +44,8 @@ bool is_self_or_ancestor(Pid pid, Pid self) { return procfs::is_self_or_ancestor
 bool pids_comparable() { return procfs::proc_is_ours(); }
 
 bool in_child_pid_namespace() {
-  char buf[64];
-  const ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
-  if (n <= 0) return false;                                                    // cannot tell: assume the usual
-  return std::string_view(buf, static_cast<size_t>(n)) != "pid:[4026531836]";  // PROC_PID_INIT_INO
+  const std::string ns = pid_namespace();    // empty when it cannot be told: assume the usual
+  return !ns.empty() && ns != "4026531836";  // PROC_PID_INIT_INO
 }
 
 std::vector<Pid> namespace_pids(Pid pid) { return procfs::ns_pids(pid); }

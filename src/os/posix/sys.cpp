@@ -80,6 +80,14 @@ std::optional<std::string> pread_all(int fd, size_t limit, long long offset) {
                      [&](char* into, size_t count, off_t at) { return ::pread(fd, into, count, offset + at); });
 }
 
+std::optional<std::string> pread_some(int fd, size_t size, long long offset) {
+  std::string out(size, '\0');
+  const ssize_t n = retry_eintr([&] { return ::pread(fd, out.data(), size, static_cast<off_t>(offset)); });
+  if (n < 0) return std::nullopt;
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
 std::optional<std::string> read_file(const std::string& path, size_t limit) {
   UniqueFd fd(retry_eintr([&] { return ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY); }));
   if (!fd) return std::nullopt;

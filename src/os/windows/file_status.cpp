@@ -23,6 +23,7 @@
 #include <cerrno>
 
 #include "os/sys.hpp"
+#include "os/windows/support.hpp"
 
 namespace looplock::sys {
 
@@ -63,21 +64,12 @@ bool status_of_path(const std::string& path, FileStatus& out) {
 }
 
 bool status_at(int dirfd, const char* name, FileStatus& out) {
-  const auto dir = path_of_fd(dirfd);
-  if (!dir) {
-    errno = EBADF;
-    return false;
-  }
-  const std::string path = *dir + (dir->ends_with('\\') ? "" : "\\") + name;
-  const HANDLE h = CreateFileA(path.c_str(), FILE_READ_ATTRIBUTES, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE,
-                               nullptr, OPEN_EXISTING, FILE_FLAG_BACKUP_SEMANTICS | FILE_FLAG_OPEN_REPARSE_POINT, nullptr);
-  if (h == INVALID_HANDLE_VALUE) {
-    const DWORD error = GetLastError();
-    errno = error == ERROR_FILE_NOT_FOUND || error == ERROR_PATH_NOT_FOUND ? ENOENT
-            : error == ERROR_ACCESS_DENIED                                 ? EACCES
-                                                                           : EIO;
-    return false;
-  }
+  const auto path = windows::path_in(dirfd, name);
+  if (!path) return false;
+  const HANDLE h =
+      CreateFileA(path->c_str(), FILE_READ_ATTRIBUTES, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
+                  OPEN_EXISTING, FILE_FLAG_BACKUP_SEMANTICS | FILE_FLAG_OPEN_REPARSE_POINT, nullptr);
+  if (h == INVALID_HANDLE_VALUE) return windows::failed();
   BY_HANDLE_FILE_INFORMATION info{};
   const bool known = GetFileInformationByHandle(h, &info);
   CloseHandle(h);
@@ -89,7 +81,10 @@ bool status_at(int dirfd, const char* name, FileStatus& out) {
   const unsigned type = (info.dwFileAttributes & FILE_ATTRIBUTE_REPARSE_POINT) ? 0120000
                         : (info.dwFileAttributes & FILE_ATTRIBUTE_DIRECTORY)   ? 0040000
                                                                                : 0100000;
-  out.mode = type | 0400 | ((info.dwFileAttributes & FILE_ATTRIBUTE_READONLY) ? 0 : 0200) | (type == 0040000 ? 0100 : 0);
+  // The read-only attribute of a directory says nothing of its files (it
+  // marks a customised folder): a directory's owner bits are always 0700.
+  const bool read_only = type == 0100000 && (info.dwFileAttributes & FILE_ATTRIBUTE_READONLY);
+  out.mode = type | 0400 | (read_only ? 0 : 0200) | (type == 0040000 ? 0100 : 0);
   out.device = info.dwVolumeSerialNumber;
   out.inode = (static_cast<unsigned long long>(info.nFileIndexHigh) << 32) | info.nFileIndexLow;
   out.links = info.nNumberOfLinks;

@@ -7,7 +7,11 @@
 // refused rather than followed. No handle is inheritable. A lock is
 // LockFileEx on byte 0, length 1 (what the C runtime's _locking takes, so
 // that the loop scripts' own helper and looplock exclude each other); a wait
-// for one tries again every 10 ms until its deadline.
+// for one tries again every 10 ms until its deadline. Windows enforces such
+// a lock (wine does not): while it is held, no other handle may read or
+// write byte 0, so a locked file's callers keep their data elsewhere (the
+// holder record and the incidents file must not stay where they are on
+// POSIX; looplock.exe is not built yet).
 // clang-format off
 #include <windows.h>
 #include <fcntl.h>
@@ -20,6 +24,7 @@
 
 #include "os/file_status.hpp"
 #include "os/sys.hpp"
+#include "os/windows/support.hpp"
 
 namespace looplock::sys {
 
@@ -27,47 +32,20 @@ namespace {
 
 constexpr long long kRetryNs = 10'000'000;
 
-// errno for what GetLastError() says.
-int errno_of(DWORD error) {
-  switch (error) {
-    case ERROR_FILE_NOT_FOUND:
-    case ERROR_PATH_NOT_FOUND:
-    case ERROR_INVALID_NAME: return ENOENT;
-    case ERROR_FILE_EXISTS:
-    case ERROR_ALREADY_EXISTS: return EEXIST;
-    case ERROR_ACCESS_DENIED:
-    case ERROR_SHARING_VIOLATION: return EACCES;
-    case ERROR_WRITE_PROTECT: return EROFS;
-    case ERROR_DISK_FULL:
-    case ERROR_HANDLE_DISK_FULL: return ENOSPC;
-    case ERROR_LOCK_VIOLATION:
-    case ERROR_IO_PENDING: return EWOULDBLOCK;
-    case ERROR_TOO_MANY_OPEN_FILES: return EMFILE;
-    case ERROR_NOT_ENOUGH_MEMORY:
-    case ERROR_OUTOFMEMORY: return ENOMEM;
-    case ERROR_DIRECTORY: return ENOTDIR;
-    case ERROR_NOT_SUPPORTED:
-    case ERROR_CALL_NOT_IMPLEMENTED:
-    case ERROR_INVALID_FUNCTION: return ENOSYS;
-    case ERROR_INVALID_PARAMETER: return EINVAL;
-    default: return EIO;
-  }
-}
-
-bool failed() {
-  errno = errno_of(GetLastError());
-  return false;
-}
+using windows::failed;
+using windows::path_in;
 
 HANDLE handle_of(int fd) { return reinterpret_cast<HANDLE>(_get_osfhandle(fd)); }
 
 // `fd` at 3 or above: the C runtime gives the lowest free descriptor, which
-// is one of stdio's when the caller closed it.
+// is one of stdio's when the caller closed it. _dup makes an inheritable
+// handle (DuplicateHandle with bInheritHandle TRUE): it is made not
+// inheritable again.
 UniqueFd moved_above_stdio(UniqueFd fd) {
   UniqueFd low[3];
   for (int i = 0; fd && fd.get() < 3 && i < 3; ++i) {
     UniqueFd up(_dup(fd.get()));
-    if (!up) return UniqueFd();
+    if (!up || !SetHandleInformation(handle_of(up.get()), HANDLE_FLAG_INHERIT, 0)) return UniqueFd();
     low[i] = std::move(fd);  // kept open until a descriptor above stdio is found
     fd = std::move(up);
   }
@@ -82,20 +60,6 @@ UniqueFd descriptor_of(HANDLE h, int flags) {
     errno = EMFILE;
   }
   return UniqueFd(fd);
-}
-
-// `name` in the directory open as `dirfd`, as a path.
-std::optional<std::string> path_in(int dirfd, const std::string& name) {
-  auto dir = path_of_fd(dirfd);
-  if (!dir) {
-    errno = EBADF;
-    return std::nullopt;
-  }
-  if (name.find_first_of("\\/") != std::string::npos) {
-    errno = EINVAL;  // a name, not a path
-    return std::nullopt;
-  }
-  return *dir + (dir->ends_with('\\') ? "" : "\\") + name;
 }
 
 OVERLAPPED first_byte() { return OVERLAPPED{}; }
@@ -136,14 +100,17 @@ UniqueFd open_in(int dirfd, const std::string& name, const OpenIn& how) {
       break;
   }
   if (how.access != OpenIn::Access::Read) {
-    // Append only: each write then goes to the end in one step, whoever else appends.
-    access |= how.append ? FILE_APPEND_DATA : GENERIC_WRITE;
+    // Append only: each write then goes to the end in one step, whoever
+    // else appends (with GENERIC_READ for the lock, which LockFileEx needs).
+    access |= how.append ? FILE_APPEND_DATA | GENERIC_READ : GENERIC_WRITE;
     if (how.append) flags |= _O_APPEND;
   }
+  // Never truncated by the open itself: what is at the name is looked at
+  // first (a link is refused untouched), then emptied.
   DWORD disposition = OPEN_EXISTING;
   switch (how.create) {
-    case OpenIn::Create::No: disposition = how.truncate ? TRUNCATE_EXISTING : OPEN_EXISTING; break;
-    case OpenIn::Create::IfMissing: disposition = how.truncate ? CREATE_ALWAYS : OPEN_ALWAYS; break;
+    case OpenIn::Create::No: disposition = OPEN_EXISTING; break;
+    case OpenIn::Create::IfMissing: disposition = OPEN_ALWAYS; break;
     case OpenIn::Create::New: disposition = CREATE_NEW; break;
   }
   // The owner's write bit of `mode` is all Windows keeps of it: a file
@@ -156,10 +123,23 @@ UniqueFd open_in(int dirfd, const std::string& name, const OpenIn& how) {
     failed();
     return UniqueFd();
   }
-  BY_HANDLE_FILE_INFORMATION info{};
-  if (GetFileInformationByHandle(h, &info) && (info.dwFileAttributes & FILE_ATTRIBUTE_REPARSE_POINT)) {
+  // A symbolic link or a junction at the name is never followed; other
+  // reparse points (deduplicated or cloud files) are regular files.
+  FILE_ATTRIBUTE_TAG_INFO tag{};
+  if (!GetFileInformationByHandleEx(h, FileAttributeTagInfo, &tag, sizeof tag)) {
+    failed();
     CloseHandle(h);
-    errno = ELOOP;  // a symbolic link (or a junction) at the name: never followed
+    return UniqueFd();
+  }
+  if ((tag.FileAttributes & FILE_ATTRIBUTE_REPARSE_POINT) &&
+      (tag.ReparseTag == IO_REPARSE_TAG_SYMLINK || tag.ReparseTag == IO_REPARSE_TAG_MOUNT_POINT)) {
+    CloseHandle(h);
+    errno = ELOOP;
+    return UniqueFd();
+  }
+  if (how.truncate && !SetEndOfFile(h)) {
+    failed();
+    CloseHandle(h);
     return UniqueFd();
   }
   UniqueFd fd = descriptor_of(h, flags);
@@ -186,8 +166,9 @@ bool append_row(int fd, std::string_view row) {
   if (!WriteFile(h, row.data(), static_cast<DWORD>(row.size()), &n, nullptr)) return failed();
   if (n == row.size()) return true;
   DWORD one = 0;
-  if (WriteFile(h, "\n", 1, &one, nullptr)) errno = EIO;
-  return one == 1 ? false : failed();
+  if (!WriteFile(h, "\n", 1, &one, nullptr)) return failed();
+  errno = EIO;
+  return false;
 }
 
 bool rename_in(int dirfd, const std::string& from, const std::string& to) {
@@ -211,16 +192,17 @@ bool remove_in(int dirfd, const std::string& name) {
 bool close_checked(UniqueFd fd) { return _close(fd.release()) == 0; }
 
 bool reserve_space(int fd, std::size_t size) {
-  // The allocation size: the blocks are reserved, the file's size stays.
+  // The allocation size: the blocks are reserved, the file's size stays (a
+  // smaller allocation than the file would cut it: never asked for).
+  const long long now = _filelengthi64(fd);
+  if (now < 0) return false;
+  if (now >= static_cast<long long>(size)) return true;
   FILE_ALLOCATION_INFO info{};
   info.AllocationSize.QuadPart = static_cast<LONGLONG>(size);
   if (SetFileInformationByHandle(handle_of(fd), FileAllocationInfo, &info, sizeof info)) return true;
   if (failed() || errno != ENOSYS) return false;
   // Where that is not implemented (wine), as posix_fallocate(3) does: the
   // file extended with NUL bytes to `size`, which readers skip.
-  const long long now = _filelengthi64(fd);
-  if (now < 0) return false;
-  if (now >= static_cast<long long>(size)) return true;
   const errno_t err = _chsize_s(fd, static_cast<long long>(size));
   errno = err;
   return err == 0;

@@ -7,6 +7,8 @@
 
 #include <filesystem>
 
+#include "os/windows/support.hpp"
+
 namespace looplock::sys {
 
 namespace {
@@ -31,14 +33,16 @@ HANDLE open_process(Pid pid, DWORD access) {
 }  // namespace
 
 std::optional<std::string> process_start(Pid pid) {
-  HANDLE h = open_process(pid, PROCESS_QUERY_LIMITED_INFORMATION | SYNCHRONIZE);
+  // Only the right to query: another user's process may refuse SYNCHRONIZE.
+  HANDLE h = open_process(pid, PROCESS_QUERY_LIMITED_INFORMATION);
   if (h == nullptr) return std::nullopt;
-  // An exited process whose object lives on (another handle holds it) is no
-  // process any more.
-  const bool running = WaitForSingleObject(h, 0) == WAIT_TIMEOUT;
-  auto start = running ? creation_time(h) : std::nullopt;
+  FILETIME created{}, exited{}, kernel{}, user{};
+  const bool timed = GetProcessTimes(h, &created, &exited, &kernel, &user) != 0;
   CloseHandle(h);
-  return start;
+  // An exited process whose object lives on (another handle holds it) is no
+  // process any more: its exit time is set.
+  if (!timed || exited.dwLowDateTime != 0 || exited.dwHighDateTime != 0) return std::nullopt;
+  return std::to_string((static_cast<unsigned long long>(created.dwHighDateTime) << 32) | created.dwLowDateTime);
 }
 
 std::optional<std::string> own_start() { return creation_time(GetCurrentProcess()); }
@@ -65,7 +69,8 @@ std::optional<std::string> process_name(Pid pid) {
   CloseHandle(h);
   if (!named) return std::nullopt;
   path.resize(size);
-  return std::filesystem::path(path).stem().string();
+  std::wstring stem = std::filesystem::path(path).stem().wstring();
+  return windows::narrow(stem, CP_UTF8);
 }
 
 std::optional<long long> process_age_ms(Pid pid) {

@@ -21,6 +21,8 @@
 #include <filesystem>
 #include <thread>
 
+#include "os/windows/support.hpp"
+
 namespace looplock::sys {
 
 bool write_all(int fd, std::string_view data) {
@@ -92,6 +94,23 @@ std::optional<std::string> pread_all(int fd, size_t limit, long long offset) {
       out.resize(have + n);
       if (n < want) break;  // a regular file's short read is its end
     }
+    return true;
+  });
+  if (!ok) return std::nullopt;
+  return out;
+}
+
+std::optional<std::string> pread_some(int fd, size_t size, long long offset) {
+  std::string out;
+  const bool ok = at_offset(fd, [&](HANDLE h) {
+    out.resize(std::min<size_t>(size, 1u << 30));
+    OVERLAPPED o = at(static_cast<unsigned long long>(offset));
+    DWORD n = 0;
+    if (!ReadFile(h, out.data(), static_cast<DWORD>(out.size()), &n, &o) && GetLastError() != ERROR_HANDLE_EOF) {
+      errno = EIO;
+      return false;
+    }
+    out.resize(n);
     return true;
   });
   if (!ok) return std::nullopt;
@@ -190,7 +209,7 @@ std::optional<std::string> own_executable() {
     if (n == 0) return std::nullopt;
     if (n < path.size()) {
       path.resize(n);
-      return std::filesystem::path(path).string();
+      return windows::narrow(path, CP_ACP);  // what the *A calls that take it expect
     }
     if (path.size() >= 32768) return std::nullopt;  // the longest path Windows has
     path.resize(path.size() * 2);

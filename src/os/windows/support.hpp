@@ -1,0 +1,77 @@
+// What the Windows forms of src/os/ share: errno for a Windows error, a
+// name in a directory open as a descriptor (Windows has no directory
+// descriptors: the directory's path and the name), and wide text as narrow.
+#pragma once
+
+// clang-format off
+#include <windows.h>
+// clang-format on
+
+#include <cerrno>
+#include <optional>
+#include <string>
+
+#include "os/sys.hpp"
+
+namespace looplock::sys::windows {
+
+// errno for what GetLastError() says.
+inline int errno_of(DWORD error) {
+  switch (error) {
+    case ERROR_FILE_NOT_FOUND:
+    case ERROR_PATH_NOT_FOUND:
+    case ERROR_INVALID_NAME: return ENOENT;
+    case ERROR_FILE_EXISTS:
+    case ERROR_ALREADY_EXISTS: return EEXIST;
+    case ERROR_ACCESS_DENIED:
+    case ERROR_SHARING_VIOLATION: return EACCES;
+    case ERROR_WRITE_PROTECT: return EROFS;
+    case ERROR_DISK_FULL:
+    case ERROR_HANDLE_DISK_FULL: return ENOSPC;
+    case ERROR_LOCK_VIOLATION:
+    case ERROR_IO_PENDING: return EWOULDBLOCK;
+    case ERROR_TOO_MANY_OPEN_FILES: return EMFILE;
+    case ERROR_NOT_ENOUGH_MEMORY:
+    case ERROR_OUTOFMEMORY: return ENOMEM;
+    case ERROR_DIRECTORY: return ENOTDIR;
+    case ERROR_NOT_SUPPORTED:
+    case ERROR_CALL_NOT_IMPLEMENTED:
+    case ERROR_INVALID_FUNCTION: return ENOSYS;
+    case ERROR_INVALID_PARAMETER: return EINVAL;
+    default: return EIO;
+  }
+}
+
+// Sets errno from GetLastError(); false, for `return failed();`.
+inline bool failed() {
+  errno = errno_of(GetLastError());
+  return false;
+}
+
+// `name` in the directory open as `dirfd`, as a path; nullopt (errno set)
+// when the directory has no path or `name` is not a plain name.
+inline std::optional<std::string> path_in(int dirfd, const std::string& name) {
+  auto dir = path_of_fd(dirfd);
+  if (!dir) {
+    errno = EBADF;
+    return std::nullopt;
+  }
+  if (name.find_first_of("\\/") != std::string::npos) {
+    errno = EINVAL;
+    return std::nullopt;
+  }
+  return *dir + (dir->ends_with('\\') ? "" : "\\") + name;
+}
+
+// `wide` in the code page `page` (CP_ACP: what the *A calls take; CP_UTF8:
+// for display); nullopt when it cannot be converted.
+inline std::optional<std::string> narrow(const std::wstring& wide, UINT page) {
+  if (wide.empty()) return std::string();
+  const int n = WideCharToMultiByte(page, 0, wide.data(), static_cast<int>(wide.size()), nullptr, 0, nullptr, nullptr);
+  if (n <= 0) return std::nullopt;
+  std::string out(static_cast<size_t>(n), '\0');
+  WideCharToMultiByte(page, 0, wide.data(), static_cast<int>(wide.size()), out.data(), n, nullptr, nullptr);
+  return out;
+}
+
+}  // namespace looplock::sys::windows
