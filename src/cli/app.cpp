@@ -68,7 +68,7 @@ int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
       return exit_code::kOk;
     }
     log = Logger(o.verbosity, o.log_format);
-    if (!o.etcd.empty() && !ctx.cluster) exec_cluster_helper(argv, ctx.env, ctx.start_ns);
+    if (!o.cluster.etcd.empty() && !ctx.cluster) exec_cluster_helper(argv, ctx.env, ctx.start_ns);
     if (o.mode == Mode::Inspect) return inspect(o, log, ctx.cluster);
     const auto jobs = process_jobs();
     Exit out = Run(o, ctx, log, facts, build_stack, *jobs).run();

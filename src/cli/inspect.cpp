@@ -334,7 +334,7 @@ InspectReport inspect_dir(const Options& o, const std::string& path, LockKind* c
   }
 
   InspectReport report = build_report(f);
-  if (!o.etcd.empty()) add_part(o, dir, cluster, log, report, status);
+  if (!o.cluster.etcd.empty()) add_part(o, dir, cluster, log, report, status);
   return report;
 }
 

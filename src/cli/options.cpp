@@ -386,7 +386,7 @@ void read_dirs(const cxxopts::ParseResult& r, Options& o) {
 
 // Whether option `name` is given (--etcd also by $LOOPLOCK_ETCD).
 bool given(const cxxopts::ParseResult& r, const Options& o, std::string_view name) {
-  if (name == "etcd" && !o.etcd.empty()) return true;
+  if (name == "etcd" && !o.cluster.etcd.empty()) return true;
   return r.count(std::string(name)) > 0;
 }
 
@@ -402,7 +402,7 @@ void check_applicable(const cxxopts::ParseResult& r, const Options& o) {
       usage_error(shown + " only applies to --inspect",
                   spec.name == "json" ? "Use --log-format json for JSON log lines." : std::string(kTryHelp));
     }
-    if (spec.needs_etcd && o.etcd.empty()) usage_error(shown + " applies only with --etcd ENDPOINTS");
+    if (spec.needs_etcd && o.cluster.etcd.empty()) usage_error(shown + " applies only with --etcd ENDPOINTS");
   }
   if (o.mode != Mode::Run) return;
   for (const auto& spec : option_table()) {
@@ -477,7 +477,7 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
   o.limits.warn_signal = parse_signal("USR1").value_or(0);  // --warn-signal's default (0: the system has no USR1)
   if (r.count("warn-before")) {
     o.limits.warn_before_ns = duration_option("warn-before", text_of(r, "warn-before"));
-    if (!o.limits.max_time_ns && o.etcd.empty()) {
+    if (!o.limits.max_time_ns && o.cluster.etcd.empty()) {
       usage_error("--warn-before applies only with --max-time or --etcd",
                   "It signals the job before --max-time's TERM, or before a failing lease's.");
     }
@@ -529,34 +529,34 @@ void read_output(const cxxopts::ParseResult& r, const Environment& env, Options&
 // cluster lock is asked for decides which options apply.
 void read_endpoints(const cxxopts::ParseResult& r, const Environment& env, Options& o) {
   if (r.count("etcd")) {
-    o.etcd = text_of(r, "etcd");
-    if (o.etcd.empty()) usage_error("invalid --etcd '': expected endpoints such as http://127.0.0.1:2379");
+    o.cluster.etcd = text_of(r, "etcd");
+    if (o.cluster.etcd.empty()) usage_error("invalid --etcd '': expected endpoints such as http://127.0.0.1:2379");
   } else if (env.looplock_etcd && !env.looplock_etcd->empty()) {
-    o.etcd = *env.looplock_etcd;
+    o.cluster.etcd = *env.looplock_etcd;
   }
-  if (o.etcd.empty()) return;
-  auto parsed = etcd::parse_endpoints(o.etcd);
+  if (o.cluster.etcd.empty()) return;
+  auto parsed = etcd::parse_endpoints(o.cluster.etcd);
   if (!parsed.error.empty()) {
-    usage_error("invalid --etcd " + quote(o.etcd) + " (or $LOOPLOCK_ETCD): " + parsed.error,
+    usage_error("invalid --etcd " + quote(o.cluster.etcd) + " (or $LOOPLOCK_ETCD): " + parsed.error,
                 "Give comma-separated http://HOST:PORT or https://HOST:PORT endpoints of the etcd cluster "
                 "(etcd 3.4+).");
   }
-  o.endpoints = std::move(parsed.endpoints);
+  o.cluster.endpoints = std::move(parsed.endpoints);
 }
 
 // --etcd-cacert, --etcd-cert, --etcd-key, --etcd-user, --etcd-password-file
 // and their environment defaults.
 void read_cluster_access(const cxxopts::ParseResult& r, const Environment& env, Options& o) {
   const bool any_tls =
-      std::any_of(o.endpoints.begin(), o.endpoints.end(), [](const etcd::Endpoint& e) { return e.tls; });
+      std::any_of(o.cluster.endpoints.begin(), o.cluster.endpoints.end(), [](const etcd::Endpoint& e) { return e.tls; });
   struct File {
     const char* option;
     const std::optional<std::string>& env_default;
     std::string& out;
   };
-  for (File f : {File{"etcd-cacert", env.looplock_etcd_cacert, o.etcd_cacert},
-                 File{"etcd-cert", env.looplock_etcd_client_cert, o.etcd_cert},
-                 File{"etcd-key", env.looplock_etcd_client_key, o.etcd_key}}) {
+  for (File f : {File{"etcd-cacert", env.looplock_etcd_cacert, o.cluster.etcd_cacert},
+                 File{"etcd-cert", env.looplock_etcd_client_cert, o.cluster.etcd_cert},
+                 File{"etcd-key", env.looplock_etcd_client_key, o.cluster.etcd_key}}) {
     const std::string option = std::string("--") + f.option;
     if (r.count(f.option)) {
       f.out = text_of(r, f.option);
@@ -569,39 +569,39 @@ void read_cluster_access(const cxxopts::ParseResult& r, const Environment& env, 
       f.out = *f.env_default;  // the environment's default: only for https:// endpoints
     }
   }
-  if (o.etcd_cert.empty() != o.etcd_key.empty()) {
-    usage_error(std::string(o.etcd_cert.empty() ? "--etcd-key" : "--etcd-cert") + " needs " +
-                    (o.etcd_cert.empty() ? "--etcd-cert" : "--etcd-key") + " too",
+  if (o.cluster.etcd_cert.empty() != o.cluster.etcd_key.empty()) {
+    usage_error(std::string(o.cluster.etcd_cert.empty() ? "--etcd-key" : "--etcd-cert") + " needs " +
+                    (o.cluster.etcd_cert.empty() ? "--etcd-cert" : "--etcd-key") + " too",
                 "A client certificate goes with its private key: give both (or $LOOPLOCK_ETCD_CLIENT_CERT and "
                 "$LOOPLOCK_ETCD_CLIENT_KEY).");
   }
   if (r.count("etcd-user")) {
-    o.etcd_user = text_of(r, "etcd-user");
-    if (o.etcd_user.empty()) usage_error("invalid --etcd-user '': expected an etcd user name");
+    o.cluster.etcd_user = text_of(r, "etcd-user");
+    if (o.cluster.etcd_user.empty()) usage_error("invalid --etcd-user '': expected an etcd user name");
   }
   if (r.count("etcd-password-file")) {
-    o.etcd_password_file = text_of(r, "etcd-password-file");
-    if (o.etcd_user.empty()) {
-      usage_error("--etcd-password-file " + quote(o.etcd_password_file) + " applies only with --etcd-user NAME");
+    o.cluster.etcd_password_file = text_of(r, "etcd-password-file");
+    if (o.cluster.etcd_user.empty()) {
+      usage_error("--etcd-password-file " + quote(o.cluster.etcd_password_file) + " applies only with --etcd-user NAME");
     }
-    if (o.etcd_password_file.empty()) usage_error("invalid --etcd-password-file '': expected a file name");
-  } else if (!o.etcd_user.empty()) {
+    if (o.cluster.etcd_password_file.empty()) usage_error("invalid --etcd-password-file '': expected a file name");
+  } else if (!o.cluster.etcd_user.empty()) {
     if (!env.looplock_etcd_password || env.looplock_etcd_password->empty()) {
-      usage_error("--etcd-user " + quote(o.etcd_user) + " needs a password",
+      usage_error("--etcd-user " + quote(o.cluster.etcd_user) + " needs a password",
                   "Put it in $LOOPLOCK_ETCD_PASSWORD, or in a file for --etcd-password-file FILE (never on the "
                   "command line).");
     }
-    o.etcd_password = env.looplock_etcd_password;
+    o.cluster.etcd_password = env.looplock_etcd_password;
   }
 }
 
 // --lock-name, --ttl, TLS and login.
 void read_cluster(const cxxopts::ParseResult& r, const Environment& env, Options& o) {
-  if (o.etcd.empty()) return;
+  if (o.cluster.etcd.empty()) return;
   if (r.count("lock-name")) {
-    o.lock_name = text_of(r, "lock-name");
-    if (!valid_lock_name(o.lock_name)) {
-      usage_error("invalid --lock-name " + quote(o.lock_name) + ": expected 1 to 255 bytes without control characters");
+    o.cluster.lock_name = text_of(r, "lock-name");
+    if (!valid_lock_name(o.cluster.lock_name)) {
+      usage_error("invalid --lock-name " + quote(o.cluster.lock_name) + ": expected 1 to 255 bytes without control characters");
     }
   }
   if (r.count("ttl")) {
@@ -613,7 +613,7 @@ void read_cluster(const cxxopts::ParseResult& r, const Environment& env, Options
       usage_error("invalid --ttl " + quote(text) + ": expected whole seconds from 2 to 86400 (10, 10s, 1m)",
                   d && *d % kSec != 0 && *d != kForever ? "etcd's leases count in whole seconds." : std::string(kTryHelp));
     }
-    o.ttl_s = static_cast<int>(*d / kSec);
+    o.cluster.ttl_s = static_cast<int>(*d / kSec);
   }
   read_cluster_access(r, env, o);
 }
@@ -704,9 +704,9 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
   }
   read_policy(r, o);
   read_lock_and_job(r, o);
-  if (!o.etcd.empty()) {
-    o.lease_kill_after_ns =
-        lease_kill_after_ns(o.kill_after_ns, o.ttl_s, r.count("kill-after") ? text_of(r, "kill-after") : std::string());
+  if (!o.cluster.etcd.empty()) {
+    o.cluster.lease_kill_after_ns =
+        lease_kill_after_ns(o.kill_after_ns, o.cluster.ttl_s, r.count("kill-after") ? text_of(r, "kill-after") : std::string());
   }
   read_command(r, split, env, o);
   return o;

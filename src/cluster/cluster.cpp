@@ -146,16 +146,16 @@ std::string cause_hint(etcd::Cause cause, std::string_view endpoint) {
   return {};
 }
 
-ClusterAccess cluster_access(const Options& o, const Logger& log) {
+ClusterAccess cluster_access(const ClusterSettings& c, const Logger& log) {
   ClusterAccess a;
-  a.tls = {o.etcd_cacert, o.etcd_cert, o.etcd_key};
-  if (!o.etcd_cacert.empty()) check_readable("--etcd-cacert", o.etcd_cacert);
-  if (!o.etcd_cert.empty()) check_readable("--etcd-cert", o.etcd_cert);
-  if (!o.etcd_key.empty()) check_readable("--etcd-key", o.etcd_key);
-  a.user = o.etcd_user;
-  if (!o.etcd_user.empty()) {
+  a.tls = {c.etcd_cacert, c.etcd_cert, c.etcd_key};
+  if (!c.etcd_cacert.empty()) check_readable("--etcd-cacert", c.etcd_cacert);
+  if (!c.etcd_cert.empty()) check_readable("--etcd-cert", c.etcd_cert);
+  if (!c.etcd_key.empty()) check_readable("--etcd-key", c.etcd_key);
+  a.user = c.etcd_user;
+  if (!c.etcd_user.empty()) {
     a.password =
-        o.etcd_password_file.empty() ? o.etcd_password.value_or("") : read_password_file(o.etcd_password_file, log);
+        c.etcd_password_file.empty() ? c.etcd_password.value_or("") : read_password_file(c.etcd_password_file, log);
   }
   return a;
 }

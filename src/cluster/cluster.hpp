@@ -131,7 +131,7 @@ struct ClusterAccess {
   std::string password;
 };
 // Throws Fatal 64 when a file named by an option cannot be read.
-ClusterAccess cluster_access(const Options& o, const Logger& log);
+ClusterAccess cluster_access(const ClusterSettings& settings, const Logger& log);
 
 class ClusterLock {
 public:

@@ -20,9 +20,9 @@ std::unique_ptr<Lock> EtcdKind::make(const Options& o, const LockTarget& target,
 
 // A client of the cluster under the run's TLS files and credentials.
 etcd::Client EtcdKind::client(const Options& o, const Logger& log) {
-  const ClusterAccess access = cluster_access(o, log);
+  const ClusterAccess access = cluster_access(o.cluster, log);
   transport_.configure(access.tls);
-  etcd::Client c(transport_, o.endpoints);
+  etcd::Client c(transport_, o.cluster.endpoints);
   if (!access.user.empty()) c.set_credentials(access.user, access.password);
   return c;
 }
@@ -34,13 +34,13 @@ etcd::Client EtcdKind::client(const Options& o, const Logger& log) {
 // run that holds the cluster lock and waits for this local one.
 void EtcdKind::confirm_outer(const Options& o, const LockTarget& target, const EnvList& env, long long outer_pid,
                              const Logger& log) {
-  const std::string name = cluster_lock_name(o.lock_name, target.canonical_dir);
+  const std::string name = cluster_lock_name(o.cluster.lock_name, target.canonical_dir);
   const std::optional<std::string> key = env_get(env, env_name::kEtcdKey);
   std::string why = "its environment names no cluster lock (LOOPLOCK_ETCD_KEY)";
   if (key) {
     etcd::Client c = client(o, log);
     why = confirm_cluster_holder(c, name, *key, sys::host_name(), outer_pid,
-                                 {sys::monotonic_ns() + 5'000'000'000LL, lease_timing::attempt_ns(o.ttl_s)});
+                                 {sys::monotonic_ns() + 5'000'000'000LL, lease_timing::attempt_ns(o.cluster.ttl_s)});
     if (why.empty()) return;
     if (why.starts_with("cannot read it")) {
       throw Fatal(exit_code::kClusterUnavailable,
@@ -63,7 +63,7 @@ void EtcdKind::confirm_outer(const Options& o, const LockTarget& target, const E
 // take it, and its run ledger; read only.
 InspectPart EtcdKind::inspect(const Options& o, const std::string& canonical_dir, const Logger& log) {
   InspectPart part;
-  const std::string name = cluster_lock_name(o.lock_name, canonical_dir);
+  const std::string name = cluster_lock_name(o.cluster.lock_name, canonical_dir);
   etcd::Client client = this->client(o, log);
   const long long deadline = sys::monotonic_ns() + 5'000'000'000LL;
   const etcd::Deadline bound{deadline, 1'000'000'000LL};

@@ -23,8 +23,8 @@ EtcdLock::EtcdLock(const Options& options, Pid pid, const Logger& log, const Rep
       log_(log),
       reporter_(reporter),
       host_(sys::host_name()),
-      lock_(transport, options.endpoints, cluster_lock_name(options.lock_name, target.canonical_dir), options.ttl_s,
-            options.lease_kill_after_ns, log, cluster_access(options, log)) {
+      lock_(transport, options.cluster.endpoints, cluster_lock_name(options.cluster.lock_name, target.canonical_dir), options.cluster.ttl_s,
+            options.cluster.lease_kill_after_ns, log, cluster_access(options.cluster, log)) {
   if (o_.once_per_ns) lock_.set_ledger_operation(o_.operation);
 }
 
@@ -55,7 +55,7 @@ Blocker EtcdLock::blocker() const {
   b.what = "cluster lock " + printable(lock_.name()) + " (etcd)";
   b.who = v.holder + (lock_.blocker() ? dead_contender_note(*lock_.blocker()) : std::string());
   b.confirm = v.confirm;
-  b.inspect_hint = "looplock --inspect --etcd " + shell_word(o_.etcd) + " " + shell_word(o_.dir);
+  b.inspect_hint = "looplock --inspect --etcd " + shell_word(o_.cluster.etcd) + " " + shell_word(o_.dir);
   b.fields["cluster"] = Json{{"lock_name", lock_.name()},
                              {"endpoint", lock_.endpoint()},
                              {"holder", lock_.blocker() ? *lock_.blocker() : Json(nullptr)}};

@@ -18,6 +18,25 @@ namespace looplock {
 
 enum class Mode { Run, Inspect, Help, Version };
 
+// The cluster lock's settings: --etcd and its options, what src/cluster/
+// reads (a lock on etcd taken before the local one).
+struct ClusterSettings {
+  std::string etcd;                       // the endpoints as given; empty: no cluster lock
+  std::vector<etcd::Endpoint> endpoints;  // parsed
+  std::string lock_name;                  // --lock-name; empty: the loop dir's base name
+  int ttl_s = 10;                         // --ttl: the lease's time to live
+  // The kill-after of the lease's deadlines (lease_kill_after_ns()): --kill-after,
+  // or a default that fits the TTL.
+  long long lease_kill_after_ns = 0;
+  // TLS and authentication (https:// endpoints, an etcd user).
+  std::string etcd_cacert;                   // --etcd-cacert, $LOOPLOCK_ETCD_CACERT
+  std::string etcd_cert;                     // --etcd-cert, $LOOPLOCK_ETCD_CLIENT_CERT
+  std::string etcd_key;                      // --etcd-key, $LOOPLOCK_ETCD_CLIENT_KEY
+  std::string etcd_user;                     // --etcd-user
+  std::string etcd_password_file;            // --etcd-password-file (read when the lock is taken)
+  std::optional<std::string> etcd_password;  // $LOOPLOCK_ETCD_PASSWORD, with --etcd-user; never printed
+};
+
 struct Options {
   Mode mode = Mode::Run;
   std::string dir;                // the loop directory (the first one, for --inspect)
@@ -45,22 +64,7 @@ struct Options {
   Verbosity verbosity = Verbosity::Normal;
   LogFormat log_format = LogFormat::Text;
 
-  // Cluster (--etcd): a lock on etcd taken before the local one.
-  std::string etcd;                       // the endpoints as given; empty: no cluster lock
-  std::vector<etcd::Endpoint> endpoints;  // parsed
-  std::string lock_name;                  // --lock-name; empty: the loop dir's base name
-  int ttl_s = 10;                         // --ttl: the lease's time to live
-  // The kill-after of the lease's deadlines (lease_kill_after_ns()): --kill-after,
-  // or a default that fits the TTL.
-  long long lease_kill_after_ns = 0;
-  // TLS and authentication (https:// endpoints, an etcd user).
-  std::string etcd_cacert;                   // --etcd-cacert, $LOOPLOCK_ETCD_CACERT
-  std::string etcd_cert;                     // --etcd-cert, $LOOPLOCK_ETCD_CLIENT_CERT
-  std::string etcd_key;                      // --etcd-key, $LOOPLOCK_ETCD_CLIENT_KEY
-  std::string etcd_user;                     // --etcd-user
-  std::string etcd_password_file;            // --etcd-password-file (read when the lock is taken)
-  std::optional<std::string> etcd_password;  // $LOOPLOCK_ETCD_PASSWORD, with --etcd-user; never printed
-
+  ClusterSettings cluster;  // --etcd and its options
   // --inspect
   bool json = false;
   bool check = false;  // --check: exit 1 when a report warns

@@ -174,8 +174,8 @@ TEST_CASE("every value-taking option is classified by the splitter") {
       Options o = parse(args);
       CHECK(o.dir == "DIR");
       CHECK(o.command == Args{"x"});
-      CHECK((o.agent == "--" || o.operation == "--" || o.metrics_dir == "--" || o.lock_name == "--" ||
-             o.etcd_cacert == "--"));
+      CHECK((o.agent == "--" || o.operation == "--" || o.metrics_dir == "--" || o.cluster.lock_name == "--" ||
+             o.cluster.etcd_cacert == "--"));
     } else {
       // The option got "--" as its value and rejected it by name.
       CHECK(f->status == 64);
@@ -506,18 +506,18 @@ TEST_CASE("--jitter: at most 24h, no inf") {
 TEST_CASE("cluster options: --etcd, --lock-name, --ttl") {
   const std::string E = "http://127.0.0.1:2379";
   Options o = parse({"--etcd", E, "DIR", "--", "x"});
-  CHECK(o.etcd == E);
-  CHECK(o.lock_name.empty());  // the loop dir's base name, resolved at run time
-  CHECK(o.ttl_s == 10);
+  CHECK(o.cluster.etcd == E);
+  CHECK(o.cluster.lock_name.empty());  // the loop dir's base name, resolved at run time
+  CHECK(o.cluster.ttl_s == 10);
   o = parse({"--etcd", E, "--lock-name", "nightly", "--ttl", "3", "DIR", "--", "x"});
-  CHECK(o.lock_name == "nightly");
-  CHECK(o.ttl_s == 3);
+  CHECK(o.cluster.lock_name == "nightly");
+  CHECK(o.cluster.ttl_s == 3);
   // The default endpoints come from $LOOPLOCK_ETCD.
   Environment env = test_env();
   env.looplock_etcd = E;
-  CHECK(parse({"DIR", "--", "x"}, env).etcd == E);
-  CHECK(parse({"--etcd", "http://h:1", "DIR", "--", "x"}, env).etcd == "http://h:1");
-  CHECK(parse({"DIR", "--", "x"}).etcd.empty());
+  CHECK(parse({"DIR", "--", "x"}, env).cluster.etcd == E);
+  CHECK(parse({"--etcd", "http://h:1", "DIR", "--", "x"}, env).cluster.etcd == "http://h:1");
+  CHECK(parse({"DIR", "--", "x"}).cluster.etcd.empty());
 
   for (Args bad :
        {Args{"--etcd", "127.0.0.1:2379", "DIR", "--", "x"}, Args{"--etcd", "", "DIR", "--", "x"},
@@ -538,7 +538,7 @@ TEST_CASE("cluster options: --etcd, --lock-name, --ttl") {
   for (auto [text, ttl] : {std::pair{"10", 10}, std::pair{"10s", 10}, std::pair{"10.0s", 10}, std::pair{"1m", 60},
                            std::pair{"2", 2}, std::pair{"1d", 86400}, std::pair{"2000ms", 2}}) {
     CAPTURE(text);
-    CHECK(parse({"--etcd", E, "--ttl", text, "DIR", "--", "x"}).ttl_s == ttl);
+    CHECK(parse({"--etcd", E, "--ttl", text, "DIR", "--", "x"}).cluster.ttl_s == ttl);
   }
   for (const char* text : {"10.5", "2500ms", "1.5s", "inf", "2d", "0", "1s", "x"}) {
     CAPTURE(text);
@@ -551,7 +551,7 @@ TEST_CASE("cluster options: --etcd, --lock-name, --ttl") {
   CHECK(parse({"-s", "DIR", "--", "x"}).shared);
   CHECK(parse_failure({"-s", "DIR", "--", "x"}, env));
   // --inspect takes --etcd (to name the cluster holder).
-  CHECK(parse({"--inspect", "--etcd", E, "DIR"}).etcd == E);
+  CHECK(parse({"--inspect", "--etcd", E, "DIR"}).cluster.etcd == E);
 }
 
 TEST_CASE("the lease's kill-after: a default that fits the TTL; 0 or too long is a usage error") {
@@ -577,8 +577,8 @@ TEST_CASE("the lease's kill-after: a default that fits the TTL; 0 or too long is
   }
   // Through the options: --ttl 3 works with the defaults; 0 is refused with --etcd only.
   const std::string E = "http://127.0.0.1:2379";
-  CHECK(parse({"--etcd", E, "--ttl", "3", "DIR", "--", "x"}).lease_kill_after_ns == 500'000'000LL);
-  CHECK(parse({"--etcd", E, "--ttl", "3", "--kill-after", "1", "DIR", "--", "x"}).lease_kill_after_ns == kSec);
+  CHECK(parse({"--etcd", E, "--ttl", "3", "DIR", "--", "x"}).cluster.lease_kill_after_ns == 500'000'000LL);
+  CHECK(parse({"--etcd", E, "--ttl", "3", "--kill-after", "1", "DIR", "--", "x"}).cluster.lease_kill_after_ns == kSec);
   auto f = parse_failure({"--etcd", E, "--ttl", "3", "--kill-after", "5s", "DIR", "--", "x"});
   REQUIRE(f);
   CHECK(f->status == 64);
@@ -597,28 +597,28 @@ TEST_CASE("cluster TLS and authentication options") {
   const std::string P = "http://127.0.0.1:2379";
   Options o =
       parse({"--etcd", S, "--etcd-cacert", "ca.pem", "--etcd-cert", "c.pem", "--etcd-key", "k.pem", "DIR", "--", "x"});
-  CHECK(o.etcd_cacert == "ca.pem");
-  CHECK(o.etcd_cert == "c.pem");
-  CHECK(o.etcd_key == "k.pem");
+  CHECK(o.cluster.etcd_cacert == "ca.pem");
+  CHECK(o.cluster.etcd_cert == "c.pem");
+  CHECK(o.cluster.etcd_key == "k.pem");
   // Defaults from the environment, for https:// endpoints only.
   Environment env = test_env();
   env.looplock_etcd_cacert = "/etc/ca.pem";
   env.looplock_etcd_client_cert = "/etc/c.pem";
   env.looplock_etcd_client_key = "/etc/k.pem";
   o = parse({"--etcd", S, "DIR", "--", "x"}, env);
-  CHECK(o.etcd_cacert == "/etc/ca.pem");
-  CHECK(o.etcd_key == "/etc/k.pem");
-  CHECK(parse({"--etcd", P, "DIR", "--", "x"}, env).etcd_cacert.empty());
-  CHECK(parse({"--etcd", S, "--etcd-cacert", "mine.pem", "DIR", "--", "x"}, env).etcd_cacert == "mine.pem");
+  CHECK(o.cluster.etcd_cacert == "/etc/ca.pem");
+  CHECK(o.cluster.etcd_key == "/etc/k.pem");
+  CHECK(parse({"--etcd", P, "DIR", "--", "x"}, env).cluster.etcd_cacert.empty());
+  CHECK(parse({"--etcd", S, "--etcd-cacert", "mine.pem", "DIR", "--", "x"}, env).cluster.etcd_cacert == "mine.pem");
   // A user, with the password from the environment (never from the command line).
   env.looplock_etcd_password = "s3cret";
   o = parse({"--etcd", S, "--etcd-user", "loop", "DIR", "--", "x"}, env);
-  CHECK(o.etcd_user == "loop");
-  CHECK(o.etcd_password == std::optional<std::string>("s3cret"));
+  CHECK(o.cluster.etcd_user == "loop");
+  CHECK(o.cluster.etcd_password == std::optional<std::string>("s3cret"));
   o = parse({"--etcd", S, "--etcd-user", "loop", "--etcd-password-file", "/run/pw", "DIR", "--", "x"});
-  CHECK(o.etcd_password_file == "/run/pw");
-  CHECK(parse({"--etcd", S, "DIR", "--", "x"}, env).etcd_password == std::nullopt);  // no user: not kept
-  CHECK(parse({"--inspect", "--etcd", S, "--etcd-user", "loop", "DIR"}, env).etcd_user == "loop");
+  CHECK(o.cluster.etcd_password_file == "/run/pw");
+  CHECK(parse({"--etcd", S, "DIR", "--", "x"}, env).cluster.etcd_password == std::nullopt);  // no user: not kept
+  CHECK(parse({"--inspect", "--etcd", S, "--etcd-user", "loop", "DIR"}, env).cluster.etcd_user == "loop");
 
   for (Args bad : {Args{"--etcd-cacert", "ca.pem", "DIR", "--", "x"},
                    Args{"--etcd", P, "--etcd-cacert", "ca.pem", "DIR", "--", "x"},
@@ -797,10 +797,10 @@ std::string outcome_of(const Args& args, bool declare_all) {
     add("metrics", o.metrics_dir);
     add("who", o.agent + "/" + o.operation);
     add("out", std::to_string(static_cast<int>(o.verbosity)) + std::to_string(static_cast<int>(o.log_format)));
-    add("etcd", o.etcd + "/" + std::to_string(o.endpoints.size()) + "/" + o.lock_name + "/" + std::to_string(o.ttl_s) +
-                    "/" + std::to_string(o.lease_kill_after_ns));
-    add("tls", o.etcd_cacert + "/" + o.etcd_cert + "/" + o.etcd_key + "/" + o.etcd_user + "/" +
-                   o.etcd_password_file + "/" + o.etcd_password.value_or("-"));
+    add("etcd", o.cluster.etcd + "/" + std::to_string(o.cluster.endpoints.size()) + "/" + o.cluster.lock_name + "/" + std::to_string(o.cluster.ttl_s) +
+                    "/" + std::to_string(o.cluster.lease_kill_after_ns));
+    add("tls", o.cluster.etcd_cacert + "/" + o.cluster.etcd_cert + "/" + o.cluster.etcd_key + "/" + o.cluster.etcd_user + "/" +
+                   o.cluster.etcd_password_file + "/" + o.cluster.etcd_password.value_or("-"));
     add("inspect", std::to_string(o.stale_after_ns) + "/" + std::to_string(o.incidents));
     return s;
   } catch (const Fatal& f) {
