@@ -67,7 +67,7 @@ int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
       write_stdout(version_text(build_info(helper), etcd_status));
       return exit_code::kOk;
     }
-    log = Logger(o.verbosity, o.log_format);
+    log = Logger(o.output.verbosity, o.output.log_format);
     if (!o.cluster.etcd.empty() && !ctx.cluster) exec_cluster_helper(argv, ctx.env, ctx.start_ns);
     if (o.mode == Mode::Inspect) return inspect(o, log, ctx.cluster);
     const auto jobs = process_jobs();

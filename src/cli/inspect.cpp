@@ -312,9 +312,9 @@ InspectReport inspect_dir(const Options& o, const std::string& path, LockKind* c
   f.lock_id = lock_id_for_path(canonical_lock_path(dir.fd.get(), path));
   std::vector<sys::KernelLock> waiters;
   f.lock = survey_lock(dir, path + (path.ends_with('/') ? "" : "/") + kLockName, waiters);
-  f.lock.stale_after_ms = o.stale_after_ns / kMs;
+  f.lock.stale_after_ms = o.inspect.stale_after_ns / kMs;
   for (const auto& k : waiters) f.waiters.push_back(describe_waiter(k));
-  f.incidents = summarize_incidents(dir.fd.get(), o.incidents);
+  f.incidents = summarize_incidents(dir.fd.get(), o.inspect.incidents);
   try {
     LedgerRead runs = read_ledger(dir);
     f.runs = std::move(runs.entries);
@@ -341,7 +341,7 @@ InspectReport inspect_dir(const Options& o, const std::string& path, LockKind* c
 }  // namespace
 
 int inspect(const Options& o, const Logger& log, LockKind* cluster) {
-  const std::vector<std::string> dirs = o.dirs.empty() ? std::vector<std::string>{o.dir} : o.dirs;
+  const std::vector<std::string> dirs = o.inspect.dirs.empty() ? std::vector<std::string>{o.dir} : o.inspect.dirs;
   int status = exit_code::kOk;  // a DIR that could not be inspected (73, 66, 71), or etcd (69)
   bool warned = false;
   Json all = Json::array();
@@ -354,19 +354,19 @@ int inspect(const Options& o, const Logger& log, LockKind* cluster) {
       text += r.text;
       all.push_back(std::move(r.json));
     } catch (const Fatal& e) {
-      if (dirs.size() == 1 && !o.json) throw;
+      if (dirs.size() == 1 && !o.inspect.json) throw;
       log.error(e.event(), e.what(), e.hint());
       all.push_back(error_entry(d, e.status(), e.event(), e.what(), e.hint()));
       if (status == exit_code::kOk) status = e.status();
     }
   }
-  if (o.json) {
+  if (o.inspect.json) {
     write_stdout(dump_json(dirs.size() == 1 ? all.at(0) : all) + "\n");
   } else {
     write_stdout(text);
   }
   if (status != exit_code::kOk) return status;
-  return o.check && warned ? exit_code::kCheckWarned : exit_code::kOk;
+  return o.inspect.check && warned ? exit_code::kCheckWarned : exit_code::kOk;
 }
 
 }  // namespace looplock

@@ -381,7 +381,7 @@ void read_dirs(const cxxopts::ParseResult& r, Options& o) {
                 "Put the command after '--': looplock DIR -- " + positional[1] + " ...");
   }
   o.dir = positional[0];
-  o.dirs = positional;
+  o.inspect.dirs = positional;
 }
 
 // Whether option `name` is given (--etcd also by $LOOPLOCK_ETCD).
@@ -429,21 +429,21 @@ void read_policy(const cxxopts::ParseResult& r, Options& o) {
       usage_error("unknown policy " + quote(text_of(r, "policy")),
                   "Policies: mutation (default), monitor, single_flight, blocking.");
     }
-    o.policy = *p;
+    o.wait.policy = *p;
   }
   // -n/--nonblock is flock(1)'s spelling of -w 0: one attempt under the policy in force.
   if (r.count("timeout") || r.count("nonblock")) {
     const bool w = r.count("timeout") > 0;
-    if (!policy_takes_timeout(o.policy)) {
+    if (!policy_takes_timeout(o.wait.policy)) {
       usage_error(std::string(w ? "-w/--timeout" : "-n/--nonblock") + " does not apply to policy " +
-                      std::string(policy_name(o.policy)),
+                      std::string(policy_name(o.wait.policy)),
                   "single_flight never waits and blocking waits without limit; use -p mutation or -p monitor with " +
                       std::string(w ? "-w." : "-n (or -p single_flight -q for a silent skip)."));
     }
-    o.timeout_ns = w ? duration_option("timeout", text_of(r, "timeout")) : 0;
+    o.wait.timeout_ns = w ? duration_option("timeout", text_of(r, "timeout")) : 0;
   }
-  if (r.count("conflict-exit-code")) o.conflict_exit_code = parse_exit_code(r, "conflict-exit-code", 1, 255);
-  if (r.count("skip-exit-code")) o.skip_exit_code = parse_exit_code(r, "skip-exit-code", 0, 255);
+  if (r.count("conflict-exit-code")) o.wait.conflict_exit_code = parse_exit_code(r, "conflict-exit-code", 1, 255);
+  if (r.count("skip-exit-code")) o.wait.skip_exit_code = parse_exit_code(r, "skip-exit-code", 0, 255);
 }
 
 // -s, -o, -F, --kill-after, --max-time (and what they resolve to).
@@ -505,14 +505,14 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
 
 // -v, -q, --log-format, --metrics-dir.
 void read_output(const cxxopts::ParseResult& r, const Environment& env, Options& o) {
-  if (r.count("verbose")) o.verbosity = Verbosity::Verbose;
-  if (r.count("quiet")) o.verbosity = Verbosity::Quiet;
+  if (r.count("verbose")) o.output.verbosity = Verbosity::Verbose;
+  if (r.count("quiet")) o.output.verbosity = Verbosity::Quiet;
   if (r.count("log-format")) {
     const auto& f = text_of(r, "log-format");
     if (f == "text") {
-      o.log_format = LogFormat::Text;
+      o.output.log_format = LogFormat::Text;
     } else if (f == "json") {
-      o.log_format = LogFormat::Json;
+      o.output.log_format = LogFormat::Json;
     } else {
       usage_error("invalid --log-format " + quote(f) + ": expected text or json");
     }
@@ -620,16 +620,16 @@ void read_cluster(const cxxopts::ParseResult& r, const Environment& env, Options
 
 // --json, --check, --stale-after; and no command.
 void read_inspect(const cxxopts::ParseResult& r, const Split& split, Options& o) {
-  o.json = r.count("json") > 0;
-  o.check = r.count("check") > 0;
-  if (r.count("stale-after")) o.stale_after_ns = duration_option("stale-after", text_of(r, "stale-after"));
+  o.inspect.json = r.count("json") > 0;
+  o.inspect.check = r.count("check") > 0;
+  if (r.count("stale-after")) o.inspect.stale_after_ns = duration_option("stale-after", text_of(r, "stale-after"));
   if (r.count("incidents")) {
     const auto n = parse_int(text_of(r, "incidents"));
     if (!n || *n < 1 || *n > static_cast<int>(kMaxIncidentsShown)) {
       usage_error("invalid --incidents " + quote(text_of(r, "incidents")) + ": expected a whole number from 1 to " +
                   std::to_string(kMaxIncidentsShown));
     }
-    o.incidents = static_cast<size_t>(*n);
+    o.inspect.incidents = static_cast<size_t>(*n);
   }
   if (split.saw_dashdash || split.shell_command) {
     usage_error("--inspect takes no command", "Give only directories: looplock --inspect [--json] [--check] DIR...");

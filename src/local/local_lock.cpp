@@ -64,7 +64,7 @@ public:
     who_ = holder_phrase(judge(facts));
     if (said_waiting_) return;  // a second wait of the run (for the slot's run): said already
     said_waiting_ = true;
-    log_.verbose("waiting", "waiting for " + who_ + " on " + shown_, {{"policy", policy_name(o_.policy)}});
+    log_.verbose("waiting", "waiting for " + who_ + " on " + shown_, {{"policy", policy_name(o_.wait.policy)}});
   }
   void on_replaced(int count, bool dir_moved) override {
     log_.warn("lock_file_replaced",
@@ -178,7 +178,7 @@ void LocalLock::write_record() {
                          .pid_start = pid_start_,
                          .agent_id = o_.agent,
                          .operation = o_.operation,
-                         .policy = std::string(policy_name(o_.policy)),
+                         .policy = std::string(policy_name(o_.wait.policy)),
                          .acquired_at = sys::utc_now_iso8601(),
                          .released_at = std::nullopt,
                          .no_fork = o_.no_fork};
@@ -231,7 +231,7 @@ void LocalLock::prepare(CommandSpec& spec) {
   env_set(spec.env,
           {{env_name::kDir, target_.canonical_dir},
            {env_name::kLockId, target_.lock_id},
-           {env_name::kPolicy, std::string(policy_name(o_.policy))},
+           {env_name::kPolicy, std::string(policy_name(o_.wait.policy))},
            {env_name::kHolderPid, std::to_string(pid_)}},
           {env_name::kFd, env_name::kHolderFd, env_name::kEtcdPassword});
 }

@@ -40,7 +40,7 @@ Incident Reporter::incident(std::string error_code) const {
   inc.at = sys::utc_now_iso8601();
   inc.error_code = std::move(error_code);
   inc.lock_id = lock_id_;
-  inc.policy = std::string(policy_name(o_.policy));
+  inc.policy = std::string(policy_name(o_.wait.policy));
   inc.waiter_pid = pid_;
   inc.waiter_agent = o_.agent;
   inc.waiter_operation = o_.operation;
@@ -70,7 +70,7 @@ void Reporter::append(const Incident& inc) const {
 
 Json Reporter::fields(const Blocker& b) const {
   Json j = {
-      {"lock_id", lock_id_}, {"policy", policy_name(o_.policy)}, {"holder_pids", Json::array()}, {"holder", nullptr}};
+      {"lock_id", lock_id_}, {"policy", policy_name(o_.wait.policy)}, {"holder_pids", Json::array()}, {"holder", nullptr}};
   const HolderFacts& h = b.holders;
   for (Pid pid : h.pids) j["holder_pids"].push_back(pid);
   if (h.holder) j["holder"] = holder_to_json(*h.holder);
@@ -96,7 +96,7 @@ void Reporter::already_run(const RunEntry& run, const Blocker* holding, const st
               "noop-already-run: " + o_.operation + " already ran in this slot (--once-per " +
                   format_duration(*o_.once_per_ns) + ") on " + who + "; skipped " + o_.operation + " (" + ledger + ")",
               {{"lock_id", lock_id_},
-               {"policy", policy_name(o_.policy)},
+               {"policy", policy_name(o_.wait.policy)},
                {"once_per_ms", *o_.once_per_ns / kMs},
                {"running_now", holding != nullptr},
                {"last_run", run_entry_to_json(run)}});
@@ -113,7 +113,7 @@ void Reporter::timeout(const Blocker& b, const WaitPlan& plan, long long waited_
   inc.record = b.holders.record;
   inc.warnings = b.holders.warnings;
   inc.fields = b.fields;
-  inc.operator_action = operator_action(o_.policy, b.confirm, b.many) + b.action_extra;
+  inc.operator_action = operator_action(o_.wait.policy, b.confirm, b.many) + b.action_extra;
   append(inc);
   Json f = fields(b);
   f["waited_ms"] = inc.waited_ms;
@@ -136,7 +136,7 @@ void Reporter::max_time(const JobEnd& job, const std::optional<HolderRecord>& re
                         (job.killed ? "it ignored TERM: KILL was needed" : "TERM sufficed") +
                         "); find out why it hung before the next run does too.";
   append(inc);
-  Json f = {{"lock_id", lock_id_}, {"policy", policy_name(o_.policy)}, {"deadline_ms", inc.deadline_ms}};
+  Json f = {{"lock_id", lock_id_}, {"policy", policy_name(o_.wait.policy)}, {"deadline_ms", inc.deadline_ms}};
   f.update(inc.details);
   log_.error("max_time_exceeded",
              "max_time_exceeded: " + o_.operation + " ran longer than --max-time " + format_duration(*o_.limits.max_time_ns) +

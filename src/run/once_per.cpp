@@ -120,14 +120,14 @@ std::optional<WaitPlan> OncePer::wait_for_run(const RunEntry& run, const Blocker
       until = std::min(until, later(now, static_cast<long long>(h->lease_ttl_s) * kSec + kLeaseSlackNs));
     }
   }
-  if ((!dead && o_.policy == Policy::SingleFlight) || now >= until) return std::nullopt;
+  if ((!dead && o_.wait.policy == Policy::SingleFlight) || now >= until) return std::nullopt;
   log_.verbose("waiting",
                "waiting past the deadline for the slot's run, " + describe_run(run) + ": " + b.what + " is held by " +
                    b.who +
                    (dead ? "; that run's looplock is dead, so this run takes the slot once the lock is free"
                          : "; this run skips once it has recorded its end, or takes the slot if it never does") +
                    " (at most " + format_duration(until - now) + ")",
-               {{"policy", policy_name(o_.policy)}});
+               {{"policy", policy_name(o_.wait.policy)}});
   return WaitPlan{WaitPlan::Kind::Bounded, until - wait_start_ns};
 }
 

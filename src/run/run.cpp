@@ -78,7 +78,7 @@ void Run::open() {
   facts_.loop = target_.loop;
   log_.set_lock_id(target_.lock_id);
   reporter_.set_target(dir_.fd.get(), target_.lock_id);
-  plan_ = wait_plan(o_.policy, o_.timeout_ns);
+  plan_ = wait_plan(o_.wait.policy, o_.wait.timeout_ns);
 
   spec_.argv = o_.command;
   spec_.env = ctx_.env;
@@ -124,7 +124,7 @@ std::optional<Conclusion> Run::acquire(Lock& lock) {
     return skipped();
   }
   reporter_.timeout(*b, plan_, facts_.waited_ns);
-  return Conclusion{exit_status(o_.conflict_exit_code), RunOutcome::Timeout};
+  return Conclusion{exit_status(o_.wait.conflict_exit_code), RunOutcome::Timeout};
 }
 
 // The command's job, under every lock (-F: in looplock's place).
@@ -206,7 +206,7 @@ std::optional<Conclusion> Run::claim_slot() {
 }
 
 // A skip (single_flight's, or the slot's): --skip-exit-code.
-Conclusion Run::skipped() const { return {exit_status(o_.skip_exit_code), RunOutcome::Skipped}; }
+Conclusion Run::skipped() const { return {exit_status(o_.wait.skip_exit_code), RunOutcome::Skipped}; }
 
 Exit Run::finish(const Conclusion& c) {
   facts_.outcome = c.outcome;

@@ -37,39 +37,58 @@ struct ClusterSettings {
   std::optional<std::string> etcd_password;  // $LOOPLOCK_ETCD_PASSWORD, with --etcd-user; never printed
 };
 
+// How a run waits for its lock, and what it exits with when it does not
+// get it (base/policy.hpp's plan is made from these).
+struct WaitSettings {
+  Policy policy = Policy::Mutation;
+  std::optional<long long> timeout_ns;  // -w
+  int conflict_exit_code = 75;          // -E
+  int skip_exit_code = 0;               // --skip-exit-code
+};
+
+// How looplock speaks: what the Logger is made with (base/log.hpp).
+struct OutputSettings {
+  Verbosity verbosity = Verbosity::Normal;
+  LogFormat log_format = LogFormat::Text;
+};
+
+// What --inspect was asked for.
+struct InspectSettings {
+  std::vector<std::string> dirs;  // every DIR given, in order
+  bool json = false;
+  bool check = false;  // --check: exit 1 when a report warns
+  long long stale_after_ns = 2LL * 3600 * 1'000'000'000LL;
+  size_t incidents = 1;  // --incidents: the newest rows --inspect shows
+};
+
+// The whole request, grouped by concern: each part goes to the module that
+// reads it (the wait to the policy's plan, the job's limits to the job, the
+// cluster settings to src/cluster/, the output settings to the Logger,
+// --inspect's to the inspection).
 struct Options {
   Mode mode = Mode::Run;
-  std::string dir;                // the loop directory (the first one, for --inspect)
-  std::vector<std::string> dirs;  // --inspect: every DIR given, in order
+  std::string dir;  // the loop directory (the first one, for --inspect)
   // The argv to execute. For -c this is {"/bin/sh", "-c", "--", STRING}.
   std::vector<std::string> command;
   bool shell_form = false;
 
-  Policy policy = Policy::Mutation;
-  std::optional<long long> timeout_ns;     // -w
-  int conflict_exit_code = 75;             // -E
-  int skip_exit_code = 0;                  // --skip-exit-code
+  WaitSettings wait;                       // -p, -w, -E, --skip-exit-code
   bool shared = false;                     // -s
   bool close_fd = false;                   // -o
   bool no_fork = false;                    // -F
   std::optional<long long> kill_after_ns;  // --kill-after as given (0 and kForever: never)
   JobLimits limits;                        // the job's limits, resolved (job_limits.hpp)
-  std::optional<long long> once_per_ns;     // --once-per
-  std::optional<long long> jitter_ns;       // --jitter
-  std::string metrics_dir;               // --metrics-dir or $LOOPLOCK_METRICS_DIR; empty: none
+  std::optional<long long> once_per_ns;    // --once-per
+  std::optional<long long> jitter_ns;      // --jitter
+  std::string metrics_dir;                 // --metrics-dir or $LOOPLOCK_METRICS_DIR; empty: none
 
   std::string agent;      // resolved: --agent, $LOOPLOCK_AGENT, user name
   std::string operation;  // resolved: --operation or derived from the command
 
-  Verbosity verbosity = Verbosity::Normal;
-  LogFormat log_format = LogFormat::Text;
+  OutputSettings output;  // -q, -v, --log-format: the Logger's
 
   ClusterSettings cluster;  // --etcd and its options
-  // --inspect
-  bool json = false;
-  bool check = false;  // --check: exit 1 when a report warns
-  long long stale_after_ns = 2LL * 3600 * 1'000'000'000LL;
-  size_t incidents = 1;  // --incidents: the newest rows --inspect shows
+  InspectSettings inspect;  // --inspect's
 };
 
 // The KILL after --max-time's TERM when --kill-after is not given.

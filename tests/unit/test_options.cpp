@@ -58,7 +58,7 @@ TEST_CASE("the command after -- is never parsed") {
   CHECK(o.dir == "DIR");
   CHECK(o.command == Args{"cmd", "--help", "-w", "x"});
   CHECK_FALSE(o.shell_form);
-  CHECK_FALSE(o.timeout_ns);
+  CHECK_FALSE(o.wait.timeout_ns);
 
   // Everything looplock would reject is the command's business.
   o = parse({"DIR", "--", "cmd", "--", "-c", "--bogus", "-p", "nope", "--inspect", "--version"});
@@ -78,32 +78,32 @@ TEST_CASE("the command after -- is never parsed") {
 
 TEST_CASE("defaults") {
   Options o = parse({"DIR", "--", "true"});
-  CHECK(o.policy == looplock::Policy::Mutation);
-  CHECK_FALSE(o.timeout_ns);
-  CHECK(o.conflict_exit_code == 75);
-  CHECK(o.skip_exit_code == 0);
+  CHECK(o.wait.policy == looplock::Policy::Mutation);
+  CHECK_FALSE(o.wait.timeout_ns);
+  CHECK(o.wait.conflict_exit_code == 75);
+  CHECK(o.wait.skip_exit_code == 0);
   CHECK_FALSE(o.shared);
   CHECK_FALSE(o.close_fd);
   CHECK_FALSE(o.no_fork);
   CHECK_FALSE(o.kill_after_ns);
-  CHECK(o.verbosity == looplock::Verbosity::Normal);
-  CHECK(o.log_format == looplock::LogFormat::Text);
-  CHECK_FALSE(o.json);
-  CHECK(o.stale_after_ns == 2 * 3600 * kSec);
+  CHECK(o.output.verbosity == looplock::Verbosity::Normal);
+  CHECK(o.output.log_format == looplock::LogFormat::Text);
+  CHECK_FALSE(o.inspect.json);
+  CHECK(o.inspect.stale_after_ns == 2 * 3600 * kSec);
   CHECK(o.agent == "tester");
   CHECK(o.operation == "true");
 }
 
 TEST_CASE("timeout spellings") {
-  CHECK(parse({"-w", "5", "DIR", "--", "x"}).timeout_ns == 5 * kSec);
-  CHECK(parse({"-w5", "DIR", "--", "x"}).timeout_ns == 5 * kSec);
-  CHECK(parse({"--timeout=5", "DIR", "--", "x"}).timeout_ns == 5 * kSec);
-  CHECK(parse({"--timeout", "0.25", "DIR", "--", "x"}).timeout_ns == kSec / 4);
-  CHECK(parse({"DIR", "-w", "0", "--", "x"}).timeout_ns == 0);  // options after DIR
+  CHECK(parse({"-w", "5", "DIR", "--", "x"}).wait.timeout_ns == 5 * kSec);
+  CHECK(parse({"-w5", "DIR", "--", "x"}).wait.timeout_ns == 5 * kSec);
+  CHECK(parse({"--timeout=5", "DIR", "--", "x"}).wait.timeout_ns == 5 * kSec);
+  CHECK(parse({"--timeout", "0.25", "DIR", "--", "x"}).wait.timeout_ns == kSec / 4);
+  CHECK(parse({"DIR", "-w", "0", "--", "x"}).wait.timeout_ns == 0);  // options after DIR
   Options o = parse({"-qw", "5", "DIR", "--", "x"});
-  CHECK(o.timeout_ns == 5 * kSec);
-  CHECK(o.verbosity == looplock::Verbosity::Quiet);
-  CHECK(parse({"-p", "monitor", "-w", "2", "DIR", "--", "x"}).timeout_ns == 2 * kSec);
+  CHECK(o.wait.timeout_ns == 5 * kSec);
+  CHECK(o.output.verbosity == looplock::Verbosity::Quiet);
+  CHECK(parse({"-p", "monitor", "-w", "2", "DIR", "--", "x"}).wait.timeout_ns == 2 * kSec);
 }
 
 TEST_CASE("an option value that looks like -- or -c is the option's value") {
@@ -209,7 +209,7 @@ TEST_CASE("-c SHELL-COMMAND") {
   CHECK(o.operation == "sh");
   CHECK(parse({"DIR", "-c", "-x"}).command == Args{"/bin/sh", "-c", "--", "-x"});
   o = parse({"-w", "1", "DIR", "-c", "x"});
-  CHECK(o.timeout_ns == kSec);
+  CHECK(o.wait.timeout_ns == kSec);
   CHECK(parse({"--operation", "tick", "DIR", "-c", "x"}).operation == "tick");
 }
 
@@ -292,28 +292,28 @@ TEST_CASE("usage errors name the cause") {
 }
 
 TEST_CASE("exit code options accept their whole range") {
-  CHECK(parse({"-E", "1", "DIR", "--", "x"}).conflict_exit_code == 1);
-  CHECK(parse({"-E", "255", "DIR", "--", "x"}).conflict_exit_code == 255);
-  CHECK(parse({"--conflict-exit-code=99", "DIR", "--", "x"}).conflict_exit_code == 99);
-  CHECK(parse({"--skip-exit-code", "0", "DIR", "--", "x"}).skip_exit_code == 0);
-  CHECK(parse({"--skip-exit-code", "255", "DIR", "--", "x"}).skip_exit_code == 255);
-  CHECK(parse({"-p", "single_flight", "--skip-exit-code", "3", "DIR", "--", "x"}).skip_exit_code == 3);
+  CHECK(parse({"-E", "1", "DIR", "--", "x"}).wait.conflict_exit_code == 1);
+  CHECK(parse({"-E", "255", "DIR", "--", "x"}).wait.conflict_exit_code == 255);
+  CHECK(parse({"--conflict-exit-code=99", "DIR", "--", "x"}).wait.conflict_exit_code == 99);
+  CHECK(parse({"--skip-exit-code", "0", "DIR", "--", "x"}).wait.skip_exit_code == 0);
+  CHECK(parse({"--skip-exit-code", "255", "DIR", "--", "x"}).wait.skip_exit_code == 255);
+  CHECK(parse({"-p", "single_flight", "--skip-exit-code", "3", "DIR", "--", "x"}).wait.skip_exit_code == 3);
 }
 
 TEST_CASE("flags and policies") {
-  CHECK(parse({"-p", "monitor", "DIR", "--", "x"}).policy == looplock::Policy::Monitor);
-  CHECK(parse({"--policy=single_flight", "DIR", "--", "x"}).policy == looplock::Policy::SingleFlight);
-  CHECK(parse({"--policy", "blocking", "DIR", "--", "x"}).policy == looplock::Policy::Blocking);
-  CHECK(parse({"-p", "mutation", "DIR", "--", "x"}).policy == looplock::Policy::Mutation);
+  CHECK(parse({"-p", "monitor", "DIR", "--", "x"}).wait.policy == looplock::Policy::Monitor);
+  CHECK(parse({"--policy=single_flight", "DIR", "--", "x"}).wait.policy == looplock::Policy::SingleFlight);
+  CHECK(parse({"--policy", "blocking", "DIR", "--", "x"}).wait.policy == looplock::Policy::Blocking);
+  CHECK(parse({"-p", "mutation", "DIR", "--", "x"}).wait.policy == looplock::Policy::Mutation);
   Options o = parse({"-s", "-o", "-v", "--log-format", "json", "DIR", "--", "x"});
   CHECK(o.shared);
   CHECK(o.close_fd);
-  CHECK(o.verbosity == looplock::Verbosity::Verbose);
-  CHECK(o.log_format == looplock::LogFormat::Json);
+  CHECK(o.output.verbosity == looplock::Verbosity::Verbose);
+  CHECK(o.output.log_format == looplock::LogFormat::Json);
   o = parse({"-sF", "--log-format=text", "DIR", "--", "x"});
   CHECK(o.shared);
   CHECK(o.no_fork);
-  CHECK(o.log_format == looplock::LogFormat::Text);
+  CHECK(o.output.log_format == looplock::LogFormat::Text);
   CHECK(parse({"--kill-after", "2.5s", "DIR", "--", "x"}).kill_after_ns == 2 * kSec + kSec / 2);
   CHECK(parse({"--kill-after=1m", "-o", "DIR", "--", "x"}).kill_after_ns == 60 * kSec);
 }
@@ -329,11 +329,11 @@ TEST_CASE("help, version and inspect modes") {
   Options o = parse({"--inspect", "DIR"});
   CHECK(o.mode == looplock::Mode::Inspect);
   CHECK(o.dir == "DIR");
-  CHECK_FALSE(o.json);
-  CHECK(o.stale_after_ns == 2 * 3600 * kSec);
+  CHECK_FALSE(o.inspect.json);
+  CHECK(o.inspect.stale_after_ns == 2 * 3600 * kSec);
   o = parse({"--inspect", "--json", "--stale-after", "30m", "DIR"});
-  CHECK(o.json);
-  CHECK(o.stale_after_ns == 30 * 60 * kSec);
+  CHECK(o.inspect.json);
+  CHECK(o.inspect.stale_after_ns == 30 * 60 * kSec);
   CHECK(parse({"DIR", "--inspect"}).mode == looplock::Mode::Inspect);
 }
 
@@ -389,8 +389,8 @@ TEST_CASE("--max-time, --metrics-dir, --check and several --inspect DIRs") {
   CHECK(looplock::parse_options({"looplock", "DIR", "--", "x"}, env).metrics_dir == "/from-env");
   CHECK(looplock::parse_options({"looplock", "--metrics-dir=/m", "DIR", "--", "x"}, env).metrics_dir == "/m");
   Options o = parse({"--inspect", "--check", "A", "B", "C"});
-  CHECK(o.check);
-  CHECK(o.dirs == Args{"A", "B", "C"});
+  CHECK(o.inspect.check);
+  CHECK(o.inspect.dirs == Args{"A", "B", "C"});
   CHECK(o.dir == "A");
 }
 
@@ -406,10 +406,10 @@ TEST_CASE("--kill-after 0 and inf mean never; -w inf waits without limit") {
   CHECK(max_time_kill_after(parse({"--kill-after", "2", "DIR", "--", "x"})) == 2 * kSec);
   CHECK_FALSE(max_time_kill_after(parse({"--kill-after", "0", "DIR", "--", "x"})));
   auto o = parse({"-w", "inf", "DIR", "--", "x"});
-  CHECK(looplock::wait_plan(o.policy, o.timeout_ns).kind == looplock::WaitPlan::Kind::Unbounded);
+  CHECK(looplock::wait_plan(o.wait.policy, o.wait.timeout_ns).kind == looplock::WaitPlan::Kind::Unbounded);
   o = parse({"-w", ".5", "DIR", "--", "x"});
-  CHECK(looplock::wait_plan(o.policy, o.timeout_ns).kind == looplock::WaitPlan::Kind::Bounded);
-  CHECK(looplock::wait_plan(o.policy, o.timeout_ns).deadline_ns == kSec / 2);
+  CHECK(looplock::wait_plan(o.wait.policy, o.wait.timeout_ns).kind == looplock::WaitPlan::Kind::Bounded);
+  CHECK(looplock::wait_plan(o.wait.policy, o.wait.timeout_ns).deadline_ns == kSec / 2);
 }
 
 TEST_CASE("derive_operation") {
@@ -646,12 +646,12 @@ TEST_CASE("cluster TLS and authentication options") {
 
 TEST_CASE("flock(1) habits: -n is -w 0 under the policy in force, -x the default; -u and 'flock N' are pointed") {
   Options o = parse({"-n", "DIR", "--", "x"});
-  CHECK(o.timeout_ns == 0);
-  CHECK(o.policy == looplock::Policy::Mutation);
-  CHECK(parse({"--nonblock", "-p", "monitor", "DIR", "--", "x"}).timeout_ns == 0);
-  CHECK(parse({"-xn", "DIR", "--", "x"}).timeout_ns == 0);
+  CHECK(o.wait.timeout_ns == 0);
+  CHECK(o.wait.policy == looplock::Policy::Mutation);
+  CHECK(parse({"--nonblock", "-p", "monitor", "DIR", "--", "x"}).wait.timeout_ns == 0);
+  CHECK(parse({"-xn", "DIR", "--", "x"}).wait.timeout_ns == 0);
   CHECK_FALSE(parse({"-x", "DIR", "--", "x"}).shared);
-  CHECK_FALSE(parse({"--exclusive", "DIR", "--", "x"}).timeout_ns);
+  CHECK_FALSE(parse({"--exclusive", "DIR", "--", "x"}).wait.timeout_ns);
   auto f = parse_failure({"-n", "-p", "single_flight", "DIR", "--", "x"});
   REQUIRE(f);
   CHECK(f->message == "-n/--nonblock does not apply to policy single_flight");
@@ -783,25 +783,25 @@ std::string outcome_of(const Args& args, bool declare_all) {
       return out;
     };
     add("mode", std::to_string(static_cast<int>(o.mode)));
-    add("dirs", list(o.dirs));
+    add("dirs", list(o.inspect.dirs));
     add("command", list(o.command));
     add("shell", std::to_string(o.shell_form));
-    add("policy", std::to_string(static_cast<int>(o.policy)));
-    add("timeout", opt(o.timeout_ns));
-    add("E", std::to_string(o.conflict_exit_code) + "/" + std::to_string(o.skip_exit_code));
+    add("policy", std::to_string(static_cast<int>(o.wait.policy)));
+    add("timeout", opt(o.wait.timeout_ns));
+    add("E", std::to_string(o.wait.conflict_exit_code) + "/" + std::to_string(o.wait.skip_exit_code));
     add("flags", std::to_string(o.shared) + std::to_string(o.close_fd) + std::to_string(o.no_fork) +
-                     std::to_string(o.json) + std::to_string(o.check));
+                     std::to_string(o.inspect.json) + std::to_string(o.inspect.check));
     add("kill", opt(o.kill_after_ns) + "/" + opt(o.limits.kill_after_ns) + "/" + opt(o.limits.max_time_kill_after_ns));
     add("max", opt(o.limits.max_time_ns) + "/" + opt(o.limits.warn_before_ns) + "/" + std::to_string(o.limits.warn_signal));
     add("once", opt(o.once_per_ns) + "/" + opt(o.jitter_ns));
     add("metrics", o.metrics_dir);
     add("who", o.agent + "/" + o.operation);
-    add("out", std::to_string(static_cast<int>(o.verbosity)) + std::to_string(static_cast<int>(o.log_format)));
+    add("out", std::to_string(static_cast<int>(o.output.verbosity)) + std::to_string(static_cast<int>(o.output.log_format)));
     add("etcd", o.cluster.etcd + "/" + std::to_string(o.cluster.endpoints.size()) + "/" + o.cluster.lock_name + "/" + std::to_string(o.cluster.ttl_s) +
                     "/" + std::to_string(o.cluster.lease_kill_after_ns));
     add("tls", o.cluster.etcd_cacert + "/" + o.cluster.etcd_cert + "/" + o.cluster.etcd_key + "/" + o.cluster.etcd_user + "/" +
                    o.cluster.etcd_password_file + "/" + o.cluster.etcd_password.value_or("-"));
-    add("inspect", std::to_string(o.stale_after_ns) + "/" + std::to_string(o.incidents));
+    add("inspect", std::to_string(o.inspect.stale_after_ns) + "/" + std::to_string(o.inspect.incidents));
     return s;
   } catch (const Fatal& f) {
     return "error " + std::to_string(f.status()) + ": " + f.what() + " | " + f.hint();

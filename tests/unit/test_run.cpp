@@ -283,8 +283,8 @@ TEST_CASE(
 TEST_CASE("Run, the lock busy under single_flight: the skip line names the holder, the job never runs") {
   testutil::TempDir dir;
   Options o = options_for(dir);
-  o.policy = Policy::SingleFlight;
-  o.skip_exit_code = 3;
+  o.wait.policy = Policy::SingleFlight;
+  o.wait.skip_exit_code = 3;
   const Outcome r = run_with(o, dir, answering(Acquisition::Busy), ended(0));
   CHECK(r.exit.kind == Exit::Kind::ExitStatus);
   CHECK(r.exit.value == 3);
@@ -300,8 +300,8 @@ TEST_CASE("Run, the lock busy under single_flight: the skip line names the holde
 TEST_CASE("Run, the wait timed out: -E's status, an incident row with the kind's fields, the job never runs") {
   testutil::TempDir dir;
   Options o = options_for(dir);
-  o.timeout_ns = 1'000'000;
-  o.conflict_exit_code = 9;
+  o.wait.timeout_ns = 1'000'000;
+  o.wait.conflict_exit_code = 9;
   const Outcome r = run_with(o, dir, answering(Acquisition::TimedOut), ended(0));
   CHECK(r.exit.kind == Exit::Kind::ExitStatus);
   CHECK(r.exit.value == 9);
