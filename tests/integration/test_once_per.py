@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from conftest import (EX_CANTCREAT, EX_NOTFOUND, EX_TEMPFAIL, LOOPLOCK, NO_PROC, PY, TIMEOUT, children,
-                      expect_line, expect_stderr, helper, incident_rows, kill_and_wait_gone, need_no_proc, run, running, start,
-                      wait_until)
+                      expect_line, expect_stderr, helper, incident_rows, kill_and_wait_gone, need_no_proc, proc_state,
+                      run, running, start, wait_until)
 
 TICK = helper("slot_tick.py")
 CHECKPOINT = helper("checkpoint_tick.py")
@@ -569,8 +569,12 @@ def test_jitter_is_outside_the_deadline_and_the_wait_metric(loop_dir, tmp_path, 
 
 
 def test_a_signal_during_the_jitter_ends_the_run_as_during_a_wait(loop_dir, tmp_path):
-    p = start(["-v", "--jitter", "60s", str(loop_dir), "--", "touch", str(tmp_path / "ran")])
-    time.sleep(0.3)
+    # --jitter's bound, 24h: a wait drawn shorter than the moment from its
+    # start to the signal has odds of about one in ten million (with 60s and
+    # a fixed 0.3 s pause, one in two hundred runs drew a wait that was over
+    # before the signal came).
+    p = start(["-v", "--jitter", "24h", str(loop_dir), "--", "touch", str(tmp_path / "ran")])
+    wait_until(lambda: proc_state(p.pid) == "S", "looplock to sleep out its --jitter")  # its first sleep
     p.send_signal(signal.SIGTERM)
     p.wait(timeout=TIMEOUT)
     assert p.returncode == -signal.SIGTERM
