@@ -146,10 +146,7 @@ std::optional<int> terminal_width(int fd) {
   return static_cast<int>(ws.ws_col);
 }
 
-bool keep_from_commands(int fd) {
-  const int flags = fcntl(fd, F_GETFD);
-  return flags >= 0 && (flags & FD_CLOEXEC ? true : fcntl(fd, F_SETFD, flags | FD_CLOEXEC) == 0);
-}
+bool keep_from_commands(int fd) { return fcntl(fd, F_SETFD, FD_CLOEXEC) == 0; }  // the one descriptor flag
 
 bool in_group(Gid gid) {
   if (getegid() == gid) return true;

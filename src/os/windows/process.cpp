@@ -13,11 +13,16 @@ namespace looplock::sys {
 
 namespace {
 
-// The creation time of the process behind `h`, in 100 ns units since 1601.
+// A FILETIME as one number: 100 ns units since 1601.
+long long ticks(const FILETIME& t) {
+  return static_cast<long long>((static_cast<unsigned long long>(t.dwHighDateTime) << 32) | t.dwLowDateTime);
+}
+
+// The creation time of the process behind `h`, as text.
 std::optional<std::string> creation_time(HANDLE h) {
   FILETIME created{}, exited{}, kernel{}, user{};
   if (!GetProcessTimes(h, &created, &exited, &kernel, &user)) return std::nullopt;
-  return std::to_string((static_cast<unsigned long long>(created.dwHighDateTime) << 32) | created.dwLowDateTime);
+  return std::to_string(ticks(created));
 }
 
 // A handle to process `pid` that can query it; nullptr (GetLastError set)
@@ -41,8 +46,8 @@ std::optional<std::string> process_start(Pid pid) {
   CloseHandle(h);
   // An exited process whose object lives on (another handle holds it) is no
   // process any more: its exit time is set.
-  if (!timed || exited.dwLowDateTime != 0 || exited.dwHighDateTime != 0) return std::nullopt;
-  return std::to_string((static_cast<unsigned long long>(created.dwHighDateTime) << 32) | created.dwLowDateTime);
+  if (!timed || ticks(exited) != 0) return std::nullopt;
+  return std::to_string(ticks(created));
 }
 
 std::optional<std::string> own_start() { return creation_time(GetCurrentProcess()); }
@@ -81,9 +86,6 @@ std::optional<long long> process_age_ms(Pid pid) {
   CloseHandle(h);
   if (!timed) return std::nullopt;
   GetSystemTimeAsFileTime(&now);
-  const auto ticks = [](const FILETIME& t) {
-    return static_cast<long long>((static_cast<unsigned long long>(t.dwHighDateTime) << 32) | t.dwLowDateTime);
-  };
   const long long age = (ticks(now) - ticks(created)) / 10'000;  // 100 ns units
   return age < 0 ? 0 : age;
 }
