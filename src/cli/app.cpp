@@ -5,7 +5,7 @@
 #include "cli/cluster_exec.hpp"
 #include "cli/inspect.hpp"
 #include "cli/version.hpp"
-#include "job/job.hpp"
+#include "job/process_jobs.hpp"
 #include "os/sys.hpp"
 
 namespace looplock {

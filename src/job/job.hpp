@@ -1,9 +1,8 @@
 // The job as the layers above see it: what to run with which limits, how it
-// ended, and what runs it (JobRunner: processes in spawn.hpp, or a fake in
-// Run's unit tests).
+// ended, and what runs it (JobRunner: the operating system's jobs under
+// job_loop.hpp's loop, or a fake in Run's unit tests).
 #pragma once
 
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -44,7 +43,7 @@ struct JobEnd {
   std::vector<Pid> warn_skipped;  // those seen that do not catch it, and were not sent it
 };
 
-// What runs a run's command: processes (ProcessJobs), or, in Run's unit
+// What runs a run's command: the system's jobs (process_jobs.hpp), or, in Run's unit
 // tests, a fake that says how the job ended.
 class JobRunner {
 public:
@@ -57,16 +56,13 @@ public:
   // looplock ended it, until its whole process group has). Throws Fatal 71
   // if it cannot be started safely, 126/127 if the command cannot be
   // executed.
-  virtual JobEnd run(const CommandSpec& spec, const Logger& log, Pid self) = 0;
+  virtual JobEnd run(const CommandSpec& spec, const Logger& log) = 0;
   // Replaces looplock with the command (-F). Returns only by throwing Fatal.
   [[noreturn]] virtual void exec(const CommandSpec& spec) = 0;
   // Leaves looplock the way the command left (JobEnd::status): with its
   // exit status, or dying of the signal that killed it.
   [[noreturn]] virtual void exit_like(int status) = 0;
 };
-
-// The runner of real processes (spawn.cpp).
-std::unique_ptr<JobRunner> process_jobs();
 
 // The exit status looplock reports for the command's status (JobEnd::status),
 // when it does not die of the signal itself: N, or 128+S.

@@ -1,5 +1,5 @@
 // The Lease interface: a lock's hold that lasts only while it is renewed
-// (the cluster lock's etcd lease). The job loop (spawn.hpp) renews it and
+// (the cluster lock's etcd lease). The job loop (job_loop.hpp) renews it and
 // ends the job before it can expire; a lock offers one through
 // lock.hpp's Lock::lease(). Its timing for etcd is settings/lease_timing.hpp.
 #pragma once

@@ -1,4 +1,4 @@
-// What the job loop (spawn.cpp) does next: a pure function of the job's
+// What the job loop (job_loop.cpp) does next: a pure function of the job's
 // deadlines and the time, so that the deadline rules looplock adds to a
 // command (--kill-after, --max-time, the lease's TERM and its renewals, the
 // warning before them) are tested without processes. All times are

@@ -5,7 +5,7 @@
 #include "base/duration.hpp"
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
-#include "job/terminal.hpp"
+#include "local/wait_line.hpp"
 #include "os/file_status.hpp"
 #include "os/files.hpp"
 #include "os/ids.hpp"

@@ -132,7 +132,7 @@ JobEnd Run::run_job() {
   try {
     export_deadline();
     if (o_.no_fork) jobs_.exec(spec_);
-    JobEnd job = jobs_.run(spec_, log_, ctx_.pid);
+    JobEnd job = jobs_.run(spec_, log_);
     facts_.ran_ns = job.ended_ns - job.started_ns;
     return job;
   } catch (const Fatal& f) {

@@ -1,7 +1,7 @@
 // The limits looplock puts on a command's job, resolved once from
 // --kill-after, --max-time, --warn-before and --warn-signal (cli/options.cpp),
 // and held whole by the settings (settings.hpp) and by the job's spec
-// (job/spawn.hpp's CommandSpec). A new job deadline is a field here, its
+// (job/job.hpp's CommandSpec). A new job deadline is a field here, its
 // option in cli/option_table.cpp, and its rule in src/job/.
 #pragma once
 
@@ -20,7 +20,7 @@ struct JobLimits {
   std::optional<long long> max_time_kill_after_ns;
   // --warn-before: send `warn_signal` once to each process of the job that
   // catches it, this long before --max-time's TERM, or (a lease's renewals
-  // failing) before its TERM (job/warning.hpp). The command line sets the
+  // failing) before its TERM (os/job_control.hpp's JobWarning). The command line sets the
   // signal (USR1 unless --warn-signal, cli/options.cpp): a system's number.
   std::optional<long long> warn_before_ns;
   int warn_signal = 0;

@@ -158,7 +158,7 @@ class FakeJobs final : public JobRunner {
 public:
   explicit FakeJobs(JobEnd end) : end_(std::move(end)) {}
   void take_control(Pid /*self*/) override { ++took_control; }
-  JobEnd run(const CommandSpec& spec, const Logger& /*log*/, Pid /*self*/) override {
+  JobEnd run(const CommandSpec& spec, const Logger& /*log*/) override {
     ++runs;
     argv = spec.argv;
     env = spec.env;

@@ -1,7 +1,7 @@
 // looplock's own signal state (signals.hpp): what it inherits and gives
 // back to the command, the signals it supervises, and leaving the way the
 // command left (its status, or dying of its signal without a core file).
-#include "job/signals.hpp"
+#include "os/posix/signals.hpp"
 
 #include <doctest/doctest.h>
 
@@ -12,10 +12,12 @@
 
 #include "job/job.hpp"
 #include "os/ids.hpp"
+#include "os/job_control.hpp"
+#include "os/signal_names.hpp"
 #include "testutil.hpp"
 
-using looplock::InheritedSignals;
 using looplock::Pid;
+using looplock::sys::InheritedSignals;
 
 TEST_CASE("shell_status") {
   CHECK(looplock::shell_status(W_EXITCODE(0, 0)) == 0);
@@ -46,7 +48,7 @@ TEST_CASE("shell_status") {
 }
 
 TEST_CASE("supervised_signals: every signal but KILL and STOP") {
-  sigset_t set = looplock::supervised_signals();
+  sigset_t set = looplock::sys::supervised_signals();
   for (int s : {SIGHUP,  SIGINT,  SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2, SIGALRM,   SIGPIPE,  SIGVTALRM, SIGPROF,
                 SIGXCPU, SIGXFSZ, SIGCHLD, SIGTSTP, SIGTTIN, SIGTTOU, SIGCONT,   SIGSEGV,  SIGBUS,    SIGFPE,
                 SIGILL,  SIGABRT, SIGTRAP, SIGSYS,  SIGIO,   SIGPWR,  SIGSTKFLT, SIGWINCH, SIGURG}) {
@@ -80,7 +82,9 @@ TEST_CASE("take_signal_control captures the inherited state and sets looplock's 
   struct rlimit core_before {};
   REQUIRE(getrlimit(RLIMIT_CORE, &core_before) == 0);
 
-  InheritedSignals in = looplock::take_signal_control();
+  auto taken = looplock::sys::take_signal_control(getpid());
+  REQUIRE(std::holds_alternative<InheritedSignals>(taken));
+  InheritedSignals in = std::get<InheritedSignals>(std::move(taken));
   auto inherited = [&](int sig) {
     for (const auto& [s, act] : in.actions)
       if (s == sig) return act.sa_handler;
@@ -114,7 +118,7 @@ TEST_CASE("exit_like exits with the status or dies of the signal, without a core
   auto outcome = [](int wait_status) {
     Pid child = fork();
     REQUIRE(child >= 0);
-    if (child == 0) looplock::exit_like(wait_status);
+    if (child == 0) looplock::sys::exit_like(wait_status, looplock::shell_status(wait_status));
     auto st = testutil::wait_child(child);
     REQUIRE(st);
     return *st;

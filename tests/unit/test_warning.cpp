@@ -1,4 +1,4 @@
-#include "job/warning.hpp"
+#include "os/posix/warning.hpp"
 
 #include <doctest/doctest.h>
 #include <sys/prctl.h>
@@ -83,7 +83,7 @@ TEST_CASE("a warning pass sends the signal to each process of the group that cat
   const Pid ignorer = child(leader, 'i');
   const Pid blocker = child(leader, 'b');
   const Pid outsider = child(0, 'c');  // catches it, but in another group
-  looplock::JobWarning w(getpid(), leader, SIGUSR1);
+  looplock::sys::GroupWarning w(getpid(), leader, SIGUSR1);
   REQUIRE(w.pass());
   CHECK(w.sent() == std::vector<Pid>{catcher});
   auto skipped = w.skipped();
@@ -99,5 +99,5 @@ TEST_CASE("a warning pass sends the signal to each process of the group that cat
     kill(p, SIGKILL);
     reap(p);
   }
-  CHECK_FALSE(looplock::signal_in_group(catcher, leader, SIGUSR1));  // gone
+  CHECK_FALSE(looplock::sys::signal_in_group(catcher, leader, SIGUSR1));  // gone
 }

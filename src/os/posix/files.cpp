@@ -115,7 +115,7 @@ public:
     while (sigtimedwait(&alrm, nullptr, &zero) == SIGALRM) {
     }
     // Restoring can only fail where nothing is lost: the handler does
-    // nothing, and a command gets the inherited state from spawn anyway.
+    // nothing, and a command gets the inherited state from job_control.cpp anyway.
     sigaction(SIGALRM, &old_action_, nullptr);
     sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
     return nullptr;

@@ -1,16 +1,16 @@
-#include "job/signals.hpp"
+#include "os/posix/signals.hpp"
 
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <optional>
+#include <string>
 
-#include "base/error.hpp"
-#include "base/exit_codes.hpp"
-#include "job/job.hpp"
 #include "os/ids.hpp"
+#include "os/job_control.hpp"
 
-namespace looplock {
+namespace looplock::sys {
 
 namespace {
 
@@ -28,13 +28,15 @@ struct sigaction action(void (*handler)(int)) {
   return sa;
 }
 
-void change(InheritedSignals& in, int sig, const struct sigaction& to) {
+bool change(InheritedSignals& in, int sig, const struct sigaction& to) {
   struct sigaction old {};
-  if (sigaction(sig, &to, &old) != 0) {
-    fail_errno(exit_code::kOsError, "cannot set up signal handling (sigaction " + std::to_string(sig) + ")", errno);
-  }
+  if (sigaction(sig, &to, &old) != 0) return false;
   in.actions.emplace_back(sig, old);
+  return true;
 }
+
+// What failed, with the errno it failed with (read before anything else).
+JobFailure failed(std::string what, int err) { return {std::move(what), err, {}, false}; }
 
 }  // namespace
 
@@ -42,11 +44,9 @@ void change(InheritedSignals& in, int sig, const struct sigaction& to) {
 // holds the lock: the mask read (the command gets it back), RLIMIT_CORE read
 // and lowered, three dispositions set, and the signals that end a wait
 // unblocked (the header says why each).
-InheritedSignals take_signal_control(Pid self) {
+std::variant<InheritedSignals, JobFailure> take_signal_control(Pid self) {
   InheritedSignals in;
-  if (sigprocmask(SIG_SETMASK, nullptr, &in.mask) != 0) {
-    fail_errno(exit_code::kOsError, "cannot read the signal mask", errno);
-  }
+  if (sigprocmask(SIG_SETMASK, nullptr, &in.mask) != 0) return failed("cannot read the signal mask", errno);
   // Never a core file of looplock's own (a QUIT that ends a wait, an ABRT
   // sent to a waiting looplock): the soft limit goes to 0, the hard one stays
   // so that the command gets the inherited limit back.
@@ -56,21 +56,27 @@ InheritedSignals take_signal_control(Pid self) {
     };
     in.core_known = setrlimit(RLIMIT_CORE, &none) == 0;
   }
-  change(in, SIGCHLD, action(SIG_DFL));
-  change(in, SIGPIPE, action(SIG_IGN));
-  change(in, SIGXFSZ, action(SIG_IGN));
+  auto set = [&](int sig, const struct sigaction& to) {
+    if (change(in, sig, to)) return std::optional<JobFailure>();
+    const int err = errno;
+    return std::optional(failed("cannot set up signal handling (sigaction " + std::to_string(sig) + ")", err));
+  };
+  for (const auto& [sig, to] : {std::pair{SIGCHLD, action(SIG_DFL)}, std::pair{SIGPIPE, action(SIG_IGN)},
+                                std::pair{SIGXFSZ, action(SIG_IGN)}}) {
+    if (auto f = set(sig, to)) return *f;
+  }
   if (self == 1) {
     for (int s : kEndingSignals) {
       struct sigaction now {};
-      if (sigaction(s, nullptr, &now) == 0 && now.sa_handler == SIG_DFL) change(in, s, action(end_as_pid1));
+      if (sigaction(s, nullptr, &now) != 0 || now.sa_handler != SIG_DFL) continue;
+      if (auto f = set(s, action(end_as_pid1))) return *f;
     }
   }
   sigset_t ending;
   sigemptyset(&ending);
   for (int s : kEndingSignals) sigaddset(&ending, s);
-  if (sigprocmask(SIG_UNBLOCK, &ending, nullptr) != 0) {
-    fail_errno(exit_code::kOsError, "cannot unblock the signals that end a wait", errno);
-  }
+  if (sigprocmask(SIG_UNBLOCK, &ending, nullptr) != 0)
+    return failed("cannot unblock the signals that end a wait", errno);
   return in;
 }
 
@@ -88,7 +94,7 @@ sigset_t supervised_signals() {
   return set;
 }
 
-void exit_like(int wait_status) {
+void exit_like(int wait_status, int exit_status) {
   if (WIFSIGNALED(wait_status)) {
     const int sig = WTERMSIG(wait_status);
     // Die of the same signal, so the caller sees what it would see without
@@ -105,7 +111,7 @@ void exit_like(int wait_status) {
     sigprocmask(SIG_UNBLOCK, &one, nullptr);
     raise(sig);  // returns only where it cannot kill: as PID 1 of a pid namespace
   }
-  _exit(shell_status(wait_status));
+  _exit(exit_status);
 }
 
 bool stop_self(int sig) {
@@ -140,4 +146,4 @@ bool stop_self(int sig) {
   return take_cont();
 }
 
-}  // namespace looplock
+}  // namespace looplock::sys

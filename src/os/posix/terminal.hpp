@@ -1,4 +1,4 @@
-// The controlling terminal, when looplock has one: looplock runs the command
+// The controlling terminal on POSIX, when looplock has one: looplock runs the command
 // as a job of its own on it, as an interactive shell does (bash's jobs.c,
 // dash's jobs.c). The job leads its own process group; while looplock is the
 // terminal's foreground job, the command's group is made the foreground one,
@@ -10,21 +10,9 @@
 // gives it the terminal again if looplock is in the foreground.
 #pragma once
 
-#include <optional>
-#include <string>
-
 #include "os/ids.hpp"
 
-namespace looplock {
-
-// The status line of a wait on a terminal, at most `width` bytes: the times
-// first, then whom it waits for, then the lock: "looplock: waiting 1.0s (no
-// deadline) for pid 123 (flock): no looplock record on DIR/.state.lock".
-// When it is too wide, the path is cut (from the left, keeping its end) or
-// left out, never the holder; only a holder wider than the line is cut, after
-// its pid.
-std::string wait_status_line(long long waited_ns, std::optional<long long> left_ns, const std::string& who,
-                             const std::string& path, size_t width);
+namespace looplock::sys {
 
 class Terminal {
 public:
@@ -51,4 +39,4 @@ private:
   Pid own_pgrp_ = 0;
 };
 
-}  // namespace looplock
+}  // namespace looplock::sys

@@ -1,4 +1,4 @@
-#include "job/warning.hpp"
+#include "os/posix/warning.hpp"
 
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 
-namespace looplock {
+namespace looplock::sys {
 
 bool signal_in_group(Pid pid, Pid pgid, int sig) {
   auto in_group = [&] {
@@ -72,7 +72,7 @@ std::vector<Member> job_members(Pid self, Pid pgid) {
 
 }  // namespace
 
-bool JobWarning::pass() {
+bool GroupWarning::pass() {
   if (!procfs::proc_is_ours()) return false;
   for (const Member& m : job_members(self_, pgid_)) {
     if (std::find(sent_.begin(), sent_.end(), m.pid) != sent_.end()) continue;
@@ -84,7 +84,7 @@ bool JobWarning::pass() {
   return true;
 }
 
-std::vector<Pid> JobWarning::skipped() const {
+std::vector<Pid> GroupWarning::skipped() const {
   std::vector<Pid> out;
   for (const Pid p : seen_) {
     if (std::find(sent_.begin(), sent_.end(), p) == sent_.end()) out.push_back(p);
@@ -92,4 +92,4 @@ std::vector<Pid> JobWarning::skipped() const {
   return out;
 }
 
-}  // namespace looplock
+}  // namespace looplock::sys

@@ -1,4 +1,5 @@
-// --warn-before's warning, sent only to what handles it: each process of the
+// --warn-before's warning on POSIX (os/job_control.hpp's JobWarning), sent
+// only to what handles it: each process of the
 // job's process group (and of the job of a looplock nested in it) that
 // catches the signal (SigCgt in /proc/PID/status)
 // gets it once, through a pidfd (pidfd_open(2), pidfd_send_signal(2)) after
@@ -13,23 +14,24 @@
 #include <vector>
 
 #include "os/ids.hpp"
+#include "os/job_control.hpp"
 
-namespace looplock {
+namespace looplock::sys {
 
-class JobWarning {
+class GroupWarning final : public JobWarning {
 public:
   // The job: process group `pgid`, whose processes are descendants of
   // looplock (`self`: it is their subreaper).
-  JobWarning(Pid self, Pid pgid, int sig) : self_(self), pgid_(pgid), sig_(sig) {}
+  GroupWarning(Pid self, Pid pgid, int sig) : self_(self), pgid_(pgid), sig_(sig) {}
 
   // One pass: each process of the group that catches the signal and has not
   // had it yet gets it. False when /proc cannot tell who catches it (then
   // nothing is sent).
-  bool pass();
+  bool pass() override;
 
-  const std::vector<Pid>& sent() const { return sent_; }
+  const std::vector<Pid>& sent() const override { return sent_; }
   // The processes seen in the group that never caught it (they were not sent it).
-  std::vector<Pid> skipped() const;
+  std::vector<Pid> skipped() const override;
 
 private:
   Pid self_;
@@ -45,4 +47,4 @@ private:
 // when it was not sent.
 bool signal_in_group(Pid pid, Pid pgid, int sig);
 
-}  // namespace looplock
+}  // namespace looplock::sys

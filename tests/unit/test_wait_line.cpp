@@ -1,4 +1,4 @@
-#include "job/terminal.hpp"
+#include "local/wait_line.hpp"
 
 #include <doctest/doctest.h>
 

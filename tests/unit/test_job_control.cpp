@@ -1,4 +1,6 @@
-#include "job/spawn.hpp"
+// The job loop over the system's job on POSIX (os/posix/job_control.hpp):
+// real processes, signals, process groups; each run in a forked "looplock".
+#include "os/posix/job_control.hpp"
 
 #include <doctest/doctest.h>
 
@@ -18,19 +20,28 @@
 
 #include "base/error.hpp"
 #include "base/log.hpp"
+#include "job/job_loop.hpp"
 #include "os/ids.hpp"
+#include "os/posix/signals.hpp"
 #include "os/unique_fd.hpp"
 #include "testutil.hpp"
 
 using looplock::CommandSpec;
 using looplock::Fatal;
-using looplock::InheritedSignals;
 using looplock::Logger;
 using looplock::Pid;
 using looplock::UniqueFd;
+using looplock::sys::InheritedSignals;
 using testutil::TempDir;
 
 namespace {
+
+// looplock's own signal state for the run, as looplock takes it.
+InheritedSignals take_control() {
+  auto taken = looplock::sys::take_signal_control(getpid());
+  REQUIRE(std::holds_alternative<InheritedSignals>(taken));
+  return std::get<InheritedSignals>(std::move(taken));
+}
 
 std::vector<std::string> base_env() {
   const char* path = std::getenv("PATH");
@@ -118,13 +129,14 @@ private:
       close(out);
     }
     Logger log(looplock::Verbosity::Normal, looplock::LogFormat::Text, logfd);
-    InheritedSignals taken = looplock::take_signal_control();
+    InheritedSignals taken = take_control();
     int status = -1, fatal = -1, ended_by = -1;
     bool killed = false, lease_lost = false;
     long long ran_ms = -1;
     std::string message;
     try {
-      looplock::JobEnd end = looplock::run_command(spec, inherited ? *inherited : taken, log);
+      looplock::sys::ProcessControl control(inherited ? *inherited : taken, getpid());
+      looplock::JobEnd end = looplock::run_command(spec, control, log);
       status = end.status;
       ended_by = static_cast<int>(end.ended_by);
       killed = end.killed;
@@ -166,14 +178,6 @@ unsigned long long status_mask(const std::string& status, const std::string& fie
 bool has_sig(unsigned long long mask, int sig) { return (mask >> (sig - 1)) & 1; }
 
 }  // namespace
-
-TEST_CASE("exec_failure_status") {
-  CHECK(looplock::exec_failure_status(ENOENT) == 127);
-  CHECK(looplock::exec_failure_status(ENOTDIR) == 127);
-  CHECK(looplock::exec_failure_status(EACCES) == 126);
-  CHECK(looplock::exec_failure_status(ENOEXEC) == 126);
-  CHECK(looplock::exec_failure_status(EPERM) == 126);
-}
 
 TEST_CASE("run_command returns the command's wait status") {
   Result r = run(sh("exit 7"));
@@ -558,7 +562,7 @@ TEST_CASE("a lock descriptor that cannot be passed: 71, and the command does not
   Pid child = fork();
   REQUIRE(child >= 0);
   if (child == 0) {
-    InheritedSignals in = looplock::take_signal_control();
+    looplock::sys::ProcessControl in(take_control(), getpid());
     try {
       looplock::exec_command(spec, in);
     } catch (const Fatal& f) {
@@ -576,7 +580,7 @@ TEST_CASE("exec_command replaces the process; a failure throws") {
   Pid child = fork();
   REQUIRE(child >= 0);
   if (child == 0) {
-    InheritedSignals in = looplock::take_signal_control();
+    looplock::sys::ProcessControl in(take_control(), getpid());
     try {
       looplock::exec_command(sh("exit 9"), in);
     } catch (const Fatal& f) {
@@ -592,7 +596,7 @@ TEST_CASE("exec_command replaces the process; a failure throws") {
   child = fork();
   REQUIRE(child >= 0);
   if (child == 0) {
-    InheritedSignals in = looplock::take_signal_control();
+    looplock::sys::ProcessControl in(take_control(), getpid());
     CommandSpec spec;
     spec.argv = {"/nonexistent/looplock-cmd"};
     try {
@@ -606,4 +610,3 @@ TEST_CASE("exec_command replaces the process; a failure throws") {
   REQUIRE(st);
   CHECK(WEXITSTATUS(*st) == 127);
 }
-

@@ -1,7 +1,8 @@
-// looplock's own signal state: what it inherited (and gives back to the
-// command), what it changes for itself, and how it leaves the way the
+// looplock's own signal state on POSIX: what it inherited (and gives back to
+// the command), what it changes for itself, and how it leaves the way the
 // command left. Signals are handled in ordinary code: while the command runs
-// every catchable signal is blocked and taken with sigtimedwait (spawn.cpp);
+// every catchable signal is blocked and taken with sigtimedwait
+// (job_control.cpp);
 // while looplock waits for the lock, INT, TERM, HUP and QUIT keep their
 // default action and simply end looplock. The one exception is PID 1 of a pid
 // namespace, which the kernel never kills with a signal at its default
@@ -12,16 +13,14 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include <optional>
-#include <string>
-#include <string_view>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "os/ids.hpp"
-#include "os/signal_names.hpp"
+#include "os/job_control.hpp"
 
-namespace looplock {
+namespace looplock::sys {
 
 // The signal mask, the dispositions looplock changes and its core-file
 // limit, as looplock was started with them.
@@ -43,9 +42,9 @@ struct InheritedSignals {
 //   container's entrypoint), where a signal at its default action is never
 //   delivered, they get a handler that ends looplock with 128+N, as tini does.
 //   A signal the caller ignored stays ignored.
-// `self` is looplock's pid (1: the entrypoint of a pid namespace). Throws
-// Fatal 71 if the signal state cannot be set.
-InheritedSignals take_signal_control(Pid self = getpid());
+// `self` is looplock's pid (1: the entrypoint of a pid namespace). What
+// failed, when the signal state cannot be set.
+std::variant<InheritedSignals, JobFailure> take_signal_control(Pid self);
 
 // Puts back what the command must start with: the inherited dispositions,
 // core-file limit and mask. Async-signal-safe (it runs between vfork and
@@ -55,11 +54,6 @@ bool restore_in_child(const InheritedSignals& inherited);
 // Every signal looplock takes while the command runs: all but KILL and STOP.
 sigset_t supervised_signals();
 
-// Exits with the command's status, or dies of the signal that killed it
-// (without a core file: see take_signal_control). As PID 1, which cannot die
-// of its own signal, it exits 128+S instead.
-[[noreturn]] void exit_like(int wait_status);
-
 // Stops looplock with `sig` (TSTP, TTIN or TTOU) at its default action,
 // as the job it runs was stopped, so that the shell above sees looplock
 // stopped. Returns whether looplock was really stopped and has been
@@ -68,4 +62,4 @@ sigset_t supervised_signals();
 // above it) or the caller had the signal ignored.
 bool stop_self(int sig);
 
-}  // namespace looplock
+}  // namespace looplock::sys
