@@ -19,7 +19,7 @@ void write_metrics(const Options& o, const RunFacts& facts, int status, long lon
   RunMetrics m;
   m.lock_id = facts.lock_id;
   m.loop = facts.loop;
-  m.operation = o.operation;
+  m.operation = o.identity.operation;
   m.outcome = facts.outcome.value_or(RunOutcome::Error);
   m.exit_status = status;
   m.start_s = static_cast<double>(start_wall_ms) / 1000.0;

@@ -282,7 +282,7 @@ std::optional<std::pair<std::string, std::string>> looplock_identity(const std::
   try {
     Options o = parse_options(argv, env);
     if (o.mode != Mode::Run) return std::nullopt;
-    return std::make_pair(o.agent, o.operation);
+    return std::make_pair(o.identity.agent, o.identity.operation);
   } catch (const Fatal&) {
     return std::nullopt;
   }

@@ -446,12 +446,14 @@ void read_policy(const cxxopts::ParseResult& r, Options& o) {
   if (r.count("skip-exit-code")) o.wait.skip_exit_code = parse_exit_code(r, "skip-exit-code", 0, 255);
 }
 
-// -s, -o, -F, --kill-after, --max-time (and what they resolve to).
+// -s, -o, -F, --kill-after, --max-time, --once-per, --jitter, --warn-before
+// (and what they resolve to: the job's limits, the lease's kill-after).
 void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
-  o.shared = r.count("shared") > 0;
-  o.close_fd = r.count("close") > 0;
-  o.no_fork = r.count("no-fork") > 0;
-  if (r.count("kill-after")) o.kill_after_ns = duration_option("kill-after", text_of(r, "kill-after"));
+  o.lock.shared = r.count("shared") > 0;
+  o.lock.close_fd = r.count("close") > 0;
+  o.lock.no_fork = r.count("no-fork") > 0;
+  std::optional<long long> kill_after;  // as given: 0 and inf mean never
+  if (r.count("kill-after")) kill_after = duration_option("kill-after", text_of(r, "kill-after"));
   if (r.count("max-time")) {
     if (const long long d = duration_option("max-time", text_of(r, "max-time")); d != 0 && d != kForever) {
       o.limits.max_time_ns = d;
@@ -463,7 +465,7 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
       usage_error("invalid --once-per " + quote(text_of(r, "once-per")) +
                   ": expected a duration above 0 (such as 4m for a */5 schedule)");
     }
-    o.once_per_ns = d;
+    o.once_per.period_ns = d;
   }
   if (r.count("jitter")) {
     const long long d = duration_option("jitter", text_of(r, "jitter"));
@@ -471,7 +473,7 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
       usage_error("invalid --jitter " + quote(text_of(r, "jitter")) + ": at most 24h",
                   "--jitter spreads a schedule's runs over part of its interval (20s for a */5 schedule).");
     }
-    if (d != 0) o.jitter_ns = d;
+    if (d != 0) o.once_per.jitter_ns = d;
   }
   if (r.count("warn-signal") && !r.count("warn-before")) usage_error("--warn-signal applies only with --warn-before");
   o.limits.warn_signal = parse_signal("USR1").value_or(0);  // --warn-signal's default (0: the system has no USR1)
@@ -497,10 +499,14 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
   }
   // KILL after a forwarded TERM/INT: --kill-after, where 0 and inf mean
   // never, as in timeout(1); after --max-time's TERM: the same, or 5 s when
-  // it was not given.
-  if (o.kill_after_ns && *o.kill_after_ns != 0 && *o.kill_after_ns != kForever)
-    o.limits.kill_after_ns = o.kill_after_ns;
-  o.limits.max_time_kill_after_ns = o.kill_after_ns ? o.limits.kill_after_ns : std::optional<long long>(kDefaultKillAfterNs);
+  // it was not given; before a lease can expire: the same, within what the
+  // TTL allows, or a default that fits it.
+  if (kill_after && *kill_after != 0 && *kill_after != kForever) o.limits.kill_after_ns = kill_after;
+  o.limits.max_time_kill_after_ns = kill_after ? o.limits.kill_after_ns : std::optional<long long>(kDefaultKillAfterNs);
+  if (!o.cluster.etcd.empty()) {
+    o.cluster.lease_kill_after_ns =
+        lease_kill_after_ns(kill_after, o.cluster.ttl_s, kill_after ? text_of(r, "kill-after") : std::string());
+  }
 }
 
 // -v, -q, --log-format, --metrics-dir.
@@ -665,15 +671,15 @@ void read_command(const cxxopts::ParseResult& r, const Split& split, const Envir
                   "default.");
     }
   }
-  o.agent = r.count("agent") ? text_of(r, "agent")
-                             : (env.looplock_agent && !env.looplock_agent->empty()
-                                    ? *env.looplock_agent
-                                    : (env.user_name ? env.user_name() : std::string("unknown")));
-  o.operation =
+  o.identity.agent = r.count("agent") ? text_of(r, "agent")
+                                      : (env.looplock_agent && !env.looplock_agent->empty()
+                                             ? *env.looplock_agent
+                                             : (env.user_name ? env.user_name() : std::string("unknown")));
+  o.identity.operation =
       r.count("operation") ? text_of(r, "operation") : (o.shell_form ? std::string("sh") : derive_operation(o.command));
-  if (o.once_per_ns && o.operation.size() > kMaxOncePerName) {
+  if (o.once_per.period_ns && o.identity.operation.size() > kMaxOncePerName) {
     usage_error("--once-per needs an operation name of at most " + std::to_string(kMaxOncePerName) + " bytes (" +
-                    std::to_string(o.operation.size()) + " given)",
+                    std::to_string(o.identity.operation.size()) + " given)",
                 "Its slot is found by the whole name; give a shorter --operation NAME.");
   }
 }
@@ -704,10 +710,6 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
   }
   read_policy(r, o);
   read_lock_and_job(r, o);
-  if (!o.cluster.etcd.empty()) {
-    o.cluster.lease_kill_after_ns =
-        lease_kill_after_ns(o.kill_after_ns, o.cluster.ttl_s, r.count("kill-after") ? text_of(r, "kill-after") : std::string());
-  }
   read_command(r, split, env, o);
   return o;
 }

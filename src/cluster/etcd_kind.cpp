@@ -13,9 +13,9 @@
 
 namespace looplock {
 
-std::unique_ptr<Lock> EtcdKind::make(const Options& o, const LockTarget& target, Pid pid, const Logger& log,
-                                     const Reporter& reporter) {
-  return std::make_unique<EtcdLock>(o, pid, log, reporter, transport_, target);
+std::unique_ptr<Lock> EtcdKind::make(const Options& o, const LockRequest& request, const LockTarget& target, Pid pid,
+                                     const Logger& log, const Reporter& reporter) {
+  return std::make_unique<EtcdLock>(request, o.cluster, pid, log, reporter, transport_, target);
 }
 
 // A client of the cluster under the run's TLS files and credentials.

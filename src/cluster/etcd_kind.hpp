@@ -15,8 +15,8 @@ public:
   explicit EtcdKind(etcd::Transport& transport) : transport_(transport) {}
 
   std::string key() const override { return "cluster"; }
-  std::unique_ptr<Lock> make(const Options& o, const LockTarget& target, Pid pid, const Logger& log,
-                             const Reporter& reporter) override;
+  std::unique_ptr<Lock> make(const Options& o, const LockRequest& request, const LockTarget& target, Pid pid,
+                             const Logger& log, const Reporter& reporter) override;
   void confirm_outer(const Options& o, const LockTarget& target, const EnvList& env, long long outer_pid,
                      const Logger& log) override;
   InspectPart inspect(const Options& o, const std::string& canonical_dir, const Logger& log) override;

@@ -16,16 +16,17 @@ constexpr long long kLedgerNs = 5'000'000'000LL;  // a read or write of the run 
 constexpr long long kPeekNs = 1'000'000'000LL;    // a look at it without the lock
 }  // namespace
 
-EtcdLock::EtcdLock(const Options& options, Pid pid, const Logger& log, const Reporter& reporter,
-                   etcd::Transport& transport, const LockTarget& target)
-    : o_(options),
+EtcdLock::EtcdLock(const LockRequest& request, const ClusterSettings& cluster, Pid pid, const Logger& log,
+                   const Reporter& reporter, etcd::Transport& transport, const LockTarget& target)
+    : request_(request),
+      cluster_(cluster),
       pid_(pid),
       log_(log),
       reporter_(reporter),
       host_(sys::host_name()),
-      lock_(transport, options.cluster.endpoints, cluster_lock_name(options.cluster.lock_name, target.canonical_dir), options.cluster.ttl_s,
-            options.cluster.lease_kill_after_ns, log, cluster_access(options.cluster, log)) {
-  if (o_.once_per_ns) lock_.set_ledger_operation(o_.operation);
+      lock_(transport, cluster.endpoints, cluster_lock_name(cluster.lock_name, target.canonical_dir), cluster.ttl_s,
+            cluster.lease_kill_after_ns, log, cluster_access(cluster, log)) {
+  if (request_.once_per) lock_.set_ledger_operation(request_.identity.operation);
 }
 
 Acquisition EtcdLock::acquire(const WaitPlan& plan, long long start_ns) {
@@ -34,8 +35,8 @@ Acquisition EtcdLock::acquire(const WaitPlan& plan, long long start_ns) {
   ClusterHolder who;
   who.host = host_;
   who.pid = pid_;
-  who.agent_id = o_.agent;
-  who.operation = o_.operation;
+  who.agent_id = request_.identity.agent;
+  who.operation = request_.identity.operation;
   who.pid_start = sys::own_start().value_or("");
   who.boot_id = sys::boot_id();
   who.pid_ns = sys::pid_namespace();
@@ -55,7 +56,7 @@ Blocker EtcdLock::blocker() const {
   b.what = "cluster lock " + printable(lock_.name()) + " (etcd)";
   b.who = v.holder + (lock_.blocker() ? dead_contender_note(*lock_.blocker()) : std::string());
   b.confirm = v.confirm;
-  b.inspect_hint = "looplock --inspect --etcd " + shell_word(o_.cluster.etcd) + " " + shell_word(o_.dir);
+  b.inspect_hint = "looplock --inspect --etcd " + shell_word(cluster_.etcd) + " " + shell_word(request_.dir);
   b.fields["cluster"] = Json{{"lock_name", lock_.name()},
                              {"endpoint", lock_.endpoint()},
                              {"holder", lock_.blocker() ? *lock_.blocker() : Json(nullptr)}};

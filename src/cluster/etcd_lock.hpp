@@ -18,8 +18,8 @@ namespace looplock {
 
 class EtcdLock final : public Lock {
 public:
-  EtcdLock(const Options& options, Pid pid, const Logger& log, const Reporter& reporter, etcd::Transport& transport,
-           const LockTarget& target);
+  EtcdLock(const LockRequest& request, const ClusterSettings& cluster, Pid pid, const Logger& log,
+           const Reporter& reporter, etcd::Transport& transport, const LockTarget& target);
 
   Acquisition acquire(const WaitPlan& plan, long long start_ns) override;
   Blocker blocker() const override;
@@ -27,7 +27,7 @@ public:
   Lease* lease() override { return &lease_; }
   void release(Ending& ending) override;
   void abandon() override { lock_.release(); }
-  Ledger* ledger() override { return o_.once_per_ns ? &ledger_ : nullptr; }
+  Ledger* ledger() override { return request_.once_per ? &ledger_ : nullptr; }
 
 private:
   // The cluster's run ledger: one key per operation beside the lock's keys
@@ -66,7 +66,8 @@ private:
     ClusterLock& c_;
   };
 
-  const Options& o_;
+  const LockRequest& request_;
+  const ClusterSettings& cluster_;
   Pid pid_;
   const Logger& log_;
   const Reporter& reporter_;

@@ -44,9 +44,9 @@ std::vector<sys::KernelLock> as_hint(const LockFacts& f) {
 // /proc/locks after the deadline.
 class WaitReporter : public AcquireObserver {
 public:
-  WaitReporter(const Options& o, const Logger& log, const WaitPlan& plan, long long start_ns, std::string shown,
-               std::vector<sys::KernelLock>& holders_at_start, bool& said_waiting)
-      : o_(o),
+  WaitReporter(const LockRequest& request, const Logger& log, const WaitPlan& plan, long long start_ns,
+               std::string shown, std::vector<sys::KernelLock>& holders_at_start, bool& said_waiting)
+      : request_(request),
         log_(log),
         plan_(plan),
         start_ns_(start_ns),
@@ -64,11 +64,11 @@ public:
     who_ = holder_phrase(judge(facts));
     if (said_waiting_) return;  // a second wait of the run (for the slot's run): said already
     said_waiting_ = true;
-    log_.verbose("waiting", "waiting for " + who_ + " on " + shown_, {{"policy", policy_name(o_.wait.policy)}});
+    log_.verbose("waiting", "waiting for " + who_ + " on " + shown_, {{"policy", policy_name(request_.policy)}});
   }
   void on_replaced(int count, bool dir_moved) override {
     log_.warn("lock_file_replaced",
-              dir_moved ? o_.dir +
+              dir_moved ? request_.dir +
                               " was moved, deleted or replaced while looplock waited for its lock; locking the "
                               "lock file of the directory now at that path (never move a loop's directory "
                               "while it runs)"
@@ -97,7 +97,7 @@ public:
   }
 
 private:
-  const Options& o_;
+  const LockRequest& request_;
   const Logger& log_;
   const WaitPlan& plan_;
   long long start_ns_;
@@ -132,28 +132,28 @@ std::vector<Pid> leaked_holders(Pid self, const sys::FileStatus& file, const Job
 
 }  // namespace
 
-LocalLock::LocalLock(const Options& options, Pid pid, const Logger& log, LockDir& dir, LockTarget target)
-    : o_(options),
+LocalLock::LocalLock(const LockRequest& request, Pid pid, const Logger& log, LockDir& dir, LockTarget target)
+    : request_(request),
       pid_(pid),
       log_(log),
       dir_(dir),
       target_(std::move(target)),
-      shown_(lock_display(options.dir)),
-      ledger_(dir, options.dir, log) {}
+      shown_(lock_display(request.dir)),
+      ledger_(dir, request.dir, log) {}
 
 Acquisition LocalLock::acquire(const WaitPlan& plan, long long start_ns) {
-  const LockMode mode = o_.shared ? LockMode::Shared : LockMode::Exclusive;
+  const LockMode mode = request_.flags.shared ? LockMode::Shared : LockMode::Exclusive;
   // Work that does not need the lock is done before waiting for it.
   // /proc/self/stat: looplock's start time, which the holder record carries
   // so that a reader can tell this pid from a later process given the same
   // number (read before waiting, not in the critical section).
   if (mode == LockMode::Exclusive) pid_start_ = sys::own_start().value_or("");
-  WaitReporter reporter(o_, log_, plan, start_ns, shown_, holders_at_start_, said_waiting_);
+  WaitReporter reporter(request_, log_, plan, start_ns, shown_, holders_at_start_, said_waiting_);
   AcquireResult res = acquire_lock(dir_, plan, mode, reporter, start_ns);
   file_ = std::move(res.file);
   if (res.status != Acquisition::Acquired) return res.status;
   log_.verbose("acquired",
-               std::string(o_.shared ? "shared" : "exclusive") + " lock on " + shown_ + " acquired after " +
+               std::string(request_.flags.shared ? "shared" : "exclusive") + " lock on " + shown_ + " acquired after " +
                    format_duration(res.waited_ns),
                {{"lock_id", target_.lock_id}, {"waited_ms", res.waited_ns / kMs}});
   if (mode == LockMode::Exclusive) write_record();
@@ -176,12 +176,12 @@ void LocalLock::write_record() {
   record_ = HolderRecord{.lock_id = target_.lock_id,
                          .pid = pid_,
                          .pid_start = pid_start_,
-                         .agent_id = o_.agent,
-                         .operation = o_.operation,
-                         .policy = std::string(policy_name(o_.wait.policy)),
+                         .agent_id = request_.identity.agent,
+                         .operation = request_.identity.operation,
+                         .policy = std::string(policy_name(request_.policy)),
                          .acquired_at = sys::utc_now_iso8601(),
                          .released_at = std::nullopt,
-                         .no_fork = o_.no_fork};
+                         .no_fork = request_.flags.no_fork};
   if (!write_holder(file_.fd.get(), *record_)) {
     log_.warn("holder_write_failed", errno_message("cannot write the holder record into " + shown_, errno));
     record_.reset();
@@ -211,7 +211,7 @@ Blocker LocalLock::blocker() const {
   b.what = shown_;
   const Verdict v = judge(survey_held(file_, b.what, holders_at_start_));
   b.who = holder_phrase(v);
-  b.inspect_hint = "looplock --inspect " + shell_word(o_.dir);
+  b.inspect_hint = "looplock --inspect " + shell_word(request_.dir);
   b.holders = holder_facts(v);
   const std::string host = sys::host_name();
   for (const auto& h : v.holders) {
@@ -231,7 +231,7 @@ void LocalLock::prepare(CommandSpec& spec) {
   env_set(spec.env,
           {{env_name::kDir, target_.canonical_dir},
            {env_name::kLockId, target_.lock_id},
-           {env_name::kPolicy, std::string(policy_name(o_.wait.policy))},
+           {env_name::kPolicy, std::string(policy_name(request_.policy))},
            {env_name::kHolderPid, std::to_string(pid_)}},
           {env_name::kFd, env_name::kHolderFd, env_name::kEtcdPassword});
 }
@@ -239,8 +239,8 @@ void LocalLock::prepare(CommandSpec& spec) {
 void LocalLock::export_to(CommandSpec& spec) {
   const std::string fd = std::to_string(file_.fd.get());
   spec.env.push_back(std::string(env_name::kHolderFd) + "=" + fd);
-  if (!o_.close_fd) spec.env.push_back(std::string(env_name::kFd) + "=" + fd);
-  spec.pass_fd = o_.close_fd ? -1 : file_.fd.get();
+  if (!request_.flags.close_fd) spec.env.push_back(std::string(env_name::kFd) + "=" + fd);
+  spec.pass_fd = request_.flags.close_fd ? -1 : file_.fd.get();
 }
 
 void LocalLock::release(Ending& ending) {
@@ -263,7 +263,7 @@ void LocalLock::release(Ending& ending) {
   file_.fd.reset();  // release
   // After the release, so that the next holder does not wait for it: one
   // read of /proc/PID/task/PID/children when the job left no process.
-  if (!o_.close_fd) report_leaks(ending.job);
+  if (!request_.flags.close_fd) report_leaks(ending.job);
   const int status = ending.job.status;
   const auto end = sys::ending_of(status);
   log_.verbose("released",
@@ -356,24 +356,25 @@ std::string LocalLedger::name() const { return local_ledger_name(shown_); }
 
 // --- nested -------------------------------------------------------------------
 
-std::optional<OuterHolder> outer_holder(const Options& o, const EnvList& env, const LockDir& dir, Pid self,
+std::optional<OuterHolder> outer_holder(const LockRequest& request, const EnvList& env, const LockDir& dir, Pid self,
                                         sys::FileStatus& lock_file) {
   if (!env_get(env, env_name::kHolderFd) || !sys::status_at(dir.fd.get(), kLockName, lock_file) ||
       !lock_file.regular()) {
     return std::nullopt;
   }
-  return find_outer_holder(env, dir.fd.get(), lock_file, !o.shared, self);
+  return find_outer_holder(env, dir.fd.get(), lock_file, !request.flags.shared, self);
 }
 
-InheritedLock::InheritedLock(const Options& options, const Logger& log, const LockDir& dir, const OuterHolder& outer,
-                             const sys::FileStatus& lock_file)
-    : o_(options), log_(log), dir_(dir), outer_(outer), lock_file_(lock_file), ledger_(dir, options.dir, log) {
-  if (!o_.once_per_ns) return;
+InheritedLock::InheritedLock(const LockRequest& request, const Logger& log, const LockDir& dir,
+                             const OuterHolder& outer, const sys::FileStatus& lock_file)
+    : request_(request), log_(log), dir_(dir), outer_(outer), lock_file_(lock_file), ledger_(dir, request.dir, log) {
+  if (!request_.once_per) return;
   // Which operation's slot the outer holder runs: its record says.
   const UniqueFd fd = sys::open_in(dir.fd.get(), kLockName, {.access = sys::OpenIn::Access::Read});
   if (!fd) return;
   const HolderRead read = read_holder(fd.get());
-  outer_operation_ = read.record && !read.record->released_at && read.record->operation == clip_bytes(o_.operation);
+  outer_operation_ =
+      read.record && !read.record->released_at && read.record->operation == clip_bytes(request_.identity.operation);
 }
 
 // No open, so no ownership check: the outer looplock made it; the command may
@@ -387,7 +388,7 @@ Acquisition InheritedLock::acquire(const WaitPlan& /*plan*/, long long /*start_n
 }
 
 void InheritedLock::export_to(CommandSpec& spec) {
-  if (!o_.close_fd) return;
+  if (!request_.flags.close_fd) return;
   // -o holds inside a nested run too: the command gets no lock fd.
   if (auto fd = inherited_lock_fd(spec.env, lock_file_); fd && !sys::keep_from_commands(*fd)) {
     fail_errno(exit_code::kOsError, "cannot keep the lock descriptor from the command (-o)", errno);

@@ -42,7 +42,7 @@ class LocalLock final : public Lock {
 public:
   // `dir` stays open for the whole run (the lock may look it up again when
   // it is replaced while waiting).
-  LocalLock(const Options& options, Pid pid, const Logger& log, LockDir& dir, LockTarget target);
+  LocalLock(const LockRequest& request, Pid pid, const Logger& log, LockDir& dir, LockTarget target);
 
   Acquisition acquire(const WaitPlan& plan, long long start_ns) override;
   Blocker blocker() const override;
@@ -50,13 +50,13 @@ public:
   void export_to(CommandSpec& spec) override;
   void release(Ending& ending) override;
   void abandon() override;
-  Ledger* ledger() override { return o_.once_per_ns ? &ledger_ : nullptr; }
+  Ledger* ledger() override { return request_.once_per ? &ledger_ : nullptr; }
 
 private:
   void write_record();
   void report_leaks(const JobEnd& job) const;
 
-  const Options& o_;
+  const LockRequest& request_;
   Pid pid_;
   const Logger& log_;
   LockDir& dir_;
@@ -75,7 +75,7 @@ private:
 // still gets no lock descriptor.
 class InheritedLock final : public Lock {
 public:
-  InheritedLock(const Options& options, const Logger& log, const LockDir& dir, const OuterHolder& outer,
+  InheritedLock(const LockRequest& request, const Logger& log, const LockDir& dir, const OuterHolder& outer,
                 const sys::FileStatus& lock_file);
 
   Acquisition acquire(const WaitPlan& plan, long long start_ns) override;
@@ -85,10 +85,10 @@ public:
   // Under the outer holder's lock, the local ledger, for an operation of its
   // own; the outer's own operation is the outer's slot, which this run is
   // part of: it records nothing.
-  Ledger* ledger() override { return o_.once_per_ns && !outer_operation_ ? &ledger_ : nullptr; }
+  Ledger* ledger() override { return request_.once_per && !outer_operation_ ? &ledger_ : nullptr; }
 
 private:
-  const Options& o_;
+  const LockRequest& request_;
   const Logger& log_;
   const LockDir& dir_;
   bool outer_operation_ = false;  // the outer holder's record names this run's operation
@@ -99,7 +99,7 @@ private:
 
 // The holder of this lock when this run is nested in a looplock that holds
 // it already (nesting.hpp's rules), or nullopt.
-std::optional<OuterHolder> outer_holder(const Options& options, const EnvList& env, const LockDir& dir, Pid self,
+std::optional<OuterHolder> outer_holder(const LockRequest& request, const EnvList& env, const LockDir& dir, Pid self,
                                         sys::FileStatus& lock_file);
 
 }  // namespace looplock

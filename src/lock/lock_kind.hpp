@@ -35,9 +35,10 @@ public:
   // Its name in --inspect's report: the JSON key, the text lines' label.
   virtual std::string key() const = 0;
   // A run's lock of this kind for `target`, taken before the local lock and
-  // released after it.
-  virtual std::unique_ptr<Lock> make(const Options& o, const LockTarget& target, Pid pid, const Logger& log,
-                                     const Reporter& reporter) = 0;
+  // released after it: what every lock is asked for (`request`), and the
+  // kind's own part of the settings, which it takes from `o`.
+  virtual std::unique_ptr<Lock> make(const Options& o, const LockRequest& request, const LockTarget& target, Pid pid,
+                                     const Logger& log, const Reporter& reporter) = 0;
   // A run nested in an outer looplock (pid `outer_pid`) that holds the local
   // lock: returns when the outer one holds this kind's lock for `target`
   // too, and throws Fatal otherwise (taking it inside the local lock would

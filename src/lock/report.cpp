@@ -40,10 +40,10 @@ Incident Reporter::incident(std::string error_code) const {
   inc.at = sys::utc_now_iso8601();
   inc.error_code = std::move(error_code);
   inc.lock_id = lock_id_;
-  inc.policy = std::string(policy_name(o_.wait.policy));
+  inc.policy = std::string(policy_name(policy_));
   inc.waiter_pid = pid_;
-  inc.waiter_agent = o_.agent;
-  inc.waiter_operation = o_.operation;
+  inc.waiter_agent = identity_.agent;
+  inc.waiter_operation = identity_.operation;
   return inc;
 }
 
@@ -52,7 +52,7 @@ Incident Reporter::incident(std::string error_code) const {
 void Reporter::append(const Incident& inc) const {
   const int err = append_incident(dirfd_, encode_incident(inc));
   if (err == 0) return;
-  const std::string path = o_.dir + (o_.dir.ends_with('/') ? "" : "/") + kIncidentsName;
+  const std::string path = dir_ + (dir_.ends_with('/') ? "" : "/") + kIncidentsName;
   // A file looplock refuses to write (append_incident's errors for it).
   const char* why = err == ELOOP    ? "it is a symbolic link (looplock never writes through one)"
                     : err == EISDIR ? "it is a directory"
@@ -70,7 +70,7 @@ void Reporter::append(const Incident& inc) const {
 
 Json Reporter::fields(const Blocker& b) const {
   Json j = {
-      {"lock_id", lock_id_}, {"policy", policy_name(o_.wait.policy)}, {"holder_pids", Json::array()}, {"holder", nullptr}};
+      {"lock_id", lock_id_}, {"policy", policy_name(policy_)}, {"holder_pids", Json::array()}, {"holder", nullptr}};
   const HolderFacts& h = b.holders;
   for (Pid pid : h.pids) j["holder_pids"].push_back(pid);
   if (h.holder) j["holder"] = holder_to_json(*h.holder);
@@ -82,22 +82,24 @@ Json Reporter::fields(const Blocker& b) const {
 }
 
 void Reporter::skip(const Blocker& b) const {
-  log_.result(
-      "noop-locked",
-      "noop-locked: " + b.what + " is held by " + b.who + "; skipped " + o_.operation + " (policy single_flight)",
-      fields(b));
+  log_.result("noop-locked",
+              "noop-locked: " + b.what + " is held by " + b.who + "; skipped " + identity_.operation +
+                  " (policy single_flight)",
+              fields(b));
 }
 
-void Reporter::already_run(const RunEntry& run, const Blocker* holding, const std::string& ledger) const {
+void Reporter::already_run(const RunEntry& run, long long once_per_ns, const Blocker* holding,
+                           const std::string& ledger) const {
   const std::string who = holding ? describe_run(run) + "; its run holds the lock now: " + holding->what +
                                         " is held by " + holding->who
                                   : describe_run(run);
   log_.result("noop-already-run",
-              "noop-already-run: " + o_.operation + " already ran in this slot (--once-per " +
-                  format_duration(*o_.once_per_ns) + ") on " + who + "; skipped " + o_.operation + " (" + ledger + ")",
+              "noop-already-run: " + identity_.operation + " already ran in this slot (--once-per " +
+                  format_duration(once_per_ns) + ") on " + who + "; skipped " + identity_.operation + " (" + ledger +
+                  ")",
               {{"lock_id", lock_id_},
-               {"policy", policy_name(o_.wait.policy)},
-               {"once_per_ms", *o_.once_per_ns / kMs},
+               {"policy", policy_name(policy_)},
+               {"once_per_ms", once_per_ns / kMs},
                {"running_now", holding != nullptr},
                {"last_run", run_entry_to_json(run)}});
 }
@@ -113,20 +115,20 @@ void Reporter::timeout(const Blocker& b, const WaitPlan& plan, long long waited_
   inc.record = b.holders.record;
   inc.warnings = b.holders.warnings;
   inc.fields = b.fields;
-  inc.operator_action = operator_action(o_.wait.policy, b.confirm, b.many) + b.action_extra;
+  inc.operator_action = operator_action(policy_, b.confirm, b.many) + b.action_extra;
   append(inc);
   Json f = fields(b);
   f["waited_ms"] = inc.waited_ms;
   f["deadline_ms"] = inc.deadline_ms;
   log_.error("lock_acquire_timeout",
              "lock_acquire_timeout: " + b.what + " still held after " + format_duration(waited_ns) + " by " + b.who +
-                 "; gave up " + o_.operation + " (policy " + inc.policy + ")",
+                 "; gave up " + identity_.operation + " (policy " + inc.policy + ")",
              "Run '" + b.inspect_hint + "' to see the holder; never delete the lock file.", f);
 }
 
-void Reporter::max_time(const JobEnd& job, const std::optional<HolderRecord>& record) const {
+void Reporter::max_time(const JobEnd& job, long long max_time_ns, const std::optional<HolderRecord>& record) const {
   Incident inc = incident("max_time_exceeded");
-  inc.deadline_ms = limit_ms(*o_.limits.max_time_ns);
+  inc.deadline_ms = limit_ms(max_time_ns);
   inc.waited_ms = (job.ended_ns - job.started_ns) / kMs;
   inc.holder = record;
   inc.holder_alive = record ? std::optional<bool>(true) : std::nullopt;
@@ -136,11 +138,12 @@ void Reporter::max_time(const JobEnd& job, const std::optional<HolderRecord>& re
                         (job.killed ? "it ignored TERM: KILL was needed" : "TERM sufficed") +
                         "); find out why it hung before the next run does too.";
   append(inc);
-  Json f = {{"lock_id", lock_id_}, {"policy", policy_name(o_.wait.policy)}, {"deadline_ms", inc.deadline_ms}};
+  Json f = {{"lock_id", lock_id_}, {"policy", policy_name(policy_)}, {"deadline_ms", inc.deadline_ms}};
   f.update(inc.details);
   log_.error("max_time_exceeded",
-             "max_time_exceeded: " + o_.operation + " ran longer than --max-time " + format_duration(*o_.limits.max_time_ns) +
-                 " and was ended (" + how_it_ended(job) + ") after " + format_duration(job.ended_ns - job.started_ns),
+             "max_time_exceeded: " + identity_.operation + " ran longer than --max-time " +
+                 format_duration(max_time_ns) + " and was ended (" + how_it_ended(job) + ") after " +
+                 format_duration(job.ended_ns - job.started_ns),
              "Find out why it hung; the lock was released once the whole job had ended.", f);
 }
 
@@ -162,7 +165,7 @@ void Reporter::lease_lost(const LeaseLoss& loss, const JobEnd& job, const std::o
   f.update(loss.fields);
   f.update(inc.details);
   log_.error("lease_lost",
-             "lease_lost: the " + loss.lease + " of " + loss.of + " was lost while " + o_.operation +
+             "lease_lost: the " + loss.lease + " of " + loss.of + " was lost while " + identity_.operation +
                  " ran: " + printable(loss.why) + "; the command was ended (" + how_it_ended(job) + ")",
              loss.hint, f);
 }

@@ -6,8 +6,10 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "base/log.hpp"
+#include "base/policy.hpp"
 #include "lock/lock.hpp"
 #include "os/ids.hpp"
 #include "records/holder.hpp"
@@ -33,7 +35,10 @@ struct LeaseLoss {
 
 class Reporter {
 public:
-  Reporter(const Options& options, Pid pid, const Logger& log) : o_(options), pid_(pid), log_(log) {}
+  // What every line and row names: the loop dir as given, who runs what,
+  // and the wait's policy; `pid` is looplock's.
+  Reporter(std::string dir, Identity identity, Policy policy, Pid pid, const Logger& log)
+      : dir_(std::move(dir)), identity_(std::move(identity)), policy_(policy), pid_(pid), log_(log) {}
 
   // Once DIR is open: where rows go, and the lock's id.
   void set_target(int dirfd, std::string lock_id) {
@@ -48,11 +53,12 @@ public:
   // (its looplock, or a process of its job) holds it now; named as every
   // other line names a holder, never by the ledger's pid alone (that
   // looplock may have died, its job holding on).
-  void already_run(const RunEntry& run, const Blocker* holding, const std::string& ledger) const;
+  // `once_per_ns`: this run's --once-per.
+  void already_run(const RunEntry& run, long long once_per_ns, const Blocker* holding, const std::string& ledger) const;
   // The deadline passed: the row, then the lock_acquire_timeout line.
   void timeout(const Blocker& b, const WaitPlan& plan, long long waited_ns) const;
-  // --max-time ended the job.
-  void max_time(const JobEnd& job, const std::optional<HolderRecord>& record) const;
+  // --max-time (`max_time_ns`) ended the job.
+  void max_time(const JobEnd& job, long long max_time_ns, const std::optional<HolderRecord>& record) const;
   // The lease was lost while the job ran, and the job was ended.
   void lease_lost(const LeaseLoss& loss, const JobEnd& job, const std::optional<HolderRecord>& record) const;
 
@@ -61,7 +67,9 @@ private:
   void append(const Incident& inc) const;
   Json fields(const Blocker& b) const;
 
-  const Options& o_;
+  std::string dir_;
+  Identity identity_;
+  Policy policy_;
   Pid pid_;
   const Logger& log_;
   int dirfd_ = -1;

@@ -19,20 +19,21 @@ constexpr long long kLeaseSlackNs = 2 * kSec;
 
 }  // namespace
 
-OncePer::OncePer(const Options& options, const Context& context, const Logger& log, const Reporter& reporter)
-    : o_(options), ctx_(context), log_(log), reporter_(reporter) {}
+OncePer::OncePer(const OncePerSettings& settings, const Identity& identity, Policy policy, const Context& context,
+                 const Logger& log, const Reporter& reporter)
+    : settings_(settings), identity_(identity), policy_(policy), ctx_(context), log_(log), reporter_(reporter) {}
 
 // This run as the ledgers record it: who (with what tells its looplock
 // apart on this host: its start time, the boot, the pid namespace), when,
 // and its slot's length.
 RunEntry OncePer::this_run() const {
   RunEntry e;
-  e.operation = o_.operation;
+  e.operation = identity_.operation;
   e.host = sys::host_name();
   e.pid = ctx_.pid;
-  e.agent = o_.agent;
+  e.agent = identity_.agent;
   e.started_ms = ctx_.start_wall_ms;
-  e.once_per_ms = *o_.once_per_ns / kMs;
+  e.once_per_ms = *settings_.period_ns / kMs;
   e.pid_start = sys::own_start().value_or("");
   e.boot_id = sys::boot_id();
   e.pid_ns = sys::pid_namespace();
@@ -51,10 +52,10 @@ bool OncePer::counts(const LedgerLook& look, const Ledger& l, bool locked) const
               look.whole ? ledger +
                                " is not a run ledger (a write cut short, or another file): no operation's entry "
                                "counts, so each may run again in its slot; this run rewrites it"
-                         : ledger + ": the entry of " + quote(o_.operation) +
+                         : ledger + ": the entry of " + quote(identity_.operation) +
                                " is damaged; it does not count, and this run rewrites it");
   }
-  const SlotVerdict v = judge_slot(look.entry, ctx_.start_wall_ms, *o_.once_per_ns / kMs);
+  const SlotVerdict v = judge_slot(look.entry, ctx_.start_wall_ms, *settings_.period_ns / kMs);
   if ((v.slot == Slot::Damaged && locked) || (v.ahead_ms > 0 && v.slot == Slot::Done)) {
     const bool counted = v.slot != Slot::Damaged;
     // One host's entry ahead of its own clock: that clock was set back.
@@ -62,27 +63,27 @@ bool OncePer::counts(const LedgerLook& look, const Ledger& l, bool locked) const
                                 ? "this host's clock was set back by about that much since that run started"
                                 : "the hosts' clocks differ by that much";
     log_.warn("ledger_ahead",
-              ledger + ": the last run of " + quote(o_.operation) + " started " + format_duration(v.ahead_ms * kMs) +
-                  " after this looplock started, by this host's clock: " + why + "; " +
-                  (counted ? "it counts (it is within --once-per)" : "it does not count (beyond --once-per)"),
+              ledger + ": the last run of " + quote(identity_.operation) + " started " +
+                  format_duration(v.ahead_ms * kMs) + " after this looplock started, by this host's clock: " + why +
+                  "; " + (counted ? "it counts (it is within --once-per)" : "it does not count (beyond --once-per)"),
               {{"ahead_ms", v.ahead_ms}, {"counted", counted}});
   }
   return v.slot == Slot::Done;
 }
 
 bool OncePer::already_run(const RunEntry& run, const Blocker* holding, const Ledger& l) const {
-  reporter_.already_run(run, holding, l.name());
+  reporter_.already_run(run, *settings_.period_ns, holding, l.name());
   return true;
 }
 
 // Before waiting: a slot already run skips at once, without queueing (a look
 // without the lock; the locked read stays the authority).
 bool OncePer::ran_before_waiting(const Locks& locks) const {
-  if (!o_.once_per_ns) return false;
+  if (!settings_.period_ns) return false;
   for (const auto& lock : locks) {
     Ledger* l = lock->ledger();
     if (!l) continue;
-    const LedgerLook look = l->look(o_.operation, false);
+    const LedgerLook look = l->look(identity_.operation, false);
     if (look.answered && counts(look, *l, false)) return already_run(*look.entry, nullptr, *l);
   }
   return false;
@@ -92,10 +93,10 @@ bool OncePer::ran_before_waiting(const Locks& locks) const {
 // it) is about the slot, not a conflict: its run done is the slot's skip;
 // its run still on (the holder's own) is waited for.
 OncePer::SlotConflict OncePer::slot_conflict(Ledger& l, const Blocker& b) const {
-  const LedgerLook look = l.look(o_.operation, false);
+  const LedgerLook look = l.look(identity_.operation, false);
   if (!look.answered || !look.entry) return {};
   const RunEntry& e = *look.entry;
-  const SlotVerdict v = judge_slot(e, ctx_.start_wall_ms, *o_.once_per_ns / kMs);
+  const SlotVerdict v = judge_slot(e, ctx_.start_wall_ms, *settings_.period_ns / kMs);
   if (v.slot == Slot::Done && counts(look, l, false)) return {e, std::nullopt};
   const bool holder =
       std::any_of(b.holder_ids.begin(), b.holder_ids.end(), [&](const HolderId& h) { return h.names(e); });
@@ -111,7 +112,7 @@ OncePer::SlotConflict OncePer::slot_conflict(Ledger& l, const Blocker& b) const 
 // for such a one. nullopt: the slot's skip now.
 std::optional<WaitPlan> OncePer::wait_for_run(const RunEntry& run, const Blocker& b, long long wait_start_ns) const {
   const long long now = sys::monotonic_ns();
-  long long until = later(ctx_.start_ns, *o_.once_per_ns);
+  long long until = later(ctx_.start_ns, *settings_.period_ns);
   const bool dead = runner_proven_dead(run);
   if (dead) {
     const auto h =
@@ -120,14 +121,14 @@ std::optional<WaitPlan> OncePer::wait_for_run(const RunEntry& run, const Blocker
       until = std::min(until, later(now, static_cast<long long>(h->lease_ttl_s) * kSec + kLeaseSlackNs));
     }
   }
-  if ((!dead && o_.wait.policy == Policy::SingleFlight) || now >= until) return std::nullopt;
+  if ((!dead && policy_ == Policy::SingleFlight) || now >= until) return std::nullopt;
   log_.verbose("waiting",
                "waiting past the deadline for the slot's run, " + describe_run(run) + ": " + b.what + " is held by " +
                    b.who +
                    (dead ? "; that run's looplock is dead, so this run takes the slot once the lock is free"
                          : "; this run skips once it has recorded its end, or takes the slot if it never does") +
                    " (at most " + format_duration(until - now) + ")",
-               {{"policy", policy_name(o_.wait.policy)}});
+               {{"policy", policy_name(policy_)}});
   return WaitPlan{WaitPlan::Kind::Bounded, until - wait_start_ns};
 }
 
@@ -135,11 +136,11 @@ std::optional<WaitPlan> OncePer::wait_for_run(const RunEntry& run, const Blocker
 // skips (the locks are let go); otherwise this run's start is recorded in
 // each ledger (etcd first) before the command starts.
 bool OncePer::claim(const Locks& locks, const std::function<void()>& let_go) {
-  if (!o_.once_per_ns) return false;
+  if (!settings_.period_ns) return false;
   for (const auto& lock : locks) {
     Ledger* l = lock->ledger();
     if (!l) continue;
-    const LedgerLook look = l->look(o_.operation, true);
+    const LedgerLook look = l->look(identity_.operation, true);
     if (counts(look, *l, true)) {
       let_go();
       return already_run(*look.entry, nullptr, *l);
@@ -169,7 +170,7 @@ void OncePer::record_end(const Locks& locks, int status) {
 // A wait that ended without the lock: the slot's skip, a longer wait for
 // the slot's run, or a conflict like any other.
 OncePer::Step OncePer::on_conflict(Lock& lock, const Blocker& b, bool waited_for_run, long long wait_start_ns) const {
-  Ledger* l = o_.once_per_ns ? lock.ledger() : nullptr;
+  Ledger* l = settings_.period_ns ? lock.ledger() : nullptr;
   if (!l) return {};
   const SlotConflict c = slot_conflict(*l, b);
   if (c.done) return {.skipped = already_run(*c.done, nullptr, *l), .more = std::nullopt};

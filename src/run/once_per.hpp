@@ -30,7 +30,10 @@ class OncePer {
 public:
   using Locks = std::vector<std::unique_ptr<Lock>>;
 
-  OncePer(const Options& options, const Context& context, const Logger& log, const Reporter& reporter);
+  // `settings.period_ns` set: --once-per was asked for (else each call is
+  // a no-op: nothing ran before, nothing is claimed or recorded).
+  OncePer(const OncePerSettings& settings, const Identity& identity, Policy policy, const Context& context,
+          const Logger& log, const Reporter& reporter);
 
   // Before waiting: true when this slot's run is done (the skip was said).
   bool ran_before_waiting(const Locks& locks) const;
@@ -59,7 +62,9 @@ private:
   bool already_run(const RunEntry& run, const Blocker* holding, const Ledger& l) const;
   RunEntry this_run() const;
 
-  const Options& o_;
+  const OncePerSettings& settings_;
+  const Identity& identity_;
+  Policy policy_;
   const Context& ctx_;
   const Logger& log_;
   const Reporter& reporter_;

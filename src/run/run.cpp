@@ -40,13 +40,14 @@ Conclusion conclude(const JobEnd& job, bool lost, bool intact) {
 Run::Run(const Options& options, const Context& context, Logger& log, RunFacts& facts, StackFactory stack,
          JobRunner& jobs)
     : o_(options),
+      request_(lock_request(options)),
       ctx_(context),
       stack_(std::move(stack)),
       jobs_(jobs),
       log_(log),
       facts_(facts),
-      reporter_(options, context.pid, log),
-      once_per_(options, context, log, reporter_) {}
+      reporter_(options.dir, options.identity, options.wait.policy, context.pid, log),
+      once_per_(options.once_per, options.identity, options.wait.policy, context, log, reporter_) {}
 
 Exit Run::run() {
   open();
@@ -85,7 +86,7 @@ void Run::open() {
   spec_.limits = o_.limits;
   wait_start_ns_ = ctx_.start_ns;
 
-  Stack stack = stack_({o_, ctx_, log_, reporter_, dir_, target_});
+  Stack stack = stack_({o_, request_, ctx_, log_, reporter_, dir_, target_});
   locks_ = std::move(stack.locks);
   nested_ = stack.nested;
 }
@@ -94,13 +95,14 @@ void Run::open() {
 // the deadline and the wait's metric do not count. A signal ends it as it
 // ends a wait. Nested runs have no jitter (the outer one had it).
 void Run::wait_jitter() {
-  if (!o_.jitter_ns || nested_) return;
-  const auto r = sys::random_below(static_cast<unsigned long long>(*o_.jitter_ns));
+  if (!o_.once_per.jitter_ns || nested_) return;
+  const auto r = sys::random_below(static_cast<unsigned long long>(*o_.once_per.jitter_ns));
   if (!r) fail_errno(exit_code::kOsError, "cannot draw --jitter's random wait (getrandom)", errno);
   const long long jitter = static_cast<long long>(*r);
   sys::sleep_until_ns(sys::monotonic_ns() + jitter);
   wait_start_ns_ = sys::monotonic_ns();
-  log_.verbose("jitter", "waited " + format_duration(jitter) + " (--jitter " + format_duration(*o_.jitter_ns) + ")",
+  log_.verbose("jitter",
+               "waited " + format_duration(jitter) + " (--jitter " + format_duration(*o_.once_per.jitter_ns) + ")",
                {{"jitter_ms", jitter / 1'000'000}});
 }
 
@@ -131,7 +133,7 @@ std::optional<Conclusion> Run::acquire(Lock& lock) {
 JobEnd Run::run_job() {
   try {
     export_deadline();
-    if (o_.no_fork) jobs_.exec(spec_);
+    if (o_.lock.no_fork) jobs_.exec(spec_);
     JobEnd job = jobs_.run(spec_, log_);
     facts_.ran_ns = job.ended_ns - job.started_ns;
     return job;
@@ -190,7 +192,7 @@ Conclusion Run::release(const JobEnd& job) {
   }
   Ending ending{job, std::nullopt, true, false};
   for (auto it = locks_.rbegin(); it != locks_.rend(); ++it) (*it)->release(ending);
-  if (job.ended_by == JobEnd::EndedBy::MaxTime) reporter_.max_time(job, ending.record);
+  if (job.ended_by == JobEnd::EndedBy::MaxTime) reporter_.max_time(job, *o_.limits.max_time_ns, ending.record);
   return conclude(job, ending.lost, ending.intact);
 }
 

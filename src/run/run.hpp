@@ -74,6 +74,7 @@ private:
   void export_deadline();
 
   const Options& o_;
+  const LockRequest request_;  // what each lock is asked for
   const Context& ctx_;
   StackFactory stack_;
   JobRunner& jobs_;

@@ -22,14 +22,16 @@ Stack build_stack(const StackSite& s) {
   const Context& ctx = s.context;
   Stack stack;
   sys::FileStatus lock_file;
-  if (auto outer = outer_holder(o, ctx.env, s.dir, ctx.pid, lock_file)) {
+  if (auto outer = outer_holder(s.request, ctx.env, s.dir, ctx.pid, lock_file)) {
     if (!o.cluster.etcd.empty()) cluster_of(ctx).confirm_outer(o, s.target, ctx.env, outer->pid != 0 ? outer->pid : ctx.pid, s.log);
-    stack.locks.push_back(std::make_unique<InheritedLock>(o, s.log, s.dir, *outer, lock_file));
+    stack.locks.push_back(std::make_unique<InheritedLock>(s.request, s.log, s.dir, *outer, lock_file));
     stack.nested = true;
     return stack;
   }
-  if (!o.cluster.etcd.empty()) stack.locks.push_back(cluster_of(ctx).make(o, s.target, ctx.pid, s.log, s.reporter));
-  stack.locks.push_back(std::make_unique<LocalLock>(o, ctx.pid, s.log, s.dir, s.target));
+  if (!o.cluster.etcd.empty()) {
+    stack.locks.push_back(cluster_of(ctx).make(o, s.request, s.target, ctx.pid, s.log, s.reporter));
+  }
+  stack.locks.push_back(std::make_unique<LocalLock>(s.request, ctx.pid, s.log, s.dir, s.target));
   return stack;
 }
 

@@ -33,6 +33,7 @@ struct Context {
 // What a factory builds a run's stack from: DIR open, and what it is called.
 struct StackSite {
   const Options& options;
+  const LockRequest& request;  // made from the options once (settings.hpp)
   const Context& context;
   const Logger& log;
   const Reporter& reporter;

@@ -10,4 +10,12 @@ bool valid_lock_name(std::string_view name) {
                       [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
 }
 
+LockRequest lock_request(const Options& o) {
+  return {.dir = o.dir,
+          .identity = o.identity,
+          .policy = o.wait.policy,
+          .flags = o.lock,
+          .once_per = o.once_per.period_ns.has_value()};
+}
+
 }  // namespace looplock

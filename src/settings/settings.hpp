@@ -61,10 +61,31 @@ struct InspectSettings {
   size_t incidents = 1;  // --incidents: the newest rows --inspect shows
 };
 
+// Who runs what: the holder record's, the incident rows', the ledger's.
+struct Identity {
+  std::string agent;      // resolved: --agent, $LOOPLOCK_AGENT, user name
+  std::string operation;  // resolved: --operation or derived from the command
+};
+
+// flock(1)'s own flags, for the local lock and its holder record.
+struct LockFlags {
+  bool shared = false;    // -s
+  bool close_fd = false;  // -o
+  bool no_fork = false;   // -F
+};
+
+// Running once per schedule slot (src/run/once_per.hpp), and the random
+// wait before the lock that spreads a fleet's schedule.
+struct OncePerSettings {
+  std::optional<long long> period_ns;  // --once-per; none: every run runs
+  std::optional<long long> jitter_ns;  // --jitter
+};
+
 // The whole request, grouped by concern: each part goes to the module that
 // reads it (the wait to the policy's plan, the job's limits to the job, the
-// cluster settings to src/cluster/, the output settings to the Logger,
-// --inspect's to the inspection).
+// lock's flags to the local lock, --once-per's to its module, the cluster
+// settings to src/cluster/, the output settings to the Logger, --inspect's
+// to the inspection).
 struct Options {
   Mode mode = Mode::Run;
   std::string dir;  // the loop directory (the first one, for --inspect)
@@ -72,24 +93,29 @@ struct Options {
   std::vector<std::string> command;
   bool shell_form = false;
 
-  WaitSettings wait;                       // -p, -w, -E, --skip-exit-code
-  bool shared = false;                     // -s
-  bool close_fd = false;                   // -o
-  bool no_fork = false;                    // -F
-  std::optional<long long> kill_after_ns;  // --kill-after as given (0 and kForever: never)
-  JobLimits limits;                        // the job's limits, resolved (job_limits.hpp)
-  std::optional<long long> once_per_ns;    // --once-per
-  std::optional<long long> jitter_ns;      // --jitter
-  std::string metrics_dir;                 // --metrics-dir or $LOOPLOCK_METRICS_DIR; empty: none
-
-  std::string agent;      // resolved: --agent, $LOOPLOCK_AGENT, user name
-  std::string operation;  // resolved: --operation or derived from the command
-
-  OutputSettings output;  // -q, -v, --log-format: the Logger's
-
-  ClusterSettings cluster;  // --etcd and its options
-  InspectSettings inspect;  // --inspect's
+  Identity identity;         // --agent, --operation
+  WaitSettings wait;         // -p, -w, -E, --skip-exit-code
+  LockFlags lock;            // -s, -o, -F
+  JobLimits limits;          // --kill-after, --max-time, --warn-before: resolved (job_limits.hpp)
+  OncePerSettings once_per;  // --once-per, --jitter
+  std::string metrics_dir;   // --metrics-dir or $LOOPLOCK_METRICS_DIR; empty: none
+  OutputSettings output;     // -q, -v, --log-format: the Logger's
+  ClusterSettings cluster;   // --etcd and its options
+  InspectSettings inspect;   // --inspect's
 };
+
+// What each lock of a run is asked for, whatever its kind (lock/lock.hpp),
+// made once from the Options (lock_request()): the loop dir as given, who
+// runs what, the wait's policy, flock(1)'s flags, and whether the run keeps
+// a ledger (--once-per).
+struct LockRequest {
+  std::string dir;
+  Identity identity;
+  Policy policy = Policy::Mutation;
+  LockFlags flags;
+  bool once_per = false;
+};
+LockRequest lock_request(const Options& o);
 
 // The KILL after --max-time's TERM when --kill-after is not given.
 inline constexpr long long kDefaultKillAfterNs = 5'000'000'000LL;

@@ -69,7 +69,7 @@ TEST_CASE("the command after -- is never parsed") {
   o = parse({"DIR", "--", "sh", "-c", "exit 3"});
   CHECK(o.command == Args{"sh", "-c", "exit 3"});
   CHECK_FALSE(o.shell_form);
-  CHECK(o.operation == "sh");
+  CHECK(o.identity.operation == "sh");
 
   // An empty argument of the command is kept as is.
   o = parse({"DIR", "--", "printf", ""});
@@ -82,16 +82,16 @@ TEST_CASE("defaults") {
   CHECK_FALSE(o.wait.timeout_ns);
   CHECK(o.wait.conflict_exit_code == 75);
   CHECK(o.wait.skip_exit_code == 0);
-  CHECK_FALSE(o.shared);
-  CHECK_FALSE(o.close_fd);
-  CHECK_FALSE(o.no_fork);
-  CHECK_FALSE(o.kill_after_ns);
+  CHECK_FALSE(o.lock.shared);
+  CHECK_FALSE(o.lock.close_fd);
+  CHECK_FALSE(o.lock.no_fork);
+  CHECK_FALSE(o.limits.kill_after_ns);
   CHECK(o.output.verbosity == looplock::Verbosity::Normal);
   CHECK(o.output.log_format == looplock::LogFormat::Text);
   CHECK_FALSE(o.inspect.json);
   CHECK(o.inspect.stale_after_ns == 2 * 3600 * kSec);
-  CHECK(o.agent == "tester");
-  CHECK(o.operation == "true");
+  CHECK(o.identity.agent == "tester");
+  CHECK(o.identity.operation == "true");
 }
 
 TEST_CASE("timeout spellings") {
@@ -108,17 +108,17 @@ TEST_CASE("timeout spellings") {
 
 TEST_CASE("an option value that looks like -- or -c is the option's value") {
   Options o = parse({"--operation", "--", "DIR", "--", "x"});
-  CHECK(o.operation == "--");
+  CHECK(o.identity.operation == "--");
   CHECK(o.dir == "DIR");
   CHECK(o.command == Args{"x"});
 
   o = parse({"--agent", "-c", "DIR", "--", "x", "y"});
-  CHECK(o.agent == "-c");
+  CHECK(o.identity.agent == "-c");
   CHECK(o.command == Args{"x", "y"});
   CHECK_FALSE(o.shell_form);
 
   o = parse({"--agent=--", "DIR", "--", "x"});
-  CHECK(o.agent == "--");
+  CHECK(o.identity.agent == "--");
   CHECK(o.command == Args{"x"});
 }
 
@@ -174,8 +174,8 @@ TEST_CASE("every value-taking option is classified by the splitter") {
       Options o = parse(args);
       CHECK(o.dir == "DIR");
       CHECK(o.command == Args{"x"});
-      CHECK((o.agent == "--" || o.operation == "--" || o.metrics_dir == "--" || o.cluster.lock_name == "--" ||
-             o.cluster.etcd_cacert == "--"));
+      CHECK((o.identity.agent == "--" || o.identity.operation == "--" || o.metrics_dir == "--" ||
+             o.cluster.lock_name == "--" || o.cluster.etcd_cacert == "--"));
     } else {
       // The option got "--" as its value and rejected it by name.
       CHECK(f->status == 64);
@@ -206,11 +206,11 @@ TEST_CASE("-c SHELL-COMMAND") {
   CHECK(o.shell_form);
   // "--" before the string, so that a string starting with "-" is not an option of sh.
   CHECK(o.command == Args{"/bin/sh", "-c", "--", "python3 status.py --tick && echo ok"});
-  CHECK(o.operation == "sh");
+  CHECK(o.identity.operation == "sh");
   CHECK(parse({"DIR", "-c", "-x"}).command == Args{"/bin/sh", "-c", "--", "-x"});
   o = parse({"-w", "1", "DIR", "-c", "x"});
   CHECK(o.wait.timeout_ns == kSec);
-  CHECK(parse({"--operation", "tick", "DIR", "-c", "x"}).operation == "tick");
+  CHECK(parse({"--operation", "tick", "DIR", "-c", "x"}).identity.operation == "tick");
 }
 
 TEST_CASE("usage errors exit 64") {
@@ -306,16 +306,16 @@ TEST_CASE("flags and policies") {
   CHECK(parse({"--policy", "blocking", "DIR", "--", "x"}).wait.policy == looplock::Policy::Blocking);
   CHECK(parse({"-p", "mutation", "DIR", "--", "x"}).wait.policy == looplock::Policy::Mutation);
   Options o = parse({"-s", "-o", "-v", "--log-format", "json", "DIR", "--", "x"});
-  CHECK(o.shared);
-  CHECK(o.close_fd);
+  CHECK(o.lock.shared);
+  CHECK(o.lock.close_fd);
   CHECK(o.output.verbosity == looplock::Verbosity::Verbose);
   CHECK(o.output.log_format == looplock::LogFormat::Json);
   o = parse({"-sF", "--log-format=text", "DIR", "--", "x"});
-  CHECK(o.shared);
-  CHECK(o.no_fork);
+  CHECK(o.lock.shared);
+  CHECK(o.lock.no_fork);
   CHECK(o.output.log_format == looplock::LogFormat::Text);
-  CHECK(parse({"--kill-after", "2.5s", "DIR", "--", "x"}).kill_after_ns == 2 * kSec + kSec / 2);
-  CHECK(parse({"--kill-after=1m", "-o", "DIR", "--", "x"}).kill_after_ns == 60 * kSec);
+  CHECK(parse({"--kill-after", "2.5s", "DIR", "--", "x"}).limits.kill_after_ns == 2 * kSec + kSec / 2);
+  CHECK(parse({"--kill-after=1m", "-o", "DIR", "--", "x"}).limits.kill_after_ns == 60 * kSec);
 }
 
 TEST_CASE("help, version and inspect modes") {
@@ -344,36 +344,36 @@ TEST_CASE("agent default: --agent, then $LOOPLOCK_AGENT, then the user name") {
     ++asked;
     return std::string("alice");
   };
-  CHECK(parse({"DIR", "--", "x"}, env).agent == "alice");
+  CHECK(parse({"DIR", "--", "x"}, env).identity.agent == "alice");
   CHECK(asked == 1);
 
   asked = 0;
   env.looplock_agent = "cron";
-  CHECK(parse({"DIR", "--", "x"}, env).agent == "cron");
-  CHECK(parse({"--agent", "ci", "DIR", "--", "x"}, env).agent == "ci");
+  CHECK(parse({"DIR", "--", "x"}, env).identity.agent == "cron");
+  CHECK(parse({"--agent", "ci", "DIR", "--", "x"}, env).identity.agent == "ci");
   CHECK(asked == 0);  // only asked when needed
 
   env.looplock_agent.reset();
-  CHECK(parse({"--agent", "ci", "DIR", "--", "x"}, env).agent == "ci");
+  CHECK(parse({"--agent", "ci", "DIR", "--", "x"}, env).identity.agent == "ci");
   CHECK(asked == 0);
 
   // An empty $LOOPLOCK_AGENT counts as unset.
   env.looplock_agent = "";
-  CHECK(parse({"DIR", "--", "x"}, env).agent == "alice");
+  CHECK(parse({"DIR", "--", "x"}, env).identity.agent == "alice");
   env.looplock_agent.reset();
 
   Environment none;  // no user name function at all
-  CHECK_FALSE(parse({"DIR", "--", "x"}, none).agent.empty());
+  CHECK_FALSE(parse({"DIR", "--", "x"}, none).identity.agent.empty());
 
   // Any bytes are accepted.
   std::string odd("a\"b\\c\nd\xff", 8);
-  CHECK(parse({"--agent", odd, "--operation", odd, "DIR", "--", "x"}).agent == odd);
+  CHECK(parse({"--agent", odd, "--operation", odd, "DIR", "--", "x"}).identity.agent == odd);
 }
 
 TEST_CASE("operation default") {
-  CHECK(parse({"DIR", "--", "/usr/bin/python3", "/abs/status.py", "--tick"}).operation == "status.py");
-  CHECK(parse({"DIR", "-c", "python3 /abs/status.py"}).operation == "sh");
-  CHECK(parse({"--operation", "nightly", "DIR", "--", "python3", "x.py"}).operation == "nightly");
+  CHECK(parse({"DIR", "--", "/usr/bin/python3", "/abs/status.py", "--tick"}).identity.operation == "status.py");
+  CHECK(parse({"DIR", "-c", "python3 /abs/status.py"}).identity.operation == "sh");
+  CHECK(parse({"--operation", "nightly", "DIR", "--", "python3", "x.py"}).identity.operation == "nightly");
 }
 
 TEST_CASE("--max-time, --metrics-dir, --check and several --inspect DIRs") {
@@ -485,9 +485,9 @@ TEST_CASE("derive_operation: shell options with + take their value too") {
 }
 
 TEST_CASE("--jitter: at most 24h, no inf") {
-  CHECK(*parse({"--jitter", "24h", "DIR", "--", "x"}).jitter_ns == 86'400 * kSec);
-  CHECK(*parse({"--jitter", "20s", "DIR", "--", "x"}).jitter_ns == 20 * kSec);
-  CHECK(!parse({"--jitter", "0", "DIR", "--", "x"}).jitter_ns);
+  CHECK(*parse({"--jitter", "24h", "DIR", "--", "x"}).once_per.jitter_ns == 86'400 * kSec);
+  CHECK(*parse({"--jitter", "20s", "DIR", "--", "x"}).once_per.jitter_ns == 20 * kSec);
+  CHECK(!parse({"--jitter", "0", "DIR", "--", "x"}).once_per.jitter_ns);
   for (const char* text : {"inf", "1e12", "24.1h", "2d"}) {
     CAPTURE(text);
     auto f = parse_failure({"--jitter", text, "DIR", "--", "x"});
@@ -548,7 +548,7 @@ TEST_CASE("cluster options: --etcd, --lock-name, --ttl") {
   }
   CHECK(parse_failure({"--etcd", E, "--ttl", "10.5", "DIR", "--", "x"})->hint == "etcd's leases count in whole seconds.");
   // -s without --etcd, and $LOOPLOCK_ETCD with -s, as told.
-  CHECK(parse({"-s", "DIR", "--", "x"}).shared);
+  CHECK(parse({"-s", "DIR", "--", "x"}).lock.shared);
   CHECK(parse_failure({"-s", "DIR", "--", "x"}, env));
   // --inspect takes --etcd (to name the cluster holder).
   CHECK(parse({"--inspect", "--etcd", E, "DIR"}).cluster.etcd == E);
@@ -650,7 +650,7 @@ TEST_CASE("flock(1) habits: -n is -w 0 under the policy in force, -x the default
   CHECK(o.wait.policy == looplock::Policy::Mutation);
   CHECK(parse({"--nonblock", "-p", "monitor", "DIR", "--", "x"}).wait.timeout_ns == 0);
   CHECK(parse({"-xn", "DIR", "--", "x"}).wait.timeout_ns == 0);
-  CHECK_FALSE(parse({"-x", "DIR", "--", "x"}).shared);
+  CHECK_FALSE(parse({"-x", "DIR", "--", "x"}).lock.shared);
   CHECK_FALSE(parse({"--exclusive", "DIR", "--", "x"}).wait.timeout_ns);
   auto f = parse_failure({"-n", "-p", "single_flight", "DIR", "--", "x"});
   REQUIRE(f);
@@ -682,7 +682,7 @@ TEST_CASE("--agent '' and --operation '' are usage errors") {
                             (std::string(name) == "--agent" ? "ID" : "NAME"));
   }
   // An empty $LOOPLOCK_AGENT is no agent: the user name is the default.
-  CHECK(parse({"DIR", "--", "x"}, test_env("")).agent == "tester");
+  CHECK(parse({"DIR", "--", "x"}, test_env("")).identity.agent == "tester");
 }
 
 TEST_CASE("--inspect without DIR shows the --inspect synopsis") {
@@ -789,13 +789,13 @@ std::string outcome_of(const Args& args, bool declare_all) {
     add("policy", std::to_string(static_cast<int>(o.wait.policy)));
     add("timeout", opt(o.wait.timeout_ns));
     add("E", std::to_string(o.wait.conflict_exit_code) + "/" + std::to_string(o.wait.skip_exit_code));
-    add("flags", std::to_string(o.shared) + std::to_string(o.close_fd) + std::to_string(o.no_fork) +
+    add("flags", std::to_string(o.lock.shared) + std::to_string(o.lock.close_fd) + std::to_string(o.lock.no_fork) +
                      std::to_string(o.inspect.json) + std::to_string(o.inspect.check));
-    add("kill", opt(o.kill_after_ns) + "/" + opt(o.limits.kill_after_ns) + "/" + opt(o.limits.max_time_kill_after_ns));
+    add("kill", opt(o.limits.kill_after_ns) + "/" + opt(o.limits.max_time_kill_after_ns));
     add("max", opt(o.limits.max_time_ns) + "/" + opt(o.limits.warn_before_ns) + "/" + std::to_string(o.limits.warn_signal));
-    add("once", opt(o.once_per_ns) + "/" + opt(o.jitter_ns));
+    add("once", opt(o.once_per.period_ns) + "/" + opt(o.once_per.jitter_ns));
     add("metrics", o.metrics_dir);
-    add("who", o.agent + "/" + o.operation);
+    add("who", o.identity.agent + "/" + o.identity.operation);
     add("out", std::to_string(static_cast<int>(o.output.verbosity)) + std::to_string(static_cast<int>(o.output.log_format)));
     add("etcd", o.cluster.etcd + "/" + std::to_string(o.cluster.endpoints.size()) + "/" + o.cluster.lock_name + "/" + std::to_string(o.cluster.ttl_s) +
                     "/" + std::to_string(o.cluster.lease_kill_after_ns));
