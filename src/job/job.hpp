@@ -9,7 +9,7 @@
 #include "base/log.hpp"
 #include "job/lease.hpp"
 #include "os/ids.hpp"
-#include "settings/job_limits.hpp"
+#include "job/job_limits.hpp"
 
 namespace looplock {
 

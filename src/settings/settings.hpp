@@ -12,7 +12,7 @@
 #include "base/log.hpp"
 #include "base/policy.hpp"
 #include "settings/endpoints.hpp"
-#include "settings/job_limits.hpp"
+#include "job/job_limits.hpp"
 
 namespace looplock {
 
@@ -96,7 +96,7 @@ struct Options {
   Identity identity;         // --agent, --operation
   WaitSettings wait;         // -p, -w, -E, --skip-exit-code
   LockFlags lock;            // -s, -o, -F
-  JobLimits limits;          // --kill-after, --max-time, --warn-before: resolved (job_limits.hpp)
+  JobLimits limits;          // --kill-after, --max-time, --warn-before: resolved (job/job_limits.hpp)
   OncePerSettings once_per;  // --once-per, --jitter
   std::string metrics_dir;   // --metrics-dir or $LOOPLOCK_METRICS_DIR; empty: none
   OutputSettings output;     // -q, -v, --log-format: the Logger's

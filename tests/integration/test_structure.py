@@ -22,8 +22,8 @@ MAX_FUNCTION_LINES = 90
 LAYERS = [
     ["os"],
     ["base"],
-    ["settings"],
     ["job"],
+    ["settings"],
     ["records"],
     ["lock"],
     ["local", "cluster"],
