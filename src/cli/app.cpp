@@ -44,7 +44,11 @@ int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
   try {
     std::vector<std::string> args(argv, argv + argc);
     // Its pid, once: the holder record, the job's signals and the leak check name this pid.
-    Context ctx{env_from(envp), sys::own_pid(), now_ns, start_wall_ms, cluster};
+    Context ctx{.env = env_from(envp),
+                .pid = sys::own_pid(),
+                .start_ns = now_ns,
+                .start_wall_ms = start_wall_ms,
+                .cluster = cluster};
     // looplock-etcd: the deadline counts from when looplock started.
     if (auto handed = take_handed_start(ctx.env, now_ns); handed && cluster) {
       ctx.start_ns = *handed;
@@ -52,10 +56,14 @@ int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
     }
     // The user name (getuid(2) and a read of /etc/passwd) only when no
     // --agent or $LOOPLOCK_AGENT names the agent: the holder record's agent_id.
-    Environment penv{env_get(ctx.env, env_name::kAgent),         env_get(ctx.env, env_name::kEtcd),
-                     env_get(ctx.env, env_name::kMetricsDir),    [] { return sys::user_name(sys::own_uid()); },
-                     env_get(ctx.env, env_name::kEtcdCacert),    env_get(ctx.env, env_name::kEtcdClientCert),
-                     env_get(ctx.env, env_name::kEtcdClientKey), env_get(ctx.env, env_name::kEtcdPassword)};
+    Environment penv{.looplock_agent = env_get(ctx.env, env_name::kAgent),
+                     .looplock_etcd = env_get(ctx.env, env_name::kEtcd),
+                     .metrics_dir = env_get(ctx.env, env_name::kMetricsDir),
+                     .user_name = [] { return sys::user_name(sys::own_uid()); },
+                     .looplock_etcd_cacert = env_get(ctx.env, env_name::kEtcdCacert),
+                     .looplock_etcd_client_cert = env_get(ctx.env, env_name::kEtcdClientCert),
+                     .looplock_etcd_client_key = env_get(ctx.env, env_name::kEtcdClientKey),
+                     .looplock_etcd_password = env_get(ctx.env, env_name::kEtcdPassword)};
     const Options& o = options.emplace(parse_options(args, penv));
     if (o.mode == Mode::Help) {
       write_stdout(help_text());

@@ -219,7 +219,7 @@ void ClusterLock::note_answering() {
 }
 
 bool ClusterLock::grant(long long deadline_ns, etcd::Result<long long>& r) {
-  r = client_.lease_grant(ttl_s_, {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
+  r = client_.lease_grant(ttl_s_, {.at_ns = deadline_ns, .attempt_ns = lease_timing::attempt_ns(ttl_s_)});
   if (!r.ok()) return false;
   lease_ = lease_id_ = r.value;
   gone_ = false;  // a new lease (a waiter whose lease expired queues again)
@@ -293,7 +293,7 @@ std::string confirm_cluster_holder(etcd::Client& client, const std::string& name
 }
 
 std::optional<Json> ClusterLock::holder_of(const etcd::KeyValue& kv, long long deadline_ns) {
-  auto h = contender_value(client_, name_, kv, {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
+  auto h = contender_value(client_, name_, kv, {.at_ns = deadline_ns, .attempt_ns = lease_timing::attempt_ns(ttl_s_)});
   if (h && !h->contains("fencing_token") && parse_cluster_holder(kv.value)) (*h)["fencing_token"] = kv.create_revision;
   return h;
 }
@@ -468,7 +468,7 @@ ClusterLock::LedgerEntry ledger_entry_of(const etcd::RangeResult& read) {
 }  // namespace
 
 std::optional<ClusterLock::LedgerEntry> ClusterLock::peek_ledger(long long deadline_ns) {
-  auto r = client_.range({ledger_key_}, {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
+  auto r = client_.range({ledger_key_}, {.at_ns = deadline_ns, .attempt_ns = lease_timing::attempt_ns(ttl_s_)});
   if (!r.ok()) {
     last_error_ = r.error;
     return std::nullopt;
@@ -481,7 +481,7 @@ ClusterLock::LedgerEntry ClusterLock::ledger(long long deadline_ns) {
   if (ledger_at_acquisition_) {
     e = ledger_entry_of(*ledger_at_acquisition_);
   } else {
-    auto r = client_.range({ledger_key_}, {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
+    auto r = client_.range({ledger_key_}, {.at_ns = deadline_ns, .attempt_ns = lease_timing::attempt_ns(ttl_s_)});
     if (!r.ok()) unavailable("read the run ledger", r);
     e = ledger_entry_of(r.value);
   }
@@ -492,7 +492,7 @@ ClusterLock::LedgerEntry ClusterLock::ledger(long long deadline_ns) {
 bool ClusterLock::write_ledger(const RunEntry& entry, long long deadline_ns) {
   auto t = client_.txn(
       etcd::guarded_put_txn_body(keys_.at(0), token_, ledger_key_, ledger_mod_, dump_json(run_entry_to_json(entry))),
-      {deadline_ns, lease_timing::attempt_ns(ttl_s_)});
+      {.at_ns = deadline_ns, .attempt_ns = lease_timing::attempt_ns(ttl_s_)});
   if (!t.ok()) {
     last_error_ = t.error;
     return false;

@@ -679,7 +679,8 @@ Result<Json> Client::attempts(const CallSpec& spec, bool with_token) {
 }
 
 bool Client::authenticate(long long deadline_ns, long long attempt_ns, Result<Json>& failure) {
-  const CallSpec spec = unary("/v3/auth/authenticate", authenticate_body(user_, password_), {deadline_ns, attempt_ns});
+  const CallSpec spec = unary("/v3/auth/authenticate", authenticate_body(user_, password_),
+                              {.at_ns = deadline_ns, .attempt_ns = attempt_ns});
   Result<Json> r = attempts(spec, false);
   if (r.ok()) {
     auto token = parse_token(r.value);

@@ -39,8 +39,9 @@ void EtcdKind::confirm_outer(const Options& o, const LockTarget& target, const E
   std::string why = "its environment names no cluster lock (LOOPLOCK_ETCD_KEY)";
   if (key) {
     etcd::Client c = client(o, log);
-    why = confirm_cluster_holder(c, name, *key, sys::host_name(), outer_pid,
-                                 {sys::monotonic_ns() + 5'000'000'000LL, lease_timing::attempt_ns(o.cluster.ttl_s)});
+    why = confirm_cluster_holder(
+        c, name, *key, sys::host_name(), outer_pid,
+        {.at_ns = sys::monotonic_ns() + 5'000'000'000LL, .attempt_ns = lease_timing::attempt_ns(o.cluster.ttl_s)});
     if (why.empty()) return;
     if (why.starts_with("cannot read it")) {
       throw Fatal(exit_code::kClusterUnavailable,
@@ -66,7 +67,7 @@ InspectPart EtcdKind::inspect(const Options& o, const std::string& canonical_dir
   const std::string name = cluster_lock_name(o.cluster.lock_name, canonical_dir);
   etcd::Client client = this->client(o, log);
   const long long deadline = sys::monotonic_ns() + 5'000'000'000LL;
-  const etcd::Deadline bound{deadline, 1'000'000'000LL};
+  const etcd::Deadline bound{.at_ns = deadline, .attempt_ns = 1'000'000'000LL};
   const ClusterQueueRead read = read_cluster_queue(client, name, bound);
   const auto& prefixes = read.prefixes;
   // The key too when the contender is on the unencoded prefix of an encoded

@@ -86,7 +86,13 @@ void Run::open() {
   spec_.limits = o_.limits;
   wait_start_ns_ = ctx_.start_ns;
 
-  Stack stack = stack_({o_, request_, ctx_, log_, reporter_, dir_, target_});
+  Stack stack = stack_({.options = o_,
+                        .request = request_,
+                        .context = ctx_,
+                        .log = log_,
+                        .reporter = reporter_,
+                        .dir = dir_,
+                        .target = target_});
   locks_ = std::move(stack.locks);
   nested_ = stack.nested;
 }
@@ -190,7 +196,7 @@ Conclusion Run::release(const JobEnd& job) {
     once_per_.record_end(locks_,
                          job.ended_by == JobEnd::EndedBy::MaxTime ? exit_code::kMaxTime : shell_status(job.status));
   }
-  Ending ending{job, std::nullopt, true, false};
+  Ending ending{.job = job, .record = std::nullopt, .intact = true, .lost = false};
   for (auto it = locks_.rbegin(); it != locks_.rend(); ++it) (*it)->release(ending);
   if (job.ended_by == JobEnd::EndedBy::MaxTime) reporter_.max_time(job, *o_.limits.max_time_ns, ending.record);
   return conclude(job, ending.lost, ending.intact);

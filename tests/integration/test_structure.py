@@ -255,6 +255,98 @@ def test_no_function_in_src_is_over_90_lines():
                 long.append(f"{f.relative_to(SRC)}:{line}: {name}: {count} lines")
     assert long == [], long
 
+def code_only(text):
+    """C++ text with its comments blanked and its string and character
+    literals emptied ("" and ''), so that braces and commas are the code's
+    (a digit separator, 3'200, is no literal)."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            i = text.find("\n", i)
+            i = n if i < 0 else i
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            i = n if end < 0 else end + 2
+        elif c == '"' and text.startswith('R"(', i - 1):
+            end = text.find(')"', i)
+            out.append('""')
+            i = n if end < 0 else end + 2
+        elif c in "\"'" and not (c == "'" and i and text[i - 1].isalnum()):
+            j = i + 1
+            while j < n and text[j] != c:
+                j += 2 if text[j] == "\\" else 1
+            out.append(c + c)
+            i = j + 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+def balanced(text, start):
+    """The code from `start` (just after an opening brace) to its closing
+    brace (`text`: code_only's)."""
+    depth, i = 1, start
+    while depth and i < len(text):
+        depth += (text[i] == "{") - (text[i] == "}")
+        i += 1
+    return text[start:i - 1]
+
+def top_level_commas(text):
+    depth, count = 0, 0
+    for c in text:
+        depth += (c in "{([") - (c in "})]")
+        count += c == "," and depth == 0
+    return count
+
+def wide_structs(texts):
+    """The structs of more than three data members, by name."""
+    wide = set()
+    for text in map(code_only, texts):
+        for m in re.finditer(r"\bstruct\s+(\w+)\s*(?:final\s*)?(?::[^;{]*)?\{", text):
+            body = balanced(text, m.end())
+            top, depth = "", 0
+            for c in body:
+                depth += c == "{"
+                if depth == 0:
+                    top += c
+                depth -= c == "}"
+            members = [s for s in top.split(";") if s.strip() and "(" not in s.split("=")[0]
+                       and not re.match(r"\s*(using|static|enum|friend|struct|public|private)\b", s)]
+            if len(members) > 3:
+                wide.add(m.group(1))
+    return wide
+
+def positional_inits(texts, wide):
+    """`Name{a, b, ...}` or `Name x{a, b, ...}` of a wide struct, by position."""
+    found = []
+    for path, text in texts.items():
+        text = code_only(text)
+        for m in re.finditer(r"\b(\w+)(?:\s+\w+)?\s*\{", text):
+            if m.group(1) not in wide:
+                continue
+            inner = balanced(text, m.end()).strip()
+            if inner and not inner.startswith(".") and top_level_commas(inner) >= 1:
+                found.append(f"{path}:{text[:m.start()].count(chr(10)) + 1}: {m.group(0)}")
+    return found
+
+def test_wide_structs_are_built_with_designated_initializers():
+    """A struct of more than three fields is never built by position, in
+    src/ or the unit tests: inserting a field must not shift values
+    silently. (Named initializations; a `return {...}` is read by eye.)"""
+    files = list(sources()) + sorted((ROOT / "tests" / "unit").glob("*.[ch]pp"))
+    texts = {str(f.relative_to(ROOT)): f.read_text() for f in files}
+    wide = wide_structs(texts.values())
+    assert {"HolderRecord", "JobEnd", "Incident"} <= wide  # the reading works
+    assert positional_inits(texts, wide) == []
+
+def test_the_initializer_check_finds_a_positional_one():
+    text = "struct P {\n  int a = 0;  // it's\n  int b;\n  std::string c;  // x\n  bool d = false;\n  void f();\n};\n"
+    use = 'P p{1, 2\'000, "x,{y", true};\nP q{.a = 1, .b = 2, .c = "}"};\nP r{};\n'
+    assert wide_structs([text]) == {"P"}
+    assert wide_structs(["struct Q {\n  int a;  // it's\n  int b;\n  int c;\n};\n"]) == set()
+    assert positional_inits({"s.cpp": text + use}, {"P"}) == ["s.cpp:8: P p{"]
+
 def test_the_function_finder_sees_functions(tmp_path):
     """Its reading of C++ is checked on a sample: methods, constructors with
     initializer lists, a brace in a string, a lambda inside a body."""

@@ -53,12 +53,17 @@ struct Step {
   std::string body;
   long long took_ns = kMs;
 };
-[[maybe_unused]] Step answer(std::string body, long long took = kMs) { return {Step::Answer, 200, std::move(body), took}; }
-[[maybe_unused]] Step http(int status, std::string body) { return {Step::Answer, status, std::move(body), kMs}; }
-[[maybe_unused]] Step refused() { return {Step::Refused, 0, "", 0}; }
-[[maybe_unused]] Step connect_timeout() { return {Step::ConnectTimeout, 0, "", 0}; }
-[[maybe_unused]] Step silent() { return {Step::Silent, 0, "", 0}; }
-[[maybe_unused]] Step signal_pending() { return {Step::Signal, 0, "", 0}; }
+[[maybe_unused]] Step answer(std::string body, long long took = kMs) {
+  return {.kind = Step::Answer, .status = 200, .body = std::move(body), .took_ns = took};
+}
+[[maybe_unused]] Step http(int status, std::string body) {
+  return {.kind = Step::Answer, .status = status, .body = std::move(body), .took_ns = kMs};
+}
+[[maybe_unused]] Step failing(Step::Kind kind) { return {.kind = kind, .status = 0, .body = "", .took_ns = 0}; }
+[[maybe_unused]] Step refused() { return failing(Step::Refused); }
+[[maybe_unused]] Step connect_timeout() { return failing(Step::ConnectTimeout); }
+[[maybe_unused]] Step silent() { return failing(Step::Silent); }
+[[maybe_unused]] Step signal_pending() { return failing(Step::Signal); }
 
 // A Transport whose every exchange is decided by `handler` (or taken from
 // `script` in order), on the fake clock.
@@ -72,9 +77,16 @@ struct FakeTransport : Transport {
 
   void configure(const Security& s) override { security = s; }
   Exchange post(const Endpoint& ep, const Request& req, HttpResponse& out, std::string& error) override {
-    calls.push_back({ep.text + std::string(req.path), std::string(req.path), std::string(req.body),
-                     std::string(req.token), clock.t, req.connect_deadline_ns, req.deadline_ns, bool(req.enough),
-                     req.fresh_connection, req.server_timeout_ns});
+    calls.push_back({.url = ep.text + std::string(req.path),
+                     .path = std::string(req.path),
+                     .body = std::string(req.body),
+                     .token = std::string(req.token),
+                     .at = clock.t,
+                     .connect_deadline_ns = req.connect_deadline_ns,
+                     .deadline_ns = req.deadline_ns,
+                     .stream = bool(req.enough),
+                     .fresh = req.fresh_connection,
+                     .server_timeout_ns = req.server_timeout_ns});
     Step s;
     if (handler) {
       s = handler(ep, req);

@@ -479,7 +479,7 @@ TEST_CASE("cluster lock: a blocking waiter rides out etcd being unavailable and 
   // lease (3 s from t0) outlives the freeze.
   etcd.fault = [&](const Endpoint&, const Request&) -> std::optional<Step> {
     if (clock.t >= t0 + 900 * kMs && clock.t < t0 + 2600 * kMs) {
-      return Step{Step::Delay, 0, "", t0 + 2600 * kMs - clock.t};
+      return Step{.kind = Step::Delay, .status = 0, .body = "", .took_ns = t0 + 2600 * kMs - clock.t};
     }
     return std::nullopt;
   };

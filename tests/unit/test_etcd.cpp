@@ -163,7 +163,9 @@ TEST_CASE("lock names: kept as they are without '/' and '%', else percent-encode
 
 TEST_CASE("contenders: by create revision, each once, nothing deeper than a lease id") {
   const std::vector<std::string> prefixes = contender_prefixes("a/b");
-  auto kv = [](std::string key, long long rev) { return KeyValue{std::move(key), "", rev, rev, 1}; };
+  auto kv = [](std::string key, long long rev) {
+    return KeyValue{.key = std::move(key), .value = "", .create_revision = rev, .mod_revision = rev, .lease = 1};
+  };
   RangeResult encoded{10, {kv("looplock/a%2Fb/lock/7", 5), kv("looplock/a%2Fb/lock/9", 8)}, 2};
   RangeResult legacy{10,
                      {kv("looplock/a/b/lock/3", 3), kv("looplock/a/b/lock/7", 5), kv("looplock/a/b/lock/c/lock/4", 4),
@@ -521,7 +523,7 @@ TEST_CASE("client: with authentication disabled on etcd, requests go without a t
 TEST_CASE("client: a TLS failure tries the next endpoint and keeps the reason and the hint") {
   FakeClock clock;
   FakeTransport t(clock);
-  t.handler = [](const Endpoint&, const Request&) { return Step{Step::TlsError, 0, "", 0}; };
+  t.handler = [](const Endpoint&, const Request&) { return failing(Step::TlsError); };
   Client c(t, endpoints(2), clock);
   auto r = c.range({"k"}, {clock.t + 100 * kMs, 0});
   CHECK(r.status == Status::Unavailable);

@@ -430,8 +430,8 @@ TEST_CASE("a failed TLS handshake: an alert, no TLS answer, not TLS at all, or s
 }
 
 TEST_CASE("classify_transfer: how a transfer ended, from what libcurl and the probes saw") {
-  Endpoint plain{"127.0.0.1", 2379, false, "http://127.0.0.1:2379"};
-  Endpoint tls{"127.0.0.1", 2379, true, "https://127.0.0.1:2379"};
+  Endpoint plain{.host = "127.0.0.1", .port = 2379, .tls = false, .text = "http://127.0.0.1:2379"};
+  Endpoint tls{.host = "127.0.0.1", .port = 2379, .tls = true, .text = "https://127.0.0.1:2379"};
   auto transfer = [](CURLcode rc) {
     Transfer t;
     t.rc = rc;

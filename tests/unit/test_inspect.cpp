@@ -233,8 +233,13 @@ TEST_CASE("a lock held through a descriptor its dead locker passed on") {
 
 TEST_CASE("waiters: who, doing what, for how long at most") {
   InspectFacts f = held_by_record();
-  f.waiters.push_back({4321, true, "looplock", "ci", "deploy.py", 3'200});
-  f.waiters.push_back({4322, false, "flock", std::nullopt, std::nullopt, std::nullopt});
+  f.waiters.push_back({.pid = 4321,
+                       .exclusive = true,
+                       .command = "looplock",
+                       .agent_id = "ci",
+                       .operation = "deploy.py",
+                       .at_most_ms = 3'200});
+  f.waiters.push_back({.pid = 4322, .exclusive = false, .command = "flock"});
   InspectReport r = looplock::build_report(f);
   CHECK(r.json["waiters"].size() == 2);
   CHECK(r.json["waiters"][0] == Json::parse(R"({"pid":4321,"mode":"exclusive","command":"looplock",)"

@@ -127,7 +127,7 @@ public:
     if (s_.start_fails) return *s_.start_fails;
     return std::make_unique<FakeJob>(s_, seen_);
   }
-  sys::JobFailure exec(const sys::JobStart&) override { return {{}, ENOENT, {}, true}; }
+  sys::JobFailure exec(const sys::JobStart&) override { return {.err = ENOENT, .exec = true}; }
 
 private:
   Script& s_;
@@ -263,7 +263,7 @@ TEST_CASE("looplock that loses track of the job stops with 71") {
 
 TEST_CASE("a command that cannot be started: 71 with the system's words, 126 or 127 when it cannot be executed") {
   Script s;
-  s.start_fails = sys::JobFailure{"cannot start the command (vfork)", EAGAIN, {}, false};
+  s.start_fails = sys::JobFailure{.what = "cannot start the command (vfork)", .err = EAGAIN};
   try {
     (void)run(s);
     FAIL("no Fatal");
@@ -272,7 +272,7 @@ TEST_CASE("a command that cannot be started: 71 with the system's words, 126 or 
     CHECK(std::string(f.what()).find("cannot start the command (vfork)") != std::string::npos);
   }
   for (const auto& [err, status] : {std::pair{ENOENT, 127}, std::pair{EACCES, 126}}) {
-    s.start_fails = sys::JobFailure{{}, err, {}, true};
+    s.start_fails = sys::JobFailure{.err = err, .exec = true};
     try {
       (void)run(s);
       FAIL("no Fatal");

@@ -52,17 +52,19 @@ struct ChildReport {
 JobFailure child_failure(ChildStep step, int err) {
   switch (step) {
     case ChildStep::DeathSignal:
-      return {"cannot start the command: cannot tie it to looplock's life (prctl)", err, {}, false};
-    case ChildStep::Group: return {"cannot start the command in a process group of its own (setpgid)", err, {}, false};
+      return {.what = "cannot start the command: cannot tie it to looplock's life (prctl)", .err = err};
+    case ChildStep::Group:
+      return {.what = "cannot start the command in a process group of its own (setpgid)", .err = err};
     case ChildStep::PassFd:
-      return {"cannot pass the lock descriptor to the command (fcntl)", err,
-              "The command was not run: without the descriptor it would run without the lock.", false};
+      return {.what = "cannot pass the lock descriptor to the command (fcntl)",
+              .err = err,
+              .hint = "The command was not run: without the descriptor it would run without the lock."};
     case ChildStep::SignalMask:
-      return {"cannot give the command its inherited signal mask (sigprocmask)", err, {}, false};
+      return {.what = "cannot give the command its inherited signal mask (sigprocmask)", .err = err};
     case ChildStep::Exec:
     case ChildStep::None: break;
   }
-  return {{}, err, {}, true};
+  return {.err = err, .exec = true};
 }
 
 // The signal state of a job's run: every signal looplock supervises is
@@ -218,7 +220,7 @@ std::variant<std::unique_ptr<RunningJob>, JobFailure> ProcessControl::start(cons
   SignalSets signals{supervised_signals(), {supervised_signals()}};
   sigdelset(&signals.interrupting.signals, SIGCHLD);
   if (sigprocmask(SIG_BLOCK, &signals.supervised, nullptr) != 0) {
-    return JobFailure{"cannot block signals to run the command", errno, {}, false};
+    return JobFailure{.what = "cannot block signals to run the command", .err = errno};
   }
   (void)prctl(PR_SET_CHILD_SUBREAPER, 1);
   // Which of stdin, stdout and stderr is looplock's controlling terminal
@@ -235,7 +237,7 @@ std::variant<std::unique_ptr<RunningJob>, JobFailure> ProcessControl::start(cons
   // calls (no allocation, no locks), and looplock is suspended meanwhile.
   volatile ChildReport report;
   const Pid child = vfork();
-  if (child < 0) return JobFailure{"cannot start the command (vfork)", errno, {}, false};
+  if (child < 0) return JobFailure{.what = "cannot start the command (vfork)", .err = errno};
   if (child == 0) {
     auto fail = [&](ChildStep step) {
       report.err = errno;

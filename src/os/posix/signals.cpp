@@ -36,7 +36,7 @@ bool change(InheritedSignals& in, int sig, const struct sigaction& to) {
 }
 
 // What failed, with the errno it failed with (read before anything else).
-JobFailure failed(std::string what, int err) { return {std::move(what), err, {}, false}; }
+JobFailure failed(std::string what, int err) { return {.what = std::move(what), .err = err}; }
 
 }  // namespace
 
