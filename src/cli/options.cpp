@@ -456,7 +456,7 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
   if (r.count("kill-after")) kill_after = duration_option("kill-after", text_of(r, "kill-after"));
   if (r.count("max-time")) {
     if (const long long d = duration_option("max-time", text_of(r, "max-time")); d != 0 && d != kForever) {
-      o.limits.max_time_ns = d;
+      o.limits.max_time = Duration(d);
     }
   }
   if (r.count("once-per")) {
@@ -478,14 +478,14 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
   if (r.count("warn-signal") && !r.count("warn-before")) usage_error("--warn-signal applies only with --warn-before");
   o.limits.warn_signal = parse_signal("USR1").value_or(0);  // --warn-signal's default (0: the system has no USR1)
   if (r.count("warn-before")) {
-    o.limits.warn_before_ns = duration_option("warn-before", text_of(r, "warn-before"));
-    if (!o.limits.max_time_ns && o.cluster.etcd.empty()) {
+    o.limits.warn_before = Duration(duration_option("warn-before", text_of(r, "warn-before")));
+    if (!o.limits.max_time && o.cluster.etcd.empty()) {
       usage_error("--warn-before applies only with --max-time or --etcd",
                   "It signals the job before --max-time's TERM, or before a failing lease's.");
     }
-    if (o.limits.max_time_ns && *o.limits.warn_before_ns >= *o.limits.max_time_ns) {
+    if (o.limits.max_time && *o.limits.warn_before >= *o.limits.max_time) {
       usage_error("invalid --warn-before " + quote(text_of(r, "warn-before")) + ": not shorter than --max-time " +
-                  format_duration(*o.limits.max_time_ns));
+                  format_duration(o.limits.max_time->count()));
     }
     if (r.count("warn-signal")) {
       const auto sig = parse_signal(text_of(r, "warn-signal"));
@@ -501,8 +501,8 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
   // never, as in timeout(1); after --max-time's TERM: the same, or 5 s when
   // it was not given; before a lease can expire: the same, within what the
   // TTL allows, or a default that fits it.
-  if (kill_after && *kill_after != 0 && *kill_after != kForever) o.limits.kill_after_ns = kill_after;
-  o.limits.max_time_kill_after_ns = kill_after ? o.limits.kill_after_ns : std::optional<long long>(kDefaultKillAfterNs);
+  if (kill_after && *kill_after != 0 && *kill_after != kForever) o.limits.kill_after = Duration(*kill_after);
+  o.limits.max_time_kill_after = kill_after ? o.limits.kill_after : Duration(kDefaultKillAfterNs);
   if (!o.cluster.etcd.empty()) {
     o.cluster.lease_kill_after_ns =
         lease_kill_after_ns(kill_after, o.cluster.ttl_s, kill_after ? text_of(r, "kill-after") : std::string());

@@ -606,7 +606,10 @@ bool ClusterLock::renew(long long return_by_ns, const sys::Interrupts* interrupt
   renewed_ = false;
   if (gone_) return false;
   if (lease_ == 0) return false;
-  auto r = client_.lease_keepalive(lease_, {return_by_ns, lease_timing::attempt_ns(ttl_s_), false, interrupt_on});
+  auto r = client_.lease_keepalive(lease_, {.at_ns = return_by_ns,
+                                            .attempt_ns = lease_timing::attempt_ns(ttl_s_),
+                                            .grow = false,
+                                            .interrupt_on = interrupt_on});
   if (r.ok() && r.value > 0) {
     renewed_ = true;
     renewal_failing_ = false;

@@ -53,14 +53,15 @@ private:
   class JobLease final : public Lease {
   public:
     explicit JobLease(ClusterLock& c) : c_(c) {}
-    long long next_renewal_ns() const override { return c_.next_renewal_ns(); }
-    bool renew(long long return_by_ns, const sys::Interrupts& interrupt_on) override {
-      return c_.renew(return_by_ns, &interrupt_on);
+    // The cluster lock counts nanoseconds of the monotonic clock.
+    Instant next_renewal() const override { return instant_ns(c_.next_renewal_ns()); }
+    bool renew(Deadline return_by, const sys::Interrupts& interrupt_on) override {
+      return c_.renew(return_by ? ns_of(*return_by) : 0, &interrupt_on);
     }
-    long long term_by_ns() const override { return c_.term_by_ns(); }
-    long long kill_by_ns() const override { return c_.kill_by_ns(); }
+    Instant term_by() const override { return instant_ns(c_.term_by_ns()); }
+    Instant kill_by() const override { return instant_ns(c_.kill_by_ns()); }
     bool renewal_failing() const override { return c_.renewal_failing(); }
-    long long least_renewal_ns() const override { return lease_timing::attempt_ns(c_.ttl_s()); }
+    Duration least_renewal() const override { return Duration(lease_timing::attempt_ns(c_.ttl_s())); }
 
   private:
     ClusterLock& c_;

@@ -7,9 +7,10 @@
 #include <vector>
 
 #include "base/log.hpp"
-#include "job/lease.hpp"
-#include "os/ids.hpp"
 #include "job/job_limits.hpp"
+#include "job/lease.hpp"
+#include "os/clock.hpp"
+#include "os/ids.hpp"
 
 namespace looplock {
 
@@ -32,12 +33,12 @@ struct JobEnd {
   EndedBy ended_by = EndedBy::Command;
   bool killed = false;         // looplock had to send KILL
   bool lease_lost = false;     // the lease was lost, or about to expire, while the job ran
-  long long started_ns = 0;    // when the command was started
-  long long term_sent_ns = 0;  // when looplock sent TERM (MaxTime, Lease)
-  long long ended_ns = 0;      // when the whole job had ended
+  Instant started;             // when the command was started
+  Deadline term_sent;          // when looplock sent TERM (MaxTime, Lease)
+  Instant ended;               // when the whole job had ended
   Pid pgid = 0;              // the job's process group
   bool signalled = false;      // looplock sent the job's group a signal (forwarded, TERM or KILL of its own)
-  long long warned_ns = 0;     // when the --warn-before warning was due and given (0: it was not)
+  Deadline warned;             // when the --warn-before warning was due and given (none: it was not)
   int warn_signal = 0;         // which signal
   std::vector<Pid> warned_pids;  // the job's processes it was sent to (those that catch it)
   std::vector<Pid> warn_skipped;  // those seen that do not catch it, and were not sent it

@@ -7,22 +7,24 @@
 
 #include <optional>
 
+#include "os/clock.hpp"
+
 namespace looplock {
 
 struct JobLimits {
   // KILL the job this long after looplock forwarded it a TERM or INT
   // (nullopt: never, as timeout(1) without -k).
-  std::optional<long long> kill_after_ns;
+  std::optional<Duration> kill_after;
   // --max-time: TERM the job once it has run this long (nullopt: no limit),
-  // then KILL it max_time_kill_after_ns later (--kill-after, or
+  // then KILL it max_time_kill_after later (--kill-after, or
   // kDefaultKillAfterNs when it was not given; nullopt: never).
-  std::optional<long long> max_time_ns;
-  std::optional<long long> max_time_kill_after_ns;
+  std::optional<Duration> max_time;
+  std::optional<Duration> max_time_kill_after;
   // --warn-before: send `warn_signal` once to each process of the job that
   // catches it, this long before --max-time's TERM, or (a lease's renewals
   // failing) before its TERM (os/job_control.hpp's JobWarning). The command line sets the
   // signal (USR1 unless --warn-signal, cli/options.cpp): a system's number.
-  std::optional<long long> warn_before_ns;
+  std::optional<Duration> warn_before;
   int warn_signal = 0;
 };
 

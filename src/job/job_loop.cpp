@@ -1,6 +1,7 @@
 #include "job/job_loop.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -11,9 +12,9 @@
 #include "base/exit_codes.hpp"
 #include "base/text.hpp"
 #include "job/next_step.hpp"
+#include "os/clock.hpp"
 #include "os/ids.hpp"
 #include "os/signal_names.hpp"
-#include "os/sys.hpp"
 
 namespace looplock {
 
@@ -21,10 +22,10 @@ namespace {
 
 // While looplock waits for the rest of a job it ended (members that are not
 // its children send it no SIGCHLD), how often it looks.
-constexpr long long kGroupPollNs = 20'000'000LL;
+constexpr Duration kGroupPoll = std::chrono::milliseconds(20);
 // Once warned, until the TERM: how often looplock looks for processes of the
 // job that catch the warning signal by now.
-constexpr long long kWarnPassNs = 100'000'000LL;
+constexpr Duration kWarnPass = std::chrono::milliseconds(100);
 
 std::string exec_hint(int err, const std::string& name) {
   if (err == ENOENT) {
@@ -52,14 +53,15 @@ class JobLoop {
 public:
   JobLoop(const CommandSpec& spec, const Logger& log, sys::RunningJob& job, JobEnd& end)
       : spec_(spec), log_(log), job_(job), end_(end), lease_live_(spec.lease != nullptr) {
-    if (spec.limits.max_time_ns && *spec.limits.max_time_ns > 0)
-      max_time_at_ = later(end.started_ns, *spec.limits.max_time_ns);
+    if (spec.limits.max_time && *spec.limits.max_time > Duration::zero()) {
+      max_time_at_ = later(end.started, *spec.limits.max_time);
+    }
   }
 
   void run() {
     for (;;) {
       reap();
-      const long long now = sys::monotonic_ns();
+      const Instant now = MonotonicClock::now();
       if (leader_done_ && (!whole_group_ || job_.gone())) break;
       const NextStep next = next_step(deadlines(now), now);
       if (next.action != JobAction::None) {
@@ -69,35 +71,35 @@ public:
       pass_signal(next.until);
     }
     end_.killed = killed_;
-    end_.ended_ns = sys::monotonic_ns();
+    end_.ended = MonotonicClock::now();
   }
 
 private:
-  JobDeadlines deadlines(long long now) const {
+  JobDeadlines deadlines(Instant now) const {
     JobDeadlines d;
     d.kill_at = kill_at_;
     d.max_time_at = max_time_at_;
     if (lease_live_) {
-      d.lease_term_at = spec_.lease->term_by_ns();
-      d.renew_at = spec_.lease->next_renewal_ns();
+      d.lease_term_at = spec_.lease->term_by();
+      d.renew_at = spec_.lease->next_renewal();
     }
     // The warning, once: before --max-time's TERM, and before the lease's
     // when its renewals are failing (a short etcd outage may warn without a
     // TERM following); a renewal returns by the time it would be due.
-    if (spec_.limits.warn_before_ns && end_.warned_ns == 0) {
-      const long long w = *spec_.limits.warn_before_ns;
-      if (max_time_at_ != 0) d.warn_at = std::max(max_time_at_ - w, 1LL);
+    if (spec_.limits.warn_before && !end_.warned) {
+      const Duration w = *spec_.limits.warn_before;
+      if (max_time_at_) d.warn_at = *max_time_at_ - w;
       if (lease_live_) {
-        const long long lease_warn = std::max(d.lease_term_at - w, 1LL);
+        const Instant lease_warn = *d.lease_term_at - w;
         if (spec_.lease->renewal_failing()) {
           d.warn_at = earliest(d.warn_at, lease_warn);
         } else {
           d.lease_warn_at = lease_warn;
-          d.renew_least_ns = spec_.lease->least_renewal_ns();
+          d.renew_least = spec_.lease->least_renewal();
         }
       }
     }
-    if (leader_done_) d.group_poll_at = now + kGroupPollNs;
+    if (leader_done_) d.group_poll_at = now + kGroupPoll;
     if (warning_ && !term_sent_ && !leader_done_ && now < warn_until_) d.warn_pass_at = next_warn_pass_;
     return d;
   }
@@ -118,7 +120,7 @@ private:
     }
   }
 
-  void act(const NextStep& next, long long now) {
+  void act(const NextStep& next, Instant now) {
     switch (next.action) {
       case JobAction::Kill:
         log_.warn("kill_after",
@@ -129,19 +131,19 @@ private:
                       : "the command did not end before the lease could expire; sending KILL");
         job_.kill();
         end_.signalled = true;
-        kill_at_ = 0;
+        kill_at_.reset();
         killed_ = true;
         return;
       case JobAction::MaxTimeTerm: {
-        max_time_at_ = 0;
-        const auto& k = spec_.limits.max_time_kill_after_ns;
-        terminate(JobEnd::EndedBy::MaxTime, k && *k > 0 ? later(now, *k) : 0);
+        max_time_at_.reset();
+        const auto& k = spec_.limits.max_time_kill_after;
+        terminate(JobEnd::EndedBy::MaxTime, k && *k > Duration::zero() ? Deadline(later(now, *k)) : std::nullopt);
         return;
       }
       case JobAction::LeaseTerm:
         lease_live_ = false;
         end_.lease_lost = true;
-        terminate(JobEnd::EndedBy::Lease, spec_.lease->kill_by_ns());
+        terminate(JobEnd::EndedBy::Lease, spec_.lease->kill_by());
         return;
       case JobAction::Renew:
         if (!spec_.lease->renew(next.until, job_.interrupting())) {
@@ -149,13 +151,13 @@ private:
           // comes no later than the lease's kill-after from now.
           lease_live_ = false;
           end_.lease_lost = true;
-          const long long kill_after = std::max(spec_.lease->kill_by_ns() - spec_.lease->term_by_ns(), 0LL);
-          terminate(JobEnd::EndedBy::Lease, std::min(spec_.lease->kill_by_ns(), sys::monotonic_ns() + kill_after));
+          const Duration kill_after = std::max(spec_.lease->kill_by() - spec_.lease->term_by(), Duration::zero());
+          terminate(JobEnd::EndedBy::Lease, std::min(spec_.lease->kill_by(), later(MonotonicClock::now(), kill_after)));
         }
         return;
       case JobAction::Warn: warn(now); return;
       case JobAction::WarnPass:
-        next_warn_pass_ = later(now, kWarnPassNs);
+        next_warn_pass_ = later(now, kWarnPass);
         (void)warning_->pass();
         note_warned();
         return;
@@ -166,15 +168,16 @@ private:
   // --warn-before's signal: once due, to each process of the job that
   // catches it (warning.hpp), with one line (-q hides it); then, until the
   // TERM it warns of, every 100 ms to any that catches it by then.
-  void warn(long long now) {
-    const bool by_lease = max_time_at_ == 0 || (lease_live_ && spec_.lease->term_by_ns() < max_time_at_);
-    const long long term_at = by_lease ? spec_.lease->term_by_ns() : max_time_at_;
+  void warn(Instant now) {
+    const bool by_lease = !max_time_at_ || (lease_live_ && spec_.lease->term_by() < *max_time_at_);
+    const Instant term_at = by_lease ? spec_.lease->term_by() : *max_time_at_;
     const std::string sig = signal_name(spec_.limits.warn_signal);
     const std::string when =
         (by_lease ? "the lease's renewals are failing, and its TERM comes in " : "--max-time's TERM comes in ") +
-        format_duration(term_at - now) + " (--warn-before)";
-    const Json facts = {{"signal", sig}, {"term_in_ms", (term_at - now) / 1'000'000}};
-    end_.warned_ns = now;
+        format_duration((term_at - now).count()) + " (--warn-before)";
+    const Json facts = {{"signal", sig},
+                        {"term_in_ms", std::chrono::duration_cast<std::chrono::milliseconds>(term_at - now).count()}};
+    end_.warned = now;
     end_.warn_signal = spec_.limits.warn_signal;
     warning_ = job_.warning(spec_.limits.warn_signal);
     if (!warning_->pass()) {
@@ -188,7 +191,7 @@ private:
       return;
     }
     warn_until_ = term_at;
-    next_warn_pass_ = later(now, kWarnPassNs);
+    next_warn_pass_ = later(now, kWarnPass);
     note_warned();
     const auto& sent = warning_->sent();
     const auto skipped = warning_->skipped();
@@ -212,29 +215,29 @@ private:
   }
 
   // looplock ends the job: TERM (and CONT, for a stopped job) to the group,
-  // once; KILL by `kill_at` (0: never); and the whole group is waited for.
-  void terminate(JobEnd::EndedBy by, long long kill_at) {
+  // once; KILL by `kill_at` (none: never); and the whole group is waited for.
+  void terminate(JobEnd::EndedBy by, Deadline kill_at) {
     if (!term_sent_) {
       job_.terminate();
       end_.signalled = true;
       term_sent_ = true;
-      end_.term_sent_ns = sys::monotonic_ns();
+      end_.term_sent = MonotonicClock::now();
     }
     if (end_.ended_by == JobEnd::EndedBy::Command) end_.ended_by = by;
     whole_group_ = true;
     kill_at_ = earliest(kill_at_, kill_at);
   }
 
-  // Waits for a signal until `until` (0: without limit) and passes it on;
-  // a TERM or INT passed on starts --kill-after.
-  void pass_signal(long long until) {
+  // Waits for a signal until `until` (none: without limit) and passes it
+  // on; a TERM or INT passed on starts --kill-after.
+  void pass_signal(Deadline until) {
     const auto passed = job_.pass_signal(until);
     if (!passed) return;
     end_.signalled = true;
-    if (passed->asks_end && spec_.limits.kill_after_ns && !kill_after_armed_) {
+    if (passed->asks_end && spec_.limits.kill_after && !kill_after_armed_) {
       kill_after_armed_ = true;
       whole_group_ = true;
-      kill_at_ = earliest(kill_at_, later(sys::monotonic_ns(), *spec_.limits.kill_after_ns));
+      kill_at_ = earliest(kill_at_, later(MonotonicClock::now(), *spec_.limits.kill_after));
     }
   }
 
@@ -243,16 +246,16 @@ private:
   sys::RunningJob& job_;
   JobEnd& end_;
   bool lease_live_;
-  long long max_time_at_ = 0;
-  long long kill_at_ = 0;          // 0: no KILL planned
+  Deadline max_time_at_;
+  Deadline kill_at_;               // none: no KILL planned
   bool kill_after_armed_ = false;  // a forwarded TERM/INT started --kill-after
   bool term_sent_ = false;         // looplock sent its own TERM (--max-time, the lease)
   bool whole_group_ = false;       // wait for the whole group, not only the command's first process
   bool killed_ = false;
   bool leader_done_ = false;
   std::unique_ptr<sys::JobWarning> warning_;  // once warned (and the system tells who catches the signal)
-  long long warn_until_ = 0;                  // the TERM the warning is about
-  long long next_warn_pass_ = 0;
+  Instant warn_until_;                        // the TERM the warning is about
+  Instant next_warn_pass_;
 };
 
 }  // namespace
@@ -267,7 +270,7 @@ JobEnd run_command(const CommandSpec& spec, sys::JobControl& control, const Logg
     log.warn("terminal", errno_message("cannot give the terminal to the command", job.terminal_error()));
   }
   JobEnd end;
-  end.started_ns = sys::monotonic_ns();
+  end.started = MonotonicClock::now();
   end.pgid = job.group();
   JobLoop(spec, log, job, end).run();
   return end;

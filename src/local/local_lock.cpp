@@ -272,7 +272,7 @@ void LocalLock::release(Ending& ending) {
                                           : "exited with " + std::to_string(shell_status(status))),
                {{"lock_id", target_.lock_id},
                 {"exit_status", shell_status(status)},
-                {"ran_ms", (ending.job.ended_ns - ending.job.started_ns) / kMs}});
+                {"ran_ms", ms_of(ending.job.ended - ending.job.started)}});
   if (!ending.intact) {
     const bool command_failed = !(end && !end->by_signal && end->value == 0);
     log_.error("loop_dir_vanished",

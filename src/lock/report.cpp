@@ -15,13 +15,13 @@ namespace looplock {
 namespace {
 
 Json job_details(const JobEnd& job) {
-  Json j{{"ran_ms", (job.ended_ns - job.started_ns) / kMs},
+  Json j{{"ran_ms", ms_of(job.ended - job.started)},
          {"killed", job.killed},
-         {"ran_after_term_ms", job.term_sent_ns ? (job.ended_ns - job.term_sent_ns) / kMs : 0}};
+         {"ran_after_term_ms", job.term_sent ? ms_of(job.ended - *job.term_sent) : 0}};
   // --warn-before: the warning the job had, and how long before its end.
-  if (job.warned_ns) {
+  if (job.warned) {
     j["warned"] = Json{{"signal", signal_name(job.warn_signal)},
-                       {"before_end_ms", (job.ended_ns - job.warned_ns) / kMs},
+                       {"before_end_ms", ms_of(job.ended - *job.warned)},
                        {"pids", job.warned_pids},
                        {"skipped", job.warn_skipped}};
   }
@@ -126,10 +126,10 @@ void Reporter::timeout(const Blocker& b, const WaitPlan& plan, long long waited_
              "Run '" + b.inspect_hint + "' to see the holder; never delete the lock file.", f);
 }
 
-void Reporter::max_time(const JobEnd& job, long long max_time_ns, const std::optional<HolderRecord>& record) const {
+void Reporter::max_time(const JobEnd& job, Duration max_time, const std::optional<HolderRecord>& record) const {
   Incident inc = incident("max_time_exceeded");
-  inc.deadline_ms = limit_ms(max_time_ns);
-  inc.waited_ms = (job.ended_ns - job.started_ns) / kMs;
+  inc.deadline_ms = limit_ms(max_time.count());
+  inc.waited_ms = ms_of(job.ended - job.started);
   inc.holder = record;
   inc.holder_alive = record ? std::optional<bool>(true) : std::nullopt;
   inc.holder_pids = {pid_};
@@ -142,8 +142,8 @@ void Reporter::max_time(const JobEnd& job, long long max_time_ns, const std::opt
   f.update(inc.details);
   log_.error("max_time_exceeded",
              "max_time_exceeded: " + identity_.operation + " ran longer than --max-time " +
-                 format_duration(max_time_ns) + " and was ended (" + how_it_ended(job) + ") after " +
-                 format_duration(job.ended_ns - job.started_ns),
+                 format_duration(max_time.count()) + " and was ended (" + how_it_ended(job) + ") after " +
+                 format_duration((job.ended - job.started).count()),
              "Find out why it hung; the lock was released once the whole job had ended.", f);
 }
 
@@ -156,7 +156,8 @@ void Reporter::lease_lost(const LeaseLoss& loss, const JobEnd& job, const std::o
   inc.holder_pids = {pid_};
   inc.fields = loss.fields;
   inc.details = job_details(job);
-  inc.details["ran_after_loss_ms"] = loss.lost_at_ns ? std::max(job.ended_ns - loss.lost_at_ns, 0LL) / kMs : 0;
+  inc.details["ran_after_loss_ms"] =
+      loss.lost_at_ns ? ms_of(std::max(job.ended - instant_ns(loss.lost_at_ns), Duration::zero())) : 0;
   inc.operator_action = "The " + loss.lease + " was lost while the command ran (" + loss.why +
                         "), so another host may have taken the lock: the command was ended (" + how_it_ended(job) +
                         "). " + loss.check;

@@ -57,8 +57,8 @@ public:
   void already_run(const RunEntry& run, long long once_per_ns, const Blocker* holding, const std::string& ledger) const;
   // The deadline passed: the row, then the lock_acquire_timeout line.
   void timeout(const Blocker& b, const WaitPlan& plan, long long waited_ns) const;
-  // --max-time (`max_time_ns`) ended the job.
-  void max_time(const JobEnd& job, long long max_time_ns, const std::optional<HolderRecord>& record) const;
+  // --max-time (`max_time`) ended the job.
+  void max_time(const JobEnd& job, Duration max_time, const std::optional<HolderRecord>& record) const;
   // The lease was lost while the job ran, and the job was ended.
   void lease_lost(const LeaseLoss& loss, const JobEnd& job, const std::optional<HolderRecord>& record) const;
 

@@ -13,6 +13,7 @@
 #include <variant>
 #include <vector>
 
+#include "os/clock.hpp"
 #include "os/ids.hpp"
 #include "os/interrupts.hpp"
 
@@ -86,12 +87,12 @@ public:
   // Asks the whole job to end (TERM, and CONT for a stopped one).
   virtual void terminate() = 0;
   virtual void kill() = 0;
-  // Waits until `until_ns` (CLOCK_MONOTONIC; 0: without limit) for a signal
+  // Waits until `until` (none: without limit) for a signal
   // to looplock, and passes it on to the job. What was passed on; nothing
   // when the time came, or what arrived was not for the job (a child's end,
   // looplock's own, a CONT that continues the job, a hangup that reaches the
   // job without looplock).
-  virtual std::optional<Forwarded> pass_signal(long long until_ns) = 0;
+  virtual std::optional<Forwarded> pass_signal(Deadline until) = 0;
   // What ends a lease's renewal early while the job runs.
   virtual const Interrupts& interrupting() const = 0;
   // --warn-before's warning of signal `sig` to this job.

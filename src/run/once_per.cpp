@@ -1,10 +1,11 @@
 #include "run/once_per.hpp"
 
 #include <algorithm>
+#include <chrono>
 
 #include "base/duration.hpp"
 #include "base/text.hpp"
-#include "job/next_step.hpp"
+#include "os/clock.hpp"
 #include "os/process.hpp"
 #include "os/sys.hpp"
 #include "records/run_entry.hpp"
@@ -111,14 +112,14 @@ OncePer::SlotConflict OncePer::slot_conflict(Ledger& l, const Blocker& b) const 
 // this host shortens that to its lease's expiry; single_flight waits only
 // for such a one. nullopt: the slot's skip now.
 std::optional<WaitPlan> OncePer::wait_for_run(const RunEntry& run, const Blocker& b, long long wait_start_ns) const {
-  const long long now = sys::monotonic_ns();
-  long long until = later(ctx_.start_ns, *settings_.period_ns);
+  const Instant now = MonotonicClock::now();
+  Instant until = later(instant_ns(ctx_.start_ns), Duration(*settings_.period_ns));
   const bool dead = runner_proven_dead(run);
   if (dead) {
     const auto h =
         std::find_if(b.holder_ids.begin(), b.holder_ids.end(), [&](const HolderId& x) { return x.names(run); });
     if (h != b.holder_ids.end() && h->lease_ttl_s > 0) {
-      until = std::min(until, later(now, static_cast<long long>(h->lease_ttl_s) * kSec + kLeaseSlackNs));
+      until = std::min(until, later(now, std::chrono::seconds(h->lease_ttl_s) + Duration(kLeaseSlackNs)));
     }
   }
   if ((!dead && policy_ == Policy::SingleFlight) || now >= until) return std::nullopt;
@@ -127,9 +128,9 @@ std::optional<WaitPlan> OncePer::wait_for_run(const RunEntry& run, const Blocker
                    b.who +
                    (dead ? "; that run's looplock is dead, so this run takes the slot once the lock is free"
                          : "; this run skips once it has recorded its end, or takes the slot if it never does") +
-                   " (at most " + format_duration(until - now) + ")",
+                   " (at most " + format_duration((until - now).count()) + ")",
                {{"policy", policy_name(policy_)}});
-  return WaitPlan{WaitPlan::Kind::Bounded, until - wait_start_ns};
+  return WaitPlan{WaitPlan::Kind::Bounded, (until - instant_ns(wait_start_ns)).count()};
 }
 
 // Holding every lock: the locked reads decide. A run that had the slot

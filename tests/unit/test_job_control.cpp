@@ -21,6 +21,7 @@
 #include "base/error.hpp"
 #include "base/log.hpp"
 #include "job/job_loop.hpp"
+#include "os/clock.hpp"
 #include "os/ids.hpp"
 #include "os/posix/signals.hpp"
 #include "os/unique_fd.hpp"
@@ -33,6 +34,7 @@ using looplock::Pid;
 using looplock::UniqueFd;
 using looplock::sys::InheritedSignals;
 using testutil::TempDir;
+using namespace std::chrono_literals;
 
 namespace {
 
@@ -141,7 +143,7 @@ private:
       ended_by = static_cast<int>(end.ended_by);
       killed = end.killed;
       lease_lost = end.lease_lost;
-      ran_ms = (end.ended_ns - end.started_ns) / 1'000'000;
+      ran_ms = looplock::ms_of(end.ended - end.started);
     } catch (const Fatal& f) {
       fatal = f.status();
       message = f.what();
@@ -337,7 +339,7 @@ TEST_CASE("a signal sent to looplock reaches the command") {
 TEST_CASE("--kill-after: KILL follows a TERM the command ignores") {
   ReadyPipe ready;
   CommandSpec spec = ready_then_wait(ready.w.get(), "trap '' TERM");
-  spec.limits.kill_after_ns = 200'000'000;
+  spec.limits.kill_after = 200ms;
   Looplock l(spec);
   ready.wait();
   auto t0 = std::chrono::steady_clock::now();
@@ -405,7 +407,7 @@ TEST_CASE("--kill-after: KILL reaches a process of the job that outlives the com
   const std::string pid_file = dir / "pid";
   ReadyPipe ready;
   CommandSpec spec = job_with_stubborn_child(ready.w.get(), pid_file);
-  spec.limits.kill_after_ns = 300'000'000;
+  spec.limits.kill_after = 300ms;
   Looplock l(spec);
   ready.wait();
   auto stubborn = read_pid(pid_file);
@@ -452,8 +454,8 @@ TEST_CASE("--max-time ends the whole job: TERM, then KILL after kill-after") {
       spec = sh("echo $$ > " + pid_file + "; echo ready >&" + n + "; exec " + n + ">&-; sleep 30 & wait");
       spec.pass_fd = ready.w.get();
     }
-    spec.limits.max_time_ns = 300'000'000;
-    spec.limits.max_time_kill_after_ns = 300'000'000;
+    spec.limits.max_time = 300ms;
+    spec.limits.max_time_kill_after = 300ms;
     Looplock l(spec);
     ready.wait();
     auto pid = read_pid(pid_file);
@@ -479,9 +481,10 @@ public:
         extends_(extends),
         gone_(gone),
         counter_(std::move(counter)) {}
-  long long next_renewal_ns() const override { return next_; }
-  bool renew(long long return_by, const looplock::sys::Interrupts&) override {
-    CHECK(return_by <= term_);
+  looplock::Instant next_renewal() const override { return looplock::instant_ns(next_); }
+  bool renew(looplock::Deadline return_by, const looplock::sys::Interrupts&) override {
+    CHECK(return_by);
+    CHECK(looplock::ns_of(*return_by) <= term_);
     testutil::write_file(counter_, std::to_string(++renewals_) + "\n", 0644);
     next_ = now() + 50'000'000;
     if (gone_) return false;
@@ -491,8 +494,8 @@ public:
     }
     return true;
   }
-  long long term_by_ns() const override { return term_; }
-  long long kill_by_ns() const override { return kill_; }
+  looplock::Instant term_by() const override { return looplock::instant_ns(term_); }
+  looplock::Instant kill_by() const override { return looplock::instant_ns(kill_); }
 
 private:
   static long long now() {

@@ -19,16 +19,17 @@
 #include "base/error.hpp"
 #include "base/log.hpp"
 #include "job/job.hpp"
+#include "os/clock.hpp"
 #include "os/job_control.hpp"
 #include "os/sys.hpp"
 
 using looplock::CommandSpec;
 using looplock::Fatal;
 using looplock::JobEnd;
-using looplock::kMs;
 using looplock::Logger;
 using looplock::Pid;
 namespace sys = looplock::sys;
+using namespace std::chrono_literals;
 
 namespace {
 
@@ -93,17 +94,16 @@ public:
     ++seen_.killed;
     if (!status_) status_ = 9;
   }
-  std::optional<sys::Forwarded> pass_signal(long long until_ns) override {
+  std::optional<sys::Forwarded> pass_signal(looplock::Deadline until) override {
     ++seen_.waits;
     if (next_signal_ < s_.signals.size()) return s_.signals[next_signal_++];
-    if (until_ns == 0) {
+    if (!until) {
       // Nothing would ever come: the test's script is at its end.
       ++seen_.waits_without_limit;
       if (!status_) status_ = 0;
       return std::nullopt;
     }
-    const long long left = until_ns - sys::monotonic_ns();
-    if (left > 0) std::this_thread::sleep_for(std::chrono::nanoseconds(left));
+    std::this_thread::sleep_until(std::chrono::steady_clock::now() + (*until - looplock::MonotonicClock::now()));
     return std::nullopt;
   }
   const sys::Interrupts& interrupting() const override { throw std::logic_error("no lease in these tests"); }
@@ -166,7 +166,7 @@ TEST_CASE("a command that ends by itself: its status, and nothing sent to it") {
   CHECK(r.end.pgid == 4242);
   CHECK(r.seen.terminated == 0);
   CHECK(r.seen.killed == 0);
-  CHECK(r.end.ended_ns >= r.end.started_ns);
+  CHECK(r.end.ended >= r.end.started);
 }
 
 TEST_CASE("a signal passed on is noted; without --kill-after nothing follows it") {
@@ -184,13 +184,13 @@ TEST_CASE("--kill-after: a TERM or INT passed on is followed by KILL, and the wh
     s.signals = {{sig, true}};
     s.rest_of_group_lingers = true;
     CommandSpec spec = command();
-    spec.limits.kill_after_ns = 20 * kMs;
+    spec.limits.kill_after = 20ms;
     const Ran r = run(s, spec);
     CHECK(r.seen.killed == 1);
     CHECK(r.end.killed);
     CHECK(r.end.ended_by == JobEnd::EndedBy::Command);  // ended by whoever sent the signal
     CHECK(r.end.status == 9);
-    CHECK(r.end.ended_ns - r.end.started_ns >= 20 * kMs);
+    CHECK(r.end.ended - r.end.started >= 20ms);
   }
 }
 
@@ -198,7 +198,7 @@ TEST_CASE("--kill-after: a signal that does not ask for the end starts no KILL")
   Script s;
   s.signals = {{kHup, false}};
   CommandSpec spec = command();
-  spec.limits.kill_after_ns = 20 * kMs;
+  spec.limits.kill_after = 20ms;
   const Ran r = run(s, spec);
   CHECK(r.seen.killed == 0);
 }
@@ -207,22 +207,23 @@ TEST_CASE("--max-time: the job is asked to end once, and the run says so") {
   Script s;
   s.ends_on_terminate = 143;
   CommandSpec spec = command();
-  spec.limits.max_time_ns = 30 * kMs;
+  spec.limits.max_time = 30ms;
   const Ran r = run(s, spec);
   CHECK(r.seen.terminated == 1);
   CHECK(r.seen.killed == 0);
   CHECK(r.end.ended_by == JobEnd::EndedBy::MaxTime);
   CHECK(r.end.status == 143);
   CHECK(r.end.signalled);
-  CHECK(r.end.term_sent_ns - r.end.started_ns >= 30 * kMs);
+  REQUIRE(r.end.term_sent);
+  CHECK(*r.end.term_sent - r.end.started >= 30ms);
   CHECK(r.seen.waits_without_limit == 0);
 }
 
 TEST_CASE("--max-time with its kill-after: a job that ignores the TERM is killed") {
   Script s;  // ends only when killed
   CommandSpec spec = command();
-  spec.limits.max_time_ns = 10 * kMs;
-  spec.limits.max_time_kill_after_ns = 20 * kMs;
+  spec.limits.max_time = 10ms;
+  spec.limits.max_time_kill_after = 20ms;
   const Ran r = run(s, spec);
   CHECK(r.seen.terminated == 1);
   CHECK(r.seen.killed == 1);
@@ -236,16 +237,17 @@ TEST_CASE("--warn-before: the warning goes out before --max-time's TERM, and who
   s.ends_on_terminate = 143;
   s.catch_warning = {101, 102};
   CommandSpec spec = command();
-  spec.limits.max_time_ns = 60 * kMs;
-  spec.limits.warn_before_ns = 40 * kMs;
+  spec.limits.max_time = 60ms;
+  spec.limits.warn_before = 40ms;
   spec.limits.warn_signal = 10;
   const Ran r = run(s, spec);
   CHECK(r.seen.warning_signal == 10);
   CHECK(r.seen.warning_passes >= 1);
   CHECK(r.end.warn_signal == 10);
   CHECK(r.end.warned_pids == std::vector<Pid>{101, 102});
-  CHECK(r.end.warned_ns > 0);
-  CHECK(r.end.warned_ns < r.end.term_sent_ns);
+  REQUIRE(r.end.warned);
+  REQUIRE(r.end.term_sent);
+  CHECK(*r.end.warned < *r.end.term_sent);
   CHECK(r.end.ended_by == JobEnd::EndedBy::MaxTime);
 }
 

@@ -20,6 +20,10 @@ using looplock::parse_options;
 
 namespace {
 
+// A job limit in nanoseconds, as the command line gave it.
+std::optional<long long> ns(const std::optional<looplock::Duration>& d) {
+  return d ? std::optional<long long>(d->count()) : std::nullopt;
+}
 
 Environment test_env(std::optional<std::string> agent = std::nullopt) {
   Environment e;
@@ -85,7 +89,7 @@ TEST_CASE("defaults") {
   CHECK_FALSE(o.lock.shared);
   CHECK_FALSE(o.lock.close_fd);
   CHECK_FALSE(o.lock.no_fork);
-  CHECK_FALSE(o.limits.kill_after_ns);
+  CHECK_FALSE(ns(o.limits.kill_after));
   CHECK(o.output.verbosity == looplock::Verbosity::Normal);
   CHECK(o.output.log_format == looplock::LogFormat::Text);
   CHECK_FALSE(o.inspect.json);
@@ -314,8 +318,8 @@ TEST_CASE("flags and policies") {
   CHECK(o.lock.shared);
   CHECK(o.lock.no_fork);
   CHECK(o.output.log_format == looplock::LogFormat::Text);
-  CHECK(parse({"--kill-after", "2.5s", "DIR", "--", "x"}).limits.kill_after_ns == 2 * kSec + kSec / 2);
-  CHECK(parse({"--kill-after=1m", "-o", "DIR", "--", "x"}).limits.kill_after_ns == 60 * kSec);
+  CHECK(ns(parse({"--kill-after", "2.5s", "DIR", "--", "x"}).limits.kill_after) == 2 * kSec + kSec / 2);
+  CHECK(ns(parse({"--kill-after=1m", "-o", "DIR", "--", "x"}).limits.kill_after) == 60 * kSec);
 }
 
 TEST_CASE("help, version and inspect modes") {
@@ -377,10 +381,10 @@ TEST_CASE("operation default") {
 }
 
 TEST_CASE("--max-time, --metrics-dir, --check and several --inspect DIRs") {
-  CHECK_FALSE(parse({"DIR", "--", "x"}).limits.max_time_ns);
-  CHECK(parse({"--max-time", "1.5m", "DIR", "--", "x"}).limits.max_time_ns == 90 * kSec);
-  CHECK_FALSE(parse({"--max-time", "0", "DIR", "--", "x"}).limits.max_time_ns);
-  CHECK_FALSE(parse({"--max-time", "inf", "DIR", "--", "x"}).limits.max_time_ns);
+  CHECK_FALSE(ns(parse({"DIR", "--", "x"}).limits.max_time));
+  CHECK(ns(parse({"--max-time", "1.5m", "DIR", "--", "x"}).limits.max_time) == 90 * kSec);
+  CHECK_FALSE(ns(parse({"--max-time", "0", "DIR", "--", "x"}).limits.max_time));
+  CHECK_FALSE(ns(parse({"--max-time", "inf", "DIR", "--", "x"}).limits.max_time));
   CHECK(parse({"--metrics-dir", "/m", "DIR", "--", "x"}).metrics_dir == "/m");
   CHECK(parse({"DIR", "--", "x"}).metrics_dir.empty());
   looplock::Environment env;
@@ -395,8 +399,8 @@ TEST_CASE("--max-time, --metrics-dir, --check and several --inspect DIRs") {
 }
 
 TEST_CASE("--kill-after 0 and inf mean never; -w inf waits without limit") {
-  auto signal_kill_after = [](const Options& o) { return o.limits.kill_after_ns; };
-  auto max_time_kill_after = [](const Options& o) { return o.limits.max_time_kill_after_ns; };
+  auto signal_kill_after = [](const Options& o) { return ns(o.limits.kill_after); };
+  auto max_time_kill_after = [](const Options& o) { return ns(o.limits.max_time_kill_after); };
   CHECK_FALSE(signal_kill_after(parse({"DIR", "--", "x"})));
   CHECK_FALSE(signal_kill_after(parse({"--kill-after", "0", "DIR", "--", "x"})));
   CHECK_FALSE(signal_kill_after(parse({"--kill-after", "inf", "DIR", "--", "x"})));
@@ -791,8 +795,9 @@ std::string outcome_of(const Args& args, bool declare_all) {
     add("E", std::to_string(o.wait.conflict_exit_code) + "/" + std::to_string(o.wait.skip_exit_code));
     add("flags", std::to_string(o.lock.shared) + std::to_string(o.lock.close_fd) + std::to_string(o.lock.no_fork) +
                      std::to_string(o.inspect.json) + std::to_string(o.inspect.check));
-    add("kill", opt(o.limits.kill_after_ns) + "/" + opt(o.limits.max_time_kill_after_ns));
-    add("max", opt(o.limits.max_time_ns) + "/" + opt(o.limits.warn_before_ns) + "/" + std::to_string(o.limits.warn_signal));
+    add("kill", opt(ns(o.limits.kill_after)) + "/" + opt(ns(o.limits.max_time_kill_after)));
+    add("max",
+        opt(ns(o.limits.max_time)) + "/" + opt(ns(o.limits.warn_before)) + "/" + std::to_string(o.limits.warn_signal));
     add("once", opt(o.once_per.period_ns) + "/" + opt(o.once_per.jitter_ns));
     add("metrics", o.metrics_dir);
     add("who", o.identity.agent + "/" + o.identity.operation);

@@ -227,8 +227,8 @@ Outcome run_with(const Options& o, const testutil::TempDir& dir, FakeLock::Scrip
 JobEnd ended(int wait_status) {
   JobEnd j;
   j.status = wait_status;
-  j.started_ns = sys::monotonic_ns();
-  j.ended_ns = j.started_ns + 1'000'000;
+  j.started = looplock::MonotonicClock::now();
+  j.ended = j.started + std::chrono::milliseconds(1);
   return j;
 }
 
@@ -380,7 +380,7 @@ TEST_CASE("Run, the release finds the lock file replaced: a success becomes 74, 
 TEST_CASE("Run, the job ended by --max-time: 124, its row, and the end recorded with 124") {
   testutil::TempDir dir;
   Options o = options_for(dir);
-  o.limits.max_time_ns = 2'000'000'000LL;
+  o.limits.max_time = std::chrono::seconds(2);
   o.once_per.period_ns = 3'600'000'000'000LL;
   JobEnd job = ended(SIGTERM);
   job.ended_by = JobEnd::EndedBy::MaxTime;

@@ -133,11 +133,11 @@ public:
   }
   void kill() override { signal(SIGKILL); }
 
-  std::optional<Forwarded> pass_signal(long long until_ns) override {
+  std::optional<Forwarded> pass_signal(Deadline until) override {
     siginfo_t info{};
     int sig;
-    if (until_ns != 0) {
-      const long long left = std::max(until_ns - monotonic_ns(), 1LL);
+    if (until) {
+      const long long left = std::max<long long>((*until - MonotonicClock::now()).count(), 1);
       const timespec ts{static_cast<time_t>(left / kSecNs), static_cast<long>(left % kSecNs)};
       sig = sigtimedwait(&signals_.supervised, &info, &ts);
     } else {
