@@ -20,24 +20,24 @@ std::string_view policy_name(Policy p) {
   return "mutation";
 }
 
-long long default_deadline_ns(Policy policy) {
+Duration default_timeout(Policy policy) {
   switch (policy) {
-    case Policy::Mutation: return 5'000'000'000LL;
-    case Policy::Monitor: return 1'000'000'000LL;
-    default: return 0;
+    case Policy::Mutation: return std::chrono::seconds(5);
+    case Policy::Monitor: return std::chrono::seconds(1);
+    default: return Duration::zero();
   }
 }
 
 bool policy_takes_timeout(Policy policy) { return policy == Policy::Mutation || policy == Policy::Monitor; }
 
-WaitPlan wait_plan(Policy policy, std::optional<long long> timeout_ns) {
+WaitPlan wait_plan(Policy policy, std::optional<Duration> timeout) {
   switch (policy) {
-    case Policy::SingleFlight: return {WaitPlan::Kind::NoWait, 0};
-    case Policy::Blocking: return {WaitPlan::Kind::Unbounded, 0};
+    case Policy::SingleFlight: return {WaitPlan::Kind::NoWait, Duration::zero()};
+    case Policy::Blocking: return {WaitPlan::Kind::Unbounded, Duration::zero()};
     default:
-      // -w inf: no deadline at all (and no overflow of start + deadline).
-      if (timeout_ns && *timeout_ns >= kNoDeadlineNs) return {WaitPlan::Kind::Unbounded, 0};
-      return {WaitPlan::Kind::Bounded, timeout_ns.value_or(default_deadline_ns(policy))};
+      // -w inf: no deadline at all.
+      if (timeout && *timeout >= kNoDeadline) return {WaitPlan::Kind::Unbounded, Duration::zero()};
+      return {WaitPlan::Kind::Bounded, timeout.value_or(default_timeout(policy))};
   }
 }
 

@@ -6,6 +6,8 @@
 #include <string>
 #include <string_view>
 
+#include "os/clock.hpp"
+
 namespace looplock {
 
 enum class Policy { Mutation, Monitor, SingleFlight, Blocking };
@@ -20,23 +22,23 @@ enum class Acquisition { Acquired, Busy, TimedOut };
 // How the lock is waited for.
 struct WaitPlan {
   enum class Kind {
-    Bounded,    // retry until deadline_ns has passed (0: one attempt)
+    Bounded,    // retry until `timeout` has passed (0: one attempt)
     NoWait,     // one attempt; a conflict is an ordinary skip
     Unbounded,  // wait as long as it takes
   };
   Kind kind = Kind::Bounded;
-  long long deadline_ns = 0;
+  Duration timeout{0};
 };
 
-// The plan for `policy`, with `timeout_ns` (from -w) replacing the default
+// The plan for `policy`, with `timeout` (from -w) replacing the default
 // deadline of mutation and monitor. A timeout with single_flight or blocking
 // is rejected earlier, by option validation.
-// A timeout of kNoDeadlineNs or more (-w inf) waits without limit.
-inline constexpr long long kNoDeadlineNs = 1LL << 62;
-WaitPlan wait_plan(Policy policy, std::optional<long long> timeout_ns);
+// A timeout of kNoDeadline or more (-w inf, or centuries) waits without limit.
+inline constexpr Duration kNoDeadline{1LL << 62};
+WaitPlan wait_plan(Policy policy, std::optional<Duration> timeout);
 
-// Default deadline of a bounded policy, in nanoseconds.
-long long default_deadline_ns(Policy policy);
+// Default timeout of a bounded policy.
+Duration default_timeout(Policy policy);
 
 // Whether -w/--timeout is allowed with this policy.
 bool policy_takes_timeout(Policy policy);

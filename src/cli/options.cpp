@@ -440,7 +440,7 @@ void read_policy(const cxxopts::ParseResult& r, Options& o) {
                   "single_flight never waits and blocking waits without limit; use -p mutation or -p monitor with " +
                       std::string(w ? "-w." : "-n (or -p single_flight -q for a silent skip)."));
     }
-    o.wait.timeout_ns = w ? duration_option("timeout", text_of(r, "timeout")) : 0;
+    o.wait.timeout = Duration(w ? duration_option("timeout", text_of(r, "timeout")) : 0);
   }
   if (r.count("conflict-exit-code")) o.wait.conflict_exit_code = parse_exit_code(r, "conflict-exit-code", 1, 255);
   if (r.count("skip-exit-code")) o.wait.skip_exit_code = parse_exit_code(r, "skip-exit-code", 0, 255);

@@ -301,7 +301,7 @@ std::optional<Json> ClusterLock::holder_of(const etcd::KeyValue& kv, long long d
 Acquisition ClusterLock::acquire(const WaitPlan& plan, long long start_ns, ClusterHolder who) {
   const bool bounded = plan.kind == WaitPlan::Kind::Bounded;
   const bool nowait = plan.kind == WaitPlan::Kind::NoWait;
-  const long long deadline = bounded ? start_ns + plan.deadline_ns : kNever;
+  const long long deadline = bounded ? ns_of(later(instant_ns(start_ns), plan.timeout)) : kNever;
   who_ = std::move(who);
   who_.acquired_at = sys::utc_now_iso8601();
   const long long reach_by = bounded ? std::max(deadline, now() + kMinAttemptNs) : now() + kReachNs;

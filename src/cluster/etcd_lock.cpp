@@ -29,7 +29,8 @@ EtcdLock::EtcdLock(const LockRequest& request, const ClusterSettings& cluster, P
   if (request_.once_per) lock_.set_ledger_operation(request_.identity.operation);
 }
 
-Acquisition EtcdLock::acquire(const WaitPlan& plan, long long start_ns) {
+Acquisition EtcdLock::acquire(const WaitPlan& plan, Instant start) {
+  const long long start_ns = ns_of(start);  // the cluster lock counts nanoseconds
   // Who holds it, for every contender's eyes: with what tells this
   // looplock apart on its host (a waiter on it can prove it dead).
   ClusterHolder who;

@@ -21,7 +21,7 @@ public:
   EtcdLock(const LockRequest& request, const ClusterSettings& cluster, Pid pid, const Logger& log,
            const Reporter& reporter, etcd::Transport& transport, const LockTarget& target);
 
-  Acquisition acquire(const WaitPlan& plan, long long start_ns) override;
+  Acquisition acquire(const WaitPlan& plan, Instant start) override;
   Blocker blocker() const override;
   void export_to(CommandSpec& spec) override;
   Lease* lease() override { return &lease_; }

@@ -24,6 +24,9 @@ namespace {
 // How long a process that is ending may take to close the lock descriptor
 // before it counts as keeping the lock.
 constexpr long long kEndingGraceNs = 200 * kMs;
+// The wait's status line on a terminal: drawn once the wait has lasted this
+// long, and redrawn at most this often.
+constexpr Duration kRedraw = std::chrono::seconds(1);
 
 std::string lock_display(const std::string& dir) { return dir + (dir.ends_with('/') ? "" : "/") + kLockName; }
 
@@ -44,18 +47,18 @@ std::vector<sys::KernelLock> as_hint(const LockFacts& f) {
 // /proc/locks after the deadline.
 class WaitReporter : public AcquireObserver {
 public:
-  WaitReporter(const LockRequest& request, const Logger& log, const WaitPlan& plan, long long start_ns,
-               std::string shown, std::vector<sys::KernelLock>& holders_at_start, bool& said_waiting)
+  WaitReporter(const LockRequest& request, const Logger& log, const WaitPlan& plan, Instant start, std::string shown,
+               std::vector<sys::KernelLock>& holders_at_start, bool& said_waiting)
       : request_(request),
         log_(log),
         plan_(plan),
-        start_ns_(start_ns),
+        start_(start),
         shown_(std::move(shown)),
         holders_at_start_(holders_at_start),
         said_waiting_(said_waiting) {}
 
   void on_wait(const LockFile& file) override {
-    wait_started_ns_ = sys::monotonic_ns();
+    wait_started_ = MonotonicClock::now();
     // Asked only once there is a wait to show (isatty(3): an ioctl).
     status_line_ = !log_.is_quiet() && log_.is_text() && sys::is_terminal(log_.fd());
     if (!log_.is_verbose() && plan_.kind != WaitPlan::Kind::Bounded && !status_line_) return;
@@ -78,16 +81,16 @@ public:
               {{"count", count}});
   }
 
-  long long tick_interval_ns() const override { return status_line_ ? kSec / 4 : 0; }
+  Duration tick_interval() const override { return status_line_ ? kRedraw / 4 : Duration::zero(); }
   void on_tick() override {
-    const long long now = sys::monotonic_ns();
-    if (now - wait_started_ns_ < kSec || (drawn_ && now - last_draw_ns_ < kSec)) return;
-    last_draw_ns_ = now;
-    std::optional<long long> left;
-    if (plan_.kind == WaitPlan::Kind::Bounded) left = start_ns_ + plan_.deadline_ns - now;
+    const Instant now = MonotonicClock::now();
+    if (now - wait_started_ < kRedraw || (drawn_ && now - last_draw_ < kRedraw)) return;
+    last_draw_ = now;
+    std::optional<Duration> left;
+    if (plan_.kind == WaitPlan::Kind::Bounded) left = later(start_, plan_.timeout) - now;
     const auto columns = sys::terminal_width(log_.fd());
     const size_t width = columns && *columns > 1 ? static_cast<size_t>(*columns - 1) : 79u;
-    const std::string line = wait_status_line(now - wait_started_ns_, left, printable(who_), printable(shown_), width);
+    const std::string line = wait_status_line(now - wait_started_, left, printable(who_), printable(shown_), width);
     (void)sys::write_all(log_.fd(), "\r" + line + "\x1b[K");
     drawn_ = true;
   }
@@ -100,14 +103,14 @@ private:
   const LockRequest& request_;
   const Logger& log_;
   const WaitPlan& plan_;
-  long long start_ns_;
+  Instant start_;
   std::string shown_;
   std::vector<sys::KernelLock>& holders_at_start_;
   bool& said_waiting_;  // the run's "waiting" line was written (by an earlier wait of the run)
   bool status_line_ = false;
   std::string who_ = "another process";
-  long long wait_started_ns_ = 0;
-  long long last_draw_ns_ = 0;
+  Instant wait_started_;
+  Instant last_draw_;
   bool drawn_ = false;
 };
 
@@ -141,21 +144,21 @@ LocalLock::LocalLock(const LockRequest& request, Pid pid, const Logger& log, Loc
       shown_(lock_display(request.dir)),
       ledger_(dir, request.dir, log) {}
 
-Acquisition LocalLock::acquire(const WaitPlan& plan, long long start_ns) {
+Acquisition LocalLock::acquire(const WaitPlan& plan, Instant start) {
   const LockMode mode = request_.flags.shared ? LockMode::Shared : LockMode::Exclusive;
   // Work that does not need the lock is done before waiting for it.
   // /proc/self/stat: looplock's start time, which the holder record carries
   // so that a reader can tell this pid from a later process given the same
   // number (read before waiting, not in the critical section).
   if (mode == LockMode::Exclusive) pid_start_ = sys::own_start().value_or("");
-  WaitReporter reporter(request_, log_, plan, start_ns, shown_, holders_at_start_, said_waiting_);
-  AcquireResult res = acquire_lock(dir_, plan, mode, reporter, start_ns);
+  WaitReporter reporter(request_, log_, plan, start, shown_, holders_at_start_, said_waiting_);
+  AcquireResult res = acquire_lock(dir_, plan, mode, reporter, start);
   file_ = std::move(res.file);
   if (res.status != Acquisition::Acquired) return res.status;
   log_.verbose("acquired",
                std::string(request_.flags.shared ? "shared" : "exclusive") + " lock on " + shown_ + " acquired after " +
-                   format_duration(res.waited_ns),
-               {{"lock_id", target_.lock_id}, {"waited_ms", res.waited_ns / kMs}});
+                   format_duration(res.waited.count()),
+               {{"lock_id", target_.lock_id}, {"waited_ms", ms_of(res.waited)}});
   if (mode == LockMode::Exclusive) write_record();
   return Acquisition::Acquired;
 }
@@ -379,7 +382,7 @@ InheritedLock::InheritedLock(const LockRequest& request, const Logger& log, cons
 
 // No open, so no ownership check: the outer looplock made it; the command may
 // run as another user, under su or runuser, with the descriptor kept.
-Acquisition InheritedLock::acquire(const WaitPlan& /*plan*/, long long /*start_ns*/) {
+Acquisition InheritedLock::acquire(const WaitPlan& /*plan*/, Instant /*start*/) {
   log_.verbose("nested", std::string("already held ") +
                              (outer_.inherited ? "through the lock descriptor this run inherited"
                                                : "by looplock pid " + std::to_string(outer_.pid) + " (an ancestor)") +

@@ -44,7 +44,7 @@ public:
   // it is replaced while waiting).
   LocalLock(const LockRequest& request, Pid pid, const Logger& log, LockDir& dir, LockTarget target);
 
-  Acquisition acquire(const WaitPlan& plan, long long start_ns) override;
+  Acquisition acquire(const WaitPlan& plan, Instant start) override;
   Blocker blocker() const override;
   void prepare(CommandSpec& spec) override;
   void export_to(CommandSpec& spec) override;
@@ -78,7 +78,7 @@ public:
   InheritedLock(const LockRequest& request, const Logger& log, const LockDir& dir, const OuterHolder& outer,
                 const sys::FileStatus& lock_file);
 
-  Acquisition acquire(const WaitPlan& plan, long long start_ns) override;
+  Acquisition acquire(const WaitPlan& plan, Instant start) override;
   Blocker blocker() const override { return {}; }
   void export_to(CommandSpec& spec) override;
   void release(Ending& /*ending*/) override {}

@@ -4,10 +4,10 @@
 
 namespace looplock {
 
-std::string wait_status_line(long long waited_ns, std::optional<long long> left_ns, const std::string& who,
+std::string wait_status_line(Duration waited, std::optional<Duration> left, const std::string& who,
                              const std::string& path, size_t width) {
-  const std::string head = "looplock: waiting " + format_duration(waited_ns) + " (" +
-                           (left_ns ? format_duration(*left_ns) + " left" : std::string("no deadline")) + ") for " +
+  const std::string head = "looplock: waiting " + format_duration(waited.count()) + " (" +
+                           (left ? format_duration(left->count()) + " left" : std::string("no deadline")) + ") for " +
                            who;
   const std::string on = " on ";
   if (head.size() + on.size() + path.size() <= width) return head + on + path;

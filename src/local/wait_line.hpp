@@ -6,6 +6,8 @@
 #include <optional>
 #include <string>
 
+#include "os/clock.hpp"
+
 namespace looplock {
 
 // The status line of a wait on a terminal, at most `width` bytes: the times
@@ -14,7 +16,7 @@ namespace looplock {
 // When it is too wide, the path is cut (from the left, keeping its end) or
 // left out, never the holder; only a holder wider than the line is cut, after
 // its pid.
-std::string wait_status_line(long long waited_ns, std::optional<long long> left_ns, const std::string& who,
+std::string wait_status_line(Duration waited, std::optional<Duration> left, const std::string& who,
                              const std::string& path, size_t width);
 
 }  // namespace looplock

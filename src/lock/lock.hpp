@@ -96,9 +96,9 @@ public:
   // What can be prepared for the command before waiting (so that a hand-off
   // from the previous holder does not wait for it).
   virtual void prepare(CommandSpec& /*spec*/) {}
-  // Takes the lock under `plan`, the deadline counting from `start_ns`; once
+  // Takes the lock under `plan`, the deadline counting from `start`; once
   // acquired, says so with -v.
-  virtual Acquisition acquire(const WaitPlan& plan, long long start_ns) = 0;
+  virtual Acquisition acquire(const WaitPlan& plan, Instant start) = 0;
   // After Busy or TimedOut: who holds it.
   virtual Blocker blocker() const = 0;
   // Once acquired: what it gives the command (its environment, a descriptor).

@@ -106,7 +106,7 @@ void Reporter::already_run(const RunEntry& run, long long once_per_ns, const Blo
 
 void Reporter::timeout(const Blocker& b, const WaitPlan& plan, long long waited_ns) const {
   Incident inc = incident("lock_acquire_timeout");
-  inc.deadline_ms = limit_ms(plan.deadline_ns);
+  inc.deadline_ms = limit_ms(plan.timeout.count());
   inc.waited_ms = waited_ns / kMs;
   inc.holder_pids = b.holders.pids;
   inc.holder = b.holders.holder;

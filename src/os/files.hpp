@@ -14,6 +14,7 @@
 #include <string>
 #include <string_view>
 
+#include "os/clock.hpp"
 #include "os/unique_fd.hpp"
 
 namespace looplock::sys {
@@ -114,13 +115,12 @@ struct LockWait {
   int err = 0;
   const char* step = "";
 };
-// Waits for the lock on `fd` until the monotonic clock (sys::monotonic_ns)
-// reaches `deadline_ns` (nullopt: for ever), calling `on_tick` about every
-// `tick_ns` while it waits (0: never). A lock released exactly at the
+// Waits for the lock on `fd` until the monotonic clock reaches `deadline`
+// (none: for ever), calling `on_tick` about every `tick` while it waits (0:
+// never). A lock released exactly at the
 // deadline is still taken. posix/: a blocking flock(2) that a timer ends
 // with SIGALRM, whatever SIGALRM's inherited disposition and mask, which
 // are given back before it returns.
-LockWait lock_until(int fd, bool exclusive, std::optional<long long> deadline_ns, long long tick_ns,
-                    const std::function<void()>& on_tick);
+LockWait lock_until(int fd, bool exclusive, Deadline deadline, Duration tick, const std::function<void()>& on_tick);
 
 }  // namespace looplock::sys

@@ -258,17 +258,16 @@ IntactCheck lock_intact(const LockDir& dir, const LockFile& file) {
 }
 
 AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, AcquireObserver& observer,
-                           long long start_ns) {
-  const long long start = start_ns;
+                           Instant start) {
   const bool bounded = plan.kind == WaitPlan::Kind::Bounded;
-  const long long deadline = start + plan.deadline_ns;
+  const Instant deadline = later(start, plan.timeout);
   bool told_wait = false;
   AcquireResult result;
   // The wait is over, whatever its end: the observer is told.
   auto over = [&](Acquisition status, LockFile file) {
     result.status = status;
     result.file = std::move(file);
-    result.waited_ns = sys::monotonic_ns() - start;
+    result.waited = MonotonicClock::now() - start;
     if (told_wait) observer.on_wait_end();
     return std::move(result);
   };
@@ -277,14 +276,14 @@ AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, Ac
     LockFile file = open_lock_file(dir);
     if (!try_lock(dir, file, mode)) {
       if (plan.kind == WaitPlan::Kind::NoWait) return over(Acquisition::Busy, std::move(file));
-      if (bounded && sys::monotonic_ns() >= deadline) return over(Acquisition::TimedOut, std::move(file));
+      if (bounded && MonotonicClock::now() >= deadline) return over(Acquisition::TimedOut, std::move(file));
       if (!told_wait) {
         told_wait = true;
         observer.on_wait(file);
       }
-      const auto wait = sys::lock_until(file.fd.get(), mode == LockMode::Exclusive,
-                                        bounded ? std::optional<long long>(deadline) : std::nullopt,
-                                        observer.tick_interval_ns(), [&] { observer.on_tick(); });
+      const auto wait =
+          sys::lock_until(file.fd.get(), mode == LockMode::Exclusive, bounded ? Deadline(deadline) : std::nullopt,
+                          observer.tick_interval(), [&] { observer.on_tick(); });
       switch (wait.end) {
         case sys::LockWait::End::Locked: break;
         case sys::LockWait::End::TimedOut: return over(Acquisition::TimedOut, std::move(file));

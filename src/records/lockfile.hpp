@@ -89,9 +89,9 @@ public:
   // itself was: `dir_moved`); looplock retries on the new file. `count` is
   // how many times this happened so far.
   virtual void on_replaced(int /*count*/, bool /*dir_moved*/) {}
-  // While waiting: on_tick() about every tick_interval_ns() (0: never), and
+  // While waiting: on_tick() about every tick_interval() (0: never), and
   // on_wait_end() once the wait is over, whatever its end.
-  virtual long long tick_interval_ns() const { return 0; }
+  virtual Duration tick_interval() const { return Duration::zero(); }
   virtual void on_tick() {}
   virtual void on_wait_end() {}
 };
@@ -101,14 +101,13 @@ struct AcquireResult {
   // Acquired: the locked file. Busy/TimedOut: the file that was found held
   // (open, not locked), for reading who holds it.
   LockFile file;
-  long long waited_ns = 0;
+  Duration waited{0};
   int replaced = 0;
 };
 
-// The deadline counts from `start_ns` (CLOCK_MONOTONIC; looplock passes the
-// moment it started, so its own start-up is inside the deadline).
-AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, AcquireObserver& observer,
-                           long long start_ns);
+// The deadline counts from `start` (looplock passes the moment it started,
+// so its own start-up is inside the deadline).
+AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, AcquireObserver& observer, Instant start);
 
 // Whether DIR/.state.lock still names the inode of `file`: nullopt (errno
 // set) when that cannot be told (a failed stat other than ENOENT/ENOTDIR).

@@ -111,7 +111,7 @@ OncePer::SlotConflict OncePer::slot_conflict(Ledger& l, const Blocker& b) const 
 // over (--once-per from this looplock's start). A runner proven dead on
 // this host shortens that to its lease's expiry; single_flight waits only
 // for such a one. nullopt: the slot's skip now.
-std::optional<WaitPlan> OncePer::wait_for_run(const RunEntry& run, const Blocker& b, long long wait_start_ns) const {
+std::optional<WaitPlan> OncePer::wait_for_run(const RunEntry& run, const Blocker& b, Instant wait_start) const {
   const Instant now = MonotonicClock::now();
   Instant until = later(instant_ns(ctx_.start_ns), Duration(*settings_.period_ns));
   const bool dead = runner_proven_dead(run);
@@ -130,7 +130,7 @@ std::optional<WaitPlan> OncePer::wait_for_run(const RunEntry& run, const Blocker
                          : "; this run skips once it has recorded its end, or takes the slot if it never does") +
                    " (at most " + format_duration((until - now).count()) + ")",
                {{"policy", policy_name(policy_)}});
-  return WaitPlan{WaitPlan::Kind::Bounded, (until - instant_ns(wait_start_ns)).count()};
+  return WaitPlan{WaitPlan::Kind::Bounded, until - wait_start};
 }
 
 // Holding every lock: the locked reads decide. A run that had the slot
@@ -170,13 +170,13 @@ void OncePer::record_end(const Locks& locks, int status) {
 
 // A wait that ended without the lock: the slot's skip, a longer wait for
 // the slot's run, or a conflict like any other.
-OncePer::Step OncePer::on_conflict(Lock& lock, const Blocker& b, bool waited_for_run, long long wait_start_ns) const {
+OncePer::Step OncePer::on_conflict(Lock& lock, const Blocker& b, bool waited_for_run, Instant wait_start) const {
   Ledger* l = settings_.period_ns ? lock.ledger() : nullptr;
   if (!l) return {};
   const SlotConflict c = slot_conflict(*l, b);
   if (c.done) return {.skipped = already_run(*c.done, nullptr, *l), .more = std::nullopt};
   if (!c.running) return {};
-  const std::optional<WaitPlan> more = waited_for_run ? std::nullopt : wait_for_run(*c.running, b, wait_start_ns);
+  const std::optional<WaitPlan> more = waited_for_run ? std::nullopt : wait_for_run(*c.running, b, wait_start);
   if (!more) return {.skipped = already_run(*c.running, &b, *l), .more = std::nullopt};
   return {.skipped = false, .more = more};
 }

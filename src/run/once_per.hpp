@@ -43,7 +43,7 @@ public:
     bool skipped = false;
     std::optional<WaitPlan> more;
   };
-  Step on_conflict(Lock& lock, const Blocker& b, bool waited_for_run, long long wait_start_ns) const;
+  Step on_conflict(Lock& lock, const Blocker& b, bool waited_for_run, Instant wait_start) const;
   // Holding every lock: true when a run had the slot (the skip was said,
   // once `let_go` has let the locks go); else this run's start is recorded
   // (Fatal when it cannot be).
@@ -57,7 +57,7 @@ private:
     std::optional<RunEntry> running;
   };
   SlotConflict slot_conflict(Ledger& l, const Blocker& b) const;
-  std::optional<WaitPlan> wait_for_run(const RunEntry& run, const Blocker& b, long long wait_start_ns) const;
+  std::optional<WaitPlan> wait_for_run(const RunEntry& run, const Blocker& b, Instant wait_start) const;
   bool counts(const LedgerLook& look, const Ledger& l, bool locked) const;
   bool already_run(const RunEntry& run, const Blocker* holding, const Ledger& l) const;
   RunEntry this_run() const;

@@ -79,12 +79,12 @@ void Run::open() {
   facts_.loop = target_.loop;
   log_.set_lock_id(target_.lock_id);
   reporter_.set_target(dir_.fd.get(), target_.lock_id);
-  plan_ = wait_plan(o_.wait.policy, o_.wait.timeout_ns);
+  plan_ = wait_plan(o_.wait.policy, o_.wait.timeout);
 
   spec_.argv = o_.command;
   spec_.env = ctx_.env;
   spec_.limits = o_.limits;
-  wait_start_ns_ = ctx_.start_ns;
+  wait_start_ = instant_ns(ctx_.start_ns);
 
   Stack stack = stack_({.options = o_,
                         .request = request_,
@@ -106,7 +106,7 @@ void Run::wait_jitter() {
   if (!r) fail_errno(exit_code::kOsError, "cannot draw --jitter's random wait (getrandom)", errno);
   const long long jitter = static_cast<long long>(*r);
   sys::sleep_until_ns(sys::monotonic_ns() + jitter);
-  wait_start_ns_ = sys::monotonic_ns();
+  wait_start_ = MonotonicClock::now();
   log_.verbose("jitter",
                "waited " + format_duration(jitter) + " (--jitter " + format_duration(*o_.once_per.jitter_ns) + ")",
                {{"jitter_ms", jitter / 1'000'000}});
@@ -116,16 +116,16 @@ void Run::wait_jitter() {
 // with --once-per, the holder running this slot: its end is waited for, or
 // the slot's skip).
 std::optional<Conclusion> Run::acquire(Lock& lock) {
-  Acquisition got = lock.acquire(plan_, wait_start_ns_);
+  Acquisition got = lock.acquire(plan_, wait_start_);
   std::optional<Blocker> b;
   for (bool waited_for_run = false; got != Acquisition::Acquired; waited_for_run = true) {
     b = lock.blocker();
-    const OncePer::Step slot = once_per_.on_conflict(lock, *b, waited_for_run, wait_start_ns_);
+    const OncePer::Step slot = once_per_.on_conflict(lock, *b, waited_for_run, wait_start_);
     if (slot.skipped) return skipped();
     if (!slot.more) break;
-    got = lock.acquire(*slot.more, wait_start_ns_);
+    got = lock.acquire(*slot.more, wait_start_);
   }
-  facts_.waited_ns = sys::monotonic_ns() - wait_start_ns_;
+  facts_.waited_ns = (MonotonicClock::now() - wait_start_).count();
   if (got == Acquisition::Acquired) return std::nullopt;
   if (got == Acquisition::Busy) {
     reporter_.skip(*b);

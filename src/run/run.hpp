@@ -82,7 +82,7 @@ private:
   RunFacts& facts_;
   Reporter reporter_;
   WaitPlan plan_;
-  long long wait_start_ns_ = 0;  // when the first attempt starts: after --jitter
+  Instant wait_start_;           // when the first attempt starts: after --jitter
   bool nested_ = false;          // inside an outer looplock that holds this lock
   OncePer once_per_;
   LockDir dir_;

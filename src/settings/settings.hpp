@@ -41,7 +41,7 @@ struct ClusterSettings {
 // get it (base/policy.hpp's plan is made from these).
 struct WaitSettings {
   Policy policy = Policy::Mutation;
-  std::optional<long long> timeout_ns;  // -w
+  std::optional<Duration> timeout;      // -w
   int conflict_exit_code = 75;          // -E
   int skip_exit_code = 0;               // --skip-exit-code
 };

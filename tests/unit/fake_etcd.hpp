@@ -384,8 +384,9 @@ struct MiniEtcd {
   }
 };
 
-[[maybe_unused]] WaitPlan bounded(long long ns) { return {WaitPlan::Kind::Bounded, ns}; }
-const WaitPlan kBlocking{WaitPlan::Kind::Unbounded, 0};
+[[maybe_unused]] WaitPlan bounded(long long ns) { return {WaitPlan::Kind::Bounded, looplock::Duration(ns)}; }
+const WaitPlan kBlocking{WaitPlan::Kind::Unbounded, looplock::Duration::zero()};
+const WaitPlan kNoWait{WaitPlan::Kind::NoWait, looplock::Duration::zero()};
 [[maybe_unused]] ClusterHolder me() {
   ClusterHolder h;
   h.host = "h1";

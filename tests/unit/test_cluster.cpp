@@ -459,12 +459,12 @@ TEST_CASE("cluster lock: single_flight skips without queuing when any contender 
   Logger log = quiet_log();
   etcd.contender("n", "");  // etcdctl lock: no value
   ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(lock.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == Acquisition::Busy);
+  REQUIRE(lock.acquire(kNoWait, clock.t, me()) == Acquisition::Busy);
   CHECK(etcd.kvs.size() == 1);
   CHECK_FALSE(lock.blocker());
   CHECK(describe_cluster_holder(lock.blocker()).find("etcdctl") != std::string::npos);
   ClusterLock free_lock(etcd.transport, endpoints(1), "m", 3, 600 * kMs, log, {}, clock);
-  CHECK(free_lock.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == Acquisition::Acquired);
+  CHECK(free_lock.acquire(kNoWait, clock.t, me()) == Acquisition::Acquired);
 }
 
 TEST_CASE("cluster lock: a blocking waiter rides out etcd being unavailable and keeps its place") {
@@ -540,7 +540,7 @@ TEST_CASE("cluster lock: x and x/lock/y have keys of their own and do not exclud
   CHECK(etcd.kvs.at(legacy).create == nested.fencing_token());
   CHECK(etcd.kvs.at(legacy).value == etcd.kvs.at(nested.key()).value);
   // That legacy key lies under "x"'s prefix, but it is not x's contender.
-  for (auto plan : {WaitPlan{WaitPlan::Kind::NoWait, 0}, bounded(kSec), kBlocking}) {
+  for (auto plan : {kNoWait, bounded(kSec), kBlocking}) {
     ClusterLock x(etcd.transport, endpoints(1), "x", 3, 600 * kMs, log, {}, clock);
     const long long t0 = clock.t;
     CHECK(x.acquire(plan, t0, me()) == Acquisition::Acquired);
@@ -548,7 +548,7 @@ TEST_CASE("cluster lock: x and x/lock/y have keys of their own and do not exclud
     CHECK(x.key() == "looplock/x/lock/" + lease_hex(x.lease()));
     // ... and x's key is not x/lock/y's.
     ClusterLock other(etcd.transport, endpoints(1), "x/lock/y", 3, 600 * kMs, log, {}, clock);
-    CHECK(other.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == Acquisition::Busy);
+    CHECK(other.acquire(kNoWait, clock.t, me()) == Acquisition::Busy);
     REQUIRE(other.blocker());
     CHECK((*other.blocker())["lease"] == lease_hex(nested.lease()));
     x.release();
@@ -567,7 +567,7 @@ TEST_CASE("cluster lock: an encoded name's legacy contender (an earlier looplock
     const long long old = etcd.contender_at(legacy_lock_prefix("a/b"), value);
     // single_flight skips, naming it.
     ClusterLock sf(etcd.transport, endpoints(1), "a/b", 3, 600 * kMs, log, {}, clock);
-    REQUIRE(sf.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == Acquisition::Busy);
+    REQUIRE(sf.acquire(kNoWait, clock.t, me()) == Acquisition::Busy);
     CHECK(etcd.kvs.size() == 1);
     if (*value) {
       REQUIRE(sf.blocker());
@@ -618,11 +618,11 @@ TEST_CASE("cluster lock: another name's keys deeper under the prefix do not hold
   // An earlier looplock holding "x/lock/y" (its key under x's prefix).
   etcd.contender_at(legacy_lock_prefix("x/lock/y"), encode_cluster_holder(holder("old", 9, "1")));
   ClusterLock sf(etcd.transport, endpoints(1), "x", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(sf.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == Acquisition::Acquired);
+  REQUIRE(sf.acquire(kNoWait, clock.t, me()) == Acquisition::Acquired);
   // The compare on the prefix failed: queued, found first, holds.
   CHECK(etcd.transport.count("/v3/kv/txn") == 2);
   ClusterLock sf2(etcd.transport, endpoints(1), "x", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(sf2.acquire({WaitPlan::Kind::NoWait, 0}, clock.t, me()) == Acquisition::Busy);
+  REQUIRE(sf2.acquire(kNoWait, clock.t, me()) == Acquisition::Busy);
   REQUIRE(sf2.blocker());
   CHECK((*sf2.blocker())["lease"] == lease_hex(sf.lease()));
   CHECK(etcd.kvs.size() == 2);  // sf2's key went with its lease

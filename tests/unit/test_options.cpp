@@ -20,7 +20,7 @@ using looplock::parse_options;
 
 namespace {
 
-// A job limit in nanoseconds, as the command line gave it.
+// A duration in nanoseconds (a job limit, -w), as the command line gave it.
 std::optional<long long> ns(const std::optional<looplock::Duration>& d) {
   return d ? std::optional<long long>(d->count()) : std::nullopt;
 }
@@ -62,7 +62,7 @@ TEST_CASE("the command after -- is never parsed") {
   CHECK(o.dir == "DIR");
   CHECK(o.command == Args{"cmd", "--help", "-w", "x"});
   CHECK_FALSE(o.shell_form);
-  CHECK_FALSE(o.wait.timeout_ns);
+  CHECK_FALSE(ns(o.wait.timeout));
 
   // Everything looplock would reject is the command's business.
   o = parse({"DIR", "--", "cmd", "--", "-c", "--bogus", "-p", "nope", "--inspect", "--version"});
@@ -83,7 +83,7 @@ TEST_CASE("the command after -- is never parsed") {
 TEST_CASE("defaults") {
   Options o = parse({"DIR", "--", "true"});
   CHECK(o.wait.policy == looplock::Policy::Mutation);
-  CHECK_FALSE(o.wait.timeout_ns);
+  CHECK_FALSE(ns(o.wait.timeout));
   CHECK(o.wait.conflict_exit_code == 75);
   CHECK(o.wait.skip_exit_code == 0);
   CHECK_FALSE(o.lock.shared);
@@ -99,15 +99,15 @@ TEST_CASE("defaults") {
 }
 
 TEST_CASE("timeout spellings") {
-  CHECK(parse({"-w", "5", "DIR", "--", "x"}).wait.timeout_ns == 5 * kSec);
-  CHECK(parse({"-w5", "DIR", "--", "x"}).wait.timeout_ns == 5 * kSec);
-  CHECK(parse({"--timeout=5", "DIR", "--", "x"}).wait.timeout_ns == 5 * kSec);
-  CHECK(parse({"--timeout", "0.25", "DIR", "--", "x"}).wait.timeout_ns == kSec / 4);
-  CHECK(parse({"DIR", "-w", "0", "--", "x"}).wait.timeout_ns == 0);  // options after DIR
+  CHECK(ns(parse({"-w", "5", "DIR", "--", "x"}).wait.timeout) == 5 * kSec);
+  CHECK(ns(parse({"-w5", "DIR", "--", "x"}).wait.timeout) == 5 * kSec);
+  CHECK(ns(parse({"--timeout=5", "DIR", "--", "x"}).wait.timeout) == 5 * kSec);
+  CHECK(ns(parse({"--timeout", "0.25", "DIR", "--", "x"}).wait.timeout) == kSec / 4);
+  CHECK(ns(parse({"DIR", "-w", "0", "--", "x"}).wait.timeout) == 0);  // options after DIR
   Options o = parse({"-qw", "5", "DIR", "--", "x"});
-  CHECK(o.wait.timeout_ns == 5 * kSec);
+  CHECK(ns(o.wait.timeout) == 5 * kSec);
   CHECK(o.output.verbosity == looplock::Verbosity::Quiet);
-  CHECK(parse({"-p", "monitor", "-w", "2", "DIR", "--", "x"}).wait.timeout_ns == 2 * kSec);
+  CHECK(ns(parse({"-p", "monitor", "-w", "2", "DIR", "--", "x"}).wait.timeout) == 2 * kSec);
 }
 
 TEST_CASE("an option value that looks like -- or -c is the option's value") {
@@ -213,7 +213,7 @@ TEST_CASE("-c SHELL-COMMAND") {
   CHECK(o.identity.operation == "sh");
   CHECK(parse({"DIR", "-c", "-x"}).command == Args{"/bin/sh", "-c", "--", "-x"});
   o = parse({"-w", "1", "DIR", "-c", "x"});
-  CHECK(o.wait.timeout_ns == kSec);
+  CHECK(ns(o.wait.timeout) == kSec);
   CHECK(parse({"--operation", "tick", "DIR", "-c", "x"}).identity.operation == "tick");
 }
 
@@ -410,10 +410,10 @@ TEST_CASE("--kill-after 0 and inf mean never; -w inf waits without limit") {
   CHECK(max_time_kill_after(parse({"--kill-after", "2", "DIR", "--", "x"})) == 2 * kSec);
   CHECK_FALSE(max_time_kill_after(parse({"--kill-after", "0", "DIR", "--", "x"})));
   auto o = parse({"-w", "inf", "DIR", "--", "x"});
-  CHECK(looplock::wait_plan(o.wait.policy, o.wait.timeout_ns).kind == looplock::WaitPlan::Kind::Unbounded);
+  CHECK(looplock::wait_plan(o.wait.policy, o.wait.timeout).kind == looplock::WaitPlan::Kind::Unbounded);
   o = parse({"-w", ".5", "DIR", "--", "x"});
-  CHECK(looplock::wait_plan(o.wait.policy, o.wait.timeout_ns).kind == looplock::WaitPlan::Kind::Bounded);
-  CHECK(looplock::wait_plan(o.wait.policy, o.wait.timeout_ns).deadline_ns == kSec / 2);
+  CHECK(looplock::wait_plan(o.wait.policy, o.wait.timeout).kind == looplock::WaitPlan::Kind::Bounded);
+  CHECK(looplock::wait_plan(o.wait.policy, o.wait.timeout).timeout.count() == kSec / 2);
 }
 
 TEST_CASE("derive_operation") {
@@ -650,12 +650,12 @@ TEST_CASE("cluster TLS and authentication options") {
 
 TEST_CASE("flock(1) habits: -n is -w 0 under the policy in force, -x the default; -u and 'flock N' are pointed") {
   Options o = parse({"-n", "DIR", "--", "x"});
-  CHECK(o.wait.timeout_ns == 0);
+  CHECK(ns(o.wait.timeout) == 0);
   CHECK(o.wait.policy == looplock::Policy::Mutation);
-  CHECK(parse({"--nonblock", "-p", "monitor", "DIR", "--", "x"}).wait.timeout_ns == 0);
-  CHECK(parse({"-xn", "DIR", "--", "x"}).wait.timeout_ns == 0);
+  CHECK(ns(parse({"--nonblock", "-p", "monitor", "DIR", "--", "x"}).wait.timeout) == 0);
+  CHECK(ns(parse({"-xn", "DIR", "--", "x"}).wait.timeout) == 0);
   CHECK_FALSE(parse({"-x", "DIR", "--", "x"}).lock.shared);
-  CHECK_FALSE(parse({"--exclusive", "DIR", "--", "x"}).wait.timeout_ns);
+  CHECK_FALSE(ns(parse({"--exclusive", "DIR", "--", "x"}).wait.timeout));
   auto f = parse_failure({"-n", "-p", "single_flight", "DIR", "--", "x"});
   REQUIRE(f);
   CHECK(f->message == "-n/--nonblock does not apply to policy single_flight");
@@ -791,7 +791,7 @@ std::string outcome_of(const Args& args, bool declare_all) {
     add("command", list(o.command));
     add("shell", std::to_string(o.shell_form));
     add("policy", std::to_string(static_cast<int>(o.wait.policy)));
-    add("timeout", opt(o.wait.timeout_ns));
+    add("timeout", opt(ns(o.wait.timeout)));
     add("E", std::to_string(o.wait.conflict_exit_code) + "/" + std::to_string(o.wait.skip_exit_code));
     add("flags", std::to_string(o.lock.shared) + std::to_string(o.lock.close_fd) + std::to_string(o.lock.no_fork) +
                      std::to_string(o.inspect.json) + std::to_string(o.inspect.check));

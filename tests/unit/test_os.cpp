@@ -308,15 +308,17 @@ TEST_CASE("a lock on a file: one holder at a time, a wait bounded by its deadlin
 
     int ticks = 0;
     const long long start = sys::monotonic_ns();
-    const auto timed_out = sys::lock_until(b.get(), true, start + 300'000'000, 50'000'000, [&] { ++ticks; });
+    const auto timed_out = sys::lock_until(b.get(), true, looplock::instant_ns(start + 300'000'000),
+                                           std::chrono::milliseconds(50), [&] { ++ticks; });
     CHECK(timed_out.end == sys::LockWait::End::TimedOut);
     CHECK(sys::monotonic_ns() - start >= 300'000'000);
     CHECK(ticks >= 1);
-    const auto past = sys::lock_until(b.get(), true, start, 0, [] {});
+    const auto past = sys::lock_until(b.get(), true, looplock::instant_ns(start), {}, [] {});
     CHECK(past.end == sys::LockWait::End::TimedOut);
 
     REQUIRE(sys::unlock(a.get()));
-    const auto locked = sys::lock_until(b.get(), true, sys::monotonic_ns() + 60'000'000'000, 0, [] {});
+    const auto locked =
+        sys::lock_until(b.get(), true, looplock::MonotonicClock::now() + std::chrono::seconds(60), {}, [] {});
     CHECK(locked.end == sys::LockWait::End::Locked);
     CHECK_FALSE(sys::try_lock(a.get(), true));
   }  // every descriptor closed: Windows removes no directory with a file open in it

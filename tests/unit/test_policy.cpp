@@ -30,27 +30,32 @@ TEST_CASE("parse_policy and policy_name") {
 }
 
 TEST_CASE("wait_plan for each policy") {
+  using namespace std::chrono_literals;
   WaitPlan p = looplock::wait_plan(Policy::Mutation, std::nullopt);
   CHECK(p.kind == WaitPlan::Kind::Bounded);
-  CHECK(p.deadline_ns == 5 * kSec);
+  CHECK(p.timeout == 5s);
   p = looplock::wait_plan(Policy::Monitor, std::nullopt);
   CHECK(p.kind == WaitPlan::Kind::Bounded);
-  CHECK(p.deadline_ns == 1 * kSec);
+  CHECK(p.timeout == 1s);
   p = looplock::wait_plan(Policy::SingleFlight, std::nullopt);
   CHECK(p.kind == WaitPlan::Kind::NoWait);
   p = looplock::wait_plan(Policy::Blocking, std::nullopt);
   CHECK(p.kind == WaitPlan::Kind::Unbounded);
 
   // -w replaces the deadline of mutation and monitor; 0 means one attempt.
-  p = looplock::wait_plan(Policy::Mutation, 0);
+  p = looplock::wait_plan(Policy::Mutation, 0s);
   CHECK(p.kind == WaitPlan::Kind::Bounded);
-  CHECK(p.deadline_ns == 0);
-  p = looplock::wait_plan(Policy::Monitor, 30 * kSec + 1);
+  CHECK(p.timeout == 0s);
+  p = looplock::wait_plan(Policy::Monitor, 30s + 1ns);
   CHECK(p.kind == WaitPlan::Kind::Bounded);
-  CHECK(p.deadline_ns == 30 * kSec + 1);
+  CHECK(p.timeout == 30s + 1ns);
+  // -w inf, or centuries: no deadline at all.
+  CHECK(looplock::wait_plan(Policy::Mutation, looplock::Duration::max()).kind == WaitPlan::Kind::Unbounded);
+  CHECK(looplock::wait_plan(Policy::Mutation, looplock::kNoDeadline).kind == WaitPlan::Kind::Unbounded);
+  CHECK(looplock::wait_plan(Policy::Mutation, looplock::kNoDeadline - 1ns).kind == WaitPlan::Kind::Bounded);
 
-  CHECK(looplock::default_deadline_ns(Policy::Mutation) == 5 * kSec);
-  CHECK(looplock::default_deadline_ns(Policy::Monitor) == kSec);
+  CHECK(looplock::default_timeout(Policy::Mutation) == 5s);
+  CHECK(looplock::default_timeout(Policy::Monitor) == 1s);
   CHECK(looplock::policy_takes_timeout(Policy::Mutation));
   CHECK(looplock::policy_takes_timeout(Policy::Monitor));
   CHECK_FALSE(looplock::policy_takes_timeout(Policy::SingleFlight));

@@ -93,7 +93,7 @@ public:
 
   FakeLock(Script script, Calls& calls) : s_(std::move(script)), calls_(calls) {}
 
-  Acquisition acquire(const WaitPlan& /*plan*/, long long /*start_ns*/) override {
+  Acquisition acquire(const WaitPlan& /*plan*/, looplock::Instant /*start*/) override {
     ++calls_.acquire;
     const Acquisition a = s_.answers.front();
     if (s_.answers.size() > 1) s_.answers.pop_front();
@@ -300,7 +300,7 @@ TEST_CASE("Run, the lock busy under single_flight: the skip line names the holde
 TEST_CASE("Run, the wait timed out: -E's status, an incident row with the kind's fields, the job never runs") {
   testutil::TempDir dir;
   Options o = options_for(dir);
-  o.wait.timeout_ns = 1'000'000;
+  o.wait.timeout = std::chrono::milliseconds(1);
   o.wait.conflict_exit_code = 9;
   const Outcome r = run_with(o, dir, answering(Acquisition::TimedOut), ended(0));
   CHECK(r.exit.kind == Exit::Kind::ExitStatus);

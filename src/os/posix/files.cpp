@@ -213,8 +213,10 @@ bool try_lock(int fd, bool exclusive) {
 
 bool unlock(int fd) { return flock(fd, LOCK_UN) == 0; }
 
-LockWait lock_until(int fd, bool exclusive, std::optional<long long> deadline_ns, long long tick_ns,
-                    const std::function<void()>& on_tick) {
+LockWait lock_until(int fd, bool exclusive, Deadline deadline, Duration tick, const std::function<void()>& on_tick) {
+  // The timers count nanoseconds of the monotonic clock.
+  const std::optional<long long> deadline_ns = deadline ? std::optional(ns_of(*deadline)) : std::nullopt;
+  const long long tick_ns = tick.count();
   const auto lock_failed = [] { return LockWait{LockWait::End::LockFailed, errno, "cannot lock"}; };
   const auto timer_failed = [](LockWait::End end, const char* step) { return LockWait{end, errno, step}; };
   const auto past = [&] { return deadline_ns && monotonic_ns() >= *deadline_ns; };

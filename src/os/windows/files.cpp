@@ -234,8 +234,10 @@ bool unlock(int fd) {
   return UnlockFileEx(handle_of(fd), 0, 1, 0, &at) ? true : failed();
 }
 
-LockWait lock_until(int fd, bool exclusive, std::optional<long long> deadline_ns, long long tick_ns,
-                    const std::function<void()>& on_tick) {
+LockWait lock_until(int fd, bool exclusive, Deadline deadline, Duration tick, const std::function<void()>& on_tick) {
+  // The timers count nanoseconds of the monotonic clock.
+  const std::optional<long long> deadline_ns = deadline ? std::optional(ns_of(*deadline)) : std::nullopt;
+  const long long tick_ns = tick.count();
   long long next_tick = tick_ns > 0 ? monotonic_ns() + tick_ns : 0;
   for (;;) {
     if (try_lock(fd, exclusive)) return {LockWait::End::Locked};
