@@ -24,8 +24,8 @@ void write_metrics(const Options& o, const RunFacts& facts, int status, long lon
   m.exit_status = status;
   m.start_s = static_cast<double>(start_wall_ms) / 1000.0;
   m.end_s = static_cast<double>(sys::realtime_ms()) / 1000.0;
-  m.wait_s = static_cast<double>(facts.waited_ns) / 1e9;
-  m.duration_s = static_cast<double>(facts.ran_ns) / 1e9;
+  m.wait_s = std::chrono::duration<double>(facts.waited).count();
+  m.duration_s = std::chrono::duration<double>(facts.ran).count();
   if (std::string err = update_metrics_file(o.metrics_dir, m); !err.empty()) {
     log.warn("metrics_write_failed", "cannot update the metrics: " + err);
   }
@@ -34,7 +34,7 @@ void write_metrics(const Options& o, const RunFacts& facts, int status, long lon
 }  // namespace
 
 int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
-  const long long now_ns = sys::monotonic_ns();
+  const Instant now = MonotonicClock::now();
   const long long start_wall_ms = sys::realtime_ms();
   // Until the options are parsed, errors use the --log-format asked for, if
   // it can be told: with json, a usage error is a JSON line too.
@@ -44,15 +44,12 @@ int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
   try {
     std::vector<std::string> args(argv, argv + argc);
     // Its pid, once: the holder record, the job's signals and the leak check name this pid.
-    Context ctx{.env = env_from(envp),
-                .pid = sys::own_pid(),
-                .start_ns = now_ns,
-                .start_wall_ms = start_wall_ms,
-                .cluster = cluster};
+    Context ctx{
+        .env = env_from(envp), .pid = sys::own_pid(), .start = now, .start_wall_ms = start_wall_ms, .cluster = cluster};
     // looplock-etcd: the deadline counts from when looplock started.
-    if (auto handed = take_handed_start(ctx.env, now_ns); handed && cluster) {
-      ctx.start_ns = *handed;
-      ctx.start_wall_ms = start_wall_ms - (now_ns - *handed) / 1'000'000;
+    if (auto handed = take_handed_start(ctx.env, now); handed && cluster) {
+      ctx.start = *handed;
+      ctx.start_wall_ms = start_wall_ms - ms_of(now - *handed);
     }
     // The user name (getuid(2) and a read of /etc/passwd) only when no
     // --agent or $LOOPLOCK_AGENT names the agent: the holder record's agent_id.
@@ -76,7 +73,7 @@ int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
       return exit_code::kOk;
     }
     log = Logger(o.output.verbosity, o.output.log_format);
-    if (!o.cluster.etcd.empty() && !ctx.cluster) exec_cluster_helper(argv, ctx.env, ctx.start_ns);
+    if (!o.cluster.etcd.empty() && !ctx.cluster) exec_cluster_helper(argv, ctx.env, ctx.start);
     if (o.mode == Mode::Inspect) return inspect(o, log, ctx.cluster);
     const auto jobs = process_jobs();
     Exit out = Run(o, ctx, log, facts, build_stack, *jobs).run();

@@ -53,8 +53,8 @@ std::string cluster_helper_status() {
          std::string(kInstallHint);
 }
 
-void exec_cluster_helper(char** argv, const EnvList& env, long long start_ns) {
-  const EnvList handed = env_with(env, {{env_name::kStartNs, std::to_string(start_ns)}});
+void exec_cluster_helper(char** argv, const EnvList& env, Instant start) {
+  const EnvList handed = env_with(env, {{env_name::kStartNs, std::to_string(ns_of(start))}});
 
   const auto paths = installed_helper_paths();
   std::string failed;  // the first that exists but cannot be executed
@@ -79,7 +79,8 @@ void exec_cluster_helper(char** argv, const EnvList& env, long long start_ns) {
               "etcd_helper_missing");
 }
 
-std::optional<long long> take_handed_start(EnvList& env, long long now_ns) {
+std::optional<Instant> take_handed_start(EnvList& env, Instant now) {
+  const long long now_ns = ns_of(now);
   auto text = env_get(env, env_name::kStartNs);
   if (!text) return std::nullopt;
   env = env_with(env, {}, {env_name::kStartNs});
@@ -88,7 +89,7 @@ std::optional<long long> take_handed_start(EnvList& env, long long now_ns) {
   if (ec != std::errc() || p != text->data() + text->size() || v <= 0 || v > now_ns || now_ns - v > kMaxHandOverNs) {
     return std::nullopt;
   }
-  return v;
+  return instant_ns(v);
 }
 
 }  // namespace looplock

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/environment.hpp"
+#include "os/clock.hpp"
 
 namespace looplock {
 
@@ -34,11 +35,13 @@ std::string cluster_helper_status();
 // throwing Fatal 69 (none exists) or 71 (one exists but cannot be executed).
 // Once exec'd, a helper that cannot start (its libcurl missing) ends with the
 // dynamic loader's status, 127.
-[[noreturn]] void exec_cluster_helper(char** argv, const EnvList& env, long long start_ns);
+// `start`: when looplock started, handed over as nanoseconds of the
+// monotonic clock (LOOPLOCK_START_NS).
+[[noreturn]] void exec_cluster_helper(char** argv, const EnvList& env, Instant start);
 
 // The start time handed over in `env` when it is believable (not in the
 // future, less than a minute ago on CLOCK_MONOTONIC); `env` loses the
 // variable either way.
-std::optional<long long> take_handed_start(EnvList& env, long long now_ns);
+std::optional<Instant> take_handed_start(EnvList& env, Instant now);
 
 }  // namespace looplock

@@ -104,10 +104,10 @@ void Reporter::already_run(const RunEntry& run, long long once_per_ns, const Blo
                {"last_run", run_entry_to_json(run)}});
 }
 
-void Reporter::timeout(const Blocker& b, const WaitPlan& plan, long long waited_ns) const {
+void Reporter::timeout(const Blocker& b, const WaitPlan& plan, Duration waited) const {
   Incident inc = incident("lock_acquire_timeout");
   inc.deadline_ms = limit_ms(plan.timeout.count());
-  inc.waited_ms = waited_ns / kMs;
+  inc.waited_ms = ms_of(waited);
   inc.holder_pids = b.holders.pids;
   inc.holder = b.holders.holder;
   inc.holder_alive = b.holders.holder_alive;
@@ -121,8 +121,8 @@ void Reporter::timeout(const Blocker& b, const WaitPlan& plan, long long waited_
   f["waited_ms"] = inc.waited_ms;
   f["deadline_ms"] = inc.deadline_ms;
   log_.error("lock_acquire_timeout",
-             "lock_acquire_timeout: " + b.what + " still held after " + format_duration(waited_ns) + " by " + b.who +
-                 "; gave up " + identity_.operation + " (policy " + inc.policy + ")",
+             "lock_acquire_timeout: " + b.what + " still held after " + format_duration(waited.count()) + " by " +
+                 b.who + "; gave up " + identity_.operation + " (policy " + inc.policy + ")",
              "Run '" + b.inspect_hint + "' to see the holder; never delete the lock file.", f);
 }
 

@@ -56,7 +56,7 @@ public:
   // `once_per_ns`: this run's --once-per.
   void already_run(const RunEntry& run, long long once_per_ns, const Blocker* holding, const std::string& ledger) const;
   // The deadline passed: the row, then the lock_acquire_timeout line.
-  void timeout(const Blocker& b, const WaitPlan& plan, long long waited_ns) const;
+  void timeout(const Blocker& b, const WaitPlan& plan, Duration waited) const;
   // --max-time (`max_time`) ended the job.
   void max_time(const JobEnd& job, Duration max_time, const std::optional<HolderRecord>& record) const;
   // The lease was lost while the job ran, and the job was ended.

@@ -113,7 +113,7 @@ OncePer::SlotConflict OncePer::slot_conflict(Ledger& l, const Blocker& b) const 
 // for such a one. nullopt: the slot's skip now.
 std::optional<WaitPlan> OncePer::wait_for_run(const RunEntry& run, const Blocker& b, Instant wait_start) const {
   const Instant now = MonotonicClock::now();
-  Instant until = later(instant_ns(ctx_.start_ns), Duration(*settings_.period_ns));
+  Instant until = later(ctx_.start, Duration(*settings_.period_ns));
   const bool dead = runner_proven_dead(run);
   if (dead) {
     const auto h =

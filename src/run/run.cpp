@@ -84,7 +84,7 @@ void Run::open() {
   spec_.argv = o_.command;
   spec_.env = ctx_.env;
   spec_.limits = o_.limits;
-  wait_start_ = instant_ns(ctx_.start_ns);
+  wait_start_ = ctx_.start;
 
   Stack stack = stack_({.options = o_,
                         .request = request_,
@@ -125,13 +125,13 @@ std::optional<Conclusion> Run::acquire(Lock& lock) {
     if (!slot.more) break;
     got = lock.acquire(*slot.more, wait_start_);
   }
-  facts_.waited_ns = (MonotonicClock::now() - wait_start_).count();
+  facts_.waited = MonotonicClock::now() - wait_start_;
   if (got == Acquisition::Acquired) return std::nullopt;
   if (got == Acquisition::Busy) {
     reporter_.skip(*b);
     return skipped();
   }
-  reporter_.timeout(*b, plan_, facts_.waited_ns);
+  reporter_.timeout(*b, plan_, facts_.waited);
   return Conclusion{exit_status(o_.wait.conflict_exit_code), RunOutcome::Timeout};
 }
 
@@ -141,7 +141,7 @@ JobEnd Run::run_job() {
     export_deadline();
     if (o_.lock.no_fork) jobs_.exec(spec_);
     JobEnd job = jobs_.run(spec_, log_);
-    facts_.ran_ns = (job.ended - job.started).count();
+    facts_.ran = job.ended - job.started;
     return job;
   } catch (const Fatal& f) {
     // A command that cannot run has had its slot (126, 127).

@@ -46,8 +46,8 @@ Conclusion conclude(const JobEnd& job, bool lost, bool intact);
 struct RunFacts {
   std::string lock_id;
   std::string loop;  // DIR's base name
-  long long waited_ns = 0;
-  long long ran_ns = 0;               // the command's run
+  Duration waited{0};
+  Duration ran{0};                    // the command's run
   std::optional<RunOutcome> outcome;  // unset: an error
 };
 

@@ -23,7 +23,7 @@ namespace looplock {
 struct Context {
   EnvList env;  // the environment looplock was started with
   Pid pid = 0;
-  long long start_ns = 0;       // CLOCK_MONOTONIC when looplock started
+  Instant start;                // when looplock started
   long long start_wall_ms = 0;  // the same instant on the wall clock (ms since the epoch)
   // The cluster lock (--etcd): looplock-etcd's, null in looplock, which
   // hands runs with --etcd to looplock-etcd (cli/cluster_exec.hpp).

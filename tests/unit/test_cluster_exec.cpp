@@ -18,9 +18,9 @@ TEST_CASE("looplock-etcd is looked for beside looplock, then in the install's li
 }
 
 TEST_CASE("the handed start time: taken when believable, removed from the environment always") {
-  const long long now = 100'000'000'000LL;
+  const Instant now = instant_ns(100'000'000'000LL);
   EnvList env{"A=1", "LOOPLOCK_START_NS=99000000000", "B=2"};
-  CHECK(take_handed_start(env, now) == 99'000'000'000LL);
+  CHECK(take_handed_start(env, now) == instant_ns(99'000'000'000LL));
   CHECK(env == EnvList{"A=1", "B=2"});
   CHECK_FALSE(take_handed_start(env, now));  // gone
 

@@ -205,7 +205,7 @@ Outcome run_with(const Options& o, const testutil::TempDir& dir, FakeLock::Scrip
     Logger log(Verbosity::Normal, LogFormat::Json, log_fd);
     const Context ctx{.env = {"PATH=/usr/bin:/bin"},
                       .pid = getpid(),
-                      .start_ns = sys::monotonic_ns(),
+                      .start = looplock::MonotonicClock::now(),
                       .start_wall_ms = sys::realtime_ms()};
     FakeJobs jobs(job);
     auto factory = [&](const StackSite&) {
@@ -404,7 +404,8 @@ TEST_CASE("Run, a job that cannot start: the locks are let go (abandoned) and th
   FakeLock::Calls calls;
   RunFacts facts;
   Logger log(Verbosity::Quiet, LogFormat::Json, -1);
-  const Context ctx{.env = {}, .pid = getpid(), .start_ns = sys::monotonic_ns(), .start_wall_ms = sys::realtime_ms()};
+  const Context ctx{
+      .env = {}, .pid = getpid(), .start = looplock::MonotonicClock::now(), .start_wall_ms = sys::realtime_ms()};
   FakeJobs jobs(ended(0));
   auto factory = [&](const StackSite&) {
     Stack s;
