@@ -312,7 +312,7 @@ InspectReport inspect_dir(const Options& o, const std::string& path, LockKind* c
   f.lock_id = lock_id_for_path(canonical_lock_path(dir.fd.get(), path));
   std::vector<sys::KernelLock> waiters;
   f.lock = survey_lock(dir, path + (path.ends_with('/') ? "" : "/") + kLockName, waiters);
-  f.lock.stale_after_ms = o.inspect.stale_after_ns / kMs;
+  f.lock.stale_after_ms = ms_of(o.inspect.stale_after);
   for (const auto& k : waiters) f.waiters.push_back(describe_waiter(k));
   f.incidents = summarize_incidents(dir.fd.get(), o.inspect.incidents);
   try {

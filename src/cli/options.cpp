@@ -465,7 +465,7 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
       usage_error("invalid --once-per " + quote(text_of(r, "once-per")) +
                   ": expected a duration above 0 (such as 4m for a */5 schedule)");
     }
-    o.once_per.period_ns = d;
+    o.once_per.period = Duration(d);
   }
   if (r.count("jitter")) {
     const long long d = duration_option("jitter", text_of(r, "jitter"));
@@ -473,7 +473,7 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
       usage_error("invalid --jitter " + quote(text_of(r, "jitter")) + ": at most 24h",
                   "--jitter spreads a schedule's runs over part of its interval (20s for a */5 schedule).");
     }
-    if (d != 0) o.once_per.jitter_ns = d;
+    if (d != 0) o.once_per.jitter = Duration(d);
   }
   if (r.count("warn-signal") && !r.count("warn-before")) usage_error("--warn-signal applies only with --warn-before");
   o.limits.warn_signal = parse_signal("USR1").value_or(0);  // --warn-signal's default (0: the system has no USR1)
@@ -628,7 +628,8 @@ void read_cluster(const cxxopts::ParseResult& r, const Environment& env, Options
 void read_inspect(const cxxopts::ParseResult& r, const Split& split, Options& o) {
   o.inspect.json = r.count("json") > 0;
   o.inspect.check = r.count("check") > 0;
-  if (r.count("stale-after")) o.inspect.stale_after_ns = duration_option("stale-after", text_of(r, "stale-after"));
+  if (r.count("stale-after"))
+    o.inspect.stale_after = Duration(duration_option("stale-after", text_of(r, "stale-after")));
   if (r.count("incidents")) {
     const auto n = parse_int(text_of(r, "incidents"));
     if (!n || *n < 1 || *n > static_cast<int>(kMaxIncidentsShown)) {
@@ -677,7 +678,7 @@ void read_command(const cxxopts::ParseResult& r, const Split& split, const Envir
                                              : (env.user_name ? env.user_name() : std::string("unknown")));
   o.identity.operation =
       r.count("operation") ? text_of(r, "operation") : (o.shell_form ? std::string("sh") : derive_operation(o.command));
-  if (o.once_per.period_ns && o.identity.operation.size() > kMaxOncePerName) {
+  if (o.once_per.period && o.identity.operation.size() > kMaxOncePerName) {
     usage_error("--once-per needs an operation name of at most " + std::to_string(kMaxOncePerName) + " bytes (" +
                     std::to_string(o.identity.operation.size()) + " given)",
                 "Its slot is found by the whole name; give a shorter --operation NAME.");

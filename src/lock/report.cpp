@@ -88,18 +88,18 @@ void Reporter::skip(const Blocker& b) const {
               fields(b));
 }
 
-void Reporter::already_run(const RunEntry& run, long long once_per_ns, const Blocker* holding,
+void Reporter::already_run(const RunEntry& run, Duration once_per, const Blocker* holding,
                            const std::string& ledger) const {
   const std::string who = holding ? describe_run(run) + "; its run holds the lock now: " + holding->what +
                                         " is held by " + holding->who
                                   : describe_run(run);
   log_.result("noop-already-run",
               "noop-already-run: " + identity_.operation + " already ran in this slot (--once-per " +
-                  format_duration(once_per_ns) + ") on " + who + "; skipped " + identity_.operation + " (" + ledger +
-                  ")",
+                  format_duration(once_per.count()) + ") on " + who + "; skipped " + identity_.operation + " (" +
+                  ledger + ")",
               {{"lock_id", lock_id_},
                {"policy", policy_name(policy_)},
-               {"once_per_ms", once_per_ns / kMs},
+               {"once_per_ms", ms_of(once_per)},
                {"running_now", holding != nullptr},
                {"last_run", run_entry_to_json(run)}});
 }

@@ -53,8 +53,8 @@ public:
   // (its looplock, or a process of its job) holds it now; named as every
   // other line names a holder, never by the ledger's pid alone (that
   // looplock may have died, its job holding on).
-  // `once_per_ns`: this run's --once-per.
-  void already_run(const RunEntry& run, long long once_per_ns, const Blocker* holding, const std::string& ledger) const;
+  // `once_per`: this run's --once-per.
+  void already_run(const RunEntry& run, Duration once_per, const Blocker* holding, const std::string& ledger) const;
   // The deadline passed: the row, then the lock_acquire_timeout line.
   void timeout(const Blocker& b, const WaitPlan& plan, Duration waited) const;
   // --max-time (`max_time`) ended the job.

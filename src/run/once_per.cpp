@@ -34,7 +34,7 @@ RunEntry OncePer::this_run() const {
   e.pid = ctx_.pid;
   e.agent = identity_.agent;
   e.started_ms = ctx_.start_wall_ms;
-  e.once_per_ms = *settings_.period_ns / kMs;
+  e.once_per_ms = ms_of(*settings_.period);
   e.pid_start = sys::own_start().value_or("");
   e.boot_id = sys::boot_id();
   e.pid_ns = sys::pid_namespace();
@@ -56,7 +56,7 @@ bool OncePer::counts(const LedgerLook& look, const Ledger& l, bool locked) const
                          : ledger + ": the entry of " + quote(identity_.operation) +
                                " is damaged; it does not count, and this run rewrites it");
   }
-  const SlotVerdict v = judge_slot(look.entry, ctx_.start_wall_ms, *settings_.period_ns / kMs);
+  const SlotVerdict v = judge_slot(look.entry, ctx_.start_wall_ms, ms_of(*settings_.period));
   if ((v.slot == Slot::Damaged && locked) || (v.ahead_ms > 0 && v.slot == Slot::Done)) {
     const bool counted = v.slot != Slot::Damaged;
     // One host's entry ahead of its own clock: that clock was set back.
@@ -73,14 +73,14 @@ bool OncePer::counts(const LedgerLook& look, const Ledger& l, bool locked) const
 }
 
 bool OncePer::already_run(const RunEntry& run, const Blocker* holding, const Ledger& l) const {
-  reporter_.already_run(run, *settings_.period_ns, holding, l.name());
+  reporter_.already_run(run, *settings_.period, holding, l.name());
   return true;
 }
 
 // Before waiting: a slot already run skips at once, without queueing (a look
 // without the lock; the locked read stays the authority).
 bool OncePer::ran_before_waiting(const Locks& locks) const {
-  if (!settings_.period_ns) return false;
+  if (!settings_.period) return false;
   for (const auto& lock : locks) {
     Ledger* l = lock->ledger();
     if (!l) continue;
@@ -97,7 +97,7 @@ OncePer::SlotConflict OncePer::slot_conflict(Ledger& l, const Blocker& b) const 
   const LedgerLook look = l.look(identity_.operation, false);
   if (!look.answered || !look.entry) return {};
   const RunEntry& e = *look.entry;
-  const SlotVerdict v = judge_slot(e, ctx_.start_wall_ms, *settings_.period_ns / kMs);
+  const SlotVerdict v = judge_slot(e, ctx_.start_wall_ms, ms_of(*settings_.period));
   if (v.slot == Slot::Done && counts(look, l, false)) return {e, std::nullopt};
   const bool holder =
       std::any_of(b.holder_ids.begin(), b.holder_ids.end(), [&](const HolderId& h) { return h.names(e); });
@@ -113,7 +113,7 @@ OncePer::SlotConflict OncePer::slot_conflict(Ledger& l, const Blocker& b) const 
 // for such a one. nullopt: the slot's skip now.
 std::optional<WaitPlan> OncePer::wait_for_run(const RunEntry& run, const Blocker& b, Instant wait_start) const {
   const Instant now = MonotonicClock::now();
-  Instant until = later(ctx_.start, Duration(*settings_.period_ns));
+  Instant until = later(ctx_.start, *settings_.period);
   const bool dead = runner_proven_dead(run);
   if (dead) {
     const auto h =
@@ -137,7 +137,7 @@ std::optional<WaitPlan> OncePer::wait_for_run(const RunEntry& run, const Blocker
 // skips (the locks are let go); otherwise this run's start is recorded in
 // each ledger (etcd first) before the command starts.
 bool OncePer::claim(const Locks& locks, const std::function<void()>& let_go) {
-  if (!settings_.period_ns) return false;
+  if (!settings_.period) return false;
   for (const auto& lock : locks) {
     Ledger* l = lock->ledger();
     if (!l) continue;
@@ -171,7 +171,7 @@ void OncePer::record_end(const Locks& locks, int status) {
 // A wait that ended without the lock: the slot's skip, a longer wait for
 // the slot's run, or a conflict like any other.
 OncePer::Step OncePer::on_conflict(Lock& lock, const Blocker& b, bool waited_for_run, Instant wait_start) const {
-  Ledger* l = settings_.period_ns ? lock.ledger() : nullptr;
+  Ledger* l = settings_.period ? lock.ledger() : nullptr;
   if (!l) return {};
   const SlotConflict c = slot_conflict(*l, b);
   if (c.done) return {.skipped = already_run(*c.done, nullptr, *l), .more = std::nullopt};

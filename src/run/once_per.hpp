@@ -30,7 +30,7 @@ class OncePer {
 public:
   using Locks = std::vector<std::unique_ptr<Lock>>;
 
-  // `settings.period_ns` set: --once-per was asked for (else each call is
+  // `settings.period` set: --once-per was asked for (else each call is
   // a no-op: nothing ran before, nothing is claimed or recorded).
   OncePer(const OncePerSettings& settings, const Identity& identity, Policy policy, const Context& context,
           const Logger& log, const Reporter& reporter);

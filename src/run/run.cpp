@@ -101,15 +101,16 @@ void Run::open() {
 // the deadline and the wait's metric do not count. A signal ends it as it
 // ends a wait. Nested runs have no jitter (the outer one had it).
 void Run::wait_jitter() {
-  if (!o_.once_per.jitter_ns || nested_) return;
-  const auto r = sys::random_below(static_cast<unsigned long long>(*o_.once_per.jitter_ns));
+  if (!o_.once_per.jitter || nested_) return;
+  const auto r = sys::random_below(static_cast<unsigned long long>(o_.once_per.jitter->count()));
   if (!r) fail_errno(exit_code::kOsError, "cannot draw --jitter's random wait (getrandom)", errno);
-  const long long jitter = static_cast<long long>(*r);
-  sys::sleep_until_ns(sys::monotonic_ns() + jitter);
+  const Duration jitter(static_cast<long long>(*r));
+  sys::sleep_until_ns(ns_of(later(MonotonicClock::now(), jitter)));
   wait_start_ = MonotonicClock::now();
-  log_.verbose("jitter",
-               "waited " + format_duration(jitter) + " (--jitter " + format_duration(*o_.once_per.jitter_ns) + ")",
-               {{"jitter_ms", jitter / 1'000'000}});
+  log_.verbose(
+      "jitter",
+      "waited " + format_duration(jitter.count()) + " (--jitter " + format_duration(o_.once_per.jitter->count()) + ")",
+      {{"jitter_ms", ms_of(jitter)}});
 }
 
 // One conflict path for every lock: a skip, or a timeout with its row (or,

@@ -15,7 +15,7 @@ LockRequest lock_request(const Options& o) {
           .identity = o.identity,
           .policy = o.wait.policy,
           .flags = o.lock,
-          .once_per = o.once_per.period_ns.has_value()};
+          .once_per = o.once_per.period.has_value()};
 }
 
 }  // namespace looplock

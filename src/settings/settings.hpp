@@ -57,7 +57,7 @@ struct InspectSettings {
   std::vector<std::string> dirs;  // every DIR given, in order
   bool json = false;
   bool check = false;  // --check: exit 1 when a report warns
-  long long stale_after_ns = 2LL * 3600 * 1'000'000'000LL;
+  Duration stale_after = std::chrono::hours(2);
   size_t incidents = 1;  // --incidents: the newest rows --inspect shows
 };
 
@@ -77,8 +77,8 @@ struct LockFlags {
 // Running once per schedule slot (src/run/once_per.hpp), and the random
 // wait before the lock that spreads a fleet's schedule.
 struct OncePerSettings {
-  std::optional<long long> period_ns;  // --once-per; none: every run runs
-  std::optional<long long> jitter_ns;  // --jitter
+  std::optional<Duration> period;  // --once-per; none: every run runs
+  std::optional<Duration> jitter;  // --jitter
 };
 
 // The whole request, grouped by concern: each part goes to the module that

@@ -93,7 +93,7 @@ TEST_CASE("defaults") {
   CHECK(o.output.verbosity == looplock::Verbosity::Normal);
   CHECK(o.output.log_format == looplock::LogFormat::Text);
   CHECK_FALSE(o.inspect.json);
-  CHECK(o.inspect.stale_after_ns == 2 * 3600 * kSec);
+  CHECK(o.inspect.stale_after == std::chrono::hours(2));
   CHECK(o.identity.agent == "tester");
   CHECK(o.identity.operation == "true");
 }
@@ -334,10 +334,10 @@ TEST_CASE("help, version and inspect modes") {
   CHECK(o.mode == looplock::Mode::Inspect);
   CHECK(o.dir == "DIR");
   CHECK_FALSE(o.inspect.json);
-  CHECK(o.inspect.stale_after_ns == 2 * 3600 * kSec);
+  CHECK(o.inspect.stale_after == std::chrono::hours(2));
   o = parse({"--inspect", "--json", "--stale-after", "30m", "DIR"});
   CHECK(o.inspect.json);
-  CHECK(o.inspect.stale_after_ns == 30 * 60 * kSec);
+  CHECK(o.inspect.stale_after == std::chrono::minutes(30));
   CHECK(parse({"DIR", "--inspect"}).mode == looplock::Mode::Inspect);
 }
 
@@ -489,9 +489,9 @@ TEST_CASE("derive_operation: shell options with + take their value too") {
 }
 
 TEST_CASE("--jitter: at most 24h, no inf") {
-  CHECK(*parse({"--jitter", "24h", "DIR", "--", "x"}).once_per.jitter_ns == 86'400 * kSec);
-  CHECK(*parse({"--jitter", "20s", "DIR", "--", "x"}).once_per.jitter_ns == 20 * kSec);
-  CHECK(!parse({"--jitter", "0", "DIR", "--", "x"}).once_per.jitter_ns);
+  CHECK(*parse({"--jitter", "24h", "DIR", "--", "x"}).once_per.jitter == std::chrono::hours(24));
+  CHECK(*parse({"--jitter", "20s", "DIR", "--", "x"}).once_per.jitter == std::chrono::seconds(20));
+  CHECK(!parse({"--jitter", "0", "DIR", "--", "x"}).once_per.jitter);
   for (const char* text : {"inf", "1e12", "24.1h", "2d"}) {
     CAPTURE(text);
     auto f = parse_failure({"--jitter", text, "DIR", "--", "x"});
@@ -798,7 +798,7 @@ std::string outcome_of(const Args& args, bool declare_all) {
     add("kill", opt(ns(o.limits.kill_after)) + "/" + opt(ns(o.limits.max_time_kill_after)));
     add("max",
         opt(ns(o.limits.max_time)) + "/" + opt(ns(o.limits.warn_before)) + "/" + std::to_string(o.limits.warn_signal));
-    add("once", opt(o.once_per.period_ns) + "/" + opt(o.once_per.jitter_ns));
+    add("once", opt(ns(o.once_per.period)) + "/" + opt(ns(o.once_per.jitter)));
     add("metrics", o.metrics_dir);
     add("who", o.identity.agent + "/" + o.identity.operation);
     add("out", std::to_string(static_cast<int>(o.output.verbosity)) + std::to_string(static_cast<int>(o.output.log_format)));
@@ -806,7 +806,7 @@ std::string outcome_of(const Args& args, bool declare_all) {
                     "/" + std::to_string(o.cluster.lease_kill_after_ns));
     add("tls", o.cluster.etcd_cacert + "/" + o.cluster.etcd_cert + "/" + o.cluster.etcd_key + "/" + o.cluster.etcd_user + "/" +
                    o.cluster.etcd_password_file + "/" + o.cluster.etcd_password.value_or("-"));
-    add("inspect", std::to_string(o.inspect.stale_after_ns) + "/" + std::to_string(o.inspect.incidents));
+    add("inspect", std::to_string(o.inspect.stale_after.count()) + "/" + std::to_string(o.inspect.incidents));
     return s;
   } catch (const Fatal& f) {
     return "error " + std::to_string(f.status()) + ": " + f.what() + " | " + f.hint();

@@ -316,7 +316,7 @@ TEST_CASE("Run, the wait timed out: -E's status, an incident row with the kind's
 TEST_CASE("Run, the lease lost while the job ran: 76 whatever the job's status, and the run is not recorded as done") {
   testutil::TempDir dir;
   Options o = options_for(dir);
-  o.once_per.period_ns = 3'600'000'000'000LL;
+  o.once_per.period = std::chrono::hours(1);
   JobEnd job = ended(0);
   job.lease_lost = true;
   job.ended_by = JobEnd::EndedBy::Lease;
@@ -334,7 +334,7 @@ TEST_CASE("Run, the lease lost while the job ran: 76 whatever the job's status, 
 TEST_CASE("Run, the ledger says this slot ran: the slot's skip before any wait, the lock never asked for") {
   testutil::TempDir dir;
   Options o = options_for(dir);
-  o.once_per.period_ns = 3'600'000'000'000LL;
+  o.once_per.period = std::chrono::hours(1);
   const Outcome r = run_with(o, dir, with_ledger(tick_run(60'000)), ended(0));
   CHECK(r.exit.kind == Exit::Kind::ExitStatus);
   CHECK(r.exit.value == 0);
@@ -348,7 +348,7 @@ TEST_CASE("Run, the ledger says this slot ran: the slot's skip before any wait, 
 TEST_CASE("Run, the slot's run found once the locks are held: the locks are let go, then the skip is said") {
   testutil::TempDir dir;
   Options o = options_for(dir);
-  o.once_per.period_ns = 3'600'000'000'000LL;
+  o.once_per.period = std::chrono::hours(1);
   FakeLock::Script script = with_ledger(tick_run(60'000));
   script.ledger_locked_only = true;
   script.log_path = dir / "log.jsonl";
@@ -381,7 +381,7 @@ TEST_CASE("Run, the job ended by --max-time: 124, its row, and the end recorded 
   testutil::TempDir dir;
   Options o = options_for(dir);
   o.limits.max_time = std::chrono::seconds(2);
-  o.once_per.period_ns = 3'600'000'000'000LL;
+  o.once_per.period = std::chrono::hours(1);
   JobEnd job = ended(SIGTERM);
   job.ended_by = JobEnd::EndedBy::MaxTime;
   const Outcome r = run_with(o, dir, with_ledger(tick_run(2 * 3'600'000LL)), job);
