@@ -255,37 +255,9 @@ def test_no_function_in_src_is_over_90_lines():
                 long.append(f"{f.relative_to(SRC)}:{line}: {name}: {count} lines")
     assert long == [], long
 
-def code_only(text):
-    """C++ text with its comments blanked and its string and character
-    literals emptied ("" and ''), so that braces and commas are the code's
-    (a digit separator, 3'200, is no literal)."""
-    out, i, n = [], 0, len(text)
-    while i < n:
-        c = text[i]
-        if text.startswith("//", i):
-            i = text.find("\n", i)
-            i = n if i < 0 else i
-        elif text.startswith("/*", i):
-            end = text.find("*/", i + 2)
-            i = n if end < 0 else end + 2
-        elif c == '"' and text.startswith('R"(', i - 1):
-            end = text.find(')"', i)
-            out.append('""')
-            i = n if end < 0 else end + 2
-        elif c in "\"'" and not (c == "'" and i and text[i - 1].isalnum()):
-            j = i + 1
-            while j < n and text[j] != c:
-                j += 2 if text[j] == "\\" else 1
-            out.append(c + c)
-            i = j + 1
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
-
 def balanced(text, start):
     """The code from `start` (just after an opening brace) to its closing
-    brace (`text`: code_only's)."""
+    brace (`text`: blank_literals')."""
     depth, i = 1, start
     while depth and i < len(text):
         depth += (text[i] == "{") - (text[i] == "}")
@@ -302,7 +274,7 @@ def top_level_commas(text):
 def wide_structs(texts):
     """The structs of more than three data members, by name."""
     wide = set()
-    for text in map(code_only, texts):
+    for text in map(blank_literals, texts):
         for m in re.finditer(r"\bstruct\s+(\w+)\s*(?:final\s*)?(?::[^;{]*)?\{", text):
             body = balanced(text, m.end())
             top, depth = "", 0
@@ -321,7 +293,7 @@ def positional_inits(texts, wide):
     """`Name{a, b, ...}` or `Name x{a, b, ...}` of a wide struct, by position."""
     found = []
     for path, text in texts.items():
-        text = code_only(text)
+        text = blank_literals(text)
         for m in re.finditer(r"\b(\w+)(?:\s+\w+)?\s*\{", text):
             if m.group(1) not in wide:
                 continue

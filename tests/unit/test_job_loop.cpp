@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <utility>
 #include <variant>
@@ -251,37 +252,38 @@ TEST_CASE("--warn-before: the warning goes out before --max-time's TERM, and who
   CHECK(r.end.ended_by == JobEnd::EndedBy::MaxTime);
 }
 
+namespace {
+// The Fatal a run of `s` ends with: its status and message.
+std::pair<int, std::string> fatal_of(const Script& s) {
+  try {
+    (void)run(s);
+  } catch (const Fatal& f) {
+    return {f.status(), f.what()};
+  }
+  FAIL("no Fatal");
+  return {};
+}
+}  // namespace
+
 TEST_CASE("looplock that loses track of the job stops with 71") {
   Script s;
   s.lost_err = ECHILD;
-  try {
-    (void)run(s);
-    FAIL("no Fatal");
-  } catch (const Fatal& f) {
-    CHECK(f.status() == 71);
-    CHECK(std::string(f.what()).find("lost track of the command") != std::string::npos);
-  }
+  const auto [status, message] = fatal_of(s);
+  CHECK(status == 71);
+  CHECK(message.find("lost track of the command") != std::string::npos);
 }
 
 TEST_CASE("a command that cannot be started: 71 with the system's words, 126 or 127 when it cannot be executed") {
   Script s;
   s.start_fails = sys::JobFailure{.what = "cannot start the command (vfork)", .err = EAGAIN};
-  try {
-    (void)run(s);
-    FAIL("no Fatal");
-  } catch (const Fatal& f) {
-    CHECK(f.status() == 71);
-    CHECK(std::string(f.what()).find("cannot start the command (vfork)") != std::string::npos);
-  }
-  for (const auto& [err, status] : {std::pair{ENOENT, 127}, std::pair{EACCES, 126}}) {
+  const auto [status, message] = fatal_of(s);
+  CHECK(status == 71);
+  CHECK(message.find("cannot start the command (vfork)") != std::string::npos);
+  for (const auto& [err, exec_status] : {std::pair{ENOENT, 127}, std::pair{EACCES, 126}}) {
     s.start_fails = sys::JobFailure{.err = err, .exec = true};
-    try {
-      (void)run(s);
-      FAIL("no Fatal");
-    } catch (const Fatal& f) {
-      CHECK(f.status() == status);
-      CHECK(std::string(f.what()).find("cannot run") != std::string::npos);
-    }
+    const auto [got, said] = fatal_of(s);
+    CHECK(got == exec_status);
+    CHECK(said.find("cannot run") != std::string::npos);
   }
 }
 
