@@ -33,9 +33,9 @@ struct InspectFacts {
     Pid pid = 0;
     bool exclusive = true;
     std::string command;                  // base name (/proc/PID/comm), or "?"
-    std::optional<std::string> agent_id;  // a looplock waiter's, when it can be read
-    std::optional<std::string> operation;
-    std::optional<long long> at_most_ms;  // the process's age: it cannot have waited longer
+    std::optional<std::string> agent_id{};  // a looplock waiter's, when it can be read
+    std::optional<std::string> operation{};
+    std::optional<long long> at_most_ms{};  // the process's age: it cannot have waited longer
   };
   std::vector<Waiter> waiters;
   // The run ledger of --once-per: the last run of each operation.

@@ -19,16 +19,16 @@ inline constexpr unsigned kInRun = 1;      // looplock DIR -- COMMAND
 inline constexpr unsigned kInInspect = 2;  // looplock --inspect DIR...
 
 struct OptionSpec {
-  std::string_view name;   // the long name: "policy"
+  std::string_view name{};  // the long name: "policy"
   char letter = 0;         // the short one, or 0
-  std::string_view value;  // its value's name in --help ("NAME"); empty for a flag
+  std::string_view value{};  // its value's name in --help ("NAME"); empty for a flag
   Section section = Section::Other;
   unsigned applies = kInRun | kInInspect;
   bool needs_etcd = false;        // only with --etcd (or $LOOPLOCK_ETCD)
   bool not_with_no_fork = false;  // needs looplock to stay the command's parent
   // --help's text, its lines separated by '\n'; empty: not listed (an
   // option declared only to point its users elsewhere, such as -u).
-  std::string_view help;
+  std::string_view help{};
 };
 
 std::span<const OptionSpec> option_table();
@@ -39,9 +39,9 @@ std::string option_shown(const OptionSpec& o);
 
 // Two options that cannot be given together, and why.
 struct OptionConflict {
-  std::string_view a, b;  // long names
-  std::string_view why;   // after "X and Y cannot be combined"; may be empty
-  std::string_view hint;
+  std::string_view a{}, b{};  // long names
+  std::string_view why{};     // after "X and Y cannot be combined"; may be empty
+  std::string_view hint{};
 };
 std::span<const OptionConflict> option_conflicts();
 

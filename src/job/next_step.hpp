@@ -10,20 +10,20 @@
 namespace looplock {
 
 struct JobDeadlines {
-  Deadline kill_at;        // KILL the job's group (--kill-after after a TERM, or the lease's)
-  Deadline warn_at;        // send the job the warning signal (--warn-before), once
-  Deadline max_time_at;    // --max-time's TERM
-  Deadline lease_term_at;  // the lease's TERM deadline, while the lease is live
-  Deadline renew_at;       // the lease's next renewal, while it is live
-  Deadline group_poll_at;  // the command has ended, the rest of its group is looked for then
+  Deadline kill_at{};        // KILL the job's group (--kill-after after a TERM, or the lease's)
+  Deadline warn_at{};        // send the job the warning signal (--warn-before), once
+  Deadline max_time_at{};    // --max-time's TERM
+  Deadline lease_term_at{};  // the lease's TERM deadline, while the lease is live
+  Deadline renew_at{};       // the lease's next renewal, while it is live
+  Deadline group_poll_at{};  // the command has ended, the rest of its group is looked for then
   // The warning that becomes due if a renewal gets no answer (--warn-before
   // before the lease's TERM): a renewal returns by then, so that it is not
   // late; but it gets at least `renew_least` (one attempt) from now.
-  Deadline lease_warn_at;
+  Deadline lease_warn_at{};
   Duration renew_least{0};
   // Once warned, until the TERM: the next look for processes of the job
   // that catch the warning signal now (a handler installed late).
-  Deadline warn_pass_at;
+  Deadline warn_pass_at{};
 };
 
 enum class JobAction { None, Kill, Warn, MaxTimeTerm, LeaseTerm, WarnPass, Renew };
@@ -35,7 +35,7 @@ struct NextStep {
   // warning, --max-time's TERM, the lease's TERM), and by the warning a
   // failing renewal would make due; a renewal not answered by then counts
   // as failing.
-  Deadline until;
+  Deadline until{};
 };
 
 // The first deadline that is due, in this order: KILL, the warning,

@@ -33,9 +33,9 @@ struct JobStart {
 // `exec` is set, the command itself could not be executed: looplock exits
 // 126, or 127 when exec_not_found(err), and the caller words the message.
 struct JobFailure {
-  std::string what;
+  std::string what{};
   int err = 0;
-  std::string hint;
+  std::string hint{};
   bool exec = false;
 };
 

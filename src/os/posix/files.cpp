@@ -214,12 +214,10 @@ bool try_lock(int fd, bool exclusive) {
 bool unlock(int fd) { return flock(fd, LOCK_UN) == 0; }
 
 LockWait lock_until(int fd, bool exclusive, Deadline deadline, Duration tick, const std::function<void()>& on_tick) {
-  // The timers count nanoseconds of the monotonic clock.
-  const std::optional<long long> deadline_ns = deadline ? std::optional(ns_of(*deadline)) : std::nullopt;
-  const long long tick_ns = tick.count();
+  const long long tick_ns = tick.count();  // the timers count nanoseconds of the monotonic clock
   const auto lock_failed = [] { return LockWait{LockWait::End::LockFailed, errno, "cannot lock"}; };
   const auto timer_failed = [](LockWait::End end, const char* step) { return LockWait{end, errno, step}; };
-  const auto past = [&] { return deadline_ns && monotonic_ns() >= *deadline_ns; };
+  const auto past = [&] { return deadline && MonotonicClock::now() >= *deadline; };
   if (past()) {
     if (try_lock(fd, exclusive)) return {LockWait::End::Locked};
     return errno == EWOULDBLOCK ? LockWait{LockWait::End::TimedOut} : lock_failed();
@@ -228,8 +226,9 @@ LockWait lock_until(int fd, bool exclusive, Deadline deadline, Duration tick, co
   // the lock is free).
   DeadlineAlarm alarm;   // the deadline
   DeadlineAlarm ticker;  // the caller's ticks
-  if (deadline_ns) {
-    if (const char* step = alarm.arm(*deadline_ns, kRefireNs)) return timer_failed(LockWait::End::TimerFailed, step);
+  if (deadline) {
+    if (const char* step = alarm.arm(ns_of(*deadline), kRefireNs))
+      return timer_failed(LockWait::End::TimerFailed, step);
   }
   // Only the ticks depend on the ticker: without one, the wait goes on without them.
   if (tick_ns > 0) (void)ticker.arm(monotonic_ns() + tick_ns, tick_ns);

@@ -235,21 +235,21 @@ bool unlock(int fd) {
 }
 
 LockWait lock_until(int fd, bool exclusive, Deadline deadline, Duration tick, const std::function<void()>& on_tick) {
-  // The timers count nanoseconds of the monotonic clock.
-  const std::optional<long long> deadline_ns = deadline ? std::optional(ns_of(*deadline)) : std::nullopt;
+  // The waits count nanoseconds of the monotonic clock.
+  const long long deadline_ns = deadline ? ns_of(*deadline) : 0;
   const long long tick_ns = tick.count();
   long long next_tick = tick_ns > 0 ? monotonic_ns() + tick_ns : 0;
   for (;;) {
     if (try_lock(fd, exclusive)) return {LockWait::End::Locked};
     if (errno != EWOULDBLOCK) return {LockWait::End::LockFailed, errno, "cannot lock"};
     const long long now = monotonic_ns();
-    if (deadline_ns && now >= *deadline_ns) return {LockWait::End::TimedOut};
+    if (deadline && now >= deadline_ns) return {LockWait::End::TimedOut};
     if (next_tick && now >= next_tick) {
       on_tick();
       next_tick = now + tick_ns;
     }
     long long until = now + kRetryNs;
-    if (deadline_ns && *deadline_ns < until) until = *deadline_ns;
+    if (deadline && deadline_ns < until) until = deadline_ns;
     sleep_until_ns(until);
   }
 }
