@@ -9,6 +9,10 @@ namespace looplock {
 
 namespace {
 
+// The units, in nanoseconds: the grammar's arithmetic is on integers.
+constexpr long long kMs = std::chrono::nanoseconds(std::chrono::milliseconds(1)).count();
+constexpr long long kSec = std::chrono::nanoseconds(std::chrono::seconds(1)).count();
+constexpr long long kMaxNs = kForever.count();
 
 constexpr const char* kRule =
     "expected a non-negative number such as 10, 2.5, .5 or 1e3 (or inf), with an optional unit ms, s (the "
@@ -39,9 +43,8 @@ bool is_infinity(std::string_view t) {
   return l == "inf" || l == "infinity";
 }
 
-}  // namespace
-
-std::optional<long long> parse_duration(std::string_view text, std::string* why) {
+// parse_duration's value in nanoseconds.
+std::optional<long long> parse_ns(std::string_view text, std::string* why) {
   auto fail = [&](const char* rule) -> std::optional<long long> {
     if (why) *why = rule;
     return std::nullopt;
@@ -50,7 +53,7 @@ std::optional<long long> parse_duration(std::string_view text, std::string* why)
   const long long unit = take_unit(text);
   if (!text.empty() && text.front() == '+') text.remove_prefix(1);
   if (text.starts_with('-')) return fail("a duration cannot be negative");
-  if (is_infinity(text)) return kForever;
+  if (is_infinity(text)) return kMaxNs;
   if (text.size() > 1 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X')) {
     return fail("hexadecimal numbers are not accepted");
   }
@@ -97,7 +100,7 @@ std::optional<long long> parse_duration(std::string_view text, std::string* why)
     factor /= 10;
     ++shift;
   }
-  if (static_cast<long long>(digits.size()) + shift > 19) return kForever;
+  if (static_cast<long long>(digits.size()) + shift > 19) return kMaxNs;
   long long value = 0;
   bool remainder = false;
   const long long keep = static_cast<long long>(digits.size()) + std::min(shift, 0LL);
@@ -109,18 +112,16 @@ std::optional<long long> parse_duration(std::string_view text, std::string* why)
     if (k >= keep) {
       remainder = remainder || d != 0;
     } else if (!scale(10, d)) {
-      return kForever;
+      return kMaxNs;
     }
   }
   for (long long k = 0; k < shift; ++k) {
-    if (!scale(10, 0)) return kForever;
+    if (!scale(10, 0)) return kMaxNs;
   }
-  if (!scale(factor, 0)) return kForever;
-  if (remainder && !scale(1, 1)) return kForever;  // 1e-10 s is not 0 ("never")
+  if (!scale(factor, 0)) return kMaxNs;
+  if (remainder && !scale(1, 1)) return kMaxNs;  // 1e-10 s is not 0 ("never")
   return value;
 }
-
-namespace {
 
 struct Unit {
   long long ns;
@@ -144,8 +145,20 @@ std::pair<const Unit*, long long> printed_tenths(long long ns) {
 
 }  // namespace
 
-std::string format_duration(long long ns) {
-  if (ns == kForever) return "inf";
+std::optional<Duration> parse_duration(std::string_view text, std::string* why) {
+  const auto ns = parse_ns(text, why);
+  if (!ns) return std::nullopt;
+  return Duration(*ns);
+}
+
+std::optional<Duration> limit_of(Duration d) {
+  if (d == Duration::zero() || d == kForever) return std::nullopt;
+  return d;
+}
+
+std::string format_duration(Duration d) {
+  if (d == kForever) return "inf";
+  long long ns = d.count();
   if (ns < 0) ns = 0;
   char buf[64];
   if (const long long ms = div_round(ns, kMs); ms < 1000) {
@@ -158,14 +171,15 @@ std::string format_duration(long long ns) {
   return buf;
 }
 
-long long printed_floor(long long ns) {
-  if (ns == kForever || ns <= 0) return ns < 0 ? 0 : ns;
-  if (ns < kSec) return ns / kMs * kMs;
+Duration printed_floor(Duration d) {
+  const long long ns = d.count();
+  if (d == kForever || ns <= 0) return ns < 0 ? Duration::zero() : d;
+  if (ns < kSec) return Duration(ns / kMs * kMs);
   // The unit format_duration prints it in; cut to tenths of that unit.
   const Unit* u = printed_tenths(ns).first;
   long long step = u->ns / 10;
   if (ns / step * step < u->ns && u != kUnits) step = (u - 1)->ns / 10;  // cut below the unit: the smaller one's
-  return ns / step * step;
+  return Duration(ns / step * step);
 }
 
 }  // namespace looplock

@@ -4,28 +4,30 @@
 // says can be typed back.
 #pragma once
 
-#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
 
+#include "os/clock.hpp"
+
 namespace looplock {
 
-// Durations are nanoseconds (long long) throughout; these are the units,
-// stated once.
-inline constexpr long long kMs = 1'000'000LL;       // a millisecond
-inline constexpr long long kSec = 1'000'000'000LL;  // a second
+// What "inf" reads as, and what anything beyond some 292 years saturates
+// to: the longest Duration. An option that means "no limit" by it (and by
+// 0) turns it into its one "none" with limit_of().
+inline constexpr Duration kForever = Duration::max();
 
-// "No limit": anything beyond some 292 years.
-inline constexpr long long kForever = std::numeric_limits<long long>::max();
-
-// A duration in nanoseconds: a non-negative decimal number (digits with an
-// optional fraction and exponent: "10", "2.5", ".5", "5.", "1e3"; "inf" or
+// A duration: a non-negative decimal number (digits with an optional
+// fraction and exponent: "10", "2.5", ".5", "5.", "1e3"; "inf" or
 // "infinity") with an optional unit ms, s (the default), m, h or d, as
-// timeout(1) reads one plus "ms". Saturates at kForever; a tiny non-zero
-// value is never rounded down to 0. nullopt, with the rule it broke in `why`,
-// when it is not one.
-std::optional<long long> parse_duration(std::string_view text, std::string* why = nullptr);
+// timeout(1) reads one plus "ms", to the nanosecond. Saturates at kForever;
+// a tiny non-zero value is never rounded down to 0. nullopt, with the rule
+// it broke in `why`, when it is not one.
+std::optional<Duration> parse_duration(std::string_view text, std::string* why = nullptr);
+
+// A limit as the man page's options read one (--max-time, --kill-after):
+// 0 and inf mean never, as in timeout(1), which is none.
+std::optional<Duration> limit_of(Duration d);
 
 // One number and one unit, the largest unit that keeps the number at 1 or
 // more: whole milliseconds below a second ("450ms"), else one decimal
@@ -33,11 +35,11 @@ std::optional<long long> parse_duration(std::string_view text, std::string* why 
 // digit, carrying into the next unit (999.6 ms is "1.0s", 59.96 s "1.0m");
 // a duration above zero is at least "1ms" (0 would mean no limit).
 // kForever is "inf"; a negative duration (a clock step backwards) is "0ms".
-std::string format_duration(long long ns);
+std::string format_duration(Duration d);
 
-// `ns` cut to what format_duration prints exactly (whole milliseconds below
-// a second, tenths of the unit above): never more than `ns`, so a bound
+// `d` cut to what format_duration prints exactly (whole milliseconds below
+// a second, tenths of the unit above): never more than `d`, so a bound
 // shown as format_duration(printed_floor(bound)) is itself accepted.
-long long printed_floor(long long ns);
+Duration printed_floor(Duration d);
 
 }  // namespace looplock

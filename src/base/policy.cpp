@@ -1,5 +1,7 @@
 #include "base/policy.hpp"
 
+#include "base/duration.hpp"
+
 namespace looplock {
 
 std::optional<Policy> parse_policy(std::string_view name) {
@@ -36,7 +38,7 @@ WaitPlan wait_plan(Policy policy, std::optional<Duration> timeout) {
     case Policy::Blocking: return {WaitPlan::Kind::Unbounded, Duration::zero()};
     default:
       // -w inf: no deadline at all.
-      if (timeout && *timeout >= kNoDeadline) return {WaitPlan::Kind::Unbounded, Duration::zero()};
+      if (timeout == kForever) return {WaitPlan::Kind::Unbounded, Duration::zero()};
       return {WaitPlan::Kind::Bounded, timeout.value_or(default_timeout(policy))};
   }
 }

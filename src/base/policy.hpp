@@ -33,8 +33,8 @@ struct WaitPlan {
 // The plan for `policy`, with `timeout` (from -w) replacing the default
 // deadline of mutation and monitor. A timeout with single_flight or blocking
 // is rejected earlier, by option validation.
-// A timeout of kNoDeadline or more (-w inf, or centuries) waits without limit.
-inline constexpr Duration kNoDeadline{1LL << 62};
+// A timeout of kForever (base/duration.hpp: -w inf, or beyond some 292
+// years) waits without limit.
 WaitPlan wait_plan(Policy policy, std::optional<Duration> timeout);
 
 // Default timeout of a bounded policy.

@@ -18,7 +18,7 @@ namespace looplock {
 
 namespace {
 
-std::string ms_text(long long ms) { return format_duration(ms * kMs); }
+std::string ms_text(long long ms) { return format_duration(std::chrono::milliseconds(ms)); }
 
 const char* read_state_name(HolderRead::State s) {
   switch (s) {

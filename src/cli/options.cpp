@@ -205,7 +205,7 @@ std::string cxxopts_message(const cxxopts::exceptions::exception& e, const std::
   return "invalid command line: " + text;
 }
 
-long long duration_option(const char* name, const std::string& text) {
+Duration duration_option(const char* name, const std::string& text) {
   std::string why;
   auto d = parse_duration(text, &why);
   if (!d) usage_error("invalid --" + std::string(name) + " " + quote(text) + ": " + why);
@@ -252,16 +252,18 @@ Family interpreter_family(std::string_view base) {
 
 }  // namespace
 
-long long lease_kill_after_ns(std::optional<long long> given, int ttl_s, std::string_view given_text) {
-  if (!given) return lease_timing::default_kill_after_ns(ttl_s);
+Duration lease_kill_after(std::optional<Duration> given, int ttl_s, std::string_view given_text) {
+  if (!given) return Duration(lease_timing::default_kill_after_ns(ttl_s));
   const std::string shown = given_text.empty() ? format_duration(*given) : std::string(given_text);
   const std::string what = "invalid --kill-after " + quote(shown) + " with --ttl " + std::to_string(ttl_s);
   // Truncated to 10 ms; the hint shows it cut to a printed digit, so the number shown is accepted.
-  const long long most = lease_timing::max_kill_after_ns(ttl_s) / 10'000'000LL * 10'000'000LL;
+  const Duration most = std::chrono::floor<std::chrono::duration<long long, std::centi>>(
+      Duration(lease_timing::max_kill_after_ns(ttl_s)));
   const std::string room = "Give --kill-after " + format_duration(printed_floor(most)) + " or less (default at --ttl " +
-                           std::to_string(ttl_s) + ": " + format_duration(lease_timing::default_kill_after_ns(ttl_s)) +
+                           std::to_string(ttl_s) + ": " +
+                           format_duration(Duration(lease_timing::default_kill_after_ns(ttl_s))) +
                            "), or a longer --ttl.";
-  if (*given == 0) {
+  if (*given == Duration::zero()) {
     usage_error(what + ": a lease holder must be killable before its lease expires (0 would never send KILL)", room);
   }
   if (*given > most) {
@@ -440,7 +442,7 @@ void read_policy(const cxxopts::ParseResult& r, Options& o) {
                   "single_flight never waits and blocking waits without limit; use -p mutation or -p monitor with " +
                       std::string(w ? "-w." : "-n (or -p single_flight -q for a silent skip)."));
     }
-    o.wait.timeout = Duration(w ? duration_option("timeout", text_of(r, "timeout")) : 0);
+    o.wait.timeout = w ? duration_option("timeout", text_of(r, "timeout")) : Duration::zero();
   }
   if (r.count("conflict-exit-code")) o.wait.conflict_exit_code = parse_exit_code(r, "conflict-exit-code", 1, 255);
   if (r.count("skip-exit-code")) o.wait.skip_exit_code = parse_exit_code(r, "skip-exit-code", 0, 255);
@@ -452,40 +454,36 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
   o.lock.shared = r.count("shared") > 0;
   o.lock.close_fd = r.count("close") > 0;
   o.lock.no_fork = r.count("no-fork") > 0;
-  std::optional<long long> kill_after;  // as given: 0 and inf mean never
+  std::optional<Duration> kill_after;  // as given: 0 and inf mean never
   if (r.count("kill-after")) kill_after = duration_option("kill-after", text_of(r, "kill-after"));
-  if (r.count("max-time")) {
-    if (const long long d = duration_option("max-time", text_of(r, "max-time")); d != 0 && d != kForever) {
-      o.limits.max_time = Duration(d);
-    }
-  }
+  if (r.count("max-time")) o.limits.max_time = limit_of(duration_option("max-time", text_of(r, "max-time")));
   if (r.count("once-per")) {
-    const long long d = duration_option("once-per", text_of(r, "once-per"));
-    if (d == 0) {
+    const Duration d = duration_option("once-per", text_of(r, "once-per"));
+    if (d == Duration::zero()) {
       usage_error("invalid --once-per " + quote(text_of(r, "once-per")) +
                   ": expected a duration above 0 (such as 4m for a */5 schedule)");
     }
-    o.once_per.period = Duration(d);
+    o.once_per.period = d;
   }
   if (r.count("jitter")) {
-    const long long d = duration_option("jitter", text_of(r, "jitter"));
-    if (d > kMaxJitterNs) {
+    const Duration d = duration_option("jitter", text_of(r, "jitter"));
+    if (d > kMaxJitter) {
       usage_error("invalid --jitter " + quote(text_of(r, "jitter")) + ": at most 24h",
                   "--jitter spreads a schedule's runs over part of its interval (20s for a */5 schedule).");
     }
-    if (d != 0) o.once_per.jitter = Duration(d);
+    if (d != Duration::zero()) o.once_per.jitter = d;
   }
   if (r.count("warn-signal") && !r.count("warn-before")) usage_error("--warn-signal applies only with --warn-before");
   o.limits.warn_signal = parse_signal("USR1").value_or(0);  // --warn-signal's default (0: the system has no USR1)
   if (r.count("warn-before")) {
-    o.limits.warn_before = Duration(duration_option("warn-before", text_of(r, "warn-before")));
+    o.limits.warn_before = duration_option("warn-before", text_of(r, "warn-before"));
     if (!o.limits.max_time && o.cluster.etcd.empty()) {
       usage_error("--warn-before applies only with --max-time or --etcd",
                   "It signals the job before --max-time's TERM, or before a failing lease's.");
     }
     if (o.limits.max_time && *o.limits.warn_before >= *o.limits.max_time) {
       usage_error("invalid --warn-before " + quote(text_of(r, "warn-before")) + ": not shorter than --max-time " +
-                  format_duration(o.limits.max_time->count()));
+                  format_duration(*o.limits.max_time));
     }
     if (r.count("warn-signal")) {
       const auto sig = parse_signal(text_of(r, "warn-signal"));
@@ -501,11 +499,11 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
   // never, as in timeout(1); after --max-time's TERM: the same, or 5 s when
   // it was not given; before a lease can expire: the same, within what the
   // TTL allows, or a default that fits it.
-  if (kill_after && *kill_after != 0 && *kill_after != kForever) o.limits.kill_after = Duration(*kill_after);
-  o.limits.max_time_kill_after = kill_after ? o.limits.kill_after : Duration(kDefaultKillAfterNs);
+  if (kill_after) o.limits.kill_after = limit_of(*kill_after);
+  o.limits.max_time_kill_after = kill_after ? o.limits.kill_after : kDefaultKillAfter;
   if (!o.cluster.etcd.empty()) {
-    o.cluster.lease_kill_after_ns =
-        lease_kill_after_ns(kill_after, o.cluster.ttl_s, kill_after ? text_of(r, "kill-after") : std::string());
+    o.cluster.lease_kill_after =
+        lease_kill_after(kill_after, o.cluster.ttl_s, kill_after ? text_of(r, "kill-after") : std::string());
   }
 }
 
@@ -615,11 +613,13 @@ void read_cluster(const cxxopts::ParseResult& r, const Environment& env, Options
     // in seconds.
     const auto& text = text_of(r, "ttl");
     const auto d = parse_duration(text);
-    if (!d || *d % kSec != 0 || *d < 2 * kSec || *d > 86400 * kSec) {
-      usage_error("invalid --ttl " + quote(text) + ": expected whole seconds from 2 to 86400 (10, 10s, 1m)",
-                  d && *d % kSec != 0 && *d != kForever ? "etcd's leases count in whole seconds." : std::string(kTryHelp));
+    const bool whole = d && *d % std::chrono::seconds(1) == Duration::zero();
+    if (!whole || *d < kMinTtl || *d > kMaxTtl) {
+      usage_error("invalid --ttl " + quote(text) + ": expected whole seconds from " + std::to_string(kMinTtl.count()) +
+                      " to " + std::to_string(kMaxTtl.count()) + " (10, 10s, 1m)",
+                  d && !whole && *d != kForever ? "etcd's leases count in whole seconds." : std::string(kTryHelp));
     }
-    o.cluster.ttl_s = static_cast<int>(*d / kSec);
+    o.cluster.ttl_s = static_cast<int>(std::chrono::duration_cast<std::chrono::seconds>(*d).count());
   }
   read_cluster_access(r, env, o);
 }
@@ -628,8 +628,7 @@ void read_cluster(const cxxopts::ParseResult& r, const Environment& env, Options
 void read_inspect(const cxxopts::ParseResult& r, const Split& split, Options& o) {
   o.inspect.json = r.count("json") > 0;
   o.inspect.check = r.count("check") > 0;
-  if (r.count("stale-after"))
-    o.inspect.stale_after = Duration(duration_option("stale-after", text_of(r, "stale-after")));
+  if (r.count("stale-after")) o.inspect.stale_after = duration_option("stale-after", text_of(r, "stale-after"));
   if (r.count("incidents")) {
     const auto n = parse_int(text_of(r, "incidents"));
     if (!n || *n < 1 || *n > static_cast<int>(kMaxIncidentsShown)) {

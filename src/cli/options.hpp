@@ -50,7 +50,7 @@ std::string derive_operation(const std::vector<std::string>& command);
 // sixth of the TTL, at most 5 s. Throws Fatal 64 for 0 (a lease holder must
 // be killable before its lease expires) and for a value that leaves no room
 // to renew the lease inside the TTL (settings/lease_timing.hpp).
-long long lease_kill_after_ns(std::optional<long long> given, int ttl_s, std::string_view given_text = {});
+Duration lease_kill_after(std::optional<Duration> given, int ttl_s, std::string_view given_text = {});
 
 const std::string& help_text();
 

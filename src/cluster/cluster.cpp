@@ -20,6 +20,8 @@ namespace looplock {
 
 namespace {
 
+constexpr long long kMs = 1'000'000LL;
+constexpr long long kSec = 1'000'000'000LL;
 constexpr long long kNever = LLONG_MAX;
 // The least time given to reaching etcd and queuing (-w 0: "one attempt").
 constexpr long long kMinAttemptNs = 250 * kMs;
@@ -651,9 +653,10 @@ void ClusterLock::declare_lost(std::string why) {
 
 std::string ClusterLock::overdue_why() const {
   return "no keepalive was answered within the lease's safety window (TTL " +
-         format_duration(lease_timing::ttl_ns(ttl_s_)) + ", kill-after " + format_duration(kill_after_ns_) +
-         ", margin " + format_duration(lease_timing::margin_ns(ttl_s_)) + "; last answered one sent " +
-         format_duration(since_last_keepalive_ns()) + " ago" +
+         format_duration(Duration(lease_timing::ttl_ns(ttl_s_))) + ", kill-after " +
+         format_duration(Duration(kill_after_ns_)) + ", margin " +
+         format_duration(Duration(lease_timing::margin_ns(ttl_s_))) + "; last answered one sent " +
+         format_duration(Duration(since_last_keepalive_ns())) + " ago" +
          (last_error_.empty() ? "" : "; last error: " + last_error_) + ")";
 }
 

@@ -25,7 +25,7 @@ EtcdLock::EtcdLock(const LockRequest& request, const ClusterSettings& cluster, P
       reporter_(reporter),
       host_(sys::host_name()),
       lock_(transport, cluster.endpoints, cluster_lock_name(cluster.lock_name, target.canonical_dir), cluster.ttl_s,
-            cluster.lease_kill_after_ns, log, cluster_access(cluster, log)) {
+            cluster.lease_kill_after.count(), log, cluster_access(cluster, log)) {
   if (request_.once_per) lock_.set_ledger_operation(request_.identity.operation);
 }
 
@@ -44,10 +44,11 @@ Acquisition EtcdLock::acquire(const WaitPlan& plan, Instant start) {
   const Acquisition got = lock_.acquire(plan, start_ns, who);
   if (got != Acquisition::Acquired) return got;
   const long long waited = sys::monotonic_ns() - start_ns;
-  log_.verbose("acquired",
-               "cluster lock " + printable(lock_.name()) + " acquired on etcd after " + format_duration(waited) +
-                   " (fencing token " + std::to_string(lock_.fencing_token()) + ")",
-               {{"lock_name", lock_.name()}, {"fencing_token", lock_.fencing_token()}, {"waited_ms", waited / kMs}});
+  log_.verbose(
+      "acquired",
+      "cluster lock " + printable(lock_.name()) + " acquired on etcd after " + format_duration(Duration(waited)) +
+          " (fencing token " + std::to_string(lock_.fencing_token()) + ")",
+      {{"lock_name", lock_.name()}, {"fencing_token", lock_.fencing_token()}, {"waited_ms", ms_of(Duration(waited))}});
   return Acquisition::Acquired;
 }
 
@@ -98,11 +99,12 @@ LeaseLoss EtcdLock::lease_loss() const {
   LeaseLoss loss{.lease = "etcd lease",
                  .of = "cluster lock " + printable(lock_.name()),
                  .why = lock_.lost_why(),
-                 .ttl_ms = static_cast<long long>(lock_.ttl_s()) * 1000,
-                 .since_renewal_ns = lock_.since_last_keepalive_ns(),
-                 .lost_at_ns = lock_.lost_at_ns(),
-                 .check = "Check etcd's health and the network between this host and etcd; make writers check "
-                          "LOOPLOCK_FENCING_TOKEN so a stale holder is refused.",
+                 .ttl = std::chrono::seconds(lock_.ttl_s()),
+                 .since_renewal = Duration(lock_.since_last_keepalive_ns()),
+                 .lost_at = lock_.lost_at_ns() != 0 ? Deadline(instant_ns(lock_.lost_at_ns())) : std::nullopt,
+                 .check =
+                     "Check etcd's health and the network between this host and etcd; make writers check "
+                     "LOOPLOCK_FENCING_TOKEN so a stale holder is refused.",
                  .hint = "Another host may hold the lock now. Check etcd (" + lock_.endpoint() + ") and the network."};
   loss.fields["cluster"] = Json{{"lock_name", lock_.name()},
                                 {"endpoint", lock_.endpoint()},

@@ -11,13 +11,16 @@
 
 namespace looplock {
 
+// The KILL after --max-time's TERM when --kill-after is not given.
+inline constexpr Duration kDefaultKillAfter = std::chrono::seconds(5);
+
 struct JobLimits {
   // KILL the job this long after looplock forwarded it a TERM or INT
   // (nullopt: never, as timeout(1) without -k).
   std::optional<Duration> kill_after;
   // --max-time: TERM the job once it has run this long (nullopt: no limit),
   // then KILL it max_time_kill_after later (--kill-after, or
-  // kDefaultKillAfterNs when it was not given; nullopt: never).
+  // kDefaultKillAfter when it was not given; nullopt: never).
   std::optional<Duration> max_time;
   std::optional<Duration> max_time_kill_after;
   // --warn-before: send `warn_signal` once to each process of the job that

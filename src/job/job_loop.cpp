@@ -174,7 +174,7 @@ private:
     const std::string sig = signal_name(spec_.limits.warn_signal);
     const std::string when =
         (by_lease ? "the lease's renewals are failing, and its TERM comes in " : "--max-time's TERM comes in ") +
-        format_duration((term_at - now).count()) + " (--warn-before)";
+        format_duration(term_at - now) + " (--warn-before)";
     const Json facts = {{"signal", sig},
                         {"term_in_ms", std::chrono::duration_cast<std::chrono::milliseconds>(term_at - now).count()}};
     end_.warned = now;

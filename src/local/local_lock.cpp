@@ -6,6 +6,7 @@
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "local/wait_line.hpp"
+#include "os/clock.hpp"
 #include "os/file_status.hpp"
 #include "os/files.hpp"
 #include "os/ids.hpp"
@@ -23,7 +24,7 @@ namespace {
 
 // How long a process that is ending may take to close the lock descriptor
 // before it counts as keeping the lock.
-constexpr long long kEndingGraceNs = 200 * kMs;
+constexpr Duration kEndingGrace = std::chrono::milliseconds(200);
 // The wait's status line on a terminal: drawn once the wait has lasted this
 // long, and redrawn at most this often.
 constexpr Duration kRedraw = std::chrono::seconds(1);
@@ -122,12 +123,12 @@ private:
 // finds a holder here pays the wait.
 std::vector<Pid> leaked_holders(Pid self, const sys::FileStatus& file, const JobEnd& job) {
   std::vector<Pid> leaked = sys::holding_lock(sys::descendants(self), file);
-  const long long until = sys::monotonic_ns() + kEndingGraceNs;
-  while (!leaked.empty() && sys::monotonic_ns() < until) {
+  const Instant until = MonotonicClock::now() + kEndingGrace;
+  while (!leaked.empty() && MonotonicClock::now() < until) {
     const bool ending = std::any_of(leaked.begin(), leaked.end(),
                                     [&](Pid p) { return sys::process_ending(p, job.signalled ? job.pgid : 0); });
     if (!ending) break;
-    sys::nap_ns(5'000'000);
+    nap(std::chrono::milliseconds(5));
     leaked = sys::holding_lock(leaked, file);
   }
   return leaked;
@@ -157,7 +158,7 @@ Acquisition LocalLock::acquire(const WaitPlan& plan, Instant start) {
   if (res.status != Acquisition::Acquired) return res.status;
   log_.verbose("acquired",
                std::string(request_.flags.shared ? "shared" : "exclusive") + " lock on " + shown_ + " acquired after " +
-                   format_duration(res.waited.count()),
+                   format_duration(res.waited),
                {{"lock_id", target_.lock_id}, {"waited_ms", ms_of(res.waited)}});
   if (mode == LockMode::Exclusive) write_record();
   return Acquisition::Acquired;

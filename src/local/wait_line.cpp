@@ -6,9 +6,8 @@ namespace looplock {
 
 std::string wait_status_line(Duration waited, std::optional<Duration> left, const std::string& who,
                              const std::string& path, size_t width) {
-  const std::string head = "looplock: waiting " + format_duration(waited.count()) + " (" +
-                           (left ? format_duration(left->count()) + " left" : std::string("no deadline")) + ") for " +
-                           who;
+  const std::string head = "looplock: waiting " + format_duration(waited) + " (" +
+                           (left ? format_duration(*left) + " left" : std::string("no deadline")) + ") for " + who;
   const std::string on = " on ";
   if (head.size() + on.size() + path.size() <= width) return head + on + path;
   // The path's end (its loop dir and .state.lock) says the most: cut its start.

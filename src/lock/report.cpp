@@ -31,7 +31,7 @@ Json job_details(const JobEnd& job) {
 const char* how_it_ended(const JobEnd& job) { return job.killed ? "KILL was needed" : "TERM sufficed"; }
 
 // A limit in whole ms, rounded up: one above zero is never 0 (no limit).
-long long limit_ms(long long ns) { return ns / kMs + (ns % kMs != 0 ? 1 : 0); }
+long long limit_ms(Duration d) { return std::chrono::ceil<std::chrono::milliseconds>(d).count(); }
 
 }  // namespace
 
@@ -95,8 +95,7 @@ void Reporter::already_run(const RunEntry& run, Duration once_per, const Blocker
                                   : describe_run(run);
   log_.result("noop-already-run",
               "noop-already-run: " + identity_.operation + " already ran in this slot (--once-per " +
-                  format_duration(once_per.count()) + ") on " + who + "; skipped " + identity_.operation + " (" +
-                  ledger + ")",
+                  format_duration(once_per) + ") on " + who + "; skipped " + identity_.operation + " (" + ledger + ")",
               {{"lock_id", lock_id_},
                {"policy", policy_name(policy_)},
                {"once_per_ms", ms_of(once_per)},
@@ -106,7 +105,7 @@ void Reporter::already_run(const RunEntry& run, Duration once_per, const Blocker
 
 void Reporter::timeout(const Blocker& b, const WaitPlan& plan, Duration waited) const {
   Incident inc = incident("lock_acquire_timeout");
-  inc.deadline_ms = limit_ms(plan.timeout.count());
+  inc.deadline_ms = limit_ms(plan.timeout);
   inc.waited_ms = ms_of(waited);
   inc.holder_pids = b.holders.pids;
   inc.holder = b.holders.holder;
@@ -121,14 +120,14 @@ void Reporter::timeout(const Blocker& b, const WaitPlan& plan, Duration waited) 
   f["waited_ms"] = inc.waited_ms;
   f["deadline_ms"] = inc.deadline_ms;
   log_.error("lock_acquire_timeout",
-             "lock_acquire_timeout: " + b.what + " still held after " + format_duration(waited.count()) + " by " +
-                 b.who + "; gave up " + identity_.operation + " (policy " + inc.policy + ")",
+             "lock_acquire_timeout: " + b.what + " still held after " + format_duration(waited) + " by " + b.who +
+                 "; gave up " + identity_.operation + " (policy " + inc.policy + ")",
              "Run '" + b.inspect_hint + "' to see the holder; never delete the lock file.", f);
 }
 
 void Reporter::max_time(const JobEnd& job, Duration max_time, const std::optional<HolderRecord>& record) const {
   Incident inc = incident("max_time_exceeded");
-  inc.deadline_ms = limit_ms(max_time.count());
+  inc.deadline_ms = limit_ms(max_time);
   inc.waited_ms = ms_of(job.ended - job.started);
   inc.holder = record;
   inc.holder_alive = record ? std::optional<bool>(true) : std::nullopt;
@@ -141,23 +140,21 @@ void Reporter::max_time(const JobEnd& job, Duration max_time, const std::optiona
   Json f = {{"lock_id", lock_id_}, {"policy", policy_name(policy_)}, {"deadline_ms", inc.deadline_ms}};
   f.update(inc.details);
   log_.error("max_time_exceeded",
-             "max_time_exceeded: " + identity_.operation + " ran longer than --max-time " +
-                 format_duration(max_time.count()) + " and was ended (" + how_it_ended(job) + ") after " +
-                 format_duration((job.ended - job.started).count()),
+             "max_time_exceeded: " + identity_.operation + " ran longer than --max-time " + format_duration(max_time) +
+                 " and was ended (" + how_it_ended(job) + ") after " + format_duration(job.ended - job.started),
              "Find out why it hung; the lock was released once the whole job had ended.", f);
 }
 
 void Reporter::lease_lost(const LeaseLoss& loss, const JobEnd& job, const std::optional<HolderRecord>& record) const {
   Incident inc = incident("lease_lost");
-  inc.deadline_ms = loss.ttl_ms;
-  inc.waited_ms = loss.since_renewal_ns / kMs;
+  inc.deadline_ms = ms_of(loss.ttl);
+  inc.waited_ms = ms_of(loss.since_renewal);
   inc.holder = record;
   if (record) inc.holder_alive = true;
   inc.holder_pids = {pid_};
   inc.fields = loss.fields;
   inc.details = job_details(job);
-  inc.details["ran_after_loss_ms"] =
-      loss.lost_at_ns ? ms_of(std::max(job.ended - instant_ns(loss.lost_at_ns), Duration::zero())) : 0;
+  inc.details["ran_after_loss_ms"] = loss.lost_at ? ms_of(std::max(job.ended - *loss.lost_at, Duration::zero())) : 0;
   inc.operator_action = "The " + loss.lease + " was lost while the command ran (" + loss.why +
                         "), so another host may have taken the lock: the command was ended (" + how_it_ended(job) +
                         "). " + loss.check;

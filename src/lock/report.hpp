@@ -25,9 +25,9 @@ struct LeaseLoss {
   std::string lease;                // what was lost: "etcd lease"
   std::string of;                   // whose: "cluster lock NAME" (printable)
   std::string why;                  // the cause
-  long long ttl_ms = 0;             // the lease's time to live: the row's deadline_ms
-  long long since_renewal_ns = 0;   // since the last answered renewal was sent: the row's waited_ms
-  long long lost_at_ns = 0;         // when the loss was known (0: not known)
+  Duration ttl{0};                  // the lease's time to live: the row's deadline_ms
+  Duration since_renewal{0};        // since the last answered renewal was sent: the row's waited_ms
+  Deadline lost_at;                 // when the loss was known (none: not known)
   std::string check;                // what the operator checks, for the row's operator_action
   std::string hint;                 // the line's hint
   Json fields = Json::object();     // the kind's own fields, each under its key ({"cluster": {...}})

@@ -19,4 +19,7 @@ Deadline earliest(Deadline a, Deadline b) {
   return std::min(*a, *b);
 }
 
+void nap(Duration d) { sys::nap_ns(d.count()); }
+void sleep_until(Instant t) { sys::sleep_until_ns(ns_of(t)); }
+
 }  // namespace looplock

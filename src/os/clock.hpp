@@ -39,4 +39,10 @@ Instant later(Instant t, Duration d);
 // The earlier of two deadlines; none when neither is set.
 Deadline earliest(Deadline a, Deadline b);
 
+// Sleeps for `d`, or less when a signal arrives: a pause between tries
+// (sys::nap_ns()).
+void nap(Duration d);
+// Sleeps until the monotonic clock reaches `t`, signals or not.
+void sleep_until(Instant t);
+
 }  // namespace looplock

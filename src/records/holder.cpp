@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <ctime>
 
+#include "os/clock.hpp"
 #include "os/ids.hpp"
 #include "os/sys.hpp"
 #include "records/sealed.hpp"
@@ -140,7 +141,7 @@ HolderRead read_holder(int fd) {
   HolderRead out;
   for (int attempt = 0; attempt < 5; ++attempt) {
     if (attempt > 0) {
-      sys::nap_ns(2'000'000);
+      nap(std::chrono::milliseconds(2));
     }
     auto content = sys::pread_all(fd, kReadLimit);
     if (!content) {

@@ -8,6 +8,7 @@
 #include <iterator>
 
 #include "base/log.hpp"
+#include "os/clock.hpp"
 #include "os/file_status.hpp"
 #include "os/files.hpp"
 #include "os/sys.hpp"
@@ -88,7 +89,7 @@ int append_incident(int dirfd, const std::string& line) {
   // without looking.
   bool locked = false;
   for (int i = 0; i < 100 && !(locked = sys::try_lock(fd.get(), /*exclusive=*/true)); ++i) {
-    sys::nap_ns(1'000'000);
+    nap(std::chrono::milliseconds(1));
   }
   std::optional<std::string> last;
   const bool cut = locked && sys::status_of_fd(fd.get(), st) && st.size > 0 &&

@@ -6,6 +6,7 @@
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "base/text.hpp"
+#include "os/clock.hpp"
 #include "os/file_status.hpp"
 #include "os/files.hpp"
 #include "os/ids.hpp"
@@ -58,7 +59,7 @@ LedgerRead read_ledger(const LockDir& dir) {
   std::optional<std::string> text;
   std::optional<Unsealed> object;
   for (int attempt = 0; attempt < 5 && !(object && object->checked); ++attempt) {
-    if (attempt > 0) sys::sleep_until_ns(sys::monotonic_ns() + 2'000'000);
+    if (attempt > 0) sleep_until(MonotonicClock::now() + std::chrono::milliseconds(2));
     text = sys::pread_all(fd.get(), kMaxLedgerBytes);
     if (!text) fail_errno(exit_code::kOsError, "cannot read " + ledger_display(dir), errno, "", "run_ledger_unusable");
     // NUL bytes past the newline: blocks reserved for a rewrite that never

@@ -9,8 +9,10 @@
 #include <cstring>
 #include <ctime>
 
+#include "base/duration.hpp"
 #include "base/log.hpp"
 #include "base/text.hpp"
+#include "os/clock.hpp"
 #include "os/file_status.hpp"
 #include "os/files.hpp"
 #include "os/sys.hpp"
@@ -30,7 +32,7 @@ constexpr size_t kMaxFileBytes = 4 << 20;
 constexpr unsigned kCollectedMode = 0664;
 constexpr unsigned kUpdateLockMode = 0660;
 // How long a run waits for the other runs' updates of the same file.
-constexpr long long kLockWaitNs = 5'000'000'000LL;
+constexpr Duration kLockWait = std::chrono::seconds(5);
 
 struct Gauge {
   const char* name;
@@ -321,11 +323,13 @@ std::string update_metrics_file(const std::string& dir, const RunMetrics& run) {
   UniqueFd lock = sys::open_in(dirfd.get(), lock_name, how);
   if (!lock && errno == EACCES) lock = sys::open_in(dirfd.get(), lock_name, {.access = sys::OpenIn::Access::Read});
   if (!lock) return failed("cannot open " + dir + "/" + lock_name);
-  const long long give_up = sys::monotonic_ns() + kLockWaitNs;
+  const Instant give_up = MonotonicClock::now() + kLockWait;
   while (!sys::try_lock(lock.get(), /*exclusive=*/true)) {
     if (errno != EWOULDBLOCK) return failed("cannot lock " + dir + "/." + name + ".lock");
-    if (sys::monotonic_ns() >= give_up) return "the metrics file " + dir + "/" + name + " stayed busy for 5 s";
-    sys::nap_ns(1'000'000);
+    if (MonotonicClock::now() >= give_up) {
+      return "the metrics file " + dir + "/" + name + " stayed busy for " + format_duration(kLockWait);
+    }
+    nap(std::chrono::milliseconds(1));
   }
 
   MetricsFile f;

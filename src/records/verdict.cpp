@@ -250,9 +250,9 @@ Verdict judge(const LockFacts& f) {
   }
   if ((v.record == RecordState::Current || v.record == RecordState::Unconfirmed) && f.record_age_ms &&
       *f.record_age_ms > f.stale_after_ms) {
-    w.push_back("held for " + format_duration(*f.record_age_ms * kMs) + ", longer than --stale-after " +
-                format_duration(f.stale_after_ms * kMs) + ": check whether " + pids_text(v.confirm) +
-                " is stalled before terminating it");
+    w.push_back("held for " + format_duration(std::chrono::milliseconds(*f.record_age_ms)) +
+                ", longer than --stale-after " + format_duration(std::chrono::milliseconds(f.stale_after_ms)) +
+                ": check whether " + pids_text(v.confirm) + " is stalled before terminating it");
   }
 
   if (v.state == LockState::Unknown && v.confirm.empty()) {

@@ -16,7 +16,7 @@ namespace {
 
 // A dead holder's lease lives at most its TTL: the extra wait for it to
 // expire, and for the queue to move.
-constexpr long long kLeaseSlackNs = 2 * kSec;
+constexpr Duration kLeaseSlack = std::chrono::seconds(2);
 
 }  // namespace
 
@@ -65,8 +65,9 @@ bool OncePer::counts(const LedgerLook& look, const Ledger& l, bool locked) const
                                 : "the hosts' clocks differ by that much";
     log_.warn("ledger_ahead",
               ledger + ": the last run of " + quote(identity_.operation) + " started " +
-                  format_duration(v.ahead_ms * kMs) + " after this looplock started, by this host's clock: " + why +
-                  "; " + (counted ? "it counts (it is within --once-per)" : "it does not count (beyond --once-per)"),
+                  format_duration(std::chrono::milliseconds(v.ahead_ms)) +
+                  " after this looplock started, by this host's clock: " + why + "; " +
+                  (counted ? "it counts (it is within --once-per)" : "it does not count (beyond --once-per)"),
               {{"ahead_ms", v.ahead_ms}, {"counted", counted}});
   }
   return v.slot == Slot::Done;
@@ -119,7 +120,7 @@ std::optional<WaitPlan> OncePer::wait_for_run(const RunEntry& run, const Blocker
     const auto h =
         std::find_if(b.holder_ids.begin(), b.holder_ids.end(), [&](const HolderId& x) { return x.names(run); });
     if (h != b.holder_ids.end() && h->lease_ttl_s > 0) {
-      until = std::min(until, later(now, std::chrono::seconds(h->lease_ttl_s) + Duration(kLeaseSlackNs)));
+      until = std::min(until, later(now, std::chrono::seconds(h->lease_ttl_s) + kLeaseSlack));
     }
   }
   if ((!dead && policy_ == Policy::SingleFlight) || now >= until) return std::nullopt;
@@ -128,7 +129,7 @@ std::optional<WaitPlan> OncePer::wait_for_run(const RunEntry& run, const Blocker
                    b.who +
                    (dead ? "; that run's looplock is dead, so this run takes the slot once the lock is free"
                          : "; this run skips once it has recorded its end, or takes the slot if it never does") +
-                   " (at most " + format_duration((until - now).count()) + ")",
+                   " (at most " + format_duration(until - now) + ")",
                {{"policy", policy_name(policy_)}});
   return WaitPlan{WaitPlan::Kind::Bounded, until - wait_start};
 }

@@ -105,12 +105,11 @@ void Run::wait_jitter() {
   const auto r = sys::random_below(static_cast<unsigned long long>(o_.once_per.jitter->count()));
   if (!r) fail_errno(exit_code::kOsError, "cannot draw --jitter's random wait (getrandom)", errno);
   const Duration jitter(static_cast<long long>(*r));
-  sys::sleep_until_ns(ns_of(later(MonotonicClock::now(), jitter)));
+  sleep_until(later(MonotonicClock::now(), jitter));
   wait_start_ = MonotonicClock::now();
-  log_.verbose(
-      "jitter",
-      "waited " + format_duration(jitter.count()) + " (--jitter " + format_duration(o_.once_per.jitter->count()) + ")",
-      {{"jitter_ms", ms_of(jitter)}});
+  log_.verbose("jitter",
+               "waited " + format_duration(jitter) + " (--jitter " + format_duration(*o_.once_per.jitter) + ")",
+               {{"jitter_ms", ms_of(jitter)}});
 }
 
 // One conflict path for every lock: a skip, or a timeout with its row (or,

@@ -7,6 +7,8 @@
 namespace looplock::lease_timing {
 
 namespace {
+constexpr long long kMs = 1'000'000LL;
+constexpr long long kSec = 1'000'000'000LL;
 }  // namespace
 
 long long ttl_ns(int ttl_s) { return static_cast<long long>(ttl_s) * kSec; }

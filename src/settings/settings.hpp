@@ -24,10 +24,10 @@ struct ClusterSettings {
   std::string etcd;                       // the endpoints as given; empty: no cluster lock
   std::vector<etcd::Endpoint> endpoints;  // parsed
   std::string lock_name;                  // --lock-name; empty: the loop dir's base name
-  int ttl_s = 10;                         // --ttl: the lease's time to live
-  // The kill-after of the lease's deadlines (lease_kill_after_ns()): --kill-after,
-  // or a default that fits the TTL.
-  long long lease_kill_after_ns = 0;
+  int ttl_s = 10;                         // --ttl: the lease's time to live, in seconds as etcd counts it
+  // The kill-after of the lease's deadlines (cli/options.hpp's
+  // lease_kill_after()): --kill-after, or a default that fits the TTL.
+  Duration lease_kill_after{0};
   // TLS and authentication (https:// endpoints, an etcd user).
   std::string etcd_cacert;                   // --etcd-cacert, $LOOPLOCK_ETCD_CACERT
   std::string etcd_cert;                     // --etcd-cert, $LOOPLOCK_ETCD_CLIENT_CERT
@@ -117,13 +117,14 @@ struct LockRequest {
 };
 LockRequest lock_request(const Options& o);
 
-// The KILL after --max-time's TERM when --kill-after is not given.
-inline constexpr long long kDefaultKillAfterNs = 5'000'000'000LL;
 inline constexpr size_t kMaxIncidentsShown = 1000;  // --incidents' bound
 // --once-per compares operation names whole, and records them so: at most
 // this many bytes (records keep 256 bytes of a name).
 inline constexpr size_t kMaxOncePerName = 256;
-inline constexpr long long kMaxJitterNs = 86'400'000'000'000LL;  // --jitter's bound: 24h
+// --ttl's bounds.
+inline constexpr std::chrono::seconds kMinTtl{2};
+inline constexpr std::chrono::seconds kMaxTtl{86400};
+inline constexpr Duration kMaxJitter = std::chrono::hours(24);  // --jitter's bound
 
 // A cluster lock name: 1 to 255 bytes without control characters.
 bool valid_lock_name(std::string_view name);

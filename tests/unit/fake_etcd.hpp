@@ -19,6 +19,10 @@ namespace {
 using namespace looplock;
 using namespace looplock::etcd;
 
+// The etcd client counts nanoseconds.
+constexpr long long kMs = 1'000'000LL;
+constexpr long long kSec = 1'000'000'000LL;
+
 // Time that only moves when told: a transport's step takes its time, a
 // pause takes its time.
 struct FakeClock : Clock {

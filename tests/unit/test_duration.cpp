@@ -4,20 +4,27 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
 #include <string>
-
-using looplock::kMs;
-using looplock::kSec;
+#include <string_view>
 
 namespace {
+// The tests read rows of nanoseconds; these wrap the Duration interface.
+constexpr long long kMs = 1'000'000LL;
+constexpr long long kSec = 1'000'000'000LL;
+constexpr long long kForever = looplock::kForever.count();
+std::optional<long long> parse_duration(std::string_view text, std::string* why = nullptr) {
+  const auto d = looplock::parse_duration(text, why);
+  return d ? std::optional<long long>(d->count()) : std::nullopt;
+}
+std::string format_duration(long long ns) { return looplock::format_duration(looplock::Duration(ns)); }
+long long printed_floor(long long ns) { return looplock::printed_floor(looplock::Duration(ns)).count(); }
 constexpr long long kMin = 60 * kSec;
 constexpr long long kHour = 60 * kMin;
 constexpr long long kDay = 24 * kHour;
 }  // namespace
 
 TEST_CASE("parse_duration reads what timeout(1) reads, and ms") {
-  using looplock::kForever;
-  using looplock::parse_duration;
   CHECK(parse_duration("0") == 0);
   CHECK(parse_duration("5") == 5 * kSec);
   CHECK(parse_duration("0.25") == kSec / 4);
@@ -73,7 +80,6 @@ TEST_CASE("parse_duration reads what timeout(1) reads, and ms") {
 }
 
 TEST_CASE("format_duration: one number, one unit") {
-  using looplock::format_duration;
   CHECK(format_duration(0) == "0ms");
   CHECK(format_duration(499'999) == "1ms");  // above zero: never 0ms, which typed back means no limit
   CHECK(format_duration(1) == "1ms");
@@ -97,21 +103,19 @@ TEST_CASE("format_duration: one number, one unit") {
   CHECK(format_duration(150 * kMin) == "2.5h");
   CHECK(format_duration(kDay) == "1.0d");
   CHECK(format_duration(36 * kHour) == "1.5d");
-  CHECK(format_duration(looplock::kForever) == "inf");
+  CHECK(format_duration(kForever) == "inf");
   CHECK(format_duration(-5) == "0ms");  // a clock step backwards
 }
 
 TEST_CASE("what format_duration prints parses back, within half a printed digit") {
-  using looplock::format_duration;
-  using looplock::parse_duration;
   for (long long ns : {0LL, 1LL, 5 * kMs, 450 * kMs, kSec, 2500 * kMs, 59'999 * kMs, kMin, 186 * kSec, kHour,
-                       150 * kMin, kDay, 36 * kHour, 400 * kDay, looplock::kForever}) {
+                       150 * kMin, kDay, 36 * kHour, 400 * kDay, kForever}) {
     CAPTURE(ns);
     const std::string shown = format_duration(ns);
     CAPTURE(shown);
     const auto back = parse_duration(shown);
     REQUIRE(back);
-    if (ns != looplock::kForever) {
+    if (ns != kForever) {
       const long long half = shown.ends_with("ms") ? kMs / 2 : *back / 20;  // half a digit of one decimal
       CHECK(std::llabs(*back - ns) <= (shown == "1ms" ? kMs : std::max(half, kMs / 2)));  // above zero: 1ms
     }
@@ -120,9 +124,6 @@ TEST_CASE("what format_duration prints parses back, within half a printed digit"
 }
 
 TEST_CASE("printed_floor: what format_duration prints exactly, never more") {
-  using looplock::format_duration;
-  using looplock::parse_duration;
-  using looplock::printed_floor;
   CHECK(printed_floor(6'366'666'666) == 6'300 * kMs);  // the most --kill-after at --ttl 10: shown as 6.3s
   CHECK(printed_floor(59'960 * kMs) == 59'900 * kMs);  // not 1.0m (60 s): more than it
   CHECK(printed_floor(999'700'000) == 999 * kMs);
@@ -134,4 +135,15 @@ TEST_CASE("printed_floor: what format_duration prints exactly, never more") {
     CHECK(f <= ns);
     CHECK(parse_duration(format_duration(f)) == f);
   }
+}
+
+TEST_CASE("limit_of: 0 and inf are no limit, as timeout(1) reads them") {
+  using looplock::Duration;
+  using looplock::limit_of;
+  CHECK_FALSE(limit_of(Duration::zero()));
+  CHECK_FALSE(limit_of(looplock::kForever));
+  CHECK(limit_of(Duration(1)) == Duration(1));
+  CHECK(limit_of(looplock::kForever - Duration(1)) == looplock::kForever - Duration(1));
+  CHECK_FALSE(limit_of(*looplock::parse_duration("inf")));
+  CHECK_FALSE(limit_of(*looplock::parse_duration("1e30")));  // saturated: beyond some 292 years
 }

@@ -28,6 +28,7 @@ using namespace looplock::etcd;
 
 namespace {
 
+constexpr long long kMs = 1'000'000LL;  // the transport counts nanoseconds
 
 // A loopback listening socket on a free port.
 struct Listener {

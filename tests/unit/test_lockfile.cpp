@@ -24,7 +24,6 @@
 using looplock::AcquireResult;
 using looplock::Acquisition;
 using looplock::Fatal;
-using looplock::kMs;
 using looplock::LockDir;
 using looplock::LockFile;
 using looplock::LockMode;
@@ -35,9 +34,9 @@ using testutil::TempDir;
 
 namespace {
 
-looplock::WaitPlan plan_of(looplock::WaitPlan::Kind kind, long long timeout_ns) {
-  return {kind, looplock::Duration(timeout_ns)};
-}
+using namespace std::chrono_literals;
+
+looplock::WaitPlan plan_of(looplock::WaitPlan::Kind kind, looplock::Duration timeout) { return {kind, timeout}; }
 
 struct CountingObserver : looplock::AcquireObserver {
   int waits = 0;
@@ -243,16 +242,16 @@ TEST_CASE("acquire_lock on a free lock") {
   TempDir dir;
   LockDir d = looplock::open_lock_dir(dir.path());
   const std::string path = dir / ".state.lock";
-  for (WaitPlan plan : {plan_of(WaitPlan::Kind::Bounded, 0), plan_of(WaitPlan::Kind::Bounded, 5000 * kMs),
-                        plan_of(WaitPlan::Kind::NoWait, 0), plan_of(WaitPlan::Kind::Unbounded, 0)}) {
+  for (WaitPlan plan : {plan_of(WaitPlan::Kind::Bounded, 0ms), plan_of(WaitPlan::Kind::Bounded, 5000ms),
+                        plan_of(WaitPlan::Kind::NoWait, 0ms), plan_of(WaitPlan::Kind::Unbounded, 0ms)}) {
     CountingObserver obs;
     AcquireResult r = looplock::acquire_lock(d, plan, LockMode::Exclusive, obs, looplock::MonotonicClock::now());
     REQUIRE(r.status == Acquisition::Acquired);
     CHECK(r.file.fd);
     CHECK(r.replaced == 0);
     CHECK(obs.waits == 0);
-    CHECK(r.waited.count() >= 0);
-    CHECK(r.waited.count() < 2000 * kMs);
+    CHECK(r.waited >= 0ms);
+    CHECK(r.waited < 2000ms);
     CHECK(lock_taken(path));
     CHECK(looplock::lock_path_intact(d, r.file) == true);
     r.file.fd.reset();
@@ -269,7 +268,7 @@ TEST_CASE("acquire_lock while another open file description holds the lock") {
   SUBCASE("NoWait: Busy at once, the file is returned for reading the holder") {
     CountingObserver obs;
     auto t0 = std::chrono::steady_clock::now();
-    AcquireResult r = looplock::acquire_lock(d, plan_of(WaitPlan::Kind::NoWait, 0), LockMode::Exclusive, obs,
+    AcquireResult r = looplock::acquire_lock(d, plan_of(WaitPlan::Kind::NoWait, 0ms), LockMode::Exclusive, obs,
                                              looplock::MonotonicClock::now());
     CHECK(r.status == Acquisition::Busy);
     CHECK(seconds_since(t0) < 1.0);
@@ -282,7 +281,7 @@ TEST_CASE("acquire_lock while another open file description holds the lock") {
   SUBCASE("Bounded 0: one attempt, TimedOut at once") {
     CountingObserver obs;
     auto t0 = std::chrono::steady_clock::now();
-    AcquireResult r = looplock::acquire_lock(d, plan_of(WaitPlan::Kind::Bounded, 0), LockMode::Exclusive, obs,
+    AcquireResult r = looplock::acquire_lock(d, plan_of(WaitPlan::Kind::Bounded, 0ms), LockMode::Exclusive, obs,
                                              looplock::MonotonicClock::now());
     CHECK(r.status == Acquisition::TimedOut);
     CHECK(seconds_since(t0) < 1.0);
@@ -292,20 +291,20 @@ TEST_CASE("acquire_lock while another open file description holds the lock") {
   SUBCASE("Bounded 100 ms: TimedOut after the deadline, on_wait once") {
     CountingObserver obs;
     auto t0 = std::chrono::steady_clock::now();
-    AcquireResult r = looplock::acquire_lock(d, plan_of(WaitPlan::Kind::Bounded, 100 * kMs), LockMode::Exclusive, obs,
+    AcquireResult r = looplock::acquire_lock(d, plan_of(WaitPlan::Kind::Bounded, 100ms), LockMode::Exclusive, obs,
                                              looplock::MonotonicClock::now());
     double took = seconds_since(t0);
     CHECK(r.status == Acquisition::TimedOut);
     CHECK(took >= 0.09);
     CHECK(took < 2.0);
-    CHECK(r.waited.count() >= 90 * kMs);
+    CHECK(r.waited >= 90ms);
     CHECK(obs.waits == 1);
     CHECK(obs.replaced == 0);
     CHECK(r.file.fd);
   }
   SUBCASE("Shared against an exclusive holder: Busy") {
     CountingObserver obs;
-    AcquireResult r = looplock::acquire_lock(d, plan_of(WaitPlan::Kind::NoWait, 0), LockMode::Shared, obs,
+    AcquireResult r = looplock::acquire_lock(d, plan_of(WaitPlan::Kind::NoWait, 0ms), LockMode::Shared, obs,
                                              looplock::MonotonicClock::now());
     CHECK(r.status == Acquisition::Busy);
   }
@@ -318,10 +317,10 @@ TEST_CASE("shared locks coexist; exclusive waits for them") {
   const std::string path = dir / ".state.lock";
   UniqueFd reader = hold(path, LOCK_SH);
   CountingObserver obs;
-  AcquireResult r = looplock::acquire_lock(d, plan_of(WaitPlan::Kind::Bounded, 0), LockMode::Shared, obs,
+  AcquireResult r = looplock::acquire_lock(d, plan_of(WaitPlan::Kind::Bounded, 0ms), LockMode::Shared, obs,
                                            looplock::MonotonicClock::now());
   CHECK(r.status == Acquisition::Acquired);
-  AcquireResult x = looplock::acquire_lock(d, plan_of(WaitPlan::Kind::Bounded, 0), LockMode::Exclusive, obs,
+  AcquireResult x = looplock::acquire_lock(d, plan_of(WaitPlan::Kind::Bounded, 0ms), LockMode::Exclusive, obs,
                                            looplock::MonotonicClock::now());
   CHECK(x.status == Acquisition::TimedOut);
 }
@@ -331,7 +330,7 @@ TEST_CASE("a waiter takes the lock as soon as it is released") {
   LockDir d = looplock::open_lock_dir(dir.path());
   const std::string path = dir / ".state.lock";
 
-  for (WaitPlan plan : {plan_of(WaitPlan::Kind::Bounded, 10'000 * kMs), plan_of(WaitPlan::Kind::Unbounded, 0)}) {
+  for (WaitPlan plan : {plan_of(WaitPlan::Kind::Bounded, 10'000ms), plan_of(WaitPlan::Kind::Unbounded, 0ms)}) {
     UniqueFd holder = hold(path, LOCK_EX);
     std::thread releaser;
     CountingObserver obs;
@@ -350,7 +349,7 @@ TEST_CASE("a waiter takes the lock as soon as it is released") {
     CHECK(obs.waits == 1);
     CHECK(took >= 0.04);
     CHECK(took < 5.0);  // the deadline is 10 s: it did not wait for it
-    CHECK(r.waited.count() >= 40 * kMs);
+    CHECK(r.waited >= 40ms);
   }
 }
 
@@ -371,7 +370,7 @@ TEST_CASE("the deadline holds with SIGALRM blocked or ignored, and the signal st
 
   CountingObserver obs;
   auto t0 = std::chrono::steady_clock::now();
-  AcquireResult r = looplock::acquire_lock(d, plan_of(WaitPlan::Kind::Bounded, 150 * kMs), LockMode::Exclusive, obs,
+  AcquireResult r = looplock::acquire_lock(d, plan_of(WaitPlan::Kind::Bounded, 150ms), LockMode::Exclusive, obs,
                                            looplock::MonotonicClock::now());
   double took = seconds_since(t0);
 
@@ -407,7 +406,7 @@ TEST_CASE("the deadline holds with a SA_RESTART SIGALRM handler installed") {
   REQUIRE(sigaction(SIGALRM, &restart, &saved) == 0);
   CountingObserver obs;
   auto t0 = std::chrono::steady_clock::now();
-  AcquireResult r = looplock::acquire_lock(d, plan_of(WaitPlan::Kind::Bounded, 150 * kMs), LockMode::Exclusive, obs,
+  AcquireResult r = looplock::acquire_lock(d, plan_of(WaitPlan::Kind::Bounded, 150ms), LockMode::Exclusive, obs,
                                            looplock::MonotonicClock::now());
   double took = seconds_since(t0);
   struct sigaction after {};
@@ -423,7 +422,7 @@ TEST_CASE("lock_path_intact and dir_intact") {
   LockDir d = looplock::open_lock_dir(dir / "loop");
   const std::string path = dir / "loop/.state.lock";
   CountingObserver obs;
-  AcquireResult r = looplock::acquire_lock(d, plan_of(WaitPlan::Kind::Bounded, 0), LockMode::Exclusive, obs,
+  AcquireResult r = looplock::acquire_lock(d, plan_of(WaitPlan::Kind::Bounded, 0ms), LockMode::Exclusive, obs,
                                            looplock::MonotonicClock::now());
   REQUIRE(r.status == Acquisition::Acquired);
   CHECK(looplock::lock_path_intact(d, r.file) == true);
@@ -470,7 +469,7 @@ TEST_CASE("a lock file replaced while waited for is retaken on the new file") {
       holder.reset();
     });
   };
-  AcquireResult r = looplock::acquire_lock(d, plan_of(WaitPlan::Kind::Bounded, 5000 * kMs), LockMode::Exclusive, obs,
+  AcquireResult r = looplock::acquire_lock(d, plan_of(WaitPlan::Kind::Bounded, 5000ms), LockMode::Exclusive, obs,
                                            looplock::MonotonicClock::now());
   if (replacer.joinable()) replacer.join();
   REQUIRE(r.status == Acquisition::Acquired);
@@ -508,7 +507,7 @@ TEST_CASE("an EINTR storm does not stretch the deadline") {
   }
   CountingObserver obs;
   auto t0 = std::chrono::steady_clock::now();
-  AcquireResult r = looplock::acquire_lock(d, plan_of(WaitPlan::Kind::Bounded, 300 * kMs), LockMode::Exclusive, obs,
+  AcquireResult r = looplock::acquire_lock(d, plan_of(WaitPlan::Kind::Bounded, 300ms), LockMode::Exclusive, obs,
                                            looplock::MonotonicClock::now());
   double took = seconds_since(t0);
   kill(storm, SIGKILL);

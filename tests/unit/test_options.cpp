@@ -14,11 +14,11 @@
 
 using looplock::Environment;
 using looplock::Fatal;
-using looplock::kSec;
 using looplock::Options;
 using looplock::parse_options;
 
 namespace {
+constexpr long long kSec = 1'000'000'000LL;  // rows count nanoseconds
 
 // A duration in nanoseconds (a job limit, -w), as the command line gave it.
 std::optional<long long> ns(const std::optional<looplock::Duration>& d) {
@@ -559,7 +559,11 @@ TEST_CASE("cluster options: --etcd, --lock-name, --ttl") {
 }
 
 TEST_CASE("the lease's kill-after: a default that fits the TTL; 0 or too long is a usage error") {
-  using looplock::lease_kill_after_ns;
+  // In nanoseconds, as the rows count.
+  auto lease_kill_after_ns = [](std::optional<long long> given, int ttl, std::string_view text = {}) {
+    return looplock::lease_kill_after(given ? std::optional(looplock::Duration(*given)) : std::nullopt, ttl, text)
+        .count();
+  };
   CHECK(lease_kill_after_ns(std::nullopt, 3) == 500'000'000LL);
   CHECK(lease_kill_after_ns(std::nullopt, 10) == 1'666'666'666LL);
   CHECK(lease_kill_after_ns(std::nullopt, 60) == 5 * kSec);
@@ -581,8 +585,9 @@ TEST_CASE("the lease's kill-after: a default that fits the TTL; 0 or too long is
   }
   // Through the options: --ttl 3 works with the defaults; 0 is refused with --etcd only.
   const std::string E = "http://127.0.0.1:2379";
-  CHECK(parse({"--etcd", E, "--ttl", "3", "DIR", "--", "x"}).cluster.lease_kill_after_ns == 500'000'000LL);
-  CHECK(parse({"--etcd", E, "--ttl", "3", "--kill-after", "1", "DIR", "--", "x"}).cluster.lease_kill_after_ns == kSec);
+  CHECK(parse({"--etcd", E, "--ttl", "3", "DIR", "--", "x"}).cluster.lease_kill_after.count() == 500'000'000LL);
+  CHECK(parse({"--etcd", E, "--ttl", "3", "--kill-after", "1", "DIR", "--", "x"}).cluster.lease_kill_after.count() ==
+        kSec);
   auto f = parse_failure({"--etcd", E, "--ttl", "3", "--kill-after", "5s", "DIR", "--", "x"});
   REQUIRE(f);
   CHECK(f->status == 64);
@@ -802,8 +807,8 @@ std::string outcome_of(const Args& args, bool declare_all) {
     add("metrics", o.metrics_dir);
     add("who", o.identity.agent + "/" + o.identity.operation);
     add("out", std::to_string(static_cast<int>(o.output.verbosity)) + std::to_string(static_cast<int>(o.output.log_format)));
-    add("etcd", o.cluster.etcd + "/" + std::to_string(o.cluster.endpoints.size()) + "/" + o.cluster.lock_name + "/" + std::to_string(o.cluster.ttl_s) +
-                    "/" + std::to_string(o.cluster.lease_kill_after_ns));
+    add("etcd", o.cluster.etcd + "/" + std::to_string(o.cluster.endpoints.size()) + "/" + o.cluster.lock_name + "/" +
+                    std::to_string(o.cluster.ttl_s) + "/" + std::to_string(o.cluster.lease_kill_after.count()));
     add("tls", o.cluster.etcd_cacert + "/" + o.cluster.etcd_cert + "/" + o.cluster.etcd_key + "/" + o.cluster.etcd_user + "/" +
                    o.cluster.etcd_password_file + "/" + o.cluster.etcd_password.value_or("-"));
     add("inspect", std::to_string(o.inspect.stale_after.count()) + "/" + std::to_string(o.inspect.incidents));

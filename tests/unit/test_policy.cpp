@@ -6,7 +6,6 @@
 
 #include "base/duration.hpp"
 
-using looplock::kSec;
 using looplock::Policy;
 using looplock::WaitPlan;
 
@@ -49,10 +48,10 @@ TEST_CASE("wait_plan for each policy") {
   p = looplock::wait_plan(Policy::Monitor, 30s + 1ns);
   CHECK(p.kind == WaitPlan::Kind::Bounded);
   CHECK(p.timeout == 30s + 1ns);
-  // -w inf, or centuries: no deadline at all.
-  CHECK(looplock::wait_plan(Policy::Mutation, looplock::Duration::max()).kind == WaitPlan::Kind::Unbounded);
-  CHECK(looplock::wait_plan(Policy::Mutation, looplock::kNoDeadline).kind == WaitPlan::Kind::Unbounded);
-  CHECK(looplock::wait_plan(Policy::Mutation, looplock::kNoDeadline - 1ns).kind == WaitPlan::Kind::Bounded);
+  // -w inf, or beyond some 292 years (what the grammar saturates to): no deadline at all.
+  CHECK(looplock::wait_plan(Policy::Mutation, looplock::kForever).kind == WaitPlan::Kind::Unbounded);
+  CHECK(looplock::wait_plan(Policy::Mutation, *looplock::parse_duration("1e30")).kind == WaitPlan::Kind::Unbounded);
+  CHECK(looplock::wait_plan(Policy::Mutation, looplock::kForever - 1ns).kind == WaitPlan::Kind::Bounded);
 
   CHECK(looplock::default_timeout(Policy::Mutation) == 5s);
   CHECK(looplock::default_timeout(Policy::Monitor) == 1s);
