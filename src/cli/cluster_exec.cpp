@@ -17,7 +17,7 @@
 namespace looplock {
 
 namespace {
-constexpr long long kMaxHandOverNs = 60'000'000'000LL;
+constexpr Duration kMaxHandOver = std::chrono::seconds(60);
 constexpr std::string_view kInstallHint = "install the looplock-etcd package";
 
 // Where this executable looks for looplock-etcd.
@@ -80,16 +80,15 @@ void exec_cluster_helper(char** argv, const EnvList& env, Instant start) {
 }
 
 std::optional<Instant> take_handed_start(EnvList& env, Instant now) {
-  const long long now_ns = ns_of(now);
   auto text = env_get(env, env_name::kStartNs);
   if (!text) return std::nullopt;
   env = env_with(env, {}, {env_name::kStartNs});
-  long long v = 0;
+  long long v = 0;  // nanoseconds on the monotonic clock, as the environment carries them
   auto [p, ec] = std::from_chars(text->data(), text->data() + text->size(), v);
-  if (ec != std::errc() || p != text->data() + text->size() || v <= 0 || v > now_ns || now_ns - v > kMaxHandOverNs) {
-    return std::nullopt;
-  }
-  return instant_ns(v);
+  if (ec != std::errc() || p != text->data() + text->size() || v <= 0) return std::nullopt;
+  const Instant start = instant_ns(v);
+  if (start > now || now - start > kMaxHandOver) return std::nullopt;
+  return start;
 }
 
 }  // namespace looplock

@@ -253,15 +253,14 @@ Family interpreter_family(std::string_view base) {
 }  // namespace
 
 Duration lease_kill_after(std::optional<Duration> given, int ttl_s, std::string_view given_text) {
-  if (!given) return Duration(lease_timing::default_kill_after_ns(ttl_s));
+  if (!given) return lease_timing::default_kill_after(ttl_s);
   const std::string shown = given_text.empty() ? format_duration(*given) : std::string(given_text);
   const std::string what = "invalid --kill-after " + quote(shown) + " with --ttl " + std::to_string(ttl_s);
   // Truncated to 10 ms; the hint shows it cut to a printed digit, so the number shown is accepted.
-  const Duration most = std::chrono::floor<std::chrono::duration<long long, std::centi>>(
-      Duration(lease_timing::max_kill_after_ns(ttl_s)));
+  const Duration most =
+      std::chrono::floor<std::chrono::duration<long long, std::centi>>(lease_timing::max_kill_after(ttl_s));
   const std::string room = "Give --kill-after " + format_duration(printed_floor(most)) + " or less (default at --ttl " +
-                           std::to_string(ttl_s) + ": " +
-                           format_duration(Duration(lease_timing::default_kill_after_ns(ttl_s))) +
+                           std::to_string(ttl_s) + ": " + format_duration(lease_timing::default_kill_after(ttl_s)) +
                            "), or a longer --ttl.";
   if (*given == Duration::zero()) {
     usage_error(what + ": a lease holder must be killable before its lease expires (0 would never send KILL)", room);

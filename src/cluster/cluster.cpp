@@ -20,27 +20,29 @@ namespace looplock {
 
 namespace {
 
-constexpr long long kMs = 1'000'000LL;
-constexpr long long kSec = 1'000'000'000LL;
-constexpr long long kNever = LLONG_MAX;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
 // The least time given to reaching etcd and queuing (-w 0: "one attempt").
-constexpr long long kMinAttemptNs = 250 * kMs;
+constexpr Duration kMinAttempt = milliseconds(250);
 // How long single_flight and blocking runs try to reach etcd at all before
 // giving up with 69 (a blocking wait that has reached etcd then rides out
 // any outage).
-constexpr long long kReachNs = 5 * kSec;
-constexpr long long kReleaseNs = 2 * kSec;
-constexpr long long kLostReleaseNs = kSec;
+constexpr Duration kReach = seconds(5);
+constexpr Duration kRelease = seconds(2);
+constexpr Duration kLostRelease = seconds(1);
+// How long the look at who holds the lock, for a skip's report, may take.
+constexpr Duration kLookAtHolder = seconds(1);
 // Once a wait's deadline has passed: how long the look at the holder (for
 // the report) and the revoke of the waiter's lease may take each, so that
 // the deadline (-w) is kept within a few hundred milliseconds. Where etcd
 // has stopped answering, the look is not made (the holder the wait found is
 // reported) and the revoke is one brief try: the lease expires anyway.
-constexpr long long kAfterDeadlineNs = 100 * kMs;
+constexpr Duration kAfterDeadline = milliseconds(100);
 // After a renewal round that got no answer, the next one is due this soon.
-constexpr long long kRenewRetryNs = 25 * kMs;
+constexpr Duration kRenewRetry = milliseconds(25);
 // How early a waiter renews (more than etcd.cpp's slack for ending a watch).
-constexpr long long kRenewEarlyNs = 250 * kMs;
+constexpr Duration kRenewEarly = milliseconds(250);
 // A password file is a line, not a document.
 constexpr size_t kMaxPasswordFile = 4096;
 
@@ -163,13 +165,13 @@ ClusterAccess cluster_access(const ClusterSettings& c, const Logger& log) {
 }
 
 ClusterLock::ClusterLock(etcd::Transport& transport, std::vector<etcd::Endpoint> endpoints, std::string name, int ttl_s,
-                         long long kill_after_ns, const Logger& log, const ClusterAccess& access, etcd::Clock& clock)
+                         Duration kill_after, const Logger& log, const ClusterAccess& access, etcd::Clock& clock)
     : clock_(clock),
       client_(transport, std::move(endpoints), clock),
       name_(std::move(name)),
       prefixes_(etcd::contender_prefixes(name_)),
       ttl_s_(ttl_s),
-      kill_after_ns_(kill_after_ns),
+      kill_after_(kill_after),
       log_(log) {
   transport.configure(access.tls);
   if (!access.user.empty()) client_.set_credentials(access.user, access.password);
@@ -190,11 +192,9 @@ void ClusterLock::unavailable(const std::string& what, const etcd::Result<T>& r)
               hint + " The command did not run.", down ? "etcd_unreachable" : "etcd_error");
 }
 
-long long ClusterLock::expiry_ns() const { return last_ok_ns_ + ttl_granted_ns_; }
-long long ClusterLock::kill_by_ns() const { return expiry_ns() - lease_timing::margin_ns(ttl_s_); }
-long long ClusterLock::term_by_ns() const { return kill_by_ns() - kill_after_ns_; }
-long long ClusterLock::next_renewal_ns() const { return next_renewal_ns_; }
-long long ClusterLock::since_last_keepalive_ns() const { return now() - last_ok_ns_; }
+Instant ClusterLock::expiry() const { return last_ok_ + ttl_granted_; }
+Instant ClusterLock::kill_by() const { return expiry() - lease_timing::margin(ttl_s_); }
+Instant ClusterLock::term_by() const { return kill_by() - kill_after_; }
 
 std::string ClusterLock::holder_value(bool with_token) const {
   ClusterHolder h = who_;
@@ -220,17 +220,17 @@ void ClusterLock::note_answering() {
   log_.verbose("etcd_answering", "etcd answers again; still waiting for cluster lock " + printable(name_));
 }
 
-bool ClusterLock::grant(long long deadline_ns, etcd::Result<long long>& r) {
-  r = client_.lease_grant(ttl_s_, {.at_ns = deadline_ns, .attempt_ns = lease_timing::attempt_ns(ttl_s_)});
+bool ClusterLock::grant(Instant deadline, etcd::Result<long long>& r) {
+  r = client_.lease_grant(ttl_s_, bounded_by(deadline));
   if (!r.ok()) return false;
   lease_ = lease_id_ = r.value;
   gone_ = false;  // a new lease (a waiter whose lease expired queues again)
-  lost_at_ns_ = 0;
+  lost_at_.reset();
   why_.clear();
-  last_ok_ns_ = r.sent_ns;
-  ttl_granted_ns_ = lease_timing::ttl_ns(ttl_s_);
-  renewal_ns_ = lease_timing::waiter_renewal_ns(ttl_s_);  // holding, hold() renews more often
-  next_renewal_ns_ = r.sent_ns + renewal_ns_;
+  last_ok_ = r.sent;
+  ttl_granted_ = lease_timing::ttl(ttl_s_);
+  renewal_ = lease_timing::waiter_renewal(ttl_s_);  // holding, hold() renews more often
+  next_renewal_ = r.sent + renewal_;
   keys_.clear();
   for (const auto& p : prefixes_) keys_.push_back(p + etcd::lease_hex(lease_));
   key_ = keys_.front();
@@ -294,28 +294,27 @@ std::string confirm_cluster_holder(etcd::Client& client, const std::string& name
   return same ? std::string() : "it is held through " + key + " by " + who + ", not by this looplock's ancestor";
 }
 
-std::optional<Json> ClusterLock::holder_of(const etcd::KeyValue& kv, long long deadline_ns) {
-  auto h = contender_value(client_, name_, kv, {.at_ns = deadline_ns, .attempt_ns = lease_timing::attempt_ns(ttl_s_)});
+std::optional<Json> ClusterLock::holder_of(const etcd::KeyValue& kv, Instant deadline) {
+  auto h = contender_value(client_, name_, kv, bounded_by(deadline));
   if (h && !h->contains("fencing_token") && parse_cluster_holder(kv.value)) (*h)["fencing_token"] = kv.create_revision;
   return h;
 }
 
-Acquisition ClusterLock::acquire(const WaitPlan& plan, long long start_ns, ClusterHolder who) {
-  const bool bounded = plan.kind == WaitPlan::Kind::Bounded;
+Acquisition ClusterLock::acquire(const WaitPlan& plan, Instant start, ClusterHolder who) {
   const bool nowait = plan.kind == WaitPlan::Kind::NoWait;
-  const long long deadline = bounded ? ns_of(later(instant_ns(start_ns), plan.timeout)) : kNever;
+  const Deadline deadline = plan.kind == WaitPlan::Kind::Bounded ? Deadline(later(start, plan.timeout)) : std::nullopt;
   who_ = std::move(who);
   who_.acquired_at = sys::utc_now_iso8601();
-  const long long reach_by = bounded ? std::max(deadline, now() + kMinAttemptNs) : now() + kReachNs;
+  const Instant reach_by = deadline ? std::max(*deadline, now() + kMinAttempt) : now() + kReach;
 
   etcd::Result<long long> granted;
   if (!grant(reach_by, granted)) unavailable("grant a lease", granted);
 
-  if (!nowait) return wait_in_queue(bounded, deadline);
+  if (!nowait) return wait_in_queue(deadline);
 
   // single_flight: take the lock only if nobody holds or waits for it.
   auto t = client_.txn(etcd::create_if_free_txn_body(keys_, holder_value(false), lease_, prefixes_, ledger_key_),
-                       {std::max(reach_by, now() + kMinAttemptNs), lease_timing::attempt_ns(ttl_s_)});
+                       bounded_by(std::max(reach_by, now() + kMinAttempt)));
   if (!t.ok()) unavailable("take the lock", t);
   auto ledger_read = pop_ledger_read(t.value);
   if (t.value.succeeded) {
@@ -329,7 +328,7 @@ Acquisition ClusterLock::acquire(const WaitPlan& plan, long long start_ns, Clust
     // Only keys of other names deeper under a prefix (an earlier looplock's
     // "NAME/lock/..."): queue, and take the lock only if first.
     auto q = client_.txn(etcd::queue_txn_body(keys_, holder_value(false), lease_, prefixes_, ledger_key_),
-                         {std::max(reach_by, now() + kMinAttemptNs), lease_timing::attempt_ns(ttl_s_)});
+                         bounded_by(std::max(reach_by, now() + kMinAttempt)));
     if (!q.ok()) unavailable("take the lock", q);
     auto queued_ledger_read = pop_ledger_read(q.value);
     const size_t skip = q.value.succeeded ? 0 : 1;
@@ -346,17 +345,18 @@ Acquisition ClusterLock::acquire(const WaitPlan& plan, long long start_ns, Clust
       hold();
       return Acquisition::Acquired;
     }
-    if (!queue.empty() && queue.front().create_revision != mine) blocker_ = holder_of(queue.front(), now() + kSec);
+    if (!queue.empty() && queue.front().create_revision != mine)
+      blocker_ = holder_of(queue.front(), now() + kLookAtHolder);
   } else {
-    blocker_ = holder_of(others.front(), now() + kSec);
+    blocker_ = holder_of(others.front(), now() + kLookAtHolder);
   }
   release();
   return Acquisition::Busy;
 }
 
 void ClusterLock::hold() {
-  renewal_ns_ = lease_timing::holder_renewal_ns(ttl_s_, kill_after_ns_);
-  next_renewal_ns_ = std::min(next_renewal_ns_, last_ok_ns_ + renewal_ns_);
+  renewal_ = lease_timing::holder_renewal(ttl_s_, kill_after_);
+  next_renewal_ = std::min(next_renewal_, last_ok_ + renewal_);
 }
 
 bool ClusterLock::acquired(long long revision, bool waited) {
@@ -368,7 +368,7 @@ bool ClusterLock::acquired(long long revision, bool waited) {
   // man page promises from its first moment. At the default TTL a holder
   // renews as often as a waiter: not on the hand-off's path.
   hold();
-  if (now() >= next_renewal_ns_ && !renew(term_by_ns())) return false;
+  if (now() >= next_renewal_ && !renew(term_by())) return false;
   // The value's acquired_at is rewritten at the job loop's first renewal,
   // off the hand-off's path.
   update_value_ = waited;
@@ -378,13 +378,13 @@ bool ClusterLock::acquired(long long revision, bool waited) {
 // Where we stand in the queue, as read at `revision`: the lock is ours, or
 // `q.before` is set to the contender just before us, or our key is gone.
 ClusterLock::Step ClusterLock::place(Queue& q, const std::vector<etcd::KeyValue>& queue, long long revision,
-                                     long long step_end) {
+                                     Instant step_end) {
   auto mine = std::find_if(queue.begin(), queue.end(),
                            [&](const etcd::KeyValue& kv) { return kv.create_revision == q.my_rev; });
   if (mine == queue.end()) {
     // Our key is gone: the lease expired during an outage. Renew to find out
     // (etcd says it is gone: queue again).
-    next_renewal_ns_ = now();
+    next_renewal_ = now();
     q.my_rev = 0;
     q.before.reset();
     return Step::Again;
@@ -403,8 +403,8 @@ ClusterLock::Step ClusterLock::place(Queue& q, const std::vector<etcd::KeyValue>
 
 // Every step of a wait ends by the next renewal: the lease is our place in
 // the queue. One that expired meanwhile queues again.
-void ClusterLock::renew_in_queue(Queue& q, long long t0, long long deadline) {
-  if (!renew(std::min(deadline, t0 + renewal_ns_))) {
+void ClusterLock::renew_in_queue(Queue& q, Instant t0, Deadline deadline) {
+  if (!renew(*earliest(deadline, t0 + renewal_))) {
     log_.verbose("lease_expired", "the etcd lease expired while waiting for cluster lock " + printable(name_) +
                                       " (etcd did not answer for too long): queuing again");
     lease_ = 0;
@@ -418,11 +418,11 @@ void ClusterLock::renew_in_queue(Queue& q, long long t0, long long deadline) {
 
 // Joins the queue: one transaction, once (again only if the lease expired),
 // which also reads every contender.
-ClusterLock::Step ClusterLock::join(Queue& q, long long step_end) {
+ClusterLock::Step ClusterLock::join(Queue& q, Instant step_end) {
   ledger_at_acquisition_.reset();
   q.before.reset();  // queuing (again): whoever was before us must be read anew
   auto t = client_.txn(etcd::queue_txn_body(keys_, holder_value(false), lease_, prefixes_, ledger_key_),
-                       {step_end, lease_timing::attempt_ns(ttl_s_)});
+                       bounded_by(step_end));
   if (!t.ok()) {
     if (t.status == etcd::Status::Failed && t.code == etcd::grpc_code::kNotFound) {  // "requested lease not found": it expired
       lease_ = 0;
@@ -469,8 +469,8 @@ ClusterLock::LedgerEntry ledger_entry_of(const etcd::RangeResult& read) {
 }
 }  // namespace
 
-std::optional<ClusterLock::LedgerEntry> ClusterLock::peek_ledger(long long deadline_ns) {
-  auto r = client_.range({ledger_key_}, {.at_ns = deadline_ns, .attempt_ns = lease_timing::attempt_ns(ttl_s_)});
+std::optional<ClusterLock::LedgerEntry> ClusterLock::peek_ledger(Instant deadline) {
+  auto r = client_.range({ledger_key_}, bounded_by(deadline));
   if (!r.ok()) {
     last_error_ = r.error;
     return std::nullopt;
@@ -478,12 +478,12 @@ std::optional<ClusterLock::LedgerEntry> ClusterLock::peek_ledger(long long deadl
   return ledger_entry_of(r.value);
 }
 
-ClusterLock::LedgerEntry ClusterLock::ledger(long long deadline_ns) {
+ClusterLock::LedgerEntry ClusterLock::ledger(Instant deadline) {
   LedgerEntry e;
   if (ledger_at_acquisition_) {
     e = ledger_entry_of(*ledger_at_acquisition_);
   } else {
-    auto r = client_.range({ledger_key_}, {.at_ns = deadline_ns, .attempt_ns = lease_timing::attempt_ns(ttl_s_)});
+    auto r = client_.range({ledger_key_}, bounded_by(deadline));
     if (!r.ok()) unavailable("read the run ledger", r);
     e = ledger_entry_of(r.value);
   }
@@ -491,10 +491,10 @@ ClusterLock::LedgerEntry ClusterLock::ledger(long long deadline_ns) {
   return e;
 }
 
-bool ClusterLock::write_ledger(const RunEntry& entry, long long deadline_ns) {
+bool ClusterLock::write_ledger(const RunEntry& entry, Instant deadline) {
   auto t = client_.txn(
       etcd::guarded_put_txn_body(keys_.at(0), token_, ledger_key_, ledger_mod_, dump_json(run_entry_to_json(entry))),
-      {.at_ns = deadline_ns, .attempt_ns = lease_timing::attempt_ns(ttl_s_)});
+      bounded_by(deadline));
   if (!t.ok()) {
     last_error_ = t.error;
     return false;
@@ -505,7 +505,7 @@ bool ClusterLock::write_ledger(const RunEntry& entry, long long deadline_ns) {
 }
 
 // Queued: reads the contenders up to us (by create revision).
-ClusterLock::Step ClusterLock::read_queue(Queue& q, long long step_end) {
+ClusterLock::Step ClusterLock::read_queue(Queue& q, Instant step_end) {
   std::vector<etcd::RangeResult> reads;
   long long revision = LLONG_MAX;
   for (const auto& p : prefixes_) {
@@ -514,7 +514,7 @@ ClusterLock::Step ClusterLock::read_queue(Queue& q, long long step_end) {
                             .limit = 0,
                             .order = etcd::RangeQuery::Order::FirstCreated,
                             .max_create_revision = q.my_rev},
-                           {step_end, lease_timing::attempt_ns(ttl_s_)});
+                           bounded_by(step_end));
     if (!r.ok()) {
       if (r.status == etcd::Status::Failed) unavailable("read the lock", r);
       note_unavailable(r.error);
@@ -534,8 +534,8 @@ ClusterLock::Step ClusterLock::read_queue(Queue& q, long long step_end) {
 // (nothing that happened in between is missed), without reading the queue
 // again. The news, a canceled watch (a compacted revision: watching it again
 // would be canceled again at once) or a failure read the queue again.
-void ClusterLock::watch_before(Queue& q, long long step_end) {
-  auto w = client_.watch_delete(q.before->key, q.watch_from, {step_end, 0});
+void ClusterLock::watch_before(Queue& q, Instant step_end) {
+  auto w = client_.watch_delete(q.before->key, q.watch_from, {.at = step_end});
   // A round that etcd did not end itself: it may have stopped answering.
   silent_ = !w.ok() && w.status == etcd::Status::Timeout;
   if (w.ok() && !w.value) return;  // etcd ended the round at its deadline: the same watch next round
@@ -548,7 +548,7 @@ void ClusterLock::watch_before(Queue& q, long long step_end) {
 // found stands).
 void ClusterLock::note_blocker(long long my_rev) {
   if (unavailable_now_ || silent_) return;
-  const long long by = now() + kAfterDeadlineNs;
+  const Instant by = now() + kAfterDeadline;
   std::vector<etcd::RangeResult> reads;
   for (const auto& p : prefixes_) {
     auto owner = client_.range({.key = p,
@@ -556,30 +556,29 @@ void ClusterLock::note_blocker(long long my_rev) {
                                 .limit = 0,
                                 .order = etcd::RangeQuery::Order::FirstCreated,
                                 .max_create_revision = 0},
-                               {by, 0});
+                               {.at = by});
     if (!owner.ok()) return;
     reads.push_back(std::move(owner.value));
   }
   const auto queue = etcd::contenders(prefixes_, reads);
   if (!queue.empty() && queue.front().create_revision != my_rev) {
-    if (auto h = holder_of(queue.front(), std::max(by, now() + kMs))) blocker_ = std::move(h);
+    if (auto h = holder_of(queue.front(), std::max(by, now() + milliseconds(1)))) blocker_ = std::move(h);
   }
 }
 
-Acquisition ClusterLock::wait_in_queue(bool bounded, long long deadline) {
+Acquisition ClusterLock::wait_in_queue(Deadline deadline) {
   Queue q;
   for (bool first = true;; first = false) {
-    const long long t0 = now();
-    if (!first && bounded && t0 >= deadline) break;
+    const Instant t0 = now();
+    if (!first && deadline && t0 >= *deadline) break;
     // Renewals come a little early while waiting: etcd ends each watch round
     // a moment before the renewal is due (etcd.hpp), and the renewal follows.
-    if (!first && lease_ != 0 && t0 + kRenewEarlyNs >= next_renewal_ns_) {
+    if (!first && lease_ != 0 && t0 + kRenewEarly >= next_renewal_) {
       renew_in_queue(q, t0, deadline);
       continue;
     }
-    long long step_end =
-        std::min(lease_ != 0 ? next_renewal_ns_ : t0 + lease_timing::waiter_renewal_ns(ttl_s_), deadline);
-    step_end = std::max(step_end, t0 + (first ? kMinAttemptNs : kRenewRetryNs));  // -w 0: one attempt
+    Instant step_end = *earliest(lease_ != 0 ? next_renewal_ : t0 + lease_timing::waiter_renewal(ttl_s_), deadline);
+    step_end = std::max(step_end, t0 + (first ? kMinAttempt : kRenewRetry));  // -w 0: one attempt
     if (lease_ == 0) {
       etcd::Result<long long> granted;
       if (!grant(step_end, granted)) {
@@ -600,38 +599,37 @@ Acquisition ClusterLock::wait_in_queue(bool bounded, long long deadline) {
     watch_before(q, step_end);
   }
   note_blocker(q.my_rev);
-  release(unavailable_now_ || silent_ ? kAfterDeadlineNs / 2 : kAfterDeadlineNs);
+  release(unavailable_now_ || silent_ ? kAfterDeadline / 2 : kAfterDeadline);
   return Acquisition::TimedOut;
 }
 
-bool ClusterLock::renew(long long return_by_ns, const sys::Interrupts* interrupt_on) {
+bool ClusterLock::renew(Instant return_by, const sys::Interrupts* interrupt_on) {
   renewed_ = false;
   if (gone_) return false;
   if (lease_ == 0) return false;
-  auto r = client_.lease_keepalive(lease_, {.at_ns = return_by_ns,
-                                            .attempt_ns = lease_timing::attempt_ns(ttl_s_),
-                                            .grow = false,
-                                            .interrupt_on = interrupt_on});
+  auto r = client_.lease_keepalive(
+      lease_, {.at = return_by, .attempt = lease_timing::attempt(ttl_s_), .grow = false, .interrupt_on = interrupt_on});
   if (r.ok() && r.value > 0) {
     renewed_ = true;
     renewal_failing_ = false;
-    last_ok_ns_ = std::max(last_ok_ns_, r.sent_ns);
-    ttl_granted_ns_ = std::min(lease_timing::ttl_ns(ttl_s_), r.value * kSec);
-    next_renewal_ns_ = r.sent_ns + renewal_ns_;
+    last_ok_ = std::max(last_ok_, r.sent);
+    ttl_granted_ = std::min<Duration>(lease_timing::ttl(ttl_s_), seconds(r.value));
+    next_renewal_ = r.sent + renewal_;
     last_error_.clear();
-    if (update_value_ && now() < return_by_ns) {
+    if (update_value_ && now() < return_by) {
       // After a wait: the value's acquired_at still says when it queued. Best
       // effort, once, off the hand-off's path.
       update_value_ = false;
       who_.acquired_at = acquired_at_;
-      (void)client_.txn(etcd::update_txn_body(keys_, holder_value(true), lease_, token_),
-                        {return_by_ns, lease_timing::attempt_ns(ttl_s_), true, interrupt_on});
+      (void)client_.txn(
+          etcd::update_txn_body(keys_, holder_value(true), lease_, token_),
+          {.at = return_by, .attempt = lease_timing::attempt(ttl_s_), .grow = true, .interrupt_on = interrupt_on});
     }
     return true;
   }
   if (r.ok()) {
     gone_ = true;
-    if (lost_at_ns_ == 0) lost_at_ns_ = now();
+    if (!lost_at_) lost_at_ = now();
     if (why_.empty()) why_ = "etcd says the lease is gone (revoked or expired)";
     return false;
   }
@@ -641,35 +639,34 @@ bool ClusterLock::renew(long long return_by_ns, const sys::Interrupts* interrupt
     last_error_ = r.error;
     renewal_failing_ = true;
   }
-  next_renewal_ns_ = now() + kRenewRetryNs;
+  next_renewal_ = now() + kRenewRetry;
   return true;
 }
 
 void ClusterLock::declare_lost(std::string why) {
   lost_ = true;
-  if (lost_at_ns_ == 0) lost_at_ns_ = now();
+  if (!lost_at_) lost_at_ = now();
   if (why_.empty()) why_ = std::move(why);
 }
 
 std::string ClusterLock::overdue_why() const {
   return "no keepalive was answered within the lease's safety window (TTL " +
-         format_duration(Duration(lease_timing::ttl_ns(ttl_s_))) + ", kill-after " +
-         format_duration(Duration(kill_after_ns_)) + ", margin " +
-         format_duration(Duration(lease_timing::margin_ns(ttl_s_))) + "; last answered one sent " +
-         format_duration(Duration(since_last_keepalive_ns())) + " ago" +
+         format_duration(lease_timing::ttl(ttl_s_)) + ", kill-after " + format_duration(kill_after_) + ", margin " +
+         format_duration(lease_timing::margin(ttl_s_)) + "; last answered one sent " +
+         format_duration(since_last_keepalive()) + " ago" +
          (last_error_.empty() ? "" : "; last error: " + last_error_) + ")";
 }
 
-void ClusterLock::release(long long bound_ns) {
+void ClusterLock::release(std::optional<Duration> bound_given) {
   if (lease_ == 0) return;
   // Revoking the lease deletes the lock key (the next holder's watch fires
   // at once) and anything else attached to it.
   // Bounded shorter when it matters less: the lease is lost, or no lock was taken.
   // Where etcd has stopped answering (the renewals fail), one brief try:
   // the lease expires anyway, and looplock should not linger for it.
-  const long long usual = lost() || token_ == 0 ? kLostReleaseNs : kReleaseNs;
-  const long long bound = bound_ns > 0 ? bound_ns : renewal_failing_ || unavailable_now_ ? kAfterDeadlineNs : usual;
-  (void)client_.lease_revoke(lease_, {now() + bound, std::min(bound, lease_timing::attempt_ns(ttl_s_))});
+  const Duration usual = lost() || token_ == 0 ? kLostRelease : kRelease;
+  const Duration bound = bound_given ? *bound_given : renewal_failing_ || unavailable_now_ ? kAfterDeadline : usual;
+  (void)client_.lease_revoke(lease_, {.at = now() + bound, .attempt = std::min(bound, lease_timing::attempt(ttl_s_))});
   lease_ = 0;
 }
 

@@ -15,8 +15,8 @@
 // etcd answered was SENT: etcd counts from when it received it, so looplock's
 // expiry is never later than etcd's, provided the two clocks run at about the
 // same rate (no agreement on wall-clock time is needed). The command's job
-// must have ended before that expiry: TERM by term_by_ns() (expiry −
-// kill-after − margin), KILL by kill_by_ns() (expiry − margin), where the
+// must have ended before that expiry: TERM by term_by() (expiry −
+// kill-after − margin), KILL by kill_by() (expiry − margin), where the
 // margin covers this host's scheduling, cutting a request short, and 1 % of
 // the TTL for the clocks' rates. A host that is paused as a whole (a
 // suspended VM, SIGSTOP of looplock and its command) can still act after its
@@ -135,52 +135,52 @@ ClusterAccess cluster_access(const ClusterSettings& settings, const Logger& log)
 
 class ClusterLock {
 public:
-  // `kill_after_ns`: the effective kill-after of the lease's deadlines
-  // (lease_kill_after_ns() in options.hpp, resolved by the command line).
+  // `kill_after`: the effective kill-after of the lease's deadlines
+  // (ClusterSettings::lease_kill_after, resolved by the command line).
   ClusterLock(etcd::Transport& transport, std::vector<etcd::Endpoint> endpoints, std::string name, int ttl_s,
-              long long kill_after_ns, const Logger& log, const ClusterAccess& access = {},
+              Duration kill_after, const Logger& log, const ClusterAccess& access = {},
               etcd::Clock& clock = etcd::system_clock());
   ~ClusterLock();  // release(), if still held
   ClusterLock(const ClusterLock&) = delete;
   ClusterLock& operator=(const ClusterLock&) = delete;
 
   // Grants the lease and waits for the lock under `plan`, the deadline
-  // counting from `start_ns`; `who` becomes the key's value. Rides out etcd
+  // counting from `start`; `who` becomes the key's value. Rides out etcd
   // being unavailable while it waits (renewing the lease; a blocking wait
   // until etcd answers again). Throws Fatal 69 when etcd cannot be reached at
   // all (within the deadline; 5 s for single_flight and blocking) or answers
   // with an error that waiting will not mend.
-  Acquisition acquire(const WaitPlan& plan, long long start_ns, ClusterHolder who);
+  Acquisition acquire(const WaitPlan& plan, Instant start, ClusterHolder who);
 
-  // The lease, as the job loop sees it (CLOCK_MONOTONIC ns).
-  long long next_renewal_ns() const;  // when renew() should next be called
+  // The lease, as the job loop sees it (on the monotonic clock).
+  Instant next_renewal() const { return next_renewal_; }  // when renew() should next be called
   // One renewal round (attempts with failover) that returns by
-  // `return_by_ns`. False only when etcd says the lease is gone (lost_why()
+  // `return_by`. False only when etcd says the lease is gone (lost_why()
   // then says so); true when renewed, or when no answer came (the deadlines
-  // have not moved then: next_renewal_ns() is soon). A signal of
+  // have not moved then: next_renewal() is soon). A signal of
   // `interrupt_on` that becomes pending ends the round early, within about a
   // second (no answer, as above).
-  bool renew(long long return_by_ns, const sys::Interrupts* interrupt_on = nullptr);
-  long long term_by_ns() const;  // expiry − kill-after − margin: TERM the job by then unless renewed
-  long long kill_by_ns() const;  // expiry − margin: KILL the job by then
-  long long expiry_ns() const;   // send time of the last answered grant/keepalive + TTL
+  bool renew(Instant return_by, const sys::Interrupts* interrupt_on = nullptr);
+  Instant term_by() const;  // expiry − kill-after − margin: TERM the job by then unless renewed
+  Instant kill_by() const;  // expiry − margin: KILL the job by then
+  Instant expiry() const;   // send time of the last answered grant/keepalive + TTL
   // The job loop gave up on the lease (its TERM deadline passed): lost()
   // from now on; `why` unless a reason is known already.
   void declare_lost(std::string why);
   // When the loss was known (etcd said the lease is gone, or declare_lost()
-  // was called); 0 while it is not lost. For the lease_lost row.
-  long long lost_at_ns() const { return lost_at_ns_; }
-  // The kill-after of term_by_ns(), when it is known only after construction.
-  void set_kill_after_ns(long long ns) {
-    kill_after_ns_ = ns;
+  // was called); none while it is not lost. For the lease_lost row.
+  Deadline lost_at() const { return lost_at_; }
+  // The kill-after of term_by(), when it is known only after construction.
+  void set_kill_after(Duration d) {
+    kill_after_ = d;
     if (token_ != 0) hold();  // holding: the renewal interval follows the kill-after
   }
   // The reason to give when term_by passed without a renewal.
   std::string overdue_why() const;
 
-  // Revokes the lease, which deletes the lock key (bounded: by `bound_ns`
+  // Revokes the lease, which deletes the lock key (bounded: by `bound`
   // when given, else by what the release needs; best effort).
-  void release(long long bound_ns = 0);
+  void release(std::optional<Duration> bound = std::nullopt);
 
   // The run ledger of --once-per: `operation`'s key (etcd::runs_key), read
   // inside the acquisition's own transaction when the lock is taken at once.
@@ -191,25 +191,25 @@ public:
     long long mod_revision = 0;  // 0: no key
   };
   // Without the lock (before queuing, or once a wait ended): nullopt when
-  // etcd does not answer by `deadline_ns`.
-  std::optional<LedgerEntry> peek_ledger(long long deadline_ns);
+  // etcd does not answer by `deadline`.
+  std::optional<LedgerEntry> peek_ledger(Instant deadline);
   // Holding the lock: the entry as the acquisition's transaction read it, or
   // read now (linearizable). Throws Fatal 69 when etcd does not answer.
-  LedgerEntry ledger(long long deadline_ns);
+  LedgerEntry ledger(Instant deadline);
   // Writes `entry`, guarded by the fencing token and the revision last read
   // or written: false when etcd rejects it (the lease is gone, or another
   // wrote meanwhile) or does not answer.
-  bool write_ledger(const RunEntry& entry, long long deadline_ns);
+  bool write_ledger(const RunEntry& entry, Instant deadline);
 
   const std::string& name() const { return name_; }
   const std::string& key() const { return key_; }
   long long lease() const { return lease_id_; }
   long long fencing_token() const { return token_; }
   int ttl_s() const { return ttl_s_; }
-  long long kill_after_ns() const { return kill_after_ns_; }
+  Duration kill_after() const { return kill_after_; }
   bool lost() const { return lost_ || gone_; }
   const std::string& lost_why() const { return why_; }
-  long long since_last_keepalive_ns() const;
+  Duration since_last_keepalive() const { return now() - last_ok_; }
   // Whether the last renewal round got no answer.
   bool renewal_failing() const { return renewal_failing_; }
   // What the last request that got no answer failed with.
@@ -221,7 +221,7 @@ public:
 private:
   template <typename T>
   [[noreturn]] void unavailable(const std::string& what, const etcd::Result<T>& r) const;
-  bool grant(long long deadline_ns, etcd::Result<long long>& r);
+  bool grant(Instant deadline, etcd::Result<long long>& r);
   // A wait in the queue, step by step: join it (one transaction), read where
   // we stand, watch the key before ours, renew the lease between steps.
   struct Queue {
@@ -233,30 +233,32 @@ private:
   // What a step found: the lock is ours, go on to the next step, or start
   // the round again.
   enum class Step { Ours, Next, Again };
-  Acquisition wait_in_queue(bool bounded, long long deadline_ns);
-  Step place(Queue& q, const std::vector<etcd::KeyValue>& queue, long long revision, long long step_end);
-  void renew_in_queue(Queue& q, long long t0, long long deadline);
-  Step join(Queue& q, long long step_end);
-  Step read_queue(Queue& q, long long step_end);
-  void watch_before(Queue& q, long long step_end);
+  Acquisition wait_in_queue(Deadline deadline);
+  Step place(Queue& q, const std::vector<etcd::KeyValue>& queue, long long revision, Instant step_end);
+  void renew_in_queue(Queue& q, Instant t0, Deadline deadline);
+  Step join(Queue& q, Instant step_end);
+  Step read_queue(Queue& q, Instant step_end);
+  void watch_before(Queue& q, Instant step_end);
   void note_blocker(long long my_rev);
   // The ledger read a transaction ended with, taken off its ranges.
   std::optional<etcd::RangeResult> pop_ledger_read(etcd::TxnResult& r) const;
   bool acquired(long long revision, bool waited);
   // The lock is ours: renew at the holder's interval from now on.
   void hold();
-  std::optional<Json> holder_of(const etcd::KeyValue& kv, long long deadline_ns);
+  std::optional<Json> holder_of(const etcd::KeyValue& kv, Instant deadline);
   void note_unavailable(const std::string& error);
   void note_answering();
   std::string holder_value(bool with_token) const;
-  long long now() const { return clock_.now_ns(); }
+  Instant now() const { return clock_.now(); }
+  // A call's bounds: by `at`, each attempt the TTL's (lease_timing::attempt()).
+  etcd::Deadline bounded_by(Instant at) const { return {.at = at, .attempt = lease_timing::attempt(ttl_s_)}; }
 
   etcd::Clock& clock_;
   etcd::Client client_;
   std::string name_;
   std::vector<std::string> prefixes_;  // etcd::contender_prefixes(name_)
   int ttl_s_;
-  long long kill_after_ns_;
+  Duration kill_after_;
   const Logger& log_;
   ClusterHolder who_;
   long long lease_ = 0;            // the live lease (0: none granted, or released)
@@ -264,13 +266,13 @@ private:
   std::vector<std::string> keys_;  // our key under each of prefixes_
   std::string key_;                // keys_[0]
   long long token_ = 0;
-  long long last_ok_ns_ = 0;  // send time of the last answered grant or keepalive
-  long long ttl_granted_ns_ = 0;
-  long long renewal_ns_ = 0;  // how often it renews: a waiter's interval, then a holder's (settings/lease_timing.hpp)
-  long long next_renewal_ns_ = 0;
+  Instant last_ok_{};  // send time of the last answered grant or keepalive
+  Duration ttl_granted_{0};
+  Duration renewal_{0};  // how often it renews: a waiter's interval, then a holder's (settings/lease_timing.hpp)
+  Instant next_renewal_{};
   bool gone_ = false;  // etcd said the lease is gone
   bool lost_ = false;  // the job loop declared it lost
-  long long lost_at_ns_ = 0;
+  Deadline lost_at_;
   bool update_value_ = false;  // acquired after waiting: the next renewal rewrites acquired_at
   std::string acquired_at_;
   bool renewed_ = false;          // the last renew() renewed

@@ -443,25 +443,25 @@ namespace {
 
 class SystemClock final : public Clock {
 public:
-  long long now_ns() override { return sys::monotonic_ns(); }
-  void sleep_until(long long until_ns) override {
-    const long long left = until_ns - sys::monotonic_ns();
-    if (left <= 0) return;
-    sys::nap_ns(left);  // a signal ends it early: the caller looks at the clock again
+  Instant now() override { return MonotonicClock::now(); }
+  void sleep_until(Instant until) override {
+    const Duration left = until - MonotonicClock::now();
+    if (left <= Duration::zero()) return;
+    nap(left);  // a signal ends it early: the caller looks at the clock again
   }
 };
 
 // The first and the largest pause between two rounds over the endpoints.
-constexpr long long kFirstPauseNs = 25'000'000LL;
-constexpr long long kMaxPauseNs = 400'000'000LL;
+constexpr Duration kFirstPause = std::chrono::milliseconds(25);
+constexpr Duration kMaxPause = std::chrono::milliseconds(400);
 // Attempt timeouts double each round, up to this many times the first.
 constexpr int kMaxAttemptDoublings = 3;
-// A stream the server ends itself (Request::server_timeout_ns) is asked to
+// A stream the server ends itself (Request::server_timeout) is asked to
 // end this long before the attempt's deadline, so that its end arrives in
 // time (a round trip and the server's own timer); with less room than the
 // least timeout, the client's deadline ends it (and its connection).
-constexpr long long kStreamEndSlackNs = 150'000'000LL;
-constexpr long long kMinServerTimeoutNs = 50'000'000LL;
+constexpr Duration kStreamEndSlack = std::chrono::milliseconds(150);
+constexpr Duration kMinServerTimeout = std::chrono::milliseconds(50);
 
 std::string answer_message(const std::optional<Json>& answer, const std::string& body) {
   if (answer) {
@@ -507,7 +507,7 @@ Client::Client(Transport& transport, std::vector<Endpoint> endpoints, Clock& clo
     : transport_(transport),
       endpoints_(std::move(endpoints)),
       clock_(clock),
-      connect_ns_(endpoints_.size(), kConnectNs),
+      connect_(endpoints_.size(), kConnect),
       fresh_(endpoints_.size(), false) {}
 
 void Client::set_credentials(std::string user, std::string password) {
@@ -576,26 +576,26 @@ Result<Json> Client::gave_up(const CallProgress& p, Status status) const {
 
 std::optional<Result<Json>> Client::attempt(const CallSpec& spec, bool with_token, size_t i, int round,
                                             CallProgress& p) {
-  const long long begin = clock_.now_ns();
-  const long long deadline = spec.deadline.at_ns;
+  const Instant begin = clock_.now();
+  const Instant deadline = spec.deadline.at;
   if (begin >= deadline) return gave_up(p, p.reached ? Status::Timeout : Status::Unavailable);
-  long long attempt_deadline = deadline;
-  if (spec.deadline.attempt_ns > 0) {
+  Instant attempt_deadline = deadline;
+  if (spec.deadline.attempt) {
     const int doublings = spec.deadline.grow ? std::min(round, kMaxAttemptDoublings) : 0;
-    attempt_deadline = std::min(deadline, begin + (spec.deadline.attempt_ns << doublings));
+    attempt_deadline = std::min(deadline, later(begin, *spec.deadline.attempt * (1 << doublings)));
   }
   Request req;
   req.path = spec.path;
   req.body = spec.body;
   if (with_token) req.token = token_;
-  req.connect_deadline_ns = std::min(attempt_deadline, begin + connect_ns_[i]);
-  req.deadline_ns = attempt_deadline;
+  req.connect_deadline = std::min(attempt_deadline, begin + connect_[i]);
+  req.deadline = attempt_deadline;
   req.enough = spec.enough;
   req.fresh_connection = fresh_[i];
   // The server ends the stream in time for this attempt to read its end.
-  if (spec.server_timeout_ns > 0) {
-    const long long room = attempt_deadline - begin - kStreamEndSlackNs;
-    req.server_timeout_ns = room >= kMinServerTimeoutNs ? std::min(spec.server_timeout_ns, room) : 0;
+  if (spec.server_timeout && *spec.server_timeout > Duration::zero()) {
+    const Duration room = attempt_deadline - begin - kStreamEndSlack;
+    if (room >= kMinServerTimeout) req.server_timeout = std::min(*spec.server_timeout, room);
   }
   req.interrupt_on = spec.deadline.interrupt_on;
   HttpResponse resp;
@@ -615,8 +615,8 @@ std::optional<Result<Json>> Client::attempt(const CallSpec& spec, bool with_toke
     case Exchange::ConnectFailed:
     case Exchange::TlsFailed:
       // A connect that ran out its timeout: give this endpoint longer next time.
-      if (ex == Exchange::ConnectFailed && clock_.now_ns() >= req.connect_deadline_ns) {
-        connect_ns_[i] = std::min(connect_ns_[i] * 2, kMaxConnectNs);
+      if (ex == Exchange::ConnectFailed && clock_.now() >= req.connect_deadline) {
+        connect_[i] = std::min(connect_[i] * 2, kMaxConnect);
       }
       // A TLS failure says more than a later timeout on the same endpoint.
       if (ex == Exchange::TlsFailed || p.last_error[i].find(": TLS: ") == std::string::npos) p.last_error[i] = error;
@@ -647,7 +647,7 @@ std::optional<Result<Json>> Client::attempt(const CallSpec& spec, bool with_toke
   if (a.kind == Answer::Kind::Ok) {
     r.status = Status::Ok;
     r.value = std::move(a.value);
-    r.sent_ns = begin;
+    r.sent = begin;
     return r;
   }
   r.status = Status::Failed;
@@ -662,25 +662,24 @@ Result<Json> Client::attempts(const CallSpec& spec, bool with_token) {
   CallProgress p;
   p.last_error.resize(endpoints_.size());
   if (endpoints_.empty()) return gave_up(p, Status::Unavailable);
-  const long long deadline = spec.deadline.at_ns;
+  const Instant deadline = spec.deadline.at;
   // Pauses stay short beside the attempts (a lease's renewal has little time).
-  const long long max_pause =
-      spec.deadline.attempt_ns > 0 ? std::min(kMaxPauseNs, spec.deadline.attempt_ns / 4) : kMaxPauseNs;
-  long long pause = std::min(kFirstPauseNs, max_pause);
+  const Duration max_pause = spec.deadline.attempt ? std::min(kMaxPause, *spec.deadline.attempt / 4) : kMaxPause;
+  Duration pause = std::min(kFirstPause, max_pause);
   for (int round = 0;; ++round) {
     for (size_t k = 0; k < endpoints_.size(); ++k) {
       if (auto r = attempt(spec, with_token, (first_ + k) % endpoints_.size(), round, p)) return std::move(*r);
     }
-    const long long now = clock_.now_ns();
+    const Instant now = clock_.now();
     if (now >= deadline) return gave_up(p, p.reached ? Status::Timeout : Status::Unavailable);
     clock_.sleep_until(std::min(deadline, now + pause));
     pause = std::min(pause * 2, max_pause);
   }
 }
 
-bool Client::authenticate(long long deadline_ns, long long attempt_ns, Result<Json>& failure) {
-  const CallSpec spec = unary("/v3/auth/authenticate", authenticate_body(user_, password_),
-                              {.at_ns = deadline_ns, .attempt_ns = attempt_ns});
+bool Client::authenticate(const Deadline& d, Result<Json>& failure) {
+  const CallSpec spec =
+      unary("/v3/auth/authenticate", authenticate_body(user_, password_), {.at = d.at, .attempt = d.attempt});
   Result<Json> r = attempts(spec, false);
   if (r.ok()) {
     auto token = parse_token(r.value);
@@ -709,14 +708,14 @@ Result<Json> Client::call(const CallSpec& spec) {
   const bool auth = !user_.empty() && !auth_disabled_;
   if (auth && token_.empty()) {
     Result<Json> failure;
-    if (!authenticate(spec.deadline.at_ns, spec.deadline.attempt_ns, failure)) return failure;
+    if (!authenticate(spec.deadline, failure)) return failure;
   }
   Result<Json> r = attempts(spec, auth && !auth_disabled_);
   if (auth && !auth_disabled_ && r.status == Status::Failed && r.code == grpc_code::kUnauthenticated) {
     // The token expired (or the member restarted and forgot it): once more with a new one.
     token_.clear();
     Result<Json> failure;
-    if (!authenticate(spec.deadline.at_ns, spec.deadline.attempt_ns, failure)) return failure;
+    if (!authenticate(spec.deadline, failure)) return failure;
     r = attempts(spec, true);
   }
   return r;
@@ -733,7 +732,7 @@ Result<T> carried(const Result<Json>& answer) {
   r.cause = answer.cause;
   r.cause_endpoint = answer.cause_endpoint;
   r.code = answer.code;
-  r.sent_ns = answer.sent_ns;
+  r.sent = answer.sent;
   return r;
 }
 
@@ -798,7 +797,7 @@ Result<bool> Client::watch_delete(std::string_view key, long long start_revision
                       .timeout_ends = true,
                       .enough = enough,
                       .raw = &raw,
-                      .server_timeout_ns = d.at_ns - clock_.now_ns()};
+                      .server_timeout = d.at - clock_.now()};
   Result<Json> answer = call(spec);
   Result<bool> r = carried<bool>(answer);
   if (!answer.ok()) return r;

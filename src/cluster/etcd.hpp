@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "base/json.hpp"
+#include "os/clock.hpp"
 #include "os/interrupts.hpp"
 #include "settings/endpoints.hpp"
 
@@ -229,7 +230,7 @@ struct Result {
   Cause cause = Cause::None;   // when it has a known fix
   std::string cause_endpoint;  // the endpoint the cause is about ("http://HOST:PORT")
   int code = 0;                // etcd's gRPC code of a Failed answer (5: not found, 7: permission denied, ...)
-  long long sent_ns = 0;       // when the attempt that succeeded began
+  Instant sent{};              // when the attempt that succeeded began
   bool ok() const { return status == Status::Ok; }
 };
 
@@ -252,18 +253,18 @@ struct Request {
   std::string_view path;              // "/v3/kv/range"
   std::string_view body;              // JSON
   std::string_view token;             // etcd's auth token, sent as the Authorization header; empty: none
-  long long connect_deadline_ns = 0;  // connecting (and a TLS handshake) must end by then
-  long long deadline_ns = 0;          // the whole exchange must end by then
+  Instant connect_deadline{};         // connecting (and a TLS handshake) must end by then
+  Instant deadline{};                 // the whole exchange must end by then
   // A stream's answer never ends by itself: it is complete once `enough`
   // returns true for the body received so far. Null: the answer ends.
   std::function<bool(std::string_view body)> enough;
   bool fresh_connection = false;  // do not reuse a kept connection to this endpoint
-  // A stream's answer ends by itself after this long (0: never): etcd's
+  // A stream's answer ends by itself after this long (none: never): etcd's
   // gateway (gRPC-gateway) takes a Grpc-Timeout header as the call's
   // deadline and then ends the answer with an error frame, so that the
   // connection can carry the next request. (HTTP/1.1 has no other way to end
   // one request on a connection but to close it.)
-  long long server_timeout_ns = 0;
+  std::optional<Duration> server_timeout;
   // Signals that end the exchange early once pending, blocked or not (null:
   // only those that would end looplock, see etcd_curl.cpp).
   const sys::Interrupts* interrupt_on = nullptr;
@@ -289,16 +290,16 @@ public:
 class Clock {
 public:
   virtual ~Clock() = default;
-  virtual long long now_ns() = 0;
-  // Returns at `until_ns` (or earlier, when a signal interrupts the wait).
-  virtual void sleep_until(long long until_ns) = 0;
+  virtual Instant now() = 0;
+  // Returns at `until` (or earlier, when a signal interrupts the wait).
+  virtual void sleep_until(Instant until) = 0;
 };
 Clock& system_clock();
 
 // How long one call may take, and each of its attempts.
 struct Deadline {
-  long long at_ns = 0;       // the call returns by then
-  long long attempt_ns = 0;  // each attempt's timeout; 0: until at_ns
+  Instant at{};                     // the call returns by then
+  std::optional<Duration> attempt{};  // each attempt's timeout; none: until `at`
   // Double the attempt timeout each round (a write on a slow disk still gets
   // through); a keepalive, which etcd answers without a disk write, keeps it.
   bool grow = true;
@@ -309,9 +310,9 @@ struct Deadline {
 class Client {
 public:
   // The first connect timeout: tens of milliseconds (a blackholed endpoint
-  // costs that once), doubling each round up to kMaxConnectNs.
-  static constexpr long long kConnectNs = 40'000'000LL;
-  static constexpr long long kMaxConnectNs = 1'000'000'000LL;
+  // costs that once), doubling each round up to kMaxConnect.
+  static constexpr Duration kConnect = std::chrono::milliseconds(40);
+  static constexpr Duration kMaxConnect = std::chrono::seconds(1);
 
   Client(Transport& transport, std::vector<Endpoint> endpoints, Clock& clock = system_clock());
 
@@ -331,7 +332,7 @@ public:
   // deleted, or etcd canceled the watch: compacted, permission denied, ...,
   // or ended the stream for any reason but its deadline); false when etcd
   // ended it at the deadline, as asked, with no news (Request::
-  // server_timeout_ns: the same watch can go on, and the connection stays
+  // server_timeout: the same watch can go on, and the connection stays
   // usable). Timeout when the deadline passed with the answer still open
   // (the connection is closed then).
   Result<bool> watch_delete(std::string_view key, long long start_revision, Deadline d);
@@ -348,7 +349,7 @@ private:
     bool timeout_ends = false;  // a timed-out attempt ends the call (a watch's wait), not retried
     std::function<bool(std::string_view)> enough;
     std::string* raw = nullptr;       // receives the whole body (a stream's lines)
-    long long server_timeout_ns = 0;  // Request::server_timeout_ns
+    std::optional<Duration> server_timeout;  // Request::server_timeout
   };
   // A call of one answer (not a stream): retried on the next endpoint until
   // the deadline.
@@ -374,12 +375,12 @@ private:
   std::optional<Result<Json>> attempt(const CallSpec& spec, bool with_token, size_t i, int round, CallProgress& p);
   Result<Json> gave_up(const CallProgress& p, Status status) const;
   // Asks for a token; false (with `failure` set) when etcd refuses.
-  bool authenticate(long long deadline_ns, long long attempt_ns, Result<Json>& failure);
+  bool authenticate(const Deadline& d, Result<Json>& failure);
 
   Transport& transport_;
   std::vector<Endpoint> endpoints_;
   Clock& clock_;
-  std::vector<long long> connect_ns_;  // per endpoint: the next connect timeout
+  std::vector<Duration> connect_;      // per endpoint: the next connect timeout
   std::vector<bool> fresh_;            // per endpoint: its kept connection is suspect
   size_t first_ = 0;
   std::string user_, password_, token_;

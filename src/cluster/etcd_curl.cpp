@@ -28,6 +28,8 @@ namespace looplock::etcd {
 namespace {
 
 constexpr size_t kMaxResponse = 4 << 20;
+// How long the questions about a failed transfer (probe()) may take at most.
+constexpr Duration kProbeTime = std::chrono::milliseconds(250);
 // Without /proc: how many descriptors to look at for libcurl's sockets.
 constexpr long kMaxFdScan = 65536;
 
@@ -105,7 +107,7 @@ curl_socket_t open_socket(void*, curlsocktype, curl_sockaddr* a) {
 
 // What connect_socket() saw, for post() to tell refused from timed out.
 struct ConnectState {
-  long long deadline_ns = 0;
+  Instant deadline{};
   bool timed_out = false;
   int error = 0;
 };
@@ -127,14 +129,16 @@ curl_socket_t connect_socket(void* user, curlsocktype, curl_sockaddr* a) {
     return CURL_SOCKET_BAD;
   }
   for (;;) {
-    const long long left = st->deadline_ns - sys::monotonic_ns();
-    if (left <= 0) {
+    const Duration left = st->deadline - MonotonicClock::now();
+    if (left <= Duration::zero()) {
       st->timed_out = true;
       close(fd);
       return CURL_SOCKET_BAD;
     }
     pollfd p{fd, POLLOUT, 0};
-    const int n = poll(&p, 1, static_cast<int>(std::min<long long>((left + 999'999) / 1'000'000, 60'000)));
+    const int n =
+        poll(&p, 1,
+             static_cast<int>(std::min<long long>(std::chrono::ceil<std::chrono::milliseconds>(left).count(), 60'000)));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) continue;  // the deadline is looked at again above
     int err = 0;
@@ -177,9 +181,11 @@ std::set<int> open_sockets() {
   return out;
 }
 
-long ms_until(long long until_ns) {
-  const long long left = until_ns - sys::monotonic_ns();
-  return static_cast<long>(std::clamp<long long>((left + 999'999) / 1'000'000, 1, 86'400'000));
+// Milliseconds until `until` (rounded up), as libcurl's timeouts count them:
+// at least 1 (0 would mean none), at most a day.
+long ms_until(Instant until) {
+  const long long left = std::chrono::ceil<std::chrono::milliseconds>(until - MonotonicClock::now()).count();
+  return static_cast<long>(std::clamp<long long>(left, 1, 86'400'000));
 }
 
 template <typename T>
@@ -295,7 +301,7 @@ CurlTransport::~CurlTransport() {
   if (global_) curl_global_cleanup();
 }
 
-bool CurlTransport::speaks_tls(const Endpoint& ep, long long deadline_ns) const {
+bool CurlTransport::speaks_tls(const Endpoint& ep, Instant deadline) const {
   CURL* probe = curl_easy_init();
   if (!probe) return false;
   const std::string url = "https://" + ep.text.substr(ep.text.find("://") + 3) + "/";
@@ -309,8 +315,8 @@ bool CurlTransport::speaks_tls(const Endpoint& ep, long long deadline_ns) const 
   set(probe, CURLOPT_QUICK_EXIT, 1L);
   set(probe, CURLOPT_OPENSOCKETFUNCTION, open_socket);
   set(probe, CURLOPT_ERRORBUFFER, message);
-  set(probe, CURLOPT_CONNECTTIMEOUT_MS, ms_until(deadline_ns));
-  set(probe, CURLOPT_TIMEOUT_MS, ms_until(deadline_ns));
+  set(probe, CURLOPT_CONNECTTIMEOUT_MS, ms_until(deadline));
+  set(probe, CURLOPT_TIMEOUT_MS, ms_until(deadline));
   const CURLcode rc = curl_easy_perform(probe);
   curl_easy_cleanup(probe);
   // A completed handshake, or a TLS alert from the server (it wants a
@@ -318,7 +324,7 @@ bool CurlTransport::speaks_tls(const Endpoint& ep, long long deadline_ns) const 
   return rc == CURLE_OK || (tls_failure(rc) && std::string_view(message).find("alert") != std::string_view::npos);
 }
 
-bool CurlTransport::speaks_plain_http(const Endpoint& ep, long long deadline_ns) {
+bool CurlTransport::speaks_plain_http(const Endpoint& ep, Instant deadline) {
   if (plain_http_.contains(ep.text)) return true;
   if (not_plain_http_.contains(ep.text)) return false;
   CURL* probe = curl_easy_init();
@@ -335,8 +341,8 @@ bool CurlTransport::speaks_plain_http(const Endpoint& ep, long long deadline_ns)
   set(probe, CURLOPT_OPENSOCKETFUNCTION, open_socket);
   set(probe, CURLOPT_WRITEFUNCTION, keep_some);
   set(probe, CURLOPT_WRITEDATA, &body);
-  set(probe, CURLOPT_CONNECTTIMEOUT_MS, ms_until(deadline_ns));
-  set(probe, CURLOPT_TIMEOUT_MS, ms_until(deadline_ns));
+  set(probe, CURLOPT_CONNECTTIMEOUT_MS, ms_until(deadline));
+  set(probe, CURLOPT_TIMEOUT_MS, ms_until(deadline));
   (void)curl_easy_perform(probe);
   long status = 0;
   curl_easy_getinfo(probe, CURLINFO_RESPONSE_CODE, &status);
@@ -359,9 +365,10 @@ Transfer CurlTransport::perform(const Endpoint& ep, const Request& req) {
   // etcd reads its auth token from the Authorization header (as is, no scheme).
   if (!req.token.empty()) more.push_back("Authorization: " + std::string(req.token));
   // The gateway's deadline for the call, in milliseconds ("1500m"): it ends
-  // a stream's answer then (etcd.hpp, Request::server_timeout_ns).
-  if (req.server_timeout_ns > 0)
-    more.push_back("Grpc-Timeout: " + std::to_string(req.server_timeout_ns / 1'000'000) + "m");
+  // a stream's answer then (etcd.hpp, Request::server_timeout).
+  if (req.server_timeout) {
+    more.push_back("Grpc-Timeout: " + std::to_string(ms_of(*req.server_timeout)) + "m");
+  }
   if (!more.empty()) {
     std::vector<std::string> all;
     for (curl_slist* h = headers_; h; h = h->next) all.emplace_back(h->data);
@@ -383,12 +390,12 @@ Transfer CurlTransport::perform(const Endpoint& ep, const Request& req) {
   set(easy_, CURLOPT_WRITEDATA, &sink);
   set(easy_, CURLOPT_ERRORBUFFER, message);
   // The name lookup, the TCP connection (connect_socket, by
-  // connect_deadline_ns) and the TLS handshake must end by the deadline.
+  // connect_deadline) and the TLS handshake must end by the deadline.
   ConnectState connecting;
-  connecting.deadline_ns = std::min(req.connect_deadline_ns, req.deadline_ns);
+  connecting.deadline = std::min(req.connect_deadline, req.deadline);
   set(easy_, CURLOPT_OPENSOCKETDATA, &connecting);
-  set(easy_, CURLOPT_CONNECTTIMEOUT_MS, ms_until(req.deadline_ns));
-  set(easy_, CURLOPT_TIMEOUT_MS, ms_until(req.deadline_ns));
+  set(easy_, CURLOPT_CONNECTTIMEOUT_MS, ms_until(req.deadline));
+  set(easy_, CURLOPT_TIMEOUT_MS, ms_until(req.deadline));
   set(easy_, CURLOPT_FRESH_CONNECT, req.fresh_connection ? 1L : 0L);
 
   // Every signal is blocked while libcurl works, so that a resolver thread it
@@ -433,7 +440,7 @@ Transfer CurlTransport::perform(const Endpoint& ep, const Request& req) {
 
 // The questions a failed transfer may need answered, asked only then.
 void CurlTransport::probe(const Endpoint& ep, const Request& req, Transfer& t) {
-  const long long by = std::min(req.deadline_ns, sys::monotonic_ns() + 250'000'000LL);
+  const Instant by = std::min(req.deadline, MonotonicClock::now() + kProbeTime);
   const bool nothing_back = t.status == 0 && t.body.empty();
   const bool closed_early = t.rc == CURLE_RECV_ERROR || t.rc == CURLE_SEND_ERROR || t.rc == CURLE_GOT_NOTHING;
   // A plain-HTTP request to a TLS port: the server closes without a word.

@@ -84,11 +84,11 @@ private:
   void probe(const Endpoint& ep, const Request& req, Transfer& t);
   // Whether `ep` (an http:// endpoint that closed without an answer) completes
   // a TLS handshake: Cause::SpeaksTls.
-  bool speaks_tls(const Endpoint& ep, long long deadline_ns) const;
+  bool speaks_tls(const Endpoint& ep, Instant deadline) const;
   // Whether `ep` (an https:// endpoint that answered the handshake with
   // something else) answers a plain HTTP request: Cause::SpeaksPlainHttp.
   // Asked once per endpoint.
-  bool speaks_plain_http(const Endpoint& ep, long long deadline_ns);
+  bool speaks_plain_http(const Endpoint& ep, Instant deadline);
 
   Security security_;
   bool global_ = false;  // curl_global_init done

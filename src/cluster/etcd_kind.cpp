@@ -13,6 +13,12 @@
 
 namespace looplock {
 
+namespace {
+// How long a look at etcd may take: a nested run's check of its outer
+// run's cluster lock, and --inspect's reading of the queue.
+constexpr Duration kEtcdLook = std::chrono::seconds(5);
+}  // namespace
+
 std::unique_ptr<Lock> EtcdKind::make(const Options& o, const LockRequest& request, const LockTarget& target, Pid pid,
                                      const Logger& log, const Reporter& reporter) {
   return std::make_unique<EtcdLock>(request, o.cluster, pid, log, reporter, transport_, target);
@@ -41,7 +47,7 @@ void EtcdKind::confirm_outer(const Options& o, const LockTarget& target, const E
     etcd::Client c = client(o, log);
     why = confirm_cluster_holder(
         c, name, *key, sys::host_name(), outer_pid,
-        {.at_ns = sys::monotonic_ns() + 5'000'000'000LL, .attempt_ns = lease_timing::attempt_ns(o.cluster.ttl_s)});
+        {.at = MonotonicClock::now() + kEtcdLook, .attempt = lease_timing::attempt(o.cluster.ttl_s)});
     if (why.empty()) return;
     if (why.starts_with("cannot read it")) {
       throw Fatal(exit_code::kClusterUnavailable,
@@ -66,8 +72,7 @@ InspectPart EtcdKind::inspect(const Options& o, const std::string& canonical_dir
   InspectPart part;
   const std::string name = cluster_lock_name(o.cluster.lock_name, canonical_dir);
   etcd::Client client = this->client(o, log);
-  const long long deadline = sys::monotonic_ns() + 5'000'000'000LL;
-  const etcd::Deadline bound{.at_ns = deadline, .attempt_ns = 1'000'000'000LL};
+  const etcd::Deadline bound{.at = MonotonicClock::now() + kEtcdLook, .attempt = std::chrono::seconds(1)};
   const ClusterQueueRead read = read_cluster_queue(client, name, bound);
   const auto& prefixes = read.prefixes;
   // The key too when the contender is on the unencoded prefix of an encoded

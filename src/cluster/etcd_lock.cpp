@@ -12,8 +12,8 @@
 namespace looplock {
 
 namespace {
-constexpr long long kLedgerNs = 5'000'000'000LL;  // a read or write of the run ledger, holding the lock
-constexpr long long kPeekNs = 1'000'000'000LL;    // a look at it without the lock
+constexpr Duration kLedgerTime = std::chrono::seconds(5);  // a read or write of the run ledger, holding the lock
+constexpr Duration kPeekTime = std::chrono::seconds(1);    // a look at it without the lock
 }  // namespace
 
 EtcdLock::EtcdLock(const LockRequest& request, const ClusterSettings& cluster, Pid pid, const Logger& log,
@@ -25,12 +25,11 @@ EtcdLock::EtcdLock(const LockRequest& request, const ClusterSettings& cluster, P
       reporter_(reporter),
       host_(sys::host_name()),
       lock_(transport, cluster.endpoints, cluster_lock_name(cluster.lock_name, target.canonical_dir), cluster.ttl_s,
-            cluster.lease_kill_after.count(), log, cluster_access(cluster, log)) {
+            cluster.lease_kill_after, log, cluster_access(cluster, log)) {
   if (request_.once_per) lock_.set_ledger_operation(request_.identity.operation);
 }
 
 Acquisition EtcdLock::acquire(const WaitPlan& plan, Instant start) {
-  const long long start_ns = ns_of(start);  // the cluster lock counts nanoseconds
   // Who holds it, for every contender's eyes: with what tells this
   // looplock apart on its host (a waiter on it can prove it dead).
   ClusterHolder who;
@@ -41,14 +40,13 @@ Acquisition EtcdLock::acquire(const WaitPlan& plan, Instant start) {
   who.pid_start = sys::own_start().value_or("");
   who.boot_id = sys::boot_id();
   who.pid_ns = sys::pid_namespace();
-  const Acquisition got = lock_.acquire(plan, start_ns, who);
+  const Acquisition got = lock_.acquire(plan, start, who);
   if (got != Acquisition::Acquired) return got;
-  const long long waited = sys::monotonic_ns() - start_ns;
-  log_.verbose(
-      "acquired",
-      "cluster lock " + printable(lock_.name()) + " acquired on etcd after " + format_duration(Duration(waited)) +
-          " (fencing token " + std::to_string(lock_.fencing_token()) + ")",
-      {{"lock_name", lock_.name()}, {"fencing_token", lock_.fencing_token()}, {"waited_ms", ms_of(Duration(waited))}});
+  const Duration waited = MonotonicClock::now() - start;
+  log_.verbose("acquired",
+               "cluster lock " + printable(lock_.name()) + " acquired on etcd after " + format_duration(waited) +
+                   " (fencing token " + std::to_string(lock_.fencing_token()) + ")",
+               {{"lock_name", lock_.name()}, {"fencing_token", lock_.fencing_token()}, {"waited_ms", ms_of(waited)}});
   return Acquisition::Acquired;
 }
 
@@ -100,8 +98,8 @@ LeaseLoss EtcdLock::lease_loss() const {
                  .of = "cluster lock " + printable(lock_.name()),
                  .why = lock_.lost_why(),
                  .ttl = std::chrono::seconds(lock_.ttl_s()),
-                 .since_renewal = Duration(lock_.since_last_keepalive_ns()),
-                 .lost_at = lock_.lost_at_ns() != 0 ? Deadline(instant_ns(lock_.lost_at_ns())) : std::nullopt,
+                 .since_renewal = lock_.since_last_keepalive(),
+                 .lost_at = lock_.lost_at(),
                  .check =
                      "Check etcd's health and the network between this host and etcd; make writers check "
                      "LOOPLOCK_FENCING_TOKEN so a stale holder is refused.",
@@ -117,10 +115,10 @@ LeaseLoss EtcdLock::lease_loss() const {
 
 LedgerLook EtcdLock::EtcdLedger::look(const std::string& /*operation*/, bool locked) {
   if (locked) {
-    const auto e = c_.ledger(sys::monotonic_ns() + kLedgerNs);
+    const auto e = c_.ledger(MonotonicClock::now() + kLedgerTime);
     return {.entry = e.entry, .damaged = e.damaged};
   }
-  const auto e = c_.peek_ledger(sys::monotonic_ns() + kPeekNs);
+  const auto e = c_.peek_ledger(MonotonicClock::now() + kPeekTime);
   if (!e) return {.entry = std::nullopt, .damaged = false, .answered = false};
   return {.entry = e->entry, .damaged = e->damaged};
 }
@@ -128,7 +126,7 @@ LedgerLook EtcdLock::EtcdLedger::look(const std::string& /*operation*/, bool loc
 void EtcdLock::EtcdLedger::record_start(const RunEntry& entry) {
   RunEntry e = entry;
   e.fencing_token = c_.fencing_token();
-  if (c_.write_ledger(e, sys::monotonic_ns() + kLedgerNs)) return;
+  if (c_.write_ledger(e, MonotonicClock::now() + kLedgerTime)) return;
   throw Fatal(exit_code::kClusterUnavailable,
               "cannot record this run's start in the run ledger of cluster lock " + printable(c_.name()) +
                   " on etcd: " +
@@ -139,7 +137,7 @@ void EtcdLock::EtcdLedger::record_start(const RunEntry& entry) {
 bool EtcdLock::EtcdLedger::record_end(const RunEntry& entry) {
   RunEntry e = entry;
   e.fencing_token = c_.fencing_token();
-  if (c_.write_ledger(e, sys::monotonic_ns() + kLedgerNs)) return true;
+  if (c_.write_ledger(e, MonotonicClock::now() + kLedgerTime)) return true;
   log_.warn("ledger_write_failed",
             "cannot record this run's end in the run ledger of cluster lock " + printable(c_.name()) + " on etcd: " +
                 (c_.last_error().empty() ? "etcd refused the write (the lease was lost)" : c_.last_error()) +

@@ -53,15 +53,14 @@ private:
   class JobLease final : public Lease {
   public:
     explicit JobLease(ClusterLock& c) : c_(c) {}
-    // The cluster lock counts nanoseconds of the monotonic clock.
-    Instant next_renewal() const override { return instant_ns(c_.next_renewal_ns()); }
+    Instant next_renewal() const override { return c_.next_renewal(); }
     bool renew(Deadline return_by, const sys::Interrupts& interrupt_on) override {
-      return c_.renew(return_by ? ns_of(*return_by) : 0, &interrupt_on);
+      return c_.renew(return_by.value_or(c_.term_by()), &interrupt_on);
     }
-    Instant term_by() const override { return instant_ns(c_.term_by_ns()); }
-    Instant kill_by() const override { return instant_ns(c_.kill_by_ns()); }
+    Instant term_by() const override { return c_.term_by(); }
+    Instant kill_by() const override { return c_.kill_by(); }
     bool renewal_failing() const override { return c_.renewal_failing(); }
-    Duration least_renewal() const override { return Duration(lease_timing::attempt_ns(c_.ttl_s())); }
+    Duration least_renewal() const override { return lease_timing::attempt(c_.ttl_s()); }
 
   private:
     ClusterLock& c_;

@@ -17,8 +17,8 @@ public:
   virtual ~Lease() = default;
   // When renew() is next due.
   virtual Instant next_renewal() const = 0;
-  // One renewal; must return by `return_by_ns`, or soon after one of
-  // `interrupt_on` happens. False once the lease is known to be gone (no
+  // One renewal; must return by `return_by` (none: by term_by()), or soon
+  // after one of `interrupt_on` happens. False once the lease is known to be gone (no
   // renewal can help).
   virtual bool renew(Deadline return_by, const sys::Interrupts& interrupt_on) = 0;
   virtual Instant term_by() const = 0;

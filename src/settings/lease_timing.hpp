@@ -1,4 +1,4 @@
-// The cluster lock's lease timing, for a TTL of T seconds (all in ns): how
+// The cluster lock's lease timing, for a TTL of T seconds: how
 // often it is renewed, how long an attempt may take, and the deadlines by
 // which the job must have been sent TERM and KILL (cluster.hpp says why;
 // the man page's CLUSTER section has the table).
@@ -13,28 +13,30 @@
 //   kill-after by default: T/6, at most 5 s.
 #pragma once
 
+#include "os/clock.hpp"
+
 namespace looplock::lease_timing {
 
 // E's least: the outage a holder's lease rides out when the TTL leaves room
 // for it (a quarter of the TTL when that is longer).
-inline constexpr long long kRideOutNs = 2'500'000'000LL;
+inline constexpr Duration kRideOut = std::chrono::milliseconds(2500);
 
-long long ttl_ns(int ttl_s);
-long long margin_ns(int ttl_s);
+Duration ttl(int ttl_s);
+Duration margin(int ttl_s);
 // How often a holder renews with this kill-after.
-long long holder_renewal_ns(int ttl_s, long long kill_after_ns);
+Duration holder_renewal(int ttl_s, Duration kill_after);
 // How often a waiter renews.
-long long waiter_renewal_ns(int ttl_s);
+Duration waiter_renewal(int ttl_s);
 // The most often a holder renews: T/12.
-long long min_renewal_ns(int ttl_s);
+Duration min_renewal(int ttl_s);
 // The longest outage a holder's lease rides out (one that begins just
 // before a renewal is due): T - kill-after - margin - its renewal interval.
-long long outage_ridden_ns(int ttl_s, long long kill_after_ns);
-long long attempt_ns(int ttl_s);
-long long default_kill_after_ns(int ttl_s);
+Duration outage_ridden(int ttl_s, Duration kill_after);
+Duration attempt(int ttl_s);
+Duration default_kill_after(int ttl_s);
 // The longest --kill-after that still leaves a quarter of the TTL, after the
 // first renewal is due at the most frequent, to ride out an outage before
 // TERM: T - margin - T/12 - T/4 (1.77 s at --ttl 3, 6.36 s at 10 s).
-long long max_kill_after_ns(int ttl_s);
+Duration max_kill_after(int ttl_s);
 
 }  // namespace looplock::lease_timing

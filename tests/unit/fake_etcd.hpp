@@ -19,21 +19,31 @@ namespace {
 using namespace looplock;
 using namespace looplock::etcd;
 
-// The etcd client counts nanoseconds.
+// The fake clock and the rows count nanoseconds.
 constexpr long long kMs = 1'000'000LL;
 constexpr long long kSec = 1'000'000'000LL;
 
 // Time that only moves when told: a transport's step takes its time, a
-// pause takes its time.
+// pause takes its time. It counts nanoseconds of the monotonic clock.
 struct FakeClock : Clock {
   long long t = 1'000 * kSec;
   std::vector<long long> sleeps;
-  long long now_ns() override { return t; }
-  void sleep_until(long long until) override {
-    sleeps.push_back(until - t);
-    t = std::max(t, until);
+  Instant now() override { return instant_ns(t); }
+  void sleep_until(Instant until) override {
+    sleeps.push_back(ns_of(until) - t);
+    t = std::max(t, ns_of(until));
   }
 };
+
+// A call's bounds in the rows' nanoseconds: by `at_ns`, each attempt
+// `attempt_ns` (0: until then).
+[[maybe_unused]] etcd::Deadline by(long long at_ns, long long attempt_ns = 0, bool grow = true,
+                                   const sys::Interrupts* interrupt_on = nullptr) {
+  return {.at = instant_ns(at_ns),
+          .attempt = attempt_ns > 0 ? std::optional(Duration(attempt_ns)) : std::nullopt,
+          .grow = grow,
+          .interrupt_on = interrupt_on};
+}
 
 struct Call {
   std::string url;
@@ -86,11 +96,11 @@ struct FakeTransport : Transport {
                      .body = std::string(req.body),
                      .token = std::string(req.token),
                      .at = clock.t,
-                     .connect_deadline_ns = req.connect_deadline_ns,
-                     .deadline_ns = req.deadline_ns,
+                     .connect_deadline_ns = ns_of(req.connect_deadline),
+                     .deadline_ns = ns_of(req.deadline),
                      .stream = bool(req.enough),
                      .fresh = req.fresh_connection,
-                     .server_timeout_ns = req.server_timeout_ns});
+                     .server_timeout_ns = req.server_timeout ? req.server_timeout->count() : 0});
     Step s;
     if (handler) {
       s = handler(ep, req);
@@ -101,11 +111,11 @@ struct FakeTransport : Transport {
     switch (s.kind) {
       case Step::Refused: error = ep.text + ": connection refused"; return Exchange::ConnectFailed;
       case Step::ConnectTimeout:
-        clock.t = std::max(clock.t, req.connect_deadline_ns);
+        clock.t = std::max(clock.t, ns_of(req.connect_deadline));
         error = ep.text + ": connection timed out";
         return Exchange::ConnectFailed;
       case Step::Silent:
-        clock.t = std::max(clock.t, req.deadline_ns);
+        clock.t = std::max(clock.t, ns_of(req.deadline));
         error = ep.text + ": no answer before the deadline";
         return Exchange::TimedOut;
       case Step::TlsError:
@@ -120,8 +130,8 @@ struct FakeTransport : Transport {
       case Step::Answer:
       case Step::Delay: break;
     }
-    if (clock.t + s.took_ns > req.deadline_ns) {  // it would have answered too late
-      clock.t = req.deadline_ns;
+    if (clock.t + s.took_ns > ns_of(req.deadline)) {  // it would have answered too late
+      clock.t = ns_of(req.deadline);
       error = ep.text + ": no answer before the deadline";
       return Exchange::TimedOut;
     }
@@ -314,7 +324,7 @@ struct MiniEtcd {
     if (fault) {
       if (auto s = fault(ep, req)) {
         if (s->kind != Step::Delay) return *s;
-        if (clock.t + s->took_ns > req.deadline_ns) return silent();
+        if (clock.t + s->took_ns > ns_of(req.deadline)) return silent();
         clock.t += s->took_ns;
         run_due();
       }
@@ -352,7 +362,7 @@ struct MiniEtcd {
       const std::string created =
           "{\"result\":{\"header\":{\"revision\":\"" + std::to_string(revision) + "\"},\"created\":true}}\n";
       // The gateway's deadline (Grpc-Timeout), from the watch's start.
-      const long long ends = req.server_timeout_ns > 0 ? clock.t + req.server_timeout_ns : 0;
+      const long long ends = req.server_timeout ? clock.t + req.server_timeout->count() : 0;
       for (;;) {
         if (from < compacted) {  // compacted meanwhile: etcd cancels the watch
           return answer(
@@ -368,7 +378,7 @@ struct MiniEtcd {
         // Nothing yet: the next thing that happens, if it happens before the
         // deadline, or before the gateway ends the stream (Grpc-Timeout):
         // then with an error frame, and the answer is complete.
-        long long next = req.deadline_ns;
+        long long next = ns_of(req.deadline);
         if (ends != 0) next = std::min(next, ends);
         if (!scheduled.empty()) next = std::min(next, scheduled.begin()->first);
         for (const auto& [id, l] : leases) next = std::min(next, l.expiry);
@@ -378,7 +388,7 @@ struct MiniEtcd {
                                   R"("http_status":"Gateway Timeout"}})",
                         0);
         }
-        if (next >= req.deadline_ns) return silent();
+        if (next >= ns_of(req.deadline)) return silent();
         clock.t = std::max(clock.t, next);
         run_due();
       }

@@ -24,6 +24,22 @@
 using namespace looplock;
 using namespace looplock::etcd;
 
+// Lease timing in nanoseconds, as the rows count it.
+namespace timing_ns {
+long long ttl_ns(int ttl_s) { return lease_timing::ttl(ttl_s).count(); }
+long long margin_ns(int ttl_s) { return lease_timing::margin(ttl_s).count(); }
+long long min_renewal_ns(int ttl_s) { return lease_timing::min_renewal(ttl_s).count(); }
+long long waiter_renewal_ns(int ttl_s) { return lease_timing::waiter_renewal(ttl_s).count(); }
+long long holder_renewal_ns(int ttl_s, long long ka) {
+  return lease_timing::holder_renewal(ttl_s, Duration(ka)).count();
+}
+long long outage_ridden_ns(int ttl_s, long long ka) { return lease_timing::outage_ridden(ttl_s, Duration(ka)).count(); }
+long long attempt_ns(int ttl_s) { return lease_timing::attempt(ttl_s).count(); }
+long long default_kill_after_ns(int ttl_s) { return lease_timing::default_kill_after(ttl_s).count(); }
+long long max_kill_after_ns(int ttl_s) { return lease_timing::max_kill_after(ttl_s).count(); }
+constexpr long long kRideOutNs = lease_timing::kRideOut.count();
+}  // namespace timing_ns
+
 namespace {
 // A contender's holder value (agent x, operation y, acquired at T).
 ClusterHolder holder(std::string host, long long pid, std::string lease) {
@@ -82,7 +98,7 @@ std::map<int, std::vector<double>> man_page_lease_table() {
 }  // namespace
 
 TEST_CASE("lease timing: the man page's table is what the code computes") {
-  using namespace lease_timing;
+  using namespace timing_ns;
   const auto rows = man_page_lease_table();
   REQUIRE(rows.size() >= 3);  // the table was found and read
   for (const auto& [ttl, numbers] : rows) {
@@ -101,7 +117,7 @@ TEST_CASE("lease timing: the man page's table is what the code computes") {
 }
 
 TEST_CASE("lease timing: the numbers of the man page's text") {
-  using namespace lease_timing;
+  using namespace timing_ns;
   CHECK(margin_ns(3) == 230 * kMs);
   CHECK(margin_ns(10) == 300 * kMs);
   // A holder renews no more often than riding out 2.5 s needs, at least as
@@ -113,9 +129,9 @@ TEST_CASE("lease timing: the numbers of the man page's text") {
   CHECK(holder_renewal_ns(10, max_kill_after_ns(10)) == min_renewal_ns(10));  // a long --kill-after: the floor
   CHECK(waiter_renewal_ns(3) == 1 * kSec);
   CHECK(waiter_renewal_ns(10) == 3'333'333'333LL);
-  CHECK(outage_ridden_ns(5, default_kill_after_ns(5)) == lease_timing::kRideOutNs);
+  CHECK(outage_ridden_ns(5, default_kill_after_ns(5)) == timing_ns::kRideOutNs);
   CHECK(outage_ridden_ns(10, default_kill_after_ns(10)) == 4'700'000'001LL);
-  CHECK(outage_ridden_ns(10, max_kill_after_ns(10)) == lease_timing::kRideOutNs);
+  CHECK(outage_ridden_ns(10, max_kill_after_ns(10)) == timing_ns::kRideOutNs);
   CHECK(attempt_ns(2) == 250 * kMs);
   CHECK(attempt_ns(3) == 300 * kMs);
   CHECK(attempt_ns(60) == 2 * kSec);
@@ -135,7 +151,7 @@ TEST_CASE("lease timing: the numbers of the man page's text") {
     // the TTL (what --kill-after's bound promises).
     CHECK(outage_ridden_ns(ttl, max_kill_after_ns(ttl)) >= ttl_ns(ttl) / 4);
     // With the default, 2.5 s where the TTL leaves room for it.
-    if (ttl >= 5) CHECK(outage_ridden_ns(ttl, default_kill_after_ns(ttl)) >= lease_timing::kRideOutNs);
+    if (ttl >= 5) CHECK(outage_ridden_ns(ttl, default_kill_after_ns(ttl)) >= timing_ns::kRideOutNs);
   }
 }
 
@@ -144,9 +160,9 @@ TEST_CASE("cluster lock: uncontended, two requests; the deadlines count from the
   MiniEtcd etcd(clock);
   etcd.answer_ns = 20 * kMs;  // every answer takes 20 ms
   Logger log = quiet_log();
-  ClusterLock lock(etcd.transport, endpoints(3), "nightly", 3, 600 * kMs, log, {}, clock);
+  ClusterLock lock(etcd.transport, endpoints(3), "nightly", 3, std::chrono::milliseconds(600), log, {}, clock);
   const long long t0 = clock.t;
-  REQUIRE(lock.acquire(bounded(5 * kSec), t0, me()) == Acquisition::Acquired);
+  REQUIRE(lock.acquire(bounded(5 * kSec), instant_ns(t0), me()) == Acquisition::Acquired);
   CHECK(etcd.transport.calls.size() == 2);  // grant, then the queue's txn
   CHECK(etcd.transport.calls[1].path == "/v3/kv/txn");
   CHECK(lock.key() == "looplock/nightly/lock/" + lease_hex(lock.lease()));
@@ -157,10 +173,10 @@ TEST_CASE("cluster lock: uncontended, two requests; the deadlines count from the
   CHECK((*value)["pid"] == 42);
   CHECK((*value)["lease"] == lease_hex(lock.lease()));
   // Expiry: when the grant was sent (t0), not when it came back (t0 + 20 ms).
-  CHECK(lock.expiry_ns() == t0 + 3 * kSec);
-  CHECK(lock.kill_by_ns() == t0 + 3 * kSec - 230 * kMs);
-  CHECK(lock.term_by_ns() == t0 + 3 * kSec - 230 * kMs - 600 * kMs);
-  CHECK(lock.next_renewal_ns() == t0 + 250 * kMs);
+  CHECK(ns_of(lock.expiry()) == t0 + 3 * kSec);
+  CHECK(ns_of(lock.kill_by()) == t0 + 3 * kSec - 230 * kMs);
+  CHECK(ns_of(lock.term_by()) == t0 + 3 * kSec - 230 * kMs - 600 * kMs);
+  CHECK(ns_of(lock.next_renewal()) == t0 + 250 * kMs);
   lock.release();
   CHECK(etcd.transport.calls.back().path == "/v3/lease/revoke");
   CHECK(etcd.kvs.empty());  // revoking the lease deleted the key: one write for the release
@@ -171,43 +187,43 @@ TEST_CASE("cluster lock: a slow keepalive moves the expiry to when it was sent")
   FakeClock clock;
   MiniEtcd etcd(clock);
   Logger log = quiet_log();
-  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == Acquisition::Acquired);
-  clock.t = lock.next_renewal_ns();
+  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, std::chrono::milliseconds(600), log, {}, clock);
+  REQUIRE(lock.acquire(bounded(5 * kSec), instant_ns(clock.t), me()) == Acquisition::Acquired);
+  clock.t = ns_of(lock.next_renewal());
   const long long sent = clock.t;
   etcd.answer_ns = 250 * kMs;  // answered, slowly (within the 300 ms attempt)
-  REQUIRE(lock.renew(lock.term_by_ns()));
+  REQUIRE(lock.renew(lock.term_by()));
   CHECK(clock.t == sent + 250 * kMs);
-  CHECK(lock.expiry_ns() == sent + 3 * kSec);
-  CHECK(lock.term_by_ns() == sent + 3 * kSec - 830 * kMs);
-  CHECK(lock.next_renewal_ns() == sent + 250 * kMs);
+  CHECK(ns_of(lock.expiry()) == sent + 3 * kSec);
+  CHECK(ns_of(lock.term_by()) == sent + 3 * kSec - 830 * kMs);
+  CHECK(ns_of(lock.next_renewal()) == sent + 250 * kMs);
 }
 
 TEST_CASE("cluster lock: renew fails over within its bound and returns by it") {
   FakeClock clock;
   MiniEtcd etcd(clock);
   Logger log = quiet_log();
-  ClusterLock lock(etcd.transport, endpoints(3), "n", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == Acquisition::Acquired);
+  ClusterLock lock(etcd.transport, endpoints(3), "n", 3, std::chrono::milliseconds(600), log, {}, clock);
+  REQUIRE(lock.acquire(bounded(5 * kSec), instant_ns(clock.t), me()) == Acquisition::Acquired);
   const std::string first = etcd.transport.calls.back().url.substr(0, 20);
   // The member that answered so far goes silent (blackholed, connection kept).
   etcd.fault = [&](const Endpoint& ep, const Request&) -> std::optional<Step> {
     if (ep.text == "http://10.0.0.1:2379") return silent();
     return std::nullopt;
   };
-  clock.t = lock.next_renewal_ns();
+  clock.t = ns_of(lock.next_renewal());
   const long long t1 = clock.t;
-  REQUIRE(lock.renew(lock.term_by_ns()));
-  CHECK(lock.expiry_ns() == t1 + 300 * kMs + 3 * kSec);  // the second attempt began 300 ms later
+  REQUIRE(lock.renew(lock.term_by()));
+  CHECK(ns_of(lock.expiry()) == t1 + 300 * kMs + 3 * kSec);  // the second attempt began 300 ms later
   CHECK(lock.endpoint() == "http://10.0.0.2:2379");
   // Every member silent: renew gives up at its bound, the deadlines unmoved.
   etcd.fault = [&](const Endpoint&, const Request&) -> std::optional<Step> { return silent(); };
-  const long long term_by = lock.term_by_ns();
-  clock.t = lock.next_renewal_ns();
-  REQUIRE(lock.renew(clock.t + 700 * kMs));
+  const long long term_by = ns_of(lock.term_by());
+  clock.t = ns_of(lock.next_renewal());
+  REQUIRE(lock.renew(instant_ns(clock.t + 700 * kMs)));
   CHECK(clock.t <= clock.t);
-  CHECK(lock.term_by_ns() == term_by);
-  CHECK(lock.next_renewal_ns() <= clock.t + 25 * kMs);
+  CHECK(ns_of(lock.term_by()) == term_by);
+  CHECK(ns_of(lock.next_renewal()) <= clock.t + 25 * kMs);
 }
 
 TEST_CASE("cluster lock: a leader election shorter than the outage tolerance does not lose the lease") {
@@ -224,9 +240,9 @@ TEST_CASE("cluster lock: a leader election shorter than the outage tolerance doe
       FakeClock clock;
       MiniEtcd etcd(clock);
       Logger log = quiet_log();
-      ClusterLock lock(etcd.transport, endpoints(3), "n", 3, lease_timing::default_kill_after_ns(3), log, {}, clock);
-      REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == Acquisition::Acquired);
-      const long long start = lock.next_renewal_ns() - kMs;
+      ClusterLock lock(etcd.transport, endpoints(3), "n", 3, lease_timing::default_kill_after(3), log, {}, clock);
+      REQUIRE(lock.acquire(bounded(5 * kSec), instant_ns(clock.t), me()) == Acquisition::Acquired);
+      const long long start = ns_of(lock.next_renewal()) - kMs;
       const long long election_end = start + election;
       const std::string alive = "{\"result\":{\"ID\":\"" + std::to_string(lock.lease()) + "\",\"TTL\":\"3\"}}\n";
       etcd.fault = [&](const Endpoint& ep, const Request&) -> std::optional<Step> {
@@ -239,18 +255,18 @@ TEST_CASE("cluster lock: a leader election shorter than the outage tolerance doe
       // The job loop: renew when due, never past the TERM deadline.
       bool terminated = false;
       while (clock.t < start + 6 * kSec) {
-        if (clock.t >= lock.term_by_ns()) {
+        if (clock.t >= ns_of(lock.term_by())) {
           terminated = true;
           break;
         }
-        if (clock.t >= lock.next_renewal_ns()) {
-          REQUIRE(lock.renew(lock.term_by_ns()));
+        if (clock.t >= ns_of(lock.next_renewal())) {
+          REQUIRE(lock.renew(lock.term_by()));
           continue;
         }
-        clock.t = std::min(lock.next_renewal_ns(), lock.term_by_ns());
+        clock.t = std::min(ns_of(lock.next_renewal()), ns_of(lock.term_by()));
       }
       CHECK_FALSE(terminated);
-      CHECK(lock.expiry_ns() > election_end);
+      CHECK(ns_of(lock.expiry()) > election_end);
     }
   }
 }
@@ -259,34 +275,34 @@ TEST_CASE("cluster lock: an outage longer than the tolerance ends in TERM before
   FakeClock clock;
   MiniEtcd etcd(clock);
   Logger log = quiet_log();
-  ClusterLock lock(etcd.transport, endpoints(3), "n", 3, lease_timing::default_kill_after_ns(3), log, {}, clock);
-  REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == Acquisition::Acquired);
-  const long long last_sent = lock.expiry_ns() - 3 * kSec;
+  ClusterLock lock(etcd.transport, endpoints(3), "n", 3, lease_timing::default_kill_after(3), log, {}, clock);
+  REQUIRE(lock.acquire(bounded(5 * kSec), instant_ns(clock.t), me()) == Acquisition::Acquired);
+  const long long last_sent = ns_of(lock.expiry()) - 3 * kSec;
   etcd.fault = [&](const Endpoint&, const Request&) -> std::optional<Step> { return silent(); };
-  while (clock.t < lock.term_by_ns()) {
-    if (clock.t >= lock.next_renewal_ns()) {
-      REQUIRE(lock.renew(lock.term_by_ns()));
-      CHECK(clock.t <= lock.term_by_ns());  // renew returns by its bound
+  while (clock.t < ns_of(lock.term_by())) {
+    if (clock.t >= ns_of(lock.next_renewal())) {
+      REQUIRE(lock.renew(lock.term_by()));
+      CHECK(clock.t <= ns_of(lock.term_by()));  // renew returns by its bound
       continue;
     }
-    clock.t = std::min(lock.next_renewal_ns(), lock.term_by_ns());
+    clock.t = std::min(ns_of(lock.next_renewal()), ns_of(lock.term_by()));
   }
-  CHECK(lock.term_by_ns() == last_sent + 3 * kSec - 230 * kMs - 500 * kMs);
-  CHECK(lock.kill_by_ns() < last_sent + 3 * kSec);  // and etcd expires it no earlier than it received the grant
+  CHECK(ns_of(lock.term_by()) == last_sent + 3 * kSec - 230 * kMs - 500 * kMs);
+  CHECK(ns_of(lock.kill_by()) < last_sent + 3 * kSec);  // and etcd expires it no earlier than it received the grant
 }
 
 TEST_CASE("cluster lock: etcd says the lease is gone: renew is false, with the reason") {
   FakeClock clock;
   MiniEtcd etcd(clock);
   Logger log = quiet_log();
-  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == Acquisition::Acquired);
+  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, std::chrono::milliseconds(600), log, {}, clock);
+  REQUIRE(lock.acquire(bounded(5 * kSec), instant_ns(clock.t), me()) == Acquisition::Acquired);
   etcd.drop_lease(lock.lease());  // revoked by an operator
-  clock.t = lock.next_renewal_ns();
-  CHECK(lock.lost_at_ns() == 0);
-  CHECK_FALSE(lock.renew(lock.term_by_ns()));
+  clock.t = ns_of(lock.next_renewal());
+  CHECK(!lock.lost_at());
+  CHECK_FALSE(lock.renew(lock.term_by()));
   CHECK(lock.lost());
-  CHECK(lock.lost_at_ns() == clock.t);
+  CHECK(lock.lost_at() == instant_ns(clock.t));
   CHECK(lock.lost_why().find("gone") != std::string::npos);
 }
 
@@ -294,28 +310,28 @@ TEST_CASE("cluster lock: unanswered renewals leave term_by where it was; then th
   FakeClock clock;
   MiniEtcd etcd(clock);
   Logger log = quiet_log();
-  ClusterLock lock(etcd.transport, endpoints(2), "n", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(lock.acquire(bounded(5 * kSec), clock.t, me()) == Acquisition::Acquired);
+  ClusterLock lock(etcd.transport, endpoints(2), "n", 3, std::chrono::milliseconds(600), log, {}, clock);
+  REQUIRE(lock.acquire(bounded(5 * kSec), instant_ns(clock.t), me()) == Acquisition::Acquired);
   etcd.fault = [&](const Endpoint&, const Request&) -> std::optional<Step> { return refused(); };
-  const long long term_by = lock.term_by_ns();
+  const long long term_by = ns_of(lock.term_by());
   // As the job loop does: renew when due, never past term_by.
-  while (clock.t < lock.term_by_ns()) {
-    if (clock.t >= lock.next_renewal_ns()) CHECK(lock.renew(lock.term_by_ns()));
+  while (clock.t < ns_of(lock.term_by())) {
+    if (clock.t >= ns_of(lock.next_renewal())) CHECK(lock.renew(lock.term_by()));
     clock.t += 50 * kMs;
   }
-  CHECK(lock.term_by_ns() == term_by);  // nothing answered: the deadline did not move
+  CHECK(ns_of(lock.term_by()) == term_by);  // nothing answered: the deadline did not move
   CHECK_FALSE(lock.lost());
   lock.declare_lost(lock.overdue_why());
   CHECK(lock.lost());
-  CHECK(lock.lost_at_ns() == clock.t);
+  CHECK(lock.lost_at() == instant_ns(clock.t));
   CHECK(lock.lost_why().find("safety window") != std::string::npos);
   // Durations in the one grammar looplock prints (it said "0.60 s").
   CHECK(lock.lost_why().find("(TTL 3.0s, kill-after 600ms, margin 230ms; last answered one sent ") !=
         std::string::npos);
   CHECK(lock.lost_why().find(" s,") == std::string::npos);
-  CHECK(lock.kill_by_ns() - lock.term_by_ns() == 600 * kMs);
-  lock.set_kill_after_ns(kSec);
-  CHECK(lock.kill_by_ns() - lock.term_by_ns() == kSec);
+  CHECK(ns_of(lock.kill_by()) - ns_of(lock.term_by()) == 600 * kMs);
+  lock.set_kill_after(std::chrono::seconds(1));
+  CHECK(ns_of(lock.kill_by()) - ns_of(lock.term_by()) == kSec);
 }
 
 TEST_CASE("cluster lock: a waiter queues once and takes the lock in its turn, renewing meanwhile") {
@@ -327,8 +343,8 @@ TEST_CASE("cluster lock: a waiter queues once and takes the lock in its turn, re
   const long long b = etcd.contender("n", encode_cluster_holder(holder("hB", 2, "2")));
   etcd.at(t0 + 2 * kSec, [&] { etcd.drop_lease(a); });
   etcd.at(t0 + 4 * kSec, [&] { etcd.drop_lease(b); });
-  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(lock.acquire(kBlocking, t0, me()) == Acquisition::Acquired);
+  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, std::chrono::milliseconds(600), log, {}, clock);
+  REQUIRE(lock.acquire(kBlocking, instant_ns(t0), me()) == Acquisition::Acquired);
   CHECK(clock.t >= t0 + 4 * kSec);
   CHECK(clock.t < t0 + 4 * kSec + 10 * kMs);       // woken by the deletion, not by a poll
   CHECK(etcd.transport.count("/v3/kv/txn") == 1);  // queued once
@@ -338,10 +354,10 @@ TEST_CASE("cluster lock: a waiter queues once and takes the lock in its turn, re
   CHECK(lock.fencing_token() > etcd.kvs.size());
   // Its place was kept: its key is the one created at the start.
   CHECK(etcd.kvs.at(lock.key()).create == lock.fencing_token());
-  CHECK(lock.expiry_ns() > clock.t + 2 * kSec);
+  CHECK(ns_of(lock.expiry()) > clock.t + 2 * kSec);
   // The value's acquired_at is rewritten at the first renewal (off the hand-off's path).
-  clock.t = lock.next_renewal_ns();
-  REQUIRE(lock.renew(lock.term_by_ns()));
+  clock.t = ns_of(lock.next_renewal());
+  REQUIRE(lock.renew(lock.term_by()));
   CHECK(parse_cluster_holder(etcd.kvs.at(lock.key()).value).value()["fencing_token"] == lock.fencing_token());
 }
 
@@ -352,8 +368,8 @@ TEST_CASE("cluster lock: a waiter's watch is ended by etcd at each renewal and w
   const long long t0 = clock.t;
   const long long a = etcd.contender("n", encode_cluster_holder(holder("hA", 1, "1")));
   etcd.at(t0 + 10 * kSec, [&] { etcd.drop_lease(a); });
-  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(lock.acquire(kBlocking, t0, me()) == Acquisition::Acquired);
+  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, std::chrono::milliseconds(600), log, {}, clock);
+  REQUIRE(lock.acquire(kBlocking, instant_ns(t0), me()) == Acquisition::Acquired);
   CHECK(clock.t >= t0 + 10 * kSec);
   CHECK(clock.t < t0 + 10 * kSec + 10 * kMs);  // woken by the deletion
   const auto& calls = etcd.transport.calls;
@@ -402,10 +418,10 @@ TEST_CASE("cluster lock: a waiter whose watched revision is compacted reads the 
     etcd.compacted = etcd.revision;
   });
   etcd.at(t0 + 4 * kSec, [&] { etcd.drop_lease(a); });
-  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
+  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, std::chrono::milliseconds(600), log, {}, clock);
   // Watching the compacted revision again and again would never see the
   // release: the deadline would pass on a free lock.
-  REQUIRE(lock.acquire(bounded(10 * kSec), t0, me()) == Acquisition::Acquired);
+  REQUIRE(lock.acquire(bounded(10 * kSec), instant_ns(t0), me()) == Acquisition::Acquired);
   CHECK(clock.t >= t0 + 4 * kSec);
   CHECK(clock.t < t0 + 4 * kSec + 10 * kMs);
   CHECK(etcd.transport.count("/v3/kv/range") >= 2);  // after the cancel, and after the news
@@ -419,19 +435,19 @@ TEST_CASE("cluster lock: a holder renews as often as riding out 2.5 s needs, a w
     FakeClock clock;
     MiniEtcd etcd(clock);
     Logger log = quiet_log();
-    const long long ka = lease_timing::default_kill_after_ns(ttl);
-    ClusterLock lock(etcd.transport, endpoints(1), "n", ttl, ka, log, {}, clock);
+    const long long ka = lease_timing::default_kill_after(ttl).count();
+    ClusterLock lock(etcd.transport, endpoints(1), "n", ttl, Duration(ka), log, {}, clock);
     const long long t0 = clock.t;
-    REQUIRE(lock.acquire(bounded(5 * kSec), t0, me()) == Acquisition::Acquired);
+    REQUIRE(lock.acquire(bounded(5 * kSec), instant_ns(t0), me()) == Acquisition::Acquired);
     // Holding for 10 s, renewing when due, as the job loop does.
     const long long end = clock.t + 10 * kSec;
     int renewals = 0;
-    while (lock.next_renewal_ns() < end) {
-      clock.t = std::max(clock.t, lock.next_renewal_ns());
-      REQUIRE(lock.renew(lock.term_by_ns()));
+    while (ns_of(lock.next_renewal()) < end) {
+      clock.t = std::max(clock.t, ns_of(lock.next_renewal()));
+      REQUIRE(lock.renew(lock.term_by()));
       ++renewals;
     }
-    const long long every = lease_timing::holder_renewal_ns(ttl, ka);
+    const long long every = timing_ns::holder_renewal_ns(ttl, ka);
     CHECK(renewals >= static_cast<int>(10 * kSec / every) - 1);
     CHECK(renewals <= static_cast<int>(10 * kSec / every) + 1);
     lock.release();
@@ -443,9 +459,9 @@ TEST_CASE("cluster lock: a bounded wait times out, naming the holder, and leaves
   MiniEtcd etcd(clock);
   Logger log = quiet_log();
   etcd.contender("n", encode_cluster_holder(holder("hA", 77, "1")));
-  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
+  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, std::chrono::milliseconds(600), log, {}, clock);
   const long long t0 = clock.t;
-  REQUIRE(lock.acquire(bounded(1500 * kMs), t0, me()) == Acquisition::TimedOut);
+  REQUIRE(lock.acquire(bounded(1500 * kMs), instant_ns(t0), me()) == Acquisition::TimedOut);
   CHECK(clock.t >= t0 + 1500 * kMs);
   CHECK(clock.t < t0 + 1600 * kMs);
   REQUIRE(lock.blocker());
@@ -458,13 +474,13 @@ TEST_CASE("cluster lock: single_flight skips without queuing when any contender 
   MiniEtcd etcd(clock);
   Logger log = quiet_log();
   etcd.contender("n", "");  // etcdctl lock: no value
-  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(lock.acquire(kNoWait, clock.t, me()) == Acquisition::Busy);
+  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, std::chrono::milliseconds(600), log, {}, clock);
+  REQUIRE(lock.acquire(kNoWait, instant_ns(clock.t), me()) == Acquisition::Busy);
   CHECK(etcd.kvs.size() == 1);
   CHECK_FALSE(lock.blocker());
   CHECK(describe_cluster_holder(lock.blocker()).find("etcdctl") != std::string::npos);
-  ClusterLock free_lock(etcd.transport, endpoints(1), "m", 3, 600 * kMs, log, {}, clock);
-  CHECK(free_lock.acquire(kNoWait, clock.t, me()) == Acquisition::Acquired);
+  ClusterLock free_lock(etcd.transport, endpoints(1), "m", 3, std::chrono::milliseconds(600), log, {}, clock);
+  CHECK(free_lock.acquire(kNoWait, instant_ns(clock.t), me()) == Acquisition::Acquired);
 }
 
 TEST_CASE("cluster lock: a blocking waiter rides out etcd being unavailable and keeps its place") {
@@ -484,8 +500,8 @@ TEST_CASE("cluster lock: a blocking waiter rides out etcd being unavailable and 
     return std::nullopt;
   };
   etcd.at(t0 + 5 * kSec, [&] { etcd.drop_lease(a); });
-  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(lock.acquire(kBlocking, t0, me()) == Acquisition::Acquired);
+  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, std::chrono::milliseconds(600), log, {}, clock);
+  REQUIRE(lock.acquire(kBlocking, instant_ns(t0), me()) == Acquisition::Acquired);
   CHECK(clock.t >= t0 + 5 * kSec);
   CHECK(etcd.transport.count("/v3/kv/txn") == 1);  // the lease and the place survived
 }
@@ -501,8 +517,8 @@ TEST_CASE("cluster lock: a waiter whose lease expired in a long outage queues ag
     return std::nullopt;
   };
   etcd.at(t0 + 6 * kSec, [&] { etcd.drop_lease(a); });
-  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(lock.acquire(kBlocking, t0, me()) == Acquisition::Acquired);
+  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, std::chrono::milliseconds(600), log, {}, clock);
+  REQUIRE(lock.acquire(kBlocking, instant_ns(t0), me()) == Acquisition::Acquired);
   CHECK(etcd.transport.count("/v3/lease/grant") == 2);
   CHECK(etcd.transport.count("/v3/kv/txn") == 2);
 }
@@ -512,10 +528,10 @@ TEST_CASE("cluster lock: etcd unreachable from the start is 69 within the deadli
   FakeTransport t(clock);
   t.handler = [](const Endpoint&, const Request&) { return refused(); };
   Logger log = quiet_log();
-  ClusterLock lock(t, endpoints(2), "n", 3, 600 * kMs, log, {}, clock);
+  ClusterLock lock(t, endpoints(2), "n", 3, std::chrono::milliseconds(600), log, {}, clock);
   const long long t0 = clock.t;
   try {
-    lock.acquire(bounded(500 * kMs), t0, me());
+    lock.acquire(bounded(500 * kMs), instant_ns(t0), me());
     FAIL("no throw");
   } catch (const Fatal& f) {
     CHECK(f.status() == 69);
@@ -528,8 +544,8 @@ TEST_CASE("cluster lock: x and x/lock/y have keys of their own and do not exclud
   FakeClock clock;
   MiniEtcd etcd(clock);
   Logger log = quiet_log();
-  ClusterLock nested(etcd.transport, endpoints(1), "x/lock/y", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(nested.acquire(bounded(kSec), clock.t, me()) == Acquisition::Acquired);
+  ClusterLock nested(etcd.transport, endpoints(1), "x/lock/y", 3, std::chrono::milliseconds(600), log, {}, clock);
+  REQUIRE(nested.acquire(bounded(kSec), instant_ns(clock.t), me()) == Acquisition::Acquired);
   CHECK(nested.key() == "looplock/x%2Flock%2Fy/lock/" + lease_hex(nested.lease()));
   // The same key under the unencoded prefix too, in the same transaction, for
   // earlier versions and etcdctl lock.
@@ -541,14 +557,14 @@ TEST_CASE("cluster lock: x and x/lock/y have keys of their own and do not exclud
   CHECK(etcd.kvs.at(legacy).value == etcd.kvs.at(nested.key()).value);
   // That legacy key lies under "x"'s prefix, but it is not x's contender.
   for (auto plan : {kNoWait, bounded(kSec), kBlocking}) {
-    ClusterLock x(etcd.transport, endpoints(1), "x", 3, 600 * kMs, log, {}, clock);
+    ClusterLock x(etcd.transport, endpoints(1), "x", 3, std::chrono::milliseconds(600), log, {}, clock);
     const long long t0 = clock.t;
-    CHECK(x.acquire(plan, t0, me()) == Acquisition::Acquired);
+    CHECK(x.acquire(plan, instant_ns(t0), me()) == Acquisition::Acquired);
     CHECK(clock.t < t0 + 100 * kMs);
     CHECK(x.key() == "looplock/x/lock/" + lease_hex(x.lease()));
     // ... and x's key is not x/lock/y's.
-    ClusterLock other(etcd.transport, endpoints(1), "x/lock/y", 3, 600 * kMs, log, {}, clock);
-    CHECK(other.acquire(kNoWait, clock.t, me()) == Acquisition::Busy);
+    ClusterLock other(etcd.transport, endpoints(1), "x/lock/y", 3, std::chrono::milliseconds(600), log, {}, clock);
+    CHECK(other.acquire(kNoWait, instant_ns(clock.t), me()) == Acquisition::Busy);
     REQUIRE(other.blocker());
     CHECK((*other.blocker())["lease"] == lease_hex(nested.lease()));
     x.release();
@@ -566,8 +582,8 @@ TEST_CASE("cluster lock: an encoded name's legacy contender (an earlier looplock
     Logger log = quiet_log();
     const long long old = etcd.contender_at(legacy_lock_prefix("a/b"), value);
     // single_flight skips, naming it.
-    ClusterLock sf(etcd.transport, endpoints(1), "a/b", 3, 600 * kMs, log, {}, clock);
-    REQUIRE(sf.acquire(kNoWait, clock.t, me()) == Acquisition::Busy);
+    ClusterLock sf(etcd.transport, endpoints(1), "a/b", 3, std::chrono::milliseconds(600), log, {}, clock);
+    REQUIRE(sf.acquire(kNoWait, instant_ns(clock.t), me()) == Acquisition::Busy);
     CHECK(etcd.kvs.size() == 1);
     if (*value) {
       REQUIRE(sf.blocker());
@@ -576,17 +592,17 @@ TEST_CASE("cluster lock: an encoded name's legacy contender (an earlier looplock
       CHECK_FALSE(sf.blocker());
     }
     // The deadline times out, naming it.
-    ClusterLock w(etcd.transport, endpoints(1), "a/b", 3, 600 * kMs, log, {}, clock);
+    ClusterLock w(etcd.transport, endpoints(1), "a/b", 3, std::chrono::milliseconds(600), log, {}, clock);
     long long t0 = clock.t;
-    REQUIRE(w.acquire(bounded(kSec), t0, me()) == Acquisition::TimedOut);
+    REQUIRE(w.acquire(bounded(kSec), instant_ns(t0), me()) == Acquisition::TimedOut);
     CHECK(clock.t >= t0 + kSec);
     CHECK(etcd.kvs.size() == 1);
     if (*value) CHECK((*w.blocker())["pid"] == 7);
     // A waiter waits for it, and takes the lock when it is gone.
     t0 = clock.t;
     etcd.at(t0 + 2 * kSec, [&] { etcd.drop_lease(old); });
-    ClusterLock b(etcd.transport, endpoints(1), "a/b", 3, 600 * kMs, log, {}, clock);
-    REQUIRE(b.acquire(kBlocking, t0, me()) == Acquisition::Acquired);
+    ClusterLock b(etcd.transport, endpoints(1), "a/b", 3, std::chrono::milliseconds(600), log, {}, clock);
+    REQUIRE(b.acquire(kBlocking, instant_ns(t0), me()) == Acquisition::Acquired);
     CHECK(clock.t >= t0 + 2 * kSec);
     CHECK(clock.t < t0 + 2 * kSec + 10 * kMs);
   }
@@ -598,14 +614,14 @@ TEST_CASE("cluster lock: new and legacy contenders of an encoded name queue in o
   Logger log = quiet_log();
   const long long t0 = clock.t;
   // A new holder (both keys), then an earlier looplock queued behind it (legacy key only).
-  ClusterLock first(etcd.transport, endpoints(1), "a/b", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(first.acquire(bounded(kSec), t0, me()) == Acquisition::Acquired);
+  ClusterLock first(etcd.transport, endpoints(1), "a/b", 3, std::chrono::milliseconds(600), log, {}, clock);
+  REQUIRE(first.acquire(bounded(kSec), instant_ns(t0), me()) == Acquisition::Acquired);
   const long long old = etcd.contender_at(legacy_lock_prefix("a/b"), "");
   const long long first_lease = first.lease();
   etcd.at(t0 + kSec, [&] { etcd.drop_lease(first_lease); });  // its release (the revoke deletes both keys)
   etcd.at(t0 + 2 * kSec, [&] { etcd.drop_lease(old); });
-  ClusterLock third(etcd.transport, endpoints(1), "a/b", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(third.acquire(kBlocking, t0, me()) == Acquisition::Acquired);
+  ClusterLock third(etcd.transport, endpoints(1), "a/b", 3, std::chrono::milliseconds(600), log, {}, clock);
+  REQUIRE(third.acquire(kBlocking, instant_ns(t0), me()) == Acquisition::Acquired);
   // Not at the first release: the legacy contender came before it.
   CHECK(clock.t >= t0 + 2 * kSec);
   CHECK(third.fencing_token() > etcd.kvs.size());
@@ -617,12 +633,12 @@ TEST_CASE("cluster lock: another name's keys deeper under the prefix do not hold
   Logger log = quiet_log();
   // An earlier looplock holding "x/lock/y" (its key under x's prefix).
   etcd.contender_at(legacy_lock_prefix("x/lock/y"), encode_cluster_holder(holder("old", 9, "1")));
-  ClusterLock sf(etcd.transport, endpoints(1), "x", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(sf.acquire(kNoWait, clock.t, me()) == Acquisition::Acquired);
+  ClusterLock sf(etcd.transport, endpoints(1), "x", 3, std::chrono::milliseconds(600), log, {}, clock);
+  REQUIRE(sf.acquire(kNoWait, instant_ns(clock.t), me()) == Acquisition::Acquired);
   // The compare on the prefix failed: queued, found first, holds.
   CHECK(etcd.transport.count("/v3/kv/txn") == 2);
-  ClusterLock sf2(etcd.transport, endpoints(1), "x", 3, 600 * kMs, log, {}, clock);
-  REQUIRE(sf2.acquire(kNoWait, clock.t, me()) == Acquisition::Busy);
+  ClusterLock sf2(etcd.transport, endpoints(1), "x", 3, std::chrono::milliseconds(600), log, {}, clock);
+  REQUIRE(sf2.acquire(kNoWait, instant_ns(clock.t), me()) == Acquisition::Busy);
   REQUIRE(sf2.blocker());
   CHECK((*sf2.blocker())["lease"] == lease_hex(sf.lease()));
   CHECK(etcd.kvs.size() == 2);  // sf2's key went with its lease

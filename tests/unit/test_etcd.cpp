@@ -298,7 +298,7 @@ TEST_CASE("client: a signal of interrupt_on ends the call at once, no other endp
   sigemptyset(&usr1.signals);
   sigaddset(&usr1.signals, SIGUSR1);
   const long long start = clock.t;
-  auto r = c.lease_keepalive(7, {start + 10 * kSec, kSec, false, &usr1});
+  auto r = c.lease_keepalive(7, by(start + 10 * kSec, kSec, false, &usr1));
   CHECK(r.status == Status::Interrupted);
   CHECK(status_name(r.status) == "interrupted");
   REQUIRE(t.calls.size() == 1);
@@ -310,11 +310,11 @@ TEST_CASE("client: the next endpoint when one refuses, and it is tried first aft
   FakeTransport t(clock);
   t.script = {refused(), answer(R"({"ID":"7","TTL":"10"})"), answer(kEmpty)};
   Client c(t, endpoints(2), clock);
-  auto r = c.lease_grant(10, {clock.t + kSec, 0});
+  auto r = c.lease_grant(10, by(clock.t + kSec));
   REQUIRE(r.ok());
   CHECK(r.value == 7);
   CHECK(c.current_endpoint() == "http://10.0.0.2:2379");
-  CHECK(c.lease_revoke(7, {clock.t + kSec, 0}).ok());
+  CHECK(c.lease_revoke(7, by(clock.t + kSec)).ok());
   REQUIRE(t.calls.size() == 3);
   CHECK(t.calls[0].url == "http://10.0.0.1:2379/v3/lease/grant");
   CHECK(t.calls[1].url == "http://10.0.0.2:2379/v3/lease/grant");
@@ -329,15 +329,15 @@ TEST_CASE("client: a blackholed endpoint costs one short connect timeout, growin
   t.script = {connect_timeout(), answer(kEmpty), connect_timeout(), connect_timeout(), answer(kEmpty)};
   Client c(t, endpoints(2), clock);
   const long long t0 = clock.t;
-  REQUIRE(c.range({"k"}, {t0 + 5 * kSec, 0}).ok());
-  CHECK(t.calls[0].connect_deadline_ns - t.calls[0].at == Client::kConnectNs);
-  CHECK(clock.t - t0 == Client::kConnectNs + kMs);  // 40 ms lost, not a second
+  REQUIRE(c.range({"k"}, by(t0 + 5 * kSec)).ok());
+  CHECK(t.calls[0].connect_deadline_ns - t.calls[0].at == Client::kConnect.count());
+  CHECK(clock.t - t0 == Client::kConnect.count() + kMs);  // 40 ms lost, not a second
   // The second endpoint answered: it comes first. When it times out too, the
   // first gets twice its connect timeout, and after a pause so does the second.
-  REQUIRE(c.range({"k"}, {clock.t + 5 * kSec, 0}).ok());
+  REQUIRE(c.range({"k"}, by(clock.t + 5 * kSec)).ok());
   CHECK(t.calls[2].url.starts_with("http://10.0.0.2"));
-  CHECK(t.calls[3].connect_deadline_ns - t.calls[3].at == 2 * Client::kConnectNs);
-  CHECK(t.calls[4].connect_deadline_ns - t.calls[4].at == 2 * Client::kConnectNs);
+  CHECK(t.calls[3].connect_deadline_ns - t.calls[3].at == 2 * Client::kConnect.count());
+  CHECK(t.calls[4].connect_deadline_ns - t.calls[4].at == 2 * Client::kConnect.count());
   CHECK(clock.sleeps == std::vector<long long>{25 * kMs});
 }
 
@@ -347,7 +347,7 @@ TEST_CASE("client: nothing reachable is retried in rounds, pausing longer each t
   t.handler = [](const Endpoint&, const Request&) { return refused(); };
   Client c(t, endpoints(2), clock);
   const long long t0 = clock.t;
-  auto r = c.range({"k"}, {t0 + 1 * kSec, 0});
+  auto r = c.range({"k"}, by(t0 + 1 * kSec));
   CHECK(r.status == Status::Unavailable);
   CHECK(r.error.find("10.0.0.1") != std::string::npos);
   CHECK(r.error.find("10.0.0.2") != std::string::npos);
@@ -365,16 +365,16 @@ TEST_CASE("client: a timed-out attempt goes to the next endpoint, on a fresh con
               answer(R"({"result":{"ID":"7","TTL":"3"}})")};
   Client c(t, endpoints(2), clock);
   const long long t0 = clock.t;
-  auto r = c.lease_keepalive(7, {t0 + 2 * kSec, 300 * kMs});
+  auto r = c.lease_keepalive(7, by(t0 + 2 * kSec, 300 * kMs));
   REQUIRE(r.ok());
   CHECK(r.value == 3);
   CHECK(t.calls[0].deadline_ns == t0 + 300 * kMs);  // the attempt's bound, not the call's
   CHECK(t.calls[1].url.starts_with("http://10.0.0.2"));
-  CHECK(r.sent_ns == t0 + 300 * kMs);  // when the attempt that succeeded began
+  CHECK(ns_of(r.sent) == t0 + 300 * kMs);  // when the attempt that succeeded began
   CHECK_FALSE(t.calls[1].fresh);
   // The endpoint that went silent is no longer the first; when it is used
   // again, its kept connection is not.
-  REQUIRE(c.lease_keepalive(7, {clock.t + kSec, 300 * kMs}).ok());
+  REQUIRE(c.lease_keepalive(7, by(clock.t + kSec, 300 * kMs)).ok());
   CHECK(t.calls[2].url.starts_with("http://10.0.0.2"));
 }
 
@@ -384,7 +384,7 @@ TEST_CASE("client: attempt timeouts double each round (a slow but healthy cluste
   t.handler = [&](const Endpoint&, const Request&) { return answer(kEmpty, 500 * kMs); };  // each answer takes 500 ms
   Client c(t, endpoints(1), clock);
   const long long t0 = clock.t;
-  auto r = c.range({"k"}, {t0 + 5 * kSec, 200 * kMs});
+  auto r = c.range({"k"}, by(t0 + 5 * kSec, 200 * kMs));
   REQUIRE(r.ok());
   REQUIRE(t.calls.size() == 3);  // 200 ms, 400 ms, then 800 ms is enough
   CHECK(t.calls[1].fresh);
@@ -401,16 +401,16 @@ TEST_CASE("client: transient errors go to the next member; definitive ones end t
               {Step::Answer, 200, "not json", kMs},
               answer(kEmpty)};
   Client c(t, endpoints(2), clock);
-  REQUIRE(c.range({"k"}, {clock.t + kSec, 0}).ok());
+  REQUIRE(c.range({"k"}, by(clock.t + kSec)).ok());
   CHECK(t.calls[1].url.starts_with("http://10.0.0.2"));
-  auto a = c.txn("{}", {clock.t + kSec, 0});
+  auto a = c.txn("{}", by(clock.t + kSec));
   CHECK(a.status == Status::Failed);
   CHECK(a.code == grpc_code::kNotFound);
   CHECK(a.error.find("HTTP 404: etcdserver: requested lease not found") != std::string::npos);
-  auto b = c.lease_keepalive(7, {clock.t + kSec, 0});  // a stream's error frame
+  auto b = c.lease_keepalive(7, by(clock.t + kSec));  // a stream's error frame
   CHECK(b.status == Status::Failed);
   CHECK(b.error.find("requested lease not found") != std::string::npos);
-  CHECK(c.range({"k"}, {clock.t + kSec, 0}).ok());  // unreadable: another member
+  CHECK(c.range({"k"}, by(clock.t + kSec)).ok());  // unreadable: another member
   CHECK(t.calls.size() == 6);
 }
 
@@ -419,14 +419,14 @@ TEST_CASE("client: revoking a lease that is gone already is fine") {
   FakeTransport t(clock);
   t.script = {http(404, R"({"error":"etcdserver: requested lease not found","code":5})")};
   Client c(t, endpoints(1), clock);
-  CHECK(c.lease_revoke(7, {clock.t + kSec, 0}).ok());
+  CHECK(c.lease_revoke(7, by(clock.t + kSec)).ok());
 }
 
 TEST_CASE("client: a deadline already passed sends nothing") {
   FakeClock clock;
   FakeTransport t(clock);
   Client c(t, endpoints(2), clock);
-  auto r = c.range({"k"}, {clock.t - 1, 0});
+  auto r = c.range({"k"}, by(clock.t - 1));
   CHECK(r.status == Status::Unavailable);
   CHECK(t.calls.empty());
 }
@@ -438,13 +438,13 @@ TEST_CASE("client: a watch waits until its deadline without retrying, and report
   t.script = {silent(), answer(created + "{\"result\":{\"events\":[{\"type\":\"DELETE\",\"kv\":{}}]}}\n")};
   Client c(t, endpoints(2), clock);
   const long long t0 = clock.t;
-  auto w = c.watch_delete("k", 6, {t0 + 300 * kMs, 0});
+  auto w = c.watch_delete("k", 6, by(t0 + 300 * kMs));
   CHECK(w.status == Status::Timeout);
   CHECK(clock.t == t0 + 300 * kMs);
   CHECK(t.calls.size() == 1);
   CHECK(t.calls[0].stream);
   CHECK(Json::parse(t.calls[0].body)["create_request"]["start_revision"] == "6");
-  auto d = c.watch_delete("k", 6, {clock.t + kSec, 0});
+  auto d = c.watch_delete("k", 6, by(clock.t + kSec));
   REQUIRE(d.ok());
   CHECK(d.value);
 }
@@ -466,7 +466,7 @@ TEST_CASE("client: a watch etcd ends at its deadline is no news; a canceled one,
   Client c(t, endpoints(1), clock);
   for (const bool read_again : {false, false, false, true, true, false}) {
     CAPTURE(t.calls.size());
-    auto w = c.watch_delete("k", 6, {clock.t + kSec, 0});
+    auto w = c.watch_delete("k", 6, by(clock.t + kSec));
     REQUIRE(w.ok());
     CHECK(w.value == read_again);
   }
@@ -483,12 +483,12 @@ TEST_CASE("client: etcd authentication: a token first, on every request, renewed
               answer(R"({"header":{},"token":"tok2"})"), answer(kEmpty)};
   Client c(t, endpoints(1), clock);
   c.set_credentials("loop", "s3cret");
-  REQUIRE(c.range({"k"}, {clock.t + kSec, 0}).ok());
+  REQUIRE(c.range({"k"}, by(clock.t + kSec)).ok());
   CHECK(t.calls[0].path == "/v3/auth/authenticate");
   CHECK(Json::parse(t.calls[0].body) == Json::parse(R"({"name":"loop","password":"s3cret"})"));
   CHECK(t.calls[0].token.empty());
   CHECK(t.calls[1].token == "tok1");
-  REQUIRE(c.range({"k"}, {clock.t + kSec, 0}).ok());
+  REQUIRE(c.range({"k"}, by(clock.t + kSec)).ok());
   CHECK(t.calls[3].path == "/v3/auth/authenticate");
   CHECK(t.calls[4].token == "tok2");
 }
@@ -499,7 +499,7 @@ TEST_CASE("client: a wrong password fails with a hint and never shows the passwo
   t.script = {http(400, R"({"error":"etcdserver: authentication failed, invalid user ID or password","code":3})")};
   Client c(t, endpoints(1), clock);
   c.set_credentials("loop", "s3cret");
-  auto r = c.range({"k"}, {clock.t + kSec, 0});
+  auto r = c.range({"k"}, by(clock.t + kSec));
   CHECK(r.status == Status::Failed);
   CHECK(r.error.find("cannot log in as etcd user loop") != std::string::npos);
   CHECK(r.error.find("s3cret") == std::string::npos);
@@ -514,8 +514,8 @@ TEST_CASE("client: with authentication disabled on etcd, requests go without a t
               answer(kEmpty)};
   Client c(t, endpoints(1), clock);
   c.set_credentials("loop", "s3cret");
-  REQUIRE(c.range({"k"}, {clock.t + kSec, 0}).ok());
-  REQUIRE(c.range({"k"}, {clock.t + kSec, 0}).ok());
+  REQUIRE(c.range({"k"}, by(clock.t + kSec)).ok());
+  REQUIRE(c.range({"k"}, by(clock.t + kSec)).ok());
   CHECK(t.calls.size() == 3);
   CHECK(t.calls[2].token.empty());
 }
@@ -525,7 +525,7 @@ TEST_CASE("client: a TLS failure tries the next endpoint and keeps the reason an
   FakeTransport t(clock);
   t.handler = [](const Endpoint&, const Request&) { return failing(Step::TlsError); };
   Client c(t, endpoints(2), clock);
-  auto r = c.range({"k"}, {clock.t + 100 * kMs, 0});
+  auto r = c.range({"k"}, by(clock.t + 100 * kMs));
   CHECK(r.status == Status::Unavailable);
   CHECK(r.error.find("TLS: certificate verify failed") != std::string::npos);
   CHECK(r.cause == Cause::TlsRejected);

@@ -28,7 +28,7 @@ using namespace looplock::etcd;
 
 namespace {
 
-constexpr long long kMs = 1'000'000LL;  // the transport counts nanoseconds
+using namespace std::chrono_literals;
 
 // A loopback listening socket on a free port.
 struct Listener {
@@ -116,14 +116,14 @@ std::thread serve_kept(const Listener& l, std::string answer, int requests, std:
 
 // One POST through the transport.
 Exchange post(CurlTransport& t, const Endpoint& ep, std::string_view path, std::string_view body,
-              long long connect_deadline, long long deadline, bool stream, HttpResponse& out, std::string& error,
+              Instant connect_deadline, Instant deadline, bool stream, HttpResponse& out, std::string& error,
               std::string_view token = {}, bool fresh = false) {
   Request req;
   req.path = path;
   req.body = body;
   req.token = token;
-  req.connect_deadline_ns = connect_deadline;
-  req.deadline_ns = deadline;
+  req.connect_deadline = connect_deadline;
+  req.deadline = deadline;
   if (stream) req.enough = [](std::string_view b) { return b.find('\n') != std::string_view::npos; };
   req.fresh_connection = fresh;
   return t.post(ep, req, out, error);
@@ -151,9 +151,8 @@ TEST_CASE("an answer: the POST as sent, the status and body as received") {
   auto server = serve_once(l, "HTTP/1.1 404 Not Found\r\nContent-Length: 4\r\n\r\nnope", request);
   HttpResponse out;
   std::string error;
-  const long long now = sys::monotonic_ns();
-  auto ex =
-      post(t, l.endpoint(), "/v3/kv/range", R"({"key":"aw=="})", now + 1000 * kMs, now + 5000 * kMs, false, out, error);
+  const Instant now = MonotonicClock::now();
+  auto ex = post(t, l.endpoint(), "/v3/kv/range", R"({"key":"aw=="})", now + 1000ms, now + 5000ms, false, out, error);
   server.join();
   unsetenv("http_proxy");
   CHECK(ex == Exchange::Ok);
@@ -175,15 +174,14 @@ TEST_CASE("a stream that does not end: its first line is the answer") {
                            request, 3000);
   HttpResponse out;
   std::string error;
-  const long long start = sys::monotonic_ns();
-  auto ex =
-      post(t, l.endpoint(), "/v3/watch", R"({"ID":"7"})", start + 1000 * kMs, start + 2000 * kMs, true, out, error);
-  const long long took = sys::monotonic_ns() - start;
+  const Instant start = MonotonicClock::now();
+  auto ex = post(t, l.endpoint(), "/v3/watch", R"({"ID":"7"})", start + 1000ms, start + 2000ms, true, out, error);
+  const Duration took = MonotonicClock::now() - start;
   server.join();
   CHECK(ex == Exchange::Ok);
   CHECK(out.status == 200);
   CHECK(out.body == "{\"result\":{\"ID\":\"7\",\"TTL\":\"9\"}}\n");
-  CHECK(took < 1500 * kMs);  // did not wait for the stream's end
+  CHECK(took < 1500ms);  // did not wait for the stream's end
 }
 
 namespace {
@@ -215,18 +213,18 @@ TEST_CASE("a pending signal of interrupt_on ends a request that gets no answer, 
   Request req;
   req.path = "/v3/lease/keepalive";
   req.body = "{}";
-  const long long start = sys::monotonic_ns();
-  req.connect_deadline_ns = start + 1000 * kMs;
-  req.deadline_ns = start + 10'000 * kMs;
+  const Instant start = MonotonicClock::now();
+  req.connect_deadline = start + 1000ms;
+  req.deadline = start + 10'000ms;
   const looplock::sys::Interrupts usr1{pending.usr1};
   req.interrupt_on = &usr1;
   HttpResponse out;
   std::string error;
   const Exchange ex = t.post(l.endpoint(), req, out, error);
-  const long long took = sys::monotonic_ns() - start;
+  const Duration took = MonotonicClock::now() - start;
   CHECK(ex == Exchange::Interrupted);
   CHECK(error.find("interrupted by a signal") != std::string::npos);
-  CHECK(took < 5000 * kMs);
+  CHECK(took < 5000ms);
   CHECK(pending.taken());  // still pending, for the caller
 }
 
@@ -236,8 +234,8 @@ TEST_CASE("without interrupt_on, a blocked pending signal leaves the request alo
   PendingUsr1 pending;
   HttpResponse out;
   std::string error;
-  const long long start = sys::monotonic_ns();
-  CHECK(post(t, l.endpoint(), "/v3/kv/range", "{}", start + 1000 * kMs, start + 1500 * kMs, false, out, error) ==
+  const Instant start = MonotonicClock::now();
+  CHECK(post(t, l.endpoint(), "/v3/kv/range", "{}", start + 1000ms, start + 1500ms, false, out, error) ==
         Exchange::TimedOut);
   CHECK(pending.taken());
 }
@@ -251,10 +249,9 @@ TEST_CASE("a refused connection is ConnectFailed") {
   CurlTransport t;
   HttpResponse out;
   std::string error;
-  const long long now = sys::monotonic_ns();
+  const Instant now = MonotonicClock::now();
   auto ep = parse_endpoints("http://127.0.0.1:" + std::to_string(port)).endpoints.at(0);
-  CHECK(post(t, ep, "/v3/kv/range", "{}", now + 1000 * kMs, now + 2000 * kMs, false, out, error) ==
-        Exchange::ConnectFailed);
+  CHECK(post(t, ep, "/v3/kv/range", "{}", now + 1000ms, now + 2000ms, false, out, error) == Exchange::ConnectFailed);
   CHECK(error.starts_with(ep.text + ": "));
 }
 
@@ -263,13 +260,13 @@ TEST_CASE("a server that takes the request and never answers is TimedOut, on tim
   Listener l;  // the kernel completes the connection; nobody reads or answers
   HttpResponse out;
   std::string error;
-  const long long start = sys::monotonic_ns();
-  auto ex = post(t, l.endpoint(), "/v3/kv/range", "{}", start + 1000 * kMs, start + 300 * kMs, false, out, error);
-  const long long took = sys::monotonic_ns() - start;
+  const Instant start = MonotonicClock::now();
+  auto ex = post(t, l.endpoint(), "/v3/kv/range", "{}", start + 1000ms, start + 300ms, false, out, error);
+  const Duration took = MonotonicClock::now() - start;
   CHECK(ex == Exchange::TimedOut);
   CHECK(error.find("no answer before the deadline") != std::string::npos);
-  CHECK(took >= 250 * kMs);
-  CHECK(took < 2000 * kMs);
+  CHECK(took >= 250ms);
+  CHECK(took < 2000ms);
 }
 
 TEST_CASE("a connection closed without an answer is ConnectFailed (the next endpoint is tried)") {
@@ -279,8 +276,8 @@ TEST_CASE("a connection closed without an answer is ConnectFailed (the next endp
   auto server = serve_once(l, "", request);
   HttpResponse out;
   std::string error;
-  const long long now = sys::monotonic_ns();
-  auto ex = post(t, l.endpoint(), "/v3/kv/put", "{}", now + 1000 * kMs, now + 2000 * kMs, false, out, error);
+  const Instant now = MonotonicClock::now();
+  auto ex = post(t, l.endpoint(), "/v3/kv/put", "{}", now + 1000ms, now + 2000ms, false, out, error);
   server.join();
   CHECK(ex == Exchange::ConnectFailed);
   CHECK(error.find("without an answer") != std::string::npos);
@@ -295,8 +292,8 @@ TEST_CASE("one kept connection per endpoint; a fresh one when asked; the auth to
   HttpResponse out;
   std::string error;
   for (int i = 0; i < 4; ++i) {
-    const long long now = sys::monotonic_ns();
-    CHECK(post(t, l.endpoint(), "/v3/kv/range", "{}", now + 1000 * kMs, now + 2000 * kMs, false, out, error,
+    const Instant now = MonotonicClock::now();
+    CHECK(post(t, l.endpoint(), "/v3/kv/range", "{}", now + 1000ms, now + 2000ms, false, out, error,
                i == 1 ? "tok.1" : "", i == 3) == Exchange::Ok);
   }
   server.join();
@@ -315,14 +312,12 @@ TEST_CASE("a kept connection whose server went away: the next request connects a
   HttpResponse out;
   std::string error;
   auto server = serve_once(l, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", first);
-  long long now = sys::monotonic_ns();
-  CHECK(post(t, l.endpoint(), "/v3/kv/range", "{}", now + 1000 * kMs, now + 2000 * kMs, false, out, error) ==
-        Exchange::Ok);
+  Instant now = MonotonicClock::now();
+  CHECK(post(t, l.endpoint(), "/v3/kv/range", "{}", now + 1000ms, now + 2000ms, false, out, error) == Exchange::Ok);
   server.join();  // and closed its end
   server = serve_once(l, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", second);
-  now = sys::monotonic_ns();
-  CHECK(post(t, l.endpoint(), "/v3/kv/range", "{}", now + 1000 * kMs, now + 2000 * kMs, false, out, error) ==
-        Exchange::Ok);
+  now = MonotonicClock::now();
+  CHECK(post(t, l.endpoint(), "/v3/kv/range", "{}", now + 1000ms, now + 2000ms, false, out, error) == Exchange::Ok);
   server.join();
   CHECK(second.starts_with("POST /v3/kv/range"));
 }
@@ -353,8 +348,8 @@ TEST_CASE("https:// to a plain-HTTP server fails as a TLS failure that says to u
     HttpResponse out;
     std::string error;
     auto ep = parse_endpoints("https://127.0.0.1:" + std::to_string(l.port)).endpoints.at(0);
-    const long long now = sys::monotonic_ns();
-    auto ex = post(t, ep, "/v3/kv/range", "{}", now + 1000 * kMs, now + 2000 * kMs, false, out, error);
+    const Instant now = MonotonicClock::now();
+    auto ex = post(t, ep, "/v3/kv/range", "{}", now + 1000ms, now + 2000ms, false, out, error);
     server.join();
     CHECK(ex == Exchange::TlsFailed);
     CHECK(error.find("TLS") != std::string::npos);
@@ -392,13 +387,13 @@ TEST_CASE("a blackholed endpoint is ConnectFailed at the connect deadline, not t
   HttpResponse out;
   std::string error;
   auto ep = parse_endpoints("http://127.0.0.1:" + std::to_string(ntohs(a.sin_port))).endpoints.at(0);
-  const long long start = sys::monotonic_ns();
-  auto ex = post(t, ep, "/v3/kv/range", "{}", start + 60 * kMs, start + 3000 * kMs, false, out, error);
-  const long long took = sys::monotonic_ns() - start;
+  const Instant start = MonotonicClock::now();
+  auto ex = post(t, ep, "/v3/kv/range", "{}", start + 60ms, start + 3000ms, false, out, error);
+  const Duration took = MonotonicClock::now() - start;
   CHECK(ex == Exchange::ConnectFailed);
   CHECK(error.find("connection timed out") != std::string::npos);
-  CHECK(took >= 55 * kMs);
-  CHECK(took < 1000 * kMs);
+  CHECK(took >= 55ms);
+  CHECK(took < 1000ms);
   CHECK(sockets_without_cloexec() == 0);
 }
 
