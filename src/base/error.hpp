@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include "os/failure.hpp"
+
 namespace looplock {
 
 class Fatal : public std::runtime_error {
@@ -40,6 +42,10 @@ std::string errno_message(const std::string& what, int err);
 // Throws Fatal(status, what + ": " + strerror(err), hint, event).
 [[noreturn]] void fail_errno(int status, const std::string& what, int err, std::string hint = {},
                              std::string event = {});
+
+// Throws Fatal(status, ...) for a recoverable failure that ends the run
+// after all: its what (with strerror(err) when it has an errno) and hint.
+[[noreturn]] void fail(int status, const sys::Failure& f, std::string event = {});
 
 // Writes `text` to standard output; throws Fatal 71 naming the failure
 // (a closed stdout, a full disk, /dev/full). A closed pipe (EPIPE) kills

@@ -41,9 +41,9 @@ std::string exec_hint(int err, const std::string& name) {
 }
 
 // Throws what the system could not do for the command's start.
-[[noreturn]] void fail(const sys::JobFailure& f, const std::string& name) {
-  if (f.exec) exec_failed(name, f.err);
-  fail_errno(exit_code::kOsError, f.what, f.err, f.hint);
+[[noreturn]] void start_failed(const sys::Failure& f, const std::string& name) {
+  if (f.of == sys::Failure::Of::Command) exec_failed(name, f.err);
+  looplock::fail(exit_code::kOsError, f);
 }
 
 // The loop that runs until the job has ended (tini's, dumb-init's): reap
@@ -264,7 +264,7 @@ int exec_failure_status(int err) { return sys::exec_not_found(err) ? exit_code::
 
 JobEnd run_command(const CommandSpec& spec, sys::JobControl& control, const Logger& log) {
   auto started = control.start({spec.argv, spec.env, spec.pass_fd});
-  if (auto* f = std::get_if<sys::JobFailure>(&started)) fail(*f, spec.argv[0]);
+  if (auto* f = std::get_if<sys::Failure>(&started)) start_failed(*f, spec.argv[0]);
   sys::RunningJob& job = *std::get<std::unique_ptr<sys::RunningJob>>(started);
   if (job.terminal_error() != 0) {
     log.warn("terminal", errno_message("cannot give the terminal to the command", job.terminal_error()));
@@ -277,7 +277,7 @@ JobEnd run_command(const CommandSpec& spec, sys::JobControl& control, const Logg
 }
 
 void exec_command(const CommandSpec& spec, sys::JobControl& control) {
-  fail(control.exec({spec.argv, spec.env, spec.pass_fd}), spec.argv[0]);
+  start_failed(control.exec({spec.argv, spec.env, spec.pass_fd}), spec.argv[0]);
 }
 
 }  // namespace looplock

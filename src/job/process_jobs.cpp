@@ -18,7 +18,7 @@ class ProcessJobs final : public JobRunner {
 public:
   void take_control(Pid self) override {
     auto taken = sys::take_job_control(self);
-    if (auto* f = std::get_if<sys::JobFailure>(&taken)) fail_errno(exit_code::kOsError, f->what, f->err, f->hint);
+    if (auto* f = std::get_if<sys::Failure>(&taken)) fail(exit_code::kOsError, *f);
     control_ = std::get<std::unique_ptr<sys::JobControl>>(std::move(taken));
   }
   JobEnd run(const CommandSpec& spec, const Logger& log) override { return run_command(spec, *control_, log); }

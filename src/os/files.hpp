@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "os/clock.hpp"
+#include "os/failure.hpp"
 #include "os/unique_fd.hpp"
 
 namespace looplock::sys {
@@ -105,15 +106,13 @@ struct LockWait {
   enum class End {
     Locked,
     TimedOut,     // the deadline came first
-    LockFailed,   // the lock could not be taken: `err` says why
-    TimerFailed,  // the deadline's timer could not be set up, so the wait would have no bound
-    TimerStuck,   // the timer could not be stopped (after the lock was taken or the deadline passed)
+    LockFailed,   // the lock could not be taken: `failure` says why
+    TimerFailed,  // the deadline's timer could not be set up (the wait would have no bound) or stopped
   };
-  // LockFailed, TimerFailed, TimerStuck: why (an errno), and the step that
-  // failed ("cannot arm the deadline timer").
   End end = End::Locked;
-  int err = 0;
-  const char* step = "";
+  // LockFailed, TimerFailed: the step that failed ("cannot arm the deadline
+  // timer") and its errno.
+  Failure failure{};
 };
 // Waits for the lock on `fd` until the monotonic clock reaches `deadline`
 // (none: for ever), calling `on_tick` about every `tick` while it waits (0:

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "os/clock.hpp"
+#include "os/failure.hpp"
 #include "os/ids.hpp"
 #include "os/interrupts.hpp"
 
@@ -26,17 +27,6 @@ struct JobStart {
   const std::vector<std::string>& argv;
   const std::vector<std::string>& env;
   int pass_fd = -1;
-};
-
-// What the system could not do for the job: the step in the operator's words
-// ("cannot block signals to run the command"), its errno and a hint. When
-// `exec` is set, the command itself could not be executed: looplock exits
-// 126, or 127 when exec_not_found(err), and the caller words the message.
-struct JobFailure {
-  std::string what{};
-  int err = 0;
-  std::string hint{};
-  bool exec = false;
 };
 
 // Whether an exec failure's errno means that the command was not found (a
@@ -106,14 +96,14 @@ public:
   virtual ~JobControl() = default;
   // Starts the command as a job (os/posix/job_control.hpp says what it gets
   // back and what it is given).
-  virtual std::variant<std::unique_ptr<RunningJob>, JobFailure> start(const JobStart& spec) = 0;
+  virtual std::variant<std::unique_ptr<RunningJob>, Failure> start(const JobStart& spec) = 0;
   // Replaces looplock with the command (-F); returns only what failed.
-  virtual JobFailure exec(const JobStart& spec) = 0;
+  virtual Failure exec(const JobStart& spec) = 0;
 };
 
 // Takes looplock's own signal state for the run (os/posix/signals.hpp says
 // what changes and why) for `self`, looplock's pid.
-std::variant<std::unique_ptr<JobControl>, JobFailure> take_job_control(Pid self);
+std::variant<std::unique_ptr<JobControl>, Failure> take_job_control(Pid self);
 
 // Leaves looplock the way the command left: dying of the signal that killed
 // it (wait status `wait_status`; never with a core file of looplock's own),

@@ -287,10 +287,8 @@ AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, Ac
       switch (wait.end) {
         case sys::LockWait::End::Locked: break;
         case sys::LockWait::End::TimedOut: return over(Acquisition::TimedOut, std::move(file));
-        case sys::LockWait::End::LockFailed: lock_failed(dir, wait.err);
-        case sys::LockWait::End::TimerFailed:
-          fail_errno(exit_code::kOsError, wait.step, wait.err, "Without it the wait would have no bound.");
-        case sys::LockWait::End::TimerStuck: fail_errno(exit_code::kOsError, wait.step, wait.err);
+        case sys::LockWait::End::LockFailed: lock_failed(dir, wait.failure.err);
+        case sys::LockWait::End::TimerFailed: fail(exit_code::kOsError, wait.failure);
       }
     }
     // Locked. The path must still name this inode: a lock on a file that was

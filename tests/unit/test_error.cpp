@@ -58,3 +58,23 @@ TEST_CASE("the exit status table") {
   CHECK(ec::kNotExecutable == 126);
   CHECK(ec::kNotFound == 127);
 }
+
+TEST_CASE("fail(): a recoverable failure that ends the run after all becomes one Fatal") {
+  try {
+    looplock::fail(71, {.what = "cannot arm the deadline timer", .err = EAGAIN, .hint = "Without it."});
+    FAIL("no Fatal");
+  } catch (const looplock::Fatal& f) {
+    CHECK(f.status() == 71);
+    CHECK(std::string(f.what()) == "cannot arm the deadline timer: " + std::string(std::strerror(EAGAIN)));
+    CHECK(f.hint() == "Without it.");
+    CHECK(f.event() == "os_error");
+  }
+  try {
+    looplock::fail(73, {.what = "the metrics file stayed busy"}, "metrics_write_failed");
+    FAIL("no Fatal");
+  } catch (const looplock::Fatal& f) {
+    CHECK(f.status() == 73);
+    CHECK(std::string(f.what()) == "the metrics file stayed busy");  // no errno: no strerror
+    CHECK(f.event() == "metrics_write_failed");
+  }
+}

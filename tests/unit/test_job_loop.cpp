@@ -46,7 +46,7 @@ struct Script {
   int lost_err = 0;                      // reap() loses track of the job
   bool rest_of_group_lingers = false;    // the command ended, its group is not gone until a KILL
   std::vector<Pid> catch_warning;        // the processes that handle --warn-before's signal
-  std::optional<sys::JobFailure> start_fails;
+  std::optional<sys::Failure> start_fails;
 };
 
 struct Seen {
@@ -124,11 +124,11 @@ private:
 class FakeControl final : public sys::JobControl {
 public:
   FakeControl(Script& s, Seen& seen) : s_(s), seen_(seen) {}
-  std::variant<std::unique_ptr<sys::RunningJob>, sys::JobFailure> start(const sys::JobStart&) override {
+  std::variant<std::unique_ptr<sys::RunningJob>, sys::Failure> start(const sys::JobStart&) override {
     if (s_.start_fails) return *s_.start_fails;
     return std::make_unique<FakeJob>(s_, seen_);
   }
-  sys::JobFailure exec(const sys::JobStart&) override { return {.err = ENOENT, .exec = true}; }
+  sys::Failure exec(const sys::JobStart&) override { return {.err = ENOENT, .of = sys::Failure::Of::Command}; }
 
 private:
   Script& s_;
@@ -275,12 +275,12 @@ TEST_CASE("looplock that loses track of the job stops with 71") {
 
 TEST_CASE("a command that cannot be started: 71 with the system's words, 126 or 127 when it cannot be executed") {
   Script s;
-  s.start_fails = sys::JobFailure{.what = "cannot start the command (vfork)", .err = EAGAIN};
+  s.start_fails = sys::Failure{.what = "cannot start the command (vfork)", .err = EAGAIN};
   const auto [status, message] = fatal_of(s);
   CHECK(status == 71);
   CHECK(message.find("cannot start the command (vfork)") != std::string::npos);
   for (const auto& [err, exec_status] : {std::pair{ENOENT, 127}, std::pair{EACCES, 126}}) {
-    s.start_fails = sys::JobFailure{.err = err, .exec = true};
+    s.start_fails = sys::Failure{.err = err, .of = sys::Failure::Of::Command};
     const auto [got, said] = fatal_of(s);
     CHECK(got == exec_status);
     CHECK(said.find("cannot run") != std::string::npos);

@@ -215,8 +215,12 @@ bool unlock(int fd) { return flock(fd, LOCK_UN) == 0; }
 
 LockWait lock_until(int fd, bool exclusive, Deadline deadline, Duration tick, const std::function<void()>& on_tick) {
   const long long tick_ns = tick.count();  // the timers count nanoseconds of the monotonic clock
-  const auto lock_failed = [] { return LockWait{LockWait::End::LockFailed, errno, "cannot lock"}; };
-  const auto timer_failed = [](LockWait::End end, const char* step) { return LockWait{end, errno, step}; };
+  const auto lock_failed = [] {
+    return LockWait{.end = LockWait::End::LockFailed, .failure = {.what = "cannot lock", .err = errno}};
+  };
+  const auto timer_failed = [](const char* step, const char* hint) {
+    return LockWait{.end = LockWait::End::TimerFailed, .failure = {.what = step, .err = errno, .hint = hint}};
+  };
   const auto past = [&] { return deadline && MonotonicClock::now() >= *deadline; };
   if (past()) {
     if (try_lock(fd, exclusive)) return {LockWait::End::Locked};
@@ -228,7 +232,7 @@ LockWait lock_until(int fd, bool exclusive, Deadline deadline, Duration tick, co
   DeadlineAlarm ticker;  // the caller's ticks
   if (deadline) {
     if (const char* step = alarm.arm(ns_of(*deadline), kRefireNs))
-      return timer_failed(LockWait::End::TimerFailed, step);
+      return timer_failed(step, "Without it the wait would have no bound.");
   }
   // Only the ticks depend on the ticker: without one, the wait goes on without them.
   if (tick_ns > 0) (void)ticker.arm(monotonic_ns() + tick_ns, tick_ns);
@@ -248,8 +252,7 @@ LockWait lock_until(int fd, bool exclusive, Deadline deadline, Duration tick, co
   }
   // The ticker first: it was armed after the alarm, and gives back the alarm's handler.
   for (DeadlineAlarm* timer : {&ticker, &alarm}) {
-    if (const char* step = timer->disarm(); step && out.end != LockWait::End::LockFailed)
-      out = timer_failed(LockWait::End::TimerStuck, step);
+    if (const char* step = timer->disarm(); step && out.end != LockWait::End::LockFailed) out = timer_failed(step, "");
   }
   return out;
 }

@@ -19,9 +19,9 @@
 
 namespace looplock::sys {
 
-std::variant<std::unique_ptr<JobControl>, JobFailure> take_job_control(Pid self) {
+std::variant<std::unique_ptr<JobControl>, Failure> take_job_control(Pid self) {
   auto taken = take_signal_control(self);
-  if (auto* f = std::get_if<JobFailure>(&taken)) return std::move(*f);
+  if (auto* f = std::get_if<Failure>(&taken)) return std::move(*f);
   return std::make_unique<ProcessControl>(std::get<InheritedSignals>(std::move(taken)), self);
 }
 
@@ -49,7 +49,7 @@ struct ChildReport {
   int terminal_err = 0;  // giving it the terminal failed (not fatal)
 };
 
-JobFailure child_failure(ChildStep step, int err) {
+Failure child_failure(ChildStep step, int err) {
   switch (step) {
     case ChildStep::DeathSignal:
       return {.what = "cannot start the command: cannot tie it to looplock's life (prctl)", .err = err};
@@ -64,7 +64,7 @@ JobFailure child_failure(ChildStep step, int err) {
     case ChildStep::Exec:
     case ChildStep::None: break;
   }
-  return {.err = err, .exec = true};
+  return {.err = err, .of = Failure::Of::Command};
 }
 
 // The signal state of a job's run: every signal looplock supervises is
@@ -216,11 +216,11 @@ private:
 // terminal, then starts the command: a process group of its own, the
 // terminal's foreground group when looplock is in the foreground, the lock
 // descriptor passed on purpose and the inherited signal state restored.
-std::variant<std::unique_ptr<RunningJob>, JobFailure> ProcessControl::start(const JobStart& spec) {
+std::variant<std::unique_ptr<RunningJob>, Failure> ProcessControl::start(const JobStart& spec) {
   SignalSets signals{supervised_signals(), {supervised_signals()}};
   sigdelset(&signals.interrupting.signals, SIGCHLD);
   if (sigprocmask(SIG_BLOCK, &signals.supervised, nullptr) != 0) {
-    return JobFailure{.what = "cannot block signals to run the command", .err = errno};
+    return Failure{.what = "cannot block signals to run the command", .err = errno};
   }
   (void)prctl(PR_SET_CHILD_SUBREAPER, 1);
   // Which of stdin, stdout and stderr is looplock's controlling terminal
@@ -237,7 +237,7 @@ std::variant<std::unique_ptr<RunningJob>, JobFailure> ProcessControl::start(cons
   // calls (no allocation, no locks), and looplock is suspended meanwhile.
   volatile ChildReport report;
   const Pid child = vfork();
-  if (child < 0) return JobFailure{.what = "cannot start the command (vfork)", .err = errno};
+  if (child < 0) return Failure{.what = "cannot start the command (vfork)", .err = errno};
   if (child == 0) {
     auto fail = [&](ChildStep step) {
       report.err = errno;
@@ -276,7 +276,7 @@ std::variant<std::unique_ptr<RunningJob>, JobFailure> ProcessControl::start(cons
   return std::make_unique<ProcessGroupJob>(child, signals, tty, has_terminal, report.terminal_err, self_);
 }
 
-JobFailure ProcessControl::exec(const JobStart& spec) {
+Failure ProcessControl::exec(const JobStart& spec) {
   auto argv = c_strings(spec.argv);
   auto envp = c_strings(spec.env);
   if (spec.pass_fd >= 0 && fcntl(spec.pass_fd, F_SETFD, 0) != 0) return child_failure(ChildStep::PassFd, errno);

@@ -26,8 +26,8 @@ public:
   ProcessControl(InheritedSignals inherited, Pid self) : inherited_(std::move(inherited)), self_(self) {}
 
   // Leaves every signal blocked once the job has started.
-  std::variant<std::unique_ptr<RunningJob>, JobFailure> start(const JobStart& spec) override;
-  JobFailure exec(const JobStart& spec) override;
+  std::variant<std::unique_ptr<RunningJob>, Failure> start(const JobStart& spec) override;
+  Failure exec(const JobStart& spec) override;
 
 private:
   InheritedSignals inherited_;

@@ -36,7 +36,7 @@ bool change(InheritedSignals& in, int sig, const struct sigaction& to) {
 }
 
 // What failed, with the errno it failed with (read before anything else).
-JobFailure failed(std::string what, int err) { return {.what = std::move(what), .err = err}; }
+Failure failed(std::string what, int err) { return {.what = std::move(what), .err = err}; }
 
 }  // namespace
 
@@ -44,7 +44,7 @@ JobFailure failed(std::string what, int err) { return {.what = std::move(what), 
 // holds the lock: the mask read (the command gets it back), RLIMIT_CORE read
 // and lowered, three dispositions set, and the signals that end a wait
 // unblocked (the header says why each).
-std::variant<InheritedSignals, JobFailure> take_signal_control(Pid self) {
+std::variant<InheritedSignals, Failure> take_signal_control(Pid self) {
   InheritedSignals in;
   if (sigprocmask(SIG_SETMASK, nullptr, &in.mask) != 0) return failed("cannot read the signal mask", errno);
   // Never a core file of looplock's own (a QUIT that ends a wait, an ABRT
@@ -57,7 +57,7 @@ std::variant<InheritedSignals, JobFailure> take_signal_control(Pid self) {
     in.core_known = setrlimit(RLIMIT_CORE, &none) == 0;
   }
   auto set = [&](int sig, const struct sigaction& to) {
-    if (change(in, sig, to)) return std::optional<JobFailure>();
+    if (change(in, sig, to)) return std::optional<Failure>();
     const int err = errno;
     return std::optional(failed("cannot set up signal handling (sigaction " + std::to_string(sig) + ")", err));
   };

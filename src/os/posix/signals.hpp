@@ -44,7 +44,7 @@ struct InheritedSignals {
 //   A signal the caller ignored stays ignored.
 // `self` is looplock's pid (1: the entrypoint of a pid namespace). What
 // failed, when the signal state cannot be set.
-std::variant<InheritedSignals, JobFailure> take_signal_control(Pid self);
+std::variant<InheritedSignals, Failure> take_signal_control(Pid self);
 
 // Puts back what the command must start with: the inherited dispositions,
 // core-file limit and mask. Async-signal-safe (it runs between vfork and

@@ -241,7 +241,9 @@ LockWait lock_until(int fd, bool exclusive, Deadline deadline, Duration tick, co
   long long next_tick = tick_ns > 0 ? monotonic_ns() + tick_ns : 0;
   for (;;) {
     if (try_lock(fd, exclusive)) return {LockWait::End::Locked};
-    if (errno != EWOULDBLOCK) return {LockWait::End::LockFailed, errno, "cannot lock"};
+    if (errno != EWOULDBLOCK) {
+      return {.end = LockWait::End::LockFailed, .failure = {.what = "cannot lock", .err = errno}};
+    }
     const long long now = monotonic_ns();
     if (deadline && now >= deadline_ns) return {LockWait::End::TimedOut};
     if (next_tick && now >= next_tick) {
