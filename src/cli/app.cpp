@@ -26,8 +26,10 @@ void write_metrics(const Options& o, const RunFacts& facts, int status, long lon
   m.end_s = static_cast<double>(sys::realtime_ms()) / 1000.0;
   m.wait_s = std::chrono::duration<double>(facts.waited).count();
   m.duration_s = std::chrono::duration<double>(facts.ran).count();
-  if (std::string err = update_metrics_file(o.metrics_dir, m); !err.empty()) {
-    log.warn("metrics_write_failed", "cannot update the metrics: " + err);
+  if (const auto f = update_metrics_file(o.metrics_dir, m)) {
+    log.warn("metrics_write_failed",
+             "cannot update the metrics: " + (f->err != 0 ? errno_message(f->what, f->err) : f->what) +
+                 (f->hint.empty() ? "" : " (" + f->hint + ")"));
   }
 }
 

@@ -250,13 +250,13 @@ void LocalLock::export_to(CommandSpec& spec) {
 void LocalLock::release(Ending& ending) {
   // The command has ended; looplock still holds the lock. Was it protecting
   // the real file all along?
-  const IntactCheck check = lock_intact(dir_, file_);
-  if (!check.intact) {
+  const auto check = lock_intact(dir_, file_);
+  if (const auto* f = std::get_if<sys::Failure>(&check)) {
     log_.warn("intact_unknown",
-              errno_message("cannot check whether " + shown_ + " is still the file that was locked", check.err) +
+              errno_message("cannot check whether " + shown_ + " is still the file that was locked", f->err) +
                   "; not reporting it as vanished");
   }
-  ending.intact = check.intact.value_or(true);
+  ending.intact = !std::holds_alternative<bool>(check) || std::get<bool>(check);
   if (record_ && ending.intact) {
     record_->released_at = sys::utc_now_iso8601();
     if (!write_holder(file_.fd.get(), *record_)) {

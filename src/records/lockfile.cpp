@@ -244,17 +244,19 @@ std::optional<bool> dir_intact(const LockDir& dir) {
 // Three stat calls (DIR by its descriptor, for a removal; DIR by its path
 // and the lock file by its name, for a replacement): a lock on a file that
 // was deleted or replaced protects nothing.
-IntactCheck lock_intact(const LockDir& dir, const LockFile& file) {
-  IntactCheck c;
+std::variant<bool, sys::Failure> lock_intact(const LockDir& dir, const LockFile& file) {
+  std::optional<sys::Failure> unknown;
   for (auto check : {+[](const LockDir&d, const LockFile&) { return dir_intact(d); },
                      +[](const LockDir&d, const LockFile&f) { return lock_path_intact(d, f); }}) {
     errno = 0;
     auto r = check(dir, file);
-    if (r && !*r) return {false, 0};
-    if (!r) c.err = errno;
+    if (r && !*r) return false;
+    if (!r)
+      unknown =
+          sys::Failure{.what = "cannot check that " + lock_display(dir) + " is still the file locked", .err = errno};
   }
-  c.intact = c.err == 0 ? std::optional<bool>(true) : std::nullopt;
-  return c;
+  if (unknown) return *unknown;
+  return true;
 }
 
 AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, AcquireObserver& observer,
@@ -293,12 +295,11 @@ AcquireResult acquire_lock(LockDir& dir, const WaitPlan& plan, LockMode mode, Ac
     }
     // Locked. The path must still name this inode: a lock on a file that was
     // deleted or replaced meanwhile protects nothing.
-    const IntactCheck check = lock_intact(dir, file);
-    if (!check.intact && check.err != 0) {
-      fail_errno(exit_code::kOsError, "cannot check that " + lock_display(dir) + " is still the file locked", check.err,
-                 "The command was not run.");
+    const auto check = lock_intact(dir, file);
+    if (const auto* f = std::get_if<sys::Failure>(&check)) {
+      fail(exit_code::kOsError, {.what = f->what, .err = f->err, .hint = "The command was not run."});
     }
-    if (*check.intact) return over(Acquisition::Acquired, std::move(file));
+    if (std::get<bool>(check)) return over(Acquisition::Acquired, std::move(file));
     // DIR itself was removed, moved or replaced, or only the lock file.
     const bool dir_moved = !dir_intact(dir).value_or(false);
     observer.on_replaced(++result.replaced, dir_moved);

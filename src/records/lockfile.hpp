@@ -8,8 +8,10 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 
 #include "base/policy.hpp"
+#include "os/failure.hpp"
 #include "os/file_status.hpp"
 #include "os/ids.hpp"
 #include "os/unique_fd.hpp"
@@ -115,11 +117,8 @@ std::optional<bool> lock_path_intact(const LockDir& dir, const LockFile& file);
 // Whether DIR's path still names the directory that was opened, and it has
 // not been removed; nullopt (errno set) when that cannot be told.
 std::optional<bool> dir_intact(const LockDir& dir);
-// Both, and the errno of a check that could not be made (0 when none).
-struct IntactCheck {
-  std::optional<bool> intact;
-  int err = 0;
-};
-IntactCheck lock_intact(const LockDir& dir, const LockFile& file);
+// Both: whether the lock still protects DIR's lock file, or why that could
+// not be told (the failed look, with its errno; the caller words it).
+std::variant<bool, sys::Failure> lock_intact(const LockDir& dir, const LockFile& file);
 
 }  // namespace looplock

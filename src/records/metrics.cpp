@@ -227,12 +227,14 @@ void add_run(MetricsFile& f, const RunMetrics& run) {
 
 namespace {
 
-std::string failed(const std::string& what) {
+// What failed, with errno.
+sys::Failure failed(const std::string& what) {
   const int err = errno;
-  return what + ": " + std::strerror(err) +
-         (err == EACCES ? " (a directory a group shares: its files are created group-writable under umask 002; "
-                          "their owner or root lets the group read and write those made before: chmod g+rw)"
-                        : "");
+  return {.what = what,
+          .err = err,
+          .hint = err == EACCES ? "a directory a group shares: its files are created group-writable under umask 002; "
+                                  "their owner or root lets the group read and write those made before: chmod g+rw"
+                                : ""};
 }
 
 // Where the collector's file is replaced: DIR's descriptor, the file's name,
@@ -253,11 +255,11 @@ struct Place {
 // other descriptor has the file open, proves nobody does; it is held until
 // the file is in place (closing the descriptor drops it), so that an open
 // that was under way blocks until then, and reads the whole new file.
-// Returns true once the file is in place (`err` empty) or when a write
+// Returns true once the file is in place (`err` none) or when a write
 // failed (`err` says why); false when the staging file cannot be used here
 // (another user's, no leases on this file system, a reader holds it, no
 // RENAME_EXCHANGE): the caller replaces the file the old way.
-bool swap_in(const Place& at, const std::string& text, std::string& err) {
+bool swap_in(const Place& at, const std::string& text, std::optional<sys::Failure>& err) {
   const std::string staging = "." + at.name + ".next";
   const UniqueFd fd = sys::open_in(at.dirfd, staging,
                                    {.access = sys::OpenIn::Access::ReadWrite,
@@ -285,7 +287,7 @@ bool swap_in(const Place& at, const std::string& text, std::string& err) {
 }
 
 // The file replaced by a new one: a temporary file renamed over it.
-std::string replace_by_rename(const Place& at, const std::string& text) {
+std::optional<sys::Failure> replace_by_rename(const Place& at, const std::string& text) {
   const std::string tmp = "." + at.name + "." + std::to_string(sys::own_pid()) + ".tmp";
   UniqueFd out = sys::open_in(at.dirfd, tmp,
                               {.access = sys::OpenIn::Access::Write,
@@ -293,13 +295,13 @@ std::string replace_by_rename(const Place& at, const std::string& text) {
                                .mode = kCollectedMode,
                                .truncate = true});
   if (!out) return failed("cannot create " + at.dir + "/" + tmp);
-  std::string err;
+  std::optional<sys::Failure> err;
   if (!sys::write_all(out.get(), text)) err = failed("cannot write " + at.dir + "/" + tmp);
-  if (err.empty() && !sys::close_checked(std::move(out))) err = failed("cannot write " + at.dir + "/" + tmp);
-  if (err.empty() && !sys::rename_in(at.dirfd, tmp, at.name)) {
+  if (!err && !sys::close_checked(std::move(out))) err = failed("cannot write " + at.dir + "/" + tmp);
+  if (!err && !sys::rename_in(at.dirfd, tmp, at.name)) {
     err = failed("cannot rename " + tmp + " to " + at.dir + "/" + at.name);
   }
-  if (!err.empty()) (void)sys::remove_in(at.dirfd, tmp);
+  if (err) (void)sys::remove_in(at.dirfd, tmp);
   return err;
 }
 
@@ -307,7 +309,7 @@ std::string replace_by_rename(const Place& at, const std::string& text) {
 
 std::string metrics_file_name(const std::string& lock_id) { return "looplock_" + lock_id + ".prom"; }
 
-std::string update_metrics_file(const std::string& dir, const RunMetrics& run) {
+std::optional<sys::Failure> update_metrics_file(const std::string& dir, const RunMetrics& run) {
   const UniqueFd dirfd = sys::open_directory(dir);
   if (!dirfd) return failed("cannot open the metrics directory " + dir);
   const std::string name = metrics_file_name(run.lock_id);
@@ -327,7 +329,8 @@ std::string update_metrics_file(const std::string& dir, const RunMetrics& run) {
   while (!sys::try_lock(lock.get(), /*exclusive=*/true)) {
     if (errno != EWOULDBLOCK) return failed("cannot lock " + dir + "/." + name + ".lock");
     if (MonotonicClock::now() >= give_up) {
-      return "the metrics file " + dir + "/" + name + " stayed busy for " + format_duration(kLockWait);
+      return sys::Failure{.what = "the metrics file " + dir + "/" + name + " stayed busy for " +
+                                  format_duration(kLockWait)};
     }
     nap(std::chrono::milliseconds(1));
   }
@@ -340,7 +343,7 @@ std::string update_metrics_file(const std::string& dir, const RunMetrics& run) {
   add_run(f, run);
   const std::string text = render_metrics(f);
   const Place at{dirfd.get(), name, dir};
-  std::string err;
+  std::optional<sys::Failure> err;
   if (swap_in(at, text, err)) return err;
   return replace_by_rename(at, text);
 }

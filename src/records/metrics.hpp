@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "base/outcome.hpp"
+#include "os/failure.hpp"
 
 namespace looplock {
 
@@ -60,8 +61,8 @@ std::string label_value(std::string_view raw);
 // "looplock_<lock_id>.prom": the file's name in the metrics directory.
 std::string metrics_file_name(const std::string& lock_id);
 
-// Updates DIR/looplock_<lock_id>.prom with `run`. Returns an empty string, or
-// what went wrong (for one warning: metrics never change the exit status).
-std::string update_metrics_file(const std::string& dir, const RunMetrics& run);
+// Updates DIR/looplock_<lock_id>.prom with `run`. Returns none, or what went
+// wrong (for one warning: metrics never change the exit status).
+std::optional<sys::Failure> update_metrics_file(const std::string& dir, const RunMetrics& run);
 
 }  // namespace looplock

@@ -102,8 +102,8 @@ TEST_CASE("parse skips what it does not understand") {
 TEST_CASE("update_metrics_file carries counters over and leaves no temporary file") {
   TempDir dir;
   const std::string d = dir.path();
-  CHECK(looplock::update_metrics_file(d, sample(RunOutcome::Success)) == "");
-  CHECK(looplock::update_metrics_file(d, sample(RunOutcome::Success)) == "");
+  CHECK(looplock::update_metrics_file(d, sample(RunOutcome::Success)) == std::nullopt);
+  CHECK(looplock::update_metrics_file(d, sample(RunOutcome::Success)) == std::nullopt);
   const std::string name = dir / "looplock_0123456789abcdef.prom";
   auto text = testutil::slurp(name);
   REQUIRE(text);
@@ -144,15 +144,15 @@ TEST_CASE("an update swaps a kept staging file with the collector's: no inode is
   }
   const std::string live = dir / "looplock_0123456789abcdef.prom";
   const std::string staging = dir / ".looplock_0123456789abcdef.prom.next";
-  REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Success)) == "");
-  REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Success)) == "");
+  REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Success)) == std::nullopt);
+  REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Success)) == std::nullopt);
   // From the second update on, the two inodes trade places.
   for (int round = 0; round < 3; ++round) {
     const ino_t was_live = inode_of(live);
     const ino_t was_staging = inode_of(staging);
     REQUIRE(was_live != 0);
     REQUIRE(was_staging != 0);
-    REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Failure)) == "");
+    REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Failure)) == std::nullopt);
     CHECK(inode_of(live) == was_staging);
     CHECK(inode_of(staging) == was_live);
   }
@@ -163,9 +163,10 @@ TEST_CASE("an update swaps a kept staging file with the collector's: no inode is
   CHECK(runs.at(RunOutcome::Success) == 2);
   CHECK(runs.at(RunOutcome::Failure) == 3);
   // A staging file longer than the new text is cut to it.
-  REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Success, std::string(200, 'o'))) == "");
-  REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Success)) == "");
-  REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Success)) == "");
+  REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Success, std::string(200, 'o'))) ==
+          std::nullopt);
+  REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Success)) == std::nullopt);
+  REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Success)) == std::nullopt);
   text = testutil::slurp(live);
   REQUIRE(text);
   CHECK(text->back() == '\n');
@@ -175,7 +176,8 @@ TEST_CASE("an update swaps a kept staging file with the collector's: no inode is
 TEST_CASE("a file a reader holds open is never rewritten under it") {
   TempDir dir;  // whatever the file system gives: the update must hold either way
   const std::string live = dir / "looplock_0123456789abcdef.prom";
-  for (int i = 0; i < 3; ++i) REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Success)) == "");
+  for (int i = 0; i < 3; ++i)
+    REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Success)) == std::nullopt);
   const auto before = testutil::slurp(live);
   REQUIRE(before);
   // The collector opened the file, and is slow to read it: two updates
@@ -183,8 +185,8 @@ TEST_CASE("a file a reader holds open is never rewritten under it") {
   // second must not write into it.
   const int held = ::open(live.c_str(), O_RDONLY | O_CLOEXEC);
   REQUIRE(held >= 0);
-  REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Failure)) == "");
-  REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Failure)) == "");
+  REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Failure)) == std::nullopt);
+  REQUIRE(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Failure)) == std::nullopt);
   char buf[8192];
   const ssize_t n = ::pread(held, buf, sizeof buf, 0);
   ::close(held);
@@ -201,7 +203,8 @@ TEST_CASE("concurrent updates lose no increment") {
   std::vector<std::thread> threads;
   for (int i = 0; i < 8; ++i) {
     threads.emplace_back([&] {
-      for (int k = 0; k < 10; ++k) CHECK(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Skipped)) == "");
+      for (int k = 0; k < 10; ++k)
+        CHECK(looplock::update_metrics_file(dir.path(), sample(RunOutcome::Skipped)) == std::nullopt);
     });
   }
   for (auto& t : threads) t.join();
@@ -212,9 +215,10 @@ TEST_CASE("concurrent updates lose no increment") {
 
 TEST_CASE("a metrics directory that cannot be used is a message, not a throw") {
   TempDir dir;
-  std::string err = looplock::update_metrics_file(dir / "missing", sample(RunOutcome::Success));
-  CHECK(err.find("cannot open the metrics directory") != std::string::npos);
-  CHECK(err.find("No such file or directory") != std::string::npos);
+  const auto f = looplock::update_metrics_file(dir / "missing", sample(RunOutcome::Success));
+  REQUIRE(f);
+  CHECK(f->what.find("cannot open the metrics directory") != std::string::npos);
+  CHECK(f->err == ENOENT);
 }
 
 TEST_CASE("operations whose labels are the same share one series: no duplicate, no lost count") {
