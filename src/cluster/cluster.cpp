@@ -469,12 +469,9 @@ ClusterLock::LedgerEntry ledger_entry_of(const etcd::RangeResult& read) {
 }
 }  // namespace
 
-std::optional<ClusterLock::LedgerEntry> ClusterLock::peek_ledger(Instant deadline) {
+std::variant<ClusterLock::LedgerEntry, sys::Failure> ClusterLock::peek_ledger(Instant deadline) {
   auto r = client_.range({ledger_key_}, bounded_by(deadline));
-  if (!r.ok()) {
-    last_error_ = r.error;
-    return std::nullopt;
-  }
+  if (!r.ok()) return sys::Failure{.what = r.error};
   return ledger_entry_of(r.value);
 }
 
@@ -491,17 +488,14 @@ ClusterLock::LedgerEntry ClusterLock::ledger(Instant deadline) {
   return e;
 }
 
-bool ClusterLock::write_ledger(const RunEntry& entry, Instant deadline) {
+std::optional<sys::Failure> ClusterLock::write_ledger(const RunEntry& entry, Instant deadline) {
   auto t = client_.txn(
       etcd::guarded_put_txn_body(keys_.at(0), token_, ledger_key_, ledger_mod_, dump_json(run_entry_to_json(entry))),
       bounded_by(deadline));
-  if (!t.ok()) {
-    last_error_ = t.error;
-    return false;
-  }
-  if (!t.value.succeeded) return false;
+  if (!t.ok()) return sys::Failure{.what = t.error};
+  if (!t.value.succeeded) return sys::Failure{.what = "etcd refused the write (the lease was lost)"};
   ledger_mod_ = t.value.revision;
-  return true;
+  return std::nullopt;
 }
 
 // Queued: reads the contenders up to us (by create revision).

@@ -52,11 +52,13 @@
 
 #include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "base/log.hpp"
 #include "base/policy.hpp"
 #include "cluster/etcd.hpp"
+#include "os/failure.hpp"
 #include "records/run_entry.hpp"
 #include "settings/lease_timing.hpp"
 #include "settings/settings.hpp"
@@ -190,16 +192,16 @@ public:
     bool damaged = false;        // a value that is not an entry
     long long mod_revision = 0;  // 0: no key
   };
-  // Without the lock (before queuing, or once a wait ended): nullopt when
-  // etcd does not answer by `deadline`.
-  std::optional<LedgerEntry> peek_ledger(Instant deadline);
+  // Without the lock (before queuing, or once a wait ended): the entry, or
+  // the failure when etcd does not answer by `deadline`.
+  std::variant<LedgerEntry, sys::Failure> peek_ledger(Instant deadline);
   // Holding the lock: the entry as the acquisition's transaction read it, or
   // read now (linearizable). Throws Fatal 69 when etcd does not answer.
   LedgerEntry ledger(Instant deadline);
   // Writes `entry`, guarded by the fencing token and the revision last read
-  // or written: false when etcd rejects it (the lease is gone, or another
-  // wrote meanwhile) or does not answer.
-  bool write_ledger(const RunEntry& entry, Instant deadline);
+  // or written: none when written; else why not (etcd rejected it: the lease
+  // is gone, or another wrote meanwhile; or it did not answer).
+  std::optional<sys::Failure> write_ledger(const RunEntry& entry, Instant deadline);
 
   const std::string& name() const { return name_; }
   const std::string& key() const { return key_; }
@@ -212,8 +214,7 @@ public:
   Duration since_last_keepalive() const { return now() - last_ok_; }
   // Whether the last renewal round got no answer.
   bool renewal_failing() const { return renewal_failing_; }
-  // What the last request that got no answer failed with.
-  const std::string& last_error() const { return last_error_; }
+  // What the last request that got no answer failed with (for overdue_why()).
   // Set when acquire() ended Busy or TimedOut: who held the lock.
   const std::optional<Json>& blocker() const { return blocker_; }
   const std::string& endpoint() const { return client_.current_endpoint(); }

@@ -118,7 +118,8 @@ LedgerLook EtcdLock::EtcdLedger::look(const std::string& /*operation*/, bool loc
     const auto e = c_.ledger(MonotonicClock::now() + kLedgerTime);
     return {.entry = e.entry, .damaged = e.damaged};
   }
-  const auto e = c_.peek_ledger(MonotonicClock::now() + kPeekTime);
+  const auto peeked = c_.peek_ledger(MonotonicClock::now() + kPeekTime);
+  const auto* e = std::get_if<ClusterLock::LedgerEntry>(&peeked);
   if (!e) return {.entry = std::nullopt, .damaged = false, .answered = false};
   return {.entry = e->entry, .damaged = e->damaged};
 }
@@ -126,22 +127,22 @@ LedgerLook EtcdLock::EtcdLedger::look(const std::string& /*operation*/, bool loc
 void EtcdLock::EtcdLedger::record_start(const RunEntry& entry) {
   RunEntry e = entry;
   e.fencing_token = c_.fencing_token();
-  if (c_.write_ledger(e, MonotonicClock::now() + kLedgerTime)) return;
+  const auto f = c_.write_ledger(e, MonotonicClock::now() + kLedgerTime);
+  if (!f) return;
   throw Fatal(exit_code::kClusterUnavailable,
               "cannot record this run's start in the run ledger of cluster lock " + printable(c_.name()) +
-                  " on etcd: " +
-                  (c_.last_error().empty() ? "etcd refused the write (the lease was lost)" : c_.last_error()),
+                  " on etcd: " + f->what,
               "The command did not run; the next tick tries again.");
 }
 
 bool EtcdLock::EtcdLedger::record_end(const RunEntry& entry) {
   RunEntry e = entry;
   e.fencing_token = c_.fencing_token();
-  if (c_.write_ledger(e, MonotonicClock::now() + kLedgerTime)) return true;
-  log_.warn("ledger_write_failed",
-            "cannot record this run's end in the run ledger of cluster lock " + printable(c_.name()) + " on etcd: " +
-                (c_.last_error().empty() ? "etcd refused the write (the lease was lost)" : c_.last_error()) +
-                "; this run does not count, so its slot may run again");
+  const auto f = c_.write_ledger(e, MonotonicClock::now() + kLedgerTime);
+  if (!f) return true;
+  log_.warn("ledger_write_failed", "cannot record this run's end in the run ledger of cluster lock " +
+                                       printable(c_.name()) + " on etcd: " + f->what +
+                                       "; this run does not count, so its slot may run again");
   return false;
 }
 

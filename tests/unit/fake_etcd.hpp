@@ -173,6 +173,7 @@ struct MiniEtcd {
     std::string value;
     long long create = 0;
     long long lease = 0;
+    long long mod = 0;  // 0: as create
   };
   struct Lease {
     long long ttl_ns = 0;
@@ -248,7 +249,7 @@ struct MiniEtcd {
     return Json{{"key", b64(key)},
                 {"value", b64(kv.value)},
                 {"create_revision", std::to_string(kv.create)},
-                {"mod_revision", std::to_string(kv.create)},
+                {"mod_revision", std::to_string(kv.mod != 0 ? kv.mod : kv.create)},
                 {"lease", std::to_string(kv.lease)}};
   }
   Json range(const Json& q) const {
@@ -277,6 +278,11 @@ struct MiniEtcd {
   }
   bool compare(const Json& c) const {
     const std::string key = unb64(c["key"]);
+    if (c.value("target", "") == "MOD") {  // a guarded write: the key unchanged since (0: absent)
+      const long long want = std::stoll(c["mod_revision"].get<std::string>());
+      auto it = kvs.find(key);
+      return (it == kvs.end() ? 0 : it->second.mod != 0 ? it->second.mod : it->second.create) == want;
+    }
     const long long want = std::stoll(c["create_revision"].get<std::string>());
     if (c.contains("range_end")) {
       const std::string end = unb64(c["range_end"]);
@@ -309,7 +315,7 @@ struct MiniEtcd {
         const std::string key = unb64(p["key"]);
         auto it = kvs.find(key);
         const long long create = it == kvs.end() ? revision : it->second.create;
-        kvs[key] = {unb64(p["value"]), create, std::stoll(p.value("lease", std::string("0")))};
+        kvs[key] = {unb64(p["value"]), create, std::stoll(p.value("lease", std::string("0"))), revision};
         responses.push_back(Json{{"response_put", Json::object()}});
       } else {
         responses.push_back(Json{{"response_range", range(op["request_range"])}});

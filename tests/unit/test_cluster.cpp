@@ -692,3 +692,33 @@ TEST_CASE("the cluster lock words each cause's fix in looplock's options") {
   CHECK(cause_hint(Cause::PermissionDenied, "").find("looplock/") != std::string::npos);
   CHECK(cause_hint(Cause::CommonNameRefused, "").find("CommonName") != std::string::npos);
 }
+
+TEST_CASE("cluster lock: the run ledger's write and look say why they failed, each its own failure") {
+  FakeClock clock;
+  MiniEtcd etcd(clock);
+  Logger log = quiet_log();
+  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, std::chrono::milliseconds(600), log, {}, clock);
+  lock.set_ledger_operation("tick");
+  REQUIRE(lock.acquire(bounded(5 * kSec), instant_ns(clock.t), me()) == Acquisition::Acquired);
+  const auto none = lock.ledger(instant_ns(clock.t + kSec));
+  CHECK_FALSE(none.entry);
+  RunEntry e;
+  e.host = "h";
+  e.operation = "tick";
+  e.pid = 12;
+  e.started_ms = 1000;
+  CHECK_FALSE(lock.write_ledger(e, instant_ns(clock.t + kSec)));  // written
+  const auto peeked = lock.peek_ledger(instant_ns(clock.t + kSec));
+  REQUIRE(std::holds_alternative<ClusterLock::LedgerEntry>(peeked));
+  CHECK(std::get<ClusterLock::LedgerEntry>(peeked).entry->pid == 12);
+  // The lease gone (the lock key with it): the guarded write is refused.
+  lock.release();
+  const auto refused = lock.write_ledger(e, instant_ns(clock.t + kSec));
+  REQUIRE(refused);
+  CHECK(refused->what == "etcd refused the write (the lease was lost)");
+  // etcd not answering: the look's failure says so.
+  etcd.transport.handler = [](const Endpoint&, const Request&) { return silent(); };
+  const auto silent_look = lock.peek_ledger(instant_ns(clock.t + kSec));
+  REQUIRE(std::holds_alternative<sys::Failure>(silent_look));
+  CHECK_FALSE(std::get<sys::Failure>(silent_look).what.empty());
+}
