@@ -267,7 +267,7 @@ void LocalLock::release(Ending& ending) {
   file_.fd.reset();  // release
   // After the release, so that the next holder does not wait for it: one
   // read of /proc/PID/task/PID/children when the job left no process.
-  if (!request_.flags.close_fd) report_leaks(ending.job);
+  if (!request_.flags.close_fd) ending.leaked = report_leaks(ending.job) || ending.leaked;
   const int status = ending.job.status;
   const auto end = sys::ending_of(status);
   log_.verbose("released",
@@ -291,9 +291,9 @@ void LocalLock::release(Ending& ending) {
 // A process the command started may still hold the inherited lock fd: then
 // the lock stays held after looplock exits. (Checked after the release, so
 // that the next holder does not wait for it.)
-void LocalLock::report_leaks(const JobEnd& job) const {
+bool LocalLock::report_leaks(const JobEnd& job) const {
   const auto leaked = leaked_holders(pid_, file_.st, job);
-  if (leaked.empty()) return;
+  if (leaked.empty()) return false;
   const bool many = leaked.size() > 1;
   log_.warn_always(
       "lock_leaked",
@@ -301,6 +301,7 @@ void LocalLock::report_leaks(const JobEnd& job) const {
           shown_ + " through the inherited lock fd; the lock stays held until " + (many ? "they exit" : "it exits") +
           ". Use -o/--close for commands that start background processes",
       {{"pids", leaked}});
+  return true;
 }
 
 void LocalLock::abandon() {

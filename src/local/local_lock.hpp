@@ -54,7 +54,8 @@ public:
 
 private:
   void write_record();
-  void report_leaks(const JobEnd& job) const;
+  // Says lock_leaked when a process the job started still holds the lock: true then.
+  bool report_leaks(const JobEnd& job) const;
 
   const LockRequest& request_;
   Pid pid_;

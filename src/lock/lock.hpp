@@ -70,6 +70,7 @@ struct Ending {
   std::optional<HolderRecord> record;  // this run's holder record, when it wrote one
   bool intact = true;                  // the lock file and DIR were still the ones locked
   bool lost = false;                   // a lock was lost while the job ran (its lease ended): 76
+  bool leaked = false;                 // a process the job left (outside its group) still holds a lock
 };
 
 // A run ledger (--once-per): the last run of each operation, kept by a lock

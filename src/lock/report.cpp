@@ -125,7 +125,8 @@ void Reporter::timeout(const Blocker& b, const WaitPlan& plan, Duration waited) 
              "Run '" + b.inspect_hint + "' to see the holder; never delete the lock file.", f);
 }
 
-void Reporter::max_time(const JobEnd& job, Duration max_time, const std::optional<HolderRecord>& record) const {
+void Reporter::max_time(const JobEnd& job, Duration max_time, const std::optional<HolderRecord>& record,
+                        bool leaked) const {
   Incident inc = incident("max_time_exceeded");
   inc.deadline_ms = limit_ms(max_time);
   inc.waited_ms = ms_of(job.ended - job.started);
@@ -142,7 +143,10 @@ void Reporter::max_time(const JobEnd& job, Duration max_time, const std::optiona
   log_.error("max_time_exceeded",
              "max_time_exceeded: " + identity_.operation + " ran longer than --max-time " + format_duration(max_time) +
                  " and was ended (" + how_it_ended(job) + ") after " + format_duration(job.ended - job.started),
-             "Find out why it hung; the lock was released once the whole job had ended.", f);
+             leaked ? "Find out why it hung; the lock stays held by what it started outside its process group "
+                      "(lock_leaked above) until that exits."
+                    : "Find out why it hung; the lock was released once the whole job had ended.",
+             f);
 }
 
 void Reporter::lease_lost(const LeaseLoss& loss, const JobEnd& job, const std::optional<HolderRecord>& record) const {

@@ -58,7 +58,8 @@ public:
   // The deadline passed: the row, then the lock_acquire_timeout line.
   void timeout(const Blocker& b, const WaitPlan& plan, Duration waited) const;
   // --max-time (`max_time`) ended the job.
-  void max_time(const JobEnd& job, Duration max_time, const std::optional<HolderRecord>& record) const;
+  // `leaked`: a process the job started outside its group still holds the lock.
+  void max_time(const JobEnd& job, Duration max_time, const std::optional<HolderRecord>& record, bool leaked) const;
   // The lease was lost while the job ran, and the job was ended.
   void lease_lost(const LeaseLoss& loss, const JobEnd& job, const std::optional<HolderRecord>& record) const;
 

@@ -688,6 +688,34 @@ def test_leaked_lock_json_event(loop_dir, daemons):
     assert obj["pids"] == [daemon]
 
 
+def test_max_time_hint_tells_the_truth_about_a_leaked_lock(loop_dir, daemons):
+    """--max-time ends the job's process group; a process the job started in
+    a session of its own escapes it and keeps the inherited lock. The
+    max_time_exceeded line then must not say the lock was released."""
+    def ended_by_max_time(command):
+        r = run(["--max-time", "1", "--kill-after", "0.5", "--log-format", "json", loop_dir, "--",
+                 "sh", "-c", command])
+        assert r.returncode == 124, r.stderr
+        events = {json.loads(l)["event"]: json.loads(l) for l in r.stderr.splitlines()}
+        return r, events
+
+    r, events = ended_by_max_time(f"'{PY}' '{helper('spawn_daemon.py')}' {TIMEOUT}; exec sleep 60")
+    daemon = int(r.stdout)
+    daemons.append(daemon)
+    assert events["lock_leaked"]["pids"] == [daemon]
+    hint = events["max_time_exceeded"]["hint"]
+    assert "stays held" in hint and "released" not in hint, hint
+    assert not lock_is_free(loop_dir)
+    kill_and_wait_gone(daemon)
+    assert eventually(lambda: lock_is_free(loop_dir))
+
+    # The control: nothing left behind, and the lock was released.
+    _, events = ended_by_max_time("exec sleep 60")
+    assert "lock_leaked" not in events
+    assert "the lock was released" in events["max_time_exceeded"]["hint"]
+    assert lock_is_free(loop_dir)
+
+
 def test_close_leaks_nothing_and_warns_nothing(loop_dir, daemons):
     r = run(["-o", loop_dir, "--", PY, helper("spawn_daemon.py"), str(TIMEOUT)])
     daemon = int(r.stdout)
