@@ -23,8 +23,10 @@ std::optional<std::string> process_start(Pid pid);
 // right even when /proc belongs to another pid namespace.
 std::optional<std::string> own_start();
 
-// Whether a process with this pid exists (posix/: kill(pid, 0), EPERM
-// counting as alive).
+// Whether a process with this pid exists and has not ended: a zombie (ended,
+// its status not yet read by its parent) is not alive. posix/: kill(pid, 0),
+// EPERM counting as alive, then its state in /proc/PID/stat when /proc
+// shows this process's pid namespace.
 bool process_alive(Pid pid);
 
 // This boot's id (posix/: /proc/sys/kernel/random/boot_id) and this

@@ -56,6 +56,35 @@ def test_a_crashed_looplocks_record_is_not_pinned_on_the_next_holder(loop_dir):
         release(f)
 
 
+def proc_state(pid):
+    """The state letter of /proc/PID/stat ('Z': a zombie), or None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+def test_a_killed_holder_not_yet_reaped_is_dead_not_alive(loop_dir):
+    """A looplock killed with KILL whose parent has not read its status yet
+    (a zombie) has ended: --inspect says its record was left behind by a dead
+    process, not that the process lives."""
+    p = start(["--agent", "cron", loop_dir, "--", PY, helper("wait_stdin.py")])
+    try:
+        expect_line(p, "ready")
+        os.kill(p.pid, signal.SIGKILL)
+        wait_until(lambda: proc_state(p.pid) == "Z", "the killed looplock to be a zombie")
+        wait_until(lambda: lock_is_free(loop_dir), "the lock to be free")
+        assert proc_state(p.pid) == "Z"  # not reaped: the pid still exists
+        obj = json.loads(run(["--inspect", "--json", loop_dir]).stdout)
+        assert obj["record"]["pid_alive"] is False, obj["record"]
+        assert obj["record"]["status"] == "crashed", obj["record"]
+        text = run(["--inspect", loop_dir]).stdout
+        assert "dead" in text and "alive, same process" not in text, text
+    finally:
+        p.wait(timeout=TIMEOUT)
+
+
 def test_the_control_a_live_looplock_holder_is_named_by_its_record(loop_dir):
     """The rule cuts only stale records: a live looplock is named from its
     record, everywhere."""

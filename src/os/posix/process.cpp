@@ -18,7 +18,12 @@ std::optional<std::string> own_start() {
   return procfs::parse_stat_start(*s);
 }
 
-bool process_alive(Pid pid) { return procfs::pid_alive(pid); }
+bool process_alive(Pid pid) {
+  if (!procfs::pid_alive(pid)) return false;
+  if (!procfs::proc_is_ours()) return true;  // /proc/PID would be another process
+  const auto st = procfs::proc_stat(pid);
+  return !st || (st->state != 'Z' && st->state != 'X');
+}
 
 std::vector<Pid> descendants(Pid self) { return procfs::descendants(self); }
 
