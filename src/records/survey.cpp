@@ -104,6 +104,10 @@ LockFacts survey_held(const LockFile& file, const std::string& lock_path, const 
   LockFacts f;
   f.lock_path = lock_path;
   f.seen_held = true;
+  // What tells a looplock that may only read the lock file (the group recipe
+  // under umask 022) from another tool's holder, as survey_lock() does.
+  f.file_uid = file.st.owner;
+  f.group_can_write = (file.st.mode & sys::mode::kGroupWrite) != 0;
   f.record = read_holder(file.fd.get());
   add_holders(f, kernel_holders(f.record, file.st, hint));
   if (f.holders.empty()) {

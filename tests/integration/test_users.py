@@ -393,14 +393,26 @@ def test_a_member_holding_a_lock_file_it_may_only_read_is_named_as_a_looplock(ba
     try:
         expect_line(holder, "ready")
         i = as_member(U1, "--inspect", "--check", d)
+        # Every report names the holder the same way (the verdict is judged
+        # once): the timeout line, the skip line and the incident row too.
+        timed_out = as_member(U1, "-w", "0.1", d, "--", "true")
+        skipped = as_member(U1, "-p", "single_flight", "--log-format", "json", d, "--", "true")
+        rows = incident_rows(d)
     finally:
         holder.stdin.close()
         holder.wait(timeout=TIMEOUT)
     err = holder.stderr.read()
     assert "is read-only for looplock" in err and f"its owner, uid {U2}, or root makes it group-writable" in err, err
     assert i.returncode == 0, i
-    assert "(looplock): no holder record (the lock file is read-only for it" in i.stdout, i.stdout
+    named = "(looplock): no holder record (the lock file is read-only for it"
+    assert named in i.stdout, i.stdout
     assert "flock(1)" not in i.stdout, i.stdout
+    assert timed_out.returncode == EX_TEMPFAIL, timed_out
+    assert named in timed_out.stderr and "no looplock record" not in timed_out.stderr, timed_out.stderr
+    line = json.loads(skipped.stderr)
+    assert named in line["message"] and "without a current holder record" not in skipped.stderr, line
+    (row,) = [r for r in rows if r["error_code"] == "lock_acquire_timeout"]
+    assert not any("without a current holder record" in w for w in row.get("warnings", [])), row
 
 
 def test_a_lock_file_a_member_made_under_umask_077_tells_dirs_owner_how_to_mend_it(base):
