@@ -83,9 +83,22 @@ std::string share_fix(const std::string& path, const sys::FileStatus& st, const 
 
 void judge_ledger(const LockDir& dir, Uid euid, std::vector<FileProblem>& out) {
   sys::FileStatus st;
-  if (!sys::status_at(dir.fd.get(), kRunsName, st)) return;
   const std::string path = in(dir.path, kRunsName);
   const std::string runs = "every --once-per run ";
+  if (!sys::status_at(dir.fd.get(), kRunsName, st)) {
+    // Missing: the first --once-per run creates it, if it can.
+    if (errno != ENOENT) return;
+    if (read_only(dir.fd.get())) {
+      out.push_back({path, runs + "exits 73: it does not exist, and DIR's file system is read-only",
+                     "Remount it read-write; runs without --once-per still lock it."});
+    } else if (!sys::may_access(dir.fd.get(), ".", kWriteIn)) {
+      out.push_back({path, runs + "by you exits 73: it does not exist, and you cannot create it in DIR",
+                     "Let DIR's owner make DIR writable for you, or create it once (install -m 0660 -g GROUP "
+                     "/dev/null " +
+                         shell_word(path) + " for a group)."});
+    }
+    return;
+  }
   if (read_only(dir.fd.get())) {
     out.push_back({path, runs + "exits 73 unless its slot was run: DIR's file system is read-only, so no run can be "
                                 "recorded",
@@ -111,7 +124,17 @@ void judge_incidents(const LockDir& dir, Uid euid, std::vector<FileProblem>& out
     return;
   }
   sys::FileStatus st;
-  if (!sys::status_at(dir.fd.get(), kIncidentsName, st)) return;
+  if (!sys::status_at(dir.fd.get(), kIncidentsName, st)) {
+    if (errno == ENOENT && !sys::may_access(dir.fd.get(), ".", kWriteIn)) {
+      out.push_back({path,
+                     "your runs' incident rows are lost (one warning each time): it does not exist, and you "
+                     "cannot create it in DIR",
+                     "Let DIR's owner make DIR writable for you, or create it once (install -m 0660 -g GROUP "
+                     "/dev/null " +
+                         shell_word(path) + " for a group)."});
+    }
+    return;
+  }
   const std::string move = "Move it away; looplock creates a regular file there on the next incident.";
   if (st.symlink()) {
     out.push_back({path, lost + "it is a symbolic link, which looplock never writes through", move});

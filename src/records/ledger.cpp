@@ -108,39 +108,69 @@ LedgerLook look_local_ledger(const LockDir& dir, const std::string& operation) {
 LedgerUpdate record_local_ledger(const LockDir& dir, const RunEntry& entry, long long now_ms) {
   const LedgerRead read = read_ledger(dir);
   LedgerUpdate u = with_entry(read.entries, entry, now_ms);
-  if (const int err = write_ledger(dir, u.entries); err != 0) {
-    const std::string path = ledger_display(dir);
-    const std::string why =
-        err == ENOSPC ? "The file system is full; the ledger was left as it was. "
-        : err == EPERM || err == EACCES
-            ? "You may neither write it nor replace it (in a sticky DIR only its owner may): its owner or root lets "
-              "the group write it (chmod g+rw " + path + "), or DIR's owner makes it once for the group (install -m "
-              "0660 -g GROUP /dev/null " + path + "). "
-            : "";
-    fail_errno(status_for_errno(err, exit_code::kCantCreate), "cannot write the run ledger " + path, err,
-               why + "--once-per records each run there before the command starts; the command did not run.",
-               "run_ledger_unusable");
+  if (const auto f = write_ledger(dir, u.entries)) {
+    fail(status_for_errno(f->err, exit_code::kCantCreate),
+         {.what = "cannot write the run ledger " + ledger_display(dir) + " (" + f->what + ")",
+          .err = f->err,
+          .hint = f->hint + "--once-per records each run there before the command starts; the command did not run."},
+         "run_ledger_unusable");
   }
   return u;
 }
 
-int write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries) {
+namespace {
+
+// The fix for a ledger write that failed with `err`, where it has one.
+std::string ledger_fix(const LockDir& dir, int err, bool existed) {
+  const std::string path = ledger_display(dir);
+  if (err == ENOSPC) return "The file system is full; the ledger was left as it was. ";
+  if (err == EROFS) return "DIR's file system is read-only; remount it read-write. ";
+  if (err != EPERM && err != EACCES) return "";
+  if (!existed) {
+    return "You may not create files in DIR (" + dir.path + ", mode " + octal_mode(dir.st.mode) + ", uid " +
+           std::to_string(dir.st.owner) +
+           "): its owner or root makes it writable for you, or makes the ledger once "
+           "(install -m 0660 -g GROUP /dev/null " +
+           path + " for a group). ";
+  }
+  return "You may neither write it nor replace it (in a sticky DIR only its owner may): its owner or root lets "
+         "the group write it (chmod g+rw " +
+         path +
+         "), or DIR's owner makes it once for the group (install -m "
+         "0660 -g GROUP /dev/null " +
+         path + "). ";
+}
+
+}  // namespace
+
+std::optional<sys::Failure> write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries) {
+  const auto failed = [&](std::string what, int err, bool existed) {
+    return sys::Failure{.what = std::move(what), .err = err, .hint = ledger_fix(dir, err, existed)};
+  };
   const std::string data = encode_ledger(entries);
   // In place when this process may write the file (no journal transaction:
   // sealed.hpp); a torn write fails its check, so it reads as no entry.
   const UniqueFd in_place = sys::open_in(dir.fd.get(), kRunsName, {.access = sys::OpenIn::Access::Write});
   if (in_place) {
     sys::FileStatus st;
-    if (!sys::status_of_fd(in_place.get(), st)) return errno;
-    if (refuse_ledger(st, dir.st, sys::own_euid())) return EPERM;
+    if (!sys::status_of_fd(in_place.get(), st)) return failed("fstat", errno, true);
+    if (auto r = refuse_ledger(st, dir.st, sys::own_euid(), dir.path)) {
+      return sys::Failure{.what = "it became unsafe: " + r->why, .hint = r->hint + " "};
+    }
     // Its new length first: a full disk then fails here, before a byte of
     // the ledger changed (a torn ledger would lose every operation's slot).
     // Where the file system reserves with NUL bytes past the end, readers
     // skip them.
-    if (static_cast<size_t>(st.size) < data.size() && !sys::reserve_space(in_place.get(), data.size())) return errno;
-    return write_over(in_place.get(), data, static_cast<long long>(kMaxLedgerBytes)) ? 0 : errno;
+    if (static_cast<size_t>(st.size) < data.size() && !sys::reserve_space(in_place.get(), data.size())) {
+      return failed("reserving its new length", errno, true);
+    }
+    if (!write_over(in_place.get(), data, static_cast<long long>(kMaxLedgerBytes))) {
+      return failed("writing it", errno, true);
+    }
+    return std::nullopt;
   }
-  if (errno != ENOENT && errno != EACCES && errno != EPERM) return errno;
+  if (errno != ENOENT && errno != EACCES && errno != EPERM) return failed("opening it", errno, true);
+  const bool existed = errno != ENOENT;
   // Missing, or a group member's file this process may not write: a new
   // file beside it, renamed over it. Only the lock's holder writes the
   // ledger, so one name for the new file serves; one left by a looplock that
@@ -152,12 +182,15 @@ int write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries) {
     (void)sys::remove_in(dir.fd.get(), kRunsNewName);
     fd = sys::open_in(dir.fd.get(), kRunsNewName, create);
   }
-  if (!fd) return errno;
-  int err = sys::write_all(fd.get(), data) ? 0 : errno;
-  if (err == 0 && !sys::close_checked(std::move(fd))) err = errno;
-  if (err == 0 && !sys::rename_in(dir.fd.get(), kRunsNewName, kRunsName)) err = errno;
-  if (err != 0) (void)sys::remove_in(dir.fd.get(), kRunsNewName);
-  return err;
+  if (!fd) return failed(std::string("creating ") + kRunsNewName, errno, existed);
+  std::optional<sys::Failure> f;
+  if (!sys::write_all(fd.get(), data)) f = failed(std::string("writing ") + kRunsNewName, errno, existed);
+  if (!f && !sys::close_checked(std::move(fd))) f = failed(std::string("writing ") + kRunsNewName, errno, existed);
+  if (!f && !sys::rename_in(dir.fd.get(), kRunsNewName, kRunsName)) {
+    f = failed(std::string("renaming ") + kRunsNewName + " over it", errno, existed);
+  }
+  if (f) (void)sys::remove_in(dir.fd.get(), kRunsNewName);
+  return f;
 }
 
 }  // namespace looplock

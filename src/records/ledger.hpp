@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "os/failure.hpp"
 #include "os/file_status.hpp"
 #include "os/ids.hpp"
 #include "records/lockfile.hpp"
@@ -39,8 +40,10 @@ std::optional<RunEntry> entry_of(const LedgerRead& ledger, const std::string& op
 // Writes the ledger: in place when this process may write the file, its new
 // length reserved first (beyond its end, its size kept), so that a full
 // disk or a crash before the write changes nothing; else a new file beside
-// it, renamed over it. Returns 0 or errno.
-int write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries);
+// it, renamed over it. Returns none, or the step that failed with its errno
+// and the fix for a cause that has one (a DIR you may not create files in,
+// a sticky DIR, a read-only or full file system).
+std::optional<sys::Failure> write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries);
 
 // The local ledger's entry of `operation` (Fatal 73 when the ledger is unsafe).
 LedgerLook look_local_ledger(const LockDir& dir, const std::string& operation);

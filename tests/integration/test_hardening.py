@@ -372,6 +372,24 @@ def test_read_only_mount_with_a_ledger_and_incidents_inspect_names_the_mount_not
     assert "its file system is read-only" in i.stdout and "chgrp" not in i.stdout, i.stdout
 
 
+def test_read_only_mount_without_a_ledger_inspect_warns_that_once_per_cannot_record(tmp_path, tmpfs):
+    """A lock file but no run ledger on a read-only mount: runs lock it, but
+    every --once-per run exits 73, and --inspect says so beside the lost
+    incident rows (it named only those)."""
+    def prepare(mnt):
+        (mnt / "loop").mkdir(mode=0o755)
+        (mnt / "loop" / LOCK).write_bytes(b"")
+
+    d = tmpfs(prepare=prepare, ro=True) / "loop"
+    r = run(["--once-per", "1m", "--operation", "u", d, "--", "true"])
+    assert r.returncode == EX_CANTCREAT and "Read-only file system" in r.stderr, r.stderr
+    assert "remount it read-write" in r.stderr and "chmod" not in r.stderr, r.stderr
+    i = run(["--inspect", "--check", d])
+    assert i.returncode == 1, i.stdout
+    assert "every --once-per run exits 73: it does not exist, and DIR's file system is read-only" in i.stdout, i.stdout
+    assert "every incident row is lost (one warning each time): DIR's file system is read-only" in i.stdout
+
+
 def test_read_only_mount_timeout_is_75_with_one_warning(tmp_path, tmpfs):
     def prepare(mnt):
         (mnt / "loop").mkdir(mode=0o755)

@@ -449,3 +449,28 @@ def test_a_sticky_group_dir_shares_the_ledger_its_owner_made_and_refuses_a_membe
         r = as_member(uid, "--once-per", "1m", "--operation", op, d, "--", "true")
         assert r.returncode == 0, (uid, op, r)
     assert "noop-already-run" in r.stderr  # a ran in this slot, by another member
+
+
+def test_a_dir_its_own_owner_cannot_write_is_named_as_the_cause_and_inspect_warns(base):
+    """DIR (its lock file made) turned 0555: its owner still locks it, but
+    cannot create the run ledger or the incidents file there. The --once-per
+    run's 73 names DIR as the cause (not a sticky DIR, not the ledger's mode),
+    and --inspect warns of both files, so --check fails."""
+    d = base / "ro-loop"
+    d.mkdir()
+    os.chown(d, U1, GID)
+    assert as_member(U1, d, "--", "true").returncode == 0  # makes the lock file
+    os.chmod(d, 0o555)
+    r = as_member(U1, "--once-per", "1m", "--operation", "x", d, "--", "true")
+    assert r.returncode == 73, r
+    assert "You may not create files in DIR" in r.stderr and "mode 0555" in r.stderr, r.stderr
+    assert "sticky" not in r.stderr and "chmod g+rw" not in r.stderr, r.stderr
+    i = as_member(U1, "--inspect", "--check", d)
+    assert i.returncode != 0, i
+    assert ".state.lock.runs.json" in i.stdout and "you cannot create it in DIR" in i.stdout, i.stdout
+    assert "incident rows are lost" in i.stdout, i.stdout
+    # The control: DIR writable again, the same run records its slot, and --inspect is quiet.
+    os.chmod(d, 0o755)
+    assert as_member(U1, "--once-per", "1m", "--operation", "x", d, "--", "true").returncode == 0
+    i = as_member(U1, "--inspect", "--check", d)
+    assert i.returncode == 0, i
