@@ -143,7 +143,11 @@ LockDir open_lock_dir(const std::string& path, bool check_safety) {
                   "Give the loop directory, not a file in it.", "not_a_directory");
     }
     if (err == ELOOP || err == ENAMETOOLONG) {
-      fail_errno(exit_code::kNoInput, "cannot open loop directory " + path, err);
+      fail_errno(exit_code::kNoInput, "cannot open loop directory " + path, err,
+                 err == ELOOP ? "Its path holds a loop of symbolic links; give the directory's real path."
+                              : "Its path is longer than the system opens at once; cd to a directory above it and "
+                                "give a shorter relative path.",
+                 "dir_path_unusable");
     }
     fail_errno(status_for_errno(err, exit_code::kNoInput), "cannot open loop directory " + path, err);
   }

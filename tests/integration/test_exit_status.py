@@ -1,5 +1,6 @@
 """Every row of the man page's EXIT STATUS table, each shown with the real
 binary, plus -F (exec in place)."""
+import json
 import os
 import resource
 import shutil
@@ -204,6 +205,40 @@ def test_dir_missing_is_66(tmp_path):
     r = run([tmp_path / "absent", "--", "true"])
     assert_error(r, EX_NOINPUT, "does not exist")
     assert not (tmp_path / "absent").exists(), "looplock must never create DIR"
+
+
+def test_a_path_the_system_cannot_follow_is_66_and_named_so_not_missing(tmp_path):
+    """An existing DIR given by a path longer than the system opens at once
+    (PATH_MAX), or through a loop of symbolic links: 66 as for DIR, but the
+    event and the message say why, not that DIR is missing."""
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    rel = []
+    while len("/".join(rel)) < 5000:  # made step by step, each relative to the last: no path is long
+        name = "d" * 200
+        os.mkdir(name, dir_fd=fd)
+        deeper = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = deeper
+        rel.append(name)
+    long_path = "/".join(rel)
+    r = subprocess.run([LOOPLOCK, "--log-format", "json", long_path, "--", "true"], capture_output=True, text=True,
+                       timeout=TIMEOUT, cwd=tmp_path)
+    assert r.returncode == EX_NOINPUT, r.stderr
+    obj = json.loads(r.stderr.splitlines()[-1])
+    assert obj["event"] == "dir_path_unusable" and "File name too long" in obj["message"], obj
+    assert "shorter relative path" in obj["hint"], obj
+    os.symlink("b", tmp_path / "a")
+    os.symlink("a", tmp_path / "b")
+    r = run(["--log-format", "json", tmp_path / "a", "--", "true"])
+    obj = json.loads(r.stderr.splitlines()[-1])
+    assert r.returncode == EX_NOINPUT and obj["event"] == "dir_path_unusable", r.stderr
+    # The control: the same directory, from inside it, locks.
+    try:
+        r = subprocess.run([LOOPLOCK, ".", "--", "true"], capture_output=True, text=True, timeout=TIMEOUT,
+                           preexec_fn=lambda: os.fchdir(fd), pass_fds=(fd,))
+    finally:
+        os.close(fd)
+    assert r.returncode == 0, r.stderr
 
 
 def test_dir_is_a_file_is_66(tmp_path):
