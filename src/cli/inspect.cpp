@@ -187,7 +187,10 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
   if (rec) {
     line("record", record_state_text(v.record) + ": " + record_summary(*rec));
     std::string since = "acquired " + rec->acquired_at;
-    if (f.record_age_ms) since += " (" + ms_text(*f.record_age_ms) + " ago)";
+    if (f.record_age_ms) {
+      since += *f.record_age_ms < 0 ? " (" + ms_text(-*f.record_age_ms) + " from now, by this host's clock)"
+                                    : " (" + ms_text(*f.record_age_ms) + " ago)";
+    }
     since += rec->released_at ? ", released " + *rec->released_at
                               : std::string(rec->no_fork ? ", not released (-F)" : ", not released");
     line("", since);

@@ -51,6 +51,10 @@ std::vector<Pid> pids_of(const std::vector<LockHolder>& holders) {
   return out;
 }
 
+// How far in the future a holder record's start may lie before it is
+// warned about: clocks slewed by NTP differ by less.
+constexpr long long kRecordAheadToleranceMs = 1000;
+
 bool contains(const std::vector<Pid>& v, Pid p) { return std::find(v.begin(), v.end(), p) != v.end(); }
 
 // Whether the record's process is gone: dead, or its pid reused.
@@ -247,6 +251,13 @@ Verdict judge(const LockFacts& f) {
     w.push_back("the lock file cannot be read here (" + std::string(std::strerror(f.record.err ? f.record.err : EIO)) +
                 "): its holder record is not known; look as a user who can read it (its owner, a member of its "
                 "group where its mode lets them, or root)");
+  }
+  if ((v.record == RecordState::Current || v.record == RecordState::Unconfirmed) && f.record_age_ms &&
+      *f.record_age_ms < -kRecordAheadToleranceMs) {
+    w.push_back("its holder record says the hold began " +
+                format_duration(std::chrono::milliseconds(-*f.record_age_ms)) +
+                " from now, by this host's clock: the clock that wrote it was ahead (this host's, set back since, "
+                "or another host's on a shared file system); --stale-after counts from then");
   }
   if ((v.record == RecordState::Current || v.record == RecordState::Unconfirmed) && f.record_age_ms &&
       *f.record_age_ms > f.stale_after_ms) {

@@ -314,6 +314,19 @@ def test_stale_after(loop_dir, forged_holder):
     assert h.release() == 0
 
 
+def test_a_record_from_the_future_is_said_not_shown_as_0ms_ago(loop_dir, forged_holder):
+    """A holder record whose acquired_at lies 3 s ahead of this host's clock
+    (the clock that wrote it was ahead): the text says how far ahead, not
+    "0ms ago", and a warning says why --stale-after cannot judge it."""
+    ahead = iso(datetime.now(timezone.utc) + timedelta(seconds=3))
+    h = forged_holder(loop_dir, forged_record(loop_dir, acquired_at=ahead))
+    obj, text = inspect(loop_dir)
+    assert obj["record"]["age_ms"] < 0, obj["record"]
+    assert "from now, by this host's clock" in text and "0ms ago" not in text, text
+    assert any("the hold began" in w and "from now" in w for w in obj["warnings"]), obj["warnings"]
+    assert h.release() == 0
+
+
 def test_stale_after_default_is_hours(loop_dir, forged_holder):
     old = iso(datetime.now(timezone.utc) - timedelta(hours=3))
     h = forged_holder(loop_dir, forged_record(loop_dir, acquired_at=old))

@@ -292,6 +292,16 @@ TEST_CASE("a hold older than stale_after") {
   CHECK(looplock::judge(f).warnings.empty());
 }
 
+TEST_CASE("a hold that begins in the future, by this host's clock: said, beyond a second") {
+  LockFacts f = held_by_record();
+  f.record_age_ms = -3'000;
+  CHECK(any_contains(looplock::judge(f).warnings, "its holder record says the hold began 3.0s from now"));
+  f.record_age_ms = -1'000;  // within what clocks slewed by NTP differ by
+  CHECK(looplock::judge(f).warnings.empty());
+  f.record_age_ms = 0;
+  CHECK(looplock::judge(f).warnings.empty());
+}
+
 TEST_CASE("unreadable content, network file systems") {
   LockFacts f = free_lock();
   f.record.state = HolderRead::State::Unreadable;
