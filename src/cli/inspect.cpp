@@ -10,6 +10,7 @@
 #include "os/ids.hpp"
 #include "os/process.hpp"
 #include "os/sys.hpp"
+#include "records/holder.hpp"
 #include "records/lock_id.hpp"
 #include "records/lockfile.hpp"
 #include "records/survey.hpp"
@@ -270,8 +271,8 @@ InspectFacts::Waiter describe_waiter(const sys::KernelLock& k) {
         return uid ? sys::user_name(*uid) : std::string("?");
       };
       if (auto id = looplock_identity(*argv, env)) {
-        w.agent_id = id->first;
-        w.operation = id->second;
+        w.agent_id = clip_bytes(id->first);  // as its records will hold them
+        w.operation = clip_bytes(id->second);
       }
     }
   }

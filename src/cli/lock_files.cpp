@@ -20,9 +20,9 @@ std::string in(const std::string& dir, std::string_view name) {
   return dir + (dir.ends_with('/') ? "" : "/") + std::string(name);
 }
 
-// "uid 1001, mode 0600"
+// "owner uid 1001, mode 0600": the file's, never the caller's
 std::string owner_mode(const sys::FileStatus& st) {
-  return "uid " + std::to_string(st.owner) + ", mode " + octal_mode(st.mode);
+  return "owner uid " + std::to_string(st.owner) + ", mode " + octal_mode(st.mode);
 }
 
 constexpr sys::Permission kRead{.read = true};

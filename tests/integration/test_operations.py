@@ -297,6 +297,19 @@ def test_a_command_within_max_time_is_untouched(loop_dir):
 # --- --inspect on several directories, waiters, --check ------------------------------
 
 
+def test_inspect_shows_a_waiters_long_names_as_its_records_will_hold_them(tmp_path, holders, procs):
+    """A waiter's --agent and --operation are shown as it will record them:
+    cut to 256 bytes, not whole."""
+    d = tmp_path / "held"
+    d.mkdir()
+    holders(d)
+    waiter = procs.start(["--agent", "a" * 3000, "--operation", "o" * 3000, "-w", "30", d, "--", "true"])
+    wait_until(lambda: waiter.pid in blocked_waiters(d / ".state.lock"), "the waiter to block")
+    (w,) = json.loads(run(["--inspect", "--json", d]).stdout)["waiters"]
+    assert len(w["operation"].encode()) <= 256 and w["operation"].startswith("o" * 200), len(w["operation"])
+    assert len(w["agent_id"].encode()) <= 256 and w["agent_id"].startswith("a" * 200), len(w["agent_id"])
+
+
 def test_inspect_three_dirs_with_waiters_and_check(tmp_path, holders, procs):
     dirs = [tmp_path / n for n in ("free", "held", "stale")]
     for d in dirs:

@@ -294,7 +294,7 @@ def test_inspect_judges_the_group_files_for_the_caller_and_check_fails_on_them(b
     i = as_member(U2, "--inspect", "--check", "--json", "--metrics-dir", metrics, d)
     assert i.returncode == 1, i
     warnings = json.loads(i.stdout)["warnings"]
-    assert any(".state.lock.runs.json: every --once-per run by you exits 73: you cannot read it (uid "
+    assert any(".state.lock.runs.json: every --once-per run by you exits 73: you cannot read it (owner uid "
                f"{U1}, mode 0600)" in w for w in warnings), warnings
     assert any(".state.lock.incidents.jsonl: your runs' incident rows are lost" in w for w in warnings), warnings
     assert any(".prom.lock: your runs cannot update the metrics" in w for w in warnings), warnings
