@@ -23,24 +23,13 @@
 // lease is gone: the fencing token (LOOPLOCK_FENCING_TOKEN, the lock key's
 // create revision, which only grows) lets the resource refuse it.
 //
-// The numbers (T = the TTL; settings/lease_timing.hpp; the man page's CLUSTER section has
-// them by TTL):
-//   renewal while holding: every clamp(T - kill-after - margin -
-//     max(2.5 s, T/4), T/12, T/3): 250 ms at --ttl 3, 1.42 s at 5, 3.33 s at
-//     the default 10;
-//   renewal while waiting: every T/3 (an expired waiter's lease only costs it
-//     its place in the queue);
-//   each attempt: T/10, at least 250 ms, at most 2 s, then the next endpoint
-//     (connects: 40 ms, doubling), a keepalive's never growing;
-//   margin: 200 ms + T/100 (230 ms at --ttl 3): waking up late, the KILL
-//     taking effect, a request cut short, and the clocks' rates;
-//   kill-after by default: T/6, at most 5 s (0.5 s at --ttl 3, 1.67 s at 10 s).
-// A holder's lease then survives any outage that ends within
-// T - kill-after - margin - renewal of the renewal it interrupted: 2.5 s from
-// --ttl 5 up (4.7 s at 10), 2.02 s at --ttl 3 (less a retry pause, at most
-// 75 ms): a 3-member cluster's leader election (1-2 s with etcd's default
-// election timeout; etcd extends its leases when a new leader takes over)
-// does not cost the lease.
+// The numbers (how often it renews, holding and waiting; each attempt's
+// timeout; the margin; the default kill-after; the outage a holder's lease
+// rides out) are stated once, in settings/lease_timing.hpp; the man page's
+// CLUSTER section has them by TTL, and a unit test reads that table back.
+// At the default TTL a holder's lease rides out a 3-member cluster's leader
+// election (1-2 s with etcd's default election timeout; etcd extends its
+// leases when a new leader takes over).
 //
 // Connections: one per run, kept (libcurl's cache), and one per wait: a
 // waiter's watch is bounded by etcd itself (the gateway's Grpc-Timeout,
