@@ -151,6 +151,13 @@ std::optional<Duration> parse_duration(std::string_view text, std::string* why) 
   return Duration(*ns);
 }
 
+Duration of_ms(long long ms) {
+  constexpr long long most = kMaxNs / kMs;
+  if (ms > most) return kForever;
+  if (ms < -most) return -kForever;
+  return std::chrono::milliseconds(ms);
+}
+
 std::optional<Duration> limit_of(Duration d) {
   if (d == Duration::zero() || d == kForever) return std::nullopt;
   return d;

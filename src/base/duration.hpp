@@ -25,6 +25,10 @@ inline constexpr Duration kForever = Duration::max();
 // it broke in `why`, when it is not one.
 std::optional<Duration> parse_duration(std::string_view text, std::string* why = nullptr);
 
+// `ms` milliseconds, as records and rows hold them, saturating at kForever
+// (and at -kForever): a garbled number of centuries is never an overflow.
+Duration of_ms(long long ms);
+
 // A limit as the man page's options read one (--max-time, --kill-after):
 // 0 and inf mean never, as in timeout(1), which is none.
 std::optional<Duration> limit_of(Duration d);

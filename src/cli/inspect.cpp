@@ -19,7 +19,7 @@ namespace looplock {
 
 namespace {
 
-std::string ms_text(long long ms) { return format_duration(std::chrono::milliseconds(ms)); }
+std::string ms_text(long long ms) { return format_duration(of_ms(ms)); }
 
 const char* read_state_name(HolderRead::State s) {
   switch (s) {
@@ -189,8 +189,9 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
     line("record", record_state_text(v.record) + ": " + record_summary(*rec));
     std::string since = "acquired " + rec->acquired_at;
     if (f.record_age_ms) {
-      since += *f.record_age_ms < 0 ? " (" + ms_text(-*f.record_age_ms) + " from now, by this host's clock)"
-                                    : " (" + ms_text(*f.record_age_ms) + " ago)";
+      since += *f.record_age_ms < 0
+                   ? " (" + format_duration(-of_ms(*f.record_age_ms)) + " from now, by this host's clock)"
+                   : " (" + ms_text(*f.record_age_ms) + " ago)";
     }
     since += rec->released_at ? ", released " + *rec->released_at
                               : std::string(rec->no_fork ? ", not released (-F)" : ", not released");

@@ -56,6 +56,13 @@ void judge_lock_file(const LockDir& dir, Uid euid, std::vector<FileProblem>& out
   }
 }
 
+// Whether the caller runs here, so that a file it cannot create is its
+// runs' loss: it owns DIR, or may write the lock file. (One who may only
+// read them, a monitor, is not warned of files it would never write.)
+bool runs_here(const LockDir& dir, Uid euid) {
+  return dir.st.owner == euid || sys::may_access(dir.fd.get(), kLockName, kWrite);
+}
+
 // Whether the caller may replace `file` in DIR by a rename: DIR writable
 // and searchable, and, when it is sticky, the file or DIR the caller's.
 bool may_replace(int dirfd, const sys::FileStatus& dir, const sys::FileStatus& file, Uid euid) {
@@ -91,7 +98,7 @@ void judge_ledger(const LockDir& dir, Uid euid, std::vector<FileProblem>& out) {
     if (read_only(dir.fd.get())) {
       out.push_back({path, runs + "exits 73: it does not exist, and DIR's file system is read-only",
                      "Remount it read-write; runs without --once-per still lock it."});
-    } else if (!sys::may_access(dir.fd.get(), ".", kWriteIn)) {
+    } else if (!sys::may_access(dir.fd.get(), ".", kWriteIn) && runs_here(dir, euid)) {
       out.push_back({path, runs + "by you exits 73: it does not exist, and you cannot create it in DIR",
                      "Let DIR's owner make DIR writable for you, or create it once (install -m 0660 -g GROUP "
                      "/dev/null " +
@@ -125,7 +132,7 @@ void judge_incidents(const LockDir& dir, Uid euid, std::vector<FileProblem>& out
   }
   sys::FileStatus st;
   if (!sys::status_at(dir.fd.get(), kIncidentsName, st)) {
-    if (errno == ENOENT && !sys::may_access(dir.fd.get(), ".", kWriteIn)) {
+    if (errno == ENOENT && !sys::may_access(dir.fd.get(), ".", kWriteIn) && runs_here(dir, euid)) {
       out.push_back({path,
                      "your runs' incident rows are lost (one warning each time): it does not exist, and you "
                      "cannot create it in DIR",

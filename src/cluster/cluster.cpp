@@ -659,7 +659,9 @@ void ClusterLock::release(std::optional<Duration> bound_given) {
   // Where etcd has stopped answering (the renewals fail), one brief try:
   // the lease expires anyway, and looplock should not linger for it.
   const Duration usual = lost() || token_ == 0 ? kLostRelease : kRelease;
-  const Duration bound = bound_given ? *bound_given : renewal_failing_ || unavailable_now_ ? kAfterDeadline : usual;
+  const Duration bound = bound_given && *bound_given > Duration::zero() ? *bound_given
+                         : renewal_failing_ || unavailable_now_         ? kAfterDeadline
+                                                                        : usual;
   (void)client_.lease_revoke(lease_, {.at = now() + bound, .attempt = std::min(bound, lease_timing::attempt(ttl_s_))});
   lease_ = 0;
 }

@@ -170,7 +170,7 @@ public:
   std::string overdue_why() const;
 
   // Revokes the lease, which deletes the lock key (bounded: by `bound`
-  // when given, else by what the release needs; best effort).
+  // when given and above 0, else by what the release needs; best effort).
   void release(std::optional<Duration> bound = std::nullopt);
 
   // The run ledger of --once-per: `operation`'s key (etcd::runs_key), read
@@ -203,7 +203,6 @@ public:
   Duration since_last_keepalive() const { return now() - last_ok_; }
   // Whether the last renewal round got no answer.
   bool renewal_failing() const { return renewal_failing_; }
-  // What the last request that got no answer failed with (for overdue_why()).
   // Set when acquire() ended Busy or TimedOut: who held the lock.
   const std::optional<Json>& blocker() const { return blocker_; }
   const std::string& endpoint() const { return client_.current_endpoint(); }
@@ -270,7 +269,7 @@ private:
   bool said_unavailable_ = false;
   bool unavailable_now_ = false;
   bool silent_ = false;  // the last round of the watch timed out: etcd may have stopped answering
-  std::string last_error_;
+  std::string last_error_;  // what the last request that got no answer failed with (overdue_why())
   std::string why_;
   std::optional<Json> blocker_;
   std::string ledger_key_;  // empty: no ledger (no --once-per)

@@ -580,7 +580,7 @@ std::optional<Result<Json>> Client::attempt(const CallSpec& spec, bool with_toke
   const Instant deadline = spec.deadline.at;
   if (begin >= deadline) return gave_up(p, p.reached ? Status::Timeout : Status::Unavailable);
   Instant attempt_deadline = deadline;
-  if (spec.deadline.attempt) {
+  if (spec.deadline.attempt && *spec.deadline.attempt > Duration::zero()) {
     const int doublings = spec.deadline.grow ? std::min(round, kMaxAttemptDoublings) : 0;
     attempt_deadline = std::min(deadline, later(begin, *spec.deadline.attempt * (1 << doublings)));
   }
@@ -664,7 +664,9 @@ Result<Json> Client::attempts(const CallSpec& spec, bool with_token) {
   if (endpoints_.empty()) return gave_up(p, Status::Unavailable);
   const Instant deadline = spec.deadline.at;
   // Pauses stay short beside the attempts (a lease's renewal has little time).
-  const Duration max_pause = spec.deadline.attempt ? std::min(kMaxPause, *spec.deadline.attempt / 4) : kMaxPause;
+  const Duration max_pause = spec.deadline.attempt && *spec.deadline.attempt > Duration::zero()
+                                 ? std::min(kMaxPause, *spec.deadline.attempt / 4)
+                                 : kMaxPause;
   Duration pause = std::min(kFirstPause, max_pause);
   for (int round = 0;; ++round) {
     for (size_t k = 0; k < endpoints_.size(); ++k) {

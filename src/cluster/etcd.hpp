@@ -299,7 +299,7 @@ Clock& system_clock();
 // How long one call may take, and each of its attempts.
 struct Deadline {
   Instant at{};                     // the call returns by then
-  std::optional<Duration> attempt{};  // each attempt's timeout; none: until `at`
+  std::optional<Duration> attempt{};  // each attempt's timeout; none (or 0): until `at`
   // Double the attempt timeout each round (a write on a slow disk still gets
   // through); a keepalive, which etcd answers without a disk write, keeps it.
   bool grow = true;

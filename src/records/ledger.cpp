@@ -144,8 +144,10 @@ std::string ledger_fix(const LockDir& dir, int err, bool existed) {
 }  // namespace
 
 std::optional<sys::Failure> write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries) {
-  const auto failed = [&](std::string what, int err, bool existed) {
-    return sys::Failure{.what = std::move(what), .err = err, .hint = ledger_fix(dir, err, existed)};
+  // The step that failed; errno is read first, before any string is made.
+  const auto failed = [&](const char* step, const char* name, bool existed) {
+    const int err = errno;
+    return sys::Failure{.what = std::string(step) + name, .err = err, .hint = ledger_fix(dir, err, existed)};
   };
   const std::string data = encode_ledger(entries);
   // In place when this process may write the file (no journal transaction:
@@ -153,7 +155,7 @@ std::optional<sys::Failure> write_ledger(const LockDir& dir, const std::vector<R
   const UniqueFd in_place = sys::open_in(dir.fd.get(), kRunsName, {.access = sys::OpenIn::Access::Write});
   if (in_place) {
     sys::FileStatus st;
-    if (!sys::status_of_fd(in_place.get(), st)) return failed("fstat", errno, true);
+    if (!sys::status_of_fd(in_place.get(), st)) return failed("fstat", "", true);
     if (auto r = refuse_ledger(st, dir.st, sys::own_euid(), dir.path)) {
       return sys::Failure{.what = "it became unsafe: " + r->why, .hint = r->hint + " "};
     }
@@ -162,14 +164,14 @@ std::optional<sys::Failure> write_ledger(const LockDir& dir, const std::vector<R
     // Where the file system reserves with NUL bytes past the end, readers
     // skip them.
     if (static_cast<size_t>(st.size) < data.size() && !sys::reserve_space(in_place.get(), data.size())) {
-      return failed("reserving its new length", errno, true);
+      return failed("reserving its new length", "", true);
     }
     if (!write_over(in_place.get(), data, static_cast<long long>(kMaxLedgerBytes))) {
-      return failed("writing it", errno, true);
+      return failed("writing it", "", true);
     }
     return std::nullopt;
   }
-  if (errno != ENOENT && errno != EACCES && errno != EPERM) return failed("opening it", errno, true);
+  if (errno != ENOENT && errno != EACCES && errno != EPERM) return failed("opening it", "", true);
   const bool existed = errno != ENOENT;
   // Missing, or a group member's file this process may not write: a new
   // file beside it, renamed over it. Only the lock's holder writes the
@@ -182,12 +184,12 @@ std::optional<sys::Failure> write_ledger(const LockDir& dir, const std::vector<R
     (void)sys::remove_in(dir.fd.get(), kRunsNewName);
     fd = sys::open_in(dir.fd.get(), kRunsNewName, create);
   }
-  if (!fd) return failed(std::string("creating ") + kRunsNewName, errno, existed);
+  if (!fd) return failed("creating ", kRunsNewName, existed);
   std::optional<sys::Failure> f;
-  if (!sys::write_all(fd.get(), data)) f = failed(std::string("writing ") + kRunsNewName, errno, existed);
-  if (!f && !sys::close_checked(std::move(fd))) f = failed(std::string("writing ") + kRunsNewName, errno, existed);
+  if (!sys::write_all(fd.get(), data)) f = failed("writing ", kRunsNewName, existed);
+  if (!f && !sys::close_checked(std::move(fd))) f = failed("writing ", kRunsNewName, existed);
   if (!f && !sys::rename_in(dir.fd.get(), kRunsNewName, kRunsName)) {
-    f = failed(std::string("renaming ") + kRunsNewName + " over it", errno, existed);
+    f = failed("renaming ", kRunsNewName, existed);
   }
   if (f) (void)sys::remove_in(dir.fd.get(), kRunsNewName);
   return f;

@@ -255,9 +255,11 @@ std::variant<bool, sys::Failure> lock_intact(const LockDir& dir, const LockFile&
     errno = 0;
     auto r = check(dir, file);
     if (r && !*r) return false;
-    if (!r)
+    if (!r) {
+      const int err = errno;  // before the strings are made
       unknown =
-          sys::Failure{.what = "cannot check that " + lock_display(dir) + " is still the file locked", .err = errno};
+          sys::Failure{.what = "cannot check that " + lock_display(dir) + " is still the file locked", .err = err};
+    }
   }
   if (unknown) return *unknown;
   return true;

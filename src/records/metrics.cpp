@@ -330,7 +330,8 @@ std::optional<sys::Failure> update_metrics_file(const std::string& dir, const Ru
     if (errno != EWOULDBLOCK) return failed("cannot lock " + dir + "/." + name + ".lock");
     if (MonotonicClock::now() >= give_up) {
       return sys::Failure{.what = "the metrics file " + dir + "/" + name + " stayed busy for " +
-                                  format_duration(kLockWait)};
+                                  std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kLockWait).count()) +
+                                  " s"};
     }
     nap(std::chrono::milliseconds(1));
   }

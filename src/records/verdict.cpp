@@ -254,16 +254,15 @@ Verdict judge(const LockFacts& f) {
   }
   if ((v.record == RecordState::Current || v.record == RecordState::Unconfirmed) && f.record_age_ms &&
       *f.record_age_ms < -kRecordAheadToleranceMs) {
-    w.push_back("its holder record says the hold began " +
-                format_duration(std::chrono::milliseconds(-*f.record_age_ms)) +
+    w.push_back("its holder record says the hold began " + format_duration(-of_ms(*f.record_age_ms)) +
                 " from now, by this host's clock: the clock that wrote it was ahead (this host's, set back since, "
                 "or another host's on a shared file system); --stale-after counts from then");
   }
   if ((v.record == RecordState::Current || v.record == RecordState::Unconfirmed) && f.record_age_ms &&
       *f.record_age_ms > f.stale_after_ms) {
-    w.push_back("held for " + format_duration(std::chrono::milliseconds(*f.record_age_ms)) +
-                ", longer than --stale-after " + format_duration(std::chrono::milliseconds(f.stale_after_ms)) +
-                ": check whether " + pids_text(v.confirm) + " is stalled before terminating it");
+    w.push_back("held for " + format_duration(of_ms(*f.record_age_ms)) + ", longer than --stale-after " +
+                format_duration(of_ms(f.stale_after_ms)) + ": check whether " + pids_text(v.confirm) +
+                " is stalled before terminating it");
   }
 
   if (v.state == LockState::Unknown && v.confirm.empty()) {

@@ -65,9 +65,8 @@ bool OncePer::counts(const LedgerLook& look, const Ledger& l, bool locked) const
                                 : "the hosts' clocks differ by that much";
     log_.warn("ledger_ahead",
               ledger + ": the last run of " + quote(identity_.operation) + " started " +
-                  format_duration(std::chrono::milliseconds(v.ahead_ms)) +
-                  " after this looplock started, by this host's clock: " + why + "; " +
-                  (counted ? "it counts (it is within --once-per)" : "it does not count (beyond --once-per)"),
+                  format_duration(of_ms(v.ahead_ms)) + " after this looplock started, by this host's clock: " + why +
+                  "; " + (counted ? "it counts (it is within --once-per)" : "it does not count (beyond --once-per)"),
               {{"ahead_ms", v.ahead_ms}, {"counted", counted}});
   }
   return v.slot == Slot::Done;

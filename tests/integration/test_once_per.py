@@ -393,17 +393,26 @@ def test_a_looplock_killed_between_reserving_and_writing_the_ledger_leaves_it_wh
                                "inject=fallocate:delay_exit=5000000", LOOPLOCK, *once(loop_dir, "5m", "new-" + "n" * 200),
                                "true"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        wait_until(lambda: children(tracer.pid), "strace to start looplock")
-        (traced,) = children(tracer.pid)
+        # strace's child is looplock once it has exec'd it (a busy machine
+        # can show the child before that, or a helper of strace's): the pid
+        # whose executable is looplock, and that pid inside fallocate(2).
+        looplock_exe = os.path.realpath(LOOPLOCK)
 
         def in_fallocate():
-            try:
-                with open(f"/proc/{traced}/syscall") as f:
-                    return f.read().split()[0] == "285"  # x86_64's fallocate
-            except (OSError, IndexError):
-                return False
+            for pid in children(tracer.pid):
+                try:
+                    if os.readlink(f"/proc/{pid}/exe") != looplock_exe:
+                        continue
+                    with open(f"/proc/{pid}/syscall") as f:
+                        if f.read().split()[0] == "285":  # x86_64's fallocate
+                            return pid
+                except (OSError, IndexError):
+                    continue
+            return None
 
         wait_until(in_fallocate, "looplock to reserve the ledger's new length", timeout=TIMEOUT)
+        traced = in_fallocate()
+        assert traced, "looplock left fallocate(2) within its 5 s delay"
         os.kill(traced, signal.SIGKILL)
         tracer.wait(timeout=TIMEOUT)
     finally:
@@ -735,7 +744,9 @@ def test_the_warning_reaches_the_job_of_a_nested_looplock(loop_dir):
     """A nested looplock runs its command in a process group of its own: the
     warning reaches what that command runs too (a nested looplock does not
     catch USR1 itself, and is skipped)."""
-    p = start(["--max-time", "3s", "--warn-before", "2s", str(loop_dir), "--", LOOPLOCK, str(loop_dir), "--", PY,
+    # The warning comes 3 s in: a nested looplock and Python start well before
+    # then even on a busy machine (1 s was not always enough under load).
+    p = start(["--max-time", "5s", "--warn-before", "2s", str(loop_dir), "--", LOOPLOCK, str(loop_dir), "--", PY,
                WARN_TIMES])
     expect_line(p)
     out, err = p.communicate(timeout=TIMEOUT)

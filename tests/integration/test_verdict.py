@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from conftest import (EX_TEMPFAIL, LOOPLOCK, PY, TIMEOUT, expect_line, flock_holder, helper, incident_rows,
-                      lock_is_free, release, run, start, wait_until)
+                      lock_is_free, proc_state, release, run, start, wait_until)
 
 
 def crashed_record(loop_dir):
@@ -54,15 +54,6 @@ def test_a_crashed_looplocks_record_is_not_pinned_on_the_next_holder(loop_dir):
         assert f"pid {f.pid} is alive" in obj["operator_action"] and str(dead) not in obj["operator_action"]
     finally:
         release(f)
-
-
-def proc_state(pid):
-    """The state letter of /proc/PID/stat ('Z': a zombie), or None when gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return None
 
 
 def test_a_killed_holder_not_yet_reaped_is_dead_not_alive(loop_dir):

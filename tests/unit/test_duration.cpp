@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -146,4 +147,16 @@ TEST_CASE("limit_of: 0 and inf are no limit, as timeout(1) reads them") {
   CHECK(limit_of(looplock::kForever - Duration(1)) == looplock::kForever - Duration(1));
   CHECK_FALSE(limit_of(*looplock::parse_duration("inf")));
   CHECK_FALSE(limit_of(*looplock::parse_duration("1e30")));  // saturated: beyond some 292 years
+}
+
+TEST_CASE("of_ms: a record's milliseconds, saturating instead of overflowing") {
+  using looplock::of_ms;
+  CHECK(of_ms(0) == looplock::Duration::zero());
+  CHECK(of_ms(1500).count() == 1'500'000'000LL);
+  CHECK(of_ms(-3000).count() == -3'000'000'000LL);
+  CHECK(of_ms(9'223'372'036'854LL) == std::chrono::milliseconds(9'223'372'036'854LL));  // the largest that fits
+  CHECK(of_ms(9'223'372'036'855LL) == looplock::kForever);  // year 9999 written by a garbled clock
+  CHECK(of_ms(std::numeric_limits<long long>::max()) == looplock::kForever);
+  CHECK(of_ms(std::numeric_limits<long long>::min()) == -looplock::kForever);
+  CHECK(looplock::format_duration(of_ms(std::numeric_limits<long long>::max())) == "inf");
 }

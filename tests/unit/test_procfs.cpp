@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "os/ids.hpp"
@@ -120,6 +122,41 @@ TEST_CASE("pid_start, parent_pid and pid_alive of real processes") {
   CHECK_FALSE(procfs::pid_alive(child));
   CHECK_FALSE(procfs::pid_start(child));
   CHECK_FALSE(procfs::parent_pid(child));
+}
+
+TEST_CASE("ended: a zombie has ended, a process whose main thread alone ended has not") {
+  int pipe_fds[2];
+  REQUIRE(pipe(pipe_fds) == 0);
+  Pid child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // A thread that waits for the pipe; the main thread ends alone.
+    close(pipe_fds[1]);
+    std::thread waits([fd = pipe_fds[0]] {
+      char c;
+      (void)!read(fd, &c, 1);
+      _exit(0);
+    });
+    waits.detach();
+    syscall(SYS_exit, 0);  // ends the calling thread only
+  }
+  close(pipe_fds[0]);
+  const auto state = [&] {
+    auto stat = testutil::slurp("/proc/" + std::to_string(child) + "/stat");
+    return stat ? stat->substr(stat->rfind(')') + 2, 1) : std::string();
+  };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (state() != "Z" && std::chrono::steady_clock::now() < deadline) usleep(1000);
+  REQUIRE(state() == "Z");  // the main thread is a zombie: the process lives on
+  CHECK_FALSE(procfs::ended(child));
+  CHECK(looplock::sys::process_alive(child));
+  close(pipe_fds[1]);  // the last thread ends: the whole process is a zombie
+  while (!procfs::ended(child) && std::chrono::steady_clock::now() < deadline) usleep(1000);
+  CHECK(procfs::ended(child));
+  CHECK_FALSE(looplock::sys::process_alive(child));
+  CHECK(procfs::pid_alive(child));  // kill(pid, 0) still finds it until it is reaped
+  REQUIRE(testutil::wait_child(child));
+  CHECK_FALSE(procfs::ended(child));  // gone: not a zombie (process_alive says it is not alive)
 }
 
 TEST_CASE("is_self_or_ancestor") {

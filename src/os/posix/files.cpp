@@ -216,10 +216,12 @@ bool unlock(int fd) { return flock(fd, LOCK_UN) == 0; }
 LockWait lock_until(int fd, bool exclusive, Deadline deadline, Duration tick, const std::function<void()>& on_tick) {
   const long long tick_ns = tick.count();  // the timers count nanoseconds of the monotonic clock
   const auto lock_failed = [] {
-    return LockWait{.end = LockWait::End::LockFailed, .failure = {.what = "cannot lock", .err = errno}};
+    const int err = errno;
+    return LockWait{.end = LockWait::End::LockFailed, .failure = {.what = "cannot lock", .err = err}};
   };
   const auto timer_failed = [](const char* step, const char* hint) {
-    return LockWait{.end = LockWait::End::TimerFailed, .failure = {.what = step, .err = errno, .hint = hint}};
+    const int err = errno;  // before the strings are made
+    return LockWait{.end = LockWait::End::TimerFailed, .failure = {.what = step, .err = err, .hint = hint}};
   };
   const auto past = [&] { return deadline && MonotonicClock::now() >= *deadline; };
   if (past()) {

@@ -21,8 +21,7 @@ std::optional<std::string> own_start() {
 bool process_alive(Pid pid) {
   if (!procfs::pid_alive(pid)) return false;
   if (!procfs::proc_is_ours()) return true;  // /proc/PID would be another process
-  const auto st = procfs::proc_stat(pid);
-  return !st || (st->state != 'Z' && st->state != 'X');
+  return !procfs::ended(pid);
 }
 
 std::vector<Pid> descendants(Pid self) { return procfs::descendants(self); }

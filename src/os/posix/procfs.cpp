@@ -392,6 +392,17 @@ std::vector<Pid> descendants(Pid pid) {
   return out;
 }
 
+bool ended(Pid pid) {
+  const auto st = proc_stat(pid);
+  if (!st || (st->state != 'Z' && st->state != 'X')) return false;
+  // A main thread that ended while other threads run on is a zombie too:
+  // the process lives (and keeps its descriptors) until its last thread ends.
+  for (const auto& tid : dir_entries("/proc/" + std::to_string(pid) + "/task")) {
+    if (tid != std::to_string(pid)) return false;
+  }
+  return true;
+}
+
 std::vector<Pid> all_pids() {
   std::vector<Pid> out;
   for (const auto& e : dir_entries("/proc")) {

@@ -47,6 +47,9 @@ bool is_self_or_ancestor(Pid pid, Pid self);
 
 // Whether a process with this pid exists (kill(pid, 0); EPERM counts as alive).
 bool pid_alive(Pid pid);
+// Whether process `pid` has ended, its status not yet read (a zombie whose
+// every thread has ended; one whose main thread alone ended lives on).
+bool ended(Pid pid);
 
 // Whether /proc shows this process's own pid namespace (/proc/self is its
 // pid): only then do pids from /proc and from getpid() name the same
