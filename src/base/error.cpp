@@ -14,8 +14,10 @@ void fail_errno(int status, const std::string& what, int err, std::string hint, 
   throw Fatal(status, errno_message(what, err), std::move(hint), std::move(event));
 }
 
+std::string failure_message(const sys::Failure& f) { return f.err != 0 ? errno_message(f.what, f.err) : f.what; }
+
 void fail(int status, const sys::Failure& f, std::string event) {
-  throw Fatal(status, f.err != 0 ? errno_message(f.what, f.err) : f.what, f.hint, std::move(event));
+  throw Fatal(status, failure_message(f), f.hint, std::move(event));
 }
 
 void write_stdout(std::string_view text) {

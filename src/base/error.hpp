@@ -43,8 +43,12 @@ std::string errno_message(const std::string& what, int err);
 [[noreturn]] void fail_errno(int status, const std::string& what, int err, std::string hint = {},
                              std::string event = {});
 
-// Throws Fatal(status, ...) for a recoverable failure that ends the run
-// after all: its what (with strerror(err) when it has an errno) and hint.
+// A recoverable failure's message: its what, with strerror(err) when it has
+// an errno ("<what>: <strerror(err)>").
+std::string failure_message(const sys::Failure& f);
+
+// Throws Fatal(status, failure_message(f), f.hint, event) for a recoverable
+// failure that ends the run after all.
 [[noreturn]] void fail(int status, const sys::Failure& f, std::string event = {});
 
 // Writes `text` to standard output; throws Fatal 71 naming the failure

@@ -28,8 +28,7 @@ void write_metrics(const Options& o, const RunFacts& facts, int status, long lon
   m.duration_s = std::chrono::duration<double>(facts.ran).count();
   if (const auto f = update_metrics_file(o.metrics_dir, m)) {
     log.warn("metrics_write_failed",
-             "cannot update the metrics: " + (f->err != 0 ? errno_message(f->what, f->err) : f->what) +
-                 (f->hint.empty() ? "" : " (" + f->hint + ")"));
+             "cannot update the metrics: " + failure_message(*f) + (f->hint.empty() ? "" : " (" + f->hint + ")"));
   }
 }
 

@@ -56,6 +56,12 @@ void judge_lock_file(const LockDir& dir, Uid euid, std::vector<FileProblem>& out
   }
 }
 
+// The fix for a file the caller cannot create in DIR.
+std::string create_once_hint(const std::string& path) {
+  return "Let DIR's owner make DIR writable for you, or create it once (install -m 0660 -g GROUP /dev/null " +
+         shell_word(path) + " for a group).";
+}
+
 // Whether the caller runs here, so that a file it cannot create is its
 // runs' loss: it owns DIR, or may write the lock file. (One who may only
 // read them, a monitor, is not warned of files it would never write.)
@@ -99,10 +105,8 @@ void judge_ledger(const LockDir& dir, Uid euid, std::vector<FileProblem>& out) {
       out.push_back({path, runs + "exits 73: it does not exist, and DIR's file system is read-only",
                      "Remount it read-write; runs without --once-per still lock it."});
     } else if (!sys::may_access(dir.fd.get(), ".", kWriteIn) && runs_here(dir, euid)) {
-      out.push_back({path, runs + "by you exits 73: it does not exist, and you cannot create it in DIR",
-                     "Let DIR's owner make DIR writable for you, or create it once (install -m 0660 -g GROUP "
-                     "/dev/null " +
-                         shell_word(path) + " for a group)."});
+      out.push_back(
+          {path, runs + "by you exits 73: it does not exist, and you cannot create it in DIR", create_once_hint(path)});
     }
     return;
   }
@@ -136,9 +140,7 @@ void judge_incidents(const LockDir& dir, Uid euid, std::vector<FileProblem>& out
       out.push_back({path,
                      "your runs' incident rows are lost (one warning each time): it does not exist, and you "
                      "cannot create it in DIR",
-                     "Let DIR's owner make DIR writable for you, or create it once (install -m 0660 -g GROUP "
-                     "/dev/null " +
-                         shell_word(path) + " for a group)."});
+                     create_once_hint(path)});
     }
     return;
   }
