@@ -62,12 +62,11 @@ std::string create_once_hint(const std::string& path) {
          shell_word(path) + " for a group).";
 }
 
-// Whether the caller runs here, so that a file it cannot create is its
-// runs' loss: it owns DIR, or may write the lock file. (One who may only
-// read them, a monitor, is not warned of files it would never write.)
-bool runs_here(const LockDir& dir, Uid euid) {
-  return dir.st.owner == euid || sys::may_access(dir.fd.get(), kLockName, kWrite);
-}
+// Whether the caller's runs could lock here, so that a file it cannot
+// create is its runs' loss: it may open the lock file (a read descriptor
+// locks too, as in the group recipe under umask 022). One who cannot open
+// it is told that alone (judge_lock_file), not every file it would need.
+bool runs_here(const LockDir& dir) { return sys::may_access(dir.fd.get(), kLockName, kRead); }
 
 // Whether the caller may replace `file` in DIR by a rename: DIR writable
 // and searchable, and, when it is sticky, the file or DIR the caller's.
@@ -104,7 +103,7 @@ void judge_ledger(const LockDir& dir, Uid euid, std::vector<FileProblem>& out) {
     if (read_only(dir.fd.get())) {
       out.push_back({path, runs + "exits 73: it does not exist, and DIR's file system is read-only",
                      "Remount it read-write; runs without --once-per still lock it."});
-    } else if (!sys::may_access(dir.fd.get(), ".", kWriteIn) && runs_here(dir, euid)) {
+    } else if (!sys::may_access(dir.fd.get(), ".", kWriteIn) && runs_here(dir)) {
       out.push_back(
           {path, runs + "by you exits 73: it does not exist, and you cannot create it in DIR", create_once_hint(path)});
     }
@@ -136,7 +135,7 @@ void judge_incidents(const LockDir& dir, Uid euid, std::vector<FileProblem>& out
   }
   sys::FileStatus st;
   if (!sys::status_at(dir.fd.get(), kIncidentsName, st)) {
-    if (errno == ENOENT && !sys::may_access(dir.fd.get(), ".", kWriteIn) && runs_here(dir, euid)) {
+    if (errno == ENOENT && !sys::may_access(dir.fd.get(), ".", kWriteIn) && runs_here(dir)) {
       out.push_back({path,
                      "your runs' incident rows are lost (one warning each time): it does not exist, and you "
                      "cannot create it in DIR",

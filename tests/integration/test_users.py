@@ -469,11 +469,16 @@ def test_a_dir_its_own_owner_cannot_write_is_named_as_the_cause_and_inspect_warn
     assert i.returncode != 0, i
     assert ".state.lock.runs.json" in i.stdout and "you cannot create it in DIR" in i.stdout, i.stdout
     assert "incident rows are lost" in i.stdout, i.stdout
-    # A monitor that may read the lock file but never write it is not warned
-    # of files its runs would need: it runs none there.
+    # A member who may only read the lock file still runs there (a read
+    # descriptor locks), so it is warned as a run by it would fare; one who
+    # cannot open the lock file is told that, not of every file it would need.
     os.chmod(d / LOCK, 0o640)
     i = as_member(U2, "--inspect", "--check", d)
-    assert i.returncode == 0 and "cannot create it in DIR" not in i.stdout, i
+    assert i.returncode == 1 and "you cannot create it in DIR" in i.stdout, i
+    os.chmod(d / LOCK, 0o600)
+    i = as_member(U2, "--inspect", "--check", d)
+    assert i.returncode == 1 and "you cannot open it" in i.stdout, i
+    assert "you cannot create it in DIR" not in i.stdout and "incident rows are lost" not in i.stdout, i.stdout
     os.chmod(d / LOCK, 0o660)
     # The control: DIR writable again, the same run records its slot, and --inspect is quiet.
     os.chmod(d, 0o755)
