@@ -56,8 +56,10 @@ void judge_lock_file(const LockDir& dir, Uid euid, std::vector<FileProblem>& out
   }
 }
 
-// The fix for a file the caller cannot create in DIR.
-std::string create_once_hint(const std::string& path) {
+// The fix for a file the caller cannot create in DIR: DIR's owner makes
+// DIR writable (when that is the caller, for itself).
+std::string create_once_hint(const LockDir& dir, const std::string& path, Uid euid) {
+  if (dir.st.owner == euid) return "Make DIR writable for yourself (chmod u+w " + shell_word(dir.path) + ").";
   return "Let DIR's owner make DIR writable for you, or create it once (install -m 0660 -g GROUP /dev/null " +
          shell_word(path) + " for a group).";
 }
@@ -104,8 +106,8 @@ void judge_ledger(const LockDir& dir, Uid euid, std::vector<FileProblem>& out) {
       out.push_back({path, runs + "exits 73: it does not exist, and DIR's file system is read-only",
                      "Remount it read-write; runs without --once-per still lock it."});
     } else if (!sys::may_access(dir.fd.get(), ".", kWriteIn) && runs_here(dir)) {
-      out.push_back(
-          {path, runs + "by you exits 73: it does not exist, and you cannot create it in DIR", create_once_hint(path)});
+      out.push_back({path, runs + "by you exits 73: it does not exist, and you cannot create it in DIR",
+                     create_once_hint(dir, path, euid)});
     }
     return;
   }
@@ -139,7 +141,7 @@ void judge_incidents(const LockDir& dir, Uid euid, std::vector<FileProblem>& out
       out.push_back({path,
                      "your runs' incident rows are lost (one warning each time): it does not exist, and you "
                      "cannot create it in DIR",
-                     create_once_hint(path)});
+                     create_once_hint(dir, path, euid)});
     }
     return;
   }

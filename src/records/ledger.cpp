@@ -126,6 +126,10 @@ std::string ledger_fix(const LockDir& dir, int err, bool existed) {
   if (err == ENOSPC) return "The file system is full; the ledger was left as it was. ";
   if (err == EROFS) return "DIR's file system is read-only; remount it read-write. ";
   if (err != EPERM && err != EACCES) return "";
+  if (!existed && dir.st.owner == sys::own_euid()) {
+    return "You may not create files in DIR (" + dir.path + ", mode " + octal_mode(dir.st.mode) +
+           "), which is yours: make it writable (chmod u+w " + shell_word(dir.path) + "). ";
+  }
   if (!existed) {
     return "You may not create files in DIR (" + dir.path + ", mode " + octal_mode(dir.st.mode) + ", uid " +
            std::to_string(dir.st.owner) +

@@ -464,17 +464,20 @@ def test_a_dir_its_own_owner_cannot_write_is_named_as_the_cause_and_inspect_warn
     r = as_member(U1, "--once-per", "1m", "--operation", "x", d, "--", "true")
     assert r.returncode == 73, r
     assert "You may not create files in DIR" in r.stderr and "mode 0555" in r.stderr, r.stderr
+    assert "which is yours: make it writable (chmod u+w" in r.stderr, r.stderr
     assert "sticky" not in r.stderr and "chmod g+rw" not in r.stderr, r.stderr
     i = as_member(U1, "--inspect", "--check", d)
     assert i.returncode != 0, i
     assert ".state.lock.runs.json" in i.stdout and "you cannot create it in DIR" in i.stdout, i.stdout
     assert "incident rows are lost" in i.stdout, i.stdout
+    assert "Make DIR writable for yourself (chmod u+w" in i.stdout and "Let DIR's owner" not in i.stdout, i.stdout
     # A member who may only read the lock file still runs there (a read
     # descriptor locks), so it is warned as a run by it would fare; one who
     # cannot open the lock file is told that, not of every file it would need.
     os.chmod(d / LOCK, 0o640)
     i = as_member(U2, "--inspect", "--check", d)
     assert i.returncode == 1 and "you cannot create it in DIR" in i.stdout, i
+    assert "Let DIR's owner make DIR writable for you" in i.stdout, i.stdout
     os.chmod(d / LOCK, 0o600)
     i = as_member(U2, "--inspect", "--check", d)
     assert i.returncode == 1 and "you cannot open it" in i.stdout, i
