@@ -11,8 +11,10 @@
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "cli/option_table.hpp"
-#include "settings/endpoints.hpp"
+#include "os/job_control.hpp"
 #include "os/signal_names.hpp"
+#include "os/sys.hpp"
+#include "settings/endpoints.hpp"
 #include "settings/lease_timing.hpp"
 
 namespace looplock {
@@ -391,6 +393,28 @@ bool given(const cxxopts::ParseResult& r, const Options& o, std::string_view nam
   return r.count(std::string(name)) > 0;
 }
 
+// What this system cannot do (os/sys.hpp's abilities(): Windows has no
+// exec, no signals, no etcd transport yet): never a silent no-op.
+void check_system(const cxxopts::ParseResult& r, const Options& o) {
+  const sys::Abilities can = sys::abilities();
+  if (!can.exec && r.count("no-fork")) {
+    usage_error("-F/--no-fork is not available on this system: it has no exec, so looplock cannot become the command",
+                "Leave -F out: looplock stays the command's parent, and exits as the command exited.");
+  }
+  for (const char* name : {"warn-before", "warn-signal"}) {
+    if (!can.signals && r.count(name)) {
+      usage_error("--" + std::string(name) + " is not available on this system: it has no signals to warn a job with",
+                  "Leave it out; --max-time ends the job at once (TerminateJobObject), so a job that must save its "
+                  "work keeps its own deadline, from $LOOPLOCK_DEADLINE.");
+    }
+  }
+  if (!can.cluster && given(r, o, "etcd")) {
+    usage_error(std::string("--etcd is not available on this system: looplock has no etcd transport here") +
+                    (r.count("etcd") ? "" : " ($LOOPLOCK_ETCD is set)"),
+                "Run the cluster lock from a Linux host, or lock a local DIR here.");
+  }
+}
+
 // The table's rules: each option applies in its modes only, some only with
 // --etcd, some not with -F; and the pairs that exclude each other.
 void check_applicable(const cxxopts::ParseResult& r, const Options& o) {
@@ -451,7 +475,8 @@ void read_policy(const cxxopts::ParseResult& r, Options& o) {
 // (and what they resolve to: the job's limits, the lease's kill-after).
 void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
   o.lock.shared = r.count("shared") > 0;
-  o.lock.close_fd = r.count("close") > 0;
+  // Where no command can hold the lock (os/sys.hpp), -o is what always happens.
+  o.lock.close_fd = r.count("close") > 0 || !sys::abilities().inherited_lock;
   o.lock.no_fork = r.count("no-fork") > 0;
   std::optional<Duration> kill_after;  // as given: 0 and inf mean never
   if (r.count("kill-after")) kill_after = duration_option("kill-after", text_of(r, "kill-after"));
@@ -648,7 +673,7 @@ void read_command(const cxxopts::ParseResult& r, const Split& split, const Envir
       usage_error("option -c needs a non-empty SHELL-COMMAND", "Example: looplock DIR -c 'python3 status.py --tick'");
     }
     o.shell_form = true;
-    o.command = {"/bin/sh", "-c", "--", *split.shell_command};  // "--": a string may start with "-"
+    o.command = sys::shell_argv(*split.shell_command);
   } else if (split.saw_dashdash) {
     if (split.command.empty())
       usage_error("no command after '--'", "Example: looplock DIR -- python3 status.py --tick");
@@ -700,6 +725,7 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
   o.mode = r.count("inspect") ? Mode::Inspect : Mode::Run;
   read_dirs(r, o);
   read_endpoints(r, env, o);
+  check_system(r, o);
   check_applicable(r, o);
   read_output(r, env, o);
   read_cluster(r, env, o);

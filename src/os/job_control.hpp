@@ -29,6 +29,11 @@ struct JobStart {
   int pass_fd = -1;
 };
 
+// The argv that runs `text` through the system's shell (-c): posix/:
+// /bin/sh -c -- TEXT; windows/: %ComSpec% /d /s /c TEXT (cmd.exe without
+// its AutoRun commands, TEXT whole: os/windows/command_line.hpp).
+std::vector<std::string> shell_argv(const std::string& text);
+
 // Whether an exec failure's errno means that the command was not found (a
 // shell's 127) rather than found and not executable (126).
 bool exec_not_found(int err);

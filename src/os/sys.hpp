@@ -81,6 +81,16 @@ void sleep_until_ns(long long until_ns);
 // nullopt (errno set) when the kernel gives none.
 std::optional<unsigned long long> random_below(unsigned long long bound);
 
+// What this system has that some of looplock's options need (posix/: all
+// of it; windows/: none of it, so those options are usage errors there).
+struct Abilities {
+  bool exec = false;            // a process replaced by a program (-F)
+  bool signals = false;         // signals to warn a job with (--warn-before, --warn-signal)
+  bool inherited_lock = false;  // a command that holds the lock through an inherited descriptor ($LOOPLOCK_FD)
+  bool cluster = false;         // the etcd helper and its transport (--etcd)
+};
+Abilities abilities();
+
 // This process's id (process.hpp: its start time).
 Pid own_pid();
 // This process's real and effective user ids (windows/: 0, since Windows

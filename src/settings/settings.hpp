@@ -89,7 +89,7 @@ struct OncePerSettings {
 struct Options {
   Mode mode = Mode::Run;
   std::string dir;  // the loop directory (the first one, for --inspect)
-  // The argv to execute. For -c this is {"/bin/sh", "-c", "--", STRING}.
+  // The argv to execute. For -c, sys::shell_argv(STRING) (os/job_control.hpp).
   std::vector<std::string> command;
   bool shell_form = false;
 

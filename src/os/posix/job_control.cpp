@@ -19,6 +19,10 @@
 
 namespace looplock::sys {
 
+std::vector<std::string> shell_argv(const std::string& text) {
+  return {"/bin/sh", "-c", "--", text};  // "--": a string may start with "-"
+}
+
 std::variant<std::unique_ptr<JobControl>, Failure> take_job_control(Pid self) {
   auto taken = take_signal_control(self);
   if (auto* f = std::get_if<Failure>(&taken)) return std::move(*f);

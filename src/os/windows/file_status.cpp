@@ -55,9 +55,9 @@ bool status_of_fd(int fd, FileStatus& out) {
 
 bool status_of_path(const std::string& path, FileStatus& out) {
   struct _stat64 st {};
-  if (_stat64(path.c_str(), &st) != 0) return false;
-  const HANDLE h = CreateFileA(path.c_str(), 0, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
-                               OPEN_EXISTING, FILE_FLAG_BACKUP_SEMANTICS, nullptr);
+  if (_wstat64(windows::widen(path).c_str(), &st) != 0) return false;
+  const HANDLE h = CreateFileW(windows::widen(path).c_str(), 0, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE,
+                               nullptr, OPEN_EXISTING, FILE_FLAG_BACKUP_SEMANTICS, nullptr);
   out = from(st, h);
   if (h != INVALID_HANDLE_VALUE) CloseHandle(h);
   return true;
@@ -66,9 +66,9 @@ bool status_of_path(const std::string& path, FileStatus& out) {
 bool status_at(int dirfd, const char* name, FileStatus& out) {
   const auto path = windows::path_in(dirfd, name);
   if (!path) return false;
-  const HANDLE h =
-      CreateFileA(path->c_str(), FILE_READ_ATTRIBUTES, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
-                  OPEN_EXISTING, FILE_FLAG_BACKUP_SEMANTICS | FILE_FLAG_OPEN_REPARSE_POINT, nullptr);
+  const HANDLE h = CreateFileW(windows::widen(*path).c_str(), FILE_READ_ATTRIBUTES,
+                               FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr, OPEN_EXISTING,
+                               FILE_FLAG_BACKUP_SEMANTICS | FILE_FLAG_OPEN_REPARSE_POINT, nullptr);
   if (h == INVALID_HANDLE_VALUE) return windows::failed();
   BY_HANDLE_FILE_INFORMATION info{};
   const bool known = GetFileInformationByHandle(h, &info);

@@ -67,9 +67,9 @@ OVERLAPPED first_byte() { return OVERLAPPED{}; }
 }  // namespace
 
 UniqueFd open_directory(const std::string& path) {
-  const HANDLE h =
-      CreateFileA(path.c_str(), FILE_READ_ATTRIBUTES, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
-                  OPEN_EXISTING, FILE_FLAG_BACKUP_SEMANTICS, nullptr);
+  const HANDLE h = CreateFileW(windows::widen(path).c_str(), FILE_READ_ATTRIBUTES,
+                               FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr, OPEN_EXISTING,
+                               FILE_FLAG_BACKUP_SEMANTICS, nullptr);
   if (h == INVALID_HANDLE_VALUE) {
     failed();
     return UniqueFd();
@@ -117,8 +117,9 @@ UniqueFd open_in(int dirfd, const std::string& name, const OpenIn& how) {
   // created without it is read-only.
   const DWORD attributes =
       (how.mode & 0200) || how.create == OpenIn::Create::No ? FILE_ATTRIBUTE_NORMAL : FILE_ATTRIBUTE_READONLY;
-  const HANDLE h = CreateFileA(path->c_str(), access, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr,
-                               disposition, attributes | FILE_FLAG_OPEN_REPARSE_POINT, nullptr);
+  const HANDLE h =
+      CreateFileW(windows::widen(*path).c_str(), access, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE,
+                  nullptr, disposition, attributes | FILE_FLAG_OPEN_REPARSE_POINT, nullptr);
   if (h == INVALID_HANDLE_VALUE) {
     failed();
     return UniqueFd();
@@ -175,7 +176,8 @@ bool rename_in(int dirfd, const std::string& from, const std::string& to) {
   const auto a = path_in(dirfd, from);
   const auto b = path_in(dirfd, to);
   if (!a || !b) return false;
-  return MoveFileExA(a->c_str(), b->c_str(), MOVEFILE_REPLACE_EXISTING) ? true : failed();
+  return MoveFileExW(windows::widen(*a).c_str(), windows::widen(*b).c_str(), MOVEFILE_REPLACE_EXISTING) ? true
+                                                                                                        : failed();
 }
 
 bool exchange_in(int, const std::string&, const std::string&) {
@@ -186,7 +188,7 @@ bool exchange_in(int, const std::string&, const std::string&) {
 bool remove_in(int dirfd, const std::string& name) {
   const auto path = path_in(dirfd, name);
   if (!path) return false;
-  return DeleteFileA(path->c_str()) ? true : failed();
+  return DeleteFileW(windows::widen(*path).c_str()) ? true : failed();
 }
 
 bool close_checked(UniqueFd fd) { return _close(fd.release()) == 0; }
@@ -219,7 +221,7 @@ std::optional<std::string> network_file_system(int fd) {
   if (path->starts_with("\\\\")) return "smb";  // \\server\share\...
   if (path->size() < 3 || (*path)[1] != ':') return std::nullopt;
   const std::string root = path->substr(0, 3);  // "C:\"
-  return GetDriveTypeA(root.c_str()) == DRIVE_REMOTE ? std::optional<std::string>("smb") : std::nullopt;
+  return GetDriveTypeW(windows::widen(root).c_str()) == DRIVE_REMOTE ? std::optional<std::string>("smb") : std::nullopt;
 }
 
 bool try_lock(int fd, bool exclusive) {

@@ -1,6 +1,9 @@
 // What the Windows forms of src/os/ share: errno for a Windows error, a
 // name in a directory open as a descriptor (Windows has no directory
-// descriptors: the directory's path and the name), and wide text as narrow.
+// descriptors: the directory's path and the name), and text between the
+// UTF-8 that looplock works in (its arguments, its environment, paths) and
+// the UTF-16 of the system's *W calls, which every call here uses: the *A
+// calls would read the narrow text in the system's code page instead.
 #pragma once
 
 // clang-format off
@@ -63,8 +66,19 @@ inline std::optional<std::string> path_in(int dirfd, const std::string& name) {
   return *dir + (dir->ends_with('\\') ? "" : "\\") + name;
 }
 
-// `wide` in the code page `page` (CP_ACP: what the *A calls take; CP_UTF8:
-// for display); nullopt when it cannot be converted.
+// UTF-8 `text` as UTF-16; text that is not UTF-8 has its bad bytes
+// replaced by U+FFFD (Windows has no name that holds them).
+inline std::wstring widen(const std::string& text) {
+  if (text.empty()) return std::wstring();
+  const int n = MultiByteToWideChar(CP_UTF8, 0, text.data(), static_cast<int>(text.size()), nullptr, 0);
+  if (n <= 0) return std::wstring();
+  std::wstring out(static_cast<size_t>(n), L'\0');
+  MultiByteToWideChar(CP_UTF8, 0, text.data(), static_cast<int>(text.size()), out.data(), n);
+  return out;
+}
+
+// `wide` in the code page `page` (CP_UTF8, but for a caller that needs
+// the system's code page); nullopt when it cannot be converted.
 inline std::optional<std::string> narrow(const std::wstring& wide, UINT page) {
   if (wide.empty()) return std::string();
   const int n = WideCharToMultiByte(page, 0, wide.data(), static_cast<int>(wide.size()), nullptr, 0, nullptr, nullptr);
@@ -73,5 +87,8 @@ inline std::optional<std::string> narrow(const std::wstring& wide, UINT page) {
   WideCharToMultiByte(page, 0, wide.data(), static_cast<int>(wide.size()), out.data(), n, nullptr, nullptr);
   return out;
 }
+
+// `wide` as UTF-8 (an unpaired surrogate becomes U+FFFD).
+inline std::string utf8(const std::wstring& wide) { return narrow(wide, CP_UTF8).value_or(std::string()); }
 
 }  // namespace looplock::sys::windows

@@ -10,6 +10,7 @@
 // clang-format off
 #include <windows.h>
 #include <bcrypt.h>
+#include <lmcons.h>
 #include <fcntl.h>
 #include <io.h>
 // clang-format on
@@ -118,7 +119,7 @@ std::optional<std::string> pread_some(int fd, size_t size, long long offset) {
 }
 
 std::optional<std::string> read_file(const std::string& path, size_t limit) {
-  const int fd = _open(path.c_str(), _O_RDONLY | _O_BINARY | _O_NOINHERIT);
+  const int fd = _wopen(windows::widen(path).c_str(), _O_RDONLY | _O_BINARY | _O_NOINHERIT);
   if (fd < 0) return std::nullopt;
   std::string out;
   while (out.size() < limit) {
@@ -175,6 +176,10 @@ std::optional<unsigned long long> random_below(unsigned long long bound) {
   }
 }
 
+// No exec, no signals, a lock never inherited (a byte-range lock is held by
+// the handle, which no command gets), and no etcd transport built yet.
+Abilities abilities() { return {}; }
+
 Pid own_pid() { return static_cast<Pid>(GetCurrentProcessId()); }
 
 Uid own_uid() { return 0; }
@@ -209,7 +214,7 @@ std::optional<std::string> own_executable() {
     if (n == 0) return std::nullopt;
     if (n < path.size()) {
       path.resize(n);
-      return windows::narrow(path, CP_ACP);  // what the *A calls that take it expect
+      return windows::utf8(path);
     }
     if (path.size() >= 32768) return std::nullopt;  // the longest path Windows has
     path.resize(path.size() * 2);
@@ -218,7 +223,7 @@ std::optional<std::string> own_executable() {
 
 int execute_access(const std::string& path) {
   std::error_code ec;
-  const auto st = std::filesystem::status(std::filesystem::path(path), ec);
+  const auto st = std::filesystem::status(std::filesystem::path(windows::widen(path)), ec);
   if (ec || !std::filesystem::exists(st)) return ENOENT;
   return std::filesystem::is_regular_file(st) ? 0 : EACCES;
 }
@@ -230,10 +235,12 @@ void close_fd(int fd) noexcept { _close(fd); }
 std::optional<std::string> path_of_fd(int fd) {
   const HANDLE h = reinterpret_cast<HANDLE>(_get_osfhandle(fd));
   if (h == INVALID_HANDLE_VALUE) return std::nullopt;
-  char buf[32768];
-  const DWORD n = GetFinalPathNameByHandleA(h, buf, sizeof buf, FILE_NAME_NORMALIZED | VOLUME_NAME_DOS);
-  if (n == 0 || n >= sizeof buf) return std::nullopt;
-  std::string p(buf, n);
+  std::wstring buf(32768, L'\0');
+  const DWORD n =
+      GetFinalPathNameByHandleW(h, buf.data(), static_cast<DWORD>(buf.size()), FILE_NAME_NORMALIZED | VOLUME_NAME_DOS);
+  if (n == 0 || n >= buf.size()) return std::nullopt;
+  buf.resize(n);
+  std::string p = windows::utf8(buf);
   // The prefix of a long path: \\?\UNC\server\share\... is \\server\share\...,
   // \\?\C:\... is C:\...
   if (p.starts_with("\\\\?\\UNC\\")) return "\\\\" + p.substr(8);
@@ -243,34 +250,39 @@ std::optional<std::string> path_of_fd(int fd) {
 
 std::optional<std::string> real_path(const std::string& path) {
   std::error_code ec;
-  const auto p = std::filesystem::canonical(path, ec);
+  const auto p = std::filesystem::canonical(std::filesystem::path(windows::widen(path)), ec);
   if (ec) {
     errno = ec.value();
     return std::nullopt;
   }
-  return p.string();
+  return windows::utf8(p.wstring());
 }
 
 std::optional<std::string> working_dir() {
   std::error_code ec;
   const auto p = std::filesystem::current_path(ec);
   if (ec) return std::nullopt;
-  return p.string();
+  return windows::utf8(p.wstring());
 }
 
 UniqueFd open_for_reading(const std::string& path) {
-  return UniqueFd(_open(path.c_str(), _O_RDONLY | _O_BINARY | _O_NOINHERIT));
+  return UniqueFd(_wopen(windows::widen(path).c_str(), _O_RDONLY | _O_BINARY | _O_NOINHERIT));
 }
 
 std::string host_name() {
-  char buf[256] = {};
-  DWORD size = sizeof buf;
-  if (!GetComputerNameExA(ComputerNameDnsHostname, buf, &size)) return "unknown";
-  return std::string(buf, size);
+  wchar_t buf[256] = {};
+  DWORD size = sizeof buf / sizeof buf[0];
+  if (!GetComputerNameExW(ComputerNameDnsHostname, buf, &size)) return "unknown";
+  return windows::utf8(std::wstring(buf, size));
 }
 
-// Windows names a user by SID, not by number: there is no user database to
-// ask for a uid's name, so the number is all there is to say.
-std::string user_name(Uid uid) { return std::to_string(uid); }
+// Windows names a user by SID, not by number (own_uid() is 0): the name is
+// the caller's logon name; another uid has none to look up.
+std::string user_name(Uid uid) {
+  wchar_t buf[UNLEN + 1] = {};
+  DWORD size = UNLEN + 1;
+  if (uid != own_uid() || !GetUserNameW(buf, &size) || size == 0) return std::to_string(uid);
+  return windows::utf8(std::wstring(buf, size - 1));  // size counts the NUL
+}
 
 }  // namespace looplock::sys
