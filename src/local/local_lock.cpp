@@ -186,8 +186,10 @@ void LocalLock::write_record() {
                          .acquired_at = sys::utc_now_iso8601(),
                          .released_at = std::nullopt,
                          .no_fork = request_.flags.no_fork};
-  if (!write_holder(file_.fd.get(), *record_)) {
-    log_.warn("holder_write_failed", errno_message("cannot write the holder record into " + shown_, errno));
+  if (!write_holder(record_fd(file_), *record_)) {
+    log_.warn("holder_write_failed", errno_message("cannot write the holder record into " +
+                                                       (record_beside_lock() ? shown_ + "'s " + kHolderName : shown_),
+                                                   errno));
     record_.reset();
   }
 }
@@ -259,7 +261,7 @@ void LocalLock::release(Ending& ending) {
   ending.intact = !std::holds_alternative<bool>(check) || std::get<bool>(check);
   if (record_ && ending.intact) {
     record_->released_at = sys::utc_now_iso8601();
-    if (!write_holder(file_.fd.get(), *record_)) {
+    if (!write_holder(record_fd(file_), *record_)) {
       log_.warn("holder_write_failed", errno_message("cannot write the release into " + shown_, errno));
     }
   }
@@ -307,7 +309,7 @@ bool LocalLock::report_leaks(const JobEnd& job) const {
 void LocalLock::abandon() {
   if (!record_) return;
   record_->released_at = sys::utc_now_iso8601();
-  (void)write_holder(file_.fd.get(), *record_);
+  (void)write_holder(record_fd(file_), *record_);
 }
 
 // --- the local run ledger (--once-per) --------------------------------------------

@@ -94,12 +94,29 @@ std::optional<std::string> network_file_system(int fd);
 // descriptor of that open file description shares it; it is released when
 // the last one closes).
 //
+// On a system whose locks are byte ranges (windows/: LockFileEx), which
+// byte a lock covers: byte 0, the one the C runtime's _locking (Python's
+// msvcrt.locking) takes at the start of a file, so that other tools'
+// holders and looplock exclude each other; or, for a file that others read
+// while an appender holds its lock (the incidents file), a byte past any
+// data a file holds, since there such a lock denies every other handle
+// the bytes it covers (posix/: flock(2) locks the whole file, advisory,
+// either way).
+enum class LockAt { Start, PastData };
+// The range a lock at `at` covers, for the tests of the layout: its offset
+// and length in bytes (posix/: 0 and 0, the whole file, no byte denied).
+struct LockedRange {
+  unsigned long long offset = 0;
+  unsigned long long length = 0;
+};
+LockedRange locked_range(LockAt at);
+
 // One attempt that does not wait: true when locked; false with errno
 // EWOULDBLOCK when another holds it (an interrupted attempt counts as that,
 // so that interruptions cannot keep the caller past its deadline).
-bool try_lock(int fd, bool exclusive);
+bool try_lock(int fd, bool exclusive, LockAt at = LockAt::Start);
 // Releases `fd`'s lock.
-bool unlock(int fd);
+bool unlock(int fd, LockAt at = LockAt::Start);
 
 // How a wait for a lock ended.
 struct LockWait {

@@ -88,6 +88,10 @@ struct Abilities {
   bool signals = false;         // signals to warn a job with (--warn-before, --warn-signal)
   bool inherited_lock = false;  // a command that holds the lock through an inherited descriptor ($LOOPLOCK_FD)
   bool cluster = false;         // the etcd helper and its transport (--etcd)
+  // A locked file's bytes stay readable and writable through other handles
+  // (posix/: flock(2) is advisory; windows/: a LockFileEx lock denies its
+  // bytes to every other handle, even of the same process).
+  bool advisory_locks = false;
 };
 Abilities abilities();
 

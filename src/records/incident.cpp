@@ -86,9 +86,10 @@ int append_incident(int dirfd, const std::string& line) {
   // take a lock on the incidents file (not the lock they wait for) for
   // the look and the write, so that none takes another's row, half written
   // across a page, for a damaged one; briefly: past 100 ms it appends
-  // without looking.
+  // without looking. (Where locks are byte ranges that deny other handles,
+  // the lock lies past the data, so that readers of the file never meet it.)
   bool locked = false;
-  for (int i = 0; i < 100 && !(locked = sys::try_lock(fd.get(), /*exclusive=*/true)); ++i) {
+  for (int i = 0; i < 100 && !(locked = sys::try_lock(fd.get(), /*exclusive=*/true, sys::LockAt::PastData)); ++i) {
     nap(std::chrono::milliseconds(1));
   }
   std::optional<std::string> last;

@@ -165,6 +165,42 @@ void lock_stat_failed(const LockDir& dir, int err) {
              err == EACCES ? search_hint(dir) : "");
 }
 
+bool record_beside_lock() { return !sys::abilities().advisory_locks; }
+
+const char* record_name() { return record_beside_lock() ? kHolderName : kLockName; }
+
+int record_fd(const LockFile& file) {
+  if (!record_beside_lock()) return file.fd.get();
+  if (!file.record) errno = file.record_err ? file.record_err : EBADF;
+  return file.record ? file.record.get() : -1;
+}
+
+namespace {
+
+// DIR/.state.lock.holder, where the record lives beside the lock file: under
+// the lock file's rules (no link, one hard link, a trusted owner); opened
+// for writing, or not at all (errno set: the run then writes no record).
+UniqueFd open_record_file(const LockDir& dir) {
+  UniqueFd fd = sys::open_in(dir.fd.get(), kHolderName,
+                             {.access = sys::OpenIn::Access::ReadWrite,
+                              .create = sys::OpenIn::Create::IfMissing,
+                              .mode = kCreateMode,
+                              .above_stdio = true});
+  if (!fd && errno == ELOOP) {
+    refused(dir, Refusal{std::string(kHolderName) + " beside it is a symbolic link (looplock never follows one)",
+                         kSymlinkHint, "unsafe_lock_file"});
+  }
+  if (!fd) return fd;
+  sys::FileStatus st;
+  if (!sys::status_of_fd(fd.get(), st)) fail_errno(exit_code::kOsError, "cannot stat " + lock_display(dir), errno);
+  if (auto r = refuse_file(st, dir.st, sys::own_euid(), "holder record", kHolderName, "unsafe_lock_file", dir.path)) {
+    refused(dir, *r);
+  }
+  return fd;
+}
+
+}  // namespace
+
 LockFile open_lock_file(const LockDir& dir) {
   // A file that vanishes between our steps (nlink 0, ENOENT, EEXIST races)
   // is retried; a persistent race is reported rather than looping forever.
@@ -216,6 +252,7 @@ LockFile open_lock_file(const LockDir& dir) {
     if (!sys::status_of_fd(f.fd.get(), f.st)) fail_errno(exit_code::kOsError, "cannot stat " + lock_display(dir), errno);
     if (f.st.regular() && f.st.links == 0) continue;  // replaced between open and fstat
     if (auto r = refuse_lock_file(f.st, dir.st, sys::own_euid(), dir.path)) refused(dir, *r);
+    if (record_beside_lock() && !(f.record = open_record_file(dir))) f.record_err = errno;
     return f;
   }
   throw Fatal(exit_code::kCantCreate, "cannot open " + lock_display(dir) + ": it keeps being replaced",

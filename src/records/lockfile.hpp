@@ -33,8 +33,24 @@ LockDir open_lock_dir(const std::string& path, bool check_safety = true);
 // Whether a directory with this mode lets other users swap the lock file.
 bool dir_mode_unsafe(unsigned mode);
 
+// Where the holder record (holder.hpp) lives. Where locks are advisory
+// (posix/), in the lock file itself, so that one file says who holds its
+// lock. Where a lock denies its bytes to every other handle (windows/:
+// LockFileEx on byte 0, and other tools lock up to the first 64 KiB), the
+// lock file holds no data and the record lives in DIR/.state.lock.holder,
+// beside it, which no lock covers.
+inline constexpr const char* kHolderName = ".state.lock.holder";
+bool record_beside_lock();
+// The name of the file the holder record is read from and written to.
+const char* record_name();
+
 struct LockFile {
   UniqueFd fd;
+  // The holder record's own file, where it lives beside the lock file
+  // (record_beside_lock()); invalid when it could not be opened for writing
+  // (`record_err` says why: the run then writes no record).
+  UniqueFd record;
+  int record_err = 0;
   sys::FileStatus st;
   bool read_only = false;  // opened O_RDONLY: locked, but no record can be written
   int read_only_err = 0;   // why it could not be opened for writing (EACCES, EROFS, ...)
@@ -106,6 +122,10 @@ struct AcquireResult {
   Duration waited{0};
   int replaced = 0;
 };
+
+// The descriptor the holder record of `file` is read and written through
+// (-1, errno set, when its own file could not be opened).
+int record_fd(const LockFile& file);
 
 // The deadline counts from `start` (looplock passes the moment it started,
 // so its own start-up is inside the deadline).

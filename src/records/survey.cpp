@@ -108,7 +108,10 @@ LockFacts survey_held(const LockFile& file, const std::string& lock_path, const 
   // under umask 022) from another tool's holder, as survey_lock() does.
   f.file_uid = file.st.owner;
   f.group_can_write = (file.st.mode & sys::mode::kGroupWrite) != 0;
-  f.record = read_holder(file.fd.get());
+  const int record = record_fd(file);
+  f.record = record >= 0
+                 ? read_holder(record)
+                 : HolderRead{.state = HolderRead::State::Error, .record = std::nullopt, .size = 0, .err = errno};
   add_holders(f, kernel_holders(f.record, file.st, hint));
   if (f.holders.empty()) {
     errno = 0;
@@ -145,16 +148,22 @@ LockFacts survey_lock(const LockDir& dir, const std::string& lock_path, std::vec
   f.others_can_read = (st.mode & sys::mode::kOtherRead) != 0;
   if (!st.regular()) return f;
 
-  const UniqueFd fd = sys::open_in(dir.fd.get(), kLockName, {.access = sys::OpenIn::Access::Read});
+  // The record's file: the lock file itself, or the one beside it
+  // (lockfile.hpp), which a lock file that never had a holder lacks.
+  const UniqueFd fd = sys::open_in(dir.fd.get(), record_name(), {.access = sys::OpenIn::Access::Read});
   const int open_err = fd ? 0 : errno;
-  if (fd) {
+  if (fd && !record_beside_lock()) {
     (void)sys::status_of_fd(fd.get(), st);
   }
   // The record, the kernel's table, and the record again: a holder that
   // took or released the lock meanwhile changed the record, and the table is
   // read once more (a bounded number of times), so that the two agree.
   for (int round = 0; round < 3; ++round) {
-    f.record = fd ? read_holder(fd.get()) : HolderRead{.state = HolderRead::State::Error, .record = std::nullopt, .size = 0, .err = open_err};
+    f.record = fd ? read_holder(fd.get())
+                  : HolderRead{.state = open_err == ENOENT ? HolderRead::State::Empty : HolderRead::State::Error,
+                               .record = std::nullopt,
+                               .size = 0,
+                               .err = open_err == ENOENT ? 0 : open_err};
     errno = 0;
     auto table = sys::lock_table(st);
     f.holders.clear();

@@ -205,13 +205,15 @@ std::optional<std::string> network_fs_name(unsigned long f_type) {
   }
 }
 
-bool try_lock(int fd, bool exclusive) {
+LockedRange locked_range(LockAt) { return {}; }  // flock(2): the whole file, advisory
+
+bool try_lock(int fd, bool exclusive, LockAt) {
   if (flock(fd, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) == 0) return true;
   if (errno == EINTR) errno = EWOULDBLOCK;
   return false;
 }
 
-bool unlock(int fd) { return flock(fd, LOCK_UN) == 0; }
+bool unlock(int fd, LockAt) { return flock(fd, LOCK_UN) == 0; }
 
 LockWait lock_until(int fd, bool exclusive, Deadline deadline, Duration tick, const std::function<void()>& on_tick) {
   const long long tick_ns = tick.count();  // the timers count nanoseconds of the monotonic clock

@@ -132,7 +132,9 @@ std::optional<unsigned long long> random_below(unsigned long long bound) {
   }
 }
 
-Abilities abilities() { return {.exec = true, .signals = true, .inherited_lock = true, .cluster = true}; }
+Abilities abilities() {
+  return {.exec = true, .signals = true, .inherited_lock = true, .cluster = true, .advisory_locks = true};
+}
 
 Pid own_pid() { return getpid(); }
 

@@ -62,7 +62,14 @@ UniqueFd descriptor_of(HANDLE h, int flags) {
   return UniqueFd(fd);
 }
 
-OVERLAPPED first_byte() { return OVERLAPPED{}; }
+// The byte a lock at `at` covers, as LockFileEx takes it.
+OVERLAPPED lock_byte(LockAt at) {
+  OVERLAPPED o{};
+  const unsigned long long offset = locked_range(at).offset;
+  o.Offset = static_cast<DWORD>(offset);
+  o.OffsetHigh = static_cast<DWORD>(offset >> 32);
+  return o;
+}
 
 }  // namespace
 
@@ -224,16 +231,24 @@ std::optional<std::string> network_file_system(int fd) {
   return GetDriveTypeW(windows::widen(root).c_str()) == DRIVE_REMOTE ? std::optional<std::string>("smb") : std::nullopt;
 }
 
-bool try_lock(int fd, bool exclusive) {
-  OVERLAPPED at = first_byte();
+LockedRange locked_range(LockAt at) {
+  // Past data: the last byte of the range that offsets of a file's data
+  // (signed 64-bit numbers) can reach; Windows lets a lock lie past a file's
+  // end.
+  return at == LockAt::Start ? LockedRange{.offset = 0, .length = 1}
+                             : LockedRange{.offset = 0x7fff'ffff'ffff'fffeULL, .length = 1};
+}
+
+bool try_lock(int fd, bool exclusive, LockAt at) {
+  OVERLAPPED where = lock_byte(at);
   const DWORD flags = (exclusive ? LOCKFILE_EXCLUSIVE_LOCK : 0) | LOCKFILE_FAIL_IMMEDIATELY;
-  if (LockFileEx(handle_of(fd), flags, 0, 1, 0, &at)) return true;
+  if (LockFileEx(handle_of(fd), flags, 0, 1, 0, &where)) return true;
   return failed();  // ERROR_LOCK_VIOLATION: EWOULDBLOCK
 }
 
-bool unlock(int fd) {
-  OVERLAPPED at = first_byte();
-  return UnlockFileEx(handle_of(fd), 0, 1, 0, &at) ? true : failed();
+bool unlock(int fd, LockAt at) {
+  OVERLAPPED where = lock_byte(at);
+  return UnlockFileEx(handle_of(fd), 0, 1, 0, &where) ? true : failed();
 }
 
 LockWait lock_until(int fd, bool exclusive, Deadline deadline, Duration tick, const std::function<void()>& on_tick) {
