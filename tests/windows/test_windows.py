@@ -1,0 +1,241 @@
+"""looplock.exe under wine, against real Windows lock holders.
+
+Run by the windows stage of scripts/test (tests/windows/meson.build), which
+gives these tests a persistent wineserver of the stage's own WINEPREFIX:
+never stopped here. winhelper.exe (winhelper.cpp) stands in for the loop
+scripts' own helper: the C runtime's _locking on byte 0, from ucrtbase.dll
+as CPython's msvcrt.locking calls it. Every wait is bounded; handshakes are
+lines on pipes and files the job writes.
+
+What wine cannot check (it enforces no byte-range lock, passes 8 bits of an
+exit code to Linux, and implements no Ctrl-Break to a process group) is
+listed at the end as named, skipped tests; the man page's WINDOWS section
+says what the design does about each.
+"""
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+WINE = "/usr/lib/wine/wine64"
+EXE = os.environ.get("LOOPLOCK_EXE", "")
+HELPER = os.environ.get("WINHELPER", "")
+TIMEOUT = 120
+
+pytestmark = pytest.mark.skipif(not (EXE and HELPER and os.path.exists(WINE)), reason="needs wine64 and the Windows build")
+
+
+def win(path):
+    """A Linux path as wine's Z: drive names it."""
+    return "Z:" + str(path).replace("/", "\\")
+
+
+def run(*args, **kw):
+    kw.setdefault("timeout", TIMEOUT)
+    return subprocess.run([WINE, *map(str, args)], capture_output=True, text=True, encoding="utf-8",
+                          errors="replace", **kw)
+
+
+def looplock(*args, **kw):
+    return run(EXE, *args, **kw)
+
+
+def helper_args(*args):
+    return [HELPER, *map(str, args)]
+
+
+class Holder:
+    """winhelper lock: the scripts' msvcrt.locking holder, until stopped."""
+
+    def __init__(self, path):
+        self.proc = subprocess.Popen([WINE, HELPER, "lock", win(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True)
+        self.first = self.proc.stdout.readline().strip()
+
+    def release(self):
+        self.proc.stdin.close()
+        assert self.proc.wait(timeout=TIMEOUT) == 0
+
+
+def busy(lock_path):
+    """One try of the scripts' helper: whether another holds the lock."""
+    r = run(HELPER, "lock", win(lock_path), input="")
+    assert r.stdout.strip() in ("locked", "busy"), r
+    return r.stdout.strip() == "busy"
+
+
+def alive(pid):
+    return run(HELPER, "alive", pid).returncode == 0
+
+
+def wait_for(pred, seconds=30):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return pred()
+
+
+@pytest.fixture
+def loop_dir(tmp_path):
+    d = tmp_path / "loop"
+    d.mkdir()
+    return d
+
+
+def test_the_exit_status_passes_through(loop_dir):
+    assert looplock(loop_dir, "--", HELPER, "exit", "3").returncode == 3
+    assert looplock(loop_dir, "-c", "exit 7").returncode == 7
+
+
+@pytest.mark.parametrize("code", ["300", "0xC0000005", "259"])
+def test_a_windows_parent_sees_all_32_bits(loop_dir, code):
+    r = run(HELPER, "run", EXE, win(loop_dir), "--", HELPER, "exit", code)
+    assert r.stdout.strip() == f"exit {int(code, 0)}", r
+
+
+def test_the_control_shows_8_bits_only(loop_dir):
+    """wine's own limit, which is why the test above asks a Windows parent."""
+    assert run(HELPER, "exit", "300").returncode == 300 % 256
+
+
+def test_the_scripts_helper_and_looplock_exclude_each_other(loop_dir):
+    lock = loop_dir / ".state.lock"
+    holder = Holder(lock)
+    assert holder.first == "locked"
+    try:
+        r = looplock("-n", loop_dir, "--", HELPER, "exit", "0")
+        assert r.returncode == 75, r.stderr
+        r = looplock("-p", "single_flight", loop_dir, "--", HELPER, "exit", "9")
+        assert r.returncode == 0 and "noop" in r.stderr, r.stderr
+        start = time.monotonic()
+        r = looplock("-w", "1", loop_dir, "--", HELPER, "exit", "0")
+        assert r.returncode == 75 and time.monotonic() - start >= 0.9, r.stderr
+    finally:
+        holder.release()
+    assert looplock("-n", loop_dir, "--", HELPER, "exit", "0").returncode == 0
+
+    # The other way: looplock's job runs, and the scripts' helper finds the
+    # lock held; once the job has ended, it is free.
+    other = loop_dir / "job.lock"
+    job = subprocess.Popen([WINE, EXE, str(loop_dir), "--", HELPER, "lock", win(other)], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        assert job.stdout.readline().strip() == "locked"  # the job runs
+        assert busy(lock)
+    finally:
+        job.stdin.close()
+        assert job.wait(timeout=TIMEOUT) == 0
+    assert not busy(lock)
+
+
+def test_a_waiter_gets_the_lock_once_the_helper_releases_it(loop_dir):
+    holder = Holder(loop_dir / ".state.lock")
+    waiter = subprocess.Popen([WINE, EXE, "-v", "-w", "60", str(loop_dir), "--", HELPER, "exit", "4"],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        # The waiter says when it starts to wait (-v), then it is released to it.
+        assert "waiting" in waiter.stderr.readline()
+    finally:
+        holder.release()
+    assert waiter.wait(timeout=TIMEOUT) == 4
+
+
+def test_the_holder_record_lives_beside_the_lock_file(loop_dir):
+    assert looplock("--agent", "ci", "--operation", "tick", loop_dir, "--", HELPER, "exit", "0").returncode == 0
+    assert (loop_dir / ".state.lock").stat().st_size == 0  # no data under a lock other handles are denied
+    record = json.loads((loop_dir / ".state.lock.holder").read_text())
+    assert record["agent_id"] == "ci" and record["operation"] == "tick" and record["released_at"]
+    r = looplock("--inspect", "--json", loop_dir)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["record"]["holder"]["operation"] == "tick" and report["record"]["status"] == "released"
+
+
+def test_arguments_reach_the_command_as_given(loop_dir):
+    args = ["plain", "with space", "", 'say "hi"', "trailing\\", "a\\\\\"b", "caf\u00e9 \u65e5\u672c"]
+    r = looplock(loop_dir, "--", HELPER, "args", *args)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [f"<{a}>" for a in args]
+
+
+def test_the_shell_form_runs_through_comspec(loop_dir):
+    r = looplock(loop_dir, "-c", 'echo "a b" & exit 5')
+    assert r.returncode == 5
+    assert r.stdout.strip() == '"a b"'
+
+
+def test_max_time_ends_the_whole_tree(loop_dir, tmp_path):
+    pids = tmp_path / "pids"
+    start = time.monotonic()
+    r = looplock("--max-time", "2s", loop_dir, "--", HELPER, "tree", win(pids), "60")
+    assert r.returncode == 124, r.stderr
+    assert 1.5 <= time.monotonic() - start < 60
+    parent, child = pids.read_text().split()
+    assert wait_for(lambda: not alive(parent) and not alive(child))
+    rows = [json.loads(line) for line in (loop_dir / ".state.lock.incidents.jsonl").read_text().splitlines()]
+    assert [row["error_code"] for row in rows] == ["max_time_exceeded"]
+    assert not busy(loop_dir / ".state.lock")
+
+
+def test_a_killed_looplock_leaves_no_process_and_the_lock_free(loop_dir, tmp_path):
+    pids = tmp_path / "pids"
+    proc = subprocess.Popen([WINE, EXE, str(loop_dir), "--", HELPER, "tree", win(pids), "60"])
+    try:
+        assert wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2)
+        parent, child = pids.read_text().split()
+        assert alive(parent) and alive(child)
+        assert busy(loop_dir / ".state.lock")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=TIMEOUT)
+        assert wait_for(lambda: not alive(parent) and not alive(child))
+        assert wait_for(lambda: not busy(loop_dir / ".state.lock"))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize("args,word", [(["-F"], "-F/--no-fork"), (["--warn-before", "1s", "--max-time", "5s"], "--warn-before"),
+                                       (["--warn-signal", "USR1"], "--warn-signal"),
+                                       (["--etcd", "http://127.0.0.1:2379"], "--etcd")])
+def test_what_windows_cannot_do_is_a_usage_error_with_a_hint(loop_dir, args, word):
+    r = looplock(*args, loop_dir, "--", HELPER, "exit", "0")
+    assert r.returncode == 64
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith(f"looplock: {word} is not available on this system"), r.stderr
+    assert len(lines) == 2  # the hint
+    assert not (loop_dir / ".state.lock").exists()
+
+
+def test_the_command_never_gets_the_lock(loop_dir):
+    r = looplock(loop_dir, "--", "cmd", "/c", "set LOOPLOCK")
+    assert "LOOPLOCK_FD=" not in r.stdout and "LOOPLOCK_DIR=" in r.stdout
+
+
+WINE_CANNOT = "wine does not do what Windows does here; the man page's WINDOWS section says what looplock relies on"
+
+
+@pytest.mark.skip(reason=WINE_CANNOT + ": byte-range locks are mandatory on Windows (no other handle reads byte 0)")
+def test_windows_denies_a_locked_byte_to_other_handles():
+    pass
+
+
+@pytest.mark.skip(reason=WINE_CANNOT + ": Windows may release a lock some time after its process exits")
+def test_windows_releases_a_dead_holders_lock_late():
+    pass
+
+
+@pytest.mark.skip(reason=WINE_CANNOT + ": _locking(_LK_LOCK) retries 10 times 1 s apart on Windows (10 ms in wine)")
+def test_the_scripts_blocking_helper_gives_up_after_about_10_s():
+    pass
+
+
+@pytest.mark.skip(reason=WINE_CANNOT + ": CTRL_BREAK_EVENT to a process group is not implemented in wine")
+def test_ctrl_break_reaches_the_job_and_looplock_exits_as_it_did():
+    pass
