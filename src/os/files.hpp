@@ -40,6 +40,9 @@ struct OpenIn {
   bool append = false;       // every write goes to its end
   bool truncate = false;     // emptied as it is opened
   bool above_stdio = false;  // at descriptor 3 or above (see open_directory)
+  // Nobody may delete or rename the file while it is open (windows/: not
+  // shared for delete; posix/: no such rule, the name is checked instead).
+  bool keep_name = false;
 };
 // Opens `name` in the directory `dirfd` (ELOOP when the name is a symbolic
 // link).

@@ -217,7 +217,8 @@ LockFile open_lock_file(const LockDir& dir) {
     sys::OpenIn how{.access = sys::OpenIn::Access::ReadWrite,
                     .create = exists ? sys::OpenIn::Create::No : sys::OpenIn::Create::New,
                     .mode = kCreateMode,
-                    .above_stdio = true};
+                    .above_stdio = true,
+                    .keep_name = true};
     bool read_only = false;
     int read_only_err = 0;
     UniqueFd fd = sys::open_in(dir.fd.get(), kLockName, how);

@@ -218,6 +218,15 @@ def test_the_command_never_gets_the_lock(loop_dir):
     assert "LOOPLOCK_FD=" not in r.stdout and "LOOPLOCK_DIR=" in r.stdout
 
 
+def test_a_held_lock_file_cannot_be_deleted(loop_dir):
+    lock = loop_dir / ".state.lock"
+    assert looplock(loop_dir, "--", HELPER, "delete", win(lock)).returncode == 1
+    assert lock.exists()
+    # The control: once looplock has let go, the same call deletes it.
+    assert run(HELPER, "delete", win(lock)).returncode == 0
+    assert not lock.exists()
+
+
 WINE_CANNOT = "wine does not do what Windows does here; the man page's WINDOWS section says what looplock relies on"
 
 
@@ -239,3 +248,4 @@ def test_the_scripts_blocking_helper_gives_up_after_about_10_s():
 @pytest.mark.skip(reason=WINE_CANNOT + ": CTRL_BREAK_EVENT to a process group is not implemented in wine")
 def test_ctrl_break_reaches_the_job_and_looplock_exits_as_it_did():
     pass
+

@@ -16,6 +16,7 @@
 //   winhelper sleep SECONDS
 //   winhelper alive PID   exit 0 when process PID runs, 1 when it does not.
 //   winhelper exit CODE   exits with CODE (decimal or 0x...).
+//   winhelper delete PATH DeleteFileA: exit 0 when deleted, 1 when not.
 //   winhelper args [ARG]...
 //                         prints each argument as the C runtime's rules
 //                         (CommandLineToArgvW) read its command line, in
@@ -120,6 +121,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (what == "delete" && argc == 3) return DeleteFileA(argv[2]) ? 0 : 1;
   if (what == "exit" && argc == 3) ExitProcess(static_cast<UINT>(std::strtoul(argv[2], nullptr, 0)));
   return 2;
 }

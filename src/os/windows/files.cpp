@@ -124,9 +124,9 @@ UniqueFd open_in(int dirfd, const std::string& name, const OpenIn& how) {
   // created without it is read-only.
   const DWORD attributes =
       (how.mode & 0200) || how.create == OpenIn::Create::No ? FILE_ATTRIBUTE_NORMAL : FILE_ATTRIBUTE_READONLY;
-  const HANDLE h =
-      CreateFileW(windows::widen(*path).c_str(), access, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE,
-                  nullptr, disposition, attributes | FILE_FLAG_OPEN_REPARSE_POINT, nullptr);
+  const DWORD share = FILE_SHARE_READ | FILE_SHARE_WRITE | (how.keep_name ? 0 : FILE_SHARE_DELETE);
+  const HANDLE h = CreateFileW(windows::widen(*path).c_str(), access, share, nullptr, disposition,
+                               attributes | FILE_FLAG_OPEN_REPARSE_POINT, nullptr);
   if (h == INVALID_HANDLE_VALUE) {
     failed();
     return UniqueFd();
