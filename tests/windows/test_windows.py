@@ -227,6 +227,60 @@ def test_a_held_lock_file_cannot_be_deleted(loop_dir):
     assert not lock.exists()
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_task_scheduler_example_ticks_once_per_slot(loop_dir):
+    line = next(l for l in (ROOT / "examples" / "windows" / "schtasks.cmd").read_text().splitlines()
+                if l.startswith("schtasks "))
+    assert "/SC MINUTE /MO 5" in line
+    task = line.split('/TR "', 1)[1].rsplit('"', 1)[0]
+    program, rest = task.split(" ", 1)
+    assert program == r"C:\Tools\looplock\looplock.exe"
+    args = rest.replace(r"D:\loops\nightly", win(loop_dir)).split(" ")
+    args = args[:args.index("--") + 1] + [HELPER, "args", "ticked"]
+    first = looplock(*args)
+    assert first.returncode == 0 and first.stdout == "<ticked>\n", first.stderr
+    second = looplock(*args)  # the same slot: skipped, silently
+    assert second.returncode == 0 and second.stdout == "" and second.stderr == ""
+
+
+def test_the_github_actions_example_runs_both_calls_in_one_hold(loop_dir):
+    import shlex
+    yaml = pytest.importorskip("yaml")
+    job = yaml.safe_load((ROOT / "examples" / "windows" / "github-actions.yml").read_text())["jobs"]["tick"]
+    assert job["defaults"]["run"]["shell"] == "pwsh"
+    step = next(s for s in job["steps"] if s.get("name", "").startswith("Approve"))
+    call, passes_on = step["run"].strip().splitlines()
+    assert passes_on.strip() == "exit $LASTEXITCODE"
+    lex = shlex.shlex(call.replace("${{ github.run_id }}", "4242"), posix=True)
+    lex.whitespace_split, lex.escape = True, ""
+    words = list(lex)
+    assert words[:2] == ["&", r"C:\Tools\looplock\looplock.exe"]
+    script = r"py -3 scripts\status.py"
+    args = [win(loop_dir) if w == r"D:\loops\nightly" else w.replace(script, f'"{win(HELPER)}" args') for w in words[2:]]
+    r = looplock(*args)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["<--approve>", "<--loop>", "<nightly>", "<--tick>"]
+    record = json.loads((loop_dir / ".state.lock.holder").read_text())
+    assert record["agent_id"] == "gha-4242" and record["operation"] == "approve-and-tick"
+
+
+def test_the_windows_zip_has_the_program_the_man_page_and_the_examples(tmp_path):
+    out = tmp_path / "looplock.zip"
+    r = subprocess.run([str(ROOT / "scripts" / "windows-zip"), str(out)], env={**os.environ, "LOOPLOCK_EXE": EXE},
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    import zipfile
+    with zipfile.ZipFile(out) as z:
+        names = set(z.namelist())
+        assert {"looplock/looplock.exe", "looplock/looplock.txt", "looplock/README.md",
+                "looplock/examples/github-actions.yml", "looplock/examples/schtasks.cmd"} <= names
+        text = z.read("looplock/looplock.txt").decode()
+        assert "\r\n" in text and "WINDOWS" in text and "\b" not in text
+        assert z.read("looplock/looplock.exe") == Path(EXE).read_bytes()
+
+
 WINE_CANNOT = "wine does not do what Windows does here; the man page's WINDOWS section says what looplock relies on"
 
 
