@@ -139,7 +139,10 @@ struct LockWait {
 // never). A lock released exactly at the
 // deadline is still taken. posix/: a blocking flock(2) that a timer ends
 // with SIGALRM, whatever SIGALRM's inherited disposition and mask, which
-// are given back before it returns.
+// are given back before it returns. windows/: a blocking LockFileEx in a
+// thread of its own, on a duplicate of `fd`'s handle; at the deadline that
+// thread is left waiting, and a lock granted to it late is held until the
+// process exits.
 LockWait lock_until(int fd, bool exclusive, Deadline deadline, Duration tick, const std::function<void()>& on_tick);
 
 }  // namespace looplock::sys

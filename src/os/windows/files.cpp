@@ -7,11 +7,11 @@
 // refused rather than followed. No handle is inheritable. A lock is
 // LockFileEx on byte 0, length 1 (what the C runtime's _locking takes, so
 // that the loop scripts' own helper and looplock exclude each other); a wait
-// for one tries again every 10 ms until its deadline. Windows enforces such
-// a lock (wine does not): while it is held, no other handle may read or
-// write byte 0, so a locked file's callers keep their data elsewhere (the
-// holder record and the incidents file must not stay where they are on
-// POSIX; looplock.exe is not built yet).
+// for one is a blocking LockFileEx in a thread of its own (lock_until).
+// Windows enforces such a lock (wine does not): while it is held, no other
+// handle may read or write byte 0, so a locked file's callers keep their
+// data elsewhere (records/lockfile.hpp; LockAt::PastData for the incidents
+// file).
 // clang-format off
 #include <windows.h>
 #include <fcntl.h>
@@ -20,7 +20,12 @@
 
 #include "os/files.hpp"
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <memory>
+#include <system_error>
+#include <thread>
 
 #include "os/file_status.hpp"
 #include "os/sys.hpp"
@@ -29,8 +34,6 @@
 namespace looplock::sys {
 
 namespace {
-
-constexpr long long kRetryNs = 10'000'000;
 
 using windows::failed;
 using windows::path_in;
@@ -251,25 +254,84 @@ bool unlock(int fd, LockAt at) {
   return UnlockFileEx(handle_of(fd), 0, 1, 0, &where) ? true : failed();
 }
 
+namespace {
+
+// A blocking LockFileEx in a thread of its own, on a duplicate of the
+// caller's handle (the same file object, so the same lock): the caller waits
+// for it with a deadline, and at the deadline leaves it waiting. The thread
+// and its handle then live on until looplock exits; a lock granted to them
+// late is released then. No overlapped wait: one that has to wait never
+// completes under wine.
+struct BlockingLock {
+  HANDLE handle = nullptr;
+  HANDLE done = nullptr;  // set once LockFileEx has returned
+  DWORD flags = 0;
+  DWORD error = 0;  // its GetLastError(), 0 when locked
+  ~BlockingLock() {
+    if (done) CloseHandle(done);
+    if (handle) CloseHandle(handle);
+  }
+};
+
+// Starts the wait; nullptr (errno set) when it cannot be started.
+std::shared_ptr<BlockingLock> start_blocking_lock(int fd, bool exclusive) {
+  auto wait = std::make_shared<BlockingLock>();
+  wait->flags = exclusive ? LOCKFILE_EXCLUSIVE_LOCK : 0;
+  if (!DuplicateHandle(GetCurrentProcess(), handle_of(fd), GetCurrentProcess(), &wait->handle, 0, FALSE,
+                       DUPLICATE_SAME_ACCESS)) {
+    wait->handle = nullptr;
+    failed();
+    return nullptr;
+  }
+  if (!(wait->done = CreateEventW(nullptr, TRUE, FALSE, nullptr))) {
+    failed();
+    return nullptr;
+  }
+  try {
+    std::thread([wait] {
+      OVERLAPPED at = lock_byte(LockAt::Start);
+      wait->error = LockFileEx(wait->handle, wait->flags, 0, 1, 0, &at) ? 0 : GetLastError();
+      SetEvent(wait->done);
+    }).detach();
+  } catch (const std::system_error& e) {
+    errno = e.code().value() ? e.code().value() : EAGAIN;
+    return nullptr;
+  }
+  return wait;
+}
+
+}  // namespace
+
 LockWait lock_until(int fd, bool exclusive, Deadline deadline, Duration tick, const std::function<void()>& on_tick) {
-  // The waits count nanoseconds of the monotonic clock.
-  const long long deadline_ns = deadline ? ns_of(*deadline) : 0;
-  const long long tick_ns = tick.count();
-  long long next_tick = tick_ns > 0 ? monotonic_ns() + tick_ns : 0;
+  if (try_lock(fd, exclusive)) return {LockWait::End::Locked};
+  if (errno != EWOULDBLOCK) return {.end = LockWait::End::LockFailed, .failure = {.what = "cannot lock", .err = errno}};
+  if (deadline && MonotonicClock::now() >= *deadline) return {LockWait::End::TimedOut};
+  const auto wait = start_blocking_lock(fd, exclusive);
+  if (!wait) {
+    return {.end = LockWait::End::TimerFailed,
+            .failure = {.what = "cannot start the lock's wait (a thread for LockFileEx)", .err = errno}};
+  }
+  Deadline next_tick;
+  if (tick > Duration::zero()) next_tick = MonotonicClock::now() + tick;
   for (;;) {
-    if (try_lock(fd, exclusive)) return {LockWait::End::Locked};
-    if (errno != EWOULDBLOCK) {
-      return {.end = LockWait::End::LockFailed, .failure = {.what = "cannot lock", .err = errno}};
+    const Deadline until = earliest(deadline, next_tick);
+    DWORD ms = INFINITE;
+    if (until) {
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(*until - MonotonicClock::now()).count();
+      ms = static_cast<DWORD>(std::clamp<long long>(left, 0, INFINITE - 1));
     }
-    const long long now = monotonic_ns();
-    if (deadline && now >= deadline_ns) return {LockWait::End::TimedOut};
-    if (next_tick && now >= next_tick) {
+    // A lock granted by the deadline is taken, even when it is seen late.
+    if (WaitForSingleObject(wait->done, ms) == WAIT_OBJECT_0) {
+      if (wait->error == 0) return {LockWait::End::Locked};
+      return {.end = LockWait::End::LockFailed,
+              .failure = {.what = "cannot lock", .err = windows::errno_of(wait->error)}};
+    }
+    const Instant now = MonotonicClock::now();
+    if (deadline && now >= *deadline) return {LockWait::End::TimedOut};  // the thread is left waiting
+    if (next_tick && now >= *next_tick) {
       on_tick();
-      next_tick = now + tick_ns;
+      next_tick = now + tick;
     }
-    long long until = now + kRetryNs;
-    if (deadline && deadline_ns < until) until = deadline_ns;
-    sleep_until_ns(until);
   }
 }
 
