@@ -104,11 +104,15 @@ Json report_json(const InspectFacts& facts, const Verdict& v) {
   j["lock_file"] = f.lock_path;
   j["lock_id"] = facts.lock_id;
   j["exists"] = f.exists;
+  const bool tested_mode = held && v.holders.empty() && f.tested_by_taking;
   j["kernel"] = {{"held", held || known ? Json(held) : Json(nullptr)},
                  {"unknown", known ? Json(nullptr) : Json(f.kernel_unknown)},
-                 {"mode", held && !v.holders.empty() ? Json(v.exclusive ? "exclusive" : "shared") : Json(nullptr)},
+                 {"mode", held && !v.holders.empty() ? Json(v.exclusive ? "exclusive" : "shared")
+                          : tested_mode              ? Json(f.tested_exclusive ? "exclusive" : "shared")
+                                                     : Json(nullptr)},
                  {"holder_pids", named},
-                 {"fd_holder_pids", Json::array()}};
+                 {"fd_holder_pids", Json::array()},
+                 {"tested_by_taking", f.tested_by_taking}};
   for (const auto& h : v.holders) {
     if (h.locked_by != 0) j["kernel"]["fd_holder_pids"].push_back(h.pid);
   }
@@ -179,10 +183,13 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
                                         [&](const FileProblem& p) { return p.file == f.lock_path; });
     line("file", creatable ? "missing: the next run creates it" : "missing, and no run can create it (see the warning)");
   }
+  const std::string tested = f.tested_by_taking ? " (tested by taking it: the system names no holder or waiter)" : "";
   line("kernel", held && !named.empty()
                      ? std::string("held (") + (v.exclusive ? "exclusive" : "shared") + ") by " + pids_text(named)
+                 : held && f.tested_by_taking
+                     ? std::string("held (") + (f.tested_exclusive ? "exclusive" : "shared") + ")" + tested
                  : held  ? std::string("held")
-                 : known ? std::string("free")
+                 : known ? "free" + tested
                          : "unknown (" + f.kernel_unknown + ")");
   line("holder", holder_phrase(v));
   if (rec) {
@@ -204,7 +211,7 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
                        ? "not read: " + std::string(std::strerror(f.record.err ? f.record.err : EIO))
                                                                      : std::string("none (the file is empty)"));
   }
-  if (facts.waiters.empty()) line("waiting", known ? "none" : "unknown");
+  if (facts.waiters.empty()) line("waiting", known && !f.tested_by_taking ? "none" : "unknown");
   for (const auto& w : facts.waiters) {
     std::string who = "pid " + std::to_string(w.pid) + " (" + w.command;
     if (w.agent_id || w.operation) {

@@ -130,23 +130,32 @@ void record_warnings(const LockFacts& f, const Verdict& v, std::vector<std::stri
   }
 }
 
+// The tools an operator finds and looks at a holder with: the system's
+// (where it lists no lock holders, Windows', since that is where it runs).
+struct OperatorTools {
+  const char* find;   // who has the lock file open
+  const char* watch;  // whether a process is stalled
+};
+OperatorTools operator_tools(const LockFacts& f) {
+  if (f.tested_by_taking) return {"Sysinternals' handle.exe or Resource Monitor", "Task Manager, Process Explorer"};
+  return {"fuser or lsof", "ps, strace"};
+}
+
 std::string held_action(const Verdict& v, const LockFacts& f) {
+  const OperatorTools tools = operator_tools(f);
   if (v.confirm.empty()) {
     return "another process holds the lock, which the kernel does not name" +
-           (f.kernel_unknown.empty() ? std::string() : " (" + f.kernel_unknown + ")") +
-           ": find it with fuser or lsof on the lock file, and confirm it is stalled before terminating it. Never "
-           "delete the lock file.";
+           (f.kernel_unknown.empty() ? std::string() : " (" + f.kernel_unknown + ")") + ": find it with " + tools.find +
+           " on the lock file, and confirm it is stalled before terminating it. Never delete the lock file.";
   }
   const bool many = v.confirm.size() > 1;
-  std::string confirm = "confirm that " + pids_text(v.confirm, "is", "are") +
-                        " alive and stalled (ps, strace) before "
-                        "terminating " +
-                        (many ? "them" : "it") + "; the kernel frees the lock when " +
+  std::string confirm = "confirm that " + pids_text(v.confirm, "is", "are") + " alive and stalled (" + tools.watch +
+                        ") before terminating " + (many ? "them" : "it") + "; the kernel frees the lock when " +
                         (many ? "they exit" : "it exits") + ". Never delete the lock file.";
   if (v.record == RecordState::Unconfirmed && v.holders.empty()) {
     return "if the holder is stuck: its record names pid " + std::to_string(v.read->pid) +
-           ", which the kernel cannot confirm; check with fuser or lsof on the lock file that it holds the lock, " +
-           confirm;
+           ", which the kernel cannot confirm; check with " + tools.find +
+           " on the lock file that it holds the lock, " + confirm;
   }
   return "if the holder is stuck: " + confirm;
 }

@@ -63,6 +63,11 @@ struct LockFacts {
   bool seen_held = false;             // this run's own attempt found the lock held
   std::vector<LockHolder> holders;    // who holds it
   std::string kernel_unknown;         // why the kernel's view is not whole ("": it is)
+  // Where the system lists no lock holders (Windows), the lock was tested by
+  // taking it instead: held or free, and in which mode, is known; who holds
+  // it and who waits is not (the record names the holder).
+  bool tested_by_taking = false;
+  bool tested_exclusive = false;      // tested_by_taking and held: whether exclusively
   std::vector<Pid> dead_kernel_pids;  // pids /proc/locks names that have exited
   // The record, and its process.
   HolderRead record;

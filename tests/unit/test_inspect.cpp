@@ -117,7 +117,8 @@ TEST_CASE("JSON keys") {
                                                  "network_fs", "waiters", "record", "incidents", "runs",
                                                  "runs_damaged", "runs_error", "warnings", "operator_action"});
   CHECK(r.json["waiters"] == Json::array());
-  CHECK(keys(r.json["kernel"]) == std::vector<std::string>{"held", "unknown", "mode", "holder_pids", "fd_holder_pids"});
+  CHECK(keys(r.json["kernel"]) ==
+        std::vector<std::string>{"held", "unknown", "mode", "holder_pids", "fd_holder_pids", "tested_by_taking"});
   CHECK(r.json["kernel"]["unknown"].is_null());
   CHECK(r.json["kernel"]["fd_holder_pids"] == Json::array());
   CHECK(r.json["network_fs"].is_null());

@@ -74,6 +74,28 @@ TEST_CASE("free, no record: no warnings, nothing to do") {
   CHECK(looplock::holder_phrase(v) == "none");
 }
 
+TEST_CASE("where the system lists no holders, the lock tested by taking it: held or free, and the system's tools") {
+  LockFacts f = free_lock();
+  f.tested_by_taking = true;
+  Verdict v = looplock::judge(f);
+  CHECK(v.state == LockState::Free);
+  CHECK(v.warnings.empty());  // nothing is wrong: the system cannot say more
+  CHECK(v.action == "none: the lock is free");
+
+  f.seen_held = true;
+  f.tested_exclusive = true;
+  v = looplock::judge(f);
+  CHECK(v.state == LockState::Held);
+  CHECK(v.action.find("Sysinternals' handle.exe") != std::string::npos);
+  CHECK(v.action.find("fuser") == std::string::npos);
+
+  LockFacts live = with_record(f);  // a looplock's record, its process alive
+  v = looplock::judge(live);
+  CHECK(v.record == RecordState::Unconfirmed);
+  CHECK(v.confirm == std::vector<Pid>{live.record.record->pid});
+  CHECK(v.action.find("(Task Manager, Process Explorer)") != std::string::npos);
+}
+
 TEST_CASE("held by the recorded looplock: the record names the holder") {
   Verdict v = looplock::judge(held_by_record());
   CHECK(v.state == LockState::Held);

@@ -281,6 +281,49 @@ def test_the_windows_zip_has_the_program_the_man_page_and_the_examples(tmp_path)
         assert z.read("looplock/looplock.exe") == Path(EXE).read_bytes()
 
 
+def inspect_json(loop_dir):
+    r = looplock("--inspect", "--json", loop_dir)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_inspect_tests_the_lock_by_taking_it(loop_dir):
+    assert looplock(loop_dir, "--", HELPER, "exit", "0").returncode == 0
+    report = inspect_json(loop_dir)
+    assert report["kernel"] == {"held": False, "unknown": None, "mode": None, "holder_pids": [], "fd_holder_pids": [],
+                                "tested_by_taking": True}
+    text = looplock("--inspect", loop_dir).stdout
+    assert "kernel    free (tested by taking it" in text and "waiting   unknown" in text
+    assert "action    none: the lock is free" in text
+
+    # Held by the scripts' own helper: held, with no record of it.
+    holder = Holder(loop_dir / ".state.lock")
+    try:
+        report = inspect_json(loop_dir)
+        assert report["kernel"]["held"] is True and report["kernel"]["mode"] == "exclusive"
+        assert report["record"]["status"] == "released"
+        assert "handle.exe" in report["operator_action"] and "fuser" not in report["operator_action"]
+    finally:
+        holder.release()
+
+    # Held by looplock.exe's job: its record names it, alive.
+    other = loop_dir / "job.lock"
+    job = subprocess.Popen([WINE, EXE, "--operation", "tick", str(loop_dir), "--", HELPER, "lock", win(other)],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert job.stdout.readline().strip() == "locked"
+        report = inspect_json(loop_dir)
+        assert report["kernel"]["held"] is True
+        assert report["record"]["holder"]["operation"] == "tick" and report["record"]["pid_alive"] is True
+        assert report["record"]["same_process"] is True
+        # The lock is free again once the test is over: inspect took and let go.
+        assert busy(loop_dir / ".state.lock")
+    finally:
+        job.stdin.close()
+        assert job.wait(timeout=TIMEOUT) == 0
+    assert inspect_json(loop_dir)["kernel"]["held"] is False
+
+
 WINE_CANNOT = "wine does not do what Windows does here; the man page's WINDOWS section says what looplock relies on"
 
 
