@@ -377,7 +377,7 @@ InheritedLock::InheritedLock(const LockRequest& request, const Logger& log, cons
     : request_(request), log_(log), dir_(dir), outer_(outer), lock_file_(lock_file), ledger_(dir, request.dir, log) {
   if (!request_.once_per) return;
   // Which operation's slot the outer holder runs: its record says.
-  const UniqueFd fd = sys::open_in(dir.fd.get(), kLockName, {.access = sys::OpenIn::Access::Read});
+  const UniqueFd fd = sys::open_in(dir.fd.get(), record_name(), {.access = sys::OpenIn::Access::Read});
   if (!fd) return;
   const HolderRead read = read_holder(fd.get());
   outer_operation_ =

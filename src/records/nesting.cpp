@@ -3,12 +3,13 @@
 #include <charconv>
 
 #include "os/file_status.hpp"
-#include "os/ids.hpp"
 #include "os/files.hpp"
+#include "os/ids.hpp"
 #include "os/lock_holders.hpp"
 #include "os/process.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
+#include "records/holder.hpp"
 #include "records/lockfile.hpp"
 
 namespace looplock {
@@ -42,6 +43,28 @@ bool is_lock_file(int fd, const sys::FileStatus& lock_file) {
 // effect if another one is (`fd` then holds nothing). (Were the holder to
 // release between the two calls, `fd` would take the lock itself: still
 // exclusive, and `fd` then does hold it.)
+
+// Where no process inherits a lock and the system cannot say which process
+// holds one (Windows): the ancestor `pid` counts as the holder only when it
+// is a looplock with the creation time its current holder record gives it
+// (the record alone is writable by others, the environment copyable by
+// anyone, an ancestor with a reused pid has another creation time), and the
+// lock is held exclusively, tested by a shared attempt through a handle of
+// its own.
+bool recorded_ancestor_holds(Pid pid, int dirfd, const sys::FileStatus& lock_file) {
+  const UniqueFd record = sys::open_in(dirfd, record_name(), {.access = sys::OpenIn::Access::Read});
+  if (!record) return false;
+  const HolderRead read = read_holder(record.get());
+  if (!read.record || read.record->released_at || read.record->pid != pid || read.record->pid_start.empty()) {
+    return false;
+  }
+  if (sys::process_start(pid) != read.record->pid_start || sys::process_name(pid) != "looplock") return false;
+  const UniqueFd fresh = sys::open_in(dirfd, kLockName, {.access = sys::OpenIn::Access::Read});
+  if (!fresh || !is_lock_file(fresh.get(), lock_file)) return false;
+  if (sys::try_lock(fresh.get(), /*exclusive=*/false)) return false;  // nobody holds it exclusively: closing undoes it
+  return errno == EWOULDBLOCK;
+}
+
 }  // namespace
 
 bool probe_holds_through(int fd, int dirfd, const sys::FileStatus& lock_file) {
@@ -75,7 +98,11 @@ std::optional<OuterHolder> find_outer_holder(const EnvList& env, int dirfd, cons
   // only comparable when /proc shows this process's own pid namespace.
   if (named == 0 || !sys::pids_comparable()) return std::nullopt;
   if (!sys::is_self_or_ancestor(named, self)) return std::nullopt;
-  if (!sys::fd_holds_lock(named, *holder_fd, lock_file, exclusive)) return std::nullopt;
+  if (!sys::abilities().inherited_lock) {
+    if (!recorded_ancestor_holds(named, dirfd, lock_file)) return std::nullopt;
+  } else if (!sys::fd_holds_lock(named, *holder_fd, lock_file, exclusive)) {
+    return std::nullopt;
+  }
   return OuterHolder{named, *holder_fd, false};
 }
 

@@ -324,6 +324,32 @@ def test_inspect_tests_the_lock_by_taking_it(loop_dir):
     assert inspect_json(loop_dir)["kernel"]["held"] is False
 
 
+def test_a_looplock_inside_the_job_runs_inside_its_hold(loop_dir):
+    # Directly, and below a cmd.exe: an ancestor that holds the lock, named by
+    # its record with its creation time.
+    r = looplock(loop_dir, "--", EXE, "-v", "-n", win(loop_dir), "--", HELPER, "exit", "5")
+    assert r.returncode == 5 and "(an ancestor); running inside its critical section" in r.stderr, r.stderr
+    r = looplock(loop_dir, "-c", f'"{win(EXE)}" -v -n "{win(loop_dir)}" -- "{win(HELPER)}" exit 6')
+    assert r.returncode == 6 and "an ancestor" in r.stderr, r.stderr
+
+
+def test_a_copied_environment_never_bypasses_the_lock(loop_dir):
+    other = loop_dir / "job.lock"
+    job = subprocess.Popen([WINE, EXE, str(loop_dir), "--", HELPER, "lock", win(other)], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        assert job.stdout.readline().strip() == "locked"
+        record = json.loads((loop_dir / ".state.lock.holder").read_text())
+        # Everything the job's environment says, but from outside the job.
+        env = {**os.environ, "LOOPLOCK_HOLDER_PID": str(record["pid"]), "LOOPLOCK_HOLDER_FD": "4",
+               "LOOPLOCK_LOCK_ID": record["lock_id"], "LOOPLOCK_DIR": win(loop_dir)}
+        r = looplock("-n", loop_dir, "--", HELPER, "exit", "0", env=env)
+        assert r.returncode == 75, r.stderr
+    finally:
+        job.stdin.close()
+        assert job.wait(timeout=TIMEOUT) == 0
+
+
 WINE_CANNOT = "wine does not do what Windows does here; the man page's WINDOWS section says what looplock relies on"
 
 

@@ -1,11 +1,16 @@
 // process.hpp on Windows: the kernel's process objects. A process's start
 // is its creation time; Windows has no boot id this code can read, so
-// boot_id() is empty and nothing is proven dead here.
+// boot_id() is empty and nothing is proven dead here. Ancestry comes from a
+// Toolhelp snapshot's parent pids, checked against creation times.
 #include "os/process.hpp"
 
+// clang-format off
 #include <windows.h>
+#include <tlhelp32.h>
+// clang-format on
 
 #include <filesystem>
+#include <map>
 
 #include "os/windows/support.hpp"
 
@@ -98,7 +103,41 @@ std::optional<Uid> process_uid(Pid) { return std::nullopt; }
 
 std::optional<std::vector<Gid>> process_groups(Pid) { return std::nullopt; }
 
-bool is_self_or_ancestor(Pid pid, Pid self) { return pid > 0 && pid == self; }
+bool is_self_or_ancestor(Pid pid, Pid self) {
+  if (pid <= 0) return false;
+  if (pid == self) return true;
+  // The parent of each process, from one snapshot of them all. A parent
+  // created after its child is not its parent: the parent exited and its pid
+  // went to a later process, where the chain ends.
+  const HANDLE snap = CreateToolhelp32Snapshot(TH32CS_SNAPPROCESS, 0);
+  if (snap == INVALID_HANDLE_VALUE) return false;
+  std::map<DWORD, DWORD> parent;
+  PROCESSENTRY32W e{};
+  e.dwSize = sizeof e;
+  for (bool more = Process32FirstW(snap, &e); more; more = Process32NextW(snap, &e)) {
+    parent[e.th32ProcessID] = e.th32ParentProcessID;
+  }
+  CloseHandle(snap);
+  auto created = [](DWORD p) -> std::optional<long long> {
+    HANDLE h = open_process(static_cast<Pid>(p), PROCESS_QUERY_LIMITED_INFORMATION);
+    if (h == nullptr) return std::nullopt;
+    FILETIME c{}, x{}, k{}, u{};
+    const bool ok = GetProcessTimes(h, &c, &x, &k, &u) != 0;
+    CloseHandle(h);
+    return ok ? std::optional<long long>(ticks(c)) : std::nullopt;
+  };
+  DWORD at = static_cast<DWORD>(self);
+  for (int depth = 0; depth < 1024; ++depth) {
+    const auto up = parent.find(at);
+    if (up == parent.end() || up->second == 0 || up->second == at) return false;
+    const auto child_time = created(at);
+    const auto parent_time = created(up->second);
+    if (!child_time || !parent_time || *parent_time > *child_time) return false;
+    if (up->second == static_cast<DWORD>(pid)) return true;
+    at = up->second;
+  }
+  return false;
+}
 
 bool pids_comparable() { return true; }
 
