@@ -32,13 +32,30 @@ A missing lock file is created with mode 0660 (less the umask), as looplock
 creates it: flock(2) needs only a read descriptor, so any local user who can
 read the file can take the lock and stall every run.
 
+On Windows (looplock(1), WINDOWS) the lock is the C runtime's on byte 0,
+msvcrt.locking(fd, LK_NBLCK, 1), which looplock.exe takes there too. There
+LK_LOCK is no blocking lock (it gives up after about 10 s), so _loop_lock
+tries LK_NBLCK every 10 ms until its own deadline (none: for ever). And no
+command holds looplock.exe's lock, so under looplock.exe _loop_lock nests
+only when LOOPLOCK_HOLDER_PID names a live ancestor that is a looplock with
+the creation time its current holder record (LOOP_DIR/.state.lock.holder)
+gives it, and the lock is held: then it runs inside that hold. A copied
+environment or a rewritten record alone never bypasses the lock. (This path
+is tested with the system's facts stood in for, on Linux; looplock.exe's own
+nesting is tested under wine.)
+
 As a script, `python3 loop_lock.py LOOP_DIR` takes the lock and says how
 ("inherited fd N", "held by ancestor pid P" or "opened fd N").
 """
 import contextlib
-import fcntl
+import json
 import os
 import time
+
+if os.name == "nt":
+    import msvcrt
+else:
+    import fcntl
 
 LOCK_NAME = ".state.lock"
 
@@ -99,6 +116,155 @@ def _outer_lock(lock_path):
     return None
 
 
+class _WindowsFacts:
+    """What Windows tells of processes and of the lock (ctypes), for
+    _windows_outer_holder, which takes them as an argument."""
+
+    def __init__(self):
+        import ctypes
+        from ctypes import wintypes
+        self.ctypes, self.wintypes = ctypes, wintypes
+        self.kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
+
+    def parents(self):
+        """{pid: parent pid} of every process, from one Toolhelp snapshot."""
+        ctypes, w = self.ctypes, self.wintypes
+
+        class Entry(ctypes.Structure):
+            _fields_ = [("dwSize", w.DWORD), ("cntUsage", w.DWORD), ("th32ProcessID", w.DWORD),
+                        ("th32DefaultHeapID", ctypes.c_size_t), ("th32ModuleID", w.DWORD),
+                        ("cntThreads", w.DWORD), ("th32ParentProcessID", w.DWORD), ("pcPriClassBase", w.LONG),
+                        ("dwFlags", w.DWORD), ("szExeFile", w.WCHAR * 260)]
+        k = self.kernel32
+        k.CreateToolhelp32Snapshot.restype = w.HANDLE
+        snap = k.CreateToolhelp32Snapshot(2, 0)  # TH32CS_SNAPPROCESS
+        if snap in (None, w.HANDLE(-1).value):
+            return {}
+        out, e = {}, Entry()
+        e.dwSize = ctypes.sizeof(Entry)
+        more = k.Process32FirstW(w.HANDLE(snap), ctypes.byref(e))
+        while more:
+            out[e.th32ProcessID] = e.th32ParentProcessID
+            more = k.Process32NextW(w.HANDLE(snap), ctypes.byref(e))
+        k.CloseHandle(w.HANDLE(snap))
+        return out
+
+    def _open(self, pid):
+        self.kernel32.OpenProcess.restype = self.wintypes.HANDLE
+        return self.kernel32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
+
+    def created(self, pid):
+        """Process PID's creation time (100 ns units since 1601, as
+        looplock.exe records it), or None when it has exited or cannot be
+        read."""
+        ctypes, w = self.ctypes, self.wintypes
+        h = self._open(pid)
+        if not h:
+            return None
+        times = [w.FILETIME() for _ in range(4)]
+        ok = self.kernel32.GetProcessTimes(w.HANDLE(h), *(ctypes.byref(t) for t in times))
+        self.kernel32.CloseHandle(w.HANDLE(h))
+        created, exited = ((t.dwHighDateTime << 32) | t.dwLowDateTime for t in times[:2])
+        return created if ok and exited == 0 else None
+
+    def image_stem(self, pid):
+        """Process PID's executable, without its directory and ".exe"."""
+        ctypes, w = self.ctypes, self.wintypes
+        h = self._open(pid)
+        if not h:
+            return None
+        buf, size = ctypes.create_unicode_buffer(32768), w.DWORD(32768)
+        ok = self.kernel32.QueryFullProcessImageNameW(w.HANDLE(h), 0, buf, ctypes.byref(size))
+        self.kernel32.CloseHandle(w.HANDLE(h))
+        return os.path.splitext(os.path.basename(buf.value))[0] if ok else None
+
+    def lock_held(self, lock_path):
+        """Whether another holds the lock: one try through a handle of our own."""
+        try:
+            fd = os.open(lock_path, os.O_RDONLY | os.O_BINARY | os.O_NOINHERIT)
+        except OSError:
+            return False
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBRLCK, 1)
+        except OSError:
+            return True
+        else:
+            msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+            return False
+        finally:
+            os.close(fd)
+
+
+def _windows_is_ancestor(pid, facts, self_pid=None):
+    """Whether PID is this process or an ancestor, by parent pids checked
+    against creation times (a parent created after its child is a later
+    process that got an exited parent's pid: the chain ends there)."""
+    at = os.getpid() if self_pid is None else self_pid
+    if at == pid:
+        return True
+    parents = facts.parents()
+    for _ in range(1024):
+        up = parents.get(at)
+        if not up or up == at:
+            return False
+        child_time, parent_time = facts.created(at), facts.created(up)
+        if child_time is None or parent_time is None or parent_time > child_time:
+            return False
+        if up == pid:
+            return True
+        at = up
+    return False
+
+
+def _windows_outer_holder(lock_path, env, facts, self_pid=None):
+    """The pid of the looplock.exe this process runs under that holds
+    LOCK_PATH on its behalf, or None when nothing confirms one (see the top
+    of this file)."""
+    pid = env.get("LOOPLOCK_HOLDER_PID", "")
+    if not pid.isdigit():
+        return None
+    pid = int(pid)
+    try:
+        with open(lock_path + ".holder", encoding="utf-8") as f:
+            record = json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+    if record.get("pid") != pid or record.get("released_at") or not record.get("pid_start"):
+        return None
+    if str(facts.created(pid)) != record["pid_start"] or facts.image_stem(pid) != "looplock":
+        return None
+    if not _windows_is_ancestor(pid, facts, self_pid):
+        return None
+    return pid if facts.lock_held(lock_path) else None
+
+
+@contextlib.contextmanager
+def _windows_loop_lock(path, timeout):
+    """_loop_lock on Windows: byte 0 by msvcrt.locking, tried every 10 ms."""
+    if _windows_outer_holder(path, os.environ, _WindowsFacts()) is not None:
+        yield None  # inside the ancestor looplock.exe's hold
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_BINARY | os.O_NOINHERIT, 0o660)
+    try:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            os.lseek(fd, 0, os.SEEK_SET)  # msvcrt.locking locks from the file position
+            try:
+                msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+                break
+            except OSError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"{path} still held after {timeout} s") from None
+                time.sleep(0.01)
+        try:
+            yield fd
+        finally:
+            os.lseek(fd, 0, os.SEEK_SET)
+            msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def _loop_lock(loop_path, timeout=None):
     """Holds LOOP_PATH/.state.lock exclusively for the `with` block. Yields
@@ -106,6 +272,10 @@ def _loop_lock(loop_path, timeout=None):
     looplock holds it on this process's behalf. timeout (seconds) bounds the
     wait: TimeoutError after it (None waits without limit)."""
     path = os.path.join(loop_path, LOCK_NAME)
+    if os.name == "nt":
+        with _windows_loop_lock(path, timeout) as held:
+            yield held
+        return
     outer = _outer_lock(path)
     if outer is not None:
         yield outer[1] if outer[0] is None else None  # never unlock or close it
@@ -133,7 +303,12 @@ if __name__ == "__main__":
     import sys
 
     loop = sys.argv[1]
-    outer = _outer_lock(os.path.join(loop, LOCK_NAME))
+    path = os.path.join(loop, LOCK_NAME)
+    if os.name == "nt":
+        pid = _windows_outer_holder(path, os.environ, _WindowsFacts())
+        outer = None if pid is None else (pid, None)
+    else:
+        outer = _outer_lock(path)
     with _loop_lock(loop) as lock_fd:
         if outer is None:
             print(f"opened fd {lock_fd}", flush=True)

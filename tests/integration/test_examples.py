@@ -15,6 +15,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -948,3 +949,68 @@ def test_warned_tick_checkpoints_before_max_time_and_the_next_tick_resumes(loop_
                        timeout=TIMEOUT)
     assert r.returncode == 124 and "checkpointed" not in r.stdout, (r.stdout, r.stderr)
     assert not (loop_dir / "tick.checkpoint").exists()
+
+
+# -- python/loop_lock.py on Windows: the nesting decision, with the system's facts stood in for -------------
+
+
+class FakeWindows:
+    """Processes 10 (looplock.exe, the holder) > 20 (cmd.exe) > 30 (this
+    Python), each created after its parent; 40 is outside the tree."""
+
+    def __init__(self, held=True):
+        self.parent = {30: 20, 20: 10, 10: 4, 40: 4}
+        self.time = {4: 1, 10: 100, 20: 200, 30: 300, 40: 400}
+        self.stem = {10: "looplock", 20: "cmd", 30: "python", 40: "python"}
+        self.held = held
+
+    def parents(self):
+        return dict(self.parent)
+
+    def created(self, pid):
+        return self.time.get(pid)
+
+    def image_stem(self, pid):
+        return self.stem.get(pid)
+
+    def lock_held(self, lock_path):
+        return self.held
+
+
+def windows_record(tmp_path, **fields):
+    lock = tmp_path / ".state.lock"
+    record = {"schema": "file_lock_holder_v0", "lock_id": "0123456789abcdef", "pid": 10, "pid_start": "100",
+              "agent_id": "ci", "operation": "tick", "policy": "mutation", "acquired_at": "2026-12-04T00:00:00.000Z",
+              **fields}
+    (tmp_path / ".state.lock.holder").write_text(json.dumps(record) + "\n")
+    return str(lock)
+
+
+def loop_lock_module():
+    sys.path.insert(0, str(LOOP_LOCK_DIR))
+    try:
+        import loop_lock
+        return loop_lock
+    finally:
+        sys.path.pop(0)
+
+
+def test_loop_lock_on_windows_nests_only_under_a_live_ancestor_named_by_its_record(tmp_path):
+    m = loop_lock_module()
+    env = {"LOOPLOCK_HOLDER_PID": "10"}
+    lock = windows_record(tmp_path)
+    assert m._windows_outer_holder(lock, env, FakeWindows(), self_pid=30) == 10
+    # Each fact missing in turn: it takes the lock itself.
+    assert m._windows_outer_holder(lock, env, FakeWindows(), self_pid=40) is None  # a copied environment
+    assert m._windows_outer_holder(lock, {}, FakeWindows(), self_pid=30) is None
+    assert m._windows_outer_holder(lock, env, FakeWindows(held=False), self_pid=30) is None
+    reused = FakeWindows()
+    reused.time[10] = 350  # pid 10 is now a process created after this one: not its parent any more
+    assert m._windows_outer_holder(windows_record(tmp_path, pid_start="350"), env, reused, self_pid=30) is None
+    not_looplock = FakeWindows()
+    not_looplock.stem[10] = "python"
+    assert m._windows_outer_holder(lock, env, not_looplock, self_pid=30) is None
+    assert m._windows_outer_holder(windows_record(tmp_path, pid_start="99"), env, FakeWindows(), self_pid=30) is None
+    assert m._windows_outer_holder(windows_record(tmp_path, released_at="2026-12-04T00:00:01.000Z"), env,
+                                   FakeWindows(), self_pid=30) is None
+    assert m._windows_outer_holder(windows_record(tmp_path, pid=20), env, FakeWindows(), self_pid=30) is None
