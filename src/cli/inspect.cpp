@@ -85,7 +85,7 @@ std::string incident_text(const Json& l) {
 Json error_entry(const std::string& dir, int status, const std::string& event, const std::string& message,
                  const std::string& hint) {
   Json j = Json::object();
-  j["lock_file"] = dir + (dir.ends_with('/') ? "" : "/") + kLockName;
+  j["lock_file"] = sys::path_in_dir(dir, kLockName);
   j["error"] = {
       {"status", status}, {"event", event}, {"message", message}, {"hint", hint.empty() ? Json(nullptr) : Json(hint)}};
   return j;
@@ -323,7 +323,7 @@ InspectReport inspect_dir(const Options& o, const std::string& path, LockKind* c
   InspectFacts f;
   f.lock_id = lock_id_for_path(canonical_lock_path(dir.fd.get(), path));
   std::vector<sys::KernelLock> waiters;
-  f.lock = survey_lock(dir, path + (path.ends_with('/') ? "" : "/") + kLockName, waiters);
+  f.lock = survey_lock(dir, sys::path_in_dir(path, kLockName), waiters);
   f.lock.stale_after_ms = ms_of(o.inspect.stale_after);
   for (const auto& k : waiters) f.waiters.push_back(describe_waiter(k));
   f.incidents = summarize_incidents(dir.fd.get(), o.inspect.incidents);

@@ -16,9 +16,7 @@ namespace looplock {
 
 namespace {
 
-std::string in(const std::string& dir, std::string_view name) {
-  return dir + (dir.ends_with('/') ? "" : "/") + std::string(name);
-}
+std::string in(const std::string& dir, std::string_view name) { return sys::path_in_dir(dir, name); }
 
 // "owner uid 1001, mode 0600": the file's, never the caller's
 std::string owner_mode(const sys::FileStatus& st) {

@@ -232,9 +232,13 @@ int parse_exit_code(const cxxopts::ParseResult& r, const char* name, int lo, int
 }
 
 std::string base_name(std::string_view path) {
-  while (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
-  auto slash = path.rfind('/');
-  if (slash != std::string_view::npos) path.remove_prefix(slash + 1);
+  while (path.size() > 1 && sys::is_path_separator(path.back())) path.remove_suffix(1);
+  for (size_t i = path.size(); i-- > 0;) {
+    if (sys::is_path_separator(path[i])) {
+      path.remove_prefix(i + 1);
+      break;
+    }
+  }
   return std::string(path);
 }
 

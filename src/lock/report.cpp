@@ -52,7 +52,7 @@ Incident Reporter::incident(std::string error_code) const {
 void Reporter::append(const Incident& inc) const {
   const int err = append_incident(dirfd_, encode_incident(inc));
   if (err == 0) return;
-  const std::string path = dir_ + (dir_.ends_with('/') ? "" : "/") + kIncidentsName;
+  const std::string path = sys::path_in_dir(dir_, kIncidentsName);
   // A file looplock refuses to write (append_incident's errors for it).
   const char* why = err == ELOOP    ? "it is a symbolic link (looplock never writes through one)"
                     : err == EISDIR ? "it is a directory"

@@ -81,6 +81,13 @@ void sleep_until_ns(long long until_ns);
 // nullopt (errno set) when the kernel gives none.
 std::optional<unsigned long long> random_below(unsigned long long bound);
 
+// `name` in the directory `dir`, joined as the system writes a path
+// (posix/: '/'; windows/: '\\'), with no separator doubled.
+std::string path_in_dir(std::string_view dir, std::string_view name);
+// Whether `c` separates the parts of a path (posix/: '/'; windows/: '/' and
+// '\\').
+bool is_path_separator(char c);
+
 // What this system has that some of looplock's options need (posix/: all
 // of it; windows/: none of it, so those options are usage errors there).
 struct Abilities {

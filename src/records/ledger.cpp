@@ -22,9 +22,7 @@ namespace {
 // kMaxLedgerEntries entries of the longest names fit (each about 2 KB).
 constexpr size_t kMaxLedgerBytes = 4 << 20;
 
-std::string ledger_display(const LockDir& dir) {
-  return dir.path + (dir.path.ends_with('/') ? "" : "/") + kRunsName;
-}
+std::string ledger_display(const LockDir& dir) { return sys::path_in_dir(dir.path, kRunsName); }
 
 }  // namespace
 

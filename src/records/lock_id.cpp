@@ -37,10 +37,7 @@ std::string canonical_lock_path(int dirfd, const std::string& dir) {
   // The path the system knows the open descriptor by: the canonical path
   // that names the lock (its lock_id, $LOOPLOCK_DIR), without realpath(3)'s
   // walk.
-  if (auto p = sys::path_of_fd(dirfd)) {
-    if (p->back() != '/') *p += '/';
-    return *p + kLockName;
-  }
+  if (auto p = sys::path_of_fd(dirfd)) return sys::path_in_dir(*p, kLockName);
   return canonical_lock_path(dir);
 }
 
@@ -66,9 +63,10 @@ LockTarget target_of(int dirfd, const std::string& given_dir) {
   LockTarget t;
   t.canonical_dir = canonical.substr(0, canonical.size() - std::string_view(kLockName).size() - 1);
   t.lock_id = lock_id_for_path(canonical);
-  const auto slash = t.canonical_dir.rfind('/');
-  t.loop = slash == std::string::npos ? t.canonical_dir : t.canonical_dir.substr(slash + 1);
-  if (t.loop.empty()) t.loop = "/";
+  size_t base = t.canonical_dir.size();
+  while (base > 0 && !sys::is_path_separator(t.canonical_dir[base - 1])) --base;
+  t.loop = t.canonical_dir.substr(base);
+  if (t.loop.empty()) t.loop = t.canonical_dir;  // the root
   return t;
 }
 

@@ -15,11 +15,7 @@ namespace looplock {
 
 namespace {
 
-std::string lock_display(const LockDir& dir) {
-  std::string p = dir.path;
-  if (!p.empty() && p.back() != '/') p += '/';
-  return p + kLockName;
-}
+std::string lock_display(const LockDir& dir) { return sys::path_in_dir(dir.path, kLockName); }
 
 // The hint for EACCES on a name inside DIR: DIR lacks search (x) permission
 // for the caller; who can give it depends on who the caller is.
@@ -97,8 +93,7 @@ std::optional<Refusal> refuse_file(const sys::FileStatus& file, const sys::FileS
       (dir.mode & sys::mode::kGroupWrite) && !(dir.mode & sys::mode::kSticky) && file.group == dir.group;
   if (file.owner != euid && file.owner != dir.owner && !group_shared) {
     const std::string dir_path(shown_dir);
-    const std::string replace = "install -m 0660 -g GROUP /dev/null " + shell_word(dir_path) +
-                                (dir_path.ends_with('/') ? "" : "/") + std::string(name);
+    const std::string replace = "install -m 0660 -g GROUP /dev/null " + shell_word(sys::path_in_dir(dir_path, name));
     return Refusal{"it is owned by uid " + std::to_string(file.owner) + ", neither you nor DIR's owner",
                    euid == dir.owner
                        ? "As DIR's owner, replace it with one of your own while nobody holds the lock (looplock "

@@ -230,11 +230,19 @@ namespace {
 // What failed, with errno.
 sys::Failure failed(const std::string& what) {
   const int err = errno;
-  return {.what = what,
-          .err = err,
-          .hint = err == EACCES ? "a directory a group shares: its files are created group-writable under umask 002; "
-                                  "their owner or root lets the group read and write those made before: chmod g+rw"
-                                : ""};
+  std::string hint;
+  if (err == EACCES && !sys::abilities().advisory_locks) {
+    // Windows: access is by ACL, and a reader that does not share delete
+    // (a scraper, a virus scanner) blocks the replacing rename.
+    hint =
+        "another process kept the file open without sharing delete, past looplock's retries (a scraper or a "
+        "scanner), or the directory's ACL denies it; the next run writes the file whole again";
+  } else if (err == EACCES) {
+    hint =
+        "a directory a group shares: its files are created group-writable under umask 002; their owner or root "
+        "lets the group read and write those made before: chmod g+rw";
+  }
+  return {.what = what, .err = err, .hint = hint};
 }
 
 // Where the collector's file is replaced: DIR's descriptor, the file's name,
@@ -269,12 +277,12 @@ bool swap_in(const Place& at, const std::string& text, std::optional<sys::Failur
   if (!fd || !sys::status_of_fd(fd.get(), st) || !st.regular() || st.links != 1) return false;
   if (!sys::exclusive_write_lease(fd.get())) return false;
   if (!sys::pwrite_all(fd.get(), text)) {
-    err = failed("cannot write " + at.dir + "/" + staging);
+    err = failed("cannot write " + sys::path_in_dir(at.dir, staging));
     return true;
   }
   if (static_cast<size_t>(st.size) > text.size() &&
       !sys::truncate_fd(fd.get(), static_cast<long long>(text.size()))) {
-    err = failed("cannot write " + at.dir + "/" + staging);
+    err = failed("cannot write " + sys::path_in_dir(at.dir, staging));
     return true;
   }
   if (sys::exchange_in(at.dirfd, staging, at.name)) return true;
@@ -282,7 +290,7 @@ bool swap_in(const Place& at, const std::string& text, std::optional<sys::Failur
   // No collector's file yet (the first run, or it was deleted): the staging
   // file becomes it, and the next run makes a new one.
   if (errno == ENOENT && sys::rename_in(at.dirfd, staging, at.name)) return true;
-  err = failed("cannot rename " + staging + " to " + at.dir + "/" + at.name);
+  err = failed("cannot rename " + staging + " to " + sys::path_in_dir(at.dir, at.name));
   return true;
 }
 
@@ -294,12 +302,12 @@ std::optional<sys::Failure> replace_by_rename(const Place& at, const std::string
                                .create = sys::OpenIn::Create::IfMissing,
                                .mode = kCollectedMode,
                                .truncate = true});
-  if (!out) return failed("cannot create " + at.dir + "/" + tmp);
+  if (!out) return failed("cannot create " + sys::path_in_dir(at.dir, tmp));
   std::optional<sys::Failure> err;
-  if (!sys::write_all(out.get(), text)) err = failed("cannot write " + at.dir + "/" + tmp);
-  if (!err && !sys::close_checked(std::move(out))) err = failed("cannot write " + at.dir + "/" + tmp);
+  if (!sys::write_all(out.get(), text)) err = failed("cannot write " + sys::path_in_dir(at.dir, tmp));
+  if (!err && !sys::close_checked(std::move(out))) err = failed("cannot write " + sys::path_in_dir(at.dir, tmp));
   if (!err && !sys::rename_in(at.dirfd, tmp, at.name)) {
-    err = failed("cannot rename " + tmp + " to " + at.dir + "/" + at.name);
+    err = failed("cannot rename " + tmp + " to " + sys::path_in_dir(at.dir, at.name));
   }
   if (err) (void)sys::remove_in(at.dirfd, tmp);
   return err;
@@ -324,12 +332,12 @@ std::optional<sys::Failure> update_metrics_file(const std::string& dir, const Ru
                   .mode = kUpdateLockMode};
   UniqueFd lock = sys::open_in(dirfd.get(), lock_name, how);
   if (!lock && errno == EACCES) lock = sys::open_in(dirfd.get(), lock_name, {.access = sys::OpenIn::Access::Read});
-  if (!lock) return failed("cannot open " + dir + "/" + lock_name);
+  if (!lock) return failed("cannot open " + sys::path_in_dir(dir, lock_name));
   const Instant give_up = MonotonicClock::now() + kLockWait;
   while (!sys::try_lock(lock.get(), /*exclusive=*/true)) {
-    if (errno != EWOULDBLOCK) return failed("cannot lock " + dir + "/." + name + ".lock");
+    if (errno != EWOULDBLOCK) return failed("cannot lock " + sys::path_in_dir(dir, lock_name));
     if (MonotonicClock::now() >= give_up) {
-      return sys::Failure{.what = "the metrics file " + dir + "/" + name + " stayed busy for " +
+      return sys::Failure{.what = "the metrics file " + sys::path_in_dir(dir, name) + " stayed busy for " +
                                   std::to_string(std::chrono::duration_cast<std::chrono::seconds>(kLockWait).count()) +
                                   " s"};
     }
@@ -337,9 +345,13 @@ std::optional<sys::Failure> update_metrics_file(const std::string& dir, const Ru
   }
 
   MetricsFile f;
-  const UniqueFd old = sys::open_in(dirfd.get(), name, {.access = sys::OpenIn::Access::Read});
-  if (old) {
-    if (auto text = sys::pread_all(old.get(), kMaxFileBytes)) f = parse_metrics(*text);
+  {
+    // Closed before the file is replaced: Windows replaces no file that is
+    // open, not even by its own process.
+    const UniqueFd old = sys::open_in(dirfd.get(), name, {.access = sys::OpenIn::Access::Read});
+    if (old) {
+      if (auto text = sys::pread_all(old.get(), kMaxFileBytes)) f = parse_metrics(*text);
+    }
   }
   add_run(f, run);
   const std::string text = render_metrics(f);

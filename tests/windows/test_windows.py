@@ -350,6 +350,53 @@ def test_a_copied_environment_never_bypasses_the_lock(loop_dir):
         assert job.wait(timeout=TIMEOUT) == 0
 
 
+def runs_total(metrics_dir, outcome):
+    parser = pytest.importorskip("prometheus_client.parser")
+    (prom,) = metrics_dir.glob("looplock_*.prom")
+    for family in parser.text_string_to_metric_families(prom.read_text()):
+        for sample in family.samples:
+            if sample.name == "looplock_runs_total" and sample.labels["outcome"] == outcome:
+                return sample.value, sample.labels
+    return None, None
+
+
+def test_the_metrics_file_counts_every_run_and_waits_out_a_reader(loop_dir, tmp_path):
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    for _ in range(3):
+        r = looplock("--metrics-dir", metrics, loop_dir, "--", HELPER, "exit", "0")
+        assert r.returncode == 0 and r.stderr == "", r.stderr
+    value, labels = runs_total(metrics, "success")
+    assert value == 3 and labels["loop"] == "loop"
+    (prom,) = metrics.glob("looplock_*.prom")
+    # A reader that does not share delete (a scraper, a scanner) for 0.8 s:
+    # the file is replaced once it lets go.
+    reader = subprocess.Popen([WINE, HELPER, "hold", win(prom), "800"], stdout=subprocess.PIPE, text=True)
+    assert reader.stdout.readline().strip() == "open"
+    r = looplock("--metrics-dir", metrics, loop_dir, "--", HELPER, "exit", "0")
+    assert reader.wait(timeout=TIMEOUT) == 0
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert runs_total(metrics, "success")[0] == 4
+    # The control: one that holds it past the retries costs one warning, and
+    # never the run's status; the next run counts both.
+    reader = subprocess.Popen([WINE, HELPER, "hold", win(prom), "6000"], stdout=subprocess.PIPE, text=True)
+    assert reader.stdout.readline().strip() == "open"
+    r = looplock("--metrics-dir", metrics, loop_dir, "--", HELPER, "exit", "0")
+    assert r.returncode == 0 and "cannot update the metrics" in r.stderr and "chmod" not in r.stderr, r.stderr
+    assert reader.wait(timeout=TIMEOUT) == 0
+    assert looplock("--metrics-dir", metrics, loop_dir, "--", HELPER, "exit", "0").returncode == 0
+    assert runs_total(metrics, "success")[0] == 5  # the run whose update failed is not counted: as on Linux
+
+
+def test_the_lock_id_is_the_same_however_dir_is_spelled(loop_dir):
+    spellings = [str(loop_dir), win(loop_dir), win(loop_dir).upper(), win(loop_dir).lower() + "\\",
+                 "\\\\?\\" + win(loop_dir), win(loop_dir).replace("\\", "/")]
+    ids = {inspect_json(d)["lock_id"] for d in spellings}
+    assert len(ids) == 1, spellings
+    r = looplock(win(loop_dir).upper(), "--", "cmd", "/c", "echo %LOOPLOCK_DIR%")
+    assert r.stdout.strip() == win(loop_dir)  # the canonical spelling, as the file system has it
+
+
 WINE_CANNOT = "wine does not do what Windows does here; the man page's WINDOWS section says what looplock relies on"
 
 

@@ -17,6 +17,10 @@
 //   winhelper alive PID   exit 0 when process PID runs, 1 when it does not.
 //   winhelper exit CODE   exits with CODE (decimal or 0x...).
 //   winhelper delete PATH DeleteFileA: exit 0 when deleted, 1 when not.
+//   winhelper hold PATH MS
+//                         opens PATH as a reader that does not share delete
+//                         (a metrics scraper, a virus scanner), prints "open",
+//                         and closes it after MS milliseconds.
 //   winhelper args [ARG]...
 //                         prints each argument as the C runtime's rules
 //                         (CommandLineToArgvW) read its command line, in
@@ -119,6 +123,16 @@ int main(int argc, char** argv) {
       std::fwrite(out.data(), 1, out.size(), stdout);
       std::fwrite(">\n", 1, 2, stdout);
     }
+    return 0;
+  }
+  if (what == "hold" && argc == 4) {
+    HANDLE h =
+        CreateFileA(argv[2], GENERIC_READ, FILE_SHARE_READ | FILE_SHARE_WRITE, nullptr, OPEN_EXISTING, 0, nullptr);
+    if (h == INVALID_HANDLE_VALUE) return 3;
+    std::puts("open");
+    std::fflush(stdout);
+    Sleep(static_cast<DWORD>(std::atoi(argv[3])));
+    CloseHandle(h);
     return 0;
   }
   if (what == "delete" && argc == 3) return DeleteFileA(argv[2]) ? 0 : 1;

@@ -132,6 +132,14 @@ std::optional<unsigned long long> random_below(unsigned long long bound) {
   }
 }
 
+std::string path_in_dir(std::string_view dir, std::string_view name) {
+  std::string p(dir);
+  if (!p.empty() && p.back() != '/') p += '/';
+  return p += name;
+}
+
+bool is_path_separator(char c) { return c == '/'; }
+
 Abilities abilities() {
   return {.exec = true, .signals = true, .inherited_lock = true, .cluster = true, .advisory_locks = true};
 }

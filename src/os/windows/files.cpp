@@ -186,8 +186,17 @@ bool rename_in(int dirfd, const std::string& from, const std::string& to) {
   const auto a = path_in(dirfd, from);
   const auto b = path_in(dirfd, to);
   if (!a || !b) return false;
-  return MoveFileExW(windows::widen(*a).c_str(), windows::widen(*b).c_str(), MOVEFILE_REPLACE_EXISTING) ? true
-                                                                                                        : failed();
+  const std::wstring wa = windows::widen(*a), wb = windows::widen(*b);
+  // A reader that opened `to` without sharing delete (a metrics scraper, a
+  // virus scanner) holds it for a moment: tried again for up to 2 s.
+  const Instant give_up = MonotonicClock::now() + std::chrono::seconds(2);
+  for (;;) {
+    if (MoveFileExW(wa.c_str(), wb.c_str(), MOVEFILE_REPLACE_EXISTING)) return true;
+    const DWORD error = GetLastError();
+    const bool busy = error == ERROR_SHARING_VIOLATION || error == ERROR_ACCESS_DENIED || error == ERROR_LOCK_VIOLATION;
+    if (!busy || MonotonicClock::now() >= give_up) return failed();
+    Sleep(10);
+  }
 }
 
 bool exchange_in(int, const std::string&, const std::string&) {

@@ -176,6 +176,14 @@ std::optional<unsigned long long> random_below(unsigned long long bound) {
   }
 }
 
+std::string path_in_dir(std::string_view dir, std::string_view name) {
+  std::string p(dir);
+  if (!p.empty() && !is_path_separator(p.back())) p += '\\';
+  return p += name;
+}
+
+bool is_path_separator(char c) { return c == '/' || c == '\\'; }
+
 // No exec, no signals, a lock never inherited (a byte-range lock is held by
 // the handle, which no command gets), and no etcd transport built yet.
 Abilities abilities() { return {}; }
