@@ -136,7 +136,7 @@ Json report_json(const InspectFacts& facts, const Verdict& v) {
     x["waiting_at_most_ms"] = w.at_most_ms ? Json(*w.at_most_ms) : Json(nullptr);
     waiters.push_back(std::move(x));
   }
-  j["waiters"] = std::move(waiters);
+  j["waiters"] = f.tested_by_taking ? Json(nullptr) : std::move(waiters);  // null: the system cannot list them
   Json r = Json::object();
   r["state"] = !f.exists                                                         ? "missing"
                : f.refusal && !rec && f.record.state == HolderRead::State::Empty ? "not read"

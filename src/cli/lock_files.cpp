@@ -203,14 +203,14 @@ std::vector<FileProblem> judge_metrics_files(const std::string& metrics_dir, con
     if (!st.regular() || !sys::may_access(fd.get(), lock, kRead)) {
       out.push_back({path, cannot + "you cannot open its update lock (" + owner_mode(st) + ")",
                      share_fix(path, st, dir, euid)});
-    } else if (st.mode & sys::mode::kOtherRead) {
+    } else if (sys::abilities().permission_bits && (st.mode & sys::mode::kOtherRead)) {
       out.push_back({path,
                      "any local user can open this update lock and hold it, stalling every update of the metrics (" +
                          owner_mode(st) + ": earlier versions made it 0644)",
                      "chmod 0660 " + path + "."});
     }
   }
-  if (sys::status_at(fd.get(), name.c_str(), st) && st.regular() &&
+  if (sys::abilities().permission_bits && sys::status_at(fd.get(), name.c_str(), st) && st.regular() &&
       !(st.mode & (sys::mode::kGroupRead | sys::mode::kOtherRead))) {
     const std::string path = in(metrics_dir, name);
     out.push_back({path,

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <charconv>
 #include <string_view>
 
@@ -239,6 +240,15 @@ std::string base_name(std::string_view path) {
       break;
     }
   }
+  // "python.exe" is "python" (Windows): one program, one operation.
+  const std::string_view suffix = sys::program_suffix();
+  if (!suffix.empty() && path.size() > suffix.size() &&
+      std::equal(suffix.begin(), suffix.end(), path.end() - static_cast<std::ptrdiff_t>(suffix.size()),
+                 [](char a, char b) {
+                   return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+                 })) {
+    path.remove_suffix(suffix.size());
+  }
   return std::string(path);
 }
 
@@ -249,7 +259,7 @@ Family interpreter_family(std::string_view base) {
   if (base == "sh" || base == "bash" || base == "dash" || base == "zsh" || base == "ksh" || base == "mksh" ||
       base == "ash" || base == "busybox")
     return Family::Shell;
-  if (starts("python") || starts("pypy")) return Family::Python;
+  if (starts("python") || starts("pypy") || base == "py") return Family::Python;  // py: the Windows launcher
   if (base == "node" || base == "nodejs" || base == "deno" || base == "bun") return Family::Node;
   if (starts("perl") || starts("ruby") || starts("php") || starts("lua") || base == "tclsh" || base == "Rscript")
     return Family::Perl;
@@ -409,13 +419,16 @@ void check_system(const cxxopts::ParseResult& r, const Options& o) {
     if (!can.signals && r.count(name)) {
       usage_error("--" + std::string(name) + " is not available on this system: it has no signals to warn a job with",
                   "Leave it out; --max-time ends the job at once (TerminateJobObject), so a job that must save its "
-                  "work keeps its own deadline, from $LOOPLOCK_DEADLINE.");
+                  "work keeps its own deadline, from the environment variable LOOPLOCK_DEADLINE.");
     }
   }
   if (!can.cluster && given(r, o, "etcd")) {
     usage_error(std::string("--etcd is not available on this system: looplock has no etcd transport here") +
-                    (r.count("etcd") ? "" : " ($LOOPLOCK_ETCD is set)"),
-                "Run the cluster lock from a Linux host, or lock a local DIR here.");
+                    (r.count("etcd") ? "" : " (LOOPLOCK_ETCD is set)"),
+                r.count("etcd")
+                    ? "Run the cluster lock from a Linux host, or lock a local DIR here."
+                    : "Unset LOOPLOCK_ETCD (or set it empty) to lock a local DIR here; run the cluster lock "
+                      "from a Linux host.");
   }
 }
 
@@ -703,8 +716,8 @@ void read_command(const cxxopts::ParseResult& r, const Split& split, const Envir
                                       : (env.looplock_agent && !env.looplock_agent->empty()
                                              ? *env.looplock_agent
                                              : (env.user_name ? env.user_name() : std::string("unknown")));
-  o.identity.operation =
-      r.count("operation") ? text_of(r, "operation") : (o.shell_form ? std::string("sh") : derive_operation(o.command));
+  o.identity.operation = r.count("operation") ? text_of(r, "operation")
+                                              : (o.shell_form ? base_name(o.command[0]) : derive_operation(o.command));
   if (o.once_per.period && o.identity.operation.size() > kMaxOncePerName) {
     usage_error("--once-per needs an operation name of at most " + std::to_string(kMaxOncePerName) + " bytes (" +
                     std::to_string(o.identity.operation.size()) + " given)",
@@ -762,10 +775,15 @@ const std::string& help_text() {
        looplock [OPTIONS] DIR -c SHELL-COMMAND
        looplock --inspect [--json] [--check] [--stale-after DURATION] DIR...
 
-Run COMMAND while holding the advisory lock on DIR/.state.lock (flock(2)),
+)") +
+                                  (sys::abilities().advisory_locks
+                                       ? R"(Run COMMAND while holding the advisory lock on DIR/.state.lock (flock(2)),
 then exit exactly as COMMAND exited.
-
-)") + options_help() + R"(
+)"
+                                       : R"(Run COMMAND while holding the lock on DIR\.state.lock (LockFileEx on byte 0,
+as msvcrt.locking takes it), then exit exactly as COMMAND exited. Not on
+Windows: -F, --warn-before, --warn-signal, --etcd (man page, WINDOWS).
+)") + "\n" + options_help() + R"(
 Examples:
   looplock /srv/loops/nightly -- python3 scripts/status.py --tick
   looplock -p single_flight /srv/loops/nightly -- ./monitor.sh

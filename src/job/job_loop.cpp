@@ -15,6 +15,7 @@
 #include "os/clock.hpp"
 #include "os/ids.hpp"
 #include "os/signal_names.hpp"
+#include "os/sys.hpp"
 
 namespace looplock {
 
@@ -29,10 +30,15 @@ constexpr Duration kWarnPass = std::chrono::milliseconds(100);
 
 std::string exec_hint(int err, const std::string& name) {
   if (err == ENOENT) {
-    return name.find('/') == std::string::npos ? "Check the name and PATH, or give the command's full path."
-                                               : "Check the path.";
+    return std::none_of(name.begin(), name.end(), sys::is_path_separator)
+               ? "Check the name and PATH, or give the command's full path."
+               : "Check the path.";
   }
-  if (err == EACCES) return "Check that it is a file with execute permission (chmod +x).";
+  if (err == EACCES) {
+    return sys::abilities().exec ? "Check that it is a file with execute permission (chmod +x)."
+                                 : "Check that it is a program Windows runs (.exe, .com); run a script through its "
+                                   "interpreter, or a batch file with -c.";
+  }
   return {};
 }
 

@@ -88,6 +88,10 @@ std::string path_in_dir(std::string_view dir, std::string_view name);
 // '\\').
 bool is_path_separator(char c);
 
+// The suffix the system's programs are named with (posix/: none; windows/:
+// ".exe"), which a program's name for looplock leaves out.
+std::string_view program_suffix();
+
 // What this system has that some of looplock's options need (posix/: all
 // of it; windows/: none of it, so those options are usage errors there).
 struct Abilities {
@@ -99,6 +103,9 @@ struct Abilities {
   // (posix/: flock(2) is advisory; windows/: a LockFileEx lock denies its
   // bytes to every other handle, even of the same process).
   bool advisory_locks = false;
+  // A file's mode says who may read and write it: owner, group, others
+  // (posix/; windows/: access is by ACL, and a mode has the owner's bits only).
+  bool permission_bits = false;
 };
 Abilities abilities();
 

@@ -180,7 +180,8 @@ UniqueFd open_record_file(const LockDir& dir) {
                              {.access = sys::OpenIn::Access::ReadWrite,
                               .create = sys::OpenIn::Create::IfMissing,
                               .mode = kCreateMode,
-                              .above_stdio = true});
+                              .above_stdio = true,
+                              .keep_name = true});
   if (!fd && errno == ELOOP) {
     refused(dir, Refusal{std::string(kHolderName) + " beside it is a symbolic link (looplock never follows one)",
                          kSymlinkHint, "unsafe_lock_file"});

@@ -10,6 +10,7 @@
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 #include "records/holder.hpp"
+#include "records/lock_id.hpp"
 #include "records/lockfile.hpp"
 
 namespace looplock {
@@ -51,13 +52,17 @@ bool is_lock_file(int fd, const sys::FileStatus& lock_file) {
 // anyone, an ancestor with a reused pid has another creation time), and the
 // lock is held exclusively, tested by a shared attempt through a handle of
 // its own.
-bool recorded_ancestor_holds(Pid pid, int dirfd, const sys::FileStatus& lock_file) {
+bool recorded_ancestor_holds(const EnvList& env, Pid pid, int dirfd, const sys::FileStatus& lock_file) {
   const UniqueFd record = sys::open_in(dirfd, record_name(), {.access = sys::OpenIn::Access::Read});
   if (!record) return false;
   const HolderRead read = read_holder(record.get());
   if (!read.record || read.record->released_at || read.record->pid != pid || read.record->pid_start.empty()) {
     return false;
   }
+  // This lock's own: the ancestor exported its lock_id, and its record
+  // names the same (a record copied from another loop does not).
+  const std::string lock_id = lock_id_for_path(canonical_lock_path(dirfd, ""));
+  if (env_get(env, env_name::kLockId) != lock_id || read.record->lock_id != lock_id) return false;
   if (sys::process_start(pid) != read.record->pid_start || sys::process_name(pid) != "looplock") return false;
   const UniqueFd fresh = sys::open_in(dirfd, kLockName, {.access = sys::OpenIn::Access::Read});
   if (!fresh || !is_lock_file(fresh.get(), lock_file)) return false;
@@ -99,7 +104,7 @@ std::optional<OuterHolder> find_outer_holder(const EnvList& env, int dirfd, cons
   if (named == 0 || !sys::pids_comparable()) return std::nullopt;
   if (!sys::is_self_or_ancestor(named, self)) return std::nullopt;
   if (!sys::abilities().inherited_lock) {
-    if (!recorded_ancestor_holds(named, dirfd, lock_file)) return std::nullopt;
+    if (!recorded_ancestor_holds(env, named, dirfd, lock_file)) return std::nullopt;
   } else if (!sys::fd_holds_lock(named, *holder_fd, lock_file, exclusive)) {
     return std::nullopt;
   }

@@ -118,7 +118,11 @@ LockFacts survey_held(const LockFile& file, const std::string& lock_path, const 
     const bool listed = sys::lock_table(file.st).has_value();
     const int err = errno;
     if (!listed && err == ENOSYS) {
-      f.tested_by_taking = true;  // this run's own attempt found it held (in a mode that conflicts with its own)
+      // This run's own attempt found it held; a shared attempt tells in
+      // which mode (undone at once when it succeeds).
+      f.tested_by_taking = true;
+      f.tested_exclusive = !sys::try_lock(file.fd.get(), /*exclusive=*/false);
+      if (!f.tested_exclusive) (void)sys::unlock(file.fd.get());
     } else if (!listed) {
       f.kernel_unknown = errno_message("cannot read /proc/locks", err ? err : EIO);
     } else if (sys::in_child_pid_namespace()) {

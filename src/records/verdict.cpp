@@ -92,6 +92,13 @@ RecordState judge_record(const LockFacts& f, LockState state, bool& left_by_loop
   if (r.released_at) return RecordState::Released;
   const bool alive = f.record_pid_alive.value_or(false) && f.record_same_process.value_or(true);
   if (state == LockState::Held && !f.holders.empty()) return RecordState::Stale;
+  // Where the system names no holder (Windows), the lock tested held and the
+  // record's own process alive, told apart from any later one by its
+  // creation time, is the holder: the one confirmation that system has.
+  if (state == LockState::Held && f.tested_by_taking && f.record_pid_alive.value_or(false) &&
+      f.record_same_process.value_or(false)) {
+    return RecordState::Current;
+  }
   if (state != LockState::Free) return alive ? RecordState::Unconfirmed : RecordState::Stale;
   if (r.no_fork && record_gone(f)) return RecordState::Ended;
   if (alive && f.record_pid_alive) return RecordState::Idle;
@@ -221,7 +228,9 @@ Verdict judge(const LockFacts& f) {
   v.record = judge_record(f, v.state, v.left_by_looplock);
   if (v.state != LockState::Free) {
     v.confirm = pids_of(v.holders);
-    if (v.confirm.empty() && v.record == RecordState::Unconfirmed) v.confirm = {v.read->pid};
+    if (v.confirm.empty() && (v.record == RecordState::Unconfirmed || v.record == RecordState::Current)) {
+      v.confirm = {v.read->pid};
+    }
   }
 
   std::vector<std::string>& w = v.warnings;
@@ -255,6 +264,11 @@ Verdict judge(const LockFacts& f) {
                   (looplocks ? " (a looplock whose record could not be written: its run warned why)"
                              : " (flock(1), Python fcntl.flock or another tool)"));
     }
+  }
+  if (f.tested_by_taking && v.state == LockState::Held && v.holders.empty() && no_record && f.tested_exclusive) {
+    w.push_back(
+        "held without a current holder record, by a process the system does not name (the loop scripts' "
+        "msvcrt.locking, portalocker or another tool)");
   }
   if (v.record == RecordState::NotRead && f.exists) {
     w.push_back("the lock file cannot be read here (" + std::string(std::strerror(f.record.err ? f.record.err : EIO)) +

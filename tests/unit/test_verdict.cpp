@@ -89,11 +89,23 @@ TEST_CASE("where the system lists no holders, the lock tested by taking it: held
   CHECK(v.action.find("Sysinternals' handle.exe") != std::string::npos);
   CHECK(v.action.find("fuser") == std::string::npos);
 
-  LockFacts live = with_record(f);  // a looplock's record, its process alive
+  // No record of the holder: another tool's, named as such.
+  CHECK(any_contains(v.warnings, "held without a current holder record, by a process the system does not name"));
+
+  // A looplock's record, its process alive with the recorded creation time:
+  // the holder, the one confirmation this system has.
+  LockFacts live = with_record(f);
   v = looplock::judge(live);
-  CHECK(v.record == RecordState::Unconfirmed);
+  CHECK(v.record == RecordState::Current);
+  CHECK(v.warnings.empty());
+  CHECK(looplock::holder_phrase(v) == kRecordHolder);
   CHECK(v.confirm == std::vector<Pid>{live.record.record->pid});
   CHECK(v.action.find("(Task Manager, Process Explorer)") != std::string::npos);
+
+  // Its pid now another process's (another creation time): not the holder.
+  live.record_same_process = false;
+  v = looplock::judge(live);
+  CHECK(v.record == RecordState::Stale);
 }
 
 TEST_CASE("held by the recorded looplock: the record names the holder") {

@@ -301,8 +301,10 @@ def test_inspect_tests_the_lock_by_taking_it(loop_dir):
     try:
         report = inspect_json(loop_dir)
         assert report["kernel"]["held"] is True and report["kernel"]["mode"] == "exclusive"
-        assert report["record"]["status"] == "released"
+        assert report["record"]["status"] == "released" and report["waiters"] is None
         assert "handle.exe" in report["operator_action"] and "fuser" not in report["operator_action"]
+        assert any("without a current holder record" in w for w in report["warnings"])
+        assert looplock("--inspect", "--check", loop_dir).returncode == 1  # as on Linux
     finally:
         holder.release()
 
@@ -315,7 +317,13 @@ def test_inspect_tests_the_lock_by_taking_it(loop_dir):
         report = inspect_json(loop_dir)
         assert report["kernel"]["held"] is True
         assert report["record"]["holder"]["operation"] == "tick" and report["record"]["pid_alive"] is True
-        assert report["record"]["same_process"] is True
+        assert report["record"]["same_process"] is True and report["record"]["status"] == "current"
+        assert report["warnings"] == []
+        # A run that finds it held names that holder in its row, as on Linux.
+        assert looplock("-w", "0.5", loop_dir, "--", HELPER, "exit", "0").returncode == 75
+        row = json.loads((loop_dir / ".state.lock.incidents.jsonl").read_text().splitlines()[-1])
+        assert row["holder"]["operation"] == "tick" and row["holder_alive"] is True
+        assert row["record_status"] == "current"
         # The lock is free again once the test is over: inspect took and let go.
         assert busy(loop_dir / ".state.lock")
     finally:
@@ -395,6 +403,77 @@ def test_the_lock_id_is_the_same_however_dir_is_spelled(loop_dir):
     assert len(ids) == 1, spellings
     r = looplock(win(loop_dir).upper(), "--", "cmd", "/c", "echo %LOOPLOCK_DIR%")
     assert r.stdout.strip() == win(loop_dir)  # the canonical spelling, as the file system has it
+
+
+def test_a_dir_named_with_a_trailing_separator_locks(loop_dir):
+    for spelling in (str(loop_dir) + "/", win(loop_dir) + "\\", win(loop_dir) + "\\\\"):
+        r = looplock(spelling, "--", HELPER, "exit", "3")
+        assert r.returncode == 3 and r.stderr == "", (spelling, r.stderr)
+
+
+def test_the_holder_record_cannot_be_deleted_while_held(loop_dir):
+    record = loop_dir / ".state.lock.holder"
+    assert looplock(loop_dir, "--", HELPER, "delete", win(record)).returncode == 1
+    assert record.exists()
+    assert run(HELPER, "delete", win(record)).returncode == 0  # the control, once released
+
+
+def test_a_record_copied_from_another_loop_never_nests(loop_dir, tmp_path):
+    """The outer looplock.exe holds loop2; inside its job, a looplock.exe on
+    loop (held by the scripts' helper) finds loop's record rewritten to name
+    the outer one, with its creation time and loop's own lock_id: a live
+    ancestor, but the lock it holds is loop2's (its LOOPLOCK_LOCK_ID)."""
+    loop2 = tmp_path / "loop2"
+    loop2.mkdir()
+    assert looplock(loop_dir, "--", HELPER, "exit", "0").returncode == 0
+    lock_id = json.loads((loop_dir / ".state.lock.holder").read_text())["lock_id"]
+    holder = Holder(loop_dir / ".state.lock")
+    try:
+        inner = f'"{win(EXE)}" -n "{win(loop_dir)}" -- "{win(HELPER)}" exit 0'
+        job = subprocess.Popen(
+            [WINE, EXE, str(loop2), "-c", f'"{win(HELPER)}" lock "{win(tmp_path / "job.lock")}" & {inner}'],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert job.stdout.readline().strip() == "locked"
+        outer = json.loads((loop2 / ".state.lock.holder").read_text())
+        forged = {k: v for k, v in outer.items() if k != "check"}
+        forged["lock_id"] = lock_id
+        (loop_dir / ".state.lock.holder").write_text(json.dumps(forged) + "\n")
+        job.stdin.close()  # the job goes on to the inner looplock.exe
+        assert job.wait(timeout=TIMEOUT) == 75, job.stderr.read()
+    finally:
+        holder.release()
+
+
+def test_operations_are_named_as_on_linux(loop_dir):
+    def operation():
+        return json.loads((loop_dir / ".state.lock.holder").read_text())["operation"]
+    assert looplock(loop_dir, "--", HELPER, "exit", "0").returncode == 0
+    assert operation() == "winhelper"  # without ".exe"
+    assert looplock(loop_dir, "-c", "exit 0").returncode == 0
+    assert operation() == "cmd"  # -c runs cmd.exe
+    assert looplock(loop_dir, "--", "python.exe", r"Z:\x\status.py", "--tick").returncode == 127
+    assert operation() == "status.py"  # the script, never a path
+
+
+def test_a_directory_is_no_program(loop_dir):
+    r = looplock(loop_dir, "--", win(loop_dir))
+    assert r.returncode == 126, r.stderr
+    assert "chmod" not in r.stderr
+
+
+def test_version_says_etcd_is_not_available_here():
+    r = looplock("--version")
+    assert r.returncode == 0
+    assert "not available on this system" in r.stdout and "install" not in r.stdout.split("etcd", 1)[1]
+
+
+def test_inspect_check_does_not_judge_windows_files_by_posix_modes(loop_dir, tmp_path):
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    assert looplock("--metrics-dir", metrics, loop_dir, "--", HELPER, "exit", "0").returncode == 0
+    r = looplock("--inspect", "--check", "--metrics-dir", metrics, loop_dir)
+    assert r.returncode == 0, r.stdout
+    assert "umask" not in r.stdout and "chmod" not in r.stdout
 
 
 WINE_CANNOT = "wine does not do what Windows does here; the man page's WINDOWS section says what looplock relies on"

@@ -140,8 +140,15 @@ std::string path_in_dir(std::string_view dir, std::string_view name) {
 
 bool is_path_separator(char c) { return c == '/'; }
 
+std::string_view program_suffix() { return {}; }
+
 Abilities abilities() {
-  return {.exec = true, .signals = true, .inherited_lock = true, .cluster = true, .advisory_locks = true};
+  return {.exec = true,
+          .signals = true,
+          .inherited_lock = true,
+          .cluster = true,
+          .advisory_locks = true,
+          .permission_bits = true};
 }
 
 Pid own_pid() { return getpid(); }

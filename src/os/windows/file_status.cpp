@@ -53,7 +53,14 @@ bool status_of_fd(int fd, FileStatus& out) {
   return true;
 }
 
-bool status_of_path(const std::string& path, FileStatus& out) {
+bool status_of_path(const std::string& given, FileStatus& out) {
+  // The C runtime's stat fails on a directory named with a trailing
+  // separator ("loop\\"), which every Windows tool writes: it is stripped,
+  // but from a root ("C:\\", "\\").
+  std::string path = given;
+  while (path.size() > 1 && (path.back() == '\\' || path.back() == '/') && !(path.size() == 3 && path[1] == ':')) {
+    path.pop_back();
+  }
   struct _stat64 st {};
   if (_wstat64(windows::widen(path).c_str(), &st) != 0) return false;
   const HANDLE h = CreateFileW(windows::widen(path).c_str(), 0, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE,

@@ -220,6 +220,10 @@ public:
     }
     const auto program = program_path(spec.argv[0], spec.env);
     if (!program) return Failure{.err = windows::errno_of(GetLastError()), .of = Failure::Of::Command};
+    const DWORD attributes = GetFileAttributesW(program->c_str());
+    if (attributes != INVALID_FILE_ATTRIBUTES && (attributes & FILE_ATTRIBUTE_DIRECTORY)) {
+      return Failure{.err = EACCES, .of = Failure::Of::Command};  // found, and not a program: 126
+    }
     Handle job(CreateJobObjectW(nullptr, nullptr));  // no security attributes: never inherited
     if (!job.h) return system_failure("cannot create a job object for the command");
     JOBOBJECT_EXTENDED_LIMIT_INFORMATION limits{};

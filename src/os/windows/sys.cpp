@@ -184,6 +184,8 @@ std::string path_in_dir(std::string_view dir, std::string_view name) {
 
 bool is_path_separator(char c) { return c == '/' || c == '\\'; }
 
+std::string_view program_suffix() { return ".exe"; }
+
 // No exec, no signals, a lock never inherited (a byte-range lock is held by
 // the handle, which no command gets), and no etcd transport built yet.
 Abilities abilities() { return {}; }
