@@ -14,6 +14,7 @@ says what the design does about each.
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -474,6 +475,136 @@ def test_inspect_check_does_not_judge_windows_files_by_posix_modes(loop_dir, tmp
     r = looplock("--inspect", "--check", "--metrics-dir", metrics, loop_dir)
     assert r.returncode == 0, r.stdout
     assert "umask" not in r.stdout and "chmod" not in r.stdout
+
+
+LINUX = os.environ.get("LOOPLOCK_LINUX", "")
+
+
+def normalized(text, loop_dir):
+    """A run's stderr with what differs by nature taken out: the DIR as
+    spelled, pids, durations, and the holder the system cannot name on
+    Windows (the WINDOWS section's list)."""
+    for spelling in (win(loop_dir), str(loop_dir)):
+        text = text.replace(spelling, "DIR")
+    text = re.sub(r"by pid \d+ \(\w+\): no looplock record", "by HOLDER", text)
+    text = text.replace("by another process (the kernel does not say which)", "by HOLDER")
+    text = re.sub(r"\d+(\.\d+)?(ms|s)\b", "T", text)
+    return re.sub(r"\bpid \d+", "pid N", text)
+
+
+def log_facts(stderr, loop_dir):
+    """Text lines normalized; JSON lines as their level, event, normalized
+    message and hint, and keys (holder_pids and warnings say what Windows
+    cannot tell, ts, pid and lock_id what differs by nature)."""
+    facts = []
+    for line in stderr.splitlines():
+        if not line.startswith("{"):
+            facts.append(normalized(line, loop_dir))
+            continue
+        obj = json.loads(line)
+        keys = sorted(set(obj) - {"holder_pids", "warnings"})
+        facts.append((obj["level"], obj["event"], normalized(obj["message"], loop_dir),
+                      normalized(obj.get("hint", ""), loop_dir), keys))
+    return facts
+
+
+def row_facts(loop_dir):
+    rows = loop_dir / ".state.lock.incidents.jsonl"
+    if not rows.exists():
+        return None
+    row = json.loads(rows.read_text().splitlines()[-1])
+    keep = ("error_code", "policy", "deadline_ms", "holder_alive", "record_status", "killed")
+    facts = {k: row.get(k) for k in keep}
+    holder = row.get("holder")  # the run's own record when it ran: its pid, start, times are its own
+    facts["holder"] = {k: holder[k] for k in ("agent_id", "operation", "policy")} if holder else holder
+    facts["waiter"] = {k: row["waiter"][k] for k in ("agent_id", "operation")} if "waiter" in row else None
+    facts["has_warnings"] = bool(row.get("warnings"))
+    facts["keys"] = sorted(set(row) - {"holder_pids", "warnings", "ran_ms", "ran_after_term_ms"})
+    return facts
+
+
+# (options, held by another tool, Linux command, Windows command)
+SCENARIOS = [
+    (["-w", "1"], True, ["true"], [HELPER, "exit", "0"]),
+    (["-p", "monitor"], True, ["true"], [HELPER, "exit", "0"]),
+    (["-p", "single_flight"], True, ["true"], [HELPER, "exit", "0"]),
+    (["-p", "single_flight", "--skip-exit-code", "5"], True, ["true"], [HELPER, "exit", "0"]),
+    (["-n", "-E", "9"], True, ["true"], [HELPER, "exit", "0"]),
+    (["-p", "blocking"], False, ["sh", "-c", "exit 3"], [HELPER, "exit", "3"]),
+    (["--max-time", "1s"], False, ["sleep", "30"], [HELPER, "sleep", "30"]),
+    (["--log-format", "json", "-w", "0.5"], True, ["true"], [HELPER, "exit", "0"]),
+]
+
+
+@pytest.mark.skipif(not LINUX, reason="needs the Linux build ($LOOPLOCK_LINUX, the default stage's)")
+@pytest.mark.parametrize("options,held,linux_cmd,windows_cmd", SCENARIOS)
+def test_every_policy_ends_as_the_linux_build_does(tmp_path, options, held, linux_cmd, windows_cmd):
+    results = []
+    for system in ("linux", "windows"):
+        loop = tmp_path / system / "loop"
+        loop.mkdir(parents=True)
+        common = ["--agent", "a", "--operation", "op", *options]
+        if system == "linux":
+            holder = None
+            if held:
+                (loop / ".state.lock").touch()
+                holder = subprocess.Popen(["flock", str(loop / ".state.lock"), "sh", "-c", "echo locked; exec cat"],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                assert holder.stdout.readline().strip() == "locked"
+            try:
+                r = subprocess.run([LINUX, *common, str(loop), "--", *linux_cmd], capture_output=True, text=True,
+                                   timeout=TIMEOUT)
+            finally:
+                if holder:
+                    holder.stdin.close()
+                    holder.wait(timeout=TIMEOUT)
+        else:
+            holder = Holder(loop / ".state.lock") if held else None
+            try:
+                r = looplock(*common, loop, "--", *windows_cmd)
+            finally:
+                if holder:
+                    holder.release()
+        results.append((r.returncode, log_facts(r.stderr, loop), row_facts(loop)))
+    linux, windows = results
+    assert windows == linux
+
+
+@pytest.mark.skipif(not LINUX, reason="needs the Linux build ($LOOPLOCK_LINUX, the default stage's)")
+@pytest.mark.parametrize("held", [False, True])
+def test_inspect_reports_as_the_linux_build_does(tmp_path, held):
+    reports = []
+    for system in ("linux", "windows"):
+        loop = tmp_path / system / "loop"
+        loop.mkdir(parents=True)
+        if system == "linux":
+            assert subprocess.run([LINUX, str(loop), "--", "true"], timeout=TIMEOUT).returncode == 0
+            holder = None
+            if held:
+                holder = subprocess.Popen(["flock", str(loop / ".state.lock"), "sh", "-c", "echo locked; exec cat"],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                assert holder.stdout.readline().strip() == "locked"
+            try:
+                r = subprocess.run([LINUX, "--inspect", "--json", str(loop)], capture_output=True, text=True,
+                                   timeout=TIMEOUT)
+            finally:
+                if holder:
+                    holder.stdin.close()
+                    holder.wait(timeout=TIMEOUT)
+        else:
+            assert looplock(loop, "--", HELPER, "exit", "0").returncode == 0
+            holder = Holder(loop / ".state.lock") if held else None
+            try:
+                r = looplock("--inspect", "--json", loop)
+            finally:
+                if holder:
+                    holder.release()
+        j = json.loads(r.stdout)
+        reports.append({"status": r.returncode, "keys": sorted(j), "held": j["kernel"]["held"],
+                        "mode": j["kernel"]["mode"], "record": j["record"]["status"], "warnings": len(j["warnings"]),
+                        "free": j["operator_action"] == "none: the lock is free"})
+    linux, windows = reports
+    assert windows == linux
 
 
 WINE_CANNOT = "wine does not do what Windows does here; the man page's WINDOWS section says what looplock relies on"
