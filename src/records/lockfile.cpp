@@ -93,7 +93,10 @@ std::optional<Refusal> refuse_file(const sys::FileStatus& file, const sys::FileS
       (dir.mode & sys::mode::kGroupWrite) && !(dir.mode & sys::mode::kSticky) && file.group == dir.group;
   if (file.owner != euid && file.owner != dir.owner && !group_shared) {
     const std::string dir_path(shown_dir);
-    const std::string replace = "install -m 0660 -g GROUP /dev/null " + shell_word(sys::path_in_dir(dir_path, name));
+    // Windows: no mode, no group to give it; taking ownership is the fix.
+    const std::string path = shell_word(sys::path_in_dir(dir_path, name));
+    const std::string replace =
+        sys::abilities().permission_bits ? "install -m 0660 -g GROUP /dev/null " + path : "takeown /f " + path;
     return Refusal{"it is owned by uid " + std::to_string(file.owner) + ", neither you nor DIR's owner",
                    euid == dir.owner
                        ? "As DIR's owner, replace it with one of your own while nobody holds the lock (looplock "

@@ -607,6 +607,19 @@ def test_inspect_reports_as_the_linux_build_does(tmp_path, held):
     assert windows == linux
 
 
+def test_a_lock_file_another_user_owns_is_refused(loop_dir):
+    assert looplock(loop_dir, "--", HELPER, "exit", "0").returncode == 0
+    lock = loop_dir / ".state.lock"
+    os.chown(lock, 4242, 4242)  # wine shows a file of another Unix user as another SID's
+    try:
+        r = looplock(loop_dir, "--", HELPER, "exit", "0")
+        assert r.returncode == 73, r.stderr
+        assert "neither you nor DIR's owner" in r.stderr and "takeown /f" in r.stderr and "install" not in r.stderr
+    finally:
+        os.chown(lock, os.getuid(), os.getgid())
+    assert looplock(loop_dir, "--", HELPER, "exit", "0").returncode == 0  # the control
+
+
 WINE_CANNOT = "wine does not do what Windows does here; the man page's WINDOWS section says what looplock relies on"
 
 

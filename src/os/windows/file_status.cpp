@@ -1,8 +1,8 @@
 // file_status.hpp on Windows: the C runtime's stat, whose mode numbers the
 // type as POSIX does (_S_IFREG, _S_IFDIR) but copies the owner's bits to the
 // group's and others' (Microsoft's _stat documentation), so only the type
-// and the owner's bits are kept; its owner is always 0 (a Windows file is
-// owned by a SID, not a number). The identity is the volume's serial number
+// and the owner's bits are kept. Its owner is the RID of the owner's SID
+// (support.hpp's rid_of), as own_euid() is the caller's. The identity is the volume's serial number
 // and the file's 64-bit index, as GetFileInformationByHandle gives them (on
 // ReFS only FILE_ID_INFO's 128 bits are unique: not handled yet); a path is
 // opened for that without access rights, sharing all. A file without one (a
@@ -13,6 +13,7 @@
 // windows.h first: io.h needs nothing of it, but the order is the usual one.
 // clang-format off
 #include <windows.h>
+#include <aclapi.h>
 #include <io.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -28,11 +29,32 @@
 namespace looplock::sys {
 
 namespace {
-// What the C runtime's stat says, with the identity of the file open as `h`
-// where the system has one.
+// The owner of the file open as `h`, as a number (support.hpp's rid_of): a
+// file that BUILTIN\\Administrators owns counts as the caller's when the
+// caller is an elevated administrator (the files such a caller creates are
+// owned by that group); the caller's too when the owner cannot be read.
+Uid owner_of(HANDLE h) {
+  PSID owner = nullptr;
+  PSECURITY_DESCRIPTOR sd = nullptr;
+  if (h == INVALID_HANDLE_VALUE || GetSecurityInfo(h, SE_FILE_OBJECT, OWNER_SECURITY_INFORMATION, &owner, nullptr,
+                                                   nullptr, nullptr, &sd) != ERROR_SUCCESS) {
+    return own_euid();
+  }
+  Uid uid = static_cast<Uid>(windows::rid_of(owner));
+  if (IsWellKnownSid(owner, WinBuiltinAdministratorsSid)) {
+    BOOL member = FALSE;
+    if (CheckTokenMembership(nullptr, owner, &member) && member) uid = own_euid();
+  }
+  LocalFree(sd);
+  return uid;
+}
+
+// What the C runtime's stat says, with the identity and the owner of the
+// file open as `h` where the system has them.
 FileStatus from(const struct _stat64& st, HANDLE h) {
   FileStatus out;
   out.mode = st.st_mode & (_S_IFMT | 0700);
+  out.owner = owner_of(h);
   out.size = st.st_size;
   out.links = st.st_nlink;
   BY_HANDLE_FILE_INFORMATION info{};
@@ -63,8 +85,9 @@ bool status_of_path(const std::string& given, FileStatus& out) {
   }
   struct _stat64 st {};
   if (_wstat64(windows::widen(path).c_str(), &st) != 0) return false;
-  const HANDLE h = CreateFileW(windows::widen(path).c_str(), 0, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE,
-                               nullptr, OPEN_EXISTING, FILE_FLAG_BACKUP_SEMANTICS, nullptr);
+  const HANDLE h =
+      CreateFileW(windows::widen(path).c_str(), READ_CONTROL, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE,
+                  nullptr, OPEN_EXISTING, FILE_FLAG_BACKUP_SEMANTICS, nullptr);
   out = from(st, h);
   if (h != INVALID_HANDLE_VALUE) CloseHandle(h);
   return true;
@@ -73,12 +96,13 @@ bool status_of_path(const std::string& given, FileStatus& out) {
 bool status_at(int dirfd, const char* name, FileStatus& out) {
   const auto path = windows::path_in(dirfd, name);
   if (!path) return false;
-  const HANDLE h = CreateFileW(windows::widen(*path).c_str(), FILE_READ_ATTRIBUTES,
+  const HANDLE h = CreateFileW(windows::widen(*path).c_str(), FILE_READ_ATTRIBUTES | READ_CONTROL,
                                FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr, OPEN_EXISTING,
                                FILE_FLAG_BACKUP_SEMANTICS | FILE_FLAG_OPEN_REPARSE_POINT, nullptr);
   if (h == INVALID_HANDLE_VALUE) return windows::failed();
   BY_HANDLE_FILE_INFORMATION info{};
   const bool known = GetFileInformationByHandle(h, &info);
+  const Uid owner = owner_of(h);
   CloseHandle(h);
   if (!known) {
     errno = EIO;
@@ -96,6 +120,7 @@ bool status_at(int dirfd, const char* name, FileStatus& out) {
   out.inode = (static_cast<unsigned long long>(info.nFileIndexHigh) << 32) | info.nFileIndexLow;
   out.links = info.nNumberOfLinks;
   out.size = static_cast<long long>((static_cast<unsigned long long>(info.nFileSizeHigh) << 32) | info.nFileSizeLow);
+  out.owner = owner;
   return true;
 }
 

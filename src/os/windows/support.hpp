@@ -88,6 +88,15 @@ inline std::optional<std::string> narrow(const std::wstring& wide, UINT page) {
   return out;
 }
 
+// A user's number on Windows, where users are SIDs: the SID's last
+// sub-authority, its relative id (RID: 500 and up for a local or domain
+// user, 544 for BUILTIN\\Administrators); 0 when `sid` is none.
+inline unsigned rid_of(PSID sid) {
+  if (sid == nullptr || !IsValidSid(sid)) return 0;
+  const UCHAR n = *GetSidSubAuthorityCount(sid);
+  return n == 0 ? 0 : static_cast<unsigned>(*GetSidSubAuthority(sid, n - 1));
+}
+
 // `wide` as UTF-8 (an unpaired surrogate becomes U+FFFD).
 inline std::string utf8(const std::wstring& wide) { return narrow(wide, CP_UTF8).value_or(std::string()); }
 

@@ -192,9 +192,19 @@ Abilities abilities() { return {}; }
 
 Pid own_pid() { return static_cast<Pid>(GetCurrentProcessId()); }
 
-Uid own_uid() { return 0; }
+// The RID of the user this process runs as (support.hpp's rid_of), from
+// its token; 0 when it cannot be read.
+Uid own_uid() {
+  HANDLE token = nullptr;
+  if (!OpenProcessToken(GetCurrentProcess(), TOKEN_QUERY, &token)) return 0;
+  alignas(TOKEN_USER) unsigned char buf[sizeof(TOKEN_USER) + SECURITY_MAX_SID_SIZE];
+  DWORD size = 0;
+  const bool known = GetTokenInformation(token, TokenUser, buf, sizeof buf, &size) != 0;
+  CloseHandle(token);
+  return known ? static_cast<Uid>(windows::rid_of(reinterpret_cast<TOKEN_USER*>(buf)->User.Sid)) : 0;
+}
 
-Uid own_euid() { return 0; }
+Uid own_euid() { return own_uid(); }
 
 bool in_group(Gid) { return false; }
 
