@@ -193,6 +193,7 @@ UniqueFd open_record_file(const LockDir& dir) {
   sys::FileStatus st;
   if (!sys::status_of_fd(fd.get(), st)) fail_errno(exit_code::kOsError, "cannot stat " + lock_display(dir), errno);
   if (auto r = refuse_file(st, dir.st, sys::own_euid(), "holder record", kHolderName, "unsafe_lock_file", dir.path)) {
+    r->why = std::string(kHolderName) + " beside it: " + r->why;  // the message names the lock file
     refused(dir, *r);
   }
   return fd;

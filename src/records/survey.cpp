@@ -177,6 +177,13 @@ LockFacts survey_lock(const LockDir& dir, const std::string& lock_path, std::vec
     lock_stat_failed(dir, err);
   }
   if (!f.refusal) f.refusal = refuse_lock_file(st, dir.st, sys::own_euid(), dir.path);
+  sys::FileStatus record_st;
+  if (!f.refusal && record_beside_lock() && sys::status_at(dir.fd.get(), kHolderName, record_st)) {
+    // The record's own file, under the same rules (a run refuses it too).
+    f.refusal =
+        refuse_file(record_st, dir.st, sys::own_euid(), "holder record", kHolderName, "unsafe_lock_file", dir.path);
+    if (f.refusal) f.refusal->why = std::string(kHolderName) + " beside it: " + f.refusal->why;
+  }
   f.file_uid = st.owner;
   if (st.mode & sys::mode::kGroupRead) f.sharing_gid = st.group;
   f.group_can_write = (st.mode & sys::mode::kGroupWrite) != 0;

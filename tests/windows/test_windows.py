@@ -620,6 +620,17 @@ def test_a_lock_file_another_user_owns_is_refused(loop_dir):
     assert looplock(loop_dir, "--", HELPER, "exit", "0").returncode == 0  # the control
 
 
+def test_a_record_file_with_two_names_is_refused_and_inspect_says_so(loop_dir, tmp_path):
+    assert looplock(loop_dir, "--", HELPER, "exit", "0").returncode == 0
+    os.link(loop_dir / ".state.lock.holder", tmp_path / "other-name")
+    r = looplock(loop_dir, "--", HELPER, "exit", "0")
+    assert r.returncode == 73 and ".state.lock.holder beside it: it has 2 hard links" in r.stderr, r.stderr
+    r = looplock("--inspect", "--check", loop_dir)
+    assert r.returncode == 1 and "every run exits 73" in r.stdout, r.stdout
+    os.unlink(tmp_path / "other-name")
+    assert looplock("--inspect", "--check", loop_dir).returncode == 0  # the control
+
+
 WINE_CANNOT = "wine does not do what Windows does here; the man page's WINDOWS section says what looplock relies on"
 
 

@@ -84,10 +84,10 @@ bool status_of_path(const std::string& given, FileStatus& out) {
     path.pop_back();
   }
   struct _stat64 st {};
-  if (_wstat64(windows::widen(path).c_str(), &st) != 0) return false;
-  const HANDLE h =
-      CreateFileW(windows::widen(path).c_str(), READ_CONTROL, FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE,
-                  nullptr, OPEN_EXISTING, FILE_FLAG_BACKUP_SEMANTICS, nullptr);
+  if (_wstat64(windows::file_path(path).c_str(), &st) != 0) return false;
+  const HANDLE h = CreateFileW(windows::file_path(path).c_str(), READ_CONTROL,
+                               FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr, OPEN_EXISTING,
+                               FILE_FLAG_BACKUP_SEMANTICS, nullptr);
   out = from(st, h);
   if (h != INVALID_HANDLE_VALUE) CloseHandle(h);
   return true;
@@ -96,7 +96,7 @@ bool status_of_path(const std::string& given, FileStatus& out) {
 bool status_at(int dirfd, const char* name, FileStatus& out) {
   const auto path = windows::path_in(dirfd, name);
   if (!path) return false;
-  const HANDLE h = CreateFileW(windows::widen(*path).c_str(), FILE_READ_ATTRIBUTES | READ_CONTROL,
+  const HANDLE h = CreateFileW(windows::file_path(*path).c_str(), FILE_READ_ATTRIBUTES | READ_CONTROL,
                                FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr, OPEN_EXISTING,
                                FILE_FLAG_BACKUP_SEMANTICS | FILE_FLAG_OPEN_REPARSE_POINT, nullptr);
   if (h == INVALID_HANDLE_VALUE) return windows::failed();

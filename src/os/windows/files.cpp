@@ -77,7 +77,7 @@ OVERLAPPED lock_byte(LockAt at) {
 }  // namespace
 
 UniqueFd open_directory(const std::string& path) {
-  const HANDLE h = CreateFileW(windows::widen(path).c_str(), FILE_READ_ATTRIBUTES,
+  const HANDLE h = CreateFileW(windows::file_path(path).c_str(), FILE_READ_ATTRIBUTES,
                                FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr, OPEN_EXISTING,
                                FILE_FLAG_BACKUP_SEMANTICS, nullptr);
   if (h == INVALID_HANDLE_VALUE) {
@@ -128,7 +128,7 @@ UniqueFd open_in(int dirfd, const std::string& name, const OpenIn& how) {
   const DWORD attributes =
       (how.mode & 0200) || how.create == OpenIn::Create::No ? FILE_ATTRIBUTE_NORMAL : FILE_ATTRIBUTE_READONLY;
   const DWORD share = FILE_SHARE_READ | FILE_SHARE_WRITE | (how.keep_name ? 0 : FILE_SHARE_DELETE);
-  const HANDLE h = CreateFileW(windows::widen(*path).c_str(), access, share, nullptr, disposition,
+  const HANDLE h = CreateFileW(windows::file_path(*path).c_str(), access, share, nullptr, disposition,
                                attributes | FILE_FLAG_OPEN_REPARSE_POINT, nullptr);
   if (h == INVALID_HANDLE_VALUE) {
     failed();
@@ -186,7 +186,7 @@ bool rename_in(int dirfd, const std::string& from, const std::string& to) {
   const auto a = path_in(dirfd, from);
   const auto b = path_in(dirfd, to);
   if (!a || !b) return false;
-  const std::wstring wa = windows::widen(*a), wb = windows::widen(*b);
+  const std::wstring wa = windows::file_path(*a), wb = windows::file_path(*b);
   // A reader that opened `to` without sharing delete (a metrics scraper, a
   // virus scanner) holds it for a moment: tried again for up to 2 s.
   const Instant give_up = MonotonicClock::now() + std::chrono::seconds(2);
@@ -207,7 +207,7 @@ bool exchange_in(int, const std::string&, const std::string&) {
 bool remove_in(int dirfd, const std::string& name) {
   const auto path = path_in(dirfd, name);
   if (!path) return false;
-  return DeleteFileW(windows::widen(*path).c_str()) ? true : failed();
+  return DeleteFileW(windows::file_path(*path).c_str()) ? true : failed();
 }
 
 bool close_checked(UniqueFd fd) { return _close(fd.release()) == 0; }

@@ -88,6 +88,23 @@ inline std::optional<std::string> narrow(const std::wstring& wide, UINT page) {
   return out;
 }
 
+// `path` for a *W call that opens, renames or removes a file: a full path
+// of 248 characters or more (MAX_PATH, 260, less the 12 that a directory's
+// path leaves free for a file name) goes with the \\\\?\\ prefix (\\\\?\\UNC\\
+// for a share), which lifts that limit but takes the path as it is, so its
+// separators are made backslashes first. Shorter and relative paths are
+// passed as they are.
+inline std::wstring file_path(const std::string& path) {
+  std::wstring w = widen(path);
+  const bool drive = w.size() >= 3 && w[1] == L':' && (w[2] == L'\\' || w[2] == L'/');
+  const bool share = w.size() >= 2 && (w[0] == L'\\' || w[0] == L'/') && (w[1] == L'\\' || w[1] == L'/');
+  if (w.size() < MAX_PATH - 12 || !(drive || share) || w.starts_with(L"\\\\?\\")) return w;
+  for (auto& c : w) {
+    if (c == L'/') c = L'\\';
+  }
+  return drive ? L"\\\\?\\" + w : L"\\\\?\\UNC\\" + w.substr(2);
+}
+
 // A user's number on Windows, where users are SIDs: the SID's last
 // sub-authority, its relative id (RID: 500 and up for a local or domain
 // user, 544 for BUILTIN\\Administrators); 0 when `sid` is none.
