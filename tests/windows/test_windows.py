@@ -15,6 +15,8 @@ says what the design does about each.
 import json
 import os
 import re
+import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -629,6 +631,26 @@ def test_a_record_file_with_two_names_is_refused_and_inspect_says_so(loop_dir, t
     assert r.returncode == 1 and "every run exits 73" in r.stdout, r.stdout
     os.unlink(tmp_path / "other-name")
     assert looplock("--inspect", "--check", loop_dir).returncode == 0  # the control
+
+
+def in_console(*args):
+    """Runs wine ARGS with a terminal (script(1)), so that it has a console
+    whose Ctrl-C reaches every process attached to it."""
+    line = " ".join(shlex.quote(str(a)) for a in [WINE, *args])
+    return subprocess.run(["script", "-qec", line, "/dev/null"], capture_output=True, text=True, timeout=TIMEOUT)
+
+
+@pytest.mark.skipif(not shutil.which("script"), reason="needs script(1) for a console")
+def test_ctrl_c_reaches_the_job_and_looplock_exits_as_it_did(loop_dir):
+    # The control: a Windows parent without a handler dies of the console's
+    # Ctrl-C with its child, before it can say how the child exited.
+    control = in_console(HELPER, "run", HELPER, "ctrlc")
+    assert "exit " not in control.stdout
+    start = time.monotonic()
+    r = in_console(EXE, "-v", str(loop_dir), "--", HELPER, "ctrlc")
+    assert time.monotonic() - start < 15  # the job ended by the Ctrl-C, not after its 20 s
+    assert "released" in r.stdout and "the command exited with" in r.stdout, r.stdout
+    assert not busy(loop_dir / ".state.lock")
 
 
 WINE_CANNOT = "wine does not do what Windows does here; the man page's WINDOWS section says what looplock relies on"

@@ -16,6 +16,10 @@
 //   winhelper sleep SECONDS
 //   winhelper alive PID   exit 0 when process PID runs, 1 when it does not.
 //   winhelper exit CODE   exits with CODE (decimal or 0x...).
+//   winhelper ctrlc       sends Ctrl-C to every process of its console
+//                         (GenerateConsoleCtrlEvent, group 0), itself
+//                         included, then sleeps 20 s; exit 1 when it could
+//                         not send it.
 //   winhelper delete PATH DeleteFileA: exit 0 when deleted, 1 when not.
 //   winhelper hold PATH MS
 //                         opens PATH as a reader that does not share delete
@@ -133,6 +137,11 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     Sleep(static_cast<DWORD>(std::atoi(argv[3])));
     CloseHandle(h);
+    return 0;
+  }
+  if (what == "ctrlc" && argc == 2) {
+    if (!GenerateConsoleCtrlEvent(CTRL_C_EVENT, 0)) return 1;
+    Sleep(20000);
     return 0;
   }
   if (what == "delete" && argc == 3) return DeleteFileA(argv[2]) ? 0 : 1;
