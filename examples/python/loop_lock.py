@@ -231,6 +231,10 @@ def _windows_outer_holder(lock_path, env, facts, self_pid=None):
         return None
     if record.get("pid") != pid or record.get("released_at") or not record.get("pid_start"):
         return None
+    # This lock's: the ancestor exported the lock_id it holds, and the record
+    # names the same (a record copied from another loop does not).
+    if not record.get("lock_id") or env.get("LOOPLOCK_LOCK_ID") != record["lock_id"]:
+        return None
     if str(facts.created(pid)) != record["pid_start"] or facts.image_stem(pid) != "looplock":
         return None
     if not _windows_is_ancestor(pid, facts, self_pid):

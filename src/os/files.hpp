@@ -141,8 +141,7 @@ struct LockWait {
 // with SIGALRM, whatever SIGALRM's inherited disposition and mask, which
 // are given back before it returns. windows/: a blocking LockFileEx in a
 // thread of its own, on a duplicate of `fd`'s handle; at the deadline that
-// thread is left waiting, and a lock granted to it late is held until the
-// process exits.
+// thread is left waiting, and releases at once a lock granted to it later.
 LockWait lock_until(int fd, bool exclusive, Deadline deadline, Duration tick, const std::function<void()>& on_tick);
 
 }  // namespace looplock::sys

@@ -66,7 +66,7 @@ LockTarget target_of(int dirfd, const std::string& given_dir) {
   size_t base = t.canonical_dir.size();
   while (base > 0 && !sys::is_path_separator(t.canonical_dir[base - 1])) --base;
   t.loop = t.canonical_dir.substr(base);
-  if (t.loop.empty()) t.loop = t.canonical_dir;  // the root
+  if (t.loop.empty()) t.loop = t.canonical_dir.empty() ? "/" : t.canonical_dir;  // the root
   return t;
 }
 

@@ -1,5 +1,7 @@
 #include "records/nesting.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
 
 #include "os/file_status.hpp"
@@ -45,6 +47,14 @@ bool is_lock_file(int fd, const sys::FileStatus& lock_file) {
 // release between the two calls, `fd` would take the lock itself: still
 // exclusive, and `fd` then does hold it.)
 
+// Whether a process's name is looplock's, in any case (Windows' names are
+// not case-sensitive: LoopLock.exe is looplock).
+bool is_looplock_name(const std::optional<std::string>& name) {
+  if (!name || name->size() != 8) return false;
+  return std::equal(name->begin(), name->end(), "looplock",
+                    [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) == b; });
+}
+
 // Where no process inherits a lock and the system cannot say which process
 // holds one (Windows): the ancestor `pid` counts as the holder only when it
 // is a looplock with the creation time its current holder record gives it
@@ -63,7 +73,7 @@ bool recorded_ancestor_holds(const EnvList& env, Pid pid, int dirfd, const sys::
   // names the same (a record copied from another loop does not).
   const std::string lock_id = lock_id_for_path(canonical_lock_path(dirfd, ""));
   if (env_get(env, env_name::kLockId) != lock_id || read.record->lock_id != lock_id) return false;
-  if (sys::process_start(pid) != read.record->pid_start || sys::process_name(pid) != "looplock") return false;
+  if (sys::process_start(pid) != read.record->pid_start || !is_looplock_name(sys::process_name(pid))) return false;
   const UniqueFd fresh = sys::open_in(dirfd, kLockName, {.access = sys::OpenIn::Access::Read});
   if (!fresh || !is_lock_file(fresh.get(), lock_file)) return false;
   if (sys::try_lock(fresh.get(), /*exclusive=*/false)) return false;  // nobody holds it exclusively: closing undoes it

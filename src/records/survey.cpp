@@ -194,6 +194,7 @@ LockFacts survey_lock(const LockDir& dir, const std::string& lock_path, std::vec
   // (lockfile.hpp), which a lock file that never had a holder lacks.
   const UniqueFd fd = sys::open_in(dir.fd.get(), record_name(), {.access = sys::OpenIn::Access::Read});
   const int open_err = fd ? 0 : errno;
+  const bool missing_record = record_beside_lock() && open_err == ENOENT;  // no holder wrote one yet
   if (fd && !record_beside_lock()) {
     (void)sys::status_of_fd(fd.get(), st);
   }
@@ -202,10 +203,10 @@ LockFacts survey_lock(const LockDir& dir, const std::string& lock_path, std::vec
   // read once more (a bounded number of times), so that the two agree.
   for (int round = 0; round < 3; ++round) {
     f.record = fd ? read_holder(fd.get())
-                  : HolderRead{.state = open_err == ENOENT ? HolderRead::State::Empty : HolderRead::State::Error,
+                  : HolderRead{.state = missing_record ? HolderRead::State::Empty : HolderRead::State::Error,
                                .record = std::nullopt,
                                .size = 0,
-                               .err = open_err == ENOENT ? 0 : open_err};
+                               .err = missing_record ? 0 : open_err};
     errno = 0;
     auto table = sys::lock_table(st);
     f.holders.clear();

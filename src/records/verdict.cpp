@@ -228,7 +228,8 @@ Verdict judge(const LockFacts& f) {
   v.record = judge_record(f, v.state, v.left_by_looplock);
   if (v.state != LockState::Free) {
     v.confirm = pids_of(v.holders);
-    if (v.confirm.empty() && (v.record == RecordState::Unconfirmed || v.record == RecordState::Current)) {
+    if (v.confirm.empty() &&
+        (v.record == RecordState::Unconfirmed || (v.record == RecordState::Current && f.tested_by_taking))) {
       v.confirm = {v.read->pid};
     }
   }

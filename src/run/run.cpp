@@ -82,6 +82,7 @@ void Run::open() {
   plan_ = wait_plan(o_.wait.policy, o_.wait.timeout);
 
   spec_.argv = o_.command;
+  spec_.shell = o_.shell_form;
   spec_.env = ctx_.env;
   spec_.limits = o_.limits;
   wait_start_ = ctx_.start;

@@ -997,12 +997,15 @@ def loop_lock_module():
 
 def test_loop_lock_on_windows_nests_only_under_a_live_ancestor_named_by_its_record(tmp_path):
     m = loop_lock_module()
-    env = {"LOOPLOCK_HOLDER_PID": "10"}
+    env = {"LOOPLOCK_HOLDER_PID": "10", "LOOPLOCK_LOCK_ID": "0123456789abcdef"}
     lock = windows_record(tmp_path)
     assert m._windows_outer_holder(lock, env, FakeWindows(), self_pid=30) == 10
     # Each fact missing in turn: it takes the lock itself.
     assert m._windows_outer_holder(lock, env, FakeWindows(), self_pid=40) is None  # a copied environment
     assert m._windows_outer_holder(lock, {}, FakeWindows(), self_pid=30) is None
+    # The ancestor holds another loop's lock: its LOOPLOCK_LOCK_ID is that one's.
+    assert m._windows_outer_holder(lock, {**env, "LOOPLOCK_LOCK_ID": "fedcba9876543210"}, FakeWindows(),
+                                   self_pid=30) is None
     assert m._windows_outer_holder(lock, env, FakeWindows(held=False), self_pid=30) is None
     reused = FakeWindows()
     reused.time[10] = 350  # pid 10 is now a process created after this one: not its parent any more

@@ -36,7 +36,7 @@ TEST_CASE("no locked byte is read or written through another handle") {
   std::filesystem::create_directories(base);
   const bool advisory = sys::abilities().advisory_locks;
   {
-    LockDir dir = open_lock_dir(base.string());
+    LockDir dir = open_lock_dir(reinterpret_cast<const char*>(base.u8string().c_str()));  // looplock's paths are UTF-8
     LockFile file = open_lock_file(dir);
     REQUIRE(sys::try_lock(file.fd.get(), true, sys::LockAt::Start));
 

@@ -72,9 +72,12 @@ TEST_CASE("-c runs its text whole through %ComSpec% /d /s /c") {
   REQUIRE(argv.size() == 5);
   CHECK(windows::is_shell_form(argv));
   CHECK(argv[0].ends_with("cmd.exe"));
-  const auto line = windows::command_line(argv);
+  const auto line = windows::command_line(argv, /*shell=*/true);
   REQUIRE(line);
   // /s: cmd.exe strips the first and the last quote and runs the rest.
   CHECK(line->ends_with(L" /d /s /c \"echo \"a b\" & exit 3\""));
   CHECK_FALSE(windows::is_shell_form({"cmd.exe", "/c", "x"}));
+  // The same shape given after --: quoted as any argv, never passed raw.
+  const std::vector<std::string> given = {"prog.exe", "/d", "/s", "/c", "a\"b\\"};
+  CHECK(parsed(*windows::command_line(given)) == given);
 }

@@ -12,6 +12,7 @@ exit code to Linux, and implements no Ctrl-Break to a process group) is
 listed at the end as named, skipped tests; the man page's WINDOWS section
 says what the design does about each.
 """
+import contextlib
 import json
 import os
 import re
@@ -380,21 +381,36 @@ def test_the_metrics_file_counts_every_run_and_waits_out_a_reader(loop_dir, tmp_
     value, labels = runs_total(metrics, "success")
     assert value == 3 and labels["loop"] == "loop"
     (prom,) = metrics.glob("looplock_*.prom")
-    # A reader that does not share delete (a scraper, a scanner) for 0.8 s:
-    # the file is replaced once it lets go.
-    reader = subprocess.Popen([WINE, HELPER, "hold", win(prom), "800"], stdout=subprocess.PIPE, text=True)
-    assert reader.stdout.readline().strip() == "open"
-    r = looplock("--metrics-dir", metrics, loop_dir, "--", HELPER, "exit", "0")
-    assert reader.wait(timeout=TIMEOUT) == 0
-    assert r.returncode == 0 and r.stderr == "", r.stderr
+
+    def reader():
+        """A reader that does not share delete (a scraper, a scanner)."""
+        p = subprocess.Popen([WINE, HELPER, "hold", win(prom)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+        assert p.stdout.readline().strip() == "open"
+        return p
+
+    # Let go while looplock tries to replace the file (its new file is
+    # written, waiting beside it): the rename then succeeds.
+    held = reader()
+    run = subprocess.Popen([WINE, EXE, "--metrics-dir", str(metrics), str(loop_dir), "--", HELPER, "exit", "0"],
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: list(metrics.glob(".looplock_*.prom.*.tmp")), 60)
+    finally:
+        held.stdin.close()
+        assert held.wait(timeout=TIMEOUT) == 0
+    assert run.wait(timeout=TIMEOUT) == 0
+    assert run.stderr.read() == ""
     assert runs_total(metrics, "success")[0] == 4
-    # The control: one that holds it past the retries costs one warning, and
-    # never the run's status; the next run counts both.
-    reader = subprocess.Popen([WINE, HELPER, "hold", win(prom), "6000"], stdout=subprocess.PIPE, text=True)
-    assert reader.stdout.readline().strip() == "open"
-    r = looplock("--metrics-dir", metrics, loop_dir, "--", HELPER, "exit", "0")
+    # The control: a reader that holds it past the retries costs one warning,
+    # never the run's status; the next run counts on.
+    held = reader()
+    try:
+        r = looplock("--metrics-dir", metrics, loop_dir, "--", HELPER, "exit", "0")
+    finally:
+        held.stdin.close()
+        assert held.wait(timeout=TIMEOUT) == 0
     assert r.returncode == 0 and "cannot update the metrics" in r.stderr and "chmod" not in r.stderr, r.stderr
-    assert reader.wait(timeout=TIMEOUT) == 0
     assert looplock("--metrics-dir", metrics, loop_dir, "--", HELPER, "exit", "0").returncode == 0
     assert runs_total(metrics, "success")[0] == 5  # the run whose update failed is not counted: as on Linux
 
@@ -538,35 +554,47 @@ SCENARIOS = [
 ]
 
 
+@contextlib.contextmanager
+def held_by_another_tool(system, loop, held):
+    """The lock of LOOP held, while the block runs, by the tool each system's
+    scripts use: flock(1) on Linux, the C runtime's _locking on Windows."""
+    if not held:
+        yield
+        return
+    if system == "windows":
+        holder = Holder(loop / ".state.lock")
+        try:
+            yield
+        finally:
+            holder.release()
+        return
+    (loop / ".state.lock").touch()
+    holder = subprocess.Popen(["flock", str(loop / ".state.lock"), "sh", "-c", "echo locked; exec cat"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        yield
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=TIMEOUT)
+
+
+def run_on(system, *args):
+    """looplock ARGS on the Linux build or looplock.exe under wine."""
+    if system == "windows":
+        return looplock(*args)
+    return subprocess.run([LINUX, *map(str, args)], capture_output=True, text=True, timeout=TIMEOUT)
+
+
 @pytest.mark.skipif(not LINUX, reason="needs the Linux build ($LOOPLOCK_LINUX, the default stage's)")
 @pytest.mark.parametrize("options,held,linux_cmd,windows_cmd", SCENARIOS)
 def test_every_policy_ends_as_the_linux_build_does(tmp_path, options, held, linux_cmd, windows_cmd):
     results = []
-    for system in ("linux", "windows"):
+    for system, command in (("linux", linux_cmd), ("windows", windows_cmd)):
         loop = tmp_path / system / "loop"
         loop.mkdir(parents=True)
-        common = ["--agent", "a", "--operation", "op", *options]
-        if system == "linux":
-            holder = None
-            if held:
-                (loop / ".state.lock").touch()
-                holder = subprocess.Popen(["flock", str(loop / ".state.lock"), "sh", "-c", "echo locked; exec cat"],
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-                assert holder.stdout.readline().strip() == "locked"
-            try:
-                r = subprocess.run([LINUX, *common, str(loop), "--", *linux_cmd], capture_output=True, text=True,
-                                   timeout=TIMEOUT)
-            finally:
-                if holder:
-                    holder.stdin.close()
-                    holder.wait(timeout=TIMEOUT)
-        else:
-            holder = Holder(loop / ".state.lock") if held else None
-            try:
-                r = looplock(*common, loop, "--", *windows_cmd)
-            finally:
-                if holder:
-                    holder.release()
+        with held_by_another_tool(system, loop, held):
+            r = run_on(system, "--agent", "a", "--operation", "op", *options, loop, "--", *command)
         results.append((r.returncode, log_facts(r.stderr, loop), row_facts(loop)))
     linux, windows = results
     assert windows == linux
@@ -576,31 +604,12 @@ def test_every_policy_ends_as_the_linux_build_does(tmp_path, options, held, linu
 @pytest.mark.parametrize("held", [False, True])
 def test_inspect_reports_as_the_linux_build_does(tmp_path, held):
     reports = []
-    for system in ("linux", "windows"):
+    for system, command in (("linux", ["true"]), ("windows", [HELPER, "exit", "0"])):
         loop = tmp_path / system / "loop"
         loop.mkdir(parents=True)
-        if system == "linux":
-            assert subprocess.run([LINUX, str(loop), "--", "true"], timeout=TIMEOUT).returncode == 0
-            holder = None
-            if held:
-                holder = subprocess.Popen(["flock", str(loop / ".state.lock"), "sh", "-c", "echo locked; exec cat"],
-                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-                assert holder.stdout.readline().strip() == "locked"
-            try:
-                r = subprocess.run([LINUX, "--inspect", "--json", str(loop)], capture_output=True, text=True,
-                                   timeout=TIMEOUT)
-            finally:
-                if holder:
-                    holder.stdin.close()
-                    holder.wait(timeout=TIMEOUT)
-        else:
-            assert looplock(loop, "--", HELPER, "exit", "0").returncode == 0
-            holder = Holder(loop / ".state.lock") if held else None
-            try:
-                r = looplock("--inspect", "--json", loop)
-            finally:
-                if holder:
-                    holder.release()
+        assert run_on(system, loop, "--", *command).returncode == 0
+        with held_by_another_tool(system, loop, held):
+            r = run_on(system, "--inspect", "--json", loop)
         j = json.loads(r.stdout)
         reports.append({"status": r.returncode, "keys": sorted(j), "held": j["kernel"]["held"],
                         "mode": j["kernel"]["mode"], "record": j["record"]["status"], "warnings": len(j["warnings"]),
@@ -653,25 +662,39 @@ def test_ctrl_c_reaches_the_job_and_looplock_exits_as_it_did(loop_dir):
     assert not busy(loop_dir / ".state.lock")
 
 
-WINE_CANNOT = "wine does not do what Windows does here; the man page's WINDOWS section says what looplock relies on"
+def test_a_batch_file_runs_only_through_c(loop_dir, tmp_path):
+    """cmd.exe reads a batch file's arguments by rules of its own: given
+    after --, an argument could run a command ("BatBadBut")."""
+    script = tmp_path / "tick.bat"
+    script.write_text("@exit /b 7\r\n")
+    r = looplock(loop_dir, "--", win(script), '"&echo pwned')
+    assert r.returncode == 126 and "pwned" not in r.stdout and "batch file with -c" in r.stderr, r
+    assert looplock(loop_dir, "-c", f'"{win(script)}"').returncode == 7
 
 
-@pytest.mark.skip(reason=WINE_CANNOT + ": byte-range locks are mandatory on Windows (no other handle reads byte 0)")
-def test_windows_denies_a_locked_byte_to_other_handles():
-    pass
+def test_a_program_named_with_a_path_is_found_from_the_working_directory(loop_dir, tmp_path):
+    sub = tmp_path / "tools"
+    sub.mkdir()
+    (sub / "helper.exe").write_bytes(Path(HELPER).read_bytes())
+    r = looplock(loop_dir, "--", "tools\\helper", "exit", "7", cwd=tmp_path)
+    assert r.returncode == 7, r.stderr
+    assert looplock(loop_dir, "--", "tools\\missing", cwd=tmp_path).returncode == 127
 
 
-@pytest.mark.skip(reason=WINE_CANNOT + ": Windows may release a lock some time after its process exits")
-def test_windows_releases_a_dead_holders_lock_late():
-    pass
+# What wine does not do as Windows does: named, skipped tests, each with its
+# reason; the man page's WINDOWS section says what looplock relies on.
+WINE_CANNOT = {
+    "windows_denies_a_locked_byte_to_other_handles":
+        "byte-range locks are mandatory on Windows (no other handle reads byte 0); wine enforces none",
+    "windows_releases_a_dead_holders_lock_late":
+        "Windows may release a lock some time after its process exits; wine releases it at once",
+    "the_scripts_blocking_helper_gives_up_after_about_10_s":
+        "_locking(_LK_LOCK) retries 10 times 1 s apart on Windows (10 ms apart in wine)",
+    "ctrl_break_reaches_the_job_and_looplock_exits_as_it_did":
+        "CTRL_BREAK_EVENT to a process group is not implemented in wine",
+}
 
 
-@pytest.mark.skip(reason=WINE_CANNOT + ": _locking(_LK_LOCK) retries 10 times 1 s apart on Windows (10 ms in wine)")
-def test_the_scripts_blocking_helper_gives_up_after_about_10_s():
-    pass
-
-
-@pytest.mark.skip(reason=WINE_CANNOT + ": CTRL_BREAK_EVENT to a process group is not implemented in wine")
-def test_ctrl_break_reaches_the_job_and_looplock_exits_as_it_did():
-    pass
-
+@pytest.mark.parametrize("name", list(WINE_CANNOT))
+def test_what_wine_cannot_check(name):
+    pytest.skip(f"wine does not do what Windows does here: {WINE_CANNOT[name]}")

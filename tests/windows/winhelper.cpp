@@ -21,10 +21,9 @@
 //                         included, then sleeps 20 s; exit 1 when it could
 //                         not send it.
 //   winhelper delete PATH DeleteFileA: exit 0 when deleted, 1 when not.
-//   winhelper hold PATH MS
-//                         opens PATH as a reader that does not share delete
+//   winhelper hold PATH   opens PATH as a reader that does not share delete
 //                         (a metrics scraper, a virus scanner), prints "open",
-//                         and closes it after MS milliseconds.
+//                         and closes it once its stdin ends.
 //   winhelper args [ARG]...
 //                         prints each argument as the C runtime's rules
 //                         (CommandLineToArgvW) read its command line, in
@@ -129,13 +128,15 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  if (what == "hold" && argc == 4) {
+  if (what == "hold" && argc == 3) {
     HANDLE h =
         CreateFileA(argv[2], GENERIC_READ, FILE_SHARE_READ | FILE_SHARE_WRITE, nullptr, OPEN_EXISTING, 0, nullptr);
     if (h == INVALID_HANDLE_VALUE) return 3;
     std::puts("open");
     std::fflush(stdout);
-    Sleep(static_cast<DWORD>(std::atoi(argv[3])));
+    char buf[64];
+    while (std::fgets(buf, sizeof buf, stdin)) {
+    }
     CloseHandle(h);
     return 0;
   }

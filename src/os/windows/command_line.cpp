@@ -27,12 +27,12 @@ bool is_shell_form(const std::vector<std::string>& argv) {
   return argv.size() == 5 && argv[1] == "/d" && argv[2] == "/s" && argv[3] == "/c";
 }
 
-std::optional<std::wstring> command_line(const std::vector<std::string>& argv) {
+std::optional<std::wstring> command_line(const std::vector<std::string>& argv, bool shell) {
   if (argv.empty() || argv[0].find('"') != std::string::npos) return std::nullopt;
   const std::wstring program = widen(argv[0]);
   std::wstring line =
       program.empty() || program.find_first_of(L" \t") != std::wstring::npos ? L"\"" + program + L"\"" : program;
-  if (is_shell_form(argv)) return line + L" /d /s /c \"" + widen(argv[4]) + L"\"";
+  if (shell && is_shell_form(argv)) return line + L" /d /s /c \"" + widen(argv[4]) + L"\"";
   for (size_t i = 1; i < argv.size(); ++i) line += L" " + quoted_argument(widen(argv[i]));
   return line;
 }

@@ -8,9 +8,10 @@
 // backslashes before it (or before the closing quote) are doubled. The
 // program name (argv[0]) is read by a rule of its own: up to the next space,
 // or between double quotes with no escapes, so it cannot hold a double
-// quote. cmd.exe reads its line by none of these rules: the form
-// shell_argv() makes (%ComSpec% /d /s /c TEXT) passes TEXT whole, between
-// one pair of quotes that /s strips.
+// quote. cmd.exe reads its line by none of these rules: -c's argv
+// (shell_argv(): %ComSpec% /d /s /c TEXT) passes TEXT whole, between one
+// pair of quotes that /s strips; any other argv of that shape is quoted as
+// usual.
 #pragma once
 
 #include <optional>
@@ -19,14 +20,15 @@
 
 namespace looplock::sys::windows {
 
-// `argv` (UTF-8) as one UTF-16 command line; nullopt when argv is empty or
+// `argv` (UTF-8) as one UTF-16 command line (`shell`: argv is
+// shell_argv()'s, its text passed whole); nullopt when argv is empty or
 // argv[0] holds a double quote.
-std::optional<std::wstring> command_line(const std::vector<std::string>& argv);
+std::optional<std::wstring> command_line(const std::vector<std::string>& argv, bool shell = false);
 
 // One argument quoted as the C runtime reads it back.
 std::wstring quoted_argument(const std::wstring& arg);
 
-// Whether `argv` is the form shell_argv() makes for -c.
+// Whether `argv` has the form shell_argv() makes for -c.
 bool is_shell_form(const std::vector<std::string>& argv);
 
 }  // namespace looplock::sys::windows

@@ -30,14 +30,21 @@ namespace looplock::sys {
 
 namespace {
 // The owner of the file open as `h`, as a number (support.hpp's rid_of): a
-// file that BUILTIN\\Administrators owns counts as the caller's when the
+// file that BUILTIN\Administrators owns counts as the caller's when the
 // caller is an elevated administrator (the files such a caller creates are
-// owned by that group); the caller's too when the owner cannot be read.
+// owned by that group). An owner that cannot be read is nobody's (a run
+// refuses the file), but a file system that keeps no owner (FAT) gives
+// every file to the caller.
+constexpr Uid kUnknownOwner = static_cast<Uid>(0xfffffffdU);
 Uid owner_of(HANDLE h) {
   PSID owner = nullptr;
   PSECURITY_DESCRIPTOR sd = nullptr;
   if (h == INVALID_HANDLE_VALUE || GetSecurityInfo(h, SE_FILE_OBJECT, OWNER_SECURITY_INFORMATION, &owner, nullptr,
                                                    nullptr, nullptr, &sd) != ERROR_SUCCESS) {
+    return kUnknownOwner;
+  }
+  if (owner == nullptr) {
+    LocalFree(sd);
     return own_euid();
   }
   Uid uid = static_cast<Uid>(windows::rid_of(owner));

@@ -21,6 +21,7 @@
 #include "os/files.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <memory>
@@ -77,7 +78,8 @@ OVERLAPPED lock_byte(LockAt at) {
 }  // namespace
 
 UniqueFd open_directory(const std::string& path) {
-  const HANDLE h = CreateFileW(windows::file_path(path).c_str(), FILE_READ_ATTRIBUTES,
+  // READ_CONTROL: its owner is read through this handle (file_status.hpp).
+  const HANDLE h = CreateFileW(windows::file_path(path).c_str(), FILE_READ_ATTRIBUTES | READ_CONTROL,
                                FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr, OPEN_EXISTING,
                                FILE_FLAG_BACKUP_SEMANTICS, nullptr);
   if (h == INVALID_HANDLE_VALUE) {
@@ -269,9 +271,12 @@ namespace {
 // caller's handle (the same file object, so the same lock): the caller waits
 // for it with a deadline, and at the deadline leaves it waiting. The thread
 // and its handle then live on until looplock exits; a lock granted to them
-// late is released then. No overlapped wait: one that has to wait never
+// after the caller gave up is released at once by the thread itself (`state`
+// says which came first). No overlapped wait: one that has to wait never
 // completes under wine.
 struct BlockingLock {
+  enum State { Waiting, Granted, Abandoned };
+  std::atomic<int> state{Waiting};
   HANDLE handle = nullptr;
   HANDLE done = nullptr;  // set once LockFileEx has returned
   DWORD flags = 0;
@@ -300,6 +305,11 @@ std::shared_ptr<BlockingLock> start_blocking_lock(int fd, bool exclusive) {
     std::thread([wait] {
       OVERLAPPED at = lock_byte(LockAt::Start);
       wait->error = LockFileEx(wait->handle, wait->flags, 0, 1, 0, &at) ? 0 : GetLastError();
+      int waiting = BlockingLock::Waiting;
+      if (wait->error == 0 && !wait->state.compare_exchange_strong(waiting, BlockingLock::Granted)) {
+        OVERLAPPED again = lock_byte(LockAt::Start);  // granted too late: nobody holds it on purpose
+        UnlockFileEx(wait->handle, 0, 1, 0, &again);
+      }
       SetEvent(wait->done);
     }).detach();
   } catch (const std::system_error& e) {
@@ -329,14 +339,25 @@ LockWait lock_until(int fd, bool exclusive, Deadline deadline, Duration tick, co
       const auto left = std::chrono::ceil<std::chrono::milliseconds>(*until - MonotonicClock::now()).count();
       ms = static_cast<DWORD>(std::clamp<long long>(left, 0, INFINITE - 1));
     }
-    // A lock granted by the deadline is taken, even when it is seen late.
-    if (WaitForSingleObject(wait->done, ms) == WAIT_OBJECT_0) {
+    const DWORD r = WaitForSingleObject(wait->done, ms);
+    if (r == WAIT_OBJECT_0) {
       if (wait->error == 0) return {LockWait::End::Locked};
       return {.end = LockWait::End::LockFailed,
               .failure = {.what = "cannot lock", .err = windows::errno_of(wait->error)}};
     }
+    if (r == WAIT_FAILED) {
+      return {.end = LockWait::End::TimerFailed,
+              .failure = {.what = "cannot wait for the lock's thread", .err = windows::errno_of(GetLastError())}};
+    }
     const Instant now = MonotonicClock::now();
-    if (deadline && now >= *deadline) return {LockWait::End::TimedOut};  // the thread is left waiting
+    if (deadline && now >= *deadline) {
+      // The thread is left waiting; a lock it was granted meanwhile is taken
+      // (granted by the deadline), one granted later it releases itself.
+      int waiting = BlockingLock::Waiting;
+      if (wait->state.compare_exchange_strong(waiting, BlockingLock::Abandoned)) return {LockWait::End::TimedOut};
+      WaitForSingleObject(wait->done, INFINITE);  // granted: the thread is about to say so
+      return {LockWait::End::Locked};
+    }
     if (next_tick && now >= *next_tick) {
       on_tick();
       next_tick = now + tick;

@@ -1,5 +1,5 @@
 // os/job_control.hpp on Windows, after Microsoft's documentation of each
-// call (wine checks most of it: tests/integration/windows/). The command is
+// call (wine checks most of it: tests/windows/). The command is
 // started with CreateProcessW, suspended, put in a Job Object of its own
 // whose handle no process inherits, and only then resumed, so that all it
 // starts is in the job from its first instruction. The job is created with
@@ -87,21 +87,44 @@ std::optional<std::string> value_in(const std::vector<std::string>& env, const s
 // the working directory); a bare name is looked up in the job's PATH, with
 // ".exe" when it has no extension (SearchPathW). Never the working
 // directory first, as CreateProcessW's own search does.
+// Whether `path` names a batch file (.bat, .cmd).
+bool is_batch_file(const std::wstring& path) {
+  const auto dot = path.find_last_of(L".\\/");
+  if (dot == std::wstring::npos || path[dot] != L'.') return false;
+  std::wstring ext = path.substr(dot);
+  for (auto& c : ext) c = static_cast<wchar_t>(std::towlower(c));
+  return ext == L".bat" || ext == L".cmd";
+}
+
 std::optional<std::wstring> program_path(const std::string& name, const std::vector<std::string>& env) {
   const std::wstring wide = windows::widen(name);
   const bool has_path = wide.find_first_of(L"\\/:") != std::wstring::npos;
-  std::wstring search;
-  if (!has_path) {
-    const auto path = value_in(env, "PATH");
-    if (!path) {
-      SetLastError(ERROR_FILE_NOT_FOUND);
-      return std::nullopt;
+  if (has_path) {
+    // Relative to the working directory, as a shell takes it (SearchPathW
+    // would look beside looplock.exe and in the system's directories
+    // first), with ".exe" when the name has no extension and no such file.
+    std::wstring full(32768, L'\0');
+    const DWORD n = GetFullPathNameW(wide.c_str(), static_cast<DWORD>(full.size()), full.data(), nullptr);
+    if (n == 0 || n >= full.size()) return std::nullopt;
+    full.resize(n);
+    if (GetFileAttributesW(full.c_str()) != INVALID_FILE_ATTRIBUTES) return full;
+    const auto base = full.find_last_of(L"\\/");
+    if (full.find(L'.', base == std::wstring::npos ? 0 : base) == std::wstring::npos &&
+        GetFileAttributesW((full + L".exe").c_str()) != INVALID_FILE_ATTRIBUTES) {
+      return full + L".exe";
     }
-    search = windows::widen(*path);
+    SetLastError(ERROR_FILE_NOT_FOUND);
+    return std::nullopt;
   }
+  const auto path = value_in(env, "PATH");
+  if (!path) {
+    SetLastError(ERROR_FILE_NOT_FOUND);
+    return std::nullopt;
+  }
+  const std::wstring search = windows::widen(*path);
   std::wstring found(32768, L'\0');
-  const DWORD n = SearchPathW(has_path ? nullptr : search.c_str(), wide.c_str(), L".exe",
-                              static_cast<DWORD>(found.size()), found.data(), nullptr);
+  const DWORD n =
+      SearchPathW(search.c_str(), wide.c_str(), L".exe", static_cast<DWORD>(found.size()), found.data(), nullptr);
   if (n == 0 || n >= found.size()) {
     if (n != 0) SetLastError(ERROR_FILENAME_EXCED_RANGE);
     return std::nullopt;
@@ -182,6 +205,10 @@ public:
       return std::nullopt;
     }
     const DWORD r = WaitForMultipleObjects(count, waits, FALSE, wait_ms);
+    if (r == WAIT_FAILED) {
+      Sleep(std::min<DWORD>(wait_ms, 20));  // never a busy loop: the job loop looks again
+      return std::nullopt;
+    }
     if (r >= WAIT_OBJECT_0 + count || waits[r - WAIT_OBJECT_0] != g_console_break) return std::nullopt;
     ResetEvent(g_console_break);
     return Forwarded{.signal = SIGINT, .asks_end = true};
@@ -213,7 +240,17 @@ private:
 class WindowsControl final : public JobControl {
 public:
   std::variant<std::unique_ptr<RunningJob>, Failure> start(const JobStart& spec) override {
-    auto line = windows::command_line(spec.argv);
+    // Ctrl-C is looplock's to take only once the job runs: while it waits
+    // for the lock, Ctrl-C ends it as it ends any console program (POSIX:
+    // INT keeps its default action until then too).
+    if (!handler_set_) {
+      ResetEvent(g_console_break);
+      if (!SetConsoleCtrlHandler(on_console_event, TRUE)) {
+        return system_failure("cannot take the console's Ctrl-C for the run (SetConsoleCtrlHandler)");
+      }
+      handler_set_ = true;
+    }
+    auto line = windows::command_line(spec.argv, spec.shell);
     if (!line) {
       return Failure{.what = "cannot start the command: Windows cannot pass a program name that holds a double quote",
                      .err = EINVAL};
@@ -224,6 +261,10 @@ public:
     if (attributes != INVALID_FILE_ATTRIBUTES && (attributes & FILE_ATTRIBUTE_DIRECTORY)) {
       return Failure{.err = EACCES, .of = Failure::Of::Command};  // found, and not a program: 126
     }
+    // A batch file would run through cmd.exe, which reads its arguments by
+    // rules of its own, not the C runtime's: an argument could run commands.
+    // It runs with -c, whose text cmd.exe reads as written.
+    if (!spec.shell && is_batch_file(*program)) return Failure{.err = EACCES, .of = Failure::Of::Command};
     Handle job(CreateJobObjectW(nullptr, nullptr));  // no security attributes: never inherited
     if (!job.h) return system_failure("cannot create a job object for the command");
     JOBOBJECT_EXTENDED_LIMIT_INFORMATION limits{};
@@ -265,6 +306,9 @@ public:
   Failure exec(const JobStart&) override {
     return {.what = "cannot replace looplock with the command: Windows has no exec (-F)", .err = ENOSYS};
   }
+
+private:
+  bool handler_set_ = false;
 };
 
 }  // namespace
@@ -279,9 +323,6 @@ std::variant<std::unique_ptr<JobControl>, Failure> take_job_control(Pid) {
   if (!g_console_break) {
     g_console_break = CreateEventW(nullptr, TRUE, FALSE, nullptr);  // manual reset, not inherited
     if (!g_console_break) return system_failure("cannot create an event for the console's Ctrl-C");
-  }
-  if (!SetConsoleCtrlHandler(on_console_event, TRUE)) {
-    return system_failure("cannot take the console's Ctrl-C for the run (SetConsoleCtrlHandler)");
   }
   return std::make_unique<WindowsControl>();
 }

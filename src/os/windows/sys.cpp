@@ -193,15 +193,16 @@ Abilities abilities() { return {}; }
 Pid own_pid() { return static_cast<Pid>(GetCurrentProcessId()); }
 
 // The RID of the user this process runs as (support.hpp's rid_of), from
-// its token; 0 when it cannot be read.
+// its token; when it cannot be read, a number no SID ends with.
 Uid own_uid() {
+  constexpr Uid kUnknown = static_cast<Uid>(0xfffffffeU);
   HANDLE token = nullptr;
-  if (!OpenProcessToken(GetCurrentProcess(), TOKEN_QUERY, &token)) return 0;
+  if (!OpenProcessToken(GetCurrentProcess(), TOKEN_QUERY, &token)) return kUnknown;
   alignas(TOKEN_USER) unsigned char buf[sizeof(TOKEN_USER) + SECURITY_MAX_SID_SIZE];
   DWORD size = 0;
   const bool known = GetTokenInformation(token, TokenUser, buf, sizeof buf, &size) != 0;
   CloseHandle(token);
-  return known ? static_cast<Uid>(windows::rid_of(reinterpret_cast<TOKEN_USER*>(buf)->User.Sid)) : 0;
+  return known ? static_cast<Uid>(windows::rid_of(reinterpret_cast<TOKEN_USER*>(buf)->User.Sid)) : kUnknown;
 }
 
 Uid own_euid() { return own_uid(); }
