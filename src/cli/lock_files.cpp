@@ -30,6 +30,8 @@ constexpr sys::Permission kWriteIn{.write = true, .search = true};  // a directo
 // Whether DIR is on a file system mounted read-only.
 bool read_only(int dirfd) { return !sys::may_access(dirfd, ".", kWrite) && errno == EROFS; }
 
+std::string create_once_hint(const LockDir& dir, const std::string& path, Uid euid);
+
 // DIR/.state.lock missing where a run cannot create it, or one the caller
 // cannot open: every run exits 73.
 void judge_lock_file(const LockDir& dir, Uid euid, std::vector<FileProblem>& out) {
@@ -43,20 +45,27 @@ void judge_lock_file(const LockDir& dir, Uid euid, std::vector<FileProblem>& out
     return;
   }
   if (errno != ENOENT) return;
-  const std::string create = "install -m 0660 /dev/null " + shell_word(path);
+  const std::string create =
+      (sys::abilities().permission_bits ? "install -m 0660 /dev/null " : "type nul > ") + shell_word(path);
   if (read_only(dir.fd.get())) {
     out.push_back({path, "every run exits 73: it does not exist, and DIR's file system is read-only",
                    "Create it while the file system is writable (" + create + "), or remount it read-write."});
   } else if (!sys::may_access(dir.fd.get(), ".", kWriteIn)) {
     out.push_back({path, "every run by you exits 73: it does not exist, and you cannot create it in DIR",
-                   "Let DIR's owner create it once (install -m 0660 -g GROUP /dev/null " + shell_word(path) +
-                       " for a group), or run as DIR's owner."});
+                   sys::abilities().permission_bits
+                       ? "Let DIR's owner create it once (install -m 0660 -g GROUP /dev/null " + shell_word(path) +
+                             " for a group), or run as DIR's owner."
+                       : create_once_hint(dir, path, euid)});
   }
 }
 
 // The fix for a file the caller cannot create in DIR: DIR's owner makes
 // DIR writable (when that is the caller, for itself).
 std::string create_once_hint(const LockDir& dir, const std::string& path, Uid euid) {
+  if (!sys::abilities().permission_bits) {  // Windows: access is by ACL
+    return "Let DIR's owner or an administrator let you create files in DIR (icacls " + shell_word(dir.path) +
+           " /grant %USERNAME%:M), or create it once as one who may.";
+  }
   if (dir.st.owner == euid) return "Make DIR writable for yourself (chmod u+w " + shell_word(dir.path) + ").";
   return "Let DIR's owner make DIR writable for you, or create it once (install -m 0660 -g GROUP /dev/null " +
          shell_word(path) + " for a group).";

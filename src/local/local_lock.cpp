@@ -166,7 +166,9 @@ Acquisition LocalLock::acquire(const WaitPlan& plan, Instant start) {
 
 // Held: record who holds it.
 void LocalLock::write_record() {
-  if (file_.read_only) {
+  // Where the record has a file of its own (Windows), the lock file's access
+  // does not matter: that file's does (record_fd() says why it failed).
+  if (file_.read_only && !record_beside_lock()) {
     log_.warn(
         "read_only_lock_file",
         shown_ + " is read-only for looplock: the lock is held, but no holder record can be written (" +

@@ -112,6 +112,10 @@ std::optional<Refusal> refuse_file(const sys::FileStatus& file, const sys::FileS
 std::string unopenable_hint(const LockDir& dir, const sys::FileStatus& file, Uid euid) {
   const std::string path = lock_display(dir);
   const std::string whose = "It is uid " + std::to_string(file.owner) + "'s, mode " + octal_mode(file.mode) + ": ";
+  if (!sys::abilities().permission_bits) {  // Windows: access is by ACL
+    return "its owner or an administrator lets you read and write it (icacls " + path +
+           " /grant %USERNAME%:M), or run as a user who may open it.";
+  }
   if (euid == dir.st.owner) {
     return whose + "as DIR's owner, replace it with one of your own while nobody holds the lock (looplock --inspect " +
            shell_word(dir.path) + " says it is free): install -m 0660 -g GROUP /dev/null " + path +
