@@ -1,5 +1,7 @@
 #include "base/text.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 
 #include "os/ids.hpp"
@@ -130,6 +132,12 @@ std::string pids_text(const std::vector<Pid>& pids) {
 
 std::string pids_text(const std::vector<Pid>& pids, std::string_view one, std::string_view many) {
   return pids_text(pids) + " " + std::string(pids.size() > 1 ? many : one);
+}
+
+bool equal_ignoring_case(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
+           return std::tolower(static_cast<unsigned char>(x)) == std::tolower(static_cast<unsigned char>(y));
+         });
 }
 
 bool valid_utf8(std::string_view text) {

@@ -41,6 +41,10 @@ std::string octal_mode(unsigned mode);
 
 // Whether `text` is valid UTF-8 (no overlong forms, surrogates or code
 // points above U+10FFFF), as JSON needs it.
+// Whether `a` and `b` are the same but for the case of ASCII letters (as
+// Windows compares program names).
+bool equal_ignoring_case(std::string_view a, std::string_view b);
+
 bool valid_utf8(std::string_view text);
 
 // `text` as valid UTF-8 of at most `max_bytes` bytes: each byte that does

@@ -4,13 +4,13 @@
 
 #include <algorithm>
 #include <array>
-#include <cctype>
 #include <charconv>
 #include <string_view>
 
 #include "base/duration.hpp"
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
+#include "base/text.hpp"
 #include "cli/option_table.hpp"
 #include "os/job_control.hpp"
 #include "os/signal_names.hpp"
@@ -243,10 +243,7 @@ std::string base_name(std::string_view path) {
   // "python.exe" is "python" (Windows): one program, one operation.
   const std::string_view suffix = sys::program_suffix();
   if (!suffix.empty() && path.size() > suffix.size() &&
-      std::equal(suffix.begin(), suffix.end(), path.end() - static_cast<std::ptrdiff_t>(suffix.size()),
-                 [](char a, char b) {
-                   return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
-                 })) {
+      equal_ignoring_case(path.substr(path.size() - suffix.size()), suffix)) {
     path.remove_suffix(suffix.size());
   }
   return std::string(path);

@@ -1,9 +1,8 @@
 #include "records/nesting.hpp"
 
-#include <algorithm>
-#include <cctype>
 #include <charconv>
 
+#include "base/text.hpp"
 #include "os/file_status.hpp"
 #include "os/files.hpp"
 #include "os/ids.hpp"
@@ -49,11 +48,7 @@ bool is_lock_file(int fd, const sys::FileStatus& lock_file) {
 
 // Whether a process's name is looplock's, in any case (Windows' names are
 // not case-sensitive: LoopLock.exe is looplock).
-bool is_looplock_name(const std::optional<std::string>& name) {
-  if (!name || name->size() != 8) return false;
-  return std::equal(name->begin(), name->end(), "looplock",
-                    [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) == b; });
-}
+bool is_looplock_name(const std::optional<std::string>& name) { return name && equal_ignoring_case(*name, "looplock"); }
 
 // Where no process inherits a lock and the system cannot say which process
 // holds one (Windows): the ancestor `pid` counts as the holder only when it

@@ -77,3 +77,11 @@ TEST_CASE("printable shows bytes that are not UTF-8 as \\xNN and keeps character
   CHECK(looplock::printable("\xe2\x82\xac\x7f") == "\xe2\x82\xac\\x7f");
   CHECK(looplock::printable("\xc3") == "\\xc3");  // cut short
 }
+
+TEST_CASE("equal_ignoring_case: ASCII letters in either case, nothing else") {
+  using looplock::equal_ignoring_case;
+  CHECK(equal_ignoring_case("LoopLock", "looplock"));
+  CHECK(equal_ignoring_case(".EXE", ".exe"));
+  CHECK_FALSE(equal_ignoring_case("looplock", "looplocks"));
+  CHECK_FALSE(equal_ignoring_case("a-b", "a_b"));
+}

@@ -23,13 +23,6 @@ long long ticks(const FILETIME& t) {
   return static_cast<long long>((static_cast<unsigned long long>(t.dwHighDateTime) << 32) | t.dwLowDateTime);
 }
 
-// The creation time of the process behind `h`, as text.
-std::optional<std::string> creation_time(HANDLE h) {
-  FILETIME created{}, exited{}, kernel{}, user{};
-  if (!GetProcessTimes(h, &created, &exited, &kernel, &user)) return std::nullopt;
-  return std::to_string(ticks(created));
-}
-
 // A handle to process `pid` that can query it; nullptr (GetLastError set)
 // when there is none or it may not be opened.
 HANDLE open_process(Pid pid, DWORD access) {
@@ -40,22 +33,41 @@ HANDLE open_process(Pid pid, DWORD access) {
   return OpenProcess(access, FALSE, static_cast<DWORD>(pid));
 }
 
+// When a process was created and when it exited (0: it has not), in
+// ticks().
+struct Times {
+  long long created = 0;
+  long long exited = 0;
+};
+std::optional<Times> times_of(HANDLE h) {
+  FILETIME created{}, exited{}, kernel{}, user{};
+  if (!GetProcessTimes(h, &created, &exited, &kernel, &user)) return std::nullopt;
+  return Times{.created = ticks(created), .exited = ticks(exited)};
+}
+// Process `pid`'s, opened with the right to query only (another user's
+// process may refuse more).
+std::optional<Times> times_of(Pid pid) {
+  HANDLE h = open_process(pid, PROCESS_QUERY_LIMITED_INFORMATION);
+  if (h == nullptr) return std::nullopt;
+  const auto t = times_of(h);
+  CloseHandle(h);
+  return t;
+}
+
 }  // namespace
 
 std::optional<std::string> process_start(Pid pid) {
-  // Only the right to query: another user's process may refuse SYNCHRONIZE.
-  HANDLE h = open_process(pid, PROCESS_QUERY_LIMITED_INFORMATION);
-  if (h == nullptr) return std::nullopt;
-  FILETIME created{}, exited{}, kernel{}, user{};
-  const bool timed = GetProcessTimes(h, &created, &exited, &kernel, &user) != 0;
-  CloseHandle(h);
+  const auto t = times_of(pid);
   // An exited process whose object lives on (another handle holds it) is no
   // process any more: its exit time is set.
-  if (!timed || ticks(exited) != 0) return std::nullopt;
-  return std::to_string(ticks(created));
+  if (!t || t->exited != 0) return std::nullopt;
+  return std::to_string(t->created);
 }
 
-std::optional<std::string> own_start() { return creation_time(GetCurrentProcess()); }
+std::optional<std::string> own_start() {
+  const auto t = times_of(GetCurrentProcess());
+  return t ? std::optional<std::string>(std::to_string(t->created)) : std::nullopt;
+}
 
 bool process_alive(Pid pid) {
   HANDLE h = open_process(pid, SYNCHRONIZE);
@@ -84,14 +96,11 @@ std::optional<std::string> process_name(Pid pid) {
 }
 
 std::optional<long long> process_age_ms(Pid pid) {
-  HANDLE h = open_process(pid, PROCESS_QUERY_LIMITED_INFORMATION);
-  if (h == nullptr) return std::nullopt;
-  FILETIME created{}, exited{}, kernel{}, user{}, now{};
-  const bool timed = GetProcessTimes(h, &created, &exited, &kernel, &user) != 0;
-  CloseHandle(h);
-  if (!timed) return std::nullopt;
+  const auto t = times_of(pid);
+  if (!t) return std::nullopt;
+  FILETIME now{};
   GetSystemTimeAsFileTime(&now);
-  const long long age = (ticks(now) - ticks(created)) / 10'000;  // 100 ns units
+  const long long age = (ticks(now) - t->created) / 10'000;  // 100 ns units
   return age < 0 ? 0 : age;
 }
 
@@ -118,21 +127,13 @@ bool is_self_or_ancestor(Pid pid, Pid self) {
     parent[e.th32ProcessID] = e.th32ParentProcessID;
   }
   CloseHandle(snap);
-  auto created = [](DWORD p) -> std::optional<long long> {
-    HANDLE h = open_process(static_cast<Pid>(p), PROCESS_QUERY_LIMITED_INFORMATION);
-    if (h == nullptr) return std::nullopt;
-    FILETIME c{}, x{}, k{}, u{};
-    const bool ok = GetProcessTimes(h, &c, &x, &k, &u) != 0;
-    CloseHandle(h);
-    return ok ? std::optional<long long>(ticks(c)) : std::nullopt;
-  };
   DWORD at = static_cast<DWORD>(self);
   for (int depth = 0; depth < 1024; ++depth) {
     const auto up = parent.find(at);
     if (up == parent.end() || up->second == 0 || up->second == at) return false;
-    const auto child_time = created(at);
-    const auto parent_time = created(up->second);
-    if (!child_time || !parent_time || *parent_time > *child_time) return false;
+    const auto child = times_of(static_cast<Pid>(at));
+    const auto parent_of = times_of(static_cast<Pid>(up->second));
+    if (!child || !parent_of || parent_of->created > child->created) return false;
     if (up->second == static_cast<DWORD>(pid)) return true;
     at = up->second;
   }

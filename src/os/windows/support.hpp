@@ -90,8 +90,8 @@ inline std::optional<std::string> narrow(const std::wstring& wide, UINT page) {
 
 // `path` for a *W call that opens, renames or removes a file: a full path
 // of 248 characters or more (MAX_PATH, 260, less the 12 that a directory's
-// path leaves free for a file name) goes with the \\\\?\\ prefix (\\\\?\\UNC\\
-// for a share), which lifts that limit but takes the path as it is, so its
+// path leaves free for a file name) goes with the \\?\ prefix (\\?\UNC\ for
+// a share), which lifts that limit but takes the path as it is, so its
 // separators are made backslashes first. Shorter and relative paths are
 // passed as they are.
 inline std::wstring file_path(const std::string& path) {
