@@ -117,7 +117,7 @@ _looplock()
     if [[ -n $opt ]]; then
         case $opt in
             -p | --policy)
-                mapfile -t COMPREPLY < <(compgen -P "$prefix" -W 'mutation monitor single_flight blocking' -- "$val")
+                mapfile -t COMPREPLY < <(compgen -P "$prefix" -W 'mutation monitor single_flight blocking coalesce' -- "$val")
                 ;;
             --log-format)
                 mapfile -t COMPREPLY < <(compgen -P "$prefix" -W 'text json' -- "$val")

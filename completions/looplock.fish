@@ -79,11 +79,12 @@ complete -c looplock -n $opts -s p -l policy -x -d 'How to wait for the lock' -a
     mutation\t"wait up to 5 s, else exit 75 (default)"
     monitor\t"wait up to 1 s, else exit 75"
     single_flight\t"do not wait: skip the command and exit 0"
-    blocking\t"wait without limit"'
-complete -c looplock -n $opts -s w -l timeout -x -d 'Deadline for mutation/monitor (a duration)'
+    blocking\t"wait without limit"
+    coalesce\t"one waiter per --operation; later runs join it and skip"'
+complete -c looplock -n $opts -s w -l timeout -x -d 'Deadline for mutation/monitor/coalesce (a duration)'
 complete -c looplock -n $opts -s n -l nonblock -d 'One attempt: -w 0 (as flock -n)'
 complete -c looplock -n $opts -s E -l conflict-exit-code -x -d 'Status when the deadline passes (default 75)'
-complete -c looplock -n $opts -l skip-exit-code -x -d 'Status of a single_flight skip (default 0)'
+complete -c looplock -n $opts -l skip-exit-code -x -d 'Status of a skip: single_flight, coalesce (default 0)'
 complete -c looplock -n $opts -s s -l shared -d 'Take a shared (reader) lock'
 complete -c looplock -n $opts -s x -l exclusive -d 'Take an exclusive lock (the default)'
 complete -c looplock -n $opts -s o -l close -d 'Do not pass the lock fd to COMMAND'

@@ -9,6 +9,7 @@ std::optional<Policy> parse_policy(std::string_view name) {
   if (name == "monitor") return Policy::Monitor;
   if (name == "single_flight") return Policy::SingleFlight;
   if (name == "blocking") return Policy::Blocking;
+  if (name == "coalesce") return Policy::Coalesce;
   return std::nullopt;
 }
 
@@ -18,6 +19,7 @@ std::string_view policy_name(Policy p) {
     case Policy::Monitor: return "monitor";
     case Policy::SingleFlight: return "single_flight";
     case Policy::Blocking: return "blocking";
+    case Policy::Coalesce: return "coalesce";
   }
   return "mutation";
 }
@@ -30,12 +32,17 @@ Duration default_timeout(Policy policy) {
   }
 }
 
-bool policy_takes_timeout(Policy policy) { return policy == Policy::Mutation || policy == Policy::Monitor; }
+bool policy_takes_timeout(Policy policy) {
+  return policy == Policy::Mutation || policy == Policy::Monitor || policy == Policy::Coalesce;
+}
 
 WaitPlan wait_plan(Policy policy, std::optional<Duration> timeout) {
   switch (policy) {
     case Policy::SingleFlight: return {WaitPlan::Kind::NoWait, Duration::zero()};
     case Policy::Blocking: return {WaitPlan::Kind::Unbounded, Duration::zero()};
+    case Policy::Coalesce:
+      if (!timeout || timeout == kForever) return {WaitPlan::Kind::Unbounded, Duration::zero()};
+      return {WaitPlan::Kind::Bounded, *timeout};
     default:
       // -w inf: no deadline at all.
       if (timeout == kForever) return {WaitPlan::Kind::Unbounded, Duration::zero()};
@@ -50,6 +57,8 @@ std::string operator_action(Policy policy, const std::string& who, bool many) {
   switch (policy) {
     case Policy::Monitor: return common + "; the monitor retries at its next scheduled poll, not in a tight loop";
     case Policy::Mutation: return common + "; retry the mutation by hand once the holder has exited";
+    case Policy::Coalesce:
+      return common + "; the ticks this run absorbed (coalesced) did not run either: the next tick runs them";
     default: return common + "; retry once the holder has exited";
   }
 }

@@ -10,14 +10,16 @@
 
 namespace looplock {
 
-enum class Policy { Mutation, Monitor, SingleFlight, Blocking };
+enum class Policy { Mutation, Monitor, SingleFlight, Blocking, Coalesce };
 
 std::optional<Policy> parse_policy(std::string_view name);
 std::string_view policy_name(Policy p);
 
 // How an attempt to take a lock ended, for every kind of lock: taken, held
-// by another (a policy that does not wait), or held past the deadline.
-enum class Acquisition { Acquired, Busy, TimedOut };
+// by another (a policy that does not wait), held past the deadline, or (-p
+// coalesce) held while another run of the same operation already waits for
+// it, which this run's tick joins instead of waiting too.
+enum class Acquisition { Acquired, Busy, TimedOut, Coalesced };
 
 // How the lock is waited for.
 struct WaitPlan {
@@ -40,7 +42,8 @@ WaitPlan wait_plan(Policy policy, std::optional<Duration> timeout);
 // Default timeout of a bounded policy.
 Duration default_timeout(Policy policy);
 
-// Whether -w/--timeout is allowed with this policy.
+// Whether -w/--timeout is allowed with this policy (mutation, monitor, and
+// coalesce, whose one waiter waits without limit unless -w bounds it).
 bool policy_takes_timeout(Policy policy);
 
 // What the operator should do after a timeout under this policy (incident

@@ -7,9 +7,12 @@
 #include "base/environment.hpp"
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
+#include "os/files.hpp"
 #include "os/ids.hpp"
 #include "os/process.hpp"
 #include "os/sys.hpp"
+#include "os/unique_fd.hpp"
+#include "records/coalesce.hpp"
 #include "records/holder.hpp"
 #include "records/lock_id.hpp"
 #include "records/lockfile.hpp"
@@ -134,6 +137,7 @@ Json report_json(const InspectFacts& facts, const Verdict& v) {
     x["agent_id"] = w.agent_id ? Json(*w.agent_id) : Json(nullptr);
     x["operation"] = w.operation ? Json(*w.operation) : Json(nullptr);
     x["waiting_at_most_ms"] = w.at_most_ms ? Json(*w.at_most_ms) : Json(nullptr);
+    x["coalescing"] = w.coalescing;
     waiters.push_back(std::move(x));
   }
   j["waiters"] = f.tested_by_taking ? Json(nullptr) : std::move(waiters);  // null: the system cannot list them
@@ -219,6 +223,7 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
     }
     who += std::string("), ") + (w.exclusive ? "exclusive" : "shared");
     if (w.at_most_ms) who += ", for at most " + ms_text(*w.at_most_ms);
+    if (w.coalescing) who += "; coalescing: later -p coalesce runs of " + w.operation.value_or("?") + " skip";
     line("waiting", who);
   }
   if (facts.incidents.error != 0) {
@@ -262,7 +267,17 @@ InspectReport build_report(const InspectFacts& facts) {
 
 namespace {
 
-InspectFacts::Waiter describe_waiter(const sys::KernelLock& k) {
+// Whether looplock `pid`, waiting, sits in the seat of `operation`: the
+// seat's record names it (its pid and start time).
+bool in_seat(const LockDir& dir, Pid pid, const std::string& operation) {
+  const UniqueFd fd = sys::open_in(dir.fd.get(), coalesce_name(operation), {.access = sys::OpenIn::Access::Read});
+  if (!fd) return false;
+  const auto text = sys::pread_all(fd.get(), 64 * 1024);
+  const auto r = text ? seat_record(*text) : std::nullopt;
+  return r && r->pid == pid && r->operation == operation && r->pid_start == sys::process_start(pid).value_or("");
+}
+
+InspectFacts::Waiter describe_waiter(const sys::KernelLock& k, const LockDir& dir) {
   InspectFacts::Waiter w;
   w.pid = k.pid;
   w.exclusive = k.exclusive;
@@ -281,6 +296,7 @@ InspectFacts::Waiter describe_waiter(const sys::KernelLock& k) {
       if (auto id = looplock_identity(*argv, env)) {
         w.agent_id = clip_bytes(id->first);  // as its records will hold them
         w.operation = clip_bytes(id->second);
+        w.coalescing = in_seat(dir, k.pid, *w.operation);
       }
     }
   }
@@ -325,7 +341,7 @@ InspectReport inspect_dir(const Options& o, const std::string& path, LockKind* c
   std::vector<sys::KernelLock> waiters;
   f.lock = survey_lock(dir, sys::path_in_dir(path, kLockName), waiters);
   f.lock.stale_after_ms = ms_of(o.inspect.stale_after);
-  for (const auto& k : waiters) f.waiters.push_back(describe_waiter(k));
+  for (const auto& k : waiters) f.waiters.push_back(describe_waiter(k, dir));
   f.incidents = summarize_incidents(dir.fd.get(), o.inspect.incidents);
   try {
     LedgerRead runs = read_ledger(dir);

@@ -36,6 +36,9 @@ struct InspectFacts {
     std::optional<std::string> agent_id{};  // a looplock waiter's, when it can be read
     std::optional<std::string> operation{};
     std::optional<long long> at_most_ms{};  // the process's age: it cannot have waited longer
+    // -p coalesce: it sits in its operation's seat (records/coalesce.hpp):
+    // later coalescing runs of the operation skip while it waits.
+    bool coalescing = false;
   };
   std::vector<Waiter> waiters;
   // The run ledger of --once-per: the last run of each operation.

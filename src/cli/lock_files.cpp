@@ -8,6 +8,7 @@
 #include "os/ids.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
+#include "records/coalesce.hpp"
 #include "records/incident.hpp"
 #include "records/ledger.hpp"
 #include "records/metrics.hpp"
@@ -171,11 +172,33 @@ void judge_incidents(const LockDir& dir, Uid euid, std::vector<FileProblem>& out
 
 }  // namespace
 
+// -p coalesce's seats (records/coalesce.hpp), one per operation: a run of
+// its operation that finds the lock held refuses an unsafe one, and cannot
+// sit in one it cannot open (exit 73 either way). A missing one is made by
+// the first run that needs it.
+void judge_seats(const LockDir& dir, Uid euid, std::vector<FileProblem>& out) {
+  const auto names = sys::names_in(dir.fd.get(), kCoalescePrefix);
+  if (!names) return;
+  const std::string runs = "a -p coalesce run of its operation that finds the lock held ";
+  for (const auto& name : *names) {
+    sys::FileStatus st;
+    const std::string path = in(dir.path, name);
+    if (!sys::status_at(dir.fd.get(), name.c_str(), st)) continue;
+    if (auto r = refuse_file(st, dir.st, euid, "coalesce seat", name, "unsafe_coalesce_seat", dir.path)) {
+      out.push_back({path, runs + "refuses it (exit 73): " + r->why, r->hint});
+    } else if (!sys::may_access(dir.fd.get(), name, kRead)) {
+      out.push_back({path, runs + "by you exits 73: you cannot open it (" + owner_mode(st) + ")",
+                     share_fix(path, st, dir.st, euid)});
+    }
+  }
+}
+
 std::vector<FileProblem> judge_lock_files(const LockDir& dir, Uid euid) {
   std::vector<FileProblem> out;
   judge_lock_file(dir, euid, out);
   judge_ledger(dir, euid, out);
   judge_incidents(dir, euid, out);
+  judge_seats(dir, euid, out);
   return out;
 }
 

@@ -13,15 +13,19 @@ constexpr std::array kTable = {
   OptionSpec{.name = "policy", .letter = 'p', .value = "NAME", .section = Section::Policy, .applies = kInRun,
              .help = "mutation (wait 5 s, default), monitor (1 s),\n"
                      "single_flight (no wait: skip, exit 0),\n"
-                     "blocking (wait without limit)"},
+                     "blocking (wait without limit),\n"
+                     "coalesce (one waiter per --operation; later\n"
+                     "ticks join it and skip, exit 0)"},
   OptionSpec{.name = "timeout", .letter = 'w', .value = "DURATION", .section = Section::Policy, .applies = kInRun,
-             .help = "deadline for mutation/monitor (0: one attempt)"},
+             .help = "deadline for mutation/monitor/coalesce\n"
+                     "(0: one attempt)"},
   OptionSpec{.name = "nonblock", .letter = 'n', .section = Section::Policy, .applies = kInRun,
              .help = "one attempt: -w 0 (as flock -n)"},
   OptionSpec{.name = "conflict-exit-code", .letter = 'E', .value = "N", .section = Section::Policy, .applies = kInRun,
              .help = "status when the deadline passes (default 75)"},
   OptionSpec{.name = "skip-exit-code", .value = "N", .section = Section::Policy, .applies = kInRun,
-             .help = "status of a single_flight skip (default 0)"},
+             .help = "status of a skip (single_flight, coalesce;\n"
+                     "default 0)"},
   OptionSpec{.name = "shared", .letter = 's', .section = Section::LockAndCommand, .applies = kInRun,
              .help = "take a shared (reader) lock"},
   OptionSpec{.name = "exclusive", .letter = 'x', .section = Section::LockAndCommand, .applies = kInRun,

@@ -466,7 +466,7 @@ void read_policy(const cxxopts::ParseResult& r, Options& o) {
     auto p = parse_policy(text_of(r, "policy"));
     if (!p) {
       usage_error("unknown policy " + quote(text_of(r, "policy")),
-                  "Policies: mutation (default), monitor, single_flight, blocking.");
+                  "Policies: mutation (default), monitor, single_flight, blocking, coalesce.");
     }
     o.wait.policy = *p;
   }
@@ -476,7 +476,8 @@ void read_policy(const cxxopts::ParseResult& r, Options& o) {
     if (!policy_takes_timeout(o.wait.policy)) {
       usage_error(std::string(w ? "-w/--timeout" : "-n/--nonblock") + " does not apply to policy " +
                       std::string(policy_name(o.wait.policy)),
-                  "single_flight never waits and blocking waits without limit; use -p mutation or -p monitor with " +
+                  "single_flight never waits and blocking waits without limit; use -p mutation, -p monitor or "
+                  "-p coalesce with " +
                       std::string(w ? "-w." : "-n (or -p single_flight -q for a silent skip)."));
     }
     o.wait.timeout = w ? duration_option("timeout", text_of(r, "timeout")) : Duration::zero();
@@ -715,6 +716,13 @@ void read_command(const cxxopts::ParseResult& r, const Split& split, const Envir
                                              : (env.user_name ? env.user_name() : std::string("unknown")));
   o.identity.operation = r.count("operation") ? text_of(r, "operation")
                                               : (o.shell_form ? base_name(o.command[0]) : derive_operation(o.command));
+  // Runs coalesce by operation: a default taken from the command would let
+  // `status.py --tick` and `status.py --check-gate` absorb each other.
+  if (o.wait.policy == Policy::Coalesce && !r.count("operation")) {
+    usage_error("-p coalesce needs --operation NAME",
+                "Runs of one operation coalesce: a tick that finds one already waiting is absorbed by it. Name "
+                "the operation explicitly, e.g. looplock -p coalesce --operation tick DIR -- ./status.py --tick");
+  }
   if (o.once_per.period && o.identity.operation.size() > kMaxOncePerName) {
     usage_error("--once-per needs an operation name of at most " + std::to_string(kMaxOncePerName) + " bytes (" +
                     std::to_string(o.identity.operation.size()) + " given)",

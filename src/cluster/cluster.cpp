@@ -73,6 +73,7 @@ std::string encode_cluster_holder(const ClusterHolder& h) {
   if (!h.boot_id.empty()) j["boot_id"] = h.boot_id;
   if (!h.pid_ns.empty()) j["pid_ns"] = h.pid_ns;
   if (h.ttl_s > 0) j["ttl"] = h.ttl_s;
+  if (!h.policy.empty()) j["policy"] = h.policy;
   return dump_json(j);
 }
 
@@ -390,6 +391,7 @@ ClusterLock::Step ClusterLock::place(Queue& q, const std::vector<etcd::KeyValue>
     return Step::Again;
   }
   if (mine == queue.begin()) return Step::Ours;
+  if (coalesced(queue, mine, step_end)) return Step::Coalesced;
   if (!q.said_waiting) {
     blocker_ = holder_of(queue.front(), step_end);
     q.said_waiting = true;
@@ -399,6 +401,33 @@ ClusterLock::Step ClusterLock::place(Queue& q, const std::vector<etcd::KeyValue>
   q.before = *std::prev(mine);
   q.watch_from = revision + 1;
   return Step::Next;
+}
+
+bool ClusterLock::coalesced(const std::vector<etcd::KeyValue>& queue, std::vector<etcd::KeyValue>::const_iterator mine,
+                            Instant step_end) {
+  if (who_.policy != "coalesce" || arrival_checked_) return false;
+  arrival_checked_ = true;  // only on arrival: a run that waits is never absorbed later
+  for (auto it = std::next(queue.begin()); it != mine; ++it) {
+    const auto v = parse_cluster_holder(it->value);
+    if (!v || v->value("policy", Json("")) != "coalesce" || v->value("operation", Json("")) != who_.operation) continue;
+    coalesced_into_ = *v;
+    blocker_ = holder_of(queue.front(), step_end);
+    // Counted under the waiter's lease, so that the note goes with it.
+    if (it->lease != 0) {
+      (void)client_.put(etcd::absorbed_prefix(name_, it->lease) + etcd::lease_hex(lease_), who_.acquired_at, it->lease,
+                        bounded_by(std::max(step_end, now() + kMinAttempt)));
+    }
+    return true;
+  }
+  return false;
+}
+
+// A coalescing waiter whose deadline passed: the runs it absorbed.
+void ClusterLock::count_absorbed() {
+  if (who_.policy != "coalesce" || unavailable_now_ || lease_ == 0) return;  // at most 100 ms more
+  auto r = client_.range({.key = etcd::absorbed_prefix(name_, lease_), .prefix = true, .limit = 1},
+                         {.at = now() + kAfterDeadline});
+  if (r.ok()) absorbed_ = static_cast<int>(r.value.count);
 }
 
 // Every step of a wait ends by the next renewal: the lease is our place in
@@ -589,10 +618,15 @@ Acquisition ClusterLock::wait_in_queue(Deadline deadline) {
       q.my_rev = 0;
       continue;
     }
+    if (step == Step::Coalesced) {
+      release(kAfterDeadline);
+      return Acquisition::Coalesced;
+    }
     if (step == Step::Again || !q.before) continue;
     watch_before(q, step_end);
   }
   note_blocker(q.my_rev);
+  count_absorbed();
   release(unavailable_now_ || silent_ ? kAfterDeadline / 2 : kAfterDeadline);
   return Acquisition::TimedOut;
 }

@@ -77,6 +77,9 @@ struct ClusterHolder {
   std::string boot_id;
   std::string pid_ns;
   int ttl_s = 0;
+  // The run's policy, written when it is coalesce: a later coalescing run
+  // of the same operation finds it queued and is absorbed by it.
+  std::string policy;
 };
 std::string encode_cluster_holder(const ClusterHolder& h);
 // The holder JSON as read (any object), or nullopt when not an object.
@@ -203,8 +206,13 @@ public:
   Duration since_last_keepalive() const { return now() - last_ok_; }
   // Whether the last renewal round got no answer.
   bool renewal_failing() const { return renewal_failing_; }
-  // Set when acquire() ended Busy or TimedOut: who held the lock.
+  // Set when acquire() ended Busy, TimedOut or Coalesced: who held the lock.
   const std::optional<Json>& blocker() const { return blocker_; }
+  // -p coalesce. Coalesced: the waiter queued ahead that absorbed this run
+  // (its value). TimedOut, as such a waiter: how many runs it absorbed
+  // (nullopt when etcd could not say).
+  const std::optional<Json>& coalesced_into() const { return coalesced_into_; }
+  std::optional<int> absorbed() const { return absorbed_; }
   const std::string& endpoint() const { return client_.current_endpoint(); }
 
 private:
@@ -221,7 +229,7 @@ private:
   };
   // What a step found: the lock is ours, go on to the next step, or start
   // the round again.
-  enum class Step { Ours, Next, Again };
+  enum class Step { Ours, Next, Again, Coalesced };
   Acquisition wait_in_queue(Deadline deadline);
   Step place(Queue& q, const std::vector<etcd::KeyValue>& queue, long long revision, Instant step_end);
   void renew_in_queue(Queue& q, Instant t0, Deadline deadline);
@@ -229,6 +237,11 @@ private:
   Step read_queue(Queue& q, Instant step_end);
   void watch_before(Queue& q, Instant step_end);
   void note_blocker(long long my_rev);
+  // -p coalesce, on arrival: a coalescing waiter of the same operation
+  // queued between the holder and us absorbs this run (noted under its lease).
+  bool coalesced(const std::vector<etcd::KeyValue>& queue, std::vector<etcd::KeyValue>::const_iterator mine,
+                 Instant step_end);
+  void count_absorbed();
   // The ledger read a transaction ended with, taken off its ranges.
   std::optional<etcd::RangeResult> pop_ledger_read(etcd::TxnResult& r) const;
   bool acquired(long long revision, bool waited);
@@ -259,6 +272,9 @@ private:
   Duration ttl_granted_{0};
   Duration renewal_{0};  // how often it renews: a waiter's interval, then a holder's (settings/lease_timing.hpp)
   Instant next_renewal_{};
+  bool arrival_checked_ = false;  // -p coalesce: the queue was read once since we joined it
+  std::optional<Json> coalesced_into_;
+  std::optional<int> absorbed_;
   bool gone_ = false;  // etcd said the lease is gone
   bool lost_ = false;  // the job loop declared it lost
   Deadline lost_at_;

@@ -129,6 +129,21 @@ std::string runs_key(std::string_view name, std::string_view operation) {
   return runs_prefix(name) + lock_key_name(operation);
 }
 
+std::string absorbed_prefix(std::string_view name, long long waiter_lease) {
+  return std::string(kKeyRoot) + lock_key_name(name) + "/absorbed/" + lease_hex(waiter_lease) + "/";
+}
+
+std::optional<long long> parse_lease_hex(std::string_view hex) {
+  if (hex.empty() || hex.size() > 16) return std::nullopt;
+  unsigned long long v = 0;
+  for (char c : hex) {
+    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (d < 0) return std::nullopt;
+    v = v * 16 + static_cast<unsigned>(d);
+  }
+  return static_cast<long long>(v);
+}
+
 std::string lease_hex(long long id) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%llx", static_cast<unsigned long long>(id));
@@ -779,6 +794,11 @@ Result<bool> Client::lease_revoke(long long id, Deadline d) {
 
 Result<RangeResult> Client::range(const RangeQuery& q, Deadline d) {
   return interpret<RangeResult>(call(unary("/v3/kv/range", range_body(q), d)), "range", parse_range);
+}
+
+Result<bool> Client::put(std::string_view key, std::string_view value, long long lease, Deadline d) {
+  return interpret<bool>(call(unary("/v3/kv/put", put_body(key, value, lease), d)), "put",
+                         [](const Json&) { return std::optional<bool>(true); });
 }
 
 Result<TxnResult> Client::txn(const std::string& body, Deadline d) {

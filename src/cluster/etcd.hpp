@@ -89,6 +89,12 @@ std::string runs_key(std::string_view name, std::string_view operation);
 // The lease id as etcdctl prints it (lower-case hex), which is also the last
 // part of the lock key.
 std::string lease_hex(long long id);
+// -p coalesce: where the runs a waiter (its lease, `waiter_lease`) absorbed
+// put a key each, under the waiter's own lease (they go with it):
+// "looplock/<key name>/absorbed/<waiter lease hex>/".
+std::string absorbed_prefix(std::string_view name, long long waiter_lease);
+// A lease id as lease_hex() writes it (nullopt when it is not one).
+std::optional<long long> parse_lease_hex(std::string_view hex);
 
 // gRPC status codes, as the gateway reports them (a Result's `code`).
 namespace grpc_code {
@@ -326,6 +332,8 @@ public:
   // Ok also when the lease was already gone.
   Result<bool> lease_revoke(long long id, Deadline d);
   Result<RangeResult> range(const RangeQuery& q, Deadline d);
+  // Puts `value` at `key` under `lease` (0: none).
+  Result<bool> put(std::string_view key, std::string_view value, long long lease, Deadline d);
   Result<TxnResult> txn(const std::string& body, Deadline d);
   // Waits until `key` is deleted (at or after `start_revision`) or etcd
   // ends the watch: true when whoever waits must read again (the key was

@@ -40,6 +40,7 @@ Acquisition EtcdLock::acquire(const WaitPlan& plan, Instant start) {
   who.pid_start = sys::own_start().value_or("");
   who.boot_id = sys::boot_id();
   who.pid_ns = sys::pid_namespace();
+  if (request_.policy == Policy::Coalesce) who.policy = std::string(policy_name(request_.policy));
   const Acquisition got = lock_.acquire(plan, start, who);
   if (got != Acquisition::Acquired) return got;
   const Duration waited = MonotonicClock::now() - start;
@@ -68,6 +69,11 @@ Blocker EtcdLock::blocker() const {
                             .lease_ttl_s = h->contains("ttl") && (*h)["ttl"].is_number_integer() ? (*h)["ttl"].get<int>()
                                                                                                   : 0});
   }
+  if (const auto& w = lock_.coalesced_into()) {
+    b.waiting = describe_cluster_waiter(w);
+    b.fields["coalesce"] = Json{{"waiter", *w}};
+  }
+  if (const auto n = lock_.absorbed()) b.fields["coalesced"] = *n;
   b.action_extra = "; the cluster lock " + lock_.name() + " is held " +
                    (v.on_this_host ? "by another looplock on this host" : "on another host") + ": inspect it with '" +
                    b.inspect_hint + "'" + (v.on_this_host ? "" : " on any host") + ".";

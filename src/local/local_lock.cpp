@@ -15,6 +15,7 @@
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 #include "os/wait_status.hpp"
+#include "records/coalesce.hpp"
 #include "records/ledger.hpp"
 #include "records/survey.hpp"
 
@@ -153,7 +154,8 @@ Acquisition LocalLock::acquire(const WaitPlan& plan, Instant start) {
   // number (read before waiting, not in the critical section).
   if (mode == LockMode::Exclusive) pid_start_ = sys::own_start().value_or("");
   WaitReporter reporter(request_, log_, plan, start, shown_, holders_at_start_, said_waiting_);
-  AcquireResult res = acquire_lock(dir_, plan, mode, reporter, start);
+  AcquireResult res = request_.policy == Policy::Coalesce ? acquire_coalescing(plan, start, mode, reporter)
+                                                          : acquire_lock(dir_, plan, mode, reporter, start);
   file_ = std::move(res.file);
   if (res.status != Acquisition::Acquired) return res.status;
   log_.verbose("acquired",
@@ -162,6 +164,44 @@ Acquisition LocalLock::acquire(const WaitPlan& plan, Instant start) {
                {{"lock_id", target_.lock_id}, {"waited_ms", ms_of(res.waited)}});
   if (mode == LockMode::Exclusive) write_record();
   return Acquisition::Acquired;
+}
+
+// A free lock is taken at once; a held one is waited for by one run of the
+// operation, the one in its seat, which absorbs every later run of it that
+// comes while it waits: those skip (Coalesced). The seat is left once the
+// wait has ended, held or not.
+AcquireResult LocalLock::acquire_coalescing(const WaitPlan& plan, Instant start, LockMode mode,
+                                            AcquireObserver& reporter) {
+  AcquireObserver quiet;
+  AcquireResult first = acquire_lock(dir_, {WaitPlan::Kind::NoWait, Duration::zero()}, mode, quiet, start);
+  if (first.status == Acquisition::Acquired) return first;
+  const std::string pid_start = pid_start_.empty() ? sys::own_start().value_or("") : pid_start_;
+  const HolderRecord me{.lock_id = target_.lock_id,
+                        .pid = pid_,
+                        .pid_start = pid_start,
+                        .agent_id = request_.identity.agent,
+                        .operation = request_.identity.operation,
+                        .policy = std::string(policy_name(request_.policy)),
+                        .acquired_at = sys::utc_now_iso8601(),
+                        .released_at = std::nullopt};
+  Seat seat = take_seat(dir_, me);
+  if (!seat.taken()) {
+    seat_waiter_ = seat.waiter;
+    if (!absorb(dir_, seat, pid_, pid_start)) {
+      log_.verbose("absorb_unrecorded", errno_message("cannot note this run in " + seat.name, errno));
+    }
+    first.status = Acquisition::Coalesced;
+    return first;
+  }
+  AcquireResult res = acquire_lock(dir_, plan, mode, reporter, start);
+  absorbed_ = leave_seat(seat, me);
+  if (res.status == Acquisition::Acquired && *absorbed_ > 0) {
+    log_.verbose("coalesced",
+                 "this run absorbed " + std::to_string(*absorbed_) + " later run" + (*absorbed_ == 1 ? "" : "s") +
+                     " of " + request_.identity.operation + " while it waited",
+                 {{"coalesced", *absorbed_}});
+  }
+  return res;
 }
 
 // Held: record who holds it.
@@ -231,6 +271,12 @@ Blocker LocalLock::blocker() const {
   if (!v.confirm.empty()) {
     b.confirm = pids_text(v.confirm);
     b.many = v.confirm.size() > 1;
+  }
+  if (absorbed_) b.fields["coalesced"] = *absorbed_;
+  if (seat_waiter_) {
+    b.waiting = "pid " + std::to_string(seat_waiter_->pid) + " (agent " + printable(seat_waiter_->agent_id) +
+                ", waiting since " + seat_waiter_->acquired_at + ")";
+    b.fields["coalesce"] = Json{{"waiter", holder_to_json(*seat_waiter_)}};
   }
   return b;
 }

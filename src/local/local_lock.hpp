@@ -53,6 +53,9 @@ public:
   Ledger* ledger() override { return request_.once_per ? &ledger_ : nullptr; }
 
 private:
+  // -p coalesce: one attempt, then the operation's seat (records/coalesce.hpp)
+  // or the skip.
+  AcquireResult acquire_coalescing(const WaitPlan& plan, Instant start, LockMode mode, AcquireObserver& reporter);
   void write_record();
   // Says lock_leaked when a process the job started still holds the lock: true then.
   bool report_leaks(const JobEnd& job) const;
@@ -69,6 +72,8 @@ private:
   std::string pid_start_;
   std::optional<HolderRecord> record_;
   LocalLedger ledger_;
+  std::optional<HolderRecord> seat_waiter_;  // Coalesced: the run in the seat, when known
+  std::optional<int> absorbed_;              // -p coalesce, sat in the seat: how many runs it absorbed
 };
 
 // Inside a looplock that already holds this lock (nesting.hpp): nothing to

@@ -61,6 +61,10 @@ struct Blocker {
   std::string action_extra;            // added to the policy's operator_action
   // The holders, for matching the run ledger's entry.
   std::vector<HolderId> holder_ids;
+  // -p coalesce, a Coalesced acquisition: the run of this operation that
+  // waits for the lock, which absorbed this one ("pid 12 (agent cron,
+  // waiting since T)"; its record under fields' "coalesce").
+  std::string waiting;
 };
 
 // What the release of the stack found, filled in lock by lock (in reverse
@@ -100,7 +104,8 @@ public:
   // Takes the lock under `plan`, the deadline counting from `start`; once
   // acquired, says so with -v.
   virtual Acquisition acquire(const WaitPlan& plan, Instant start) = 0;
-  // After Busy or TimedOut: who holds it.
+  // After Busy, TimedOut or Coalesced: who holds it (and, Coalesced, who
+  // waits for it).
   virtual Blocker blocker() const = 0;
   // Once acquired: what it gives the command (its environment, a descriptor).
   virtual void export_to(CommandSpec& spec) = 0;

@@ -30,6 +30,14 @@ Json job_details(const JobEnd& job) {
 
 const char* how_it_ended(const JobEnd& job) { return job.killed ? "KILL was needed" : "TERM sufficed"; }
 
+// -p coalesce: the runs a waiter that gave up had absorbed.
+std::string absorbed_note(const Blocker& b) {
+  const auto it = b.fields.find("coalesced");
+  if (it == b.fields.end() || !it->is_number_integer() || it->get<int>() == 0) return "";
+  const int n = it->get<int>();
+  return " and the " + std::to_string(n) + " later run" + (n == 1 ? "" : "s") + " of it that it absorbed";
+}
+
 // A limit in whole ms, rounded up: one above zero is never 0 (no limit).
 long long limit_ms(Duration d) { return std::chrono::ceil<std::chrono::milliseconds>(d).count(); }
 
@@ -88,6 +96,14 @@ void Reporter::skip(const Blocker& b) const {
               fields(b));
 }
 
+void Reporter::coalesced(const Blocker& b) const {
+  log_.result("noop-coalesced",
+              "noop-coalesced: " + (b.waiting.empty() ? std::string("a run whose record cannot be read") : b.waiting) +
+                  " already waits to run " + identity_.operation + " once " + b.what + " is free (held by " + b.who +
+                  "); skipped " + identity_.operation + " (policy coalesce)",
+              fields(b));
+}
+
 void Reporter::already_run(const RunEntry& run, Duration once_per, const Blocker* holding,
                            const std::string& ledger) const {
   const std::string who = holding ? describe_run(run) + "; its run holds the lock now: " + holding->what +
@@ -121,7 +137,7 @@ void Reporter::timeout(const Blocker& b, const WaitPlan& plan, Duration waited) 
   f["deadline_ms"] = inc.deadline_ms;
   log_.error("lock_acquire_timeout",
              "lock_acquire_timeout: " + b.what + " still held after " + format_duration(waited) + " by " + b.who +
-                 "; gave up " + identity_.operation + " (policy " + inc.policy + ")",
+                 "; gave up " + identity_.operation + absorbed_note(b) + " (policy " + inc.policy + ")",
              "Run '" + b.inspect_hint + "' to see the holder; never delete the lock file.", f);
 }
 

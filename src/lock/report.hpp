@@ -48,6 +48,9 @@ public:
 
   // single_flight found the lock held: the noop-locked line.
   void skip(const Blocker& b) const;
+  // -p coalesce: a run of this operation already waits for the lock, and
+  // absorbed this one (the noop-coalesced line).
+  void coalesced(const Blocker& b) const;
   // --once-per: this lock's operation already ran in this slot (the
   // noop-already-run line). `holding`: who holds the lock, when that run
   // (its looplock, or a process of its job) holds it now; named as every

@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "os/clock.hpp"
 #include "os/failure.hpp"
@@ -74,6 +75,10 @@ bool rename_in(int dirfd, const std::string& from, const std::string& to);
 // renameat2(RENAME_EXCHANGE)); ENOENT when either is missing, EINVAL or
 // ENOSYS when the system or the file system cannot.
 bool exchange_in(int dirfd, const std::string& a, const std::string& b);
+// The names in the directory `dirfd` that start with `prefix` (posix/:
+// readdir(3) of a descriptor opened on it; windows/: FindFirstFileW), or
+// nullopt (errno set) when it cannot be listed.
+std::optional<std::vector<std::string>> names_in(int dirfd, std::string_view prefix);
 // Removes the file `name` from `dirfd`.
 bool remove_in(int dirfd, const std::string& name);
 // Closes `fd`, saying whether the close succeeded: a file system may report

@@ -121,6 +121,7 @@ std::optional<Conclusion> Run::acquire(Lock& lock) {
   std::optional<Blocker> b;
   for (bool waited_for_run = false; got != Acquisition::Acquired; waited_for_run = true) {
     b = lock.blocker();
+    if (got == Acquisition::Coalesced) break;
     const OncePer::Step slot = once_per_.on_conflict(lock, *b, waited_for_run, wait_start_);
     if (slot.skipped) return skipped();
     if (!slot.more) break;
@@ -130,6 +131,10 @@ std::optional<Conclusion> Run::acquire(Lock& lock) {
   if (got == Acquisition::Acquired) return std::nullopt;
   if (got == Acquisition::Busy) {
     reporter_.skip(*b);
+    return skipped();
+  }
+  if (got == Acquisition::Coalesced) {
+    reporter_.coalesced(*b);
     return skipped();
   }
   reporter_.timeout(*b, plan_, facts_.waited);

@@ -25,11 +25,15 @@ then exit exactly as COMMAND exited.
 Policy:
   -p, --policy NAME           mutation (wait 5 s, default), monitor (1 s),
                               single_flight (no wait: skip, exit 0),
-                              blocking (wait without limit)
-  -w, --timeout DURATION      deadline for mutation/monitor (0: one attempt)
+                              blocking (wait without limit),
+                              coalesce (one waiter per --operation; later
+                              ticks join it and skip, exit 0)
+  -w, --timeout DURATION      deadline for mutation/monitor/coalesce
+                              (0: one attempt)
   -n, --nonblock              one attempt: -w 0 (as flock -n)
   -E, --conflict-exit-code N  status when the deadline passes (default 75)
-      --skip-exit-code N      status of a single_flight skip (default 0)
+      --skip-exit-code N      status of a skip (single_flight, coalesce;
+                              default 0)
 Lock and command:
   -s, --shared                take a shared (reader) lock
   -x, --exclusive             take an exclusive lock (the default)

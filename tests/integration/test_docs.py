@@ -137,6 +137,7 @@ def runs(tmp_path_factory):
     holder = start(["--agent", "cron", loop, "--", "python3", scripts / "status.py"], env=env)
     expect_line(holder, "ready")
     waiter = start(["--agent", "ci", "-w", "60", loop, "--", "python3", scripts / "deploy.py"], env=env)
+    coalescer = None
     try:
         wait_until(lambda: waiter.pid in blocked_waiters(loop / ".state.lock"), "the waiter to block")
         for extra in (["-p", "single_flight"], ["-w", "0.1"]):
@@ -149,6 +150,14 @@ def runs(tmp_path_factory):
         R.inspect_json.append(json.loads(run(["--inspect", "--json", loop]).stdout))
         R.records.append((loop / ".state.lock").read_text())
         R.incidents += [line for line in (loop / ".state.lock.incidents.jsonl").read_text().splitlines() if line]
+        # -p coalesce: one tick waits, the next is absorbed by it.
+        coalescer = start(["--agent", "cron", "-p", "coalesce", "--operation", "tick", loop, "--", "true"], env=env,
+                          stdin=subprocess.DEVNULL)
+        wait_until(lambda: coalescer.pid in blocked_waiters(loop / ".state.lock"), "the coalescing tick to wait")
+        looplock(["-p", "coalesce", "--operation", "tick", loop, "--", "true"])
+        r = run(["--log-format", "json", "-p", "coalesce", "--operation", "tick", loop, "--", "true"], env=env)
+        R.log_json += [json.loads(line) for line in r.stderr.splitlines()]
+        R.inspect_json.append(json.loads(run(["--inspect", "--json", loop]).stdout))
         # A wait on a terminal: its status line.
         master, slave = os.openpty()
         import fcntl
@@ -171,6 +180,8 @@ def runs(tmp_path_factory):
         holder.wait(timeout=TIMEOUT)
         waiter.stdin.close()
         waiter.wait(timeout=TIMEOUT)
+        if coalescer:
+            coalescer.wait(timeout=TIMEOUT)
     # A holder killed before it could release.
     killed = start(["--agent", "cron", loop, "--", "python3", scripts / "status.py"], env=env)
     expect_line(killed, "ready")

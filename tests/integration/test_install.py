@@ -316,7 +316,7 @@ def test_zsh_completion_completes(installed, completion_paths, tmp_path):
         return found
 
     assert complete("looplock --po") == ["--policy"]
-    assert complete("looplock -qp ") == ["mutation", "monitor", "single_flight", "blocking"]
+    assert complete("looplock -qp ") == ["mutation", "monitor", "single_flight", "blocking", "coalesce"]
     assert complete("looplock --log-format j") == ["json"]
     assert complete(f"looplock -p blocking {tmp_path}/loop") == ["loopdir"]
     assert complete(f"looplock --metrics-dir {tmp_path}/loop") == ["loopdir"]
@@ -348,7 +348,7 @@ def test_fish_completion_completes(installed, completion_paths, tmp_path):
 
     assert complete("looplock --pol") == ["--policy"]
     assert complete("looplock -p s") == ["single_flight"]
-    assert sorted(complete("looplock -qp ")) == ["blocking", "monitor", "mutation", "single_flight"]
+    assert sorted(complete("looplock -qp ")) == ["blocking", "coalesce", "monitor", "mutation", "single_flight"]
     assert complete("looplock --log-format j") == ["json"]
     assert complete(f"looplock --metrics-dir {tmp_path}/loop") == [f"{loop}/"]
     assert sorted(complete(f"looplock {loop} ")) == ["--", "-c"]
@@ -374,7 +374,7 @@ def test_bash_completion_completes(installed, completion_paths, tmp_path):
     script = installed.dest / completion_paths["bash"].relative_to("/")
     assert bash_complete(script, ["looplock", "--pol"]) == ["--policy"]
     assert bash_complete(script, ["looplock", "-p", "s"]) == ["single_flight"]
-    policies = ["blocking", "monitor", "mutation", "single_flight"]
+    policies = ["blocking", "coalesce", "monitor", "mutation", "single_flight"]
     assert sorted(bash_complete(script, ["looplock", "--policy", ""])) == policies
     assert sorted(bash_complete(script, ["looplock", "-qp", ""])) == policies  # a group ending in -p
     assert bash_complete(script, ["looplock", "-qpsi"]) == ["-qpsingle_flight"]

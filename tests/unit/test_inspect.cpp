@@ -244,13 +244,20 @@ TEST_CASE("waiters: who, doing what, for how long at most") {
   InspectReport r = looplock::build_report(f);
   CHECK(r.json["waiters"].size() == 2);
   CHECK(r.json["waiters"][0] == Json::parse(R"({"pid":4321,"mode":"exclusive","command":"looplock",)"
-                                            R"("agent_id":"ci","operation":"deploy.py","waiting_at_most_ms":3200})"));
+                                            R"("agent_id":"ci","operation":"deploy.py","waiting_at_most_ms":3200,)"
+                                            R"("coalescing":false})"));
   CHECK(r.json["waiters"][1]["agent_id"].is_null());
   CHECK(r.text.find("waiting   pid 4321 (looplock: agent ci, operation deploy.py), exclusive, for at most 3.2s\n") !=
         std::string::npos);
   CHECK(r.text.find("waiting   pid 4322 (flock), shared\n") != std::string::npos);
   CHECK(warnings(r).empty());  // waiting is not a warning
   CHECK(looplock::build_report(base()).text.find("waiting   none\n") != std::string::npos);
+
+  // -p coalesce: the waiter in its operation's seat is marked.
+  f.waiters[0].coalescing = true;
+  r = looplock::build_report(f);
+  CHECK(r.json["waiters"][0]["coalescing"] == true);
+  CHECK(r.text.find("for at most 3.2s; coalescing: later -p coalesce runs of deploy.py skip\n") != std::string::npos);
 }
 
 TEST_CASE("incidents: count, malformed and the latest row; a job looplock ended ran, it did not wait") {

@@ -14,9 +14,10 @@ bool contains(const std::string& s, const std::string& needle) { return s.find(n
 }  // namespace
 
 TEST_CASE("parse_policy and policy_name") {
-  for (Policy p : {Policy::Mutation, Policy::Monitor, Policy::SingleFlight, Policy::Blocking}) {
+  for (Policy p : {Policy::Mutation, Policy::Monitor, Policy::SingleFlight, Policy::Blocking, Policy::Coalesce}) {
     CHECK(looplock::parse_policy(looplock::policy_name(p)) == p);
   }
+  CHECK(looplock::policy_name(Policy::Coalesce) == "coalesce");
   CHECK(looplock::policy_name(Policy::Mutation) == "mutation");
   CHECK(looplock::policy_name(Policy::Monitor) == "monitor");
   CHECK(looplock::policy_name(Policy::SingleFlight) == "single_flight");
@@ -59,10 +60,19 @@ TEST_CASE("wait_plan for each policy") {
   CHECK(looplock::policy_takes_timeout(Policy::Monitor));
   CHECK_FALSE(looplock::policy_takes_timeout(Policy::SingleFlight));
   CHECK_FALSE(looplock::policy_takes_timeout(Policy::Blocking));
+
+  // coalesce: its one waiter waits without limit, unless -w bounds it.
+  CHECK(looplock::policy_takes_timeout(Policy::Coalesce));
+  CHECK(looplock::wait_plan(Policy::Coalesce, std::nullopt).kind == WaitPlan::Kind::Unbounded);
+  CHECK(looplock::wait_plan(Policy::Coalesce, looplock::kForever).kind == WaitPlan::Kind::Unbounded);
+  p = looplock::wait_plan(Policy::Coalesce, 2s);
+  CHECK(p.kind == WaitPlan::Kind::Bounded);
+  CHECK(p.timeout == 2s);
+  CHECK(looplock::wait_plan(Policy::Coalesce, 0s).kind == WaitPlan::Kind::Bounded);
 }
 
 TEST_CASE("operator_action tells what to do, per policy") {
-  for (Policy p : {Policy::Mutation, Policy::Monitor, Policy::SingleFlight, Policy::Blocking}) {
+  for (Policy p : {Policy::Mutation, Policy::Monitor, Policy::SingleFlight, Policy::Blocking, Policy::Coalesce}) {
     std::string a = looplock::operator_action(p);
     CAPTURE(a);
     CHECK(contains(a, "inspect the holder (looplock --inspect DIR); confirm it is still running"));

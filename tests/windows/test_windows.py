@@ -150,6 +150,20 @@ def test_a_waiter_gets_the_lock_once_the_helper_releases_it(loop_dir):
     assert waiter.wait(timeout=TIMEOUT) == 4
 
 
+def test_a_coalescing_tick_joins_the_one_waiting_and_skips(loop_dir):
+    holder = Holder(loop_dir / ".state.lock")
+    waiter = subprocess.Popen([WINE, EXE, "-v", "-p", "coalesce", "--operation", "tick", str(loop_dir), "--", HELPER,
+                               "exit", "4"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert "waiting" in waiter.stderr.readline()
+        r = looplock("-p", "coalesce", "--operation", "tick", loop_dir, "--", HELPER, "exit", "5")
+        assert r.returncode == 0 and "noop-coalesced: " in r.stderr, r.stderr
+        assert "already waits to run tick" in r.stderr
+    finally:
+        holder.release()
+    assert waiter.wait(timeout=TIMEOUT) == 4  # the waiter ran; the absorbed tick did not
+
+
 def test_the_holder_record_lives_beside_the_lock_file(loop_dir):
     assert looplock("--agent", "ci", "--operation", "tick", loop_dir, "--", HELPER, "exit", "0").returncode == 0
     assert (loop_dir / ".state.lock").stat().st_size == 0  # no data under a lock other handles are denied
@@ -551,6 +565,7 @@ SCENARIOS = [
     (["-p", "blocking"], False, ["sh", "-c", "exit 3"], [HELPER, "exit", "3"]),
     (["--max-time", "1s"], False, ["sleep", "30"], [HELPER, "sleep", "30"]),
     (["--log-format", "json", "-w", "0.5"], True, ["true"], [HELPER, "exit", "0"]),
+    (["-p", "coalesce", "-w", "0.5"], True, ["true"], [HELPER, "exit", "0"]),
 ]
 
 

@@ -2,6 +2,7 @@
 // timer that bounds a blocking flock(2).
 #include "os/files.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/vfs.h>
@@ -161,6 +162,24 @@ bool rename_in(int dirfd, const std::string& from, const std::string& to) {
 
 bool exchange_in(int dirfd, const std::string& a, const std::string& b) {
   return renameat2(dirfd, a.c_str(), dirfd, b.c_str(), RENAME_EXCHANGE) == 0;
+}
+
+std::optional<std::vector<std::string>> names_in(int dirfd, std::string_view prefix) {
+  const int fd = retry_eintr([&] { return openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC); });
+  if (fd < 0) return std::nullopt;
+  DIR* d = fdopendir(fd);
+  if (!d) {
+    const int err = errno;
+    ::close(fd);
+    errno = err;
+    return std::nullopt;
+  }
+  std::vector<std::string> out;
+  while (const dirent* e = readdir(d)) {
+    if (std::string_view(e->d_name).starts_with(prefix)) out.emplace_back(e->d_name);
+  }
+  closedir(d);
+  return out;
 }
 
 bool remove_in(int dirfd, const std::string& name) { return unlinkat(dirfd, name.c_str(), 0) == 0; }

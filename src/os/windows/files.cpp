@@ -206,6 +206,26 @@ bool exchange_in(int, const std::string&, const std::string&) {
   return false;
 }
 
+std::optional<std::vector<std::string>> names_in(int dirfd, std::string_view prefix) {
+  const auto pattern = path_in(dirfd, std::string(prefix) + "*");
+  if (!pattern) return std::nullopt;
+  WIN32_FIND_DATAW found{};
+  const HANDLE h = FindFirstFileW(windows::file_path(*pattern).c_str(), &found);
+  std::vector<std::string> out;
+  if (h == INVALID_HANDLE_VALUE) {
+    if (GetLastError() == ERROR_FILE_NOT_FOUND) return out;
+    failed();
+    return std::nullopt;
+  }
+  do {
+    // The pattern matches without regard to case: the prefix must match exactly.
+    std::string name = windows::utf8(found.cFileName);
+    if (name.starts_with(prefix)) out.push_back(std::move(name));
+  } while (FindNextFileW(h, &found));
+  FindClose(h);
+  return out;
+}
+
 bool remove_in(int dirfd, const std::string& name) {
   const auto path = path_in(dirfd, name);
   if (!path) return false;

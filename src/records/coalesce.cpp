@@ -1,0 +1,151 @@
+#include "records/coalesce.hpp"
+
+#include <cerrno>
+
+#include "base/error.hpp"
+#include "base/exit_codes.hpp"
+#include "base/json.hpp"
+#include "os/clock.hpp"
+#include "os/digest.hpp"
+#include "os/file_status.hpp"
+#include "os/files.hpp"
+#include "os/process.hpp"
+#include "os/sys.hpp"
+
+namespace looplock {
+
+namespace {
+
+// How long an absorbed run looks for the record of the run in the seat (it
+// writes it a moment after taking the seat), and how often.
+constexpr Duration kRecordWait = std::chrono::seconds(1);
+constexpr Duration kRecordRetry = std::chrono::milliseconds(5);
+// Absorbed lines are about 150 bytes: a seat that absorbed this much has its
+// count cut here.
+constexpr size_t kSeatReadLimit = 1 << 20;
+
+std::string seat_display(const LockDir& dir, const std::string& name) { return sys::path_in_dir(dir.path, name); }
+
+// The seat's file: created (kCreateMode) when missing, for reading and
+// writing, else for reading (the lock needs no more); judged by the rules of
+// every file beside the lock file.
+UniqueFd open_seat(const LockDir& dir, const std::string& name) {
+  UniqueFd fd = sys::open_in(dir.fd.get(), name,
+                             {.access = sys::OpenIn::Access::ReadWrite,
+                              .create = sys::OpenIn::Create::IfMissing,
+                              .mode = kCreateMode,
+                              .above_stdio = true});
+  if (!fd && (errno == EACCES || errno == EROFS || errno == EPERM)) {
+    const int err = errno;
+    fd = sys::open_in(dir.fd.get(), name, {.access = sys::OpenIn::Access::Read, .above_stdio = true});
+    if (!fd && errno == ENOENT) errno = err;  // it could not be created: why
+  }
+  if (!fd) {
+    const int err = errno;
+    fail_errno(status_for_errno(err, exit_code::kCantCreate),
+               "cannot open -p coalesce's seat " + seat_display(dir, name), err,
+               err == EACCES || err == EROFS
+                   ? "-p coalesce keeps one file per operation in DIR beside the lock file; let the runs' users "
+                     "create files in DIR (as they create the lock file), or use -p blocking."
+                   : "",
+               "coalesce_unusable");
+  }
+  sys::FileStatus st;
+  if (!sys::status_of_fd(fd.get(), st)) {
+    fail_errno(exit_code::kOsError, "cannot stat " + seat_display(dir, name), errno, "", "coalesce_unusable");
+  }
+  if (auto r = refuse_file(st, dir.st, sys::own_euid(), "coalesce seat", name, "unsafe_coalesce_seat", dir.path)) {
+    throw Fatal(exit_code::kCantCreate, "unsafe coalesce seat " + seat_display(dir, name) + ": " + r->why, r->hint,
+                r->event);
+  }
+  return fd;
+}
+
+// The run in the seat, once its record is there and its process lives.
+std::optional<HolderRecord> live_record(int fd) {
+  const auto text = sys::pread_all(fd, kSeatReadLimit);
+  if (!text) return std::nullopt;
+  auto r = seat_record(*text);
+  if (!r || r->pid <= 0) return std::nullopt;
+  const auto start = sys::process_start(r->pid);
+  if (!start || (!r->pid_start.empty() && *start != r->pid_start)) return std::nullopt;
+  return r;
+}
+
+}  // namespace
+
+std::string coalesce_name(const std::string& operation) {
+  return std::string(kCoalescePrefix) + sys::sha256_hex(operation).substr(0, 16);
+}
+
+Seat take_seat(const LockDir& dir, const HolderRecord& me) {
+  Seat seat;
+  seat.name = coalesce_name(me.operation);
+  UniqueFd fd = open_seat(dir, seat.name);
+  const Instant until = MonotonicClock::now() + kRecordWait;
+  for (;;) {
+    if (sys::try_lock(fd.get(), /*exclusive=*/true, sys::LockAt::PastData)) {
+      // A record left by a run that died in the seat, or absorbed lines
+      // that came after its holder left: gone before this one is written.
+      if (sys::truncate_fd(fd.get(), 0)) (void)sys::pwrite_all(fd.get(), encode_holder(me));
+      seat.fd = std::move(fd);
+      return seat;
+    }
+    if ((seat.waiter = live_record(fd.get())) || MonotonicClock::now() >= until) return seat;
+    nap(kRecordRetry);
+  }
+}
+
+bool absorb(const LockDir& dir, const Seat& seat, Pid self, const std::string& self_start) {
+  if (!seat.waiter) return true;  // nothing to name: the run in the seat keeps no record
+  const UniqueFd fd = sys::open_in(dir.fd.get(), seat.name,
+                                   {.access = sys::OpenIn::Access::Write, .append = true, .above_stdio = true});
+  if (!fd) return false;
+  return sys::append_row(fd.get(), encode_absorbed(*seat.waiter, self, self_start, sys::utc_now_iso8601()));
+}
+
+int leave_seat(Seat& seat, const HolderRecord& me) {
+  if (!seat.fd) return 0;
+  const auto text = sys::pread_all(seat.fd.get(), kSeatReadLimit);
+  const int count = text ? count_absorbed(*text, me) : 0;
+  (void)sys::truncate_fd(seat.fd.get(), 0);
+  (void)sys::unlock(seat.fd.get(), sys::LockAt::PastData);
+  seat.fd.reset();
+  return count;
+}
+
+std::string encode_absorbed(const HolderRecord& waiter, Pid self, const std::string& self_start,
+                            const std::string& at) {
+  const Json j = {{"absorbed_by", {{"pid", waiter.pid}, {"pid_start", waiter.pid_start}}},
+                  {"pid", self},
+                  {"pid_start", self_start},
+                  {"at", at}};
+  return dump_json(j) + "\n";
+}
+
+std::optional<HolderRecord> seat_record(std::string_view content) {
+  const size_t nl = content.find('\n');
+  if (nl == std::string_view::npos) return std::nullopt;
+  return parse_holder(content.substr(0, nl + 1));
+}
+
+int count_absorbed(std::string_view content, const HolderRecord& waiter) {
+  int count = 0;
+  size_t at = content.find('\n');  // the first line is the seat's record
+  while (at != std::string_view::npos && at + 1 < content.size()) {
+    const size_t from = at + 1;
+    at = content.find('\n', from);
+    if (at == std::string_view::npos) break;  // a line cut short
+    const auto line = content.substr(from, at - from);
+    const Json j = Json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("absorbed_by") || !j["absorbed_by"].is_object()) continue;
+    const Json& by = j["absorbed_by"];
+    const bool pid = by.contains("pid") && by["pid"].is_number_integer() && by["pid"].get<long long>() == waiter.pid;
+    const bool start = by.contains("pid_start") && by["pid_start"].is_string() &&
+                       by["pid_start"].get<std::string>() == waiter.pid_start;
+    if (pid && start) ++count;
+  }
+  return count;
+}
+
+}  // namespace looplock

@@ -1,0 +1,62 @@
+// -p coalesce's seat (looplock(1), POLICIES): while the lock is held, one
+// run of an operation waits for it, and a later run of that operation that
+// finds the seat taken is absorbed by the run in it (it skips). The seat is
+// a lock taken without waiting on the operation's own file beside the lock
+// file, DIR/.state.lock.coalesce.HASH (HASH: the first 16 hex digits of the
+// SHA-256 of the operation's name): atomic, and freed by the system when its
+// holder dies. The run in the seat writes its record there (the holder
+// record's format, holder.hpp; its acquired_at is when it sat down); each
+// run it absorbs appends one line naming it, which the run in the seat
+// counts as it leaves (once it holds the lock, or its deadline passed).
+// posix/: flock(2); windows/: a byte past the data (os/files.hpp), so that
+// readers of the record never meet the lock.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "os/ids.hpp"
+#include "os/unique_fd.hpp"
+#include "records/holder.hpp"
+#include "records/lockfile.hpp"
+
+namespace looplock {
+
+inline constexpr std::string_view kCoalescePrefix = ".state.lock.coalesce.";
+
+// DIR/.state.lock.coalesce.HASH's name for `operation`.
+std::string coalesce_name(const std::string& operation);
+
+struct Seat {
+  std::string name;  // the operation's file in DIR
+  UniqueFd fd;       // taken: open and locked until leave_seat()
+  // Not taken: the run in the seat, when its record could be read (it is
+  // written a moment after the seat is taken; a record whose process is
+  // gone is not taken for it).
+  std::optional<HolderRecord> waiter;
+  bool taken() const { return static_cast<bool>(fd); }
+};
+
+// Takes the seat of `me.operation` without waiting, or finds who has it.
+// Taken: `me` is written in it (a file only readable for the caller keeps
+// no record: its absorbed runs then name it by nothing but the policy).
+// Throws Fatal 73 when the file is unsafe (lockfile.hpp's refuse_file
+// rules) or cannot be created or opened, 71 on resource exhaustion.
+Seat take_seat(const LockDir& dir, const HolderRecord& me);
+
+// An absorbed run (`self`, its start `self_start`) says so in the seat's
+// file; false (errno set) when the line could not be appended.
+bool absorb(const LockDir& dir, const Seat& seat, Pid self, const std::string& self_start);
+
+// Leaves a taken seat: how many runs it absorbed (their lines naming
+// `me`), then the file emptied and the seat freed.
+int leave_seat(Seat& seat, const HolderRecord& me);
+
+// The pure parts, for the tests: an absorbed run's line; the record in the
+// seat (the file's first line); the lines that name `waiter`.
+std::string encode_absorbed(const HolderRecord& waiter, Pid self, const std::string& self_start, const std::string& at);
+std::optional<HolderRecord> seat_record(std::string_view content);
+int count_absorbed(std::string_view content, const HolderRecord& waiter);
+
+}  // namespace looplock

@@ -1,0 +1,210 @@
+"""-p coalesce (looplock(1), POLICIES): a tick that finds the loop busy is
+not lost, and a burst of ticks does not pile up: one run of an operation
+waits for the lock, every later run of it that comes while that one waits
+skips (noop-coalesced). Real looplock processes, a real holder, and a
+history of who ran, checked afterwards, locally and with --etcd."""
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import (EX_CANTCREAT, EX_TEMPFAIL, EX_USAGE, PY, TIMEOUT, blocked_waiters, expect_line, helper, incident_rows,
+                      kill_and_wait_gone, run, start, wait_until)
+
+TICK = helper("slot_tick.py")
+BURST = 10
+
+
+def ticks(history):
+    p = Path(history)
+    return [line.split()[0] for line in p.read_text().splitlines()] if p.exists() else []
+
+
+def tick(history, label, how="0"):
+    return [PY, TICK, str(history), label, how]
+
+
+def coalesce(loop_dir, op="tick", *extra):
+    return ["-p", "coalesce", "--operation", op, *extra, str(loop_dir), "--"]
+
+
+def seats(loop_dir):
+    return sorted(p.name for p in Path(loop_dir).glob(".state.lock.coalesce.*"))
+
+
+def fire(args_of, n=BURST):
+    """Starts n runs at once (a burst of ticks); returns them."""
+    return [start(args_of(i), stdin=None) for i in range(n)]
+
+
+def settle(procs, waiting=1):
+    """Waits until all but `waiting` of the burst have ended; returns the
+    ones still running (the burst's waiters)."""
+    wait_until(lambda: sum(p.poll() is None for p in procs) <= waiting, "the burst's skips to end")
+    left = [p for p in procs if p.poll() is None]
+    assert len(left) == waiting, [p.communicate(timeout=TIMEOUT) for p in procs if p.poll() is not None]
+    return left
+
+
+def finish(procs):
+    return [(p.wait(timeout=TIMEOUT), p.stderr.read()) for p in procs]
+
+
+def test_ten_ticks_fired_while_the_holder_runs_end_as_one_more_run_and_nine_skips(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    holder = start(["--operation", "tick", str(loop_dir), "--", *tick(history, "holder", "hold")])
+    expect_line(holder)
+    burst = fire(lambda i: [*coalesce(loop_dir), *tick(history, f"r{i}")])
+    [waiter] = settle(burst)
+    wait_until(lambda: waiter.pid in blocked_waiters(loop_dir / ".state.lock"), "the waiter to block on the lock")
+    holder.stdin.close()
+    assert holder.wait(timeout=TIMEOUT) == 0
+    ends = finish(burst)
+    assert [status for status, _ in ends] == [0] * BURST
+    ran = ticks(history)
+    assert ran[0] == "holder" and len(ran) == 2, ran
+    assert ran[1] == f"r{burst.index(waiter)}"
+    skips = [err for p, (_, err) in zip(burst, ends) if p is not waiter]
+    for err in skips:
+        assert "noop-coalesced: " in err, err
+        assert f"pid {waiter.pid} (agent " in err and "already waits to run tick" in err
+        assert f"held by pid {holder.pid} (" in err
+    assert incident_rows(loop_dir) == []  # a skip writes no incident row
+    assert seats(loop_dir) and (loop_dir / seats(loop_dir)[0]).stat().st_size == 0  # left empty
+
+
+def test_control_without_coalesce_the_ten_ticks_all_run_after_the_holder(loop_dir, tmp_path):
+    """The same burst under -p blocking: every tick waits and runs (what the
+    test above shows -p coalesce prevents)."""
+    history = tmp_path / "history"
+    holder = start(["--operation", "tick", str(loop_dir), "--", *tick(history, "holder", "hold")])
+    expect_line(holder)
+    burst = fire(lambda i: ["-p", "blocking", "--operation", "tick", str(loop_dir), "--", *tick(history, f"r{i}")])
+    wait_until(lambda: len(blocked_waiters(loop_dir / ".state.lock")) == BURST, "the burst to wait")
+    holder.stdin.close()
+    assert holder.wait(timeout=TIMEOUT) == 0
+    assert [status for status, _ in finish(burst)] == [0] * BURST
+    assert len(ticks(history)) == 1 + BURST
+
+
+def test_a_free_lock_runs_at_once_and_leaves_no_seat(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    r = run([*coalesce(loop_dir), *tick(history, "a")])
+    assert r.returncode == 0, r.stderr
+    assert ticks(history) == ["a"] and seats(loop_dir) == []
+
+
+def test_only_runs_of_the_same_operation_coalesce_other_operations_and_policies_wait(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    holder = start(["--operation", "tick", str(loop_dir), "--", *tick(history, "holder", "hold")])
+    expect_line(holder)
+    lock = loop_dir / ".state.lock"
+    tick_waiter = start([*coalesce(loop_dir), *tick(history, "tick")], stdin=None)
+    wait_until(lambda: tick_waiter.pid in blocked_waiters(lock), "the tick's waiter")
+    gate = start([*coalesce(loop_dir, "check-gate"), *tick(history, "gate")], stdin=None)
+    plain = start(["-p", "blocking", "--operation", "tick", str(loop_dir), "--", *tick(history, "plain")], stdin=None)
+    wait_until(lambda: {gate.pid, plain.pid} <= blocked_waiters(lock), "the other operation and policy to wait")
+    skipped = run([*coalesce(loop_dir), *tick(history, "skipped")])
+    assert skipped.returncode == 0 and "noop-coalesced" in skipped.stderr
+    assert f"pid {tick_waiter.pid} " in skipped.stderr
+    holder.stdin.close()
+    assert [status for status, _ in finish([holder, tick_waiter, gate, plain])] == [0] * 4
+    assert sorted(ticks(history)) == ["gate", "holder", "plain", "tick"]
+
+
+def test_a_killed_waiter_lets_the_next_tick_wait_in_its_place(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    holder = start(["--operation", "tick", str(loop_dir), "--", *tick(history, "holder", "hold")])
+    expect_line(holder)
+    lock = loop_dir / ".state.lock"
+    first = start([*coalesce(loop_dir), *tick(history, "first")], stdin=None)
+    wait_until(lambda: first.pid in blocked_waiters(lock), "the first waiter")
+    kill_and_wait_gone(first.pid)
+    first.wait(timeout=TIMEOUT)
+    second = start([*coalesce(loop_dir), *tick(history, "second")], stdin=None)
+    wait_until(lambda: second.pid in blocked_waiters(lock) or second.poll() is not None, "the second tick")
+    assert second.poll() is None, second.stderr.read()  # it waits: the seat was freed by the kill
+    third = run([*coalesce(loop_dir), *tick(history, "third")])
+    assert f"pid {second.pid} " in third.stderr and "noop-coalesced" in third.stderr
+    holder.stdin.close()
+    assert [status for status, _ in finish([holder, second])] == [0, 0]
+    assert ticks(history) == ["holder", "second"]
+
+
+def test_w_bounds_the_wait_and_its_timeout_row_counts_the_ticks_it_absorbed(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    holder = start(["--operation", "tick", str(loop_dir), "--", *tick(history, "holder", "hold")])
+    expect_line(holder)
+    deadline = 1.5
+    t0 = time.monotonic()
+    waiter = start([*coalesce(loop_dir, "tick", "-w", str(deadline)), *tick(history, "w")], stdin=None)
+    wait_until(lambda: waiter.pid in blocked_waiters(loop_dir / ".state.lock"), "the waiter")
+    for label in ("a", "b"):
+        r = run([*coalesce(loop_dir), *tick(history, label)])
+        assert "noop-coalesced" in r.stderr, r.stderr
+    assert time.monotonic() - t0 < deadline, "the machine was too slow to absorb both in time"
+    assert waiter.wait(timeout=TIMEOUT) == EX_TEMPFAIL
+    err = waiter.stderr.read()
+    assert "lock_acquire_timeout" in err and "gave up tick and the 2 later runs of it that it absorbed" in err
+    [row] = incident_rows(loop_dir)
+    assert row["error_code"] == "lock_acquire_timeout" and row["policy"] == "coalesce" and row["coalesced"] == 2
+    # The seat is free again: the next tick waits instead of skipping.
+    nxt = start([*coalesce(loop_dir), *tick(history, "next")], stdin=None)
+    wait_until(lambda: nxt.pid in blocked_waiters(loop_dir / ".state.lock"), "the next waiter")
+    holder.stdin.close()
+    assert [status for status, _ in finish([holder, nxt])] == [0, 0]
+    assert ticks(history) == ["holder", "next"]
+
+
+def test_the_skip_is_quiet_with_q_takes_skip_exit_code_and_counts_as_skipped(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
+    holder = start(["--operation", "tick", str(loop_dir), "--", *tick(history, "holder", "hold")])
+    expect_line(holder)
+    waiter = start([*coalesce(loop_dir), *tick(history, "w")], stdin=None)
+    wait_until(lambda: waiter.pid in blocked_waiters(loop_dir / ".state.lock"), "the waiter")
+    r = run(["-q", "--metrics-dir", metrics, *coalesce(loop_dir), *tick(history, "q")])
+    assert r.returncode == 0 and r.stderr == ""
+    r = run(["--skip-exit-code", "3", *coalesce(loop_dir), *tick(history, "e")])
+    assert r.returncode == 3
+    r = run(["--log-format", "json", *coalesce(loop_dir), *tick(history, "j")])
+    line = json.loads(r.stderr.splitlines()[-1])
+    assert line["event"] == "noop-coalesced" and line["coalesce"]["waiter"]["pid"] == waiter.pid
+    assert line["holder_pids"] == [holder.pid] or line["holder"]["pid"] == holder.pid
+    prom = next(metrics.glob("*.prom")).read_text()
+    assert 'outcome="skipped"} 1' in prom
+    holder.stdin.close()
+    finish([holder, waiter])
+    assert ticks(history) == ["holder", "w"]
+
+
+def test_once_per_decides_first_a_slot_already_run_is_noop_already_run(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    assert run(["--once-per", "60s", *coalesce(loop_dir), *tick(history, "a")]).returncode == 0
+    holder = start(["--operation", "other", str(loop_dir), "--", *tick(history, "holder", "hold")])
+    expect_line(holder)
+    r = run(["--once-per", "60s", *coalesce(loop_dir), *tick(history, "b")])
+    assert r.returncode == 0 and "noop-already-run" in r.stderr and "noop-coalesced" not in r.stderr
+    holder.stdin.close()
+    finish([holder])
+    assert ticks(history) == ["a", "holder"]
+
+
+def test_coalesce_needs_an_explicit_operation(loop_dir):
+    r = run(["-p", "coalesce", str(loop_dir), "--", "true"])
+    assert r.returncode == EX_USAGE and "-p coalesce needs --operation NAME" in r.stderr
+
+
+def test_an_unsafe_seat_is_refused_with_73_as_every_file_beside_the_lock_file(loop_dir, tmp_path, holders):
+    holders(loop_dir, "flock")
+    other = loop_dir / "other"
+    other.write_text("")
+    seat = loop_dir / (".state.lock.coalesce." + hashlib.sha256(b"tick").hexdigest()[:16])
+    os.link(other, seat)
+    r = run([*coalesce(loop_dir), "true"])
+    assert r.returncode == EX_CANTCREAT, r.stderr
+    assert "unsafe coalesce seat" in r.stderr and "hard links" in r.stderr

@@ -1,0 +1,86 @@
+"""-p coalesce with --etcd: the cluster lock's queue decides (a coalescing
+waiter of the same operation queued ahead means skip), across two loop dirs
+that stand in for two hosts on one cluster lock name. The local half is
+test_coalesce.py."""
+import os
+
+import pytest
+
+from conftest import EX_TEMPFAIL, TIMEOUT, expect_line, incident_rows, run, start, wait_until
+from etcdtest import needs_etcd, start_member
+from test_coalesce import BURST, coalesce, finish, fire, settle, tick, ticks
+
+pytestmark = needs_etcd
+
+
+@pytest.fixture(scope="module")
+def etcd():
+    m = start_member()
+    yield m
+    m.remove()
+
+
+_names = iter(range(1_000_000))
+
+
+@pytest.fixture
+def cluster(etcd):
+    return ["--etcd", etcd.url, "--lock-name", f"coalesce{os.getpid()}-{next(_names)}"]
+
+
+@pytest.fixture
+def hosts(tmp_path):
+    out = []
+    for h in ("a", "b"):
+        (tmp_path / h).mkdir()
+        out.append(tmp_path / h)
+    return out
+
+
+def test_ten_ticks_on_two_hosts_fired_while_the_holder_runs_end_as_one_more_run_and_nine_skips(cluster, hosts,
+                                                                                                 tmp_path):
+    history = tmp_path / "history"
+    holder = start([*cluster, "--operation", "tick", str(hosts[0]), "--", *tick(history, "holder", "hold")])
+    expect_line(holder)
+    burst = fire(lambda i: [*cluster, *coalesce(hosts[i % 2]), *tick(history, f"r{i}")])
+    [waiter] = settle(burst)
+    holder.stdin.close()
+    assert holder.wait(timeout=TIMEOUT) == 0
+    ends = finish(burst)
+    assert [status for status, _ in ends] == [0] * BURST
+    assert ticks(history) == ["holder", f"r{burst.index(waiter)}"]
+    for p, (_, err) in zip(burst, ends):
+        if p is not waiter:
+            assert "noop-coalesced: " in err and f"pid {waiter.pid} (agent " in err, err
+            assert f"cluster lock {cluster[3]} (etcd)" in err
+
+
+def test_control_without_coalesce_every_tick_runs(cluster, hosts, tmp_path):
+    history = tmp_path / "history"
+    holder = start([*cluster, "--operation", "tick", str(hosts[0]), "--", *tick(history, "holder", "hold")])
+    expect_line(holder)
+    burst = fire(lambda i: [*cluster, "-p", "blocking", "--operation", "tick", str(hosts[i % 2]), "--",
+                            *tick(history, f"r{i}")], n=4)
+    wait_until(lambda: all(p.poll() is None for p in burst), "the burst to queue")
+    holder.stdin.close()
+    assert holder.wait(timeout=TIMEOUT) == 0
+    assert [status for status, _ in finish(burst)] == [0] * 4
+    assert len(ticks(history)) == 5
+
+
+def test_a_waiter_that_gives_up_counts_the_ticks_it_absorbed_and_frees_its_place(cluster, hosts, tmp_path):
+    history = tmp_path / "history"
+    holder = start([*cluster, "--operation", "tick", str(hosts[0]), "--", *tick(history, "holder", "hold")])
+    expect_line(holder)
+    waiter = start([*cluster, *coalesce(hosts[1], "tick", "-w", "3", "-v"), *tick(history, "w")], stdin=None)
+    wait_until(lambda: "waiting for cluster lock" in (waiter.stderr.readline() or ""), "the waiter to queue")
+    for label, h in (("a", hosts[0]), ("b", hosts[1])):
+        r = run([*cluster, *coalesce(h), *tick(history, label)])
+        assert "noop-coalesced" in r.stderr, r.stderr
+    assert waiter.wait(timeout=TIMEOUT) == EX_TEMPFAIL
+    rows = incident_rows(hosts[1])
+    assert rows[-1]["policy"] == "coalesce" and rows[-1]["coalesced"] == 2, rows
+    nxt = start([*cluster, *coalesce(hosts[0]), *tick(history, "next")], stdin=None)
+    holder.stdin.close()
+    assert [status for status, _ in finish([holder, nxt])] == [0, 0]
+    assert ticks(history) == ["holder", "next"]
