@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "os/ids.hpp"
+#include "os/sys.hpp"
 
 namespace looplock {
 
@@ -115,7 +116,20 @@ std::string quote(std::string_view operand) {
 }
 
 std::string shell_word(std::string_view text) {
-  return needs_escapes(text) ? "$'" + ansi_c_inside(text) + "'" : std::string(text);
+  if (needs_escapes(text)) return "$'" + ansi_c_inside(text) + "'";
+  // Windows' separator is no shell's escape there (cmd.exe, PowerShell).
+  const bool backslash_plain = sys::is_path_separator('\\');
+  auto plain = [&](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return std::isalnum(u) || u >= 0x80 || std::string_view("_./:@%+=,-").find(c) != std::string_view::npos ||
+           (backslash_plain && c == '\\');
+  };
+  if (!text.empty() && std::all_of(text.begin(), text.end(), plain)) return std::string(text);
+  // Double quotes, which sh, cmd.exe and PowerShell all read (a space, an
+  // apostrophe); what sh still expands inside them: $'...'.
+  const std::string_view expands = backslash_plain ? "\"" : "\"$`\\!";
+  if (text.find_first_of(expands) == std::string_view::npos) return "\"" + std::string(text) + "\"";
+  return "$'" + ansi_c_inside(text) + "'";
 }
 
 std::string octal_mode(unsigned mode) {
@@ -132,6 +146,14 @@ std::string pids_text(const std::vector<Pid>& pids) {
 
 std::string pids_text(const std::vector<Pid>& pids, std::string_view one, std::string_view many) {
   return pids_text(pids) + " " + std::string(pids.size() > 1 ? many : one);
+}
+
+std::string ascii_lower(std::string_view text) {
+  std::string out(text);
+  for (char& c : out) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+  }
+  return out;
 }
 
 bool equal_ignoring_case(std::string_view a, std::string_view b) {

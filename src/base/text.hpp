@@ -27,8 +27,11 @@ std::string join(const std::vector<std::string>& items, std::string_view separat
 // looplock derives itself are not quoted.
 std::string quote(std::string_view operand);
 
-// `text` as one word of a command line a message suggests: as it is, or,
-// when it holds control characters or bytes that are not UTF-8, as $'...'.
+// `text` as one word of a command line a message suggests, to paste into a
+// shell: as it is when it is plain (letters, digits, _./:@%+=,- and, on
+// Windows, backslashes); in double quotes when it holds a space, an
+// apostrophe or the like; as $'...' when it holds control characters,
+// bytes that are not UTF-8, or what sh expands inside double quotes.
 std::string shell_word(std::string_view text);
 
 // "pid 1" or "pids 1, 2"; with `verb` ("holds"/"hold", "is"/"are") the form
@@ -41,6 +44,8 @@ std::string octal_mode(unsigned mode);
 
 // Whether `text` is valid UTF-8 (no overlong forms, surrogates or code
 // points above U+10FFFF), as JSON needs it.
+// ASCII letters lowercased; every other byte as it is.
+std::string ascii_lower(std::string_view text);
 // Whether `a` and `b` are the same but for the case of ASCII letters (as
 // Windows compares program names).
 bool equal_ignoring_case(std::string_view a, std::string_view b);

@@ -287,9 +287,12 @@ Duration lease_kill_after(std::optional<Duration> given, int ttl_s, std::string_
   return *given;
 }
 
-std::string derive_operation(const std::vector<std::string>& command) {
+namespace {
+
+std::string operation_as_spelled(const std::vector<std::string>& command, bool fold_case) {
   if (command.empty()) return "command";
   std::string base = base_name(command[0]);
+  if (fold_case) base = ascii_lower(base);
   Family fam = interpreter_family(base);
   if (fam == Family::None) return base.empty() ? "command" : base;
   auto script_name = [&](std::string_view a) {
@@ -348,6 +351,17 @@ std::string derive_operation(const std::vector<std::string>& command) {
     if (code) break;
   }
   return base;
+}
+
+}  // namespace
+
+std::string derive_operation(const std::vector<std::string>& command) {
+  // Where names are case-insensitive (Windows), Python.exe and PY.EXE are
+  // python.exe and py.exe, and status.PY is status.py: one operation, one
+  // slot, one metrics series, however the command is spelled.
+  const bool fold = !sys::abilities().case_sensitive_names;
+  const std::string op = operation_as_spelled(command, fold);
+  return fold ? ascii_lower(op) : op;
 }
 
 namespace {

@@ -30,7 +30,7 @@ constexpr Duration kEndingGrace = std::chrono::milliseconds(200);
 // long, and redrawn at most this often.
 constexpr Duration kRedraw = std::chrono::seconds(1);
 
-std::string lock_display(const std::string& dir) { return dir + (dir.ends_with('/') ? "" : "/") + kLockName; }
+std::string lock_display(const std::string& dir) { return sys::path_in_dir(dir, kLockName); }
 
 // The holders as hints for a later look (the kernel's locks, as found).
 std::vector<sys::KernelLock> as_hint(const LockFacts& f) {
@@ -229,9 +229,10 @@ void LocalLock::write_record() {
                          .released_at = std::nullopt,
                          .no_fork = request_.flags.no_fork};
   if (!write_holder(record_fd(file_), *record_)) {
-    log_.warn("holder_write_failed", errno_message("cannot write the holder record into " +
-                                                       (record_beside_lock() ? shown_ + "'s " + kHolderName : shown_),
-                                                   errno));
+    log_.warn("holder_write_failed",
+              errno_message("cannot write the holder record into " +
+                                (record_beside_lock() ? sys::path_in_dir(request_.dir, kHolderName) : shown_),
+                            errno));
     record_.reset();
   }
 }
@@ -310,7 +311,10 @@ void LocalLock::release(Ending& ending) {
   if (record_ && ending.intact) {
     record_->released_at = sys::utc_now_iso8601();
     if (!write_holder(record_fd(file_), *record_)) {
-      log_.warn("holder_write_failed", errno_message("cannot write the release into " + shown_, errno));
+      log_.warn("holder_write_failed",
+                errno_message("cannot write the release into " +
+                                  (record_beside_lock() ? sys::path_in_dir(request_.dir, kHolderName) : shown_),
+                              errno));
     }
   }
   ending.record = record_;
@@ -364,9 +368,7 @@ void LocalLock::abandon() {
 
 namespace {
 
-std::string local_ledger_name(const std::string& dir) {
-  return "run ledger " + dir + (dir.ends_with('/') ? "" : "/") + kRunsName;
-}
+std::string local_ledger_name(const std::string& dir) { return "run ledger " + sys::path_in_dir(dir, kRunsName); }
 
 // Records `entry`; says when the ledger holds more operations inside their
 // slots than kMaxLedgerOperations (it grows), or had to drop some.

@@ -106,6 +106,9 @@ struct Abilities {
   // A file's mode says who may read and write it: owner, group, others
   // (posix/; windows/: access is by ACL, and a mode has the owner's bits only).
   bool permission_bits = false;
+  // Names of files and programs differ by case (posix/; windows/: Python.exe
+  // is python.exe).
+  bool case_sensitive_names = false;
 };
 Abilities abilities();
 

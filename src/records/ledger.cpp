@@ -124,6 +124,13 @@ std::string ledger_fix(const LockDir& dir, int err, bool existed) {
   if (err == ENOSPC) return "The file system is full; the ledger was left as it was. ";
   if (err == EROFS) return "DIR's file system is read-only; remount it read-write. ";
   if (err != EPERM && err != EACCES) return "";
+  if (!sys::abilities().permission_bits) {  // Windows: access is by ACL, and a mode says nothing of it
+    return existed ? "You may not write it: its owner or an administrator lets you (icacls " + shell_word(path) +
+                         " /grant %USERNAME%:M). "
+                   : "You may not create files in DIR (" + dir.path +
+                         "), or its volume is read-only: DIR's owner or an administrator lets you (icacls " +
+                         shell_word(dir.path) + " /grant %USERNAME%:M). ";
+  }
   if (!existed && dir.st.owner == sys::own_euid()) {
     return "You may not create files in DIR (" + dir.path + ", mode " + octal_mode(dir.st.mode) +
            "), which is yours: make it writable (chmod u+w " + shell_word(dir.path) + "). ";

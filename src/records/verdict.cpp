@@ -6,6 +6,7 @@
 #include "base/duration.hpp"
 #include "base/text.hpp"
 #include "os/ids.hpp"
+#include "records/lockfile.hpp"
 
 namespace looplock {
 
@@ -250,8 +251,11 @@ Verdict judge(const LockFacts& f) {
                 "; a background process started under looplock without -o/--close keeps the lock");
   }
   if (f.record.state == HolderRead::State::Unreadable) {
-    w.push_back("the lock file holds " + std::to_string(f.record.size) +
-                " bytes that are not a valid holder record (garbage, or a writer from another tool)");
+    // Where the record has a file of its own (Windows), that file holds them.
+    w.push_back(
+        std::string(record_beside_lock() ? "the holder record's file " + std::string(kHolderName) : "the lock file") +
+        " holds " + std::to_string(f.record.size) +
+        " bytes that are not a valid holder record (garbage, or a writer from another tool)");
   }
   if (!known) w.push_back("the kernel's view is unknown: " + f.kernel_unknown);
   record_warnings(f, v, w);

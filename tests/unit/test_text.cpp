@@ -24,6 +24,18 @@ TEST_CASE("quote: the one quoting rule for operands in messages") {
   CHECK(looplock::quote("it's\t\\") == "$'it\\'s\\t\\\\'");
   CHECK(looplock::shell_word("/srv/loops/nightly") == "/srv/loops/nightly");
   CHECK(looplock::shell_word("lo\nop") == "$'lo\\nop'");
+  // Pasted into a shell (or cmd.exe), each reads back as one word.
+  CHECK(looplock::shell_word("/tmp/l space") == "\"/tmp/l space\"");
+  CHECK(looplock::shell_word("/tmp/it's") == "\"/tmp/it's\"");
+  CHECK(looplock::shell_word("") == "\"\"");
+  CHECK(looplock::shell_word("/srv/a-b_c.d/e+f@g:h,i=j%k") == "/srv/a-b_c.d/e+f@g:h,i=j%k");
+#ifndef _WIN32
+  CHECK(looplock::shell_word("/tmp/$HOME") == "$'/tmp/$HOME'");
+  CHECK(looplock::shell_word("/tmp/a\\b") == "$'/tmp/a\\\\b'");
+#else
+  CHECK(looplock::shell_word("Z:\\tmp\\x") == "Z:\\tmp\\x");
+  CHECK(looplock::shell_word("Z:\\tmp\\with space") == "\"Z:\\tmp\\with space\"");
+#endif
 }
 
 TEST_CASE("valid_utf8: what JSON takes as it is") {
@@ -76,6 +88,11 @@ TEST_CASE("printable shows bytes that are not UTF-8 as \\xNN and keeps character
   CHECK(looplock::printable("t\xc3\xa9") == "t\xc3\xa9");
   CHECK(looplock::printable("\xe2\x82\xac\x7f") == "\xe2\x82\xac\\x7f");
   CHECK(looplock::printable("\xc3") == "\\xc3");  // cut short
+}
+
+TEST_CASE("ascii_lower: ASCII letters only") {
+  CHECK(looplock::ascii_lower("PY.EXE Status.Py") == "py.exe status.py");
+  CHECK(looplock::ascii_lower("\xc3\x89T\xc3\xa9") == "\xc3\x89t\xc3\xa9");  // UTF-8 bytes stay
 }
 
 TEST_CASE("equal_ignoring_case: ASCII letters in either case, nothing else") {

@@ -148,7 +148,8 @@ Abilities abilities() {
           .inherited_lock = true,
           .cluster = true,
           .advisory_locks = true,
-          .permission_bits = true};
+          .permission_bits = true,
+          .case_sensitive_names = true};
 }
 
 Pid own_pid() { return getpid(); }
