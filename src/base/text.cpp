@@ -126,10 +126,11 @@ std::string shell_word(std::string_view text) {
   };
   if (!text.empty() && std::all_of(text.begin(), text.end(), plain)) return std::string(text);
   // Double quotes, which sh, cmd.exe and PowerShell all read (a space, an
-  // apostrophe); what sh still expands inside them: $'...'.
+  // apostrophe); what sh still expands inside them goes in single quotes,
+  // as quote() writes them.
   const std::string_view expands = backslash_plain ? "\"" : "\"$`\\!";
   if (text.find_first_of(expands) == std::string_view::npos) return "\"" + std::string(text) + "\"";
-  return "$'" + ansi_c_inside(text) + "'";
+  return quote(text);
 }
 
 std::string octal_mode(unsigned mode) {

@@ -30,8 +30,9 @@ std::string quote(std::string_view operand);
 // `text` as one word of a command line a message suggests, to paste into a
 // shell: as it is when it is plain (letters, digits, _./:@%+=,- and, on
 // Windows, backslashes); in double quotes when it holds a space, an
-// apostrophe or the like; as $'...' when it holds control characters,
-// bytes that are not UTF-8, or what sh expands inside double quotes.
+// apostrophe or the like; as quote() writes it when it holds what sh
+// expands inside double quotes; as $'...' when it holds control characters
+// or bytes that are not UTF-8.
 std::string shell_word(std::string_view text);
 
 // "pid 1" or "pids 1, 2"; with `verb` ("holds"/"hold", "is"/"are") the form

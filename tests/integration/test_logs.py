@@ -8,10 +8,11 @@ import json
 import os
 import re
 import signal
+import subprocess
 
 import pytest
 
-from conftest import PY, helper, run
+from conftest import LOOPLOCK, PY, helper, run
 
 TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
@@ -137,3 +138,26 @@ def test_messages_are_looplocks_own(loop_dir, args, first):
     for line in lines:
         assert line.startswith("looplock: ") and not line.startswith("looplock: looplock")
         assert "Usage:" not in line and "\u2018" not in line and "\u2019" not in line, line
+
+
+@pytest.mark.parametrize("name", ["l space", "it's", "d$x"])
+def test_a_hint_names_dir_so_that_it_pastes_into_a_shell(tmp_path, name):
+    """The hint's command, pasted into sh, inspects DIR itself: quoted when
+    DIR's name holds a space, an apostrophe or what sh would expand."""
+    loop = tmp_path / name
+    loop.mkdir()
+    (loop / ".state.lock").touch()
+    holder = subprocess.Popen(["flock", str(loop / ".state.lock"), "sh", "-c", "echo ready; read x"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        r = run(["-n", loop, "--", "true"])
+        assert r.returncode == 75
+        hint = re.search(r"Run '(.*)' to see the holder", r.stderr).group(1)
+        pasted = subprocess.run(["sh", "-c", hint.replace("looplock ", f"'{LOOPLOCK}' ", 1)], capture_output=True,
+                                text=True, timeout=30)
+        assert pasted.returncode == 0, (hint, pasted.stderr)
+        assert f"lock      {loop}/.state.lock" in pasted.stdout
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)

@@ -30,8 +30,9 @@ TEST_CASE("quote: the one quoting rule for operands in messages") {
   CHECK(looplock::shell_word("") == "\"\"");
   CHECK(looplock::shell_word("/srv/a-b_c.d/e+f@g:h,i=j%k") == "/srv/a-b_c.d/e+f@g:h,i=j%k");
 #ifndef _WIN32
-  CHECK(looplock::shell_word("/tmp/$HOME") == "$'/tmp/$HOME'");
-  CHECK(looplock::shell_word("/tmp/a\\b") == "$'/tmp/a\\\\b'");
+  CHECK(looplock::shell_word("/tmp/$HOME") == "'/tmp/$HOME'");
+  CHECK(looplock::shell_word("/tmp/a\\b") == "'/tmp/a\\b'");
+  CHECK(looplock::shell_word("/tmp/it's $x") == "'/tmp/it'\\''s $x'");
 #else
   CHECK(looplock::shell_word("Z:\\tmp\\x") == "Z:\\tmp\\x");
   CHECK(looplock::shell_word("Z:\\tmp\\with space") == "\"Z:\\tmp\\with space\"");
