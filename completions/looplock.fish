@@ -6,7 +6,7 @@
 # Options that take a value (skipped when looking for DIR).
 set -g __looplock_value_opts -p --policy -w --timeout -E --conflict-exit-code --skip-exit-code \
     --agent --operation --log-format --kill-after --max-time --warn-before --warn-signal --once-per --jitter \
-    --metrics-dir --stale-after --incidents --etcd \
+    --metrics-dir --notify --notify-on --notify-timeout --notify-after --stale-after --incidents --etcd \
     --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key --etcd-user --etcd-password-file
 
 # Whether the command line (before the cursor) has a "--" or "-c": then
@@ -97,6 +97,10 @@ complete -c looplock -n $opts -l once-per -x -d 'Run at most once per DURATION (
 complete -c looplock -n $opts -l jitter -x -d 'Wait a random time below DURATION first'
 complete -c looplock -n $opts -l agent -x -d 'Who runs it'
 complete -c looplock -n $opts -l operation -x -d 'What runs'
+complete -c looplock -n $opts -l notify -x -a '(__fish_complete_command)' -d 'Run COMMAND (sh -c) for each event, its JSON on stdin'
+complete -c looplock -n $opts -l notify-on -x -d 'Events to notify, comma-separated (default: warnings, errors, held_too_long)'
+complete -c looplock -n $opts -l notify-timeout -x -d 'KILL a notifier after DURATION (default 10s)'
+complete -c looplock -n $opts -l notify-after -x -d 'held_too_long once the job has run DURATION'
 complete -c looplock -n $opts -l metrics-dir -x -a '(__fish_complete_directories (commandline -ct) "metrics directory")' -d 'Write a node_exporter textfile per lock into DIR'
 complete -c looplock -n $opts -s v -l verbose -d 'Report waiting, acquiring and releasing'
 complete -c looplock -n $opts -s q -l quiet -d 'Errors only'

@@ -19,6 +19,8 @@ inline constexpr std::string_view kPolicy = "LOOPLOCK_POLICY";
 inline constexpr std::string_view kHolderPid = "LOOPLOCK_HOLDER_PID";
 inline constexpr std::string_view kHolderFd = "LOOPLOCK_HOLDER_FD";
 inline constexpr std::string_view kAgent = "LOOPLOCK_AGENT";
+// --notify's notifier: the event it is run for.
+inline constexpr std::string_view kEvent = "LOOPLOCK_EVENT";
 inline constexpr std::string_view kMetricsDir = "LOOPLOCK_METRICS_DIR";
 // When looplock sends the command TERM for --max-time (Unix time, seconds
 // with milliseconds); nested, the earlier of its own and the inherited one.

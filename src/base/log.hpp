@@ -14,6 +14,15 @@ namespace looplock {
 enum class Verbosity { Quiet, Normal, Verbose };
 enum class LogFormat { Text, Json };
 
+// Where every event goes besides stderr, whatever -q or -v let through
+// (--notify: run/notify.hpp): each as the JSON object --log-format json
+// writes.
+class EventSink {
+public:
+  virtual ~EventSink() = default;
+  virtual void take(const Json& event) = 0;
+};
+
 class Logger {
 public:
   Logger(Verbosity verbosity, LogFormat format, int fd = 2);
@@ -34,6 +43,11 @@ public:
   void result(const std::string& event, const std::string& message, const Json& fields = {}) const;
   // Progress, printed only with --verbose.
   void verbose(const std::string& event, const std::string& message, const Json& fields = {}) const;
+  // An event only the sink hears (--notify's started, ended, skipped): never printed.
+  void event(const char* level, const std::string& event, const std::string& message, const Json& fields = {}) const;
+
+  // From now on, every event also goes to `sink` (null: none).
+  void set_sink(EventSink* sink) { sink_ = sink; }
 
   bool is_verbose() const { return verbosity_ == Verbosity::Verbose; }
   bool is_quiet() const { return verbosity_ == Verbosity::Quiet; }
@@ -44,7 +58,13 @@ public:
   std::string format_line(const char* level, const std::string& event, const std::string& message,
                           const std::string& hint, const Json& fields) const;
 
+  // The event as one JSON object (--log-format json's line).
+  Json as_json(const char* level, const std::string& event, const std::string& message, const std::string& hint,
+               const Json& fields) const;
+
 private:
+  void offer(const char* level, const std::string& event, const std::string& message, const std::string& hint,
+             const Json& fields) const;
   void emit(const char* level, const std::string& event, const std::string& message, const std::string& hint,
             const Json& fields) const;
 
@@ -54,6 +74,7 @@ private:
   // Filled in by the run that owns the Logger, once known (a detail of what
   // is printed, not state the run depends on).
   std::string lock_id_;
+  EventSink* sink_ = nullptr;
 };
 
 }  // namespace looplock

@@ -7,6 +7,7 @@
 #include "cli/version.hpp"
 #include "job/process_jobs.hpp"
 #include "os/sys.hpp"
+#include "run/notify.hpp"
 
 namespace looplock {
 
@@ -41,6 +42,9 @@ int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
   // it can be told: with json, a usage error is a JSON line too.
   Logger log(Verbosity::Normal, requested_log_format(argc, argv));
   std::optional<Options> options;
+  // --notify's relay: it outlives the try below, so that an error's event
+  // reaches it too; it is finished before looplock exits.
+  std::optional<Notifier> notifier;
   RunFacts facts;
   try {
     std::vector<std::string> args(argv, argv + argc);
@@ -76,10 +80,14 @@ int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
     log = Logger(o.output.verbosity, o.output.log_format);
     if (!o.cluster.etcd.empty() && !ctx.cluster) exec_cluster_helper(argv, ctx.env, ctx.start);
     if (o.mode == Mode::Inspect) return inspect(o, log, ctx.cluster);
+    // Before DIR is opened: the relay never holds a lock's descriptor.
+    if (!o.notify.command.empty()) log.set_sink(&notifier.emplace(o.notify, ctx.env, log));
     const auto jobs = process_jobs();
     Exit out = Run(o, ctx, log, facts, build_stack, *jobs).run();
     const int status = out.kind == Exit::Kind::LikeWaitStatus ? shell_status(out.value) : out.value;
     write_metrics(o, facts, status, start_wall_ms, log);
+    log.set_sink(nullptr);
+    if (notifier) notifier->finish();  // exit_like may not return
     if (out.kind == Exit::Kind::LikeWaitStatus) jobs->exit_like(out.value);
     return out.value;
   } catch (const Fatal& e) {

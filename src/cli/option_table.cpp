@@ -69,6 +69,16 @@ constexpr std::array kTable = {
   OptionSpec{.name = "metrics-dir", .value = "DIR", .section = Section::Output,
              .help = "write a node_exporter textfile per lock there\n"
                      "(default $LOOPLOCK_METRICS_DIR)"},
+  OptionSpec{.name = "notify", .value = "COMMAND", .section = Section::Output, .applies = kInRun,
+             .help = "run COMMAND (sh -c) for each event, its JSON\n"
+                     "on stdin, $LOOPLOCK_EVENT its name"},
+  OptionSpec{.name = "notify-on", .value = "LIST", .section = Section::Output, .applies = kInRun,
+             .help = "the events to notify (default: warnings,\n"
+                     "errors and held_too_long; all: every one)"},
+  OptionSpec{.name = "notify-timeout", .value = "DURATION", .section = Section::Output, .applies = kInRun,
+             .help = "KILL a notifier after DURATION (default 10s)"},
+  OptionSpec{.name = "notify-after", .value = "DURATION", .section = Section::Output, .applies = kInRun,
+             .help = "held_too_long once the job has run DURATION"},
   OptionSpec{.name = "inspect", .section = Section::Inspect,
              .help = "report who holds and who waits for each DIR's\n"
                      "lock; change nothing"},
@@ -108,6 +118,8 @@ constexpr std::array kConflicts = {
   OptionConflict{.a = "nonblock", .b = "timeout"},
   OptionConflict{.a = "shared", .b = "exclusive"},
   OptionConflict{.a = "no-fork", .b = "close", .hint = "With -F the command itself holds the lock; drop one of them."},
+  OptionConflict{.a = "no-fork", .b = "notify", .why = "with -F looplock becomes the command, and nobody is left to "
+                 "deliver its events"},
   OptionConflict{.a = "once-per", .b = "shared", .why = "readers run together, so none of them owns the run ledger"},
   OptionConflict{.a = "etcd", .b = "shared", .why = "shared cluster locks are not supported",
                  .hint = "Drop -s, or run without --etcd (and without $LOOPLOCK_ETCD) for a shared local lock."},

@@ -433,6 +433,10 @@ void check_system(const cxxopts::ParseResult& r, const Options& o) {
                   "work keeps its own deadline, from the environment variable LOOPLOCK_DEADLINE.");
     }
   }
+  if (!can.notify && r.count("notify")) {
+    usage_error("--notify is not available on this system yet: looplock has no relay for its notifiers here",
+                "Leave --notify out; the metrics file (--metrics-dir) and the incident rows say what happened.");
+  }
   if (!can.cluster && given(r, o, "etcd")) {
     usage_error(std::string("--etcd is not available on this system: looplock has no etcd transport here") +
                     (r.count("etcd") ? "" : " (LOOPLOCK_ETCD is set)"),
@@ -579,6 +583,46 @@ void read_output(const cxxopts::ParseResult& r, const Environment& env, Options&
     if (o.metrics_dir.empty()) usage_error("invalid --metrics-dir '': expected a directory");
   } else if (env.metrics_dir && !env.metrics_dir->empty()) {
     o.metrics_dir = *env.metrics_dir;  // --inspect judges its files too
+  }
+}
+
+// --notify, --notify-on, --notify-timeout, --notify-after.
+void read_notify(const cxxopts::ParseResult& r, Options& o) {
+  for (const char* name : {"notify-on", "notify-timeout", "notify-after"}) {
+    if (r.count(name) && !r.count("notify")) {
+      usage_error("--" + std::string(name) + " needs --notify COMMAND",
+                  "Example: looplock --notify 'mail -s looplock ops' --notify-on lock_acquire_timeout DIR -- CMD");
+    }
+  }
+  if (!r.count("notify")) return;
+  o.notify.command = text_of(r, "notify");
+  if (o.notify.command.empty()) usage_error("invalid --notify '': expected a command");
+  if (r.count("notify-on")) {
+    std::string_view list = text_of(r, "notify-on");
+    while (!list.empty()) {
+      const size_t comma = list.find(',');
+      const std::string_view name = list.substr(0, comma);
+      if (name.empty() || printable(name) != name || name.find(' ') != std::string_view::npos) {
+        usage_error(
+            "invalid --notify-on " + quote(text_of(r, "notify-on")) + ": expected event names separated by commas",
+            "Names are the LOG LINES events of looplock(1) and started, ended, skipped, held_too_long; "
+            "all is every event.");
+      }
+      o.notify.on.emplace_back(name);
+      list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+    }
+  }
+  if (r.count("notify-timeout")) {
+    const Duration d = duration_option("notify-timeout", text_of(r, "notify-timeout"));
+    if (d == Duration::zero()) usage_error("invalid --notify-timeout 0: a notifier needs some time");
+    o.notify.timeout = d;
+  }
+  if (r.count("notify-after")) {
+    const Duration d = duration_option("notify-after", text_of(r, "notify-after"));
+    if (d == Duration::zero() || d == kForever) {
+      usage_error("invalid --notify-after " + quote(text_of(r, "notify-after")) + ": expected a time above 0");
+    }
+    o.notify.after = d;
   }
 }
 
@@ -771,6 +815,7 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
   }
   read_policy(r, o);
   read_lock_and_job(r, o);
+  read_notify(r, o);
   read_command(r, split, env, o);
   return o;
 }

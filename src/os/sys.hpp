@@ -109,6 +109,8 @@ struct Abilities {
   // Names of files and programs differ by case (posix/; windows/: Python.exe
   // is python.exe).
   bool case_sensitive_names = false;
+  // A relay process for --notify's notifiers (os/relay.hpp).
+  bool notify = false;
 };
 Abilities abilities();
 

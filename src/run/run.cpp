@@ -61,7 +61,16 @@ Exit Run::run() {
   }
   if (auto done = claim_slot()) return finish(*done);
   const JobEnd job = run_job();
-  return finish(release(job));
+  const Conclusion c = release(job);
+  // --notify's ended, once every lock is released (never before a hand-off).
+  log_.event("info", "ended",
+             request_.identity.operation + " ended: " + std::string(outcome_name(c.outcome)) + ", exit status " +
+                 std::to_string(c.exit.kind == Exit::Kind::LikeWaitStatus ? shell_status(c.exit.value) : c.exit.value),
+             {{"operation", request_.identity.operation},
+              {"outcome", outcome_name(c.outcome)},
+              {"exit_status", c.exit.kind == Exit::Kind::LikeWaitStatus ? shell_status(c.exit.value) : c.exit.value},
+              {"ran_ms", ms_of(job.ended - job.started)}});
+  return finish(c);
 }
 
 // DIR, what the lock is called, and the stack of locks to take, as the
@@ -146,6 +155,10 @@ JobEnd Run::run_job() {
   try {
     export_deadline();
     if (o_.lock.no_fork) jobs_.exec(spec_);
+    log_.event("info", "started", request_.identity.operation + " started under the lock",
+               {{"operation", request_.identity.operation},
+                {"agent_id", request_.identity.agent},
+                {"policy", policy_name(o_.wait.policy)}});
     JobEnd job = jobs_.run(spec_, log_);
     facts_.ran = job.ended - job.started;
     return job;
@@ -221,7 +234,11 @@ std::optional<Conclusion> Run::claim_slot() {
 }
 
 // A skip (single_flight's, or the slot's): --skip-exit-code.
-Conclusion Run::skipped() const { return {exit_status(o_.wait.skip_exit_code), RunOutcome::Skipped}; }
+Conclusion Run::skipped() const {
+  log_.event("notice", "skipped", request_.identity.operation + " skipped",
+             {{"operation", request_.identity.operation}, {"exit_status", o_.wait.skip_exit_code}});
+  return {exit_status(o_.wait.skip_exit_code), RunOutcome::Skipped};
+}
 
 Exit Run::finish(const Conclusion& c) {
   facts_.outcome = c.outcome;

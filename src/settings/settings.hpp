@@ -52,6 +52,14 @@ struct OutputSettings {
   LogFormat log_format = LogFormat::Text;
 };
 
+// --notify: a command that hears the run's events (run/notify.hpp).
+struct NotifySettings {
+  std::string command;                          // empty: no --notify
+  std::vector<std::string> on;                  // --notify-on's event names; empty: the default set
+  Duration timeout = std::chrono::seconds(10);  // --notify-timeout: each notifier's
+  std::optional<Duration> after;                // --notify-after: held_too_long once the job has run this long
+};
+
 // What --inspect was asked for.
 struct InspectSettings {
   std::vector<std::string> dirs;  // every DIR given, in order
@@ -100,6 +108,7 @@ struct Options {
   OncePerSettings once_per;  // --once-per, --jitter
   std::string metrics_dir;   // --metrics-dir or $LOOPLOCK_METRICS_DIR; empty: none
   OutputSettings output;     // -q, -v, --log-format: the Logger's
+  NotifySettings notify;     // --notify and its options
   ClusterSettings cluster;   // --etcd and its options
   InspectSettings inspect;   // --inspect's
 };

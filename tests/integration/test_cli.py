@@ -58,6 +58,12 @@ Output:
       --log-format FORMAT     stderr lines as text (default) or json
       --metrics-dir DIR       write a node_exporter textfile per lock there
                               (default $LOOPLOCK_METRICS_DIR)
+      --notify COMMAND        run COMMAND (sh -c) for each event, its JSON
+                              on stdin, $LOOPLOCK_EVENT its name
+      --notify-on LIST        the events to notify (default: warnings,
+                              errors and held_too_long; all: every one)
+      --notify-timeout DURATION  KILL a notifier after DURATION (default 10s)
+      --notify-after DURATION  held_too_long once the job has run DURATION
 Inspect:
       --inspect               report who holds and who waits for each DIR's
                               lock; change nothing

@@ -149,7 +149,8 @@ Abilities abilities() {
           .cluster = true,
           .advisory_locks = true,
           .permission_bits = true,
-          .case_sensitive_names = true};
+          .case_sensitive_names = true,
+          .notify = true};
 }
 
 Pid own_pid() { return getpid(); }

@@ -1,0 +1,148 @@
+#include "run/notify.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/duration.hpp"
+#include "base/error.hpp"
+#include "job/job.hpp"
+#include "os/sys.hpp"
+
+namespace looplock {
+
+namespace {
+
+constexpr size_t kReadChunk = 64 * 1024;
+
+std::string text_of(const Json& j, const char* key) {
+  return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
+}
+
+// The relay's side: reads the events, delivers the wanted ones, and keeps
+// --notify-after's clock. Its own lines (a notifier that failed) go to
+// looplock's stderr as looplock's would.
+class Relay {
+public:
+  Relay(const NotifySettings& s, const EnvList& env, const Logger& log) : s_(s), env_(env), log_(log) {}
+
+  int loop(int fd) {
+    std::string buf;
+    for (;;) {
+      if (!sys::wait_readable(fd, held_at_)) {
+        held_too_long();
+        continue;
+      }
+      const auto chunk = sys::read_some(fd, kReadChunk);
+      if (!chunk || chunk->empty()) break;
+      buf += *chunk;
+      for (size_t nl; (nl = buf.find('\n')) != std::string::npos; buf.erase(0, nl + 1)) {
+        handle(buf.substr(0, nl));
+      }
+    }
+    return 0;
+  }
+
+private:
+  void handle(const std::string& line) {
+    const Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) return;
+    const std::string event = text_of(j, "event");
+    if (event == "started" && s_.after) {
+      started_ = j;
+      started_at_ = MonotonicClock::now();
+      held_at_ = *started_at_ + *s_.after;
+    } else if (event == "ended") {
+      held_at_.reset();
+    }
+    if (notify_wanted(s_, event, text_of(j, "level"))) deliver(event, j);
+  }
+
+  void held_too_long() {
+    held_at_.reset();
+    const Json j = held_too_long_event(started_, MonotonicClock::now() - *started_at_, *s_.after);
+    // looplock's own warning line, as it writes every line (unless -q).
+    if (!log_.is_quiet()) {
+      (void)sys::write_all(
+          log_.fd(), log_.is_text() ? "looplock: " + printable(text_of(j, "message")) + "\n" : dump_json(j) + "\n");
+    }
+    if (notify_wanted(s_, "held_too_long", "warning")) deliver("held_too_long", j);
+  }
+
+  void deliver(const std::string& event, const Json& j) {
+    const sys::NotifierEnd end =
+        sys::run_notifier(s_.command, notifier_env(env_, event), dump_json(j) + "\n", s_.timeout);
+    std::string why;
+    if (!end.started) {
+      why = "could not be started: " + std::string(std::strerror(end.err));
+    } else if (end.timed_out) {
+      why = "did not end within --notify-timeout " + format_duration(s_.timeout) + " and was KILLed with its group";
+    } else if (shell_status(end.status) != 0) {
+      why = "exited with " + std::to_string(shell_status(end.status));
+    }
+    if (!why.empty()) {
+      log_.warn("notify_failed",
+                "--notify's command for " + event + " " + why + "; looplock's exit status is the run's",
+                {{"notified_event", event}});
+    }
+  }
+
+  const NotifySettings& s_;
+  const EnvList& env_;
+  const Logger& log_;
+  Json started_ = Json::object();
+  std::optional<Instant> started_at_;
+  Deadline held_at_;
+};
+
+}  // namespace
+
+bool notify_wanted(const NotifySettings& s, const std::string& event, const std::string& level) {
+  if (event == "notify_failed") return false;  // never a notifier about a notifier
+  if (s.on.empty()) return level == "warning" || level == "error" || event == "held_too_long";
+  return std::any_of(s.on.begin(), s.on.end(), [&](const std::string& n) { return n == "all" || n == event; });
+}
+
+EnvList notifier_env(const EnvList& env, const std::string& event) {
+  return env_with(env, {{env_name::kEvent, event}}, {env_name::kFd, env_name::kHolderPid, env_name::kHolderFd});
+}
+
+Json held_too_long_event(const Json& started, Duration held, Duration after) {
+  Json j = Json::object();
+  j["ts"] = sys::utc_now_iso8601();
+  j["pid"] = started.contains("pid") ? started["pid"] : Json(nullptr);
+  j["level"] = "warning";
+  j["event"] = "held_too_long";
+  if (started.contains("lock_id")) j["lock_id"] = started["lock_id"];
+  const std::string op = text_of(started, "operation");
+  j["message"] = "held_too_long: " + (op.empty() ? std::string("the command") : op) + " has held the lock for " +
+                 format_duration(held) + " and goes on (--notify-after " + format_duration(after) + ")";
+  j["operation"] = op;
+  j["held_ms"] = ms_of(held);
+  j["notify_after_ms"] = ms_of(after);
+  return j;
+}
+
+Notifier::Notifier(const NotifySettings& settings, const EnvList& env, const Logger& log) {
+  // The relay's lines: looplock's, without the sink (which is in this process).
+  const Logger relay_log(log.is_quiet() ? Verbosity::Quiet : Verbosity::Normal,
+                         log.is_text() ? LogFormat::Text : LogFormat::Json, log.fd());
+  relay_ = sys::start_relay([&](int fd) { return Relay(settings, env, relay_log).loop(fd); });
+  if (!relay_) {
+    log.warn("notify_unavailable", errno_message("cannot start --notify's relay; no event will be notified", errno));
+  }
+}
+
+Notifier::~Notifier() { finish(); }
+
+void Notifier::take(const Json& event) {
+  if (!relay_ || !relay_->events) return;
+  // One write per event; a relay that is gone loses the rest (never an error).
+  if (!sys::write_all(relay_->events.get(), dump_json(event) + "\n")) relay_->events.reset();
+}
+
+void Notifier::finish() {
+  if (relay_) sys::finish_relay(*relay_);
+  relay_.reset();
+}
+
+}  // namespace looplock

@@ -1,0 +1,167 @@
+"""--notify (looplock(1), NOTIFY): each event of the run delivered once and
+in order to the operator's command, its JSON on stdin and LOOPLOCK_EVENT
+set, by a relay that never delays a release or a hand-off; notifiers that
+hang, fail or are missing; held_too_long; the notifier never holds the
+lock. Real processes; the notifiers write a history, checked afterwards."""
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import (EX_TEMPFAIL, EX_USAGE, LOOPLOCK, PY, TIMEOUT, expect_line, helper, run, start, wait_until)
+from etcdtest import needs_etcd, start_member
+
+RECORD = 'printf "%s %s\\n" "$LOOPLOCK_EVENT" "$(cat)" >> '
+
+
+def history(path):
+    p = Path(path)
+    if not p.exists():
+        return []
+    return [(line.split(" ", 1)[0], json.loads(line.split(" ", 1)[1])) for line in p.read_text().splitlines()]
+
+
+def events(path):
+    return [name for name, _ in history(path)]
+
+
+def test_each_event_is_delivered_once_in_order_with_its_json_and_name(loop_dir, tmp_path):
+    log = tmp_path / "events"
+    r = run(["--notify", RECORD + str(log), "--notify-on", "started,ended", "--operation", "tick", loop_dir, "--",
+             "sh", "-c", "exit 3"])
+    assert r.returncode == 3 and r.stderr == ""
+    got = history(log)
+    assert [name for name, _ in got] == ["started", "ended"]
+    started, ended = got[0][1], got[1][1]
+    assert started["event"] == "started" and started["operation"] == "tick" and started["pid"] == ended["pid"]
+    assert ended["exit_status"] == 3 and ended["outcome"] == "failure" and "lock_id" in ended
+
+
+def test_by_default_only_warnings_errors_and_held_too_long_are_notified(loop_dir, tmp_path, holders):
+    log = tmp_path / "events"
+    assert run(["--notify", RECORD + str(log), loop_dir, "--", "true"]).returncode == 0
+    assert events(log) == []  # a healthy run says nothing
+    h = holders(loop_dir, "flock")
+    r = run(["-q", "--notify", RECORD + str(log), "-w", "0.2", loop_dir, "--", "true"])
+    assert r.returncode == EX_TEMPFAIL
+    [(name, line)] = history(log)
+    assert name == "lock_acquire_timeout" and line["level"] == "error" and line["holder_pids"] == [h.pid]
+
+
+def test_a_skip_is_notified_as_its_line_and_as_skipped(loop_dir, tmp_path, holders):
+    log = tmp_path / "events"
+    holders(loop_dir, "flock")
+    r = run(["--notify", RECORD + str(log), "--notify-on", "noop-locked,skipped", "-p", "single_flight", loop_dir, "--",
+             "true"])
+    assert r.returncode == 0
+    assert events(log) == ["noop-locked", "skipped"]
+
+
+def test_a_hanging_notifier_is_killed_with_its_group_and_the_next_event_still_comes(loop_dir, tmp_path):
+    log = tmp_path / "events"
+    pids = tmp_path / "pids"
+    notifier = (f'if [ "$LOOPLOCK_EVENT" = started ]; then sleep 60 & echo $! >> {pids}; wait; fi; '
+                + RECORD + str(log))
+    t0 = time.monotonic()
+    r = run(["--notify", notifier, "--notify-on", "started,ended", "--notify-timeout", "0.5", loop_dir, "--", "true"])
+    took = time.monotonic() - t0
+    assert r.returncode == 0
+    assert "--notify's command for started did not end within --notify-timeout 500ms" in r.stderr
+    assert events(log) == ["ended"]  # started's notifier was KILLed before it wrote
+    assert took < 30  # it did not wait for the sleep
+    [sleeper] = [int(p) for p in pids.read_text().split()]
+    wait_until(lambda: not Path(f"/proc/{sleeper}").exists() or "Z" in Path(f"/proc/{sleeper}/stat").read_text()
+               .rsplit(")", 1)[1].split()[0], "the notifier's group to be KILLed")
+
+
+@pytest.mark.parametrize("command,why", [("exit 3", "exited with 3"),
+                                         ("no-such-notifier-anywhere", "exited with 127")])
+def test_a_failing_or_missing_notifier_is_a_warning_and_never_the_exit_status(loop_dir, command, why):
+    r = run(["--notify", command, "--notify-on", "ended", loop_dir, "--", "sh", "-c", "exit 4"])
+    assert r.returncode == 4
+    assert f"--notify's command for ended {why}; looplock's exit status is the run's" in r.stderr
+
+
+def test_a_slow_notifier_never_delays_the_release(loop_dir, tmp_path):
+    """The notifier of 'ended' waits for a file that only the next holder's
+    command creates: had looplock waited for it before releasing, the next
+    holder could never run."""
+    go = tmp_path / "go"
+    notifier = f'while [ ! -e {go} ]; do sleep 0.02; done'
+    first = start(["--notify", notifier, "--notify-on", "started", "--notify-timeout", "25", loop_dir, "--", "true"],
+                  stdin=subprocess.DEVNULL)
+    second = run(["-p", "blocking", loop_dir, "--", "touch", str(go)], timeout=20)
+    assert second.returncode == 0
+    assert first.wait(timeout=TIMEOUT) == 0
+    assert "notify_failed" not in first.stderr.read()
+
+
+def test_held_too_long_is_said_once_while_the_job_goes_on(loop_dir, tmp_path):
+    log = tmp_path / "events"
+    r = run(["--notify", RECORD + str(log), "--notify-after", "0.3", "--operation", "tick", loop_dir, "--", "sleep",
+             "1.5"])
+    assert r.returncode == 0
+    assert r.stderr.count("held_too_long: tick has held the lock for ") == 1
+    [(name, line)] = history(log)
+    assert name == "held_too_long" and line["level"] == "warning" and line["held_ms"] >= 300
+    # A job that ends first says nothing.
+    log.unlink()
+    r = run(["--notify", RECORD + str(log), "--notify-after", "5", loop_dir, "--", "true"])
+    assert r.returncode == 0 and "held_too_long" not in r.stderr and events(log) == []
+
+
+def test_the_notifier_never_holds_the_lock_nor_passes_for_nested(loop_dir, tmp_path):
+    out = tmp_path / "out"
+    notifier = (f'env | grep -c -E "^LOOPLOCK_(FD|HOLDER_PID|HOLDER_FD)=" >> {out}; '
+                f'"{LOOPLOCK}" -n {loop_dir} -- true; echo "inner $?" >> {out}')
+    r = run(["--notify", notifier, "--notify-on", "started", loop_dir, "--", PY, "-c",
+             "import time; time.sleep(0.5)"])
+    assert r.returncode == 0
+    assert out.read_text().split("\n")[:2] == ["0", f"inner {EX_TEMPFAIL}"]
+
+
+def test_looplock_killed_the_relay_delivers_what_it_has_and_ends(loop_dir, tmp_path):
+    log = tmp_path / "events"
+    p = start(["--notify", RECORD + str(log), "--notify-on", "started", loop_dir, "--", PY, helper("wait_stdin.py")])
+    expect_line(p)
+    wait_until(lambda: events(log) == ["started"], "started to be delivered")
+    relays = [int(x) for x in subprocess.run(["pgrep", "-P", str(p.pid)], capture_output=True, text=True).stdout.split()]
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(timeout=TIMEOUT)
+    for pid in relays:
+        wait_until(lambda: not Path(f"/proc/{pid}").exists() or
+                   Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", "the relay to end")
+
+
+@pytest.mark.parametrize("args,word", [(["-F", "--notify", "true"], "cannot be combined"),
+                                       (["--notify-on", "ended"], "--notify-on needs --notify COMMAND"),
+                                       (["--notify", "true", "--notify-timeout", "0"], "invalid --notify-timeout"),
+                                       (["--notify", "true", "--notify-on", "a,,b"], "invalid --notify-on")])
+def test_usage_errors_never_notify(loop_dir, tmp_path, args, word):
+    r = run([*args, loop_dir, "--", "true"])
+    assert r.returncode == EX_USAGE and word in r.stderr
+
+
+@pytest.fixture(scope="module")
+def etcd():
+    m = start_member()
+    yield m
+    m.remove()
+
+
+@pytest.mark.parametrize("_", [None], ids=["etcd"])
+def test_with_etcd_events_come_from_looplock_etcd_too(request, loop_dir, tmp_path, _):
+    for mark in needs_etcd:
+        if mark.args and mark.args[0]:
+            pytest.skip(mark.kwargs.get("reason", "etcd"))
+    member = request.getfixturevalue("etcd")
+    log = tmp_path / "events"
+    r = run(["--etcd", member.url, "--lock-name", f"notify{os.getpid()}", "--notify", RECORD + str(log),
+             "--notify-on", "started,ended", loop_dir, "--", "true"])
+    assert r.returncode == 0, r.stderr
+    got = history(log)
+    assert [name for name, _ in got] == ["started", "ended"]
