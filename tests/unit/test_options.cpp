@@ -147,14 +147,15 @@ TEST_CASE("every value-taking option is classified by the splitter") {
                                        "operation", "log-format", "kill-after", "max-time", "metrics-dir",
                                        "stale-after", "etcd", "lock-name", "ttl", "etcd-cacert", "etcd-cert",
                                        "etcd-key", "etcd-user", "etcd-password-file", "warn-before", "warn-signal",
-                                       "once-per", "jitter", "incidents"});
+                                       "once-per", "jitter", "incidents", "notify", "notify-on", "notify-timeout",
+                                       "notify-after"});
 
   std::vector<std::string> spellings;
   for (const auto& [s, l] : opts) {
     spellings.push_back("--" + l);
     if (!s.empty()) spellings.push_back("-" + s);
   }
-  CHECK(spellings.size() == 27);
+  CHECK(spellings.size() == 31);
   for (const auto& spelling : spellings) {
     CAPTURE(spelling);
     // The value is "--": if the splitter did not know that the option takes
@@ -166,6 +167,8 @@ TEST_CASE("every value-taking option is classified by the splitter") {
     // --warn-signal needs --warn-before, which needs --max-time.
     if (spelling == "--warn-signal") etcd = {"--max-time", "5s", "--warn-before", "1s"};
     if (spelling == "--warn-before") etcd = {"--max-time", "5s"};
+    // --notify's options need --notify.
+    if (spelling.starts_with("--notify-")) etcd = {"--notify", "true"};
     const bool inspect_only = spelling == "--stale-after" || spelling == "--incidents";
     if (inspect_only) {
       args = {"--inspect", spelling, "--", "DIR"};
@@ -179,7 +182,8 @@ TEST_CASE("every value-taking option is classified by the splitter") {
       CHECK(o.dir == "DIR");
       CHECK(o.command == Args{"x"});
       CHECK((o.identity.agent == "--" || o.identity.operation == "--" || o.metrics_dir == "--" ||
-             o.cluster.lock_name == "--" || o.cluster.etcd_cacert == "--"));
+             o.cluster.lock_name == "--" || o.cluster.etcd_cacert == "--" || o.notify.command == "--" ||
+             o.notify.on == Args{"--"}));
     } else {
       // The option got "--" as its value and rejected it by name.
       CHECK(f->status == 64);
