@@ -140,7 +140,7 @@ Json report_json(const InspectFacts& facts, const Verdict& v) {
     x["coalescing"] = w.coalescing;
     waiters.push_back(std::move(x));
   }
-  j["waiters"] = f.tested_by_taking ? Json(nullptr) : std::move(waiters);  // null: the system cannot list them
+  j["waiters"] = f.holders_unlisted ? Json(nullptr) : std::move(waiters);  // null: the system cannot list them
   Json r = Json::object();
   r["state"] = !f.exists                                                         ? "missing"
                : f.refusal && !rec && f.record.state == HolderRead::State::Empty ? "not read"
@@ -187,7 +187,9 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
                                         [&](const FileProblem& p) { return p.file == f.lock_path; });
     line("file", creatable ? "missing: the next run creates it" : "missing, and no run can create it (see the warning)");
   }
-  const std::string tested = f.tested_by_taking ? " (tested by taking it: the system names no holder or waiter)" : "";
+  const std::string tested = f.tested_by_taking   ? " (tested by taking it: the system names no holder or waiter)"
+                             : f.holders_unlisted ? " (no lock file to hold; the system names no holder or waiter)"
+                                                  : "";
   line("kernel", held && !named.empty()
                      ? std::string("held (") + (v.exclusive ? "exclusive" : "shared") + ") by " + pids_text(named)
                  : held && f.tested_by_taking
@@ -215,7 +217,7 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
                        ? "not read: " + std::string(std::strerror(f.record.err ? f.record.err : EIO))
                                                                      : std::string("none (the file is empty)"));
   }
-  if (facts.waiters.empty()) line("waiting", known && !f.tested_by_taking ? "none" : "unknown");
+  if (facts.waiters.empty()) line("waiting", known && !f.holders_unlisted ? "none" : "unknown");
   for (const auto& w : facts.waiters) {
     std::string who = "pid " + std::to_string(w.pid) + " (" + w.command;
     if (w.agent_id || w.operation) {

@@ -179,9 +179,20 @@ int record_fd(const LockFile& file) {
 
 namespace {
 
+// The record file `st` under the lock file's rules: refused (73) as
+// --inspect's survey refuses it.
+void refuse_record_file(const LockDir& dir, const sys::FileStatus& st) {
+  if (auto r = refuse_file(st, dir.st, sys::own_euid(), "holder record", kHolderName, "unsafe_lock_file", dir.path)) {
+    r->why = std::string(kHolderName) + " beside it: " + r->why;  // the message names the lock file
+    refused(dir, *r);
+  }
+}
+
 // DIR/.state.lock.holder, where the record lives beside the lock file: under
-// the lock file's rules (no link, one hard link, a trusted owner); opened
-// for writing, or not at all (errno set: the run then writes no record).
+// the lock file's rules (a regular file, no link, one hard link, a trusted
+// owner), refused (73) otherwise, whether it opened or not (a directory
+// there does not open); opened for writing, or not at all (errno set: the
+// run then writes no record).
 UniqueFd open_record_file(const LockDir& dir) {
   UniqueFd fd = sys::open_in(dir.fd.get(), kHolderName,
                              {.access = sys::OpenIn::Access::ReadWrite,
@@ -193,13 +204,15 @@ UniqueFd open_record_file(const LockDir& dir) {
     refused(dir, Refusal{std::string(kHolderName) + " beside it is a symbolic link (looplock never follows one)",
                          kSymlinkHint, "unsafe_lock_file"});
   }
-  if (!fd) return fd;
   sys::FileStatus st;
-  if (!sys::status_of_fd(fd.get(), st)) fail_errno(exit_code::kOsError, "cannot stat " + lock_display(dir), errno);
-  if (auto r = refuse_file(st, dir.st, sys::own_euid(), "holder record", kHolderName, "unsafe_lock_file", dir.path)) {
-    r->why = std::string(kHolderName) + " beside it: " + r->why;  // the message names the lock file
-    refused(dir, *r);
+  if (!fd) {
+    const int err = errno;
+    if (sys::status_at(dir.fd.get(), kHolderName, st)) refuse_record_file(dir, st);
+    errno = err;
+    return fd;
   }
+  if (!sys::status_of_fd(fd.get(), st)) fail_errno(exit_code::kOsError, "cannot stat " + lock_display(dir), errno);
+  refuse_record_file(dir, st);
   return fd;
 }
 

@@ -294,22 +294,35 @@ bool swap_in(const Place& at, const std::string& text, std::optional<sys::Failur
   return true;
 }
 
-// The file replaced by a new one: a temporary file renamed over it.
+// The file replaced by a new one: a temporary file of this process's own,
+// written, then renamed over it. Once created, it is removed on every
+// failure, whichever step failed (the warning names that step), so that a
+// full disk leaves nothing behind. One that an earlier run with this pid
+// left (ended mid-update) is removed first: the update lock is held, so no
+// other run writes it.
 std::optional<sys::Failure> replace_by_rename(const Place& at, const std::string& text) {
   const std::string tmp = "." + at.name + "." + std::to_string(sys::own_pid()) + ".tmp";
-  UniqueFd out = sys::open_in(at.dirfd, tmp,
-                              {.access = sys::OpenIn::Access::Write,
-                               .create = sys::OpenIn::Create::IfMissing,
-                               .mode = kCollectedMode,
-                               .truncate = true});
-  if (!out) return failed("cannot create " + sys::path_in_dir(at.dir, tmp));
+  const std::string shown = sys::path_in_dir(at.dir, tmp);
+  (void)sys::remove_in(at.dirfd, tmp);
+  UniqueFd out =
+      sys::open_in(at.dirfd, tmp,
+                   {.access = sys::OpenIn::Access::Write, .create = sys::OpenIn::Create::New, .mode = kCollectedMode});
   std::optional<sys::Failure> err;
-  if (!sys::write_all(out.get(), text)) err = failed("cannot write " + sys::path_in_dir(at.dir, tmp));
-  if (!err && !sys::close_checked(std::move(out))) err = failed("cannot write " + sys::path_in_dir(at.dir, tmp));
-  if (!err && !sys::rename_in(at.dirfd, tmp, at.name)) {
+  if (!out) {
+    err = failed("cannot create " + shown);
+  } else if (!sys::write_all(out.get(), text)) {
+    err = failed("cannot write " + shown);
+  } else if (!sys::close_checked(std::move(out))) {
+    err = failed("cannot write " + shown);
+  } else if (!sys::rename_in(at.dirfd, tmp, at.name)) {
     err = failed("cannot rename " + tmp + " to " + sys::path_in_dir(at.dir, at.name));
   }
-  if (err) (void)sys::remove_in(at.dirfd, tmp);
+  if (err) {
+    out.reset();  // closed first: Windows keeps an open file's name until it is closed
+    // Also after a failed create: an open can fail once the file is made
+    // (wine's, when the disk is full); whatever is at this name is ours.
+    (void)sys::remove_in(at.dirfd, tmp);
+  }
   return err;
 }
 

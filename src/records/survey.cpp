@@ -120,7 +120,7 @@ LockFacts survey_held(const LockFile& file, const std::string& lock_path, const 
     if (!listed && err == ENOSYS) {
       // This run's own attempt found it held; a shared attempt tells in
       // which mode (undone at once when it succeeds).
-      f.tested_by_taking = true;
+      f.tested_by_taking = f.holders_unlisted = true;
       f.tested_exclusive = !sys::try_lock(file.fd.get(), /*exclusive=*/false);
       if (!f.tested_exclusive) (void)sys::unlock(file.fd.get());
     } else if (!listed) {
@@ -148,7 +148,7 @@ void test_by_taking(const LockDir& dir, LockFacts& f) {
         errno);
     return;
   }
-  f.tested_by_taking = true;
+  f.tested_by_taking = f.holders_unlisted = true;
   if (sys::try_lock(fd.get(), /*exclusive=*/true)) {
     (void)sys::unlock(fd.get());
     return;  // free
@@ -172,6 +172,8 @@ LockFacts survey_lock(const LockDir& dir, const std::string& lock_path, std::vec
     const int err = errno;
     if (err == ENOENT) {
       f.exists = false;
+      errno = 0;
+      f.holders_unlisted = !sys::lock_table(dir.st) && errno == ENOSYS;
       return f;
     }
     lock_stat_failed(dir, err);

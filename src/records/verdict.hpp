@@ -68,6 +68,9 @@ struct LockFacts {
   // it and who waits is not (the record names the holder).
   bool tested_by_taking = false;
   bool tested_exclusive = false;      // tested_by_taking and held: whether exclusively
+  // The system lists no lock holders or waiters (Windows): set with
+  // tested_by_taking, and for a lock file that is missing (nothing to take).
+  bool holders_unlisted = false;
   std::vector<Pid> dead_kernel_pids;  // pids /proc/locks names that have exited
   // The record, and its process.
   HolderRead record;

@@ -315,3 +315,19 @@ TEST_CASE("looplock_identity reads a waiter's command line as looplock does") {
   CHECK_FALSE(looplock::looplock_identity({"looplock", "--inspect", "D"}, env));
   CHECK_FALSE(looplock::looplock_identity({"looplock", "--bogus"}, env));
 }
+
+TEST_CASE("where the system lists no holders, a missing lock file is free and its waiters unknown") {
+  InspectFacts f = base();
+  f.lock.exists = false;
+  f.lock.holders_unlisted = true;
+  InspectReport r = looplock::build_report(f);
+  CHECK(r.json["waiters"].is_null());
+  CHECK(r.text.find("kernel    free (no lock file to hold; the system names no holder or waiter)\n") !=
+        std::string::npos);
+  CHECK(r.text.find("waiting   unknown\n") != std::string::npos);
+  f.lock.holders_unlisted = false;  // Linux: /proc/locks lists them
+  r = looplock::build_report(f);
+  CHECK(r.json["waiters"].is_array());
+  CHECK(r.text.find("kernel    free\n") != std::string::npos);
+  CHECK(r.text.find("waiting   none\n") != std::string::npos);
+}

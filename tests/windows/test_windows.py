@@ -221,7 +221,8 @@ def test_a_killed_looplock_leaves_no_process_and_the_lock_free(loop_dir, tmp_pat
 
 @pytest.mark.parametrize("args,word", [(["-F"], "-F/--no-fork"), (["--warn-before", "1s", "--max-time", "5s"], "--warn-before"),
                                        (["--warn-signal", "USR1"], "--warn-signal"),
-                                       (["--etcd", "http://127.0.0.1:2379"], "--etcd")])
+                                       (["--etcd", "http://127.0.0.1:2379"], "--etcd"),
+                                       (["--notify", "echo"], "--notify")])
 def test_what_windows_cannot_do_is_a_usage_error_with_a_hint(loop_dir, args, word):
     r = looplock(*args, loop_dir, "--", HELPER, "exit", "0")
     assert r.returncode == 64
@@ -444,6 +445,100 @@ def test_a_dir_named_with_a_trailing_separator_locks(loop_dir):
         assert r.returncode == 3 and r.stderr == "", (spelling, r.stderr)
 
 
+def test_a_dir_given_as_a_drive_alone_is_that_drives_current_directory(loop_dir):
+    r""""Z:" is drive Z's current directory, as "Z:." is: its lock file is
+    Z:.state.lock, never Z:\.state.lock (the drive's root)."""
+    r = looplock("Z:", "--", "cmd", "/c", "echo %LOOPLOCK_DIR%", cwd=loop_dir)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.strip() == win(loop_dir)
+    assert json.loads((loop_dir / ".state.lock.holder").read_text())["released_at"]
+    r = looplock("--inspect", "--json", "Z:", cwd=loop_dir)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["lock_file"] == "Z:.state.lock"
+    assert report["lock_id"] == inspect_json(loop_dir)["lock_id"]
+
+
+def deep_dir(tmp_path, length):
+    """A directory under TMP_PATH whose Windows path (win()) is LENGTH
+    characters long, made of parts of at most 100."""
+    d = tmp_path / f"len{length}"
+    while length - len(win(d)) > 101:
+        d = d / ("d" * 50)
+    d = d / ("d" * (length - len(win(d)) - 1))
+    assert len(win(d)) == length, win(d)
+    d.mkdir(parents=True)
+    return d
+
+
+@pytest.mark.parametrize("length", [263, 264, 300])
+def test_a_dir_with_a_long_path_locks(tmp_path, length):
+    r"""Past MAX_PATH (260) a path goes to the system with the \\?\ prefix; the
+    path the system gives DIR (LOOPLOCK_DIR, lock_id) is read whole."""
+    d = deep_dir(tmp_path, length)
+    r = looplock(win(d), "--", "cmd", "/c", "echo %LOOPLOCK_DIR%")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.strip() == win(d)
+    assert json.loads((d / ".state.lock.holder").read_text())["released_at"]
+    assert inspect_json(win(d))["lock_id"] == inspect_json("\\\\?\\" + win(d))["lock_id"]
+
+
+def test_a_holder_record_that_is_a_directory_is_refused_and_inspect_says_so(loop_dir):
+    """As a record file with two names: every run refuses it (73) before the
+    command runs, as --inspect says."""
+    (loop_dir / ".state.lock.holder").mkdir()
+    r = looplock(loop_dir, "--", HELPER, "args", "ran")
+    assert r.returncode == 73 and r.stdout == "", r
+    assert ".state.lock.holder beside it: it is a directory, not a regular file" in r.stderr, r.stderr
+    r = looplock("--log-format", "json", loop_dir, "--", HELPER, "args", "ran")
+    assert r.returncode == 73 and json.loads(r.stderr.splitlines()[0])["event"] == "unsafe_lock_file", r.stderr
+    r = looplock("--inspect", "--check", loop_dir)
+    assert r.returncode == 1 and "every run refuses this lock file (exit 73)" in r.stdout, r.stdout
+    (loop_dir / ".state.lock.holder").rmdir()
+    assert looplock(loop_dir, "--", HELPER, "args", "ran").stdout == "<ran>\n"  # the control
+
+
+@contextlib.contextmanager
+def full_file_system(path):
+    """PATH, a directory, as a small tmpfs filled up (mount(8): root only)."""
+    path.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(path)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs to fill: {r.stderr.strip()}")
+    try:
+        subprocess.run(["dd", "if=/dev/zero", f"of={path / 'fill'}", "bs=4k"], capture_output=True)
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def test_a_full_disk_leaves_no_temporary_metrics_file(loop_dir, tmp_path):
+    with full_file_system(tmp_path / "metrics") as metrics:
+        for _ in range(2):
+            r = looplock("--metrics-dir", metrics, loop_dir, "--", HELPER, "exit", "0")
+            assert r.returncode == 0, r.stderr
+            assert "cannot update the metrics: cannot write " in r.stderr and "No space left" in r.stderr, r.stderr
+            assert not list(metrics.glob("*.tmp")), list(metrics.iterdir())
+        if LINUX:  # the control: the Linux build's update leaves none either
+            linux_loop = tmp_path / "linux"
+            linux_loop.mkdir()
+            r = subprocess.run([LINUX, "--metrics-dir", metrics, linux_loop, "--", "true"], capture_output=True,
+                               text=True, timeout=TIMEOUT)
+            assert r.returncode == 0 and "No space left" in r.stderr, r.stderr
+            assert not list(metrics.glob("*.tmp"))
+
+
+def test_inspect_of_a_missing_lock_file_names_no_waiter_it_cannot_know(loop_dir):
+    """Windows lists no lock holders or waiters: a missing lock file is free
+    (nothing holds a file that is not there), but its waiters are unknown."""
+    report = inspect_json(loop_dir)
+    assert report["exists"] is False and report["kernel"]["held"] is False
+    assert report["waiters"] is None
+    text = looplock("--inspect", loop_dir).stdout
+    assert "waiting   unknown" in text, text
+    assert "kernel    free\n" not in text and "the system names no holder or waiter" in text, text
+
+
 def test_the_holder_record_cannot_be_deleted_while_held(loop_dir):
     record = loop_dir / ".state.lock.holder"
     assert looplock(loop_dir, "--", HELPER, "delete", win(record)).returncode == 1
@@ -486,6 +581,26 @@ def test_operations_are_named_as_on_linux(loop_dir):
     assert operation() == "cmd"  # -c runs cmd.exe
     assert looplock(loop_dir, "--", "python.exe", r"Z:\x\status.py", "--tick").returncode == 127
     assert operation() == "status.py"  # the script, never a path
+    # Names there are case-insensitive: one operation however it is spelled.
+    assert looplock(loop_dir, "--", "Python.EXE", r"Z:\x\Status.PY").returncode == 127
+    assert operation() == "status.py"
+    assert looplock(loop_dir, "--", "WINHELPER.exe", "exit", "0").returncode in (0, 127)
+    assert operation() == "winhelper"
+    assert looplock(loop_dir, "--operation", "Tick", "--", HELPER, "exit", "0").returncode == 0
+    assert operation() == "Tick"  # an explicit one is kept as given
+
+
+def test_a_hint_names_dir_so_that_it_pastes_into_cmd(tmp_path):
+    loop = tmp_path / "with space"
+    loop.mkdir()
+    holder = Holder(loop / ".state.lock")
+    try:
+        r = looplock("-n", win(loop), "--", HELPER, "exit", "0")
+    finally:
+        holder.release()
+    assert r.returncode == 75
+    assert f'Run \'looplock --inspect "{win(loop)}"\' to see the holder' in r.stderr, r.stderr
+    assert f"{win(loop)}\\.state.lock still held" in r.stderr  # Windows' separator
 
 
 def test_a_directory_is_no_program(loop_dir):
@@ -514,10 +629,10 @@ LINUX = os.environ.get("LOOPLOCK_LINUX", "")
 
 def normalized(text, loop_dir):
     """A run's stderr with what differs by nature taken out: the DIR as
-    spelled, pids, durations, and the holder the system cannot name on
-    Windows (the WINDOWS section's list)."""
+    spelled, the separator of a file in it, pids, durations, and the holder
+    the system cannot name on Windows (the WINDOWS section's list)."""
     for spelling in (win(loop_dir), str(loop_dir)):
-        text = text.replace(spelling, "DIR")
+        text = text.replace(spelling + "\\", "DIR/").replace(spelling, "DIR")
     text = re.sub(r"by pid \d+ \(\w+\): no looplock record", "by HOLDER", text)
     text = text.replace("by another process (the kernel does not say which)", "by HOLDER")
     text = re.sub(r"\d+(\.\d+)?(ms|s)\b", "T", text)
@@ -707,6 +822,10 @@ WINE_CANNOT = {
         "_locking(_LK_LOCK) retries 10 times 1 s apart on Windows (10 ms apart in wine)",
     "ctrl_break_reaches_the_job_and_looplock_exits_as_it_did":
         "CTRL_BREAK_EVENT to a process group is not implemented in wine",
+    "a_dir_whose_name_ends_in_a_dot_or_a_space_locks":
+        "wine drops a part's trailing dot or space from the path it gives an open directory "
+        "(GetFinalPathNameByHandleW), where Windows keeps them; looplock.exe reaches DIR's files by that path, "
+        "in \\\\?\\ form, which Windows takes as it is",
 }
 
 

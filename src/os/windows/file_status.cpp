@@ -85,11 +85,13 @@ bool status_of_fd(int fd, FileStatus& out) {
 bool status_of_path(const std::string& given, FileStatus& out) {
   // The C runtime's stat fails on a directory named with a trailing
   // separator ("loop\\"), which every Windows tool writes: it is stripped,
-  // but from a root ("C:\\", "\\").
+  // but from a root ("C:\\", "\\"). It fails on a drive alone ("D:", that
+  // drive's current directory) too, which is named "D:." for it.
   std::string path = given;
   while (path.size() > 1 && (path.back() == '\\' || path.back() == '/') && !(path.size() == 3 && path[1] == ':')) {
     path.pop_back();
   }
+  if (path.size() == 2 && path[1] == ':') path += '.';
   struct _stat64 st {};
   if (_wstat64(windows::file_path(path).c_str(), &st) != 0) return false;
   const HANDLE h = CreateFileW(windows::file_path(path).c_str(), READ_CONTROL,
@@ -103,7 +105,7 @@ bool status_of_path(const std::string& given, FileStatus& out) {
 bool status_at(int dirfd, const char* name, FileStatus& out) {
   const auto path = windows::path_in(dirfd, name);
   if (!path) return false;
-  const HANDLE h = CreateFileW(windows::file_path(*path).c_str(), FILE_READ_ATTRIBUTES | READ_CONTROL,
+  const HANDLE h = CreateFileW(path->c_str(), FILE_READ_ATTRIBUTES | READ_CONTROL,
                                FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr, OPEN_EXISTING,
                                FILE_FLAG_BACKUP_SEMANTICS | FILE_FLAG_OPEN_REPARSE_POINT, nullptr);
   if (h == INVALID_HANDLE_VALUE) return windows::failed();

@@ -2,7 +2,8 @@
 // runs tests/unit/test_os.cpp; it enforces none of Windows' byte-range
 // locking rules). A directory is a C runtime descriptor of a handle opened
 // with FILE_FLAG_BACKUP_SEMANTICS; a file in it is reached by the path the
-// system knows the directory by and its name, opened with
+// system knows the directory by and its name, as a \\?\ path that Windows
+// takes as it is (support.hpp's path_in), opened with
 // FILE_FLAG_OPEN_REPARSE_POINT, so that a symbolic link is found and
 // refused rather than followed. No handle is inheritable. A lock is
 // LockFileEx on byte 0, length 1 (what the C runtime's _locking takes, so
@@ -79,7 +80,8 @@ OVERLAPPED lock_byte(LockAt at) {
 
 UniqueFd open_directory(const std::string& path) {
   // READ_CONTROL: its owner is read through this handle (file_status.hpp).
-  const HANDLE h = CreateFileW(windows::file_path(path).c_str(), FILE_READ_ATTRIBUTES | READ_CONTROL,
+  const std::wstring wide = windows::file_path(path);
+  const HANDLE h = CreateFileW(wide.c_str(), FILE_READ_ATTRIBUTES | READ_CONTROL,
                                FILE_SHARE_READ | FILE_SHARE_WRITE | FILE_SHARE_DELETE, nullptr, OPEN_EXISTING,
                                FILE_FLAG_BACKUP_SEMANTICS, nullptr);
   if (h == INVALID_HANDLE_VALUE) {
@@ -130,7 +132,7 @@ UniqueFd open_in(int dirfd, const std::string& name, const OpenIn& how) {
   const DWORD attributes =
       (how.mode & 0200) || how.create == OpenIn::Create::No ? FILE_ATTRIBUTE_NORMAL : FILE_ATTRIBUTE_READONLY;
   const DWORD share = FILE_SHARE_READ | FILE_SHARE_WRITE | (how.keep_name ? 0 : FILE_SHARE_DELETE);
-  const HANDLE h = CreateFileW(windows::file_path(*path).c_str(), access, share, nullptr, disposition,
+  const HANDLE h = CreateFileW(path->c_str(), access, share, nullptr, disposition,
                                attributes | FILE_FLAG_OPEN_REPARSE_POINT, nullptr);
   if (h == INVALID_HANDLE_VALUE) {
     failed();
@@ -188,12 +190,11 @@ bool rename_in(int dirfd, const std::string& from, const std::string& to) {
   const auto a = path_in(dirfd, from);
   const auto b = path_in(dirfd, to);
   if (!a || !b) return false;
-  const std::wstring wa = windows::file_path(*a), wb = windows::file_path(*b);
   // A reader that opened `to` without sharing delete (a metrics scraper, a
   // virus scanner) holds it for a moment: tried again for up to 2 s.
   const Instant give_up = MonotonicClock::now() + std::chrono::seconds(2);
   for (;;) {
-    if (MoveFileExW(wa.c_str(), wb.c_str(), MOVEFILE_REPLACE_EXISTING)) return true;
+    if (MoveFileExW(a->c_str(), b->c_str(), MOVEFILE_REPLACE_EXISTING)) return true;
     const DWORD error = GetLastError();
     const bool busy = error == ERROR_SHARING_VIOLATION || error == ERROR_ACCESS_DENIED || error == ERROR_LOCK_VIOLATION;
     if (!busy || MonotonicClock::now() >= give_up) return failed();
@@ -210,7 +211,7 @@ std::optional<std::vector<std::string>> names_in(int dirfd, std::string_view pre
   const auto pattern = path_in(dirfd, std::string(prefix) + "*");
   if (!pattern) return std::nullopt;
   WIN32_FIND_DATAW found{};
-  const HANDLE h = FindFirstFileW(windows::file_path(*pattern).c_str(), &found);
+  const HANDLE h = FindFirstFileW(pattern->c_str(), &found);
   std::vector<std::string> out;
   if (h == INVALID_HANDLE_VALUE) {
     if (GetLastError() == ERROR_FILE_NOT_FOUND) return out;
@@ -229,7 +230,7 @@ std::optional<std::vector<std::string>> names_in(int dirfd, std::string_view pre
 bool remove_in(int dirfd, const std::string& name) {
   const auto path = path_in(dirfd, name);
   if (!path) return false;
-  return DeleteFileW(windows::file_path(*path).c_str()) ? true : failed();
+  return DeleteFileW(path->c_str()) ? true : failed();
 }
 
 bool close_checked(UniqueFd fd) { return _close(fd.release()) == 0; }

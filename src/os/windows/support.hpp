@@ -8,6 +8,7 @@
 
 // clang-format off
 #include <windows.h>
+#include <io.h>
 // clang-format on
 
 #include <cerrno>
@@ -51,21 +52,6 @@ inline bool failed() {
   return false;
 }
 
-// `name` in the directory open as `dirfd`, as a path; nullopt (errno set)
-// when the directory has no path or `name` is not a plain name.
-inline std::optional<std::string> path_in(int dirfd, const std::string& name) {
-  auto dir = path_of_fd(dirfd);
-  if (!dir) {
-    errno = EBADF;
-    return std::nullopt;
-  }
-  if (name.find_first_of("\\/") != std::string::npos) {
-    errno = EINVAL;
-    return std::nullopt;
-  }
-  return *dir + (dir->ends_with('\\') ? "" : "\\") + name;
-}
-
 // UTF-8 `text` as UTF-16; text that is not UTF-8 has its bad bytes
 // replaced by U+FFFD (Windows has no name that holds them).
 inline std::wstring widen(const std::string& text) {
@@ -75,6 +61,36 @@ inline std::wstring widen(const std::string& text) {
   std::wstring out(static_cast<size_t>(n), L'\0');
   MultiByteToWideChar(CP_UTF8, 0, text.data(), static_cast<int>(text.size()), out.data(), n);
   return out;
+}
+
+// The path the system knows the file or directory open as `h` by, in the
+// \\?\ form that *W calls take as it is (\\?\C:\..., \\?\UNC\server\share\...):
+// GetFinalPathNameByHandleW's normalized DOS path (sys.cpp); nullopt (errno
+// set) when it has none.
+std::optional<std::wstring> final_path(HANDLE h);
+
+// `name` in the directory open as `dirfd`, as a path for a *W call that
+// opens, looks at, renames or removes it: always in \\?\ form (final_path),
+// so that Windows' rewriting of a path (a part's trailing dots and spaces
+// dropped, the MAX_PATH limit) never names another file than the one in
+// that directory (wine drops them from the path it gives a directory, where
+// Windows keeps them: a tests/windows skip says so). "." is the directory
+// itself (a \\?\ path is taken as it is: "." in it would be a name).
+// nullopt (errno set) when the directory has no path or `name` is not a
+// plain name.
+inline std::optional<std::wstring> path_in(int dirfd, const std::string& name) {
+  auto dir = final_path(reinterpret_cast<HANDLE>(_get_osfhandle(dirfd)));
+  if (!dir) {
+    errno = EBADF;
+    return std::nullopt;
+  }
+  if (name == ".") return dir;
+  if (name.empty() || name == ".." || name.find_first_of("\\/") != std::string::npos) {
+    errno = EINVAL;
+    return std::nullopt;
+  }
+  if (!dir->ends_with(L'\\')) *dir += L'\\';
+  return *dir += widen(name);
 }
 
 // `wide` in the code page `page` (CP_UTF8, but for a caller that needs

@@ -9,6 +9,7 @@
 // windows.h first: bcrypt.h needs what it declares.
 // clang-format off
 #include <windows.h>
+#include <winternl.h>
 #include <bcrypt.h>
 #include <lmcons.h>
 #include <fcntl.h>
@@ -21,6 +22,7 @@
 #include <climits>
 #include <filesystem>
 #include <thread>
+#include <vector>
 
 #include "os/windows/support.hpp"
 
@@ -178,7 +180,10 @@ std::optional<unsigned long long> random_below(unsigned long long bound) {
 
 std::string path_in_dir(std::string_view dir, std::string_view name) {
   std::string p(dir);
-  if (!p.empty() && !is_path_separator(p.back())) p += '\\';
+  // A drive alone ("D:") is that drive's current directory: its names are
+  // "D:name", as the system joins them ("D:\\name" is in its root).
+  const bool drive_alone = p.size() == 2 && p[1] == ':';
+  if (!p.empty() && !drive_alone && !is_path_separator(p.back())) p += '\\';
   return p += name;
 }
 
@@ -251,18 +256,60 @@ int execute_access(const std::string& path) {
 
 int exec_program(const std::string&, char**, const std::vector<std::string>&) { return ENOSYS; }
 
+namespace windows {
+
+namespace {
+// Where GetFinalPathNameByHandleW gives no path (wine's reads the handle's
+// name into a buffer of MAX_PATH characters: ERROR_MORE_DATA past about
+// 263), the name it starts from, read into a buffer that fits any path
+// (NtQueryObject): wine names a file in the DOS device namespace
+// (\??\C:\..., \??\UNC\server\share\...), which is its \\?\ path. Windows
+// names it by its device (\Device\HarddiskVolume1\...), which is not mapped
+// here: there GetFinalPathNameByHandleW gives paths of any length.
+std::optional<std::wstring> dos_object_name(HANDLE h) {
+  using Query = LONG(NTAPI*)(HANDLE, OBJECT_INFORMATION_CLASS, PVOID, ULONG, PULONG);
+  const HMODULE ntdll = GetModuleHandleW(L"ntdll.dll");
+  const auto query =
+      ntdll ? reinterpret_cast<Query>(reinterpret_cast<void*>(GetProcAddress(ntdll, "NtQueryObject"))) : nullptr;
+  if (!query) return std::nullopt;
+  std::vector<unsigned char> buf(sizeof(OBJECT_NAME_INFORMATION) + 65536);  // a name's length is 16 bits of bytes
+  ULONG size = 0;
+  if (query(h, ObjectNameInformation, buf.data(), static_cast<ULONG>(buf.size()), &size) < 0) return std::nullopt;
+  const auto* info = reinterpret_cast<const OBJECT_NAME_INFORMATION*>(buf.data());
+  if (!info->Name.Buffer) return std::nullopt;
+  const std::wstring name(info->Name.Buffer, info->Name.Length / sizeof(wchar_t));
+  if (!name.starts_with(L"\\??\\") || name.size() < 6) return std::nullopt;
+  return L"\\\\?\\" + name.substr(4);
+}
+}  // namespace
+
+std::optional<std::wstring> final_path(HANDLE h) {
+  if (h == INVALID_HANDLE_VALUE) {
+    errno = EBADF;
+    return std::nullopt;
+  }
+  std::wstring buf(32768, L'\0');  // the longest path Windows has, and its NUL
+  const DWORD n =
+      GetFinalPathNameByHandleW(h, buf.data(), static_cast<DWORD>(buf.size()), FILE_NAME_NORMALIZED | VOLUME_NAME_DOS);
+  const DWORD error = n == 0 ? GetLastError() : ERROR_MORE_DATA;
+  if (n > 0 && n < buf.size()) {
+    buf.resize(n);
+    return buf;  // VOLUME_NAME_DOS: \\?\C:\... or \\?\UNC\...
+  }
+  if (auto name = dos_object_name(h)) return name;
+  errno = errno_of(error);
+  return std::nullopt;
+}
+
+}  // namespace windows
+
 void close_fd(int fd) noexcept { _close(fd); }
 
 std::optional<std::string> path_of_fd(int fd) {
-  const HANDLE h = reinterpret_cast<HANDLE>(_get_osfhandle(fd));
-  if (h == INVALID_HANDLE_VALUE) return std::nullopt;
-  std::wstring buf(32768, L'\0');
-  const DWORD n =
-      GetFinalPathNameByHandleW(h, buf.data(), static_cast<DWORD>(buf.size()), FILE_NAME_NORMALIZED | VOLUME_NAME_DOS);
-  if (n == 0 || n >= buf.size()) return std::nullopt;
-  buf.resize(n);
-  std::string p = windows::utf8(buf);
-  // The prefix of a long path: \\?\UNC\server\share\... is \\server\share\...,
+  auto path = windows::final_path(reinterpret_cast<HANDLE>(_get_osfhandle(fd)));
+  if (!path) return std::nullopt;
+  std::string p = windows::utf8(*path);
+  // Without the prefix: \\?\UNC\server\share\... is \\server\share\...,
   // \\?\C:\... is C:\...
   if (p.starts_with("\\\\?\\UNC\\")) return "\\\\" + p.substr(8);
   if (p.starts_with("\\\\?\\")) p.erase(0, 4);
