@@ -15,6 +15,7 @@
 #include "os/job_control.hpp"
 #include "os/signal_names.hpp"
 #include "os/sys.hpp"
+#include "run/notify.hpp"
 #include "settings/endpoints.hpp"
 #include "settings/lease_timing.hpp"
 
@@ -591,7 +592,7 @@ void read_notify(const cxxopts::ParseResult& r, Options& o) {
   for (const char* name : {"notify-on", "notify-timeout", "notify-after"}) {
     if (r.count(name) && !r.count("notify")) {
       usage_error("--" + std::string(name) + " needs --notify COMMAND",
-                  "Example: looplock --notify 'mail -s looplock ops' --notify-on lock_acquire_timeout DIR -- CMD");
+                  "Example: looplock --notify 'mail -s looplock ops' --notify-after 10m DIR -- CMD");
     }
   }
   if (!r.count("notify")) return;
@@ -608,6 +609,11 @@ void read_notify(const cxxopts::ParseResult& r, Options& o) {
             "Names are the LOG LINES events of looplock(1) and started, ended, skipped, held_too_long; "
             "all is every event.");
       }
+      if (const auto why = unnotifiable_event(std::string(name))) {
+        usage_error("invalid --notify-on name " + quote(name) + ": " + *why,
+                    "Names are the LOG LINES events of looplock(1) and started, ended, skipped, held_too_long; "
+                    "all is every event.");
+      }
       o.notify.on.emplace_back(name);
       list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
     }
@@ -619,10 +625,8 @@ void read_notify(const cxxopts::ParseResult& r, Options& o) {
   }
   if (r.count("notify-after")) {
     const Duration d = duration_option("notify-after", text_of(r, "notify-after"));
-    if (d == Duration::zero() || d == kForever) {
-      usage_error("invalid --notify-after " + quote(text_of(r, "notify-after")) + ": expected a time above 0");
-    }
-    o.notify.after = d;
+    if (d == Duration::zero()) usage_error("invalid --notify-after 0: expected a time above 0 (inf: never)");
+    if (d != kForever) o.notify.after = d;
   }
 }
 

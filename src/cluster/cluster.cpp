@@ -410,6 +410,9 @@ bool ClusterLock::coalesced(const std::vector<etcd::KeyValue>& queue, std::vecto
   for (auto it = std::next(queue.begin()); it != mine; ++it) {
     const auto v = parse_cluster_holder(it->value);
     if (!v || v->value("policy", Json("")) != "coalesce" || v->value("operation", Json("")) != who_.operation) continue;
+    // A waiter whose looplock is proven dead on this host runs nothing: its
+    // key goes with its lease, and this run waits in its place.
+    if (!dead_contender_note(*v).empty()) continue;
     coalesced_into_ = *v;
     blocker_ = holder_of(queue.front(), step_end);
     // Counted under the waiter's lease, so that the note goes with it.

@@ -185,6 +185,12 @@ AcquireResult LocalLock::acquire_coalescing(const WaitPlan& plan, Instant start,
                         .acquired_at = sys::utc_now_iso8601(),
                         .released_at = std::nullopt};
   Seat seat = take_seat(dir_, me);
+  if (seat.unavailable) {
+    log_.warn("coalesce_unavailable", "-p coalesce cannot take the seat of " + request_.identity.operation + " (" +
+                                          *seat.unavailable +
+                                          "); this run waits for the lock without absorbing later runs");
+    return acquire_lock(dir_, plan, mode, reporter, start);
+  }
   if (!seat.taken()) {
     seat_waiter_ = seat.waiter;
     if (!absorb(dir_, seat, pid_, pid_start)) {

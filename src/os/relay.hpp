@@ -30,7 +30,9 @@ struct Relay {
 // Starts the relay, which runs `body` with the pipe's read end and exits
 // with what it returns; nullopt (errno set) when it cannot be started.
 std::optional<Relay> start_relay(const std::function<int(int events)>& body);
-// Closes the pipe and waits for the relay to deliver what it has and exit.
+// Closes the pipe and waits for the relay to deliver what it has and exit;
+// a signal that would end looplock (INT, TERM, HUP, QUIT) ends the wait
+// early, and the relay goes on delivering on its own.
 void finish_relay(Relay& relay);
 
 // Waits until `fd` can be read (true) or `until` comes (false; none: for
@@ -45,10 +47,12 @@ struct NotifierEnd {
   int err = 0;             // not started: why
   bool timed_out = false;  // KILLed with its group at its deadline
   int status = 0;          // its wait status
+  std::string output;      // the end of what it wrote (stdout and stderr), at most 1 KiB
 };
 // Runs `command` through the shell (/bin/sh -c) with `env`, `input` on its
-// standard input, in a process group of its own, KILLed with the group
-// after `timeout`.
+// standard input, its standard output and error read by the relay (never
+// looplock's), in a process group of its own, KILLed with the group after
+// `timeout` (kForever: never) and once it has exited (what it left behind).
 NotifierEnd run_notifier(const std::string& command, const std::vector<std::string>& env, const std::string& input,
                          Duration timeout);
 

@@ -5,6 +5,7 @@
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "base/json.hpp"
+#include "base/text.hpp"
 #include "os/clock.hpp"
 #include "os/digest.hpp"
 #include "os/file_status.hpp"
@@ -26,31 +27,46 @@ constexpr size_t kSeatReadLimit = 1 << 20;
 
 std::string seat_display(const LockDir& dir, const std::string& name) { return sys::path_in_dir(dir.path, name); }
 
-// The seat's file: created (kCreateMode) when missing, for reading and
-// writing, else for reading (the lock needs no more); judged by the rules of
-// every file beside the lock file.
-UniqueFd open_seat(const LockDir& dir, const std::string& name) {
+// Why the caller may not write the seat's file, with the fix.
+std::string unwritable(const LockDir& dir, const std::string& name, int err) {
+  const std::string path = shell_word(seat_display(dir, name));
+  sys::FileStatus st;
+  if (err == EROFS) return "DIR's file system is read-only";
+  if (sys::status_at(dir.fd.get(), name.c_str(), st)) {
+    return "you may not write it (owner uid " + std::to_string(st.owner) + ", mode " + octal_mode(st.mode) +
+           "): its owner or root lets the group that shares DIR read and write it (chmod g+rw " + path +
+           "), or a run made it under umask 002";
+  }
+  return "you may not create it in DIR: let the runs' users create files there, or make it once (install -m 0660 "
+         "-g GROUP /dev/null " +
+         path + ")";
+}
+
+// The seat's file, created (kCreateMode) when missing, for reading and
+// writing, judged by the rules of every file beside the lock file; invalid
+// (`why` set) when the caller may not write it.
+UniqueFd open_seat(const LockDir& dir, const std::string& name, std::optional<std::string>& why) {
+  sys::FileStatus st;
+  if (sys::status_at(dir.fd.get(), name.c_str(), st)) {
+    if (auto r = refuse_file(st, dir.st, sys::own_euid(), "coalesce seat", name, "unsafe_coalesce_seat", dir.path)) {
+      throw Fatal(exit_code::kCantCreate, "unsafe coalesce seat " + seat_display(dir, name) + ": " + r->why, r->hint,
+                  r->event);
+    }
+  }
   UniqueFd fd = sys::open_in(dir.fd.get(), name,
                              {.access = sys::OpenIn::Access::ReadWrite,
                               .create = sys::OpenIn::Create::IfMissing,
                               .mode = kCreateMode,
                               .above_stdio = true});
-  if (!fd && (errno == EACCES || errno == EROFS || errno == EPERM)) {
-    const int err = errno;
-    fd = sys::open_in(dir.fd.get(), name, {.access = sys::OpenIn::Access::Read, .above_stdio = true});
-    if (!fd && errno == ENOENT) errno = err;  // it could not be created: why
-  }
   if (!fd) {
     const int err = errno;
+    if (err == EACCES || err == EROFS || err == EPERM) {
+      why = unwritable(dir, name, err);
+      return fd;
+    }
     fail_errno(status_for_errno(err, exit_code::kCantCreate),
-               "cannot open -p coalesce's seat " + seat_display(dir, name), err,
-               err == EACCES || err == EROFS
-                   ? "-p coalesce keeps one file per operation in DIR beside the lock file; let the runs' users "
-                     "create files in DIR (as they create the lock file), or use -p blocking."
-                   : "",
-               "coalesce_unusable");
+               "cannot open -p coalesce's seat " + seat_display(dir, name), err, "", "coalesce_unusable");
   }
-  sys::FileStatus st;
   if (!sys::status_of_fd(fd.get(), st)) {
     fail_errno(exit_code::kOsError, "cannot stat " + seat_display(dir, name), errno, "", "coalesce_unusable");
   }
@@ -81,7 +97,8 @@ std::string coalesce_name(const std::string& operation) {
 Seat take_seat(const LockDir& dir, const HolderRecord& me) {
   Seat seat;
   seat.name = coalesce_name(me.operation);
-  UniqueFd fd = open_seat(dir, seat.name);
+  UniqueFd fd = open_seat(dir, seat.name, seat.unavailable);
+  if (!fd) return seat;
   const Instant until = MonotonicClock::now() + kRecordWait;
   for (;;) {
     if (sys::try_lock(fd.get(), /*exclusive=*/true, sys::LockAt::PastData)) {

@@ -35,14 +35,17 @@ struct Seat {
   // written a moment after the seat is taken; a record whose process is
   // gone is not taken for it).
   std::optional<HolderRecord> waiter;
+  // The caller may not write the seat's file (its mode, a read-only file
+  // system): why, with the fix. The run then waits without a seat.
+  std::optional<std::string> unavailable;
   bool taken() const { return static_cast<bool>(fd); }
 };
 
 // Takes the seat of `me.operation` without waiting, or finds who has it.
-// Taken: `me` is written in it (a file only readable for the caller keeps
-// no record: its absorbed runs then name it by nothing but the policy).
-// Throws Fatal 73 when the file is unsafe (lockfile.hpp's refuse_file
-// rules) or cannot be created or opened, 71 on resource exhaustion.
+// Taken: `me` is written in it. A seat the caller may not write is
+// `unavailable` (not taken, nobody named). Throws Fatal 73 when the file is
+// unsafe (lockfile.hpp's refuse_file rules) or cannot be opened for another
+// reason, 71 on resource exhaustion.
 Seat take_seat(const LockDir& dir, const HolderRecord& me);
 
 // An absorbed run (`self`, its start `self_start`) says so in the seat's

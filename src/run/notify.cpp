@@ -1,6 +1,7 @@
 #include "run/notify.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "base/duration.hpp"
@@ -80,9 +81,14 @@ private:
       why = "exited with " + std::to_string(shell_status(end.status));
     }
     if (!why.empty()) {
+      std::string said = end.output;
+      while (!said.empty() && (said.back() == '\n' || said.back() == '\r')) said.pop_back();
+      if (const size_t nl = said.rfind('\n'); nl != std::string::npos) said.erase(0, nl + 1);
       log_.warn("notify_failed",
-                "--notify's command for " + event + " " + why + "; looplock's exit status is the run's",
-                {{"notified_event", event}});
+                "--notify's command for " + event + " " + why +
+                    (said.empty() ? std::string() : " (its last line: " + said + ")") +
+                    "; looplock's exit status is the run's",
+                {{"notified_event", event}, {"output", end.output}});
     }
   }
 
@@ -103,7 +109,34 @@ bool notify_wanted(const NotifySettings& s, const std::string& event, const std:
 }
 
 EnvList notifier_env(const EnvList& env, const std::string& event) {
-  return env_with(env, {{env_name::kEvent, event}}, {env_name::kFd, env_name::kHolderPid, env_name::kHolderFd});
+  return env_with(env, {{env_name::kEvent, event}},
+                  {env_name::kFd, env_name::kHolderPid, env_name::kHolderFd, env_name::kEtcdPassword});
+}
+
+// The events a run can have (the man page's LOG LINES table, and the three
+// only --notify hears); test_docs.py checks the two lists agree.
+constexpr std::array kEvents = {
+    "usage_error", "nested_cluster_lock", "dir_missing", "not_a_directory", "dir_path_unusable", "unsafe_loop_dir",
+    "unsafe_lock_file", "lock_file_unusable", "unsafe_run_ledger", "run_ledger_unusable", "unsafe_coalesce_seat",
+    "coalesce_unusable", "os_error", "out_of_memory", "stdout_write_failed", "internal_error", "command_not_found",
+    "command_not_executable", "etcd_unreachable", "etcd_error", "etcd_helper_missing", "error", "lock_acquire_timeout",
+    "max_time_exceeded", "lease_lost", "loop_dir_vanished", "noop-locked", "noop-already-run", "noop-coalesced",
+    "lock_leaked", "kill_after", "warned", "warning_not_sent", "ledger_damaged", "ledger_ahead", "ledger_crowded",
+    "ledger_write_failed", "lock_file_replaced", "read_only_lock_file", "holder_write_failed", "incident_append_failed",
+    "unsafe_incidents_file", "intact_unknown", "network_file_system", "metrics_write_failed", "terminal",
+    "password_file_readable", "waiting", "acquired", "released", "jitter", "held_too_long", "notify_failed",
+    "notify_unavailable", "coalesced", "absorb_unrecorded", "coalesce_unavailable", "nested", "etcd_unavailable",
+    "etcd_answering", "lease_expired",
+    // --notify's own
+    "started", "ended", "skipped"};
+
+std::optional<std::string> unnotifiable_event(const std::string& name) {
+  if (name == "all") return std::nullopt;
+  if (name == "usage_error" || name == "notify_failed" || name == "notify_unavailable") {
+    return "a run never notifies " + name;
+  }
+  if (std::find(kEvents.begin(), kEvents.end(), name) == kEvents.end()) return "no such event";
+  return std::nullopt;
 }
 
 Json held_too_long_event(const Json& started, Duration held, Duration after) {

@@ -44,6 +44,9 @@ bool notify_wanted(const NotifySettings& settings, const std::string& event, con
 // The notifier's environment: looplock's, without what names a held lock,
 // with LOOPLOCK_EVENT.
 EnvList notifier_env(const EnvList& env, const std::string& event);
+// Why --notify-on cannot name `name` (no such event, or one a run never
+// notifies), or nullopt when it can ("all" included).
+std::optional<std::string> unnotifiable_event(const std::string& name);
 // held_too_long, from the started event of the job that has now run `held`.
 Json held_too_long_event(const Json& started, Duration held, Duration after);
 

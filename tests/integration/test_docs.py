@@ -419,3 +419,13 @@ def test_the_man_page_lists_every_error_code(runs):
     files = man_section("FILES")
     for code in codes:
         assert f"*{code}*" in files, code
+
+
+def test_notify_on_knows_every_event_of_the_log_lines_table():
+    """--notify-on refuses a name it does not know: its list (run/notify.cpp)
+    is the LOG LINES table's events and started, ended, skipped."""
+    src = (SRC / "run" / "notify.cpp").read_text()
+    listed = src[src.index("constexpr std::array kEvents"):]
+    listed = set(re.findall(r'"([a-z_\-]+)"', listed[:listed.index("};")]))
+    table = set(re.findall(r"^\|  \*([a-z_\-]+)\*", man_section("LOG LINES"), re.M))
+    assert listed == table | {"started", "ended", "skipped"}, (listed ^ (table | {"started", "ended", "skipped"}))

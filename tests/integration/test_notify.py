@@ -78,12 +78,60 @@ def test_a_hanging_notifier_is_killed_with_its_group_and_the_next_event_still_co
                .rsplit(")", 1)[1].split()[0], "the notifier's group to be KILLed")
 
 
-@pytest.mark.parametrize("command,why", [("exit 3", "exited with 3"),
-                                         ("no-such-notifier-anywhere", "exited with 127")])
+@pytest.mark.parametrize("command,why", [("echo first; echo said it >&2; exit 3", "exited with 3 (its last line: said it)"),
+                                         ("no-such-notifier-anywhere", "exited with 127 (its last line: ")])
 def test_a_failing_or_missing_notifier_is_a_warning_and_never_the_exit_status(loop_dir, command, why):
     r = run(["--notify", command, "--notify-on", "ended", loop_dir, "--", "sh", "-c", "exit 4"])
     assert r.returncode == 4
-    assert f"--notify's command for ended {why}; looplock's exit status is the run's" in r.stderr
+    assert f"--notify's command for ended {why}" in r.stderr
+    assert "; looplock's exit status is the run's" in r.stderr
+
+
+def test_what_a_notifier_prints_never_reaches_looplocks_stdout_or_stderr(loop_dir):
+    r = run(["--log-format", "json", "--notify", "echo PING-OK; echo noise >&2", "--notify-on", "started,ended",
+             loop_dir, "--", "echo", '{"a":1}'])
+    assert r.returncode == 0
+    assert r.stdout == '{"a":1}\n'
+    assert r.stderr == ""
+
+
+def test_notify_timeout_inf_never_kills_a_notifier(loop_dir, tmp_path):
+    log = tmp_path / "events"
+    r = run(["--notify", "sleep 1; " + RECORD + str(log), "--notify-on", "started", "--notify-timeout", "inf",
+             loop_dir, "--", "true"])
+    assert r.returncode == 0 and r.stderr == ""
+    assert events(log) == ["started"]
+
+
+def test_a_command_that_cannot_run_still_ends_the_run_for_the_notifier(loop_dir, tmp_path):
+    log = tmp_path / "events"
+    r = run(["-q", "--notify", RECORD + str(log), "--notify-on", "started,command_not_found,ended", loop_dir, "--",
+             "/nonexistent/command"])
+    assert r.returncode == 127
+    got = history(log)
+    assert [name for name, _ in got] == ["started", "command_not_found", "ended"]
+    assert got[-1][1]["exit_status"] == 127 and got[-1][1]["outcome"] == "error"
+
+
+def test_a_signal_while_looplock_waits_for_its_last_notifier_ends_the_wait(loop_dir, tmp_path):
+    log = tmp_path / "events"
+    p = start(["--notify", "sleep 20; " + RECORD + str(log), "--notify-on", "ended", "--notify-timeout", "25",
+               loop_dir, "--", PY, helper("wait_stdin.py")], start_new_session=True)
+    expect_line(p)
+    p.stdin.close()  # the job ends; looplock waits for the notifier of ended
+    wait_until(lambda: any(Path(f"/proc/{c}/cmdline").exists() for c in _children(p.pid)), "the relay")
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    os.killpg(p.pid, signal.SIGTERM)
+    p.wait(timeout=TIMEOUT)
+    assert time.monotonic() - t0 < 15  # not the notifier's 20 s
+
+
+def _children(pid):
+    try:
+        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
 
 
 def test_a_slow_notifier_never_delays_the_release(loop_dir, tmp_path):
@@ -116,10 +164,10 @@ def test_held_too_long_is_said_once_while_the_job_goes_on(loop_dir, tmp_path):
 
 def test_the_notifier_never_holds_the_lock_nor_passes_for_nested(loop_dir, tmp_path):
     out = tmp_path / "out"
-    notifier = (f'env | grep -c -E "^LOOPLOCK_(FD|HOLDER_PID|HOLDER_FD)=" >> {out}; '
+    notifier = (f'env | grep -c -E "^LOOPLOCK_(FD|HOLDER_PID|HOLDER_FD|ETCD_PASSWORD)=" >> {out}; '
                 f'"{LOOPLOCK}" -n {loop_dir} -- true; echo "inner $?" >> {out}')
     r = run(["--notify", notifier, "--notify-on", "started", loop_dir, "--", PY, "-c",
-             "import time; time.sleep(0.5)"])
+             "import time; time.sleep(0.5)"], env={"LOOPLOCK_ETCD_PASSWORD": "sekret"})
     assert r.returncode == 0
     assert out.read_text().split("\n")[:2] == ["0", f"inner {EX_TEMPFAIL}"]
 
@@ -138,6 +186,8 @@ def test_looplock_killed_the_relay_delivers_what_it_has_and_ends(loop_dir, tmp_p
 
 
 @pytest.mark.parametrize("args,word", [(["-F", "--notify", "true"], "cannot be combined"),
+                                       (["--notify", "true", "--notify-on", "lock_acquire_timout"], "no such event"),
+                                       (["--notify", "true", "--notify-on", "notify_failed"], "never notifies"),
                                        (["--notify-on", "ended"], "--notify-on needs --notify COMMAND"),
                                        (["--notify", "true", "--notify-timeout", "0"], "invalid --notify-timeout"),
                                        (["--notify", "true", "--notify-on", "a,,b"], "invalid --notify-on")])

@@ -488,3 +488,43 @@ def test_a_dir_its_own_owner_cannot_write_is_named_as_the_cause_and_inspect_warn
     assert as_member(U1, "--once-per", "1m", "--operation", "x", d, "--", "true").returncode == 0
     i = as_member(U1, "--inspect", "--check", d)
     assert i.returncode == 0, i
+
+
+def test_a_coalesce_seat_a_member_made_under_umask_077_never_costs_another_members_tick(base, tmp_path):
+    """-p coalesce: the first member made the operation's seat under umask
+    077 (0600, theirs); a second member who cannot write it is warned and
+    waits for the lock without a seat, and its tick runs (no 73, no tick
+    lost)."""
+    d, _ = group_dirs(base)
+    history = base / "history"
+    history.touch()
+    os.chmod(history, 0o666)
+    tick = [PY, helper("slot_tick.py"), str(history)]
+    holder = subprocess.Popen([*member(U1), LOOPLOCK, "--operation", "tick", d, "--", *tick, "holder", "hold"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+    expect_line(holder)
+    first = subprocess.Popen([*member(U1, "077"), LOOPLOCK, "-p", "coalesce", "--operation", "tick", d, "--", *tick,
+                              "first"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd="/")
+    wait_until(lambda: first.pid in blocked_waiters(d / LOCK) or any(
+        p in blocked_waiters(d / LOCK) for p in children_of(first.pid)), "the first coalescing tick to wait")
+    [seat] = [p for p in d.iterdir() if p.name.startswith(".state.lock.coalesce.")]
+    assert stat_mode(seat) == 0o600
+    second = subprocess.Popen([*member(U2), LOOPLOCK, "-p", "coalesce", "--operation", "tick", d, "--", *tick,
+                               "second"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd="/")
+    wait_until(lambda: len(blocked_waiters(d / LOCK)) == 2, "the second member's tick to wait without a seat")
+    holder.stdin.close()
+    assert holder.wait(timeout=TIMEOUT) == 0
+    assert first.wait(timeout=TIMEOUT) == 0
+    assert second.wait(timeout=TIMEOUT) == 0
+    err = second.stderr.read()
+    assert "-p coalesce cannot take the seat of tick (you may not write it (owner uid" in err, err
+    assert "chmod g+rw" in err and "waits for the lock without absorbing later runs" in err
+    ran = [line.split()[0] for line in history.read_text().splitlines()]
+    assert sorted(ran) == ["first", "holder", "second"]
+
+
+def children_of(pid):
+    try:
+        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 
+#include "os/clock.hpp"
 #include "os/sys.hpp"
 
 namespace looplock::sys {
@@ -62,8 +63,19 @@ std::optional<Relay> start_relay(const std::function<int(int events)>& body) {
 void finish_relay(Relay& relay) {
   relay.events.reset();
   if (relay.pid <= 0) return;
-  int status = 0;
-  while (waitpid(relay.pid, &status, 0) < 0 && errno == EINTR) {
+  sigset_t ending;
+  sigemptyset(&ending);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&ending, s);
+  for (int status = 0;;) {
+    const pid_t r = waitpid(relay.pid, &status, WNOHANG);
+    if (r == relay.pid || (r < 0 && errno != EINTR)) break;
+    sigset_t pending;
+    if (sigpending(&pending) == 0) {
+      bool asked = false;
+      for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) asked = asked || sigismember(&pending, s) == 1;
+      if (asked) break;  // the relay delivers the rest on its own
+    }
+    nap(std::chrono::milliseconds(10));
   }
   relay.pid = 0;
 }
@@ -93,10 +105,17 @@ std::optional<std::string> read_some(int fd, size_t limit) {
 
 NotifierEnd run_notifier(const std::string& command, const std::vector<std::string>& env, const std::string& input,
                          Duration timeout) {
+  constexpr size_t kKept = 1024;
   NotifierEnd end;
-  int in[2];
+  int in[2], out[2];
   if (pipe2(in, O_CLOEXEC) != 0) {
     end.err = errno;
+    return end;
+  }
+  if (pipe2(out, O_CLOEXEC | O_NONBLOCK) != 0) {
+    end.err = errno;
+    ::close(in[0]);
+    ::close(in[1]);
     return end;
   }
   const std::vector<std::string> argv{"/bin/sh", "-c", command};
@@ -105,36 +124,49 @@ NotifierEnd run_notifier(const std::string& command, const std::vector<std::stri
   const pid_t pid = fork();
   if (pid < 0) {
     end.err = errno;
-    ::close(in[0]);
-    ::close(in[1]);
+    for (int fd : {in[0], in[1], out[0], out[1]}) ::close(fd);
     return end;
   }
   if (pid == 0) {
     setpgid(0, 0);
     signal(SIGPIPE, SIG_DFL);
-    if (dup2(in[0], 0) < 0) _exit(126);
+    const int flags = fcntl(out[1], F_GETFL);
+    if (flags >= 0) (void)fcntl(out[1], F_SETFL, flags & ~O_NONBLOCK);
+    if (dup2(in[0], 0) < 0 || dup2(out[1], 1) < 0 || dup2(out[1], 2) < 0) _exit(126);
     execve("/bin/sh", c_argv.data(), c_env.data());
     _exit(127);
   }
   setpgid(pid, pid);  // as the child does: no race with the KILL below
   ::close(in[0]);
+  ::close(out[1]);
   end.started = true;
   (void)write_all(in[1], input);
   ::close(in[1]);
-  const Instant deadline = MonotonicClock::now() + timeout;
+  const Deadline deadline = later(MonotonicClock::now(), timeout);  // saturates: kForever never comes
+  auto drain = [&] {
+    char buf[4096];
+    for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;) {
+      end.output.append(buf, static_cast<size_t>(n));
+      if (end.output.size() > kKept) end.output.erase(0, end.output.size() - kKept);
+    }
+  };
   for (;;) {
+    drain();
     const pid_t r = waitpid(pid, &end.status, WNOHANG);
     if (r == pid) break;
     if (r < 0 && errno != EINTR) break;
-    if (MonotonicClock::now() >= deadline) {
+    if (deadline && MonotonicClock::now() >= *deadline) {
       end.timed_out = true;
       kill(-pid, SIGKILL);
       while (waitpid(pid, &end.status, 0) < 0 && errno == EINTR) {
       }
       break;
     }
-    nap(std::chrono::milliseconds(5));
+    pollfd p{out[0], POLLIN, 0};
+    (void)poll(&p, 1, 5);
   }
+  drain();
+  ::close(out[0]);
   // What the notifier left in its group goes with it.
   kill(-pid, SIGKILL);
   return end;
