@@ -166,6 +166,19 @@ Acquisition LocalLock::acquire(const WaitPlan& plan, Instant start) {
   return Acquisition::Acquired;
 }
 
+// This run's record, as of now (the holder record, and the seat's).
+HolderRecord LocalLock::this_run(const std::string& pid_start) const {
+  return HolderRecord{.lock_id = target_.lock_id,
+                      .pid = pid_,
+                      .pid_start = pid_start,
+                      .agent_id = request_.identity.agent,
+                      .operation = request_.identity.operation,
+                      .policy = std::string(policy_name(request_.policy)),
+                      .acquired_at = sys::utc_now_iso8601(),
+                      .released_at = std::nullopt,
+                      .no_fork = request_.flags.no_fork};
+}
+
 // A free lock is taken at once; a held one is waited for by one run of the
 // operation, the one in its seat, which absorbs every later run of it that
 // comes while it waits: those skip (Coalesced). The seat is left once the
@@ -176,14 +189,7 @@ AcquireResult LocalLock::acquire_coalescing(const WaitPlan& plan, Instant start,
   AcquireResult first = acquire_lock(dir_, {WaitPlan::Kind::NoWait, Duration::zero()}, mode, quiet, start);
   if (first.status == Acquisition::Acquired) return first;
   const std::string pid_start = pid_start_.empty() ? sys::own_start().value_or("") : pid_start_;
-  const HolderRecord me{.lock_id = target_.lock_id,
-                        .pid = pid_,
-                        .pid_start = pid_start,
-                        .agent_id = request_.identity.agent,
-                        .operation = request_.identity.operation,
-                        .policy = std::string(policy_name(request_.policy)),
-                        .acquired_at = sys::utc_now_iso8601(),
-                        .released_at = std::nullopt};
+  const HolderRecord me = this_run(pid_start);
   Seat seat = take_seat(dir_, me);
   if (seat.unavailable) {
     log_.warn("coalesce_unavailable", "-p coalesce cannot take the seat of " + request_.identity.operation + " (" +
@@ -225,15 +231,7 @@ void LocalLock::write_record() {
             ")");
     return;
   }
-  record_ = HolderRecord{.lock_id = target_.lock_id,
-                         .pid = pid_,
-                         .pid_start = pid_start_,
-                         .agent_id = request_.identity.agent,
-                         .operation = request_.identity.operation,
-                         .policy = std::string(policy_name(request_.policy)),
-                         .acquired_at = sys::utc_now_iso8601(),
-                         .released_at = std::nullopt,
-                         .no_fork = request_.flags.no_fork};
+  record_ = this_run(pid_start_);
   if (!write_holder(record_fd(file_), *record_)) {
     log_.warn("holder_write_failed",
               errno_message("cannot write the holder record into " +

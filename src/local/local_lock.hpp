@@ -56,6 +56,7 @@ private:
   // -p coalesce: one attempt, then the operation's seat (records/coalesce.hpp)
   // or the skip.
   AcquireResult acquire_coalescing(const WaitPlan& plan, Instant start, LockMode mode, AcquireObserver& reporter);
+  HolderRecord this_run(const std::string& pid_start) const;
   void write_record();
   // Says lock_leaked when a process the job started still holds the lock: true then.
   bool report_leaks(const JobEnd& job) const;

@@ -35,6 +35,20 @@ def seats(loop_dir):
     return sorted(p.name for p in Path(loop_dir).glob(".state.lock.coalesce.*"))
 
 
+def hold_tick(loop_dir, history):
+    """A tick (looplock, -p mutation) that holds the lock until its stdin ends."""
+    holder = start(["--operation", "tick", str(loop_dir), "--", *tick(history, "holder", "hold")])
+    expect_line(holder)
+    return holder
+
+
+def waiting(loop_dir, args):
+    """A run started with `args` once it is blocked on the lock."""
+    p = start(args, stdin=None)
+    wait_until(lambda: p.pid in blocked_waiters(Path(loop_dir) / ".state.lock"), "a run to wait")
+    return p
+
+
 def fire(args_of, n=BURST):
     """Starts n runs at once (a burst of ticks); returns them."""
     return [start(args_of(i), stdin=None) for i in range(n)]
@@ -55,8 +69,7 @@ def finish(procs):
 
 def test_ten_ticks_fired_while_the_holder_runs_end_as_one_more_run_and_nine_skips(loop_dir, tmp_path):
     history = tmp_path / "history"
-    holder = start(["--operation", "tick", str(loop_dir), "--", *tick(history, "holder", "hold")])
-    expect_line(holder)
+    holder = hold_tick(loop_dir, history)
     burst = fire(lambda i: [*coalesce(loop_dir), *tick(history, f"r{i}")])
     [waiter] = settle(burst)
     wait_until(lambda: waiter.pid in blocked_waiters(loop_dir / ".state.lock"), "the waiter to block on the lock")
@@ -80,8 +93,7 @@ def test_control_without_coalesce_the_ten_ticks_all_run_after_the_holder(loop_di
     """The same burst under -p blocking: every tick waits and runs (what the
     test above shows -p coalesce prevents)."""
     history = tmp_path / "history"
-    holder = start(["--operation", "tick", str(loop_dir), "--", *tick(history, "holder", "hold")])
-    expect_line(holder)
+    holder = hold_tick(loop_dir, history)
     burst = fire(lambda i: ["-p", "blocking", "--operation", "tick", str(loop_dir), "--", *tick(history, f"r{i}")])
     wait_until(lambda: len(blocked_waiters(loop_dir / ".state.lock")) == BURST, "the burst to wait")
     holder.stdin.close()
@@ -99,11 +111,9 @@ def test_a_free_lock_runs_at_once_and_leaves_no_seat(loop_dir, tmp_path):
 
 def test_only_runs_of_the_same_operation_coalesce_other_operations_and_policies_wait(loop_dir, tmp_path):
     history = tmp_path / "history"
-    holder = start(["--operation", "tick", str(loop_dir), "--", *tick(history, "holder", "hold")])
-    expect_line(holder)
+    holder = hold_tick(loop_dir, history)
     lock = loop_dir / ".state.lock"
-    tick_waiter = start([*coalesce(loop_dir), *tick(history, "tick")], stdin=None)
-    wait_until(lambda: tick_waiter.pid in blocked_waiters(lock), "the tick's waiter")
+    tick_waiter = waiting(loop_dir, [*coalesce(loop_dir), *tick(history, "tick")])
     gate = start([*coalesce(loop_dir, "check-gate"), *tick(history, "gate")], stdin=None)
     plain = start(["-p", "blocking", "--operation", "tick", str(loop_dir), "--", *tick(history, "plain")], stdin=None)
     wait_until(lambda: {gate.pid, plain.pid} <= blocked_waiters(lock), "the other operation and policy to wait")
@@ -117,11 +127,9 @@ def test_only_runs_of_the_same_operation_coalesce_other_operations_and_policies_
 
 def test_a_killed_waiter_lets_the_next_tick_wait_in_its_place(loop_dir, tmp_path):
     history = tmp_path / "history"
-    holder = start(["--operation", "tick", str(loop_dir), "--", *tick(history, "holder", "hold")])
-    expect_line(holder)
+    holder = hold_tick(loop_dir, history)
     lock = loop_dir / ".state.lock"
-    first = start([*coalesce(loop_dir), *tick(history, "first")], stdin=None)
-    wait_until(lambda: first.pid in blocked_waiters(lock), "the first waiter")
+    first = waiting(loop_dir, [*coalesce(loop_dir), *tick(history, "first")])
     kill_and_wait_gone(first.pid)
     first.wait(timeout=TIMEOUT)
     second = start([*coalesce(loop_dir), *tick(history, "second")], stdin=None)
@@ -136,12 +144,10 @@ def test_a_killed_waiter_lets_the_next_tick_wait_in_its_place(loop_dir, tmp_path
 
 def test_w_bounds_the_wait_and_its_timeout_row_counts_the_ticks_it_absorbed(loop_dir, tmp_path):
     history = tmp_path / "history"
-    holder = start(["--operation", "tick", str(loop_dir), "--", *tick(history, "holder", "hold")])
-    expect_line(holder)
+    holder = hold_tick(loop_dir, history)
     deadline = 1.5
     t0 = time.monotonic()
-    waiter = start([*coalesce(loop_dir, "tick", "-w", str(deadline)), *tick(history, "w")], stdin=None)
-    wait_until(lambda: waiter.pid in blocked_waiters(loop_dir / ".state.lock"), "the waiter")
+    waiter = waiting(loop_dir, [*coalesce(loop_dir, "tick", "-w", str(deadline)), *tick(history, "w")])
     for label in ("a", "b"):
         r = run([*coalesce(loop_dir), *tick(history, label)])
         assert "noop-coalesced" in r.stderr, r.stderr
@@ -152,8 +158,7 @@ def test_w_bounds_the_wait_and_its_timeout_row_counts_the_ticks_it_absorbed(loop
     [row] = incident_rows(loop_dir)
     assert row["error_code"] == "lock_acquire_timeout" and row["policy"] == "coalesce" and row["coalesced"] == 2
     # The seat is free again: the next tick waits instead of skipping.
-    nxt = start([*coalesce(loop_dir), *tick(history, "next")], stdin=None)
-    wait_until(lambda: nxt.pid in blocked_waiters(loop_dir / ".state.lock"), "the next waiter")
+    nxt = waiting(loop_dir, [*coalesce(loop_dir), *tick(history, "next")])
     holder.stdin.close()
     assert [status for status, _ in finish([holder, nxt])] == [0, 0]
     assert ticks(history) == ["holder", "next"]
@@ -163,10 +168,8 @@ def test_the_skip_is_quiet_with_q_takes_skip_exit_code_and_counts_as_skipped(loo
     history = tmp_path / "history"
     metrics = tmp_path / "metrics"
     metrics.mkdir()
-    holder = start(["--operation", "tick", str(loop_dir), "--", *tick(history, "holder", "hold")])
-    expect_line(holder)
-    waiter = start([*coalesce(loop_dir), *tick(history, "w")], stdin=None)
-    wait_until(lambda: waiter.pid in blocked_waiters(loop_dir / ".state.lock"), "the waiter")
+    holder = hold_tick(loop_dir, history)
+    waiter = waiting(loop_dir, [*coalesce(loop_dir), *tick(history, "w")])
     r = run(["-q", "--metrics-dir", metrics, *coalesce(loop_dir), *tick(history, "q")])
     assert r.returncode == 0 and r.stderr == ""
     r = run(["--skip-exit-code", "3", *coalesce(loop_dir), *tick(history, "e")])
