@@ -276,7 +276,8 @@ bool in_seat(const LockDir& dir, Pid pid, const std::string& operation) {
   if (!fd) return false;
   const auto text = sys::pread_all(fd.get(), 64 * 1024);
   const auto r = text ? seat_record(*text) : std::nullopt;
-  return r && r->pid == pid && r->operation == operation && r->pid_start == sys::process_start(pid).value_or("");
+  // By pid and start time: the record holds the name clipped and as UTF-8.
+  return r && r->pid == pid && r->pid_start == sys::process_start(pid).value_or("");
 }
 
 InspectFacts::Waiter describe_waiter(const sys::KernelLock& k, const LockDir& dir) {
@@ -298,7 +299,7 @@ InspectFacts::Waiter describe_waiter(const sys::KernelLock& k, const LockDir& di
       if (auto id = looplock_identity(*argv, env)) {
         w.agent_id = clip_bytes(id->first);  // as its records will hold them
         w.operation = clip_bytes(id->second);
-        w.coalescing = in_seat(dir, k.pid, *w.operation);
+        w.coalescing = in_seat(dir, k.pid, id->second);  // the seat's name: the whole name's
       }
     }
   }

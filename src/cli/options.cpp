@@ -768,8 +768,10 @@ void read_command(const cxxopts::ParseResult& r, const Split& split, const Envir
     if (r.count(name) && text_of(r, name).empty()) {
       usage_error("invalid --" + std::string(name) + " '': expected a non-empty " +
                       (name == std::string_view("agent") ? "ID" : "NAME"),
-                  "Records, incident rows and metrics labels name the run by it; leave the option out for the "
-                  "default.");
+                  o.wait.policy == Policy::Coalesce && name == std::string_view("operation")
+                      ? "-p coalesce coalesces the runs of one operation: name it, e.g. --operation tick."
+                      : "Records, incident rows and metrics labels name the run by it; leave the option out for the "
+                        "default.");
     }
   }
   o.identity.agent = r.count("agent") ? text_of(r, "agent")

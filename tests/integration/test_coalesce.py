@@ -211,3 +211,18 @@ def test_an_unsafe_seat_is_refused_with_73_as_every_file_beside_the_lock_file(lo
     r = run([*coalesce(loop_dir), "true"])
     assert r.returncode == EX_CANTCREAT, r.stderr
     assert "unsafe coalesce seat" in r.stderr and "hard links" in r.stderr
+
+
+def test_inspect_marks_the_coalescing_waiter_whatever_its_operations_name(loop_dir, tmp_path):
+    """--inspect finds the waiter's seat by its whole name (over 256 bytes,
+    not UTF-8), though its records hold the name clipped and as UTF-8."""
+    history = tmp_path / "history"
+    holder = hold_tick(loop_dir, history)
+    name = "x" * 300 + "\udcff"  # a byte that is not UTF-8 (surrogateescape)
+    waiter = waiting(loop_dir, ["-p", "coalesce", "--operation", name, str(loop_dir), "--", *tick(history, "w")])
+    report = json.loads(run(["--inspect", "--json", loop_dir]).stdout)
+    [w] = [w for w in report["waiters"] if w["pid"] == waiter.pid]
+    assert w["coalescing"] is True
+    assert "coalescing: later -p coalesce runs of" in run(["--inspect", loop_dir]).stdout
+    holder.stdin.close()
+    assert [status for status, _ in finish([holder, waiter])] == [0, 0]
