@@ -88,7 +88,11 @@ private:
                 "--notify's command for " + event + " " + why +
                     (said.empty() ? std::string() : " (its last line: " + said + ")") +
                     "; looplock's exit status is the run's",
-                {{"notified_event", event}, {"output", end.output}});
+                // looplock's pid, as on every line of its run (not the relay's)
+                {{"pid", j.contains("pid") ? j["pid"] : Json(nullptr)},
+                 {"lock_id", j.contains("lock_id") ? j["lock_id"] : Json(nullptr)},
+                 {"notified_event", event},
+                 {"output", end.output}});
     }
   }
 

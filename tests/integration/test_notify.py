@@ -87,6 +87,14 @@ def test_a_failing_or_missing_notifier_is_a_warning_and_never_the_exit_status(lo
     assert "; looplock's exit status is the run's" in r.stderr
 
 
+def test_a_failing_notifiers_json_warning_names_looplocks_pid_and_lock(loop_dir):
+    p = start(["--log-format", "json", "--notify", "exit 5", "--notify-on", "started", loop_dir, "--", "true"],
+              stdin=subprocess.DEVNULL)
+    _, err = p.communicate(timeout=TIMEOUT)
+    [line] = [json.loads(x) for x in err.splitlines() if '"notify_failed"' in x]
+    assert line["pid"] == p.pid and line["lock_id"] and line["notified_event"] == "started"
+
+
 def test_what_a_notifier_prints_never_reaches_looplocks_stdout_or_stderr(loop_dir):
     r = run(["--log-format", "json", "--notify", "echo PING-OK; echo noise >&2", "--notify-on", "started,ended",
              loop_dir, "--", "echo", '{"a":1}'])
