@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import re
+import select
 import shlex
 import shutil
 import signal
@@ -58,6 +59,12 @@ class Holder:
     def __init__(self, path):
         self.proc = subprocess.Popen([WINE, HELPER, "lock", win(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True)
+        # Its first line within the bound, or the test fails (never hangs).
+        ready, _, _ = select.select([self.proc.stdout], [], [], TIMEOUT)
+        if not ready:
+            self.proc.kill()
+            self.proc.wait(timeout=TIMEOUT)
+            raise AssertionError(f"winhelper lock {path} said nothing within {TIMEOUT} s")
         self.first = self.proc.stdout.readline().strip()
 
     def release(self):
