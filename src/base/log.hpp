@@ -48,6 +48,8 @@ public:
 
   // From now on, every event also goes to `sink` (null: none).
   void set_sink(EventSink* sink) { sink_ = sink; }
+  // Whether a sink listens: an event only it hears is not even built without one.
+  bool has_sink() const { return sink_ != nullptr; }
 
   bool is_verbose() const { return verbosity_ == Verbosity::Verbose; }
   bool is_quiet() const { return verbosity_ == Verbosity::Quiet; }

@@ -94,14 +94,7 @@ int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
     log.error(e.event(), e.what(), e.hint());
     // --notify's ended, for a run that ended in an error (the command could
     // not run, a lock file refused, ...): after the error, as the run's last.
-    if (notifier && options) {
-      log.event("info", "ended",
-                options->identity.operation + " ended: error, exit status " + std::to_string(e.status()),
-                {{"operation", options->identity.operation},
-                 {"outcome", outcome_name(RunOutcome::Error)},
-                 {"exit_status", e.status()},
-                 {"ran_ms", ms_of(facts.ran)}});
-    }
+    if (notifier && options) say_ended(log, options->identity.operation, RunOutcome::Error, e.status(), facts.ran);
     if (options) write_metrics(*options, facts, e.status(), start_wall_ms, log);
     return e.status();
   } catch (const std::bad_alloc&) {

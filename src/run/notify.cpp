@@ -159,6 +159,17 @@ Json held_too_long_event(const Json& started, Duration held, Duration after) {
   return j;
 }
 
+void say_ended(const Logger& log, const std::string& operation, RunOutcome outcome, int exit_status, Duration ran) {
+  if (!log.has_sink()) return;
+  log.event(
+      "info", "ended",
+      operation + " ended: " + std::string(outcome_name(outcome)) + ", exit status " + std::to_string(exit_status),
+      {{"operation", operation},
+       {"outcome", outcome_name(outcome)},
+       {"exit_status", exit_status},
+       {"ran_ms", ms_of(ran)}});
+}
+
 Notifier::Notifier(const NotifySettings& settings, const EnvList& env, const Logger& log) {
   // The relay's lines: looplock's, without the sink (which is in this process).
   const Logger relay_log(log.is_quiet() ? Verbosity::Quiet : Verbosity::Normal,

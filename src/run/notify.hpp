@@ -15,6 +15,7 @@
 #include "base/environment.hpp"
 #include "base/json.hpp"
 #include "base/log.hpp"
+#include "base/outcome.hpp"
 #include "os/relay.hpp"
 #include "settings/settings.hpp"
 
@@ -36,6 +37,10 @@ public:
 private:
   std::optional<sys::Relay> relay_;
 };
+
+// --notify's ended (the run's last event): outcome, exit status, how long
+// the command ran; built only when a notifier listens.
+void say_ended(const Logger& log, const std::string& operation, RunOutcome outcome, int exit_status, Duration ran);
 
 // The pure parts, for the tests. Whether `event` (at `level`) is one to
 // deliver: those --notify-on names ("all": every event), or by default

@@ -13,6 +13,7 @@
 #include "os/sys.hpp"
 #include "os/wait_status.hpp"
 #include "records/nesting.hpp"
+#include "run/notify.hpp"
 #include "settings/lease_timing.hpp"
 
 namespace looplock {
@@ -63,13 +64,9 @@ Exit Run::run() {
   const JobEnd job = run_job();
   const Conclusion c = release(job);
   // --notify's ended, once every lock is released (never before a hand-off).
-  log_.event("info", "ended",
-             request_.identity.operation + " ended: " + std::string(outcome_name(c.outcome)) + ", exit status " +
-                 std::to_string(c.exit.kind == Exit::Kind::LikeWaitStatus ? shell_status(c.exit.value) : c.exit.value),
-             {{"operation", request_.identity.operation},
-              {"outcome", outcome_name(c.outcome)},
-              {"exit_status", c.exit.kind == Exit::Kind::LikeWaitStatus ? shell_status(c.exit.value) : c.exit.value},
-              {"ran_ms", ms_of(job.ended - job.started)}});
+  say_ended(log_, request_.identity.operation, c.outcome,
+            c.exit.kind == Exit::Kind::LikeWaitStatus ? shell_status(c.exit.value) : c.exit.value,
+            job.ended - job.started);
   return finish(c);
 }
 
@@ -155,10 +152,11 @@ JobEnd Run::run_job() {
   try {
     export_deadline();
     if (o_.lock.no_fork) jobs_.exec(spec_);
-    log_.event("info", "started", request_.identity.operation + " started under the lock",
-               {{"operation", request_.identity.operation},
-                {"agent_id", request_.identity.agent},
-                {"policy", policy_name(o_.wait.policy)}});
+    if (log_.has_sink())
+      log_.event("info", "started", request_.identity.operation + " started under the lock",
+                 {{"operation", request_.identity.operation},
+                  {"agent_id", request_.identity.agent},
+                  {"policy", policy_name(o_.wait.policy)}});
     JobEnd job = jobs_.run(spec_, log_);
     facts_.ran = job.ended - job.started;
     return job;
@@ -235,8 +233,9 @@ std::optional<Conclusion> Run::claim_slot() {
 
 // A skip (single_flight's, or the slot's): --skip-exit-code.
 Conclusion Run::skipped() const {
-  log_.event("notice", "skipped", request_.identity.operation + " skipped",
-             {{"operation", request_.identity.operation}, {"exit_status", o_.wait.skip_exit_code}});
+  if (log_.has_sink())
+    log_.event("notice", "skipped", request_.identity.operation + " skipped",
+               {{"operation", request_.identity.operation}, {"exit_status", o_.wait.skip_exit_code}});
   return {exit_status(o_.wait.skip_exit_code), RunOutcome::Skipped};
 }
 
