@@ -6,7 +6,7 @@
 # Options that take a value (skipped when looking for DIR).
 set -g __looplock_value_opts -p --policy -w --timeout -E --conflict-exit-code --skip-exit-code \
     --agent --operation --log-format --kill-after --max-time --warn-before --warn-signal --once-per --jitter \
-    --metrics-dir --notify --notify-on --notify-timeout --notify-after --stale-after --incidents --etcd \
+    --metrics-dir --notify --notify-on --notify-timeout --notify-after --holders --stale-after --incidents --etcd \
     --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key --etcd-user --etcd-password-file
 
 # Whether the command line (before the cursor) has a "--" or "-c": then
@@ -87,6 +87,7 @@ complete -c looplock -n $opts -s E -l conflict-exit-code -x -d 'Status when the 
 complete -c looplock -n $opts -l skip-exit-code -x -d 'Status of a skip: single_flight, coalesce (default 0)'
 complete -c looplock -n $opts -s s -l shared -d 'Take a shared (reader) lock'
 complete -c looplock -n $opts -s x -l exclusive -d 'Take an exclusive lock (the default)'
+complete -c looplock -n $opts -l holders -x -d 'Let up to N runs (2-1024) hold the lock at once'
 complete -c looplock -n $opts -s o -l close -d 'Do not pass the lock fd to COMMAND'
 complete -c looplock -n $opts -s F -l no-fork -d 'Exec COMMAND in place of looplock'
 complete -c looplock -n $opts -l kill-after -x -d 'Send KILL if a forwarded TERM/INT has not ended COMMAND'

@@ -108,6 +108,12 @@ def _outer_lock(lock_path):
     for who, fd in candidates:
         mode = _lock_mode(who, fd, lock) if fd.isdigit() else None
         if mode == "READ":
+            index = env.get("LOOPLOCK_HOLDER_INDEX", "")
+            if index:
+                raise RuntimeError(
+                    f"running inside holder {index} of `looplock --holders` for {lock_path}: "
+                    "the lock is held shared by this job's looplock, so an exclusive lock here "
+                    "would wait for its own holder; run this step outside the --holders run")
             raise RuntimeError(
                 f"running under `looplock -s` for {lock_path}: the lock is held shared, "
                 "and converting it to exclusive could lose it; use looplock without -s")

@@ -18,6 +18,8 @@ inline constexpr std::string_view kPolicy = "LOOPLOCK_POLICY";
 // For nesting: the looplock process that holds the lock, and its fd number.
 inline constexpr std::string_view kHolderPid = "LOOPLOCK_HOLDER_PID";
 inline constexpr std::string_view kHolderFd = "LOOPLOCK_HOLDER_FD";
+// --holders N: which of the N holders the command runs under (0 to N-1).
+inline constexpr std::string_view kHolderIndex = "LOOPLOCK_HOLDER_INDEX";
 inline constexpr std::string_view kAgent = "LOOPLOCK_AGENT";
 // --notify's notifier: the event it is run for.
 inline constexpr std::string_view kEvent = "LOOPLOCK_EVENT";

@@ -30,6 +30,10 @@ constexpr std::array kTable = {
              .help = "take a shared (reader) lock"},
   OptionSpec{.name = "exclusive", .letter = 'x', .section = Section::LockAndCommand, .applies = kInRun,
              .help = "take an exclusive lock (the default)"},
+  OptionSpec{.name = "holders", .value = "N", .section = Section::LockAndCommand, .applies = kInRun,
+             .not_with_no_fork = true,
+             .help = "let up to N runs (2-1024) hold the lock at\n"
+                     "once, each with $LOOPLOCK_HOLDER_INDEX"},
   OptionSpec{.name = "close", .letter = 'o', .section = Section::LockAndCommand, .applies = kInRun,
              .help = "do not pass the lock fd to COMMAND"},
   OptionSpec{.name = "no-fork", .letter = 'F', .section = Section::LockAndCommand, .applies = kInRun,
@@ -120,6 +124,9 @@ constexpr std::array kConflicts = {
   OptionConflict{.a = "no-fork", .b = "close", .hint = "With -F the command itself holds the lock; drop one of them."},
   OptionConflict{.a = "no-fork", .b = "notify", .why = "with -F looplock becomes the command, and nobody is left to "
                  "deliver its events"},
+  OptionConflict{.a = "holders", .b = "shared", .why = "--holders takes the lock shared itself, beside an index of "
+                 "its own", .hint = "Drop -s: up to N runs with --holders N hold the lock together."},
+  OptionConflict{.a = "holders", .b = "once-per", .why = "N holders at once cannot share one slot's run ledger"},
   OptionConflict{.a = "once-per", .b = "shared", .why = "readers run together, so none of them owns the run ledger"},
   OptionConflict{.a = "etcd", .b = "shared", .why = "shared cluster locks are not supported",
                  .hint = "Drop -s, or run without --etcd (and without $LOOPLOCK_ETCD) for a shared local lock."},

@@ -438,6 +438,10 @@ void check_system(const cxxopts::ParseResult& r, const Options& o) {
     usage_error("--notify is not available on this system yet: looplock has no relay for its notifiers here",
                 "Leave --notify out; the metrics file (--metrics-dir) and the incident rows say what happened.");
   }
+  if (!can.holders && r.count("holders")) {
+    usage_error("--holders is not available on this system yet: looplock cannot watch its index files here",
+                "Leave --holders out (one run holds the lock at a time), or run the N-holder loop from a Linux host.");
+  }
   if (!can.cluster && given(r, o, "etcd")) {
     usage_error(std::string("--etcd is not available on this system: looplock has no etcd transport here") +
                     (r.count("etcd") ? "" : " (LOOPLOCK_ETCD is set)"),
@@ -512,6 +516,16 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
   // Where no command can hold the lock (os/sys.hpp), -o is what always happens.
   o.lock.close_fd = r.count("close") > 0 || !sys::abilities().inherited_lock;
   o.lock.no_fork = r.count("no-fork") > 0;
+  if (r.count("holders")) {
+    const std::string& text = text_of(r, "holders");
+    const auto n = parse_int(text);
+    if (!n || *n < kMinHolders || *n > kMaxHolders) {
+      usage_error("invalid --holders " + quote(text) + ": expected a number from " + std::to_string(kMinHolders) +
+                      " to " + std::to_string(kMaxHolders),
+                  "--holders N lets up to N runs hold the lock at once; without it one run holds it.");
+    }
+    o.lock.holders = static_cast<int>(*n);
+  }
   std::optional<Duration> kill_after;  // as given: 0 and inf mean never
   if (r.count("kill-after")) kill_after = duration_option("kill-after", text_of(r, "kill-after"));
   if (r.count("max-time")) o.limits.max_time = limit_of(duration_option("max-time", text_of(r, "max-time")));

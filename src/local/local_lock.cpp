@@ -16,6 +16,7 @@
 #include "os/unique_fd.hpp"
 #include "os/wait_status.hpp"
 #include "records/coalesce.hpp"
+#include "records/holders.hpp"
 #include "records/ledger.hpp"
 #include "records/survey.hpp"
 
@@ -147,24 +148,66 @@ LocalLock::LocalLock(const LockRequest& request, Pid pid, const Logger& log, Loc
       ledger_(dir, request.dir, log) {}
 
 Acquisition LocalLock::acquire(const WaitPlan& plan, Instant start) {
-  const LockMode mode = request_.flags.shared ? LockMode::Shared : LockMode::Exclusive;
+  const bool holder = request_.flags.holders > 0;
+  const LockMode mode = request_.flags.shared || holder ? LockMode::Shared : LockMode::Exclusive;
   // Work that does not need the lock is done before waiting for it.
   // /proc/self/stat: looplock's start time, which the holder record carries
   // so that a reader can tell this pid from a later process given the same
   // number (read before waiting, not in the critical section).
-  if (mode == LockMode::Exclusive) pid_start_ = sys::own_start().value_or("");
+  if (mode == LockMode::Exclusive || holder) pid_start_ = sys::own_start().value_or("");
   WaitReporter reporter(request_, log_, plan, start, shown_, holders_at_start_, said_waiting_);
   AcquireResult res = request_.policy == Policy::Coalesce ? acquire_coalescing(plan, start, mode, reporter)
-                                                          : acquire_lock(dir_, plan, mode, reporter, start);
+                                                          : take(plan, start, mode, reporter);
   file_ = std::move(res.file);
   if (res.status != Acquisition::Acquired) return res.status;
+  Json fields{{"lock_id", target_.lock_id}, {"waited_ms", ms_of(res.waited)}};
+  if (holder) fields["holder_index"] = index_;
   log_.verbose("acquired",
-               std::string(request_.flags.shared ? "shared" : "exclusive") + " lock on " + shown_ + " acquired after " +
-                   format_duration(res.waited),
-               {{"lock_id", target_.lock_id}, {"waited_ms", ms_of(res.waited)}});
-  if (mode == LockMode::Exclusive) write_record();
+               (holder ? "holder index " + std::to_string(index_) + " of " + std::to_string(request_.flags.holders) +
+                             " and a shared"
+                       : std::string(request_.flags.shared ? "shared" : "exclusive")) +
+                   " lock on " + shown_ + " acquired after " + format_duration(res.waited),
+               fields);
+  if (mode == LockMode::Exclusive || holder) write_record();
   return Acquisition::Acquired;
 }
+
+AcquireResult LocalLock::take(const WaitPlan& plan, Instant start, LockMode mode, AcquireObserver& reporter) {
+  return request_.flags.holders > 0 ? take_as_holder(plan, start, reporter)
+                                    : acquire_lock(dir_, plan, mode, reporter, start);
+}
+
+// An index first (never holding .state.lock while waiting for one), then
+// .state.lock shared, within the same deadline; the index is let go again
+// when the shared lock is not had.
+AcquireResult LocalLock::take_as_holder(const WaitPlan& plan, Instant start, AcquireObserver& reporter) {
+  const int n = request_.flags.holders;
+  IndexWait w = take_index(dir_, n, plan, start, [&] {
+    if (said_waiting_ || !log_.is_verbose()) return;
+    said_waiting_ = true;
+    log_.verbose("waiting",
+                 "waiting for one of the " + std::to_string(n) + " holders of " + shown_ + " to let go of its index",
+                 {{"policy", policy_name(request_.policy)}, {"holders", n}});
+  });
+  if (w.status != Acquisition::Acquired) {
+    indexes_held_ = std::move(w.held);
+    AcquireResult r;
+    r.status = w.status;
+    r.waited = MonotonicClock::now() - start;
+    return r;
+  }
+  index_ = w.index;
+  index_file_ = std::move(w.file);
+  indexes_held_.clear();
+  AcquireResult res = acquire_lock(dir_, plan, LockMode::Shared, reporter, start);
+  if (res.status != Acquisition::Acquired) {
+    index_file_.fd.reset();
+    index_ = -1;
+  }
+  return res;
+}
+
+int LocalLock::holder_record_fd() const { return request_.flags.holders > 0 ? index_file_.fd.get() : record_fd(file_); }
 
 // This run's record, as of now (the holder record, and the seat's).
 HolderRecord LocalLock::this_run(const std::string& pid_start) const {
@@ -176,7 +219,9 @@ HolderRecord LocalLock::this_run(const std::string& pid_start) const {
                       .policy = std::string(policy_name(request_.policy)),
                       .acquired_at = sys::utc_now_iso8601(),
                       .released_at = std::nullopt,
-                      .no_fork = request_.flags.no_fork};
+                      .no_fork = request_.flags.no_fork,
+                      .holders = index_ >= 0 ? request_.flags.holders : 0,
+                      .index = std::max(index_, 0)};
 }
 
 // A free lock is taken at once; a held one is waited for by one run of the
@@ -186,7 +231,7 @@ HolderRecord LocalLock::this_run(const std::string& pid_start) const {
 AcquireResult LocalLock::acquire_coalescing(const WaitPlan& plan, Instant start, LockMode mode,
                                             AcquireObserver& reporter) {
   AcquireObserver quiet;
-  AcquireResult first = acquire_lock(dir_, {WaitPlan::Kind::NoWait, Duration::zero()}, mode, quiet, start);
+  AcquireResult first = take({WaitPlan::Kind::NoWait, Duration::zero()}, start, mode, quiet);
   if (first.status == Acquisition::Acquired) return first;
   const std::string pid_start = pid_start_.empty() ? sys::own_start().value_or("") : pid_start_;
   const HolderRecord me = this_run(pid_start);
@@ -195,7 +240,7 @@ AcquireResult LocalLock::acquire_coalescing(const WaitPlan& plan, Instant start,
     log_.warn("coalesce_unavailable", "-p coalesce cannot take the seat of " + request_.identity.operation + " (" +
                                           *seat.unavailable +
                                           "); this run waits for the lock without absorbing later runs");
-    return acquire_lock(dir_, plan, mode, reporter, start);
+    return take(plan, start, mode, reporter);
   }
   if (!seat.taken()) {
     seat_waiter_ = seat.waiter;
@@ -205,7 +250,7 @@ AcquireResult LocalLock::acquire_coalescing(const WaitPlan& plan, Instant start,
     first.status = Acquisition::Coalesced;
     return first;
   }
-  AcquireResult res = acquire_lock(dir_, plan, mode, reporter, start);
+  AcquireResult res = take(plan, start, mode, reporter);
   absorbed_ = leave_seat(seat, me);
   if (res.status == Acquisition::Acquired && *absorbed_ > 0) {
     log_.verbose("coalesced",
@@ -216,26 +261,29 @@ AcquireResult LocalLock::acquire_coalescing(const WaitPlan& plan, Instant start,
   return res;
 }
 
-// Held: record who holds it.
+// Held: record who holds it (--holders: in its index file).
 void LocalLock::write_record() {
+  const bool holder = request_.flags.holders > 0;
+  const LockFile& file = holder ? index_file_ : file_;
+  const std::string shown = holder ? sys::path_in_dir(request_.dir, index_name(index_)) : shown_;
   // Where the record has a file of its own (Windows), the lock file's access
   // does not matter: that file's does (record_fd() says why it failed).
-  if (file_.read_only && !record_beside_lock()) {
+  if (file.read_only && (holder || !record_beside_lock())) {
     log_.warn(
         "read_only_lock_file",
-        shown_ + " is read-only for looplock: the lock is held, but no holder record can be written (" +
-            (file_.read_only_err == EROFS        ? std::string("its file system is read-only")
-             : file_.st.owner == sys::own_euid() ? std::string("chmod u+w it")
-                                                 : "its owner, uid " + std::to_string(file_.st.owner) +
-                                                       ", or root makes it group-writable for a group: chmod g+w") +
+        shown + " is read-only for looplock: the lock is held, but no holder record can be written (" +
+            (file.read_only_err == EROFS        ? std::string("its file system is read-only")
+             : file.st.owner == sys::own_euid() ? std::string("chmod u+w it")
+                                                : "its owner, uid " + std::to_string(file.st.owner) +
+                                                      ", or root makes it group-writable for a group: chmod g+w") +
             ")");
     return;
   }
   record_ = this_run(pid_start_);
-  if (!write_holder(record_fd(file_), *record_)) {
+  if (!write_holder(holder_record_fd(), *record_)) {
     log_.warn("holder_write_failed",
               errno_message("cannot write the holder record into " +
-                                (record_beside_lock() ? sys::path_in_dir(request_.dir, kHolderName) : shown_),
+                                (!holder && record_beside_lock() ? sys::path_in_dir(request_.dir, kHolderName) : shown),
                             errno));
     record_.reset();
   }
@@ -259,7 +307,60 @@ HolderFacts holder_facts(const Verdict& v) {
 
 }  // namespace
 
+// --holders, all N indexes held: who holds each (its record, when the
+// kernel confirms it), the first of them as the holder.
+Blocker LocalLock::all_indexes_held() const {
+  Blocker b;
+  const int n = request_.flags.holders;
+  b.what = "all " + std::to_string(n) + " holder indexes of " + shown_;
+  b.inspect_hint = "looplock --inspect " + shell_word(request_.dir);
+  b.fields["holders"] = Json::array();
+  std::vector<std::string> whos;
+  std::vector<Pid> confirm;
+  const std::string host = sys::host_name();
+  for (size_t i = 0; i < indexes_held_.size(); ++i) {
+    const std::string name = index_name(static_cast<int>(i));
+    const Verdict v = judge(survey_held(indexes_held_[i], sys::path_in_dir(request_.dir, name)));
+    Json one{{"index", i}, {"holder_pids", Json::array()}, {"holder", nullptr}};
+    for (const auto& h : v.holders) {
+      one["holder_pids"].push_back(h.pid);
+      b.holders.pids.push_back(h.pid);
+      b.holder_ids.push_back({.host = host, .pid = h.pid, .pid_start = h.start.value_or("")});
+    }
+    if (v.record == RecordState::Current && v.read) {
+      one["holder"] = holder_to_json(*v.read);
+      if (!b.holders.holder) {
+        b.holders.holder = v.read;
+        b.holders.holder_alive = v.read_alive;
+        b.holders.record_status = record_state_name(v.record);
+      }
+    }
+    b.fields["holders"].push_back(one);
+    if (whos.size() < 3) whos.push_back(holder_phrase(v));
+    confirm.insert(confirm.end(), v.confirm.begin(), v.confirm.end());
+  }
+  b.who = join(whos, "; ") + (indexes_held_.size() > whos.size()
+                                  ? " and " + std::to_string(indexes_held_.size() - whos.size()) + " more"
+                                  : std::string());
+  if (!confirm.empty()) {
+    b.confirm = pids_text(confirm);
+    b.many = confirm.size() > 1;
+  }
+  return b;
+}
+
 Blocker LocalLock::blocker() const {
+  Blocker b = indexes_held_.empty() ? lock_blocker() : all_indexes_held();
+  if (absorbed_) b.fields["coalesced"] = *absorbed_;
+  if (seat_waiter_) {
+    b.waiting = "pid " + std::to_string(seat_waiter_->pid) + " (agent " + printable(seat_waiter_->agent_id) +
+                ", waiting since " + seat_waiter_->acquired_at + ")";
+    b.fields["coalesce"] = Json{{"waiter", holder_to_json(*seat_waiter_)}};
+  }
+  return b;
+}
+
+Blocker LocalLock::lock_blocker() const {
   Blocker b;
   b.what = shown_;
   const Verdict v = judge(survey_held(file_, b.what, holders_at_start_));
@@ -277,12 +378,6 @@ Blocker LocalLock::blocker() const {
     b.confirm = pids_text(v.confirm);
     b.many = v.confirm.size() > 1;
   }
-  if (absorbed_) b.fields["coalesced"] = *absorbed_;
-  if (seat_waiter_) {
-    b.waiting = "pid " + std::to_string(seat_waiter_->pid) + " (agent " + printable(seat_waiter_->agent_id) +
-                ", waiting since " + seat_waiter_->acquired_at + ")";
-    b.fields["coalesce"] = Json{{"waiter", holder_to_json(*seat_waiter_)}};
-  }
   return b;
 }
 
@@ -292,12 +387,13 @@ void LocalLock::prepare(CommandSpec& spec) {
            {env_name::kLockId, target_.lock_id},
            {env_name::kPolicy, std::string(policy_name(request_.policy))},
            {env_name::kHolderPid, std::to_string(pid_)}},
-          {env_name::kFd, env_name::kHolderFd, env_name::kEtcdPassword});
+          {env_name::kFd, env_name::kHolderFd, env_name::kHolderIndex, env_name::kEtcdPassword});
 }
 
 void LocalLock::export_to(CommandSpec& spec) {
   const std::string fd = std::to_string(file_.fd.get());
   spec.env.push_back(std::string(env_name::kHolderFd) + "=" + fd);
+  if (index_ >= 0) spec.env.push_back(std::string(env_name::kHolderIndex) + "=" + std::to_string(index_));
   if (!request_.flags.close_fd) spec.env.push_back(std::string(env_name::kFd) + "=" + fd);
   spec.pass_fd = request_.flags.close_fd ? -1 : file_.fd.get();
 }
@@ -312,17 +408,21 @@ void LocalLock::release(Ending& ending) {
                   "; not reporting it as vanished");
   }
   ending.intact = !std::holds_alternative<bool>(check) || std::get<bool>(check);
+  const bool holder = request_.flags.holders > 0;
   if (record_ && ending.intact) {
     record_->released_at = sys::utc_now_iso8601();
-    if (!write_holder(record_fd(file_), *record_)) {
+    if (!write_holder(holder_record_fd(), *record_)) {
       log_.warn("holder_write_failed",
                 errno_message("cannot write the release into " +
-                                  (record_beside_lock() ? sys::path_in_dir(request_.dir, kHolderName) : shown_),
+                                  (holder                 ? sys::path_in_dir(request_.dir, index_name(index_))
+                                   : record_beside_lock() ? sys::path_in_dir(request_.dir, kHolderName)
+                                                          : shown_),
                               errno));
     }
   }
   ending.record = record_;
   file_.fd.reset();  // release
+  index_file_.fd.reset();  // --holders: then the index, so that never more than N hold .state.lock
   // After the release, so that the next holder does not wait for it: one
   // read of /proc/PID/task/PID/children when the job left no process.
   if (!request_.flags.close_fd) ending.leaked = report_leaks(ending.job) || ending.leaked;
@@ -365,7 +465,7 @@ bool LocalLock::report_leaks(const JobEnd& job) const {
 void LocalLock::abandon() {
   if (!record_) return;
   record_->released_at = sys::utc_now_iso8601();
-  (void)write_holder(record_fd(file_), *record_);
+  (void)write_holder(holder_record_fd(), *record_);
 }
 
 // --- the local run ledger (--once-per) --------------------------------------------
@@ -423,7 +523,23 @@ std::optional<OuterHolder> outer_holder(const LockRequest& request, const EnvLis
       !lock_file.regular()) {
     return std::nullopt;
   }
-  return find_outer_holder(env, dir.fd.get(), lock_file, !request.flags.shared, self);
+  const bool exclusive = !request.flags.shared && request.flags.holders == 0;
+  auto outer = find_outer_holder(env, dir.fd.get(), lock_file, exclusive, self);
+  if (outer || !exclusive) return outer;
+  // Inside a run that holds it shared (--holders, -s): an exclusive lock
+  // would wait for this run's own ancestor until the deadline, or forever.
+  if (const auto shared = find_outer_holder(env, dir.fd.get(), lock_file, /*exclusive=*/false, self)) {
+    const auto index = env_get(env, env_name::kHolderIndex);
+    throw Fatal(exit_code::kTimeout,
+                "cannot take " + lock_display(request.dir) + " exclusively: this command runs inside " +
+                    (index ? "holder " + *index + " of looplock --holders" : std::string("looplock -s")) +
+                    (shared->pid != 0 ? " (pid " + std::to_string(shared->pid) + ")" : std::string()) +
+                    ", which holds it shared, so the lock would wait for its own holder",
+                "Run the step that needs the lock alone outside that run, or run it here under the same lock "
+                "(--holders N, or -s).",
+                "nested_in_shared");
+  }
+  return std::nullopt;
 }
 
 InheritedLock::InheritedLock(const LockRequest& request, const Logger& log, const LockDir& dir,

@@ -56,6 +56,14 @@ private:
   // -p coalesce: one attempt, then the operation's seat (records/coalesce.hpp)
   // or the skip.
   AcquireResult acquire_coalescing(const WaitPlan& plan, Instant start, LockMode mode, AcquireObserver& reporter);
+  // The lock under `plan`: DIR/.state.lock alone, or (--holders) an index
+  // first, then .state.lock shared (records/holders.hpp).
+  AcquireResult take(const WaitPlan& plan, Instant start, LockMode mode, AcquireObserver& reporter);
+  AcquireResult take_as_holder(const WaitPlan& plan, Instant start, AcquireObserver& reporter);
+  Blocker lock_blocker() const;      // DIR/.state.lock's holder
+  Blocker all_indexes_held() const;  // --holders: each index's
+  // The file the holder record goes into: the lock file's, or the index's.
+  int holder_record_fd() const;
   HolderRecord this_run(const std::string& pid_start) const;
   void write_record();
   // Says lock_leaked when a process the job started still holds the lock: true then.
@@ -75,6 +83,11 @@ private:
   LocalLedger ledger_;
   std::optional<HolderRecord> seat_waiter_;  // Coalesced: the run in the seat, when known
   std::optional<int> absorbed_;              // -p coalesce, sat in the seat: how many runs it absorbed
+  // --holders: the index taken (-1: none), its file (locked); or, when all
+  // were held, the index files found held (open, not locked).
+  int index_ = -1;
+  LockFile index_file_;
+  std::vector<LockFile> indexes_held_;
 };
 
 // Inside a looplock that already holds this lock (nesting.hpp): nothing to

@@ -111,6 +111,9 @@ struct Abilities {
   bool case_sensitive_names = false;
   // A relay process for --notify's notifiers (os/relay.hpp).
   bool notify = false;
+  // Up to N holders of one lock (--holders): index files beside the lock
+  // file, waited for by watching them (posix/: inotify).
+  bool holders = false;
 };
 Abilities abilities();
 

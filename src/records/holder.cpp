@@ -36,6 +36,10 @@ Json holder_to_json(const HolderRecord& r) {
   j["acquired_at"] = r.acquired_at;
   j["released_at"] = r.released_at ? Json(*r.released_at) : Json(nullptr);
   if (r.no_fork) j["no_fork"] = true;
+  if (r.holders > 0) {
+    j["holders"] = r.holders;
+    j["index"] = r.index;
+  }
   return j;
 }
 
@@ -49,6 +53,10 @@ std::optional<HolderRecord> holder_from_json(const Json& j) {
   if (!j.contains("pid") || !j["pid"].is_number_integer()) return std::nullopt;
   if (!j.contains("released_at") || !(j["released_at"].is_null() || j["released_at"].is_string())) return std::nullopt;
   if (j.contains("no_fork") && !j["no_fork"].is_boolean()) return std::nullopt;
+  for (const char* k : {"holders", "index"}) {
+    if (j.contains(k) && !(j[k].is_number_integer() && j[k].get<long long>() >= 0 && j[k].get<long long>() <= 1 << 20))
+      return std::nullopt;
+  }
   long long pid = j["pid"].get<long long>();
   if (pid <= 0 || pid > 0x7fffffff) return std::nullopt;
   HolderRecord r;
@@ -61,6 +69,8 @@ std::optional<HolderRecord> holder_from_json(const Json& j) {
   r.acquired_at = j["acquired_at"].get<std::string>();
   if (j["released_at"].is_string()) r.released_at = j["released_at"].get<std::string>();
   r.no_fork = j.value("no_fork", false);
+  r.holders = j.value("holders", 0);
+  r.index = j.value("index", 0);
   return r;
 }
 
@@ -116,6 +126,7 @@ std::string encode_holder(const HolderRecord& r) {
     body += "null";
   }
   if (r.no_fork) body += ",\"no_fork\":true";
+  if (r.holders > 0) body += ",\"holders\":" + std::to_string(r.holders) + ",\"index\":" + std::to_string(r.index);
   // "check" goes last, over everything before it.
   return seal(body);
 }

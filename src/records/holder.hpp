@@ -34,6 +34,11 @@ struct HolderRecord {
   // An -F run: the command holds the lock and nobody is left to write the
   // release. Written as "no_fork":true only when set (older readers ignore it).
   bool no_fork = false;
+  // --holders N: N, and the index this holder took (0 to N-1), written as
+  // "holders" and "index" only then (a record without them is the one
+  // exclusive holder's).
+  int holders = 0;
+  int index = 0;
 };
 
 Json holder_to_json(const HolderRecord& r);

@@ -109,8 +109,8 @@ std::optional<Refusal> refuse_file(const sys::FileStatus& file, const sys::FileS
   return std::nullopt;
 }
 
-std::string unopenable_hint(const LockDir& dir, const sys::FileStatus& file, Uid euid) {
-  const std::string path = lock_display(dir);
+std::string unopenable_hint(const LockDir& dir, const sys::FileStatus& file, Uid euid, const std::string& name) {
+  const std::string path = sys::path_in_dir(dir.path, name);
   const std::string whose = "It is uid " + std::to_string(file.owner) + "'s, mode " + octal_mode(file.mode) + ": ";
   if (!sys::abilities().permission_bits) {  // Windows: access is by ACL
     return "its owner or an administrator lets you read and write it (icacls " + path +
@@ -218,17 +218,26 @@ UniqueFd open_record_file(const LockDir& dir) {
 
 }  // namespace
 
-LockFile open_lock_file(const LockDir& dir) {
+LockFile open_lock_file(const LockDir& dir, const LockedFileRole& role) {
+  const std::string shown = sys::path_in_dir(dir.path, role.name);
+  auto refusal = [&](const sys::FileStatus& st) {
+    return refuse_file(st, dir.st, sys::own_euid(), role.noun, role.name, role.event, dir.path);
+  };
+  auto refuse = [&](const Refusal& r) {
+    if (role.name == kLockName) refused(dir, r);
+    throw Fatal(exit_code::kCantCreate, "unsafe " + std::string(role.noun) + " " + shown + ": " + r.why, r.hint,
+                r.event);
+  };
   // A file that vanishes between our steps (nlink 0, ENOENT, EEXIST races)
   // is retried; a persistent race is reported rather than looping forever.
   for (int attempt = 0; attempt < 1000; ++attempt) {
     sys::FileStatus pre;
     // Looked at before it is opened: a FIFO or a device must never be opened
     // (an open of either can block or have effects), a symlink is refused.
-    bool exists = sys::status_at(dir.fd.get(), kLockName, pre);
+    bool exists = sys::status_at(dir.fd.get(), role.name.c_str(), pre);
     if (!exists && errno != ENOENT) lock_stat_failed(dir, errno);
     if (exists && !pre.regular()) {
-      refused(dir, *refuse_lock_file(pre, dir.st, sys::own_euid(), dir.path));
+      refuse(*refusal(pre));
     }
 
     sys::OpenIn how{.access = sys::OpenIn::Access::ReadWrite,
@@ -238,28 +247,29 @@ LockFile open_lock_file(const LockDir& dir) {
                     .keep_name = true};
     bool read_only = false;
     int read_only_err = 0;
-    UniqueFd fd = sys::open_in(dir.fd.get(), kLockName, how);
+    UniqueFd fd = sys::open_in(dir.fd.get(), role.name, how);
     if (!exists && !fd && errno == EEXIST) continue;  // created meanwhile: look again
     if (exists && !fd && (errno == EACCES || errno == EROFS || errno == EPERM || errno == ETXTBSY)) {
       read_only = true;
       read_only_err = errno;
       how.access = sys::OpenIn::Access::Read;
-      fd = sys::open_in(dir.fd.get(), kLockName, how);
+      fd = sys::open_in(dir.fd.get(), role.name, how);
     }
     if (exists && !fd && errno == ENOENT) continue;  // deleted meanwhile
     if (!fd) {
       int err = errno;
-      if (err == ELOOP) refused(dir, Refusal{kSymlinkWhy, kSymlinkHint, "unsafe_lock_file"});
+      if (err == ELOOP) refuse(Refusal{kSymlinkWhy, kSymlinkHint, std::string(role.event)});
       std::string hint;
       if (err == EROFS) {
-        hint = "DIR is on a read-only file system: create " + std::string(kLockName) +
-               " there while it is writable (an existing lock file is locked read-only).";
+        hint = "DIR is on a read-only file system: create " + role.name + " there while it is writable (an existing " +
+               std::string(role.noun) + " is locked read-only).";
       } else if (err == EACCES) {
-        hint = exists ? unopenable_hint(dir, pre, sys::own_euid())
-                      : "looplock must be able to create the lock file in DIR; check DIR's permissions.";
+        hint = exists ? unopenable_hint(dir, pre, sys::own_euid(), role.name)
+                      : "looplock must be able to create the " + std::string(role.noun) +
+                            " in DIR; check DIR's permissions.";
       }
       fail_errno(status_for_errno(err, exit_code::kCantCreate),
-                 std::string(exists ? "cannot open " : "cannot create ") + lock_display(dir), err, hint);
+                 std::string(exists ? "cannot open " : "cannot create ") + shown, err, hint);
     }
     LockFile f;
     f.fd = std::move(fd);
@@ -267,14 +277,16 @@ LockFile open_lock_file(const LockDir& dir) {
     f.read_only_err = read_only_err;
     // What was opened (the name may have changed since the fstatat): its
     // links and owner, and the inode the lock is checked against.
-    if (!sys::status_of_fd(f.fd.get(), f.st)) fail_errno(exit_code::kOsError, "cannot stat " + lock_display(dir), errno);
+    if (!sys::status_of_fd(f.fd.get(), f.st)) fail_errno(exit_code::kOsError, "cannot stat " + shown, errno);
     if (f.st.regular() && f.st.links == 0) continue;  // replaced between open and fstat
-    if (auto r = refuse_lock_file(f.st, dir.st, sys::own_euid(), dir.path)) refused(dir, *r);
-    if (record_beside_lock() && !(f.record = open_record_file(dir))) f.record_err = errno;
+    if (auto r = refusal(f.st)) refuse(*r);
+    if (role.name == kLockName && record_beside_lock() && !(f.record = open_record_file(dir))) f.record_err = errno;
     return f;
   }
-  throw Fatal(exit_code::kCantCreate, "cannot open " + lock_display(dir) + ": it keeps being replaced",
-              "Something deletes or recreates the lock file in a loop; operators must never delete it.");
+  throw Fatal(exit_code::kCantCreate, "cannot open " + shown + ": it keeps being replaced",
+              "Something deletes or recreates the " + std::string(role.noun) +
+                  " in a loop; operators must never "
+                  "delete it.");
 }
 
 namespace {

@@ -84,16 +84,26 @@ std::optional<Refusal> refuse_file(const sys::FileStatus& file, const sys::FileS
 
 // The fix for a lock file `euid` cannot open (EACCES), by who can make it:
 // DIR's owner replaces it, else its owner or root opens its mode to the group.
-std::string unopenable_hint(const LockDir& dir, const sys::FileStatus& file, Uid euid);
+std::string unopenable_hint(const LockDir& dir, const sys::FileStatus& file, Uid euid,
+                            const std::string& name = kLockName);
 
 // DIR/.state.lock cannot be looked at (fstatat failed with `err`): Fatal 73
 // (71 for resource exhaustion), with the fix when DIR lacks search permission.
 [[noreturn]] void lock_stat_failed(const LockDir& dir, int err);
 
-// Opens DIR/.state.lock, creating it (kCreateMode before umask) if missing.
-// Throws Fatal 73 if it is unsafe (refuse_lock_file) or cannot be opened, 71
-// on resource exhaustion.
-LockFile open_lock_file(const LockDir& dir);
+// A file of DIR locked as the lock file is (--holders' index files,
+// holders.hpp): its name, and its noun and event in a refusal.
+struct LockedFileRole {
+  std::string name = kLockName;
+  std::string_view noun = "lock file";
+  std::string_view event = "unsafe_lock_file";
+};
+
+// Opens DIR/.state.lock (or `role`'s file), creating it (kCreateMode before
+// umask) if missing; read-only when it exists and the caller may not write
+// it. Throws Fatal 73 if it is unsafe (refuse_lock_file, refuse_file) or
+// cannot be opened, 71 on resource exhaustion.
+LockFile open_lock_file(const LockDir& dir, const LockedFileRole& role = {});
 
 enum class LockMode { Exclusive, Shared };
 

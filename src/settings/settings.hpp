@@ -80,6 +80,8 @@ struct LockFlags {
   bool shared = false;    // -s
   bool close_fd = false;  // -o
   bool no_fork = false;   // -F
+  // --holders N: up to N runs hold the lock at once (0: one, exclusively).
+  int holders = 0;
 };
 
 // Running once per schedule slot (src/run/once_per.hpp), and the random
@@ -133,6 +135,9 @@ inline constexpr size_t kMaxOncePerName = 256;
 // --ttl's bounds.
 inline constexpr std::chrono::seconds kMinTtl{2};
 inline constexpr std::chrono::seconds kMaxTtl{86400};
+// --holders' bounds.
+inline constexpr int kMinHolders = 2;
+inline constexpr int kMaxHolders = 1024;
 inline constexpr Duration kMaxJitter = std::chrono::hours(24);  // --jitter's bound
 
 // A cluster lock name: 1 to 255 bytes without control characters.

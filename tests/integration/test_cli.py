@@ -37,6 +37,8 @@ Policy:
 Lock and command:
   -s, --shared                take a shared (reader) lock
   -x, --exclusive             take an exclusive lock (the default)
+      --holders N             let up to N runs (2-1024) hold the lock at
+                              once, each with $LOOPLOCK_HOLDER_INDEX
   -o, --close                 do not pass the lock fd to COMMAND
   -F, --no-fork               exec COMMAND in place of looplock
       --kill-after DURATION   send KILL to the job if a forwarded TERM/INT

@@ -182,6 +182,19 @@ def runs(tmp_path_factory):
         waiter.wait(timeout=TIMEOUT)
         if coalescer:
             coalescer.wait(timeout=TIMEOUT)
+    # --holders 2: two deploys hold the lock, a third gives up.
+    deploy = base / "deploy"
+    deploy.mkdir()
+    deploys = [start(["--holders", "2", "--agent", "ci", deploy, "--", "python3", scripts / "status.py"], env=env)
+               for _ in range(2)]
+    try:
+        for d in deploys:
+            expect_line(d, "ready")
+        looplock(["--holders", "2", "--agent", "ci", "-w", "0.5", deploy, "--", "python3", scripts / "deploy.py"])
+    finally:
+        for d in deploys:
+            d.stdin.close()
+            d.wait(timeout=TIMEOUT)
     # A holder killed before it could release.
     killed = start(["--agent", "cron", loop, "--", "python3", scripts / "status.py"], env=env)
     expect_line(killed, "ready")

@@ -168,10 +168,12 @@ def test_a_different_dir_inside_waits_for_its_own_holder(loop_dir, tmp_path, hol
 # --- shared and exclusive ---------------------------------------------------
 
 def test_shared_outer_does_not_satisfy_an_exclusive_inner(loop_dir):
-    p, out, err = run_outer(["-s", "-p", "blocking"], loop_dir, CHAINS["sh"](inner(loop_dir, wait="0.3")))
+    # It would wait for its own holder until its deadline (forever with -p
+    # blocking): it fails at once.
+    p, out, err = run_outer(["-s", "-p", "blocking"], loop_dir, CHAINS["sh"](inner(loop_dir, wait="30")))
     assert p.returncode == EX_TEMPFAIL, err
     assert probes(out) == []
-    assert "lock_acquire_timeout" in err
+    assert "inside looplock -s" in err and "so the lock would wait for its own holder" in err
 
 
 def test_shared_outer_satisfies_a_shared_inner(loop_dir):

@@ -143,19 +143,42 @@ TEST_CASE("every value-taking option is classified by the splitter") {
   std::set<std::string> longs;
   for (const auto& [s, l] : opts) longs.insert(l);
   // The help text lists them all (guards the regex above).
-  CHECK(longs == std::set<std::string>{"policy", "timeout", "conflict-exit-code", "skip-exit-code", "agent",
-                                       "operation", "log-format", "kill-after", "max-time", "metrics-dir",
-                                       "stale-after", "etcd", "lock-name", "ttl", "etcd-cacert", "etcd-cert",
-                                       "etcd-key", "etcd-user", "etcd-password-file", "warn-before", "warn-signal",
-                                       "once-per", "jitter", "incidents", "notify", "notify-on", "notify-timeout",
-                                       "notify-after"});
+  CHECK(longs == std::set<std::string>{"policy",
+                                       "timeout",
+                                       "conflict-exit-code",
+                                       "skip-exit-code",
+                                       "agent",
+                                       "operation",
+                                       "log-format",
+                                       "kill-after",
+                                       "max-time",
+                                       "metrics-dir",
+                                       "stale-after",
+                                       "etcd",
+                                       "lock-name",
+                                       "ttl",
+                                       "etcd-cacert",
+                                       "etcd-cert",
+                                       "etcd-key",
+                                       "etcd-user",
+                                       "etcd-password-file",
+                                       "warn-before",
+                                       "warn-signal",
+                                       "once-per",
+                                       "jitter",
+                                       "incidents",
+                                       "notify",
+                                       "notify-on",
+                                       "notify-timeout",
+                                       "notify-after",
+                                       "holders"});
 
   std::vector<std::string> spellings;
   for (const auto& [s, l] : opts) {
     spellings.push_back("--" + l);
     if (!s.empty()) spellings.push_back("-" + s);
   }
-  CHECK(spellings.size() == 31);
+  CHECK(spellings.size() == 32);
   for (const auto& spelling : spellings) {
     CAPTURE(spelling);
     // The value is "--": if the splitter did not know that the option takes
@@ -889,4 +912,26 @@ TEST_CASE("only the options argv names are declared to cxxopts, with the same re
     CAPTURE(shown);
     CHECK(outcome_of(args, false) == outcome_of(args, true));
   }
+}
+
+TEST_CASE("--holders N: 2 to 1024, not with -s, --once-per or -F") {
+  CHECK(parse({"DIR", "--", "x"}).lock.holders == 0);
+  CHECK(parse({"--holders", "3", "DIR", "--", "x"}).lock.holders == 3);
+  CHECK(parse({"--holders=1024", "DIR", "--", "x"}).lock.holders == 1024);
+  for (const char* bad : {"1", "0", "1025", "-2", "3x", ""}) {
+    CAPTURE(bad);
+    auto f = parse_failure({"--holders", bad, "DIR", "--", "x"});
+    REQUIRE(f);
+    CHECK(f->status == looplock::exit_code::kUsage);
+    CHECK(f->message == "invalid --holders '" + std::string(bad) + "': expected a number from 2 to 1024");
+  }
+  CHECK(parse_failure({"--holders", "3", "-s", "DIR", "--", "x"})
+            .value()
+            .message.starts_with("--holders and -s/--shared cannot be combined"));
+  CHECK(parse_failure({"--holders", "3", "--once-per", "5m", "DIR", "--", "x"})
+            .value()
+            .message.starts_with("--holders and --once-per cannot be combined"));
+  CHECK(parse_failure({"--holders", "3", "-F", "DIR", "--", "x"}).value().message.starts_with("--holders needs"));
+  CHECK(parse_failure({"--holders", "3", "--inspect", "DIR"}).value().message ==
+        "--holders does not apply to --inspect");
 }

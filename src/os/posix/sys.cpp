@@ -150,7 +150,8 @@ Abilities abilities() {
           .advisory_locks = true,
           .permission_bits = true,
           .case_sensitive_names = true,
-          .notify = true};
+          .notify = true,
+          .holders = true};
 }
 
 Pid own_pid() { return getpid(); }

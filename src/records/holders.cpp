@@ -1,0 +1,115 @@
+#include "records/holders.hpp"
+
+#include <algorithm>
+#include <charconv>
+
+#include "base/error.hpp"
+#include "base/exit_codes.hpp"
+#include "os/file_status.hpp"
+#include "os/file_watch.hpp"
+#include "os/files.hpp"
+#include "os/sys.hpp"
+
+namespace looplock {
+
+namespace {
+
+LockedFileRole index_role(int index) {
+  return {.name = index_name(index), .noun = "holder index", .event = "unsafe_holder_index"};
+}
+
+// Whether DIR's name for index `index` still names the file `f` locked:
+// nullopt (errno set) when that cannot be told.
+std::optional<bool> index_intact(const LockDir& dir, int index, const LockFile& f) {
+  sys::FileStatus now;
+  if (!sys::status_at(dir.fd.get(), index_name(index).c_str(), now)) {
+    if (errno == ENOENT || errno == ENOTDIR) return false;
+    return std::nullopt;
+  }
+  return sys::same_file(now, f.st);
+}
+
+}  // namespace
+
+std::string index_name(int index) { return std::string(kHoldersPrefix) + std::to_string(index); }
+
+std::optional<int> index_of_name(std::string_view name) {
+  if (!name.starts_with(kHoldersPrefix)) return std::nullopt;
+  const std::string_view digits = name.substr(kHoldersPrefix.size());
+  if (digits.empty() || digits.size() > 7 || (digits.size() > 1 && digits[0] == '0') ||
+      digits.find_first_not_of("0123456789") != std::string_view::npos) {
+    return std::nullopt;
+  }
+  int v = 0;
+  const auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  if (ec != std::errc() || p != digits.data() + digits.size()) return std::nullopt;
+  return v;
+}
+
+IndexWait take_index(const LockDir& dir, int n, const WaitPlan& plan, Instant start,
+                     const std::function<void()>& on_wait) {
+  const bool bounded = plan.kind == WaitPlan::Kind::Bounded;
+  const Instant deadline = later(start, plan.timeout);
+  // Every index file stays open for the whole wait: a waiter never closes
+  // one it may write, so waiters never wake each other (file_watch.hpp).
+  std::vector<LockFile> files;
+  files.reserve(static_cast<size_t>(n));
+  for (int k = 0; k < n; ++k) files.push_back(open_lock_file(dir, index_role(k)));
+  std::optional<sys::CloseWatch> watch;
+  int replaced = 0;
+  for (;;) {
+    for (int k = 0; k < n; ++k) {
+      if (!sys::try_lock(files[k].fd.get(), /*exclusive=*/true)) {
+        if (errno == EWOULDBLOCK || errno == EAGAIN || errno == EACCES) continue;
+        fail_errno(exit_code::kOsError, "cannot lock " + sys::path_in_dir(dir.path, index_name(k)), errno);
+      }
+      const auto intact = index_intact(dir, k, files[k]);
+      if (!intact) {
+        fail_errno(exit_code::kOsError,
+                   "cannot check that " + sys::path_in_dir(dir.path, index_name(k)) + " is still the file locked",
+                   errno, "The command was not run.");
+      }
+      if (*intact) {
+        IndexWait w;
+        w.status = Acquisition::Acquired;
+        w.index = k;
+        w.file = std::move(files[k]);
+        return w;
+      }
+      // Deleted or replaced meanwhile: the lock on the old inode protects
+      // nothing; the new file is taken instead.
+      if (++replaced >= 1000) {
+        throw Fatal(exit_code::kCantCreate,
+                    "cannot lock " + sys::path_in_dir(dir.path, index_name(k)) + ": it keeps being replaced",
+                    "Something deletes or recreates the holder index files in a loop; never delete them.");
+      }
+      files[k] = open_lock_file(dir, index_role(k));
+      --k;  // the same index again
+    }
+    const Instant now = MonotonicClock::now();
+    if (plan.kind == WaitPlan::Kind::NoWait || (bounded && now >= deadline)) {
+      IndexWait w;
+      w.status = plan.kind == WaitPlan::Kind::NoWait ? Acquisition::Busy : Acquisition::TimedOut;
+      w.held = std::move(files);
+      return w;
+    }
+    if (!watch) {
+      on_wait();
+      std::vector<std::string> names;
+      for (int k = 0; k < n; ++k) names.push_back(index_name(k));
+      watch.emplace(dir.fd.get(), names);
+    }
+    watch->wait(bounded ? std::min(kIndexPoll, deadline - now) : kIndexPoll);
+  }
+}
+
+std::vector<int> indexes_in(const LockDir& dir) {
+  std::vector<int> out;
+  for (const auto& name : sys::names_in(dir.fd.get(), kHoldersPrefix).value_or(std::vector<std::string>{})) {
+    if (const auto k = index_of_name(name)) out.push_back(*k);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace looplock

@@ -1,0 +1,230 @@
+"""--holders N (looplock(1), HOLDERS): up to N runs hold the lock at once,
+each under its own index; an exclusive holder of .state.lock (a plain
+looplock, flock(1), Python's fcntl.flock) excludes all of them. Real
+looplock processes and real holders, and a history of who ran when,
+checked afterwards."""
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import (EX_TEMPFAIL, LOOPLOCK, PY, TIMEOUT, expect_line, expect_stderr, flock_holder, helper,
+                      incident_rows, release, run, start)
+
+TICK = helper("holder_tick.py")
+WAIT = helper("wait_stdin.py")
+
+
+def history_of(path):
+    """[(kind, label, index, ns)] in time order."""
+    p = Path(path)
+    rows = [line.split() for line in p.read_text().splitlines()] if p.exists() else []
+    return sorted(((k, lab, idx, int(ns)) for k, lab, idx, ns in rows), key=lambda r: r[3])
+
+
+def most_at_once(history):
+    """The most runs inside at once, and whether an exclusive run ("x...")
+    was ever inside beside another run."""
+    inside, most, mixed = set(), 0, False
+    for kind, label, _, _ in history:
+        if kind == "start":
+            inside.add(label)
+            most = max(most, len(inside))
+            if len(inside) > 1 and any(lab.startswith("x") for lab in inside):
+                mixed = True
+        else:
+            inside.discard(label)
+    return most, mixed
+
+
+def indexes_inside(history):
+    """Each start's index, checked unique among the runs inside then."""
+    inside = {}
+    for kind, label, idx, _ in history:
+        if kind == "start":
+            assert idx not in inside.values(), f"index {idx} taken twice: {history}"
+            inside[label] = idx
+        else:
+            inside.pop(label, None)
+
+
+def burst(loop_dir, history, n, runs, barrier, extra=()):
+    procs = [start(["--holders", str(n), "-p", "blocking", *extra, loop_dir, "--", PY, TICK, history, f"h{i}",
+                    str(barrier)], stdin=subprocess.DEVNULL) for i in range(runs)]
+    return [(p.wait(timeout=60), p.stderr.read()) for p in procs]
+
+
+def test_never_more_than_n_at_once_and_n_reached(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    ends = burst(loop_dir, history, 3, 8, barrier=3)
+    assert [s for s, _ in ends] == [0] * 8, ends
+    h = history_of(history)
+    assert len(h) == 16
+    assert most_at_once(h) == (3, False)
+    indexes_inside(h)
+    assert {idx for _, _, idx, _ in h} <= {"0", "1", "2"}
+    assert sorted(p.name for p in loop_dir.glob(".state.lock.holders.*")) == [f".state.lock.holders.{k}" for k in range(3)]
+
+
+def test_the_control_without_a_lock_has_them_all_inside_at_once(tmp_path):
+    """The history check can fail: unlocked, the same burst is all inside."""
+    history = tmp_path / "history"
+    procs = [subprocess.Popen([PY, TICK, history, f"h{i}", "8"]) for i in range(8)]
+    assert [p.wait(timeout=60) for p in procs] == [0] * 8
+    assert most_at_once(history_of(history))[0] == 8
+
+
+def test_runs_with_different_n_are_bounded_by_the_largest(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    procs = [start(["--holders", str(2 if i % 2 else 4), "-p", "blocking", loop_dir, "--", PY, TICK, history,
+                    f"h{i}", "4"], stdin=subprocess.DEVNULL) for i in range(8)]
+    assert [p.wait(timeout=60) for p in procs] == [0] * 8
+    h = history_of(history)
+    most, _ = most_at_once(h)
+    assert 2 <= most <= 4
+    indexes_inside(h)
+
+
+def test_an_exclusive_run_never_runs_beside_a_holder(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    procs = []
+    for i in range(9):
+        if i % 3 == 2:
+            args = ["-p", "blocking", loop_dir, "--", PY, TICK, history, f"x{i}", "1"]
+        else:
+            args = ["--holders", "2", "-p", "blocking", loop_dir, "--", PY, TICK, history, f"h{i}", "2"]
+        procs.append(start(args, stdin=subprocess.DEVNULL))
+    assert [p.wait(timeout=90) for p in procs] == [0] * 9
+    h = history_of(history)
+    assert len(h) == 18
+    most, mixed = most_at_once(h)
+    assert not mixed, h
+    assert most <= 2
+
+
+def test_a_flock_holder_excludes_every_holder_and_is_excluded_by_any(loop_dir, tmp_path):
+    lock = loop_dir / ".state.lock"
+    f = flock_holder(lock)
+    try:
+        r = run(["--holders", "3", "-w", "0.3", loop_dir, "--", "true"])
+        assert r.returncode == EX_TEMPFAIL, r.stderr
+        assert "lock_acquire_timeout" in r.stderr and "(flock)" in r.stderr
+        # It let go of its index when it gave up.
+        r = run(["--holders", "3", "-n", loop_dir, "--", "true"])
+        assert r.returncode == EX_TEMPFAIL
+    finally:
+        release(f)
+    h = start(["--holders", "3", loop_dir, "--", PY, WAIT])
+    try:
+        expect_line(h, "ready")
+        assert subprocess.run(["flock", "-n", str(lock), "true"], timeout=TIMEOUT).returncode == 1
+        # Python's fcntl.flock, as the loop scripts take it, is refused too.
+        probe = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR)\n"
+                 "try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError: sys.exit(3)")
+        assert subprocess.run([PY, "-c", probe, str(lock)], timeout=TIMEOUT).returncode == 3
+        # Another holder comes in beside it.
+        r = run(["--holders", "3", "-n", loop_dir, "--", "sh", "-c", "echo $LOOPLOCK_HOLDER_INDEX"])
+        assert (r.returncode, r.stdout) == (0, "1\n"), r.stderr
+    finally:
+        h.stdin.close()
+        assert h.wait(timeout=TIMEOUT) == 0
+
+
+def test_all_held_the_timeout_row_keeps_holder_and_adds_holders(loop_dir):
+    hs = [start(["--holders", "2", "--agent", f"a{i}", "--operation", "deploy", loop_dir, "--", PY, WAIT])
+          for i in range(2)]
+    try:
+        for h in hs:
+            expect_line(h, "ready")
+        r = run(["--holders", "2", "-w", "0.2", "--log-format", "json", loop_dir, "--", "true"])
+        assert r.returncode == EX_TEMPFAIL
+        line = json.loads(r.stderr.splitlines()[-1])
+        assert line["event"] == "lock_acquire_timeout"
+        assert "all 2 holder indexes of" in line["message"]
+        assert [x["index"] for x in line["holders"]] == [0, 1]
+        assert sorted(x["holder"]["pid"] for x in line["holders"]) == sorted(h.pid for h in hs)
+        assert {x["holder"]["holders"] for x in line["holders"]} == {2}
+        row = incident_rows(loop_dir)[-1]
+        assert row["error_code"] == "lock_acquire_timeout"
+        assert row["holder"]["index"] == 0
+        assert sorted(row["holder_pids"]) == sorted(h.pid for h in hs)
+        assert [x["index"] for x in row["holders"]] == [0, 1]
+        # single_flight: a skip that names them.
+        r = run(["--holders", "2", "-p", "single_flight", "--log-format", "json", loop_dir, "--", "true"])
+        assert r.returncode == 0
+        skip = json.loads(r.stderr.splitlines()[-1])
+        assert skip["event"] == "noop-locked" and len(skip["holders"]) == 2
+    finally:
+        for h in hs:
+            h.stdin.close()
+            h.wait(timeout=TIMEOUT)
+
+
+def test_each_holder_has_its_record_and_its_index(loop_dir):
+    h = start(["--holders", "2", "--operation", "deploy", loop_dir, "--", "sh", "-c",
+               'echo "$LOOPLOCK_HOLDER_INDEX"; read x || true'])
+    try:
+        assert h.stdout.readline() == "0\n"
+        rec = json.loads((loop_dir / ".state.lock.holders.0").read_text())
+        assert (rec["pid"], rec["holders"], rec["index"], rec["released_at"]) == (h.pid, 2, 0, None)
+        r = run(["--holders", "2", loop_dir, "--", "sh", "-c", 'echo "$LOOPLOCK_HOLDER_INDEX"'])
+        assert r.stdout == "1\n"
+        rec1 = json.loads((loop_dir / ".state.lock.holders.1").read_text())
+        assert rec1["index"] == 1 and rec1["released_at"]
+        # The exclusive record in the lock file is not touched by holders.
+        assert (loop_dir / ".state.lock").read_text() == ""
+    finally:
+        h.stdin.close()
+        assert h.wait(timeout=TIMEOUT) == 0
+    assert json.loads((loop_dir / ".state.lock.holders.0").read_text())["released_at"]
+    # Without --holders the variable is not passed on from outside.
+    r = run([loop_dir, "--", "sh", "-c", 'echo "${LOOPLOCK_HOLDER_INDEX-unset}"'],
+            env={"LOOPLOCK_HOLDER_INDEX": "7"})
+    assert r.stdout == "unset\n"
+
+
+def test_a_killed_holder_frees_its_index_for_a_waiter(loop_dir):
+    hs = []
+    for _ in range(2):  # one after the other: index 0, then 1
+        hs.append(start(["--holders", "2", loop_dir, "--", PY, WAIT]))
+        expect_line(hs[-1], "ready")
+    waiter = start(["--holders", "2", "-p", "blocking", "-v", loop_dir, "--", "sh", "-c",
+                    'echo "got $LOOPLOCK_HOLDER_INDEX"'])
+    try:
+        expect_stderr(waiter, "waiting for one of the 2 holders")
+        os.kill(hs[1].pid, signal.SIGKILL)
+        hs[1].wait(timeout=TIMEOUT)
+        out, _ = waiter.communicate(timeout=TIMEOUT)
+        assert waiter.returncode == 0 and out == "got 1\n"
+    finally:
+        for h in hs:
+            if h.poll() is None:
+                h.stdin.close()
+                h.wait(timeout=TIMEOUT)
+
+
+def test_an_exclusive_lock_inside_a_holder_fails_at_once(loop_dir):
+    for outer in (["--holders", "2"], ["--holders", "2", "-o"], ["-s"]):
+        r = run([*outer, loop_dir, "--", LOOPLOCK, "-p", "blocking", loop_dir, "--", "true"])
+        assert r.returncode == EX_TEMPFAIL, (outer, r.stderr)
+        assert "so the lock would wait for its own holder" in r.stderr
+    # A nested holder runs inside the outer one's critical section.
+    r = run(["--holders", "2", loop_dir, "--", LOOPLOCK, "--holders", "2", "-v", loop_dir, "--", "sh", "-c",
+             'echo "$LOOPLOCK_HOLDER_INDEX"'])
+    assert r.returncode == 0 and r.stdout == "0\n" and "running inside its critical section" in r.stderr
+    # The scripts' own lock says so too, instead of waiting for its parent.
+    lib = Path(__file__).resolve().parents[2] / "examples" / "python" / "loop_lock.py"
+    r = run(["--holders", "2", loop_dir, "--", PY, lib, loop_dir])
+    assert r.returncode == 1 and "inside holder 0 of `looplock --holders`" in r.stderr
+
+
+def test_usage_errors():
+    for args, says in ((["--holders", "1"], "expected a number from 2 to 1024"),
+                       (["--holders", "2", "-s"], "cannot be combined"),
+                       (["--holders", "2", "--once-per", "5m", "--operation", "t"], "cannot be combined"),
+                       (["--holders", "2", "-F"], "drop -F")):
+        r = run([*args, "/tmp", "--", "true"])
+        assert r.returncode == 64 and says in r.stderr, (args, r.stderr)
