@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <set>
 
 #include "base/duration.hpp"
 #include "base/environment.hpp"
@@ -14,6 +15,7 @@
 #include "os/unique_fd.hpp"
 #include "records/coalesce.hpp"
 #include "records/holder.hpp"
+#include "records/holders.hpp"
 #include "records/lock_id.hpp"
 #include "records/lockfile.hpp"
 #include "records/survey.hpp"
@@ -141,6 +143,17 @@ Json report_json(const InspectFacts& facts, const Verdict& v) {
     waiters.push_back(std::move(x));
   }
   j["waiters"] = f.holders_unlisted ? Json(nullptr) : std::move(waiters);  // null: the system cannot list them
+  Json indexes = Json::array();
+  for (const auto& x : facts.indexes) {
+    indexes.push_back(
+        {{"index", x.index},
+         {"held", x.held},
+         {"holder_pids", x.pids},
+         {"holder", x.held ? Json(x.holder) : Json(nullptr)},
+         {"record", x.record ? holder_to_json(*x.record) : Json(nullptr)},
+         {"record_status", x.record ? Json(x.record_current ? "current" : "not the holder's") : Json(nullptr)}});
+  }
+  j["holder_indexes"] = std::move(indexes);
   Json r = Json::object();
   r["state"] = !f.exists                                                         ? "missing"
                : f.refusal && !rec && f.record.state == HolderRead::State::Empty ? "not read"
@@ -228,6 +241,19 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
     if (w.coalescing) who += "; coalescing: later -p coalesce runs of " + w.operation.value_or("?") + " skip";
     line("waiting", who);
   }
+  if (!facts.indexes.empty()) {
+    const auto held = std::count_if(facts.indexes.begin(), facts.indexes.end(), [](const auto& x) { return x.held; });
+    line("holders",
+         std::to_string(held) + " of " + std::to_string(facts.indexes.size()) + " index files held (--holders)");
+    for (const auto& x : facts.indexes) {
+      if (!x.held) continue;
+      std::string who = "index " + std::to_string(x.index) + ": " + x.holder;
+      if (x.record && x.record_current && x.record->holders > 0) {
+        who += ", --holders " + std::to_string(x.record->holders);
+      }
+      line("holder", who);
+    }
+  }
   if (facts.incidents.error != 0) {
     line("incidents", "not read: " + std::string(std::strerror(facts.incidents.error)));
   } else if (facts.incidents.count == 0) {
@@ -261,9 +287,27 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
 
 }  // namespace
 
+std::optional<std::string> holders_disagree(const std::vector<InspectFacts::Index>& indexes) {
+  std::vector<std::string> seen;
+  int most = 0;
+  std::set<int> ns;
+  for (const auto& x : indexes) {
+    if (!x.held || !x.record || !x.record_current || x.record->holders == 0) continue;
+    ns.insert(x.record->holders);
+    most = std::max(most, x.record->holders);
+    seen.push_back("index " + std::to_string(x.index) + " by pid " + std::to_string(x.record->pid) +
+                   " with --holders " + std::to_string(x.record->holders));
+  }
+  if (ns.size() < 2) return std::nullopt;
+  return "the holders disagree on N (" + join(seen, "; ") + "): up to " + std::to_string(most) +
+         " runs hold the lock at once, and a run with a smaller N waits while the indexes below it are taken. "
+         "Give every run of this DIR the same --holders N";
+}
+
 InspectReport build_report(const InspectFacts& facts) {
   Verdict v = judge(facts.lock);
   for (const auto& f : facts.files) v.warnings.push_back(f.file + ": " + f.problem + ". " + f.fix);
+  if (auto w = holders_disagree(facts.indexes)) v.warnings.push_back(*w);
   return {report_json(facts, v), report_text(facts, v)};
 }
 
@@ -336,6 +380,35 @@ void add_part(const Options& o, const LockDir& dir, LockKind* kind, const Logger
   report.json[kind->key()] = std::move(part.json);
 }
 
+// Who holds each of --holders' index files (read only: opened for reading,
+// never created or locked).
+std::vector<InspectFacts::Index> survey_indexes(const LockDir& dir, const std::string& path) {
+  std::vector<InspectFacts::Index> out;
+  for (const int k : indexes_in(dir)) {
+    InspectFacts::Index x;
+    x.index = k;
+    const std::string name = index_name(k);
+    LockFile file;
+    file.fd = sys::open_in(dir.fd.get(), name, {.access = sys::OpenIn::Access::Read, .above_stdio = true});
+    if (!file.fd || !sys::status_of_fd(file.fd.get(), file.st) || !file.st.regular()) {
+      out.push_back(x);  // judge_lock_files() says what is wrong with it
+      continue;
+    }
+    const HolderRead read = read_holder(file.fd.get());
+    x.record = read.record;
+    const auto kernel = live_holders(file.st);
+    x.held = !kernel.empty();
+    if (x.held) {
+      const Verdict v = judge(survey_held(file, sys::path_in_dir(path, name), kernel));
+      for (const auto& h : v.holders) x.pids.push_back(h.pid);
+      x.holder = holder_phrase(v);
+      x.record_current = v.record == RecordState::Current;
+    }
+    out.push_back(std::move(x));
+  }
+  return out;
+}
+
 InspectReport inspect_dir(const Options& o, const std::string& path, LockKind* cluster, const Logger& log,
                           int& status) {
   LockDir dir = open_lock_dir(path, /*check_safety=*/false);
@@ -346,6 +419,7 @@ InspectReport inspect_dir(const Options& o, const std::string& path, LockKind* c
   f.lock.stale_after_ms = ms_of(o.inspect.stale_after);
   for (const auto& k : waiters) f.waiters.push_back(describe_waiter(k, dir));
   f.incidents = summarize_incidents(dir.fd.get(), o.inspect.incidents);
+  f.indexes = survey_indexes(dir, path);
   try {
     LedgerRead runs = read_ledger(dir);
     f.runs = std::move(runs.entries);

@@ -41,6 +41,16 @@ struct InspectFacts {
     bool coalescing = false;
   };
   std::vector<Waiter> waiters;
+  // --holders' index files (records/holders.hpp), by index: who holds each.
+  struct Index {
+    int index = 0;
+    bool held = false;
+    std::vector<Pid> pids;                 // the kernel's holders of it
+    std::string holder;                    // held: the holder phrase (verdict.hpp)
+    std::optional<HolderRecord> record{};  // the record in it, whoever wrote it
+    bool record_current = false;           // the record is the holder's
+  };
+  std::vector<Index> indexes;
   // The run ledger of --once-per: the last run of each operation.
   std::vector<RunEntry> runs;
   std::vector<std::string> runs_damaged;  // the operations ("?": unknown) of entries that did not validate
@@ -57,6 +67,8 @@ struct InspectReport {
 };
 
 InspectReport build_report(const InspectFacts& facts);
+// --holders: the warning when the held indexes' records disagree on N.
+std::optional<std::string> holders_disagree(const std::vector<InspectFacts::Index>& indexes);
 
 // The --json entry of a DIR that could not be inspected.
 Json error_entry(const std::string& dir, int status, const std::string& event, const std::string& message,

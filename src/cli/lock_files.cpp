@@ -9,6 +9,7 @@
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 #include "records/coalesce.hpp"
+#include "records/holders.hpp"
 #include "records/incident.hpp"
 #include "records/ledger.hpp"
 #include "records/metrics.hpp"
@@ -193,12 +194,32 @@ void judge_seats(const LockDir& dir, Uid euid, std::vector<FileProblem>& out) {
   }
 }
 
+// --holders' index files (records/holders.hpp): a holder refuses an unsafe
+// one, and exits 73 on one it cannot even read.
+void judge_indexes(const LockDir& dir, Uid euid, std::vector<FileProblem>& out) {
+  const auto names = sys::names_in(dir.fd.get(), kHoldersPrefix);
+  if (!names) return;
+  const std::string runs = "a --holders run that takes this index ";
+  for (const auto& name : *names) {
+    sys::FileStatus st;
+    const std::string path = in(dir.path, name);
+    if (!index_of_name(name) || !sys::status_at(dir.fd.get(), name.c_str(), st)) continue;
+    if (auto r = refuse_file(st, dir.st, euid, "holder index", name, "unsafe_holder_index", dir.path)) {
+      out.push_back({path, runs + "refuses it (exit 73): " + r->why, r->hint});
+    } else if (!sys::may_access(dir.fd.get(), name, kRead)) {
+      out.push_back({path, runs + "by you exits 73: you cannot open it (" + owner_mode(st) + ")",
+                     share_fix(path, st, dir.st, euid)});
+    }
+  }
+}
+
 std::vector<FileProblem> judge_lock_files(const LockDir& dir, Uid euid) {
   std::vector<FileProblem> out;
   judge_lock_file(dir, euid, out);
   judge_ledger(dir, euid, out);
   judge_incidents(dir, euid, out);
   judge_seats(dir, euid, out);
+  judge_indexes(dir, euid, out);
   return out;
 }
 

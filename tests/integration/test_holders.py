@@ -228,3 +228,39 @@ def test_usage_errors():
                        (["--holders", "2", "-F"], "drop -F")):
         r = run([*args, "/tmp", "--", "true"])
         assert r.returncode == 64 and says in r.stderr, (args, r.stderr)
+
+
+def test_inspect_shows_each_index_and_warns_when_holders_disagree_on_n(loop_dir):
+    hs = []
+    for n, op in (("2", "deploy"), ("3", "migrate")):
+        hs.append(start(["--holders", n, "--operation", op, loop_dir, "--", PY, WAIT]))
+        expect_line(hs[-1], "ready")
+    try:
+        report = json.loads(run(["--inspect", "--json", loop_dir]).stdout)
+        idx = report["holder_indexes"]
+        assert [(x["index"], x["held"], x["holder_pids"]) for x in idx] == \
+            [(0, True, [hs[0].pid]), (1, True, [hs[1].pid]), (2, False, [])]
+        assert idx[1]["record"]["holders"] == 3 and idx[1]["record_status"] == "current"
+        assert any("the holders disagree on N" in w for w in report["warnings"])
+        assert report["kernel"]["mode"] == "shared"
+        text = run(["--inspect", loop_dir]).stdout
+        assert "2 of 3 index files held (--holders)" in text
+        assert f"index 1: pid {hs[1].pid} (agent" in text and "--holders 3" in text
+        assert run(["--inspect", "--check", loop_dir]).returncode == 1
+    finally:
+        for h in hs:
+            h.stdin.close()
+            h.wait(timeout=TIMEOUT)
+    report = json.loads(run(["--inspect", "--json", loop_dir]).stdout)
+    assert [x["held"] for x in report["holder_indexes"]] == [False] * 3
+    assert report["holder_indexes"][0]["record"]["released_at"]
+    assert report["warnings"] == []
+
+
+def test_an_unsafe_index_file_is_refused_and_inspect_says_so(loop_dir, tmp_path):
+    os.symlink(tmp_path / "elsewhere", loop_dir / ".state.lock.holders.1")
+    r = run(["--holders", "2", loop_dir, "--", "true"])
+    assert r.returncode == 73 and "unsafe holder index" in r.stderr and "symbolic link" in r.stderr
+    assert not (tmp_path / "elsewhere").exists()
+    report = json.loads(run(["--inspect", "--json", loop_dir]).stdout)
+    assert any(".state.lock.holders.1" in w and "refuses it (exit 73)" in w for w in report["warnings"])

@@ -114,8 +114,8 @@ TEST_CASE("no run ledger: no line, empty keys") {
 TEST_CASE("JSON keys") {
   InspectReport r = looplock::build_report(held_by_record());
   CHECK(keys(r.json) == std::vector<std::string>{"lock_file", "lock_id", "exists", "kernel", "holder", "holders",
-                                                 "network_fs", "waiters", "record", "incidents", "runs",
-                                                 "runs_damaged", "runs_error", "warnings", "operator_action"});
+                                                 "network_fs", "waiters", "holder_indexes", "record", "incidents",
+                                                 "runs", "runs_damaged", "runs_error", "warnings", "operator_action"});
   CHECK(r.json["waiters"] == Json::array());
   CHECK(keys(r.json["kernel"]) ==
         std::vector<std::string>{"held", "unknown", "mode", "holder_pids", "fd_holder_pids", "tested_by_taking"});
@@ -330,4 +330,26 @@ TEST_CASE("where the system lists no holders, a missing lock file is free and it
   CHECK(r.json["waiters"].is_array());
   CHECK(r.text.find("kernel    free\n") != std::string::npos);
   CHECK(r.text.find("waiting   none\n") != std::string::npos);
+}
+
+TEST_CASE("--holders: a warning only when held indexes' current records disagree on N") {
+  using Index = looplock::InspectFacts::Index;
+  auto held = [](int index, int n, bool current = true) {
+    Index x;
+    x.index = index;
+    x.held = true;
+    x.record = looplock::HolderRecord{.pid = 100 + index, .holders = n, .index = index};
+    x.record_current = current;
+    return x;
+  };
+  CHECK_FALSE(looplock::holders_disagree({}));
+  CHECK_FALSE(looplock::holders_disagree({held(0, 3), held(1, 3)}));
+  CHECK_FALSE(looplock::holders_disagree({held(0, 3), held(1, 5, /*current=*/false)}));
+  Index free_one = held(2, 5);
+  free_one.held = false;
+  CHECK_FALSE(looplock::holders_disagree({held(0, 3), free_one}));
+  const auto w = looplock::holders_disagree({held(0, 2), held(1, 4)});
+  REQUIRE(w);
+  CHECK(w->find("index 0 by pid 100 with --holders 2; index 1 by pid 101 with --holders 4") != std::string::npos);
+  CHECK(w->find("up to 4 runs hold the lock at once") != std::string::npos);
 }
