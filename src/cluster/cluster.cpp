@@ -74,6 +74,7 @@ std::string encode_cluster_holder(const ClusterHolder& h) {
   if (!h.pid_ns.empty()) j["pid_ns"] = h.pid_ns;
   if (h.ttl_s > 0) j["ttl"] = h.ttl_s;
   if (!h.policy.empty()) j["policy"] = h.policy;
+  if (h.holders > 0) j["holders"] = h.holders;
   return dump_json(j);
 }
 
@@ -312,6 +313,7 @@ Acquisition ClusterLock::acquire(const WaitPlan& plan, Instant start, ClusterHol
   if (!grant(reach_by, granted)) unavailable("grant a lease", granted);
 
   if (!nowait) return wait_in_queue(deadline);
+  if (who_.holders > 0) return take_at_once_as_holder(reach_by);
 
   // single_flight: take the lock only if nobody holds or waits for it.
   auto t = client_.txn(etcd::create_if_free_txn_body(keys_, holder_value(false), lease_, prefixes_, ledger_key_),
@@ -390,7 +392,8 @@ ClusterLock::Step ClusterLock::place(Queue& q, const std::vector<etcd::KeyValue>
     q.before.reset();
     return Step::Again;
   }
-  if (mine == queue.begin()) return Step::Ours;
+  std::optional<etcd::KeyValue> blocking;
+  if (holds(queue, mine, blocking)) return Step::Ours;
   if (coalesced(queue, mine, step_end)) return Step::Coalesced;
   if (!q.said_waiting) {
     blocker_ = holder_of(queue.front(), step_end);
@@ -398,9 +401,50 @@ ClusterLock::Step ClusterLock::place(Queue& q, const std::vector<etcd::KeyValue>
     log_.verbose("waiting", "waiting for cluster lock " + printable(name_) + " on etcd, held by " +
                                 describe_cluster_holder(blocker_));
   }
-  q.before = *std::prev(mine);
+  q.any_ahead = who_.holders > 0 && !blocking;
+  q.before = who_.holders > 0 ? (blocking ? *blocking : *std::prev(mine)) : *std::prev(mine);
   q.watch_from = revision + 1;
   return Step::Next;
+}
+
+bool ClusterLock::holds(const std::vector<etcd::KeyValue>& queue, std::vector<etcd::KeyValue>::const_iterator mine,
+                        std::optional<etcd::KeyValue>& blocking) const {
+  if (mine == queue.begin()) return true;
+  if (who_.holders == 0) return false;
+  for (auto it = queue.begin(); it != mine; ++it) {
+    const auto v = parse_cluster_holder(it->value);
+    const Json n = v ? v->value("holders", Json(0)) : Json(0);
+    if (!n.is_number_integer() || n.get<long long>() <= 0) blocking = *it;  // exclusive: the nearest one counts
+  }
+  return !blocking && mine - queue.begin() < who_.holders;
+}
+
+// --holders with single_flight: queue, and hold only if the queue lets us
+// in at once; else leave it (Busy).
+Acquisition ClusterLock::take_at_once_as_holder(Instant reach_by) {
+  auto t = client_.txn(etcd::queue_txn_body(keys_, holder_value(false), lease_, prefixes_, ledger_key_),
+                       bounded_by(std::max(reach_by, now() + kMinAttempt)));
+  if (!t.ok()) unavailable("take the lock", t);
+  (void)pop_ledger_read(t.value);
+  const etcd::TxnResult& r = t.value;
+  const size_t reads_at = r.succeeded ? 0 : 1;
+  const long long mine = r.succeeded                                     ? r.revision
+                         : !r.ranges.empty() && !r.ranges[0].kvs.empty() ? r.ranges[0].kvs[0].create_revision
+                                                                         : 0;
+  std::vector<etcd::RangeResult> reads(r.ranges.begin() + static_cast<long>(std::min(reads_at, r.ranges.size())),
+                                       r.ranges.end());
+  const auto queue = etcd::contenders(prefixes_, reads);
+  const auto me =
+      std::find_if(queue.begin(), queue.end(), [&](const etcd::KeyValue& kv) { return kv.create_revision == mine; });
+  std::optional<etcd::KeyValue> blocking;
+  if (mine != 0 && me != queue.end() && holds(queue, me, blocking)) {
+    token_ = mine;
+    hold();
+    return Acquisition::Acquired;
+  }
+  if (!queue.empty()) blocker_ = holder_of(queue.front(), now() + kLookAtHolder);
+  release();
+  return Acquisition::Busy;
 }
 
 bool ClusterLock::coalesced(const std::vector<etcd::KeyValue>& queue, std::vector<etcd::KeyValue>::const_iterator mine,
@@ -561,7 +605,9 @@ ClusterLock::Step ClusterLock::read_queue(Queue& q, Instant step_end) {
 // again. The news, a canceled watch (a compacted revision: watching it again
 // would be canceled again at once) or a failure read the queue again.
 void ClusterLock::watch_before(Queue& q, Instant step_end) {
-  auto w = client_.watch_delete(q.before->key, q.watch_from, {.at = step_end});
+  auto w = q.any_ahead ? client_.watch_delete(prefixes_.at(0), q.watch_from, {.at = step_end},
+                                              etcd::prefix_range_end(prefixes_.at(0)))
+                       : client_.watch_delete(q.before->key, q.watch_from, {.at = step_end});
   // A round that etcd did not end itself: it may have stopped answering.
   silent_ = !w.ok() && w.status == etcd::Status::Timeout;
   if (w.ok() && !w.value) return;  // etcd ended the round at its deadline: the same watch next round

@@ -80,6 +80,9 @@ struct ClusterHolder {
   // The run's policy, written when it is coalesce: a later coalescing run
   // of the same operation finds it queued and is absorbed by it.
   std::string policy;
+  // --holders N: N, written then only. A contender without it (an earlier
+  // looplock, etcdctl lock, a run without --holders) is exclusive.
+  int holders = 0;
 };
 std::string encode_cluster_holder(const ClusterHolder& h);
 // The holder JSON as read (any object), or nullopt when not an object.
@@ -226,6 +229,9 @@ private:
     std::optional<etcd::KeyValue> before;  // the contender just before us, to watch
     long long watch_from = 0;
     bool said_waiting = false;
+    // --holders: waiting for any contender ahead to go, not only the one
+    // just before: the whole prefix's deletions are watched.
+    bool any_ahead = false;
   };
   // What a step found: the lock is ours, go on to the next step, or start
   // the round again.
@@ -242,6 +248,13 @@ private:
   bool coalesced(const std::vector<etcd::KeyValue>& queue, std::vector<etcd::KeyValue>::const_iterator mine,
                  Instant step_end);
   void count_absorbed();
+  // Whether the contender `mine` holds the lock: it is first, or (--holders
+  // N) fewer than N contenders are ahead of it and none of them is
+  // exclusive. Else `blocking`: the one to watch (the nearest exclusive
+  // contender ahead), or none (any of those ahead).
+  bool holds(const std::vector<etcd::KeyValue>& queue, std::vector<etcd::KeyValue>::const_iterator mine,
+             std::optional<etcd::KeyValue>& blocking) const;
+  Acquisition take_at_once_as_holder(Instant reach_by);
   // The ledger read a transaction ended with, taken off its ranges.
   std::optional<etcd::RangeResult> pop_ledger_read(etcd::TxnResult& r) const;
   bool acquired(long long revision, bool waited);

@@ -199,11 +199,12 @@ std::string put_body(std::string_view key, std::string_view value, long long lea
 std::string authenticate_body(std::string_view user, std::string_view password) {
   return dump_json(Json{{"name", std::string(user)}, {"password", std::string(password)}});
 }
-std::string watch_delete_body(std::string_view key, long long start_revision) {
-  return dump_json(Json{{"create_request",
-                         {{"key", base64_encode(key)},
-                          {"start_revision", std::to_string(start_revision)},
-                          {"filters", Json::array({"NOPUT"})}}}});
+std::string watch_delete_body(std::string_view key, long long start_revision, std::string_view range_end) {
+  Json create{{"key", base64_encode(key)},
+              {"start_revision", std::to_string(start_revision)},
+              {"filters", Json::array({"NOPUT"})}};
+  if (!range_end.empty()) create["range_end"] = base64_encode(range_end);
+  return dump_json(Json{{"create_request", create}});
 }
 
 namespace {
@@ -805,7 +806,8 @@ Result<TxnResult> Client::txn(const std::string& body, Deadline d) {
   return interpret<TxnResult>(call(unary("/v3/kv/txn", body, d)), "txn", parse_txn);
 }
 
-Result<bool> Client::watch_delete(std::string_view key, long long start_revision, Deadline d) {
+Result<bool> Client::watch_delete(std::string_view key, long long start_revision, Deadline d,
+                                  std::string_view range_end) {
   std::string raw;
   // Read until the news, or until etcd ends the stream itself (its
   // Grpc-Timeout): then the answer is complete and the connection is kept.
@@ -814,7 +816,7 @@ Result<bool> Client::watch_delete(std::string_view key, long long start_revision
     return w.deleted || (w.canceled && !w.ended) || w.malformed;
   };
   const CallSpec spec{.path = "/v3/watch",
-                      .body = watch_delete_body(key, start_revision),
+                      .body = watch_delete_body(key, start_revision, range_end),
                       .deadline = d,
                       .timeout_ends = true,
                       .enough = enough,

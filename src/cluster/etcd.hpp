@@ -123,8 +123,10 @@ std::string lease_id_body(long long id);  // keepalive, revoke
 std::string range_body(const RangeQuery& q);
 std::string put_body(std::string_view key, std::string_view value, long long lease);
 std::string authenticate_body(std::string_view user, std::string_view password);
-// Watches `key` for its deletion from `start_revision` on (puts filtered out).
-std::string watch_delete_body(std::string_view key, long long start_revision);
+// Watches `key` for its deletion from `start_revision` on (puts filtered
+// out); with `range_end`, every key from `key` up to it (a prefix's range:
+// prefix_range_end()).
+std::string watch_delete_body(std::string_view key, long long start_revision, std::string_view range_end = {});
 // The cluster lock's transactions, over the lock's `prefixes`
 // (contender_prefixes()) and `keys` (a contender's key under each prefix, in
 // the same order). queue: if keys[0] does not exist, create every key with
@@ -343,7 +345,8 @@ public:
   // server_timeout: the same watch can go on, and the connection stays
   // usable). Timeout when the deadline passed with the answer still open
   // (the connection is closed then).
-  Result<bool> watch_delete(std::string_view key, long long start_revision, Deadline d);
+  Result<bool> watch_delete(std::string_view key, long long start_revision, Deadline d,
+                            std::string_view range_end = {});
 
   // The endpoint that answered last ("http://127.0.0.1:2379").
   const std::string& current_endpoint() const { return endpoints_[first_].text; }

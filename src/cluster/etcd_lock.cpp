@@ -41,6 +41,7 @@ Acquisition EtcdLock::acquire(const WaitPlan& plan, Instant start) {
   who.boot_id = sys::boot_id();
   who.pid_ns = sys::pid_namespace();
   if (request_.policy == Policy::Coalesce) who.policy = std::string(policy_name(request_.policy));
+  who.holders = request_.flags.holders;
   const Acquisition got = lock_.acquire(plan, start, who);
   if (got != Acquisition::Acquired) return got;
   const Duration waited = MonotonicClock::now() - start;

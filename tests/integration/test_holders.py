@@ -53,7 +53,7 @@ def indexes_inside(history):
 
 def burst(loop_dir, history, n, runs, barrier, extra=()):
     procs = [start(["--holders", str(n), "-p", "blocking", *extra, loop_dir, "--", PY, TICK, history, f"h{i}",
-                    str(barrier)], stdin=subprocess.DEVNULL) for i in range(runs)]
+                    str(barrier), str(n + 1)], stdin=subprocess.DEVNULL) for i in range(runs)]
     return [(p.wait(timeout=60), p.stderr.read()) for p in procs]
 
 

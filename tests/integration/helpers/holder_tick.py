@@ -1,16 +1,19 @@
 """A job for the --holders history tests.
 
-    holder_tick.py HISTORY LABEL BARRIER
+    holder_tick.py HISTORY LABEL BARRIER [BEYOND]
 
 Appends "start LABEL INDEX STAMP" to HISTORY (INDEX: LOOPLOCK_HOLDER_INDEX,
 or "-"; STAMP: CLOCK_MONOTONIC ns), waits (at most 20 s) until HISTORY holds
 at least BARRIER starts, so that the runs the lock lets in at once are seen
-together, then appends "end LABEL INDEX STAMP"."""
+together, then appends "end LABEL INDEX STAMP". With BEYOND, it then stays
+up to 0.5 s more, or until HISTORY holds BEYOND starts: room for a run the
+lock should have kept out to show itself in the history."""
 import os
 import sys
 import time
 
 history, label, barrier = sys.argv[1], sys.argv[2], int(sys.argv[3])
+beyond = int(sys.argv[4]) if len(sys.argv) > 4 else 0
 index = os.environ.get("LOOPLOCK_HOLDER_INDEX", "-")
 
 
@@ -28,5 +31,8 @@ def starts():
 note("start")
 until = time.monotonic() + 20
 while starts() < barrier and time.monotonic() < until:
+    time.sleep(0.01)
+until = time.monotonic() + 0.5
+while beyond and starts() < beyond and time.monotonic() < until:
     time.sleep(0.01)
 note("end")
