@@ -126,6 +126,7 @@ constexpr std::array kConflicts = {
                  "deliver its events"},
   OptionConflict{.a = "holders", .b = "shared", .why = "--holders takes the lock shared itself, beside an index of "
                  "its own", .hint = "Drop -s: up to N runs with --holders N hold the lock together."},
+  OptionConflict{.a = "holders", .b = "exclusive", .why = "--holders takes the lock shared, beside an index of its own"},
   OptionConflict{.a = "holders", .b = "once-per", .why = "N holders at once cannot share one slot's run ledger"},
   OptionConflict{.a = "once-per", .b = "shared", .why = "readers run together, so none of them owns the run ledger"},
   OptionConflict{.a = "etcd", .b = "shared", .why = "shared cluster locks are not supported",

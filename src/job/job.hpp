@@ -18,6 +18,7 @@ struct CommandSpec {
   std::vector<std::string> argv;
   std::vector<std::string> env;  // the whole environment, "NAME=value"
   int pass_fd = -1;              // an fd to leave open in the command, or -1
+  int also_pass_fd = -1;         // a second one (--holders' index file, beside the lock file), or -1
   bool shell = false;            // argv is sys::shell_argv()'s (-c)
   JobLimits limits;              // --kill-after, --max-time, --warn-before
   Lease* lease = nullptr;

@@ -269,7 +269,11 @@ private:
 int exec_failure_status(int err) { return sys::exec_not_found(err) ? exit_code::kNotFound : exit_code::kNotExecutable; }
 
 JobEnd run_command(const CommandSpec& spec, sys::JobControl& control, const Logger& log) {
-  auto started = control.start({.argv = spec.argv, .env = spec.env, .pass_fd = spec.pass_fd, .shell = spec.shell});
+  auto started = control.start({.argv = spec.argv,
+                                .env = spec.env,
+                                .pass_fd = spec.pass_fd,
+                                .also_pass_fd = spec.also_pass_fd,
+                                .shell = spec.shell});
   if (auto* f = std::get_if<sys::Failure>(&started)) start_failed(*f, spec.argv[0]);
   sys::RunningJob& job = *std::get<std::unique_ptr<sys::RunningJob>>(started);
   if (job.terminal_error() != 0) {
@@ -283,7 +287,11 @@ JobEnd run_command(const CommandSpec& spec, sys::JobControl& control, const Logg
 }
 
 void exec_command(const CommandSpec& spec, sys::JobControl& control) {
-  start_failed(control.exec({.argv = spec.argv, .env = spec.env, .pass_fd = spec.pass_fd, .shell = spec.shell}),
+  start_failed(control.exec({.argv = spec.argv,
+                             .env = spec.env,
+                             .pass_fd = spec.pass_fd,
+                             .also_pass_fd = spec.also_pass_fd,
+                             .shell = spec.shell}),
                spec.argv[0]);
 }
 

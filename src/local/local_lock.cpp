@@ -187,13 +187,19 @@ AcquireResult LocalLock::take_as_holder(const WaitPlan& plan, Instant start, Acq
     said_waiting_ = true;
     log_.verbose("waiting",
                  "waiting for one of the " + std::to_string(n) + " holders of " + shown_ + " to let go of its index",
-                 {{"policy", policy_name(request_.policy)}, {"holders", n}});
+                 {{"policy", policy_name(request_.policy)}, {"max_holders", n}});
   });
   if (w.status != Acquisition::Acquired) {
-    indexes_held_ = std::move(w.held);
     AcquireResult r;
     r.status = w.status;
     r.waited = MonotonicClock::now() - start;
+    // Holders that took their index but wait for .state.lock are not in
+    // the way: its exclusive holder is (flock(1), a run without --holders).
+    r.file = open_lock_file(dir_);
+    if (sys::try_lock(r.file.fd.get(), /*exclusive=*/false)) {
+      (void)sys::unlock(r.file.fd.get());
+      indexes_held_ = std::move(w.held);
+    }
     return r;
   }
   index_ = w.index;
@@ -312,7 +318,7 @@ HolderFacts holder_facts(const Verdict& v) {
 Blocker LocalLock::all_indexes_held() const {
   Blocker b;
   const int n = request_.flags.holders;
-  b.what = "all " + std::to_string(n) + " holder indexes of " + shown_;
+  b.what = "every holder index of " + shown_ + " (--holders " + std::to_string(n) + ")";
   b.inspect_hint = "looplock --inspect " + shell_word(request_.dir);
   b.fields["holders"] = Json::array();
   std::vector<std::string> whos;
@@ -396,6 +402,9 @@ void LocalLock::export_to(CommandSpec& spec) {
   if (index_ >= 0) spec.env.push_back(std::string(env_name::kHolderIndex) + "=" + std::to_string(index_));
   if (!request_.flags.close_fd) spec.env.push_back(std::string(env_name::kFd) + "=" + fd);
   spec.pass_fd = request_.flags.close_fd ? -1 : file_.fd.get();
+  // --holders: the index goes with the lock, so that what the job leaves
+  // behind holding the lock holds its index too (never N+1 at once).
+  if (index_ >= 0 && !request_.flags.close_fd) spec.also_pass_fd = index_file_.fd.get();
 }
 
 void LocalLock::release(Ending& ending) {

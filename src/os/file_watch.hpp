@@ -6,6 +6,7 @@
 // the files open for the whole wait, so that they never wake each other.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,14 +18,21 @@ namespace looplock::sys {
 class CloseWatch {
 public:
   // Watches `names` in the directory `dirfd`; a file that cannot be watched
-  // (no inotify, its limit reached) leaves the watch to its bound.
-  CloseWatch(int dirfd, const std::vector<std::string>& names);
+  // (no inotify, its limit reached) leaves the watch to its bound. With
+  // `absorb_alarm` (a timed wait), SIGALRM only cuts a wait short until the
+  // watch ends, as it does in a timed wait for a lock (files.hpp).
+  CloseWatch(int dirfd, const std::vector<std::string>& names, bool absorb_alarm);
+  ~CloseWatch();
+  CloseWatch(const CloseWatch&) = delete;
+  CloseWatch& operator=(const CloseWatch&) = delete;
   // Returns once one of the files was closed by a process, or after
   // `at_most`, or at once when a signal arrives.
   void wait(Duration at_most);
 
 private:
+  struct Alarm;  // the disposition of SIGALRM to restore
   UniqueFd fd_;
+  std::unique_ptr<Alarm> alarm_;
 };
 
 }  // namespace looplock::sys

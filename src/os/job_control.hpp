@@ -27,6 +27,7 @@ struct JobStart {
   const std::vector<std::string>& argv;
   const std::vector<std::string>& env;
   int pass_fd = -1;
+  int also_pass_fd = -1;
   bool shell = false;  // argv is shell_argv()'s (-c): windows/ passes its text to cmd.exe whole
 };
 

@@ -54,7 +54,16 @@ IndexWait take_index(const LockDir& dir, int n, const WaitPlan& plan, Instant st
   // one it may write, so waiters never wake each other (file_watch.hpp).
   std::vector<LockFile> files;
   files.reserve(static_cast<size_t>(n));
-  for (int k = 0; k < n; ++k) files.push_back(open_lock_file(dir, index_role(k)));
+  try {
+    for (int k = 0; k < n; ++k) files.push_back(open_lock_file(dir, index_role(k)));
+  } catch (const Fatal& f) {
+    if (f.status() != exit_code::kOsError) throw;
+    throw Fatal(f.status(), f.what(),
+                "--holders " + std::to_string(n) + " keeps its " + std::to_string(n) +
+                    " index files open while it looks for a free one: raise the open-file limit (ulimit -n) above " +
+                    std::to_string(n + 32) + ", or give a smaller N.",
+                f.event());
+  }
   std::optional<sys::CloseWatch> watch;
   int replaced = 0;
   for (;;) {
@@ -97,7 +106,7 @@ IndexWait take_index(const LockDir& dir, int n, const WaitPlan& plan, Instant st
       on_wait();
       std::vector<std::string> names;
       for (int k = 0; k < n; ++k) names.push_back(index_name(k));
-      watch.emplace(dir.fd.get(), names);
+      watch.emplace(dir.fd.get(), names, /*absorb_alarm=*/bounded);
     }
     watch->wait(bounded ? std::min(kIndexPoll, deadline - now) : kIndexPoll);
   }

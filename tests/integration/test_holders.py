@@ -5,6 +5,8 @@ looplock processes and real holders, and a history of who ran when,
 checked afterwards."""
 import json
 import os
+import re
+import shlex
 import signal
 import subprocess
 from pathlib import Path
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (EX_TEMPFAIL, LOOPLOCK, PY, TIMEOUT, expect_line, expect_stderr, flock_holder, helper,
-                      incident_rows, release, run, start)
+                      incident_rows, kill_and_wait_gone, release, run, start)
 
 TICK = helper("holder_tick.py")
 WAIT = helper("wait_stdin.py")
@@ -143,7 +145,7 @@ def test_all_held_the_timeout_row_keeps_holder_and_adds_holders(loop_dir):
         assert r.returncode == EX_TEMPFAIL
         line = json.loads(r.stderr.splitlines()[-1])
         assert line["event"] == "lock_acquire_timeout"
-        assert "all 2 holder indexes of" in line["message"]
+        assert "every holder index of" in line["message"] and "(--holders 2) still held after" in line["message"]
         assert [x["index"] for x in line["holders"]] == [0, 1]
         assert sorted(x["holder"]["pid"] for x in line["holders"]) == sorted(h.pid for h in hs)
         assert {x["holder"]["holders"] for x in line["holders"]} == {2}
@@ -224,6 +226,7 @@ def test_an_exclusive_lock_inside_a_holder_fails_at_once(loop_dir):
 def test_usage_errors():
     for args, says in ((["--holders", "1"], "expected a number from 2 to 1024"),
                        (["--holders", "2", "-s"], "cannot be combined"),
+                       (["--holders", "2", "-x"], "cannot be combined"),
                        (["--holders", "2", "--once-per", "5m", "--operation", "t"], "cannot be combined"),
                        (["--holders", "2", "-F"], "drop -F")):
         r = run([*args, "/tmp", "--", "true"])
@@ -264,3 +267,82 @@ def test_an_unsafe_index_file_is_refused_and_inspect_says_so(loop_dir, tmp_path)
     assert not (tmp_path / "elsewhere").exists()
     report = json.loads(run(["--inspect", "--json", loop_dir]).stdout)
     assert any(".state.lock.holders.1" in w and "refuses it (exit 73)" in w for w in report["warnings"])
+
+
+def lingers(until):
+    """A shell word list: one process (no children) that lives until `until` exists."""
+    code = f"import os, time\nwhile not os.path.exists({str(until)!r}): time.sleep(0.02)"
+    return f"{PY} -c {shlex.quote(code)} >/dev/null 2>&1"
+
+
+def test_what_a_job_leaves_running_keeps_its_index_so_never_more_than_n(loop_dir, tmp_path):
+    """The index descriptor goes with the lock's: a leftover of the job holds
+    both, and the next runs do not count it out."""
+    leftover = tmp_path / "leftover"
+    # The job leaves one process that keeps what it inherited until `leftover` exists.
+    r = run(["--holders", "2", loop_dir, "--", "sh", "-c", f'{lingers(leftover)} & echo "$LOOPLOCK_HOLDER_INDEX"'])
+    left = int(re.search(r"the command exited, but pid (\d+) that it started still holds", r.stderr).group(1))
+    try:
+        assert r.returncode == 0 and r.stdout == "0\n"
+        # Index 0 is still held by the leftover: the next two runs take 1, then find none.
+        r1 = run(["--holders", "2", "-n", loop_dir, "--", "sh", "-c", 'echo "$LOOPLOCK_HOLDER_INDEX"'])
+        assert (r1.returncode, r1.stdout) == (0, "1\n"), r1.stderr
+        h = start(["--holders", "2", loop_dir, "--", PY, WAIT])
+        expect_line(h, "ready")
+        r2 = run(["--holders", "2", "-n", loop_dir, "--", "echo", "third"])
+        assert (r2.returncode, r2.stdout) == (EX_TEMPFAIL, ""), r2.stderr
+        h.stdin.close()
+        assert h.wait(timeout=TIMEOUT) == 0
+    finally:
+        leftover.touch()
+        kill_and_wait_gone(left)
+    # With -o the job inherits neither: its leftover keeps nothing.
+    later = tmp_path / "later"
+    try:
+        r = run(["--holders", "2", "-o", loop_dir, "--", "sh", "-c", f"{lingers(later)} &"])
+        assert r.returncode == 0 and "still holds" not in r.stderr
+        r1 = run(["--holders", "2", "-n", loop_dir, "--", "sh", "-c", 'echo "$LOOPLOCK_HOLDER_INDEX"'])
+        assert r1.stdout == "0\n", r1.stderr
+    finally:
+        later.touch()
+
+
+def test_an_exclusive_holder_that_keeps_holders_waiting_is_the_one_named(loop_dir):
+    f = flock_holder(loop_dir / ".state.lock")
+    parked = []
+    try:
+        for _ in range(2):  # they take an index each, then wait for .state.lock
+            parked.append(start(["--holders", "2", "-p", "blocking", "-v", loop_dir, "--", "true"]))
+            expect_stderr(parked[-1], "waiting for")
+        r = run(["--holders", "2", "-w", "0.3", "--log-format", "json", loop_dir, "--", "true"])
+        assert r.returncode == EX_TEMPFAIL
+        line = json.loads(r.stderr.splitlines()[-1])
+        assert line["holder_pids"] == [f.pid], line
+        assert "(flock)" in line["message"] and "holders" not in line
+    finally:
+        release(f)
+        for p in parked:
+            assert p.wait(timeout=TIMEOUT) == 0
+
+
+def test_sigalrm_is_absorbed_while_a_timed_run_waits_for_an_index(loop_dir):
+    hs = []
+    for _ in range(2):
+        hs.append(start(["--holders", "2", loop_dir, "--", PY, WAIT]))
+        expect_line(hs[-1], "ready")
+    try:
+        w = start(["--holders", "2", "-w", "1.5", "-v", loop_dir, "--", "true"])
+        expect_stderr(w, "waiting for one of the 2 holders")
+        os.kill(w.pid, signal.SIGALRM)
+        assert w.wait(timeout=TIMEOUT) == EX_TEMPFAIL  # its deadline, not the signal
+    finally:
+        for h in hs:
+            h.stdin.close()
+            h.wait(timeout=TIMEOUT)
+
+
+def test_too_many_index_files_for_the_open_file_limit_says_how_to_fix_it(loop_dir):
+    r = subprocess.run(["sh", "-c", f'ulimit -n 64; exec "$0" --holders 100 "$1" -- true', LOOPLOCK, str(loop_dir)],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 71, r.stderr
+    assert "Too many open files" in r.stderr and "raise the open-file limit (ulimit -n) above 132" in r.stderr

@@ -229,7 +229,7 @@ def test_a_killed_looplock_leaves_no_process_and_the_lock_free(loop_dir, tmp_pat
 @pytest.mark.parametrize("args,word", [(["-F"], "-F/--no-fork"), (["--warn-before", "1s", "--max-time", "5s"], "--warn-before"),
                                        (["--warn-signal", "USR1"], "--warn-signal"),
                                        (["--etcd", "http://127.0.0.1:2379"], "--etcd"),
-                                       (["--notify", "echo"], "--notify")])
+                                       (["--notify", "echo"], "--notify"), (["--holders", "3"], "--holders")])
 def test_what_windows_cannot_do_is_a_usage_error_with_a_hint(loop_dir, args, word):
     r = looplock(*args, loop_dir, "--", HELPER, "exit", "0")
     assert r.returncode == 64

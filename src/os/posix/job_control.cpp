@@ -266,6 +266,7 @@ std::variant<std::unique_ptr<RunningJob>, Failure> ProcessControl::start(const J
     // of its own terminal. SIGTTOU is blocked here, as tcsetpgrp needs.
     if (give_terminal && !tty.give_to(getpid())) report.terminal_err = errno;
     if (spec.pass_fd >= 0 && fcntl(spec.pass_fd, F_SETFD, 0) != 0) fail(ChildStep::PassFd);
+    if (spec.also_pass_fd >= 0 && fcntl(spec.also_pass_fd, F_SETFD, 0) != 0) fail(ChildStep::PassFd);
     if (!restore_in_child(inherited_)) fail(ChildStep::SignalMask);
     execvpe(argv[0], argv.data(), envp.data());
     fail(ChildStep::Exec);
@@ -284,6 +285,9 @@ Failure ProcessControl::exec(const JobStart& spec) {
   auto argv = c_strings(spec.argv);
   auto envp = c_strings(spec.env);
   if (spec.pass_fd >= 0 && fcntl(spec.pass_fd, F_SETFD, 0) != 0) return child_failure(ChildStep::PassFd, errno);
+  if (spec.also_pass_fd >= 0 && fcntl(spec.also_pass_fd, F_SETFD, 0) != 0) {
+    return child_failure(ChildStep::PassFd, errno);
+  }
   if (!restore_in_child(inherited_)) return child_failure(ChildStep::SignalMask, errno);
   execvpe(argv[0], argv.data(), envp.data());
   return child_failure(ChildStep::Exec, errno);
