@@ -182,6 +182,23 @@ Json report_json(const InspectFacts& facts, const Verdict& v) {
   return j;
 }
 
+// --holders: how many index files are held, then each holder.
+std::vector<std::pair<const char*, std::string>> index_lines(const std::vector<InspectFacts::Index>& indexes) {
+  std::vector<std::pair<const char*, std::string>> out;
+  if (indexes.empty()) return out;
+  const auto held = std::count_if(indexes.begin(), indexes.end(), [](const auto& x) { return x.held; });
+  out.emplace_back("holders",
+                   std::to_string(held) + " of " + std::to_string(indexes.size()) + " index files held (--holders)");
+  for (const auto& x : indexes) {
+    if (!x.held) continue;
+    std::string who = "index " + std::to_string(x.index) + ": " + x.holder;
+    if (x.record && x.record_current && x.record->holders > 0)
+      who += ", --holders " + std::to_string(x.record->holders);
+    out.emplace_back("holder", who);
+  }
+  return out;
+}
+
 std::string report_text(const InspectFacts& facts, const Verdict& v) {
   const LockFacts& f = facts.lock;
   const bool held = v.state == LockState::Held;
@@ -241,19 +258,7 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
     if (w.coalescing) who += "; coalescing: later -p coalesce runs of " + w.operation.value_or("?") + " skip";
     line("waiting", who);
   }
-  if (!facts.indexes.empty()) {
-    const auto held = std::count_if(facts.indexes.begin(), facts.indexes.end(), [](const auto& x) { return x.held; });
-    line("holders",
-         std::to_string(held) + " of " + std::to_string(facts.indexes.size()) + " index files held (--holders)");
-    for (const auto& x : facts.indexes) {
-      if (!x.held) continue;
-      std::string who = "index " + std::to_string(x.index) + ": " + x.holder;
-      if (x.record && x.record_current && x.record->holders > 0) {
-        who += ", --holders " + std::to_string(x.record->holders);
-      }
-      line("holder", who);
-    }
-  }
+  for (const auto& [label, value] : index_lines(facts.indexes)) line(label, value);
   if (facts.incidents.error != 0) {
     line("incidents", "not read: " + std::string(std::strerror(facts.incidents.error)));
   } else if (facts.incidents.count == 0) {
@@ -389,6 +394,12 @@ std::vector<InspectFacts::Index> survey_indexes(const LockDir& dir, const std::s
     x.index = k;
     const std::string name = index_name(k);
     LockFile file;
+    sys::FileStatus before;
+    // Looked at first: a FIFO or a device is never opened.
+    if (!sys::status_at(dir.fd.get(), name.c_str(), before) || !before.regular()) {
+      out.push_back(x);  // judge_lock_files() says what is wrong with it
+      continue;
+    }
     file.fd = sys::open_in(dir.fd.get(), name, {.access = sys::OpenIn::Access::Read, .above_stdio = true});
     if (!file.fd || !sys::status_of_fd(file.fd.get(), file.st) || !file.st.regular()) {
       out.push_back(x);  // judge_lock_files() says what is wrong with it

@@ -182,6 +182,7 @@ AcquireResult LocalLock::take(const WaitPlan& plan, Instant start, LockMode mode
 // when the shared lock is not had.
 AcquireResult LocalLock::take_as_holder(const WaitPlan& plan, Instant start, AcquireObserver& reporter) {
   const int n = request_.flags.holders;
+  indexes_held_.clear();  // an earlier attempt's (-p coalesce): closed before this one opens its own
   IndexWait w = take_index(dir_, n, plan, start, [&] {
     if (said_waiting_ || !log_.is_verbose()) return;
     said_waiting_ = true;
@@ -194,10 +195,11 @@ AcquireResult LocalLock::take_as_holder(const WaitPlan& plan, Instant start, Acq
     r.status = w.status;
     r.waited = MonotonicClock::now() - start;
     // Holders that took their index but wait for .state.lock are not in
-    // the way: its exclusive holder is (flock(1), a run without --holders).
+    // the way: its exclusive holder is (flock(1), a run without --holders),
+    // as the kernel shows it (read, never taken).
     r.file = open_lock_file(dir_);
-    if (sys::try_lock(r.file.fd.get(), /*exclusive=*/false)) {
-      (void)sys::unlock(r.file.fd.get());
+    const auto kernel = live_holders(r.file.st);
+    if (std::none_of(kernel.begin(), kernel.end(), [](const sys::KernelLock& k) { return k.exclusive; })) {
       indexes_held_ = std::move(w.held);
     }
     return r;
@@ -206,6 +208,15 @@ AcquireResult LocalLock::take_as_holder(const WaitPlan& plan, Instant start, Acq
   index_file_ = std::move(w.file);
   indexes_held_.clear();
   AcquireResult res = acquire_lock(dir_, plan, LockMode::Shared, reporter, start);
+  // DIR replaced while this run waited for .state.lock (acquire_lock took
+  // the new one's): the index taken is the old DIR's, so it is taken again.
+  if (res.status == Acquisition::Acquired && res.replaced > 0 &&
+      !index_intact(dir_, index_, index_file_).value_or(false)) {
+    res.file.fd.reset();
+    index_file_.fd.reset();
+    index_ = -1;
+    return take_as_holder(plan, start, reporter);
+  }
   if (res.status != Acquisition::Acquired) {
     index_file_.fd.reset();
     index_ = -1;
@@ -417,6 +428,13 @@ void LocalLock::release(Ending& ending) {
                   "; not reporting it as vanished");
   }
   ending.intact = !std::holds_alternative<bool>(check) || std::get<bool>(check);
+  if (index_ >= 0 && ending.intact && !index_intact(dir_, index_, index_file_).value_or(true)) {
+    log_.warn("holder_index_replaced",
+              sys::path_in_dir(request_.dir, index_name(index_)) +
+                  " was deleted or replaced while the command ran: another run could take the same index meanwhile, "
+                  "so more than " +
+                  std::to_string(request_.flags.holders) + " may have held the lock (never delete the index files)");
+  }
   const bool holder = request_.flags.holders > 0;
   if (record_ && ending.intact) {
     record_->released_at = sys::utc_now_iso8601();
@@ -459,8 +477,23 @@ void LocalLock::release(Ending& ending) {
 // the lock stays held after looplock exits. (Checked after the release, so
 // that the next holder does not wait for it.)
 bool LocalLock::report_leaks(const JobEnd& job) const {
-  const auto leaked = leaked_holders(pid_, file_.st, job);
+  auto leaked = leaked_holders(pid_, file_.st, job);
+  // --holders: a process that closed $LOOPLOCK_FD may still keep the index.
+  const bool index_only = leaked.empty() && index_ >= 0;
+  if (index_only) leaked = leaked_holders(pid_, index_file_.st, job);
   if (leaked.empty()) return false;
+  if (index_only) {
+    const bool many = leaked.size() > 1;
+    log_.warn_always("lock_leaked",
+                     "the command exited, but " + pids_text(leaked) + " that it started still " +
+                         (many ? "hold " : "holds ") + sys::path_in_dir(request_.dir, index_name(index_)) +
+                         " through the inherited descriptor: that index stays taken (one holder fewer) until " +
+                         (many ? "they exit" : "it exits") +
+                         ". Use -o/--close for commands that start background "
+                         "processes",
+                     {{"pids", leaked}});
+    return true;
+  }
   const bool many = leaked.size() > 1;
   log_.warn_always(
       "lock_leaked",
@@ -534,6 +567,19 @@ std::optional<OuterHolder> outer_holder(const LockRequest& request, const EnvLis
   }
   const bool exclusive = !request.flags.shared && request.flags.holders == 0;
   auto outer = find_outer_holder(env, dir.fd.get(), lock_file, exclusive, self);
+  if (!outer && request.flags.holders > 0 && env_get(env, env_name::kHolderIndex) &&
+      inherited_lock_fd(env, lock_file)) {
+    // Inside a holder of this very lock (its descriptor is inherited) that
+    // cannot be confirmed (no /proc): taking an index of its own could
+    // wait for the holders this run is part of.
+    throw Fatal(exit_code::kTimeout,
+                "cannot tell whether this command runs inside holder " + *env_get(env, env_name::kHolderIndex) +
+                    " of " + lock_display(request.dir) +
+                    " (this system shows no /proc to confirm it), so it does "
+                    "not take an index of its own, which could wait for its own holder",
+                "Run it without looplock there (its parent holds the lock already), or mount /proc.",
+                "nested_in_shared");
+  }
   if (outer || !exclusive) return outer;
   // Inside a run that holds it shared (--holders, -s): an exclusive lock
   // would wait for this run's own ancestor until the deadline, or forever.

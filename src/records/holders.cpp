@@ -18,8 +18,8 @@ LockedFileRole index_role(int index) {
   return {.name = index_name(index), .noun = "holder index", .event = "unsafe_holder_index"};
 }
 
-// Whether DIR's name for index `index` still names the file `f` locked:
-// nullopt (errno set) when that cannot be told.
+}  // namespace
+
 std::optional<bool> index_intact(const LockDir& dir, int index, const LockFile& f) {
   sys::FileStatus now;
   if (!sys::status_at(dir.fd.get(), index_name(index).c_str(), now)) {
@@ -28,8 +28,6 @@ std::optional<bool> index_intact(const LockDir& dir, int index, const LockFile& 
   }
   return sys::same_file(now, f.st);
 }
-
-}  // namespace
 
 std::string index_name(int index) { return std::string(kHoldersPrefix) + std::to_string(index); }
 
@@ -50,24 +48,29 @@ IndexWait take_index(const LockDir& dir, int n, const WaitPlan& plan, Instant st
                      const std::function<void()>& on_wait) {
   const bool bounded = plan.kind == WaitPlan::Kind::Bounded;
   const Instant deadline = later(start, plan.timeout);
-  // Every index file stays open for the whole wait: a waiter never closes
-  // one it may write, so waiters never wake each other (file_watch.hpp).
-  std::vector<LockFile> files;
-  files.reserve(static_cast<size_t>(n));
-  try {
-    for (int k = 0; k < n; ++k) files.push_back(open_lock_file(dir, index_role(k)));
-  } catch (const Fatal& f) {
-    if (f.status() != exit_code::kOsError) throw;
-    throw Fatal(f.status(), f.what(),
-                "--holders " + std::to_string(n) + " keeps its " + std::to_string(n) +
-                    " index files open while it looks for a free one: raise the open-file limit (ulimit -n) above " +
-                    std::to_string(n + 32) + ", or give a smaller N.",
-                f.event());
-  }
+  // Each index file is opened when the search reaches it (a free lock
+  // opens index 0 alone), and stays open for the whole wait: a waiter never
+  // closes one it may write, so waiters never wake each other
+  // (file_watch.hpp).
+  std::vector<LockFile> files(static_cast<size_t>(n));
+  auto open_index = [&](int k) {
+    try {
+      files[k] = open_lock_file(dir, index_role(k));
+    } catch (const Fatal& f) {
+      if (f.status() != exit_code::kOsError) throw;
+      throw Fatal(f.status(), f.what(),
+                  "--holders " + std::to_string(n) +
+                      " keeps its index files open while it waits for a free one: "
+                      "raise the open-file limit (ulimit -n) above " +
+                      std::to_string(n + 32) + ", or give a smaller N.",
+                  f.event());
+    }
+  };
   std::optional<sys::CloseWatch> watch;
   int replaced = 0;
   for (;;) {
     for (int k = 0; k < n; ++k) {
+      if (!files[k].fd) open_index(k);
       if (!sys::try_lock(files[k].fd.get(), /*exclusive=*/true)) {
         if (errno == EWOULDBLOCK || errno == EAGAIN || errno == EACCES) continue;
         fail_errno(exit_code::kOsError, "cannot lock " + sys::path_in_dir(dir.path, index_name(k)), errno);
@@ -92,7 +95,7 @@ IndexWait take_index(const LockDir& dir, int n, const WaitPlan& plan, Instant st
                     "cannot lock " + sys::path_in_dir(dir.path, index_name(k)) + ": it keeps being replaced",
                     "Something deletes or recreates the holder index files in a loop; never delete them.");
       }
-      files[k] = open_lock_file(dir, index_role(k));
+      open_index(k);
       --k;  // the same index again
     }
     const Instant now = MonotonicClock::now();
@@ -103,10 +106,10 @@ IndexWait take_index(const LockDir& dir, int n, const WaitPlan& plan, Instant st
       return w;
     }
     if (!watch) {
-      on_wait();
       std::vector<std::string> names;
       for (int k = 0; k < n; ++k) names.push_back(index_name(k));
       watch.emplace(dir.fd.get(), names, /*absorb_alarm=*/bounded);
+      on_wait();  // once SIGALRM is absorbed: a wait said is a wait it survives
     }
     watch->wait(bounded ? std::min(kIndexPoll, deadline - now) : kIndexPoll);
   }

@@ -50,6 +50,10 @@ inline constexpr Duration kIndexPoll = std::chrono::milliseconds(100);
 IndexWait take_index(const LockDir& dir, int n, const WaitPlan& plan, Instant start,
                      const std::function<void()>& on_wait);
 
+// Whether DIR's name for index `index` still names the file `f` (false
+// when it is gone); nullopt (errno set) when that cannot be told.
+std::optional<bool> index_intact(const LockDir& dir, int index, const LockFile& f);
+
 // DIR's index files, by index (for --inspect: the names found, whatever N).
 std::vector<int> indexes_in(const LockDir& dir);
 

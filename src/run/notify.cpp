@@ -127,10 +127,11 @@ constexpr std::array kEvents = {
     "etcd_helper_missing", "error", "lock_acquire_timeout", "max_time_exceeded", "lease_lost", "loop_dir_vanished",
     "noop-locked", "noop-already-run", "noop-coalesced", "lock_leaked", "kill_after", "warned", "warning_not_sent",
     "ledger_damaged", "ledger_ahead", "ledger_crowded", "ledger_write_failed", "lock_file_replaced",
-    "read_only_lock_file", "holder_write_failed", "incident_append_failed", "unsafe_incidents_file", "intact_unknown",
-    "network_file_system", "metrics_write_failed", "terminal", "password_file_readable", "waiting", "acquired",
-    "released", "jitter", "held_too_long", "notify_failed", "notify_unavailable", "coalesced", "absorb_unrecorded",
-    "coalesce_unavailable", "nested", "etcd_unavailable", "etcd_answering", "lease_expired",
+    "holder_index_replaced", "read_only_lock_file", "holder_write_failed", "incident_append_failed",
+    "unsafe_incidents_file", "intact_unknown", "network_file_system", "metrics_write_failed", "terminal",
+    "password_file_readable", "waiting", "acquired", "released", "jitter", "held_too_long", "notify_failed",
+    "notify_unavailable", "coalesced", "absorb_unrecorded", "coalesce_unavailable", "nested", "etcd_unavailable",
+    "etcd_answering", "lease_expired",
     // --notify's own
     "started", "ended", "skipped"};
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (EX_TEMPFAIL, LOOPLOCK, PY, TIMEOUT, expect_line, expect_stderr, flock_holder, helper,
-                      incident_rows, kill_and_wait_gone, release, run, start)
+from conftest import (EX_TEMPFAIL, LOOPLOCK, NO_PROC, PY, TIMEOUT, expect_line, expect_stderr, flock_holder, helper,
+                      incident_rows, kill_and_wait_gone, need_no_proc, release, run, start)
 
 TICK = helper("holder_tick.py")
 WAIT = helper("wait_stdin.py")
@@ -242,12 +242,12 @@ def test_inspect_shows_each_index_and_warns_when_holders_disagree_on_n(loop_dir)
         report = json.loads(run(["--inspect", "--json", loop_dir]).stdout)
         idx = report["holder_indexes"]
         assert [(x["index"], x["held"], x["holder_pids"]) for x in idx] == \
-            [(0, True, [hs[0].pid]), (1, True, [hs[1].pid]), (2, False, [])]
+            [(0, True, [hs[0].pid]), (1, True, [hs[1].pid])]  # index 2 not reached: not made
         assert idx[1]["record"]["holders"] == 3 and idx[1]["record_status"] == "current"
         assert any("the holders disagree on N" in w for w in report["warnings"])
         assert report["kernel"]["mode"] == "shared"
         text = run(["--inspect", loop_dir]).stdout
-        assert "2 of 3 index files held (--holders)" in text
+        assert "2 of 2 index files held (--holders)" in text
         assert f"index 1: pid {hs[1].pid} (agent" in text and "--holders 3" in text
         assert run(["--inspect", "--check", loop_dir]).returncode == 1
     finally:
@@ -255,18 +255,21 @@ def test_inspect_shows_each_index_and_warns_when_holders_disagree_on_n(loop_dir)
             h.stdin.close()
             h.wait(timeout=TIMEOUT)
     report = json.loads(run(["--inspect", "--json", loop_dir]).stdout)
-    assert [x["held"] for x in report["holder_indexes"]] == [False] * 3
+    assert [x["held"] for x in report["holder_indexes"]] == [False] * 2
     assert report["holder_indexes"][0]["record"]["released_at"]
     assert report["warnings"] == []
 
 
 def test_an_unsafe_index_file_is_refused_and_inspect_says_so(loop_dir, tmp_path):
-    os.symlink(tmp_path / "elsewhere", loop_dir / ".state.lock.holders.1")
+    os.symlink(tmp_path / "elsewhere", loop_dir / ".state.lock.holders.0")
     r = run(["--holders", "2", loop_dir, "--", "true"])
     assert r.returncode == 73 and "unsafe holder index" in r.stderr and "symbolic link" in r.stderr
     assert not (tmp_path / "elsewhere").exists()
+    os.mkfifo(loop_dir / ".state.lock.holders.1")  # never opened, by a run or by --inspect
     report = json.loads(run(["--inspect", "--json", loop_dir]).stdout)
-    assert any(".state.lock.holders.1" in w and "refuses it (exit 73)" in w for w in report["warnings"])
+    for k in (0, 1):
+        assert any(f".state.lock.holders.{k}" in w and "refuses it (exit 73)" in w for w in report["warnings"])
+    assert [x["held"] for x in report["holder_indexes"]] == [False, False]
 
 
 def lingers(until):
@@ -342,7 +345,66 @@ def test_sigalrm_is_absorbed_while_a_timed_run_waits_for_an_index(loop_dir):
 
 
 def test_too_many_index_files_for_the_open_file_limit_says_how_to_fix_it(loop_dir):
-    r = subprocess.run(["sh", "-c", f'ulimit -n 64; exec "$0" --holders 100 "$1" -- true', LOOPLOCK, str(loop_dir)],
+    """All 70 held (by one process, as flock(2) allows): a run under a
+    limit of 64 descriptors cannot keep them open while it waits."""
+    code = ("import fcntl, os, sys\n"
+            "fds = [os.open(os.path.join(sys.argv[1], f'.state.lock.holders.{k}'), os.O_RDWR | os.O_CREAT, 0o660)"
+            " for k in range(70)]\n"
+            "[fcntl.flock(fd, fcntl.LOCK_EX) for fd in fds]\nprint('ready', flush=True)\nsys.stdin.read()")
+    h = subprocess.Popen([PY, "-c", code, str(loop_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        expect_line(h, "ready")
+        r = subprocess.run(["sh", "-c", 'ulimit -n 64; exec "$0" --holders 70 -w 1 "$1" -- true', LOOPLOCK,
+                            str(loop_dir)], capture_output=True, text=True, timeout=TIMEOUT)
+        assert r.returncode == 71, r.stderr
+        assert "Too many open files" in r.stderr and "raise the open-file limit (ulimit -n) above 102" in r.stderr
+    finally:
+        h.stdin.close()
+        h.wait(timeout=TIMEOUT)
+    # Free, a run opens index 0 alone, whatever N.
+    r = subprocess.run(["sh", "-c", 'ulimit -n 64; exec "$0" --holders 1000 "$1" -- true', LOOPLOCK, str(loop_dir)],
                        capture_output=True, text=True, timeout=TIMEOUT)
-    assert r.returncode == 71, r.stderr
-    assert "Too many open files" in r.stderr and "raise the open-file limit (ulimit -n) above 132" in r.stderr
+    assert r.returncode == 0, r.stderr
+
+
+def test_without_proc_a_nested_holder_fails_at_once_instead_of_taking_an_index(loop_dir):
+    """Without /proc the outer holder cannot be confirmed: before, the inner
+    run took a second index, and waited forever when none was free."""
+    need_no_proc()
+    outer = start(["--holders", "2", loop_dir, "--", PY, WAIT])  # index 0; the nested run's outer takes 1
+    try:
+        expect_line(outer, "ready")
+        inner = [LOOPLOCK, "--holders", "2", "-p", "blocking", str(loop_dir), "--", "echo", "inner ran"]
+        r = subprocess.run([*NO_PROC, LOOPLOCK, "--holders", "2", str(loop_dir), "--", *inner], capture_output=True,
+                           text=True, timeout=TIMEOUT)
+        assert r.returncode == EX_TEMPFAIL and r.stdout == "", r.stderr
+        assert "cannot tell whether this command runs inside holder 1 of" in r.stderr
+    finally:
+        outer.stdin.close()
+        outer.wait(timeout=TIMEOUT)
+
+
+def test_a_leftover_that_keeps_only_the_index_is_named(loop_dir, tmp_path):
+    """The job closes $LOOPLOCK_FD, as the man page lets it, then leaves a
+    process behind: it keeps the index, and the run says so."""
+    gone = tmp_path / "gone"
+    r = run(["--holders", "2", loop_dir, "--", "sh", "-c", f'eval "exec $LOOPLOCK_FD>&-"; {lingers(gone)} &'])
+    try:
+        assert r.returncode == 0, r.stderr
+        m = re.search(r"the command exited, but pid (\d+) that it started still holds (\S+) through the inherited "
+                      r"descriptor: that index stays taken", r.stderr)
+        assert m and m.group(2).endswith(".state.lock.holders.0"), r.stderr
+        r1 = run(["--holders", "2", loop_dir, "--", "sh", "-c", 'echo "$LOOPLOCK_HOLDER_INDEX"'])
+        assert r1.stdout == "1\n"
+    finally:
+        gone.touch()
+        if m:
+            kill_and_wait_gone(int(m.group(1)))
+
+
+def test_an_index_file_deleted_while_held_is_reported(loop_dir):
+    r = run(["--holders", "2", "--log-format", "json", loop_dir, "--", "sh", "-c",
+             'rm "$LOOPLOCK_DIR/.state.lock.holders.$LOOPLOCK_HOLDER_INDEX"'])
+    assert r.returncode == 0
+    events = [json.loads(line)["event"] for line in r.stderr.splitlines()]
+    assert "holder_index_replaced" in events, r.stderr

@@ -33,7 +33,8 @@ TEST_CASE("a holder record carries N and its index; one without them is the excl
                            .agent_id = "cron",
                            .operation = "deploy",
                            .policy = "mutation",
-                           .acquired_at = "2026-12-04T10:00:00.000Z"};
+                           .acquired_at = "2026-12-04T10:00:00.000Z",
+                           .released_at = std::nullopt};
   CHECK(looplock::encode_holder(r).find("holders") == std::string::npos);
   r.holders = 3;
   r.index = 2;

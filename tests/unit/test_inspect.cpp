@@ -338,7 +338,11 @@ TEST_CASE("--holders: a warning only when held indexes' current records disagree
     Index x;
     x.index = index;
     x.held = true;
-    x.record = looplock::HolderRecord{.pid = 100 + index, .holders = n, .index = index};
+    looplock::HolderRecord r;
+    r.pid = 100 + index;
+    r.holders = n;
+    r.index = index;
+    x.record = r;
     x.record_current = current;
     return x;
   };
