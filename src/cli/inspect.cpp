@@ -313,6 +313,17 @@ InspectReport build_report(const InspectFacts& facts) {
   Verdict v = judge(facts.lock);
   for (const auto& f : facts.files) v.warnings.push_back(f.file + ": " + f.problem + ". " + f.fix);
   if (auto w = holders_disagree(facts.indexes)) v.warnings.push_back(*w);
+  for (const auto& x : facts.indexes) {
+    // A process the job left behind keeps the index (and no lock file):
+    // one of the N places stays taken until it exits.
+    const bool by_looplock =
+        x.record_current && x.record && std::find(x.pids.begin(), x.pids.end(), x.record->pid) != x.pids.end();
+    if (x.held && !by_looplock) {
+      v.warnings.push_back(facts.lock.lock_path + ".holders." + std::to_string(x.index) + " is held by " + x.holder +
+                           ", not by a looplock holder: one of the --holders places stays taken until " +
+                           (x.pids.size() > 1 ? "they exit" : "it exits"));
+    }
+  }
   return {report_json(facts, v), report_text(facts, v)};
 }
 

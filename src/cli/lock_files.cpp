@@ -173,19 +173,29 @@ void judge_incidents(const LockDir& dir, Uid euid, std::vector<FileProblem>& out
 
 }  // namespace
 
-// -p coalesce's seats (records/coalesce.hpp), one per operation: a run of
-// its operation that finds the lock held refuses an unsafe one, and cannot
-// sit in one it cannot open (exit 73 either way). A missing one is made by
-// the first run that needs it.
-void judge_seats(const LockDir& dir, Uid euid, std::vector<FileProblem>& out) {
-  const auto names = sys::names_in(dir.fd.get(), kCoalescePrefix);
+namespace {
+
+// The files of one kind beside the lock file, named `prefix`...: a run that
+// reaches one (`runs`: "a -p coalesce run of its operation that finds the
+// lock held ") refuses an unsafe one, and exits 73 on one it cannot even
+// read. A missing one is made by the first run that needs it.
+struct BesideKind {
+  std::string_view prefix;
+  std::string_view noun;   // "coalesce seat"
+  std::string_view event;  // "unsafe_coalesce_seat"
+  std::string_view runs;
+  bool (*named)(std::string_view name);  // the names of this kind among those with the prefix
+};
+
+void judge_beside(const LockDir& dir, Uid euid, const BesideKind& kind, std::vector<FileProblem>& out) {
+  const auto names = sys::names_in(dir.fd.get(), kind.prefix);
   if (!names) return;
-  const std::string runs = "a -p coalesce run of its operation that finds the lock held ";
+  const std::string runs(kind.runs);
   for (const auto& name : *names) {
     sys::FileStatus st;
     const std::string path = in(dir.path, name);
-    if (!sys::status_at(dir.fd.get(), name.c_str(), st)) continue;
-    if (auto r = refuse_file(st, dir.st, euid, "coalesce seat", name, "unsafe_coalesce_seat", dir.path)) {
+    if (!kind.named(name) || !sys::status_at(dir.fd.get(), name.c_str(), st)) continue;
+    if (auto r = refuse_file(st, dir.st, euid, kind.noun, name, kind.event, dir.path)) {
       out.push_back({path, runs + "refuses it (exit 73): " + r->why, r->hint});
     } else if (!sys::may_access(dir.fd.get(), name, kRead)) {
       out.push_back({path, runs + "by you exits 73: you cannot open it (" + owner_mode(st) + ")",
@@ -194,23 +204,28 @@ void judge_seats(const LockDir& dir, Uid euid, std::vector<FileProblem>& out) {
   }
 }
 
-// --holders' index files (records/holders.hpp): a holder refuses an unsafe
-// one, and exits 73 on one it cannot even read.
+}  // namespace
+
+// -p coalesce's seats (records/coalesce.hpp), one per operation.
+void judge_seats(const LockDir& dir, Uid euid, std::vector<FileProblem>& out) {
+  judge_beside(dir, euid,
+               {.prefix = kCoalescePrefix,
+                .noun = "coalesce seat",
+                .event = "unsafe_coalesce_seat",
+                .runs = "a -p coalesce run of its operation that finds the lock held ",
+                .named = [](std::string_view) { return true; }},
+               out);
+}
+
+// --holders' index files (records/holders.hpp).
 void judge_indexes(const LockDir& dir, Uid euid, std::vector<FileProblem>& out) {
-  const auto names = sys::names_in(dir.fd.get(), kHoldersPrefix);
-  if (!names) return;
-  const std::string runs = "a --holders run that takes this index ";
-  for (const auto& name : *names) {
-    sys::FileStatus st;
-    const std::string path = in(dir.path, name);
-    if (!index_of_name(name) || !sys::status_at(dir.fd.get(), name.c_str(), st)) continue;
-    if (auto r = refuse_file(st, dir.st, euid, "holder index", name, "unsafe_holder_index", dir.path)) {
-      out.push_back({path, runs + "refuses it (exit 73): " + r->why, r->hint});
-    } else if (!sys::may_access(dir.fd.get(), name, kRead)) {
-      out.push_back({path, runs + "by you exits 73: you cannot open it (" + owner_mode(st) + ")",
-                     share_fix(path, st, dir.st, euid)});
-    }
-  }
+  judge_beside(dir, euid,
+               {.prefix = kHoldersPrefix,
+                .noun = "holder index",
+                .event = "unsafe_holder_index",
+                .runs = "a --holders run that takes this index ",
+                .named = [](std::string_view name) { return index_of_name(name).has_value(); }},
+               out);
 }
 
 std::vector<FileProblem> judge_lock_files(const LockDir& dir, Uid euid) {

@@ -407,16 +407,27 @@ ClusterLock::Step ClusterLock::place(Queue& q, const std::vector<etcd::KeyValue>
   return Step::Next;
 }
 
+int contender_holders(const etcd::KeyValue& kv) {
+  const auto v = parse_cluster_holder(kv.value);
+  const Json n = v ? v->value("holders", Json(0)) : Json(0);
+  return n.is_number_integer() && n.get<long long>() > 0 && n.get<long long>() <= kMaxHolders ? n.get<int>() : 0;
+}
+
+bool contender_holds(const std::vector<etcd::KeyValue>& queue, size_t i, int holders,
+                     std::optional<etcd::KeyValue>* exclusive_ahead) {
+  if (i == 0) return true;
+  if (holders == 0 || i >= queue.size()) return false;
+  std::optional<etcd::KeyValue> nearest;
+  for (size_t k = 0; k < i; ++k) {
+    if (contender_holders(queue[k]) == 0) nearest = queue[k];  // the nearest exclusive one counts
+  }
+  if (exclusive_ahead) *exclusive_ahead = nearest;
+  return !nearest && i < static_cast<size_t>(holders);
+}
+
 bool ClusterLock::holds(const std::vector<etcd::KeyValue>& queue, std::vector<etcd::KeyValue>::const_iterator mine,
                         std::optional<etcd::KeyValue>& blocking) const {
-  if (mine == queue.begin()) return true;
-  if (who_.holders == 0) return false;
-  for (auto it = queue.begin(); it != mine; ++it) {
-    const auto v = parse_cluster_holder(it->value);
-    const Json n = v ? v->value("holders", Json(0)) : Json(0);
-    if (!n.is_number_integer() || n.get<long long>() <= 0) blocking = *it;  // exclusive: the nearest one counts
-  }
-  return !blocking && mine - queue.begin() < who_.holders;
+  return contender_holds(queue, static_cast<size_t>(mine - queue.begin()), who_.holders, &blocking);
 }
 
 // --holders with single_flight: queue, and hold only if the queue lets us

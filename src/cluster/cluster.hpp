@@ -104,6 +104,17 @@ struct ClusterQueueRead {
 };
 ClusterQueueRead read_cluster_queue(etcd::Client& client, const std::string& name, const etcd::Deadline& bound);
 
+// --holders: whether contender `i` of `queue` (in the order they take the
+// lock) holds it with its own N `holders` (0: it is exclusive): it is
+// first, or fewer than N are ahead of it and none of those is exclusive (a
+// value without "holders": an earlier looplock, etcdctl lock, a run without
+// --holders). When not, `exclusive_ahead` (if given) is set to the nearest
+// exclusive contender ahead, if any.
+bool contender_holds(const std::vector<etcd::KeyValue>& queue, size_t i, int holders,
+                     std::optional<etcd::KeyValue>* exclusive_ahead = nullptr);
+// A contender's N from its value (0: exclusive).
+int contender_holders(const etcd::KeyValue& kv);
+
 // Whether a contender's holder value proves its looplock dead on this host
 // (sys::proven_dead, os/process.hpp), and the words that say so ("; its looplock is dead
 // (this host): its key goes when its lease expires, within 10s"), empty

@@ -66,6 +66,32 @@ void EtcdKind::confirm_outer(const Options& o, const LockTarget& target, const E
               "nested_cluster_lock");
 }
 
+namespace {
+
+// The cluster's run ledger (--once-per), one key per operation: under
+// "runs" in `c`, and a line each.
+void add_cluster_runs(etcd::Client& client, const std::string& name, const etcd::Deadline& bound, Json& c,
+                      std::vector<std::string>& lines) {
+  auto runs = client.range({.key = etcd::runs_prefix(name), .prefix = true}, bound);
+  Json entries = Json::array();
+  if (!runs.ok()) {
+    c["runs_error"] = runs.error;
+    lines.push_back("last run  not read: " + runs.error);
+  } else {
+    for (const auto& kv : runs.value.kvs) {
+      if (auto e = parse_run_entry(kv.value)) {
+        lines.push_back("last run  operation " + e->operation + ": " + describe_run(*e));
+        entries.push_back(run_entry_to_json(*e));
+      } else {
+        lines.push_back("last run  a damaged entry, key " + kv.key);
+      }
+    }
+  }
+  c["runs"] = std::move(entries);
+}
+
+}  // namespace
+
 // --inspect --etcd: who holds the cluster lock, who waits, in the order they
 // take it, and its run ledger; read only.
 InspectPart EtcdKind::inspect(const Options& o, const std::string& canonical_dir, const Logger& log) {
@@ -97,8 +123,19 @@ InspectPart EtcdKind::inspect(const Options& o, const std::string& canonical_dir
       (*holder)["key"] = kvs.front().key;
     }
     Json waiting = Json::array();
+    Json also = Json::array();  // --holders: the contenders that hold it beside the first
     for (size_t i = 1; i < kvs.size(); ++i) {
       std::optional<Json> value = parse_cluster_holder(kvs[i].value);
+      if (contender_holds(kvs, i, contender_holders(kvs[i]))) {
+        Json h = value.value_or(Json::object());
+        h["fencing_token"] = kvs[i].create_revision;
+        h["key"] = kvs[i].key;
+        lines.push_back("also held by " + describe_cluster_holder(h) + key_note(value, kvs[i]) + ", fencing token " +
+                        std::to_string(kvs[i].create_revision) + " (--holders " +
+                        std::to_string(contender_holders(kvs[i])) + ")");
+        also.push_back(std::move(h));
+        continue;
+      }
       Json w = value.value_or(Json::object());
       // A waiter's value says when it queued, not an acquisition.
       if (w.contains("acquired_at")) {
@@ -107,12 +144,14 @@ InspectPart EtcdKind::inspect(const Options& o, const std::string& canonical_dir
       }
       w["key"] = kvs[i].key;
       const std::optional<Json> shown = value ? std::optional<Json>(w) : std::nullopt;
-      lines.push_back("waiting " + std::to_string(i) + ": " + describe_cluster_waiter(shown) + key_note(value, kvs[i]));
+      lines.push_back("waiting " + std::to_string(waiting.size() + 1) + ": " + describe_cluster_waiter(shown) +
+                      key_note(value, kvs[i]));
       waiting.push_back(std::move(w));
     }
     c["held"] = !kvs.empty();
     c["contenders"] = kvs.size();
     c["holder"] = holder ? *holder : Json(nullptr);
+    c["holders"] = also;
     c["waiting"] = waiting;
     if (kvs.empty()) {
       lines.insert(lines.begin(), "free (lock name " + name + ")");
@@ -120,28 +159,10 @@ InspectPart EtcdKind::inspect(const Options& o, const std::string& canonical_dir
       lines.insert(lines.begin(), "held by " + describe_cluster_holder(holder) + key_note(holder, kvs.front()) +
                                       ", fencing token " + std::to_string(kvs.front().create_revision) +
                                       " (lock name " + name + ")");
-      if (kvs.size() == 1) lines.push_back("waiting none");
+      if (waiting.empty()) lines.push_back("waiting none");
     }
   }
-  if (read.error.empty()) {
-    // The cluster's run ledger (--once-per): one key per operation.
-    auto runs = client.range({.key = etcd::runs_prefix(name), .prefix = true}, bound);
-    Json entries = Json::array();
-    if (!runs.ok()) {
-      c["runs_error"] = runs.error;
-      lines.push_back("last run  not read: " + runs.error);
-    } else {
-      for (const auto& kv : runs.value.kvs) {
-        if (auto e = parse_run_entry(kv.value)) {
-          lines.push_back("last run  operation " + e->operation + ": " + describe_run(*e));
-          entries.push_back(run_entry_to_json(*e));
-        } else {
-          lines.push_back("last run  a damaged entry, key " + kv.key);
-        }
-      }
-    }
-    c["runs"] = std::move(entries);
-  }
+  if (read.error.empty()) add_cluster_runs(client, name, bound, c, lines);
   part.json = std::move(c);
   part.lines = std::move(lines);
   return part;

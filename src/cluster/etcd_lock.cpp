@@ -58,7 +58,9 @@ Blocker EtcdLock::blocker() const {
   b.what = "cluster lock " + printable(lock_.name()) + " (etcd)";
   b.who = v.holder + (lock_.blocker() ? dead_contender_note(*lock_.blocker()) : std::string());
   b.confirm = v.confirm;
-  b.inspect_hint = "looplock --inspect --etcd " + shell_word(cluster_.etcd) + " " + shell_word(request_.dir);
+  b.inspect_hint = "looplock --inspect --etcd " + shell_word(cluster_.etcd) +
+                   (cluster_.lock_name.empty() ? "" : " --lock-name " + shell_word(cluster_.lock_name)) + " " +
+                   shell_word(request_.dir);
   b.fields["cluster"] = Json{{"lock_name", lock_.name()},
                              {"endpoint", lock_.endpoint()},
                              {"holder", lock_.blocker() ? *lock_.blocker() : Json(nullptr)}};

@@ -559,6 +559,18 @@ std::string LocalLedger::name() const { return local_ledger_name(shown_); }
 
 // --- nested -------------------------------------------------------------------
 
+namespace {
+
+// Whether DIR/.state.lock is held, and only shared: an exclusive attempt
+// on a fresh open file fails and a shared one succeeds (closing undoes it).
+bool held_shared_only(const LockDir& dir) {
+  const UniqueFd fresh = sys::open_in(dir.fd.get(), kLockName, {.access = sys::OpenIn::Access::Read});
+  if (!fresh || sys::try_lock(fresh.get(), /*exclusive=*/true)) return false;
+  return sys::try_lock(fresh.get(), /*exclusive=*/false);
+}
+
+}  // namespace
+
 std::optional<OuterHolder> outer_holder(const LockRequest& request, const EnvList& env, const LockDir& dir, Pid self,
                                         sys::FileStatus& lock_file) {
   if (!env_get(env, env_name::kHolderFd) || !sys::status_at(dir.fd.get(), kLockName, lock_file) ||
@@ -583,7 +595,15 @@ std::optional<OuterHolder> outer_holder(const LockRequest& request, const EnvLis
   if (outer || !exclusive) return outer;
   // Inside a run that holds it shared (--holders, -s): an exclusive lock
   // would wait for this run's own ancestor until the deadline, or forever.
-  if (const auto shared = find_outer_holder(env, dir.fd.get(), lock_file, /*exclusive=*/false, self)) {
+  std::optional<OuterHolder> shared = find_outer_holder(env, dir.fd.get(), lock_file, /*exclusive=*/false, self);
+  // Without /proc that cannot be confirmed: a descriptor on this very lock
+  // file was inherited, and the lock is held shared only (a probe that
+  // takes and drops it): its holder is this run's ancestor.
+  if (const auto fd = inherited_lock_fd(env, lock_file);
+      !shared && fd && !sys::own_fd_holds_lock(*fd, lock_file, false)) {
+    if (held_shared_only(dir)) shared = OuterHolder{0, *fd, true};
+  }
+  if (shared) {
     const auto index = env_get(env, env_name::kHolderIndex);
     throw Fatal(exit_code::kTimeout,
                 "cannot take " + lock_display(request.dir) + " exclusively: this command runs inside " +

@@ -127,7 +127,7 @@ def test_deadline_and_single_flight_while_another_host_holds(etcd, name, hosts, 
     action = rows[0]["operator_action"]
     assert action.startswith(f"inspect pid {a.proc.pid} ") and "held by another looplock on this host" in action, action
     assert "another host" not in action and "ENDPOINTS" not in action + r.stderr, action + r.stderr
-    assert f"looplock --inspect --etcd {etcd.url} {hosts[1]}" in r.stderr, r.stderr
+    assert f"looplock --inspect --etcd {etcd.url} --lock-name {name} {hosts[1]}" in r.stderr, r.stderr
 
     assert run([*cluster(etcd, name), "-w", "0", "-E", "9", hosts[1], "--", "true"]).returncode == 9
 

@@ -408,3 +408,29 @@ def test_an_index_file_deleted_while_held_is_reported(loop_dir):
     assert r.returncode == 0
     events = [json.loads(line)["event"] for line in r.stderr.splitlines()]
     assert "holder_index_replaced" in events, r.stderr
+
+
+@pytest.mark.parametrize("outer", [["--holders", "2"], ["-s"]])
+def test_without_proc_an_exclusive_run_inside_a_shared_holder_fails_at_once(loop_dir, outer):
+    """Before, without /proc it waited for its own holder (forever with -p blocking)."""
+    need_no_proc()
+    inner = [LOOPLOCK, "-p", "blocking", str(loop_dir), "--", "echo", "inner ran"]
+    r = subprocess.run([*NO_PROC, LOOPLOCK, *outer, str(loop_dir), "--", *inner], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == EX_TEMPFAIL and r.stdout == "", r.stderr
+    assert "so the lock would wait for its own holder" in r.stderr
+
+
+def test_inspect_warns_of_an_index_a_leftover_keeps(loop_dir, tmp_path):
+    gone = tmp_path / "gone"
+    r = run(["--holders", "2", loop_dir, "--", "sh", "-c", f'eval "exec $LOOPLOCK_FD>&-"; {lingers(gone)} &'])
+    left = re.search(r"but pid (\d+) that it started", r.stderr)
+    try:
+        assert left, r.stderr
+        report = json.loads(run(["--inspect", "--json", loop_dir]).stdout)
+        assert any(".state.lock.holders.0 is held by" in w and "places stays taken" in w for w in report["warnings"])
+        assert run(["--inspect", "--check", loop_dir]).returncode == 1
+    finally:
+        gone.touch()
+        if left:
+            kill_and_wait_gone(int(left.group(1)))

@@ -3,12 +3,13 @@ that stand in for hosts, on one cluster lock name), a contender holds when
 fewer than N contenders rank ahead of it and none of them is exclusive (a
 run without --holders, etcdctl lock). A history of who ran when, checked
 afterwards. The local half is test_holders.py."""
+import json
 import os
 import subprocess
 
 import pytest
 
-from conftest import EX_TEMPFAIL, PY, TIMEOUT, expect_line, run, start
+from conftest import EX_TEMPFAIL, PY, TIMEOUT, expect_line, expect_stderr, run, start
 from etcdtest import ETCDCTL, needs_etcd, start_member
 from test_holders import TICK, WAIT, history_of, most_at_once
 
@@ -109,3 +110,27 @@ def test_etcdctl_lock_counts_as_exclusive(etcd, cluster, hosts, tmp_path):
         if ctl.poll() is None:
             ctl.kill()
         ctl.wait(timeout=TIMEOUT)
+
+
+def test_inspect_shows_every_holder_of_the_cluster_lock_and_the_hint_names_the_lock(cluster, hosts):
+    hs = []
+    for i in range(2):
+        hs.append(start([*cluster, "--holders", "2", hosts[i], "--", PY, WAIT]))
+        expect_line(hs[-1], "ready")
+    w = start([*cluster, "--holders", "2", "-p", "blocking", "-v", hosts[2], "--", "true"])
+    try:
+        expect_stderr(w, "waiting for cluster lock")
+        report = json.loads(run(["--inspect", "--json", *cluster, hosts[0]]).stdout)["cluster"]
+        assert report["holder"]["pid"] == hs[0].pid
+        assert [h["pid"] for h in report["holders"]] == [hs[1].pid]
+        assert [x["pid"] for x in report["waiting"]] == [w.pid]
+        text = run(["--inspect", *cluster, hosts[0]]).stdout
+        assert "also held by" in text and "(--holders 2)" in text and "waiting 1:" in text
+        r = run([*cluster, "--holders", "2", "-w", "0.3", hosts[3], "--", "true"])
+        assert r.returncode == EX_TEMPFAIL
+        assert f"--lock-name {cluster[3]}" in r.stderr
+    finally:
+        for h in hs:
+            h.stdin.close()
+            h.wait(timeout=TIMEOUT)
+        assert w.wait(timeout=TIMEOUT) == 0
