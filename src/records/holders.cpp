@@ -15,7 +15,10 @@ namespace looplock {
 namespace {
 
 LockedFileRole index_role(int index) {
-  return {.name = index_name(index), .noun = "holder index", .event = "unsafe_holder_index"};
+  return {.name = index_name(index),
+          .noun = "holder index",
+          .event = "unsafe_holder_index",
+          .fix_names = std::string(kHoldersPrefix) + "*"};
 }
 
 }  // namespace

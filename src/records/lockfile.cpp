@@ -264,7 +264,7 @@ LockFile open_lock_file(const LockDir& dir, const LockedFileRole& role) {
         hint = "DIR is on a read-only file system: create " + role.name + " there while it is writable (an existing " +
                std::string(role.noun) + " is locked read-only).";
       } else if (err == EACCES) {
-        hint = exists ? unopenable_hint(dir, pre, sys::own_euid(), role.name)
+        hint = exists ? unopenable_hint(dir, pre, sys::own_euid(), role.fix_names.empty() ? role.name : role.fix_names)
                       : "looplock must be able to create the " + std::string(role.noun) +
                             " in DIR; check DIR's permissions.";
       }

@@ -97,6 +97,9 @@ struct LockedFileRole {
   std::string name = kLockName;
   std::string_view noun = "lock file";
   std::string_view event = "unsafe_lock_file";
+  // The files a permission fix names ("DIR/.state.lock.holders.*": every
+  // index file at once); empty: this one.
+  std::string fix_names;
 };
 
 // Opens DIR/.state.lock (or `role`'s file), creating it (kCreateMode before

@@ -528,3 +528,16 @@ def children_of(pid):
         return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
+
+
+def test_holders_a_members_index_made_under_umask_077_names_every_index_file_to_fix(base):
+    """--holders: the fix names all the index files at once, not one a try."""
+    d, _ = group_dirs(base)
+    r = as_member(U1, "--holders", "3", d, "--", "true", umask="077")
+    assert r.returncode == 0, r.stderr
+    r = as_member(U2, "--holders", "3", d, "--", "true")
+    assert r.returncode == 73, r.stderr
+    assert f"chmod g+rw {d}/.state.lock.holders.*" in r.stderr, r.stderr
+    subprocess.run(f"chmod g+rw {d}/.state.lock.holders.*", shell=True, check=True, timeout=TIMEOUT)
+    r = as_member(U2, "--holders", "3", d, "--", "true")
+    assert r.returncode == 0, r.stderr
