@@ -395,6 +395,7 @@ ClusterLock::Step ClusterLock::place(Queue& q, const std::vector<etcd::KeyValue>
   std::optional<etcd::KeyValue> blocking;
   if (holds(queue, mine, blocking)) return Step::Ours;
   if (coalesced(queue, mine, step_end)) return Step::Coalesced;
+  note_holders(queue);
   if (!q.said_waiting) {
     blocker_ = holder_of(queue.front(), step_end);
     q.said_waiting = true;
@@ -423,6 +424,17 @@ bool contender_holds(const std::vector<etcd::KeyValue>& queue, size_t i, int hol
   }
   if (exclusive_ahead) *exclusive_ahead = nearest;
   return !nearest && i < static_cast<size_t>(holders);
+}
+
+void ClusterLock::note_holders(const std::vector<etcd::KeyValue>& queue) {
+  if (who_.holders == 0) return;
+  holders_.clear();
+  for (size_t i = 0; i < queue.size(); ++i) {
+    if (!contender_holds(queue, i, contender_holders(queue[i]))) continue;
+    Json h = parse_cluster_holder(queue[i].value).value_or(Json::object());
+    h["fencing_token"] = queue[i].create_revision;
+    holders_.push_back(std::move(h));
+  }
 }
 
 bool ClusterLock::holds(const std::vector<etcd::KeyValue>& queue, std::vector<etcd::KeyValue>::const_iterator mine,
@@ -454,6 +466,7 @@ Acquisition ClusterLock::take_at_once_as_holder(Instant reach_by) {
     return Acquisition::Acquired;
   }
   if (!queue.empty()) blocker_ = holder_of(queue.front(), now() + kLookAtHolder);
+  note_holders(queue);
   release();
   return Acquisition::Busy;
 }
@@ -647,6 +660,7 @@ void ClusterLock::note_blocker(long long my_rev) {
   if (!queue.empty() && queue.front().create_revision != my_rev) {
     if (auto h = holder_of(queue.front(), std::max(by, now() + milliseconds(1)))) blocker_ = std::move(h);
   }
+  note_holders(queue);
 }
 
 Acquisition ClusterLock::wait_in_queue(Deadline deadline) {

@@ -222,6 +222,9 @@ public:
   bool renewal_failing() const { return renewal_failing_; }
   // Set when acquire() ended Busy, TimedOut or Coalesced: who held the lock.
   const std::optional<Json>& blocker() const { return blocker_; }
+  // --holders, set with blocker(): every contender that held it then (each
+  // value with its fencing_token), the first one's included.
+  const std::vector<Json>& holders() const { return holders_; }
   // -p coalesce. Coalesced: the waiter queued ahead that absorbed this run
   // (its value). TimedOut, as such a waiter: how many runs it absorbed
   // (nullopt when etcd could not say).
@@ -312,6 +315,8 @@ private:
   std::string last_error_;  // what the last request that got no answer failed with (overdue_why())
   std::string why_;
   std::optional<Json> blocker_;
+  std::vector<Json> holders_;
+  void note_holders(const std::vector<etcd::KeyValue>& queue);
   std::string ledger_key_;  // empty: no ledger (no --once-per)
   std::optional<etcd::RangeResult> ledger_at_acquisition_;
   long long ledger_mod_ = 0;

@@ -64,6 +64,14 @@ Blocker EtcdLock::blocker() const {
   b.fields["cluster"] = Json{{"lock_name", lock_.name()},
                              {"endpoint", lock_.endpoint()},
                              {"holder", lock_.blocker() ? *lock_.blocker() : Json(nullptr)}};
+  // --holders: every contender that held it, the first one's included.
+  if (const auto& all = lock_.holders(); request_.flags.holders > 0 && !all.empty()) {
+    b.fields["cluster"]["holders"] = all;
+    if (all.size() > 1) {
+      b.who += " and " + std::to_string(all.size() - 1) + " more holding it beside that one (--holders " +
+               std::to_string(request_.flags.holders) + ")";
+    }
+  }
   if (const auto& h = lock_.blocker(); h && h->contains("pid") && (*h)["pid"].is_number_integer()) {
     auto text = [&](const char* k) { return h->contains(k) && (*h)[k].is_string() ? (*h)[k].get<std::string>() : ""; };
     b.holder_ids.push_back({.host = text("host"),

@@ -77,8 +77,13 @@ def test_all_held_single_flight_skips_and_a_deadline_passes(cluster, hosts):
         r = run([*cluster, "--holders", "2", "-p", "single_flight", hosts[2], "--", "echo", "must not run"])
         assert (r.returncode, r.stdout) == (0, ""), r.stderr
         assert "noop-locked" in r.stderr
-        r = run([*cluster, "--holders", "2", "-w", "0.5", hosts[3], "--", "echo", "must not run"])
+        r = run([*cluster, "--holders", "2", "-w", "0.5", "--log-format", "json", hosts[3], "--", "echo",
+                 "must not run"])
         assert (r.returncode, r.stdout) == (EX_TEMPFAIL, ""), r.stderr
+        line = json.loads(r.stderr.splitlines()[-1])
+        assert line["event"] == "lock_acquire_timeout"
+        assert sorted(h["pid"] for h in line["cluster"]["holders"]) == sorted(h.pid for h in hs)
+        assert "and 1 more holding it beside that one (--holders 2)" in line["message"]
         # A larger N gets in beside them.
         r = run([*cluster, "--holders", "3", "-p", "single_flight", hosts[2], "--", "echo", "ran"])
         assert (r.returncode, r.stdout) == (0, "ran\n"), r.stderr
