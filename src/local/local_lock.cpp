@@ -584,7 +584,7 @@ std::optional<OuterHolder> outer_holder(const LockRequest& request, const EnvLis
     // Inside a holder of this very lock (its descriptor is inherited) that
     // cannot be confirmed (no /proc): taking an index of its own could
     // wait for the holders this run is part of.
-    throw Fatal(exit_code::kTimeout,
+    throw Fatal(request.conflict_exit_code,
                 "cannot tell whether this command runs inside holder " + *env_get(env, env_name::kHolderIndex) +
                     " of " + lock_display(request.dir) +
                     " (this system shows no /proc to confirm it), so it does "
@@ -605,7 +605,7 @@ std::optional<OuterHolder> outer_holder(const LockRequest& request, const EnvLis
   }
   if (shared) {
     const auto index = env_get(env, env_name::kHolderIndex);
-    throw Fatal(exit_code::kTimeout,
+    throw Fatal(request.conflict_exit_code,
                 "cannot take " + lock_display(request.dir) + " exclusively: this command runs inside " +
                     (index ? "holder " + *index + " of looplock --holders" : std::string("looplock -s")) +
                     (shared->pid != 0 ? " (pid " + std::to_string(shared->pid) + ")" : std::string()) +

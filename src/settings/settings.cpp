@@ -15,7 +15,8 @@ LockRequest lock_request(const Options& o) {
           .identity = o.identity,
           .policy = o.wait.policy,
           .flags = o.lock,
-          .once_per = o.once_per.period.has_value()};
+          .once_per = o.once_per.period.has_value(),
+          .conflict_exit_code = o.wait.conflict_exit_code};
 }
 
 }  // namespace looplock

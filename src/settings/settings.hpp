@@ -125,6 +125,7 @@ struct LockRequest {
   Policy policy = Policy::Mutation;
   LockFlags flags;
   bool once_per = false;
+  int conflict_exit_code = 75;  // -E: also a nested run's that would wait for its own holder
 };
 LockRequest lock_request(const Options& o);
 

@@ -213,6 +213,9 @@ def test_an_exclusive_lock_inside_a_holder_fails_at_once(loop_dir):
         r = run([*outer, loop_dir, "--", LOOPLOCK, "-p", "blocking", loop_dir, "--", "true"])
         assert r.returncode == EX_TEMPFAIL, (outer, r.stderr)
         assert "so the lock would wait for its own holder" in r.stderr
+    # -E is its status too, so that a caller tells it from a command's 75.
+    r = run(["--holders", "2", loop_dir, "--", LOOPLOCK, "-E", "9", loop_dir, "--", "true"])
+    assert r.returncode == 9 and "nested_in_shared" not in r.stdout, r.stderr
     # A nested holder runs inside the outer one's critical section.
     r = run(["--holders", "2", loop_dir, "--", LOOPLOCK, "--holders", "2", "-v", loop_dir, "--", "sh", "-c",
              'echo "$LOOPLOCK_HOLDER_INDEX"'])
