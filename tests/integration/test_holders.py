@@ -91,13 +91,18 @@ def test_runs_with_different_n_are_bounded_by_the_largest(loop_dir, tmp_path):
 
 
 def test_an_exclusive_run_never_runs_beside_a_holder(loop_dir, tmp_path):
+    """Exclusive users: a plain looplock run and flock(1) on the lock file."""
     history = tmp_path / "history"
     procs = []
     for i in range(9):
+        if i == 2:
+            procs.append(subprocess.Popen(["flock", str(loop_dir / ".state.lock"), PY, TICK, str(history), f"x{i}",
+                                           "1", "2"], stdin=subprocess.DEVNULL))
+            continue
         if i % 3 == 2:
-            args = ["-p", "blocking", loop_dir, "--", PY, TICK, history, f"x{i}", "1"]
+            args = ["-p", "blocking", loop_dir, "--", PY, TICK, history, f"x{i}", "1", "2"]
         else:
-            args = ["--holders", "2", "-p", "blocking", loop_dir, "--", PY, TICK, history, f"h{i}", "2"]
+            args = ["--holders", "2", "-p", "blocking", loop_dir, "--", PY, TICK, history, f"h{i}", "2", "3"]
         procs.append(start(args, stdin=subprocess.DEVNULL))
     assert [p.wait(timeout=90) for p in procs] == [0] * 9
     h = history_of(history)

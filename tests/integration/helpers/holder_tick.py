@@ -6,8 +6,8 @@ Appends "start LABEL INDEX STAMP" to HISTORY (INDEX: LOOPLOCK_HOLDER_INDEX,
 or "-"; STAMP: CLOCK_MONOTONIC ns), waits (at most 20 s) until HISTORY holds
 at least BARRIER starts, so that the runs the lock lets in at once are seen
 together, then appends "end LABEL INDEX STAMP". With BEYOND, it then stays
-up to 0.5 s more, or until HISTORY holds BEYOND starts: room for a run the
-lock should have kept out to show itself in the history."""
+up to 0.5 s more, or until BEYOND runs are inside at once (starts less ends):
+room for a run the lock should have kept out to show itself in the history."""
 import os
 import sys
 import time
@@ -28,11 +28,17 @@ def starts():
         return sum(line.startswith("start ") for line in f)
 
 
+def inside():
+    with open(history) as f:
+        lines = f.read().splitlines()
+    return sum(x.startswith("start ") for x in lines) - sum(x.startswith("end ") for x in lines)
+
+
 note("start")
 until = time.monotonic() + 20
 while starts() < barrier and time.monotonic() < until:
     time.sleep(0.01)
 until = time.monotonic() + 0.5
-while beyond and starts() < beyond and time.monotonic() < until:
+while beyond and inside() < beyond and time.monotonic() < until:
     time.sleep(0.01)
 note("end")
