@@ -11,7 +11,7 @@
 # options among them (a group like -qp ends with one).
 _looplock_value_opts='-p --policy -w --timeout -E --conflict-exit-code --skip-exit-code --agent --operation
     --log-format --kill-after --max-time --warn-before --warn-signal --once-per --jitter --metrics-dir
-    --notify --notify-on --notify-timeout --notify-after --holders --stale-after --incidents --etcd --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key --etcd-user
+    --notify --notify-on --notify-timeout --notify-after --holders --tied-to --stale-after --incidents --etcd --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key --etcd-user
     --etcd-password-file'
 _looplock_value_shorts=pwE
 
@@ -145,7 +145,7 @@ _looplock()
         local opts='-h --help -V --version -p --policy -w --timeout -n --nonblock -E --conflict-exit-code
             --skip-exit-code -s --shared -x --exclusive --holders -o --close -F --no-fork --kill-after --max-time --agent
             --operation --warn-before --warn-signal --once-per --jitter --metrics-dir -v --verbose -q --quiet
-            --notify --notify-on --notify-timeout --notify-after
+            --notify --notify-on --notify-timeout --notify-after --hold --tied-to --release --force
             --log-format --inspect --json --check --stale-after --incidents --etcd --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key --etcd-user
             --etcd-password-file'
         # --inspect takes no command: neither "--" nor -c.

@@ -6,7 +6,7 @@
 # Options that take a value (skipped when looking for DIR).
 set -g __looplock_value_opts -p --policy -w --timeout -E --conflict-exit-code --skip-exit-code \
     --agent --operation --log-format --kill-after --max-time --warn-before --warn-signal --once-per --jitter \
-    --metrics-dir --notify --notify-on --notify-timeout --notify-after --holders --stale-after --incidents --etcd \
+    --metrics-dir --notify --notify-on --notify-timeout --notify-after --holders --tied-to --stale-after --incidents --etcd \
     --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key --etcd-user --etcd-password-file
 
 # Whether the command line (before the cursor) has a "--" or "-c": then
@@ -96,6 +96,10 @@ complete -c looplock -n $opts -l warn-before -x -d "Signal the job DURATION befo
 complete -c looplock -n $opts -l warn-signal -x -a 'USR1 USR2 HUP INT TERM QUIT ALRM WINCH' -d 'The signal of --warn-before (default USR1)'
 complete -c looplock -n $opts -l once-per -x -d 'Run at most once per DURATION (a run ledger)'
 complete -c looplock -n $opts -l jitter -x -d 'Wait a random time below DURATION first'
+complete -c looplock -n $opts -l hold -d 'Take the lock in a detached holder; print LOOPLOCK_HOLD=VALUE'
+complete -c looplock -n $opts -l tied-to -x -a '(__fish_complete_pids)' -d 'With --hold: end the hold when PID exits'
+complete -c looplock -n $opts -l release -d 'End the hold $LOOPLOCK_HOLD (or VALUE) names'
+complete -c looplock -n $opts -l force -d 'With --release DIR: end the hold the kernel confirms'
 complete -c looplock -n $opts -l agent -x -d 'Who runs it'
 complete -c looplock -n $opts -l operation -x -d 'What runs'
 complete -c looplock -n $opts -l notify -x -a '(__fish_complete_command)' -d 'Run COMMAND (sh -c) for each event, its JSON on stdin'

@@ -32,6 +32,8 @@ inline constexpr std::string_view kDeadline = "LOOPLOCK_DEADLINE";
 // only while that looplock is a live ancestor (nesting.hpp).
 inline constexpr std::string_view kDeadlineOwner = "LOOPLOCK_DEADLINE_OWNER";
 // The cluster lock (--etcd): the default endpoints, and what the command gets.
+// A hold across steps (--hold prints it; --release and nested runs read it).
+inline constexpr std::string_view kHold = "LOOPLOCK_HOLD";
 inline constexpr std::string_view kEtcd = "LOOPLOCK_ETCD";
 inline constexpr std::string_view kEtcdKey = "LOOPLOCK_ETCD_KEY";
 inline constexpr std::string_view kEtcdLease = "LOOPLOCK_ETCD_LEASE";

@@ -3,7 +3,9 @@
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "cli/cluster_exec.hpp"
+#include "cli/hold.hpp"
 #include "cli/inspect.hpp"
+#include "cli/release.hpp"
 #include "cli/version.hpp"
 #include "job/process_jobs.hpp"
 #include "os/sys.hpp"
@@ -16,7 +18,7 @@ namespace {
 // --metrics-dir: after every run that got as far as knowing its lock. A file
 // that cannot be written is one warning: never another exit status.
 void write_metrics(const Options& o, const RunFacts& facts, int status, long long start_wall_ms, const Logger& log) {
-  if (o.metrics_dir.empty() || facts.lock_id.empty() || o.mode != Mode::Run) return;
+  if (o.metrics_dir.empty() || facts.lock_id.empty() || (o.mode != Mode::Run && o.mode != Mode::Hold)) return;
   RunMetrics m;
   m.lock_id = facts.lock_id;
   m.loop = facts.loop;
@@ -36,6 +38,8 @@ void write_metrics(const Options& o, const RunFacts& facts, int status, long lon
 }  // namespace
 
 int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
+  // A hold's sentinel (cli/hold.hpp): looplock's own command, no run.
+  if (const auto sentinel = sentinel_main(argc, argv)) return *sentinel;
   const Instant now = MonotonicClock::now();
   const long long start_wall_ms = sys::realtime_ms();
   // Until the options are parsed, errors use the --log-format asked for, if
@@ -49,8 +53,12 @@ int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
   try {
     std::vector<std::string> args(argv, argv + argc);
     // Its pid, once: the holder record, the job's signals and the leak check name this pid.
-    Context ctx{
-        .env = env_from(envp), .pid = sys::own_pid(), .start = now, .start_wall_ms = start_wall_ms, .cluster = cluster};
+    Context ctx{.env = env_from(envp),
+                .pid = sys::own_pid(),
+                .start = now,
+                .start_wall_ms = start_wall_ms,
+                .cluster = cluster,
+                .on_held = {}};
     // looplock-etcd: the deadline counts from when looplock started.
     if (auto handed = take_handed_start(ctx.env, now); handed && cluster) {
       ctx.start = *handed;
@@ -65,8 +73,9 @@ int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
                      .looplock_etcd_cacert = env_get(ctx.env, env_name::kEtcdCacert),
                      .looplock_etcd_client_cert = env_get(ctx.env, env_name::kEtcdClientCert),
                      .looplock_etcd_client_key = env_get(ctx.env, env_name::kEtcdClientKey),
-                     .looplock_etcd_password = env_get(ctx.env, env_name::kEtcdPassword)};
-    const Options& o = options.emplace(parse_options(args, penv));
+                     .looplock_etcd_password = env_get(ctx.env, env_name::kEtcdPassword),
+                     .looplock_hold = env_get(ctx.env, env_name::kHold)};
+    Options& o = options.emplace(parse_options(args, penv));
     if (o.mode == Mode::Help) {
       write_stdout(help_text());
       return exit_code::kOk;
@@ -80,6 +89,12 @@ int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
     log = Logger(o.output.verbosity, o.output.log_format);
     if (!o.cluster.etcd.empty() && !ctx.cluster) exec_cluster_helper(argv, ctx.env, ctx.start);
     if (o.mode == Mode::Inspect) return inspect(o, log, ctx.cluster);
+    if (o.mode == Mode::Release) return release_hold(o, log);
+    // --hold: the caller returns once the holder holds the lock; the holder
+    // goes on as a run.
+    if (o.mode == Mode::Hold) {
+      if (const auto caller = start_hold(o, ctx, log)) return *caller;
+    }
     // Before DIR is opened: the relay never holds a lock's descriptor.
     if (!o.notify.command.empty()) log.set_sink(&notifier.emplace(o.notify, ctx.env, log));
     const auto jobs = process_jobs();

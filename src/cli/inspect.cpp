@@ -183,6 +183,14 @@ Json report_json(const InspectFacts& facts, const Verdict& v) {
 }
 
 // --holders: how many index files are held, then each holder.
+// A hold across steps (--hold): its end and its tie.
+std::string hold_text(const HoldFacts& h, bool released) {
+  return std::string(released ? "was a hold (looplock --hold)" : "a hold (looplock --hold)") +
+         ": --max-time ends it at " + h.ends_at +
+         (h.tied_to != 0 ? ", or the end of pid " + std::to_string(h.tied_to) + " it is tied to" : "") +
+         (released ? "" : "; a step runs inside it with its LOOPLOCK_HOLD, looplock --release ends it");
+}
+
 std::vector<std::pair<const char*, std::string>> index_lines(const std::vector<InspectFacts::Index>& indexes) {
   std::vector<std::pair<const char*, std::string>> out;
   if (indexes.empty()) return out;
@@ -236,10 +244,10 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
                    ? " (" + format_duration(-of_ms(*f.record_age_ms)) + " from now, by this host's clock)"
                    : " (" + ms_text(*f.record_age_ms) + " ago)";
     }
-    since += rec->released_at ? ", released " + *rec->released_at
-                              : std::string(rec->no_fork ? ", not released (-F)" : ", not released");
-    line("", since);
+    line("", since + (rec->released_at ? ", released " + *rec->released_at
+                                       : std::string(rec->no_fork ? ", not released (-F)" : ", not released")));
     if (!rec->released_at) line("process", process_text(f, *rec));
+    if (rec->hold) line("hold", hold_text(*rec->hold, rec->released_at.has_value()));
   } else {
     line("record", !f.exists                                         ? std::string("none")
                    : f.record.state == HolderRead::State::Unreadable ? std::string("unreadable")
@@ -372,7 +380,7 @@ std::optional<std::pair<std::string, std::string>> looplock_identity(const std::
                                                                      const Environment& env) {
   try {
     Options o = parse_options(argv, env);
-    if (o.mode != Mode::Run) return std::nullopt;
+    if (o.mode != Mode::Run && o.mode != Mode::Hold) return std::nullopt;
     return std::make_pair(o.identity.agent, o.identity.operation);
   } catch (const Fatal&) {
     return std::nullopt;

@@ -7,6 +7,7 @@ namespace looplock {
 namespace {
 
 constexpr unsigned kBoth = kInRun | kInInspect;
+constexpr unsigned kAll = kInRun | kInInspect | kInRelease;
 
 // clang-format off
 constexpr std::array kTable = {
@@ -64,11 +65,23 @@ constexpr std::array kTable = {
                      "skip, exit 0, when the slot's run is done)"},
   OptionSpec{.name = "jitter", .value = "DURATION", .section = Section::Schedule, .applies = kInRun,
              .help = "wait a random time below DURATION first"},
-  OptionSpec{.name = "verbose", .letter = 'v', .section = Section::Output,
+  OptionSpec{.name = "hold", .section = Section::Hold, .applies = kInRun, .not_with_no_fork = true,
+             .help = "take DIR's lock in a detached holder and print\n"
+                     "LOOPLOCK_HOLD=VALUE once held (no COMMAND;\n"
+                     "needs --max-time)"},
+  OptionSpec{.name = "tied-to", .value = "PID", .section = Section::Hold, .applies = kInRun,
+             .help = "with --hold: end the hold when PID exits"},
+  OptionSpec{.name = "release", .section = Section::Hold, .applies = kInRelease,
+             .help = "end the hold $LOOPLOCK_HOLD (or the VALUE\n"
+                     "given) names: looplock --release [VALUE]"},
+  OptionSpec{.name = "force", .section = Section::Hold, .applies = kInRelease,
+             .help = "with --release, and DIR: end DIR's hold once\n"
+                     "the kernel confirms its holder"},
+  OptionSpec{.name = "verbose", .letter = 'v', .section = Section::Output, .applies = kAll,
              .help = "report waiting, acquiring and releasing"},
-  OptionSpec{.name = "quiet", .letter = 'q', .section = Section::Output,
+  OptionSpec{.name = "quiet", .letter = 'q', .section = Section::Output, .applies = kAll,
              .help = "errors only (a single_flight skip is silent)"},
-  OptionSpec{.name = "log-format", .value = "FORMAT", .section = Section::Output,
+  OptionSpec{.name = "log-format", .value = "FORMAT", .section = Section::Output, .applies = kAll,
              .help = "stderr lines as text (default) or json"},
   OptionSpec{.name = "metrics-dir", .value = "DIR", .section = Section::Output,
              .help = "write a node_exporter textfile per lock there\n"
@@ -113,8 +126,9 @@ constexpr std::array kTable = {
                      "$LOOPLOCK_ETCD_PASSWORD or --etcd-password-file"},
   OptionSpec{.name = "etcd-password-file", .value = "FILE", .section = Section::Cluster, .needs_etcd = true,
              .help = "file holding the etcd user's password"},
-  OptionSpec{.name = "help", .letter = 'h', .section = Section::Other, .help = "show this help"},
-  OptionSpec{.name = "version", .letter = 'V', .section = Section::Other, .help = "show the version"},
+  OptionSpec{.name = "help", .letter = 'h', .section = Section::Other, .applies = kAll, .help = "show this help"},
+  OptionSpec{.name = "version", .letter = 'V', .section = Section::Other, .applies = kAll,
+             .help = "show the version"},
 };
 
 constexpr std::array kConflicts = {
@@ -129,6 +143,10 @@ constexpr std::array kConflicts = {
   OptionConflict{.a = "holders", .b = "exclusive", .why = "--holders takes the lock shared, beside an index of its own"},
   OptionConflict{.a = "holders", .b = "once-per", .why = "N holders at once cannot share one slot's run ledger"},
   OptionConflict{.a = "once-per", .b = "shared", .why = "readers run together, so none of them owns the run ledger"},
+  OptionConflict{.a = "hold", .b = "shared", .why = "a hold keeps the lock for the later steps, exclusively"},
+  OptionConflict{.a = "hold", .b = "holders", .why = "a hold keeps the lock for the later steps, exclusively"},
+  OptionConflict{.a = "hold", .b = "once-per", .why = "a skipped slot would let the later steps go on without the "
+                 "lock"},
   OptionConflict{.a = "etcd", .b = "shared", .why = "shared cluster locks are not supported",
                  .hint = "Drop -s, or run without --etcd (and without $LOOPLOCK_ETCD) for a shared local lock."},
 };
@@ -141,6 +159,7 @@ std::string_view section_title(Section s) {
     case Section::Policy: return "Policy";
     case Section::LockAndCommand: return "Lock and command";
     case Section::Schedule: return "Schedule";
+    case Section::Hold: return "Hold across steps";
     case Section::Output: return "Output";
     case Section::Inspect: return "Inspect";
     case Section::Cluster: return "Cluster";
@@ -167,8 +186,8 @@ std::span<const OptionConflict> option_conflicts() { return kConflicts; }
 std::string options_help() {
   constexpr size_t kColumn = 30;  // where the explanations start
   std::string out;
-  for (Section s : {Section::Policy, Section::LockAndCommand, Section::Schedule, Section::Output, Section::Inspect,
-                    Section::Cluster, Section::Other}) {
+  for (Section s : {Section::Policy, Section::LockAndCommand, Section::Schedule, Section::Hold, Section::Output,
+                    Section::Inspect, Section::Cluster, Section::Other}) {
     out += std::string(section_title(s)) + ":\n";
     for (const auto& o : kTable) {
       if (o.section != s || o.help.empty()) continue;

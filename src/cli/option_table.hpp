@@ -11,12 +11,15 @@
 
 namespace looplock {
 
-enum class Section { Policy, LockAndCommand, Schedule, Output, Inspect, Cluster, Other };
+enum class Section { Policy, LockAndCommand, Schedule, Hold, Output, Inspect, Cluster, Other };
 std::string_view section_title(Section s);  // "Policy", "Lock and command", ...
 
 // Where an option applies.
 inline constexpr unsigned kInRun = 1;      // looplock DIR -- COMMAND
 inline constexpr unsigned kInInspect = 2;  // looplock --inspect DIR...
+inline constexpr unsigned kInRelease = 4;  // looplock --release [VALUE], --release --force DIR
+// (--hold is a run: what applies to a run applies to it, but for the
+// conflicts options.cpp lists.)
 
 struct OptionSpec {
   std::string_view name{};  // the long name: "policy"

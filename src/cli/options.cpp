@@ -388,14 +388,53 @@ cxxopts::ParseResult parse_own(const Split& split, bool declare_all) {
 
 const std::string& text_of(const cxxopts::ParseResult& r, const char* name) { return r[name].as<std::string>(); }
 
+// --release's VALUE ($LOOPLOCK_HOLD by default), or --force's DIR.
+void read_release(const cxxopts::ParseResult& r, const std::vector<std::string>& positional, const Environment& env,
+                  Options& o) {
+  o.hold.force = r.count("force") > 0;
+  if (positional.size() > 1) {
+    usage_error("unexpected argument " + quote(positional[1]),
+                "looplock --release [VALUE], or looplock --release --force DIR.");
+  }
+  if (o.hold.force) {
+    if (positional.empty() || positional[0].empty()) {
+      usage_error("--release --force needs DIR", "looplock --release --force DIR ends the hold of DIR's lock.");
+    }
+    o.dir = positional[0];
+    return;
+  }
+  if (!positional.empty()) {
+    o.hold.release_value = positional[0];
+  } else if (env.looplock_hold && !env.looplock_hold->empty()) {
+    o.hold.release_value = *env.looplock_hold;
+  } else {
+    usage_error("--release needs the hold's value: LOOPLOCK_HOLD is not set",
+                "Give the value looplock --hold printed (after LOOPLOCK_HOLD=), or set LOOPLOCK_HOLD; an operator "
+                "ends a stuck hold with looplock --release --force DIR.");
+  }
+}
+
+// The mode: a run, --hold, --release or --inspect (one of them).
+Mode mode_of(const cxxopts::ParseResult& r) {
+  std::vector<std::string> modes;
+  for (const char* m : {"inspect", "hold", "release"}) {
+    if (r.count(m)) modes.push_back(std::string("--") + m);
+  }
+  if (modes.size() > 1) usage_error(modes[0] + " and " + modes[1] + " cannot be combined");
+  if (r.count("inspect")) return Mode::Inspect;
+  if (r.count("hold")) return Mode::Hold;
+  return r.count("release") ? Mode::Release : Mode::Run;
+}
+
 // DIR (or the DIRs of --inspect), and flock(1)'s -u pointed elsewhere.
-void read_dirs(const cxxopts::ParseResult& r, Options& o) {
+void read_dirs(const cxxopts::ParseResult& r, const Environment& env, Options& o) {
   if (r.count("unlock")) {
     usage_error("-u/--unlock is not an option: looplock releases the lock itself when the command has ended",
                 "flock -u unlocks a descriptor; under looplock, a command that must let go early can close "
                 "$LOOPLOCK_FD (and whatever it started), or run with -o so that only looplock holds the lock.");
   }
   const std::vector<std::string>& positional = r.unmatched();
+  if (o.mode == Mode::Release) return read_release(r, positional, env, o);
   if (positional.empty()) {
     usage_error("missing DIR", o.mode == Mode::Inspect
                                    ? "Give the loop directories: looplock --inspect [--json] [--check] DIR..."
@@ -404,6 +443,11 @@ void read_dirs(const cxxopts::ParseResult& r, Options& o) {
   }
   for (const auto& d : positional) {
     if (d.empty()) usage_error("DIR is an empty string");
+  }
+  if (positional.size() > 1 && o.mode == Mode::Hold) {
+    usage_error("unexpected argument " + quote(positional[1]) + ": --hold takes DIR alone",
+                "The hold keeps the lock for later steps; run them as looplock DIR -- COMMAND with LOOPLOCK_HOLD "
+                "in their environment.");
   }
   if (positional.size() > 1 && o.mode != Mode::Inspect) {
     usage_error("unexpected argument " + quote(positional[1]) + " before '--'",
@@ -438,6 +482,15 @@ void check_system(const cxxopts::ParseResult& r, const Options& o) {
     usage_error("--notify is not available on this system yet: looplock has no relay for its notifiers here",
                 "Leave --notify out; the metrics file (--metrics-dir) and the incident rows say what happened.");
   }
+  for (const char* name : {"hold", "release", "tied-to"}) {
+    if (!can.hold && r.count(name)) {
+      usage_error("--" + std::string(name) +
+                      " is not available on this system yet: looplock cannot detach a "
+                      "holder or pin a process here",
+                  "Hold the lock for one command at a time (looplock DIR -c 'step1 && step2'), or take the hold "
+                  "from a Linux host.");
+    }
+  }
   if (!can.holders && r.count("holders")) {
     usage_error("--holders is not available on this system yet: looplock cannot watch its index files here",
                 "Leave --holders out (one run holds the lock at a time), or run the N-holder loop from a Linux host.");
@@ -460,13 +513,20 @@ void check_applicable(const cxxopts::ParseResult& r, const Options& o) {
     if (!given(r, o, spec.name) || (spec.name == "etcd" && !r.count("etcd"))) continue;
     const std::string shown = option_shown(spec);
     if (o.mode == Mode::Inspect && !(spec.applies & kInInspect)) usage_error(shown + " does not apply to --inspect");
-    if (o.mode == Mode::Run && !(spec.applies & kInRun)) {
-      usage_error(shown + " only applies to --inspect",
+    if (o.mode == Mode::Release && !(spec.applies & kInRelease)) {
+      usage_error(shown + " does not apply to --release",
+                  "looplock --release [VALUE], or looplock --release --force DIR.");
+    }
+    if ((o.mode == Mode::Run || o.mode == Mode::Hold) && !(spec.applies & kInRun)) {
+      usage_error(shown + (spec.applies == kInRelease ? " only applies to --release" : " only applies to --inspect"),
                   spec.name == "json" ? "Use --log-format json for JSON log lines." : std::string(kTryHelp));
+    }
+    if (spec.name == "tied-to" && o.mode != Mode::Hold) {
+      usage_error("--tied-to only applies to --hold", "looplock --hold --max-time DURATION --tied-to PID DIR");
     }
     if (spec.needs_etcd && o.cluster.etcd.empty()) usage_error(shown + " applies only with --etcd ENDPOINTS");
   }
-  if (o.mode != Mode::Run) return;
+  if (o.mode != Mode::Run && o.mode != Mode::Hold) return;
   for (const auto& spec : option_table()) {
     if (spec.not_with_no_fork && no_fork && given(r, o, spec.name)) {
       usage_error(option_shown(spec) + (spec.name == "etcd" && !r.count("etcd") ? " ($LOOPLOCK_ETCD)" : "") +
@@ -758,6 +818,8 @@ void read_inspect(const cxxopts::ParseResult& r, const Split& split, Options& o)
 }
 
 // The command, and who runs what: --agent, --operation and their defaults.
+void read_identity(const cxxopts::ParseResult& r, const Environment& env, Options& o, const std::string& derived);
+
 void read_command(const cxxopts::ParseResult& r, const Split& split, const Environment& env, Options& o) {
   if (split.shell_command) {
     if (split.shell_command->empty()) {
@@ -778,6 +840,47 @@ void read_command(const cxxopts::ParseResult& r, const Split& split, const Envir
                 "Put '--' between DIR and the command: looplock [OPTIONS] DIR -- COMMAND [ARG]..., or use "
                 "-c SHELL-COMMAND.");
   }
+  read_identity(r, env, o, o.shell_form ? base_name(o.command[0]) : derive_operation(o.command));
+  if (o.once_per.period && o.identity.operation.size() > kMaxOncePerName) {
+    usage_error("--once-per needs an operation name of at most " + std::to_string(kMaxOncePerName) + " bytes (" +
+                    std::to_string(o.identity.operation.size()) + " given)",
+                "Its slot is found by the whole name; give a shorter --operation NAME.");
+  }
+}
+
+// --hold: no command, a --max-time, a policy that never skips, and the tie.
+void read_hold(const cxxopts::ParseResult& r, const Split& split, const Environment& env, Options& o) {
+  if (r.count("tied-to")) {
+    const std::string& text = text_of(r, "tied-to");
+    const auto pid = parse_int(text);
+    if (pid && *pid == 0) {
+      usage_error("--tied-to 0: there is no process 0 to tie the hold to",
+                  "In a container job $PPID is 0 (the step's shell is the container's first process): leave "
+                  "--tied-to out there and release the hold in a last step that always runs; --max-time still "
+                  "ends it.");
+    }
+    if (!pid || *pid < 0) usage_error("invalid --tied-to " + quote(text) + ": expected a process id");
+    o.hold.tied_to = static_cast<Pid>(*pid);
+  }
+  if (split.saw_dashdash || split.shell_command) {
+    usage_error("--hold takes no command: the hold keeps the lock for later steps",
+                "Run each later step as looplock DIR -- COMMAND with LOOPLOCK_HOLD in its environment.");
+  }
+  if (!o.limits.max_time) {
+    usage_error("--hold needs --max-time DURATION",
+                "A hold nobody releases (a cancelled job) must still end: give the longest the steps may take, "
+                "e.g. --max-time 30m.");
+  }
+  if (o.wait.policy == Policy::SingleFlight || o.wait.policy == Policy::Coalesce) {
+    usage_error("-p " + std::string(policy_name(o.wait.policy)) +
+                    " cannot be used with --hold: a skip would let the later steps go on without the lock",
+                "Use -p mutation (with -w) or -p blocking: a hold that cannot be taken then exits 75 (or -E).");
+  }
+  read_identity(r, env, o, "hold");
+}
+
+// --agent and --operation, and their defaults (`derived`: the operation's).
+void read_identity(const cxxopts::ParseResult& r, const Environment& env, Options& o, const std::string& derived) {
   for (const char* name : {"agent", "operation"}) {
     if (r.count(name) && text_of(r, name).empty()) {
       usage_error("invalid --" + std::string(name) + " '': expected a non-empty " +
@@ -792,19 +895,13 @@ void read_command(const cxxopts::ParseResult& r, const Split& split, const Envir
                                       : (env.looplock_agent && !env.looplock_agent->empty()
                                              ? *env.looplock_agent
                                              : (env.user_name ? env.user_name() : std::string("unknown")));
-  o.identity.operation = r.count("operation") ? text_of(r, "operation")
-                                              : (o.shell_form ? base_name(o.command[0]) : derive_operation(o.command));
+  o.identity.operation = r.count("operation") ? text_of(r, "operation") : derived;
   // Runs coalesce by operation: a default taken from the command would let
   // `status.py --tick` and `status.py --check-gate` absorb each other.
   if (o.wait.policy == Policy::Coalesce && !r.count("operation")) {
     usage_error("-p coalesce needs --operation NAME",
                 "Runs of one operation coalesce: a tick that finds one already waiting is absorbed by it. Name "
                 "the operation explicitly, e.g. looplock -p coalesce --operation tick DIR -- ./status.py --tick");
-  }
-  if (o.once_per.period && o.identity.operation.size() > kMaxOncePerName) {
-    usage_error("--once-per needs an operation name of at most " + std::to_string(kMaxOncePerName) + " bytes (" +
-                    std::to_string(o.identity.operation.size()) + " given)",
-                "Its slot is found by the whole name; give a shorter --operation NAME.");
   }
 }
 
@@ -822,8 +919,8 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
     o.mode = Mode::Version;
     return o;
   }
-  o.mode = r.count("inspect") ? Mode::Inspect : Mode::Run;
-  read_dirs(r, o);
+  o.mode = mode_of(r);
+  read_dirs(r, env, o);
   read_endpoints(r, env, o);
   check_system(r, o);
   check_applicable(r, o);
@@ -833,10 +930,15 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
     read_inspect(r, split, o);
     return o;
   }
+  if (o.mode == Mode::Release) return o;
   read_policy(r, o);
   read_lock_and_job(r, o);
   read_notify(r, o);
-  read_command(r, split, env, o);
+  if (o.mode == Mode::Hold) {
+    read_hold(r, split, env, o);
+  } else {
+    read_command(r, split, env, o);
+  }
   return o;
 }
 
@@ -857,6 +959,8 @@ LogFormat requested_log_format(int argc, char** argv) {
 const std::string& help_text() {
   static const std::string text = std::string(R"(Usage: looplock [OPTIONS] DIR -- COMMAND [ARG]...
        looplock [OPTIONS] DIR -c SHELL-COMMAND
+       looplock --hold --max-time DURATION [--tied-to PID] [OPTIONS] DIR
+       looplock --release [VALUE]    looplock --release --force DIR
        looplock --inspect [--json] [--check] [--stale-after DURATION] DIR...
 
 )") +
@@ -876,7 +980,8 @@ Examples:
 
 Exit status: COMMAND's own; 75 deadline passed; 124 --max-time passed;
 64 usage; 66 no DIR; 73 unsafe lock file; 74 DIR vanished mid-lock;
-71 OS error; 126/127 exec; 69 etcd unreachable; 76 etcd lease lost.
+71 OS error; 126/127 exec; 69 etcd unreachable; 76 etcd lease lost;
+--release: 0 released; 124/76 it had ended so; 1 no such hold.
 )";
   return text;
 }

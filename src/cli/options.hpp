@@ -29,6 +29,7 @@ struct Environment {
   std::optional<std::string> looplock_etcd_client_cert;  // $LOOPLOCK_ETCD_CLIENT_CERT
   std::optional<std::string> looplock_etcd_client_key;   // $LOOPLOCK_ETCD_CLIENT_KEY
   std::optional<std::string> looplock_etcd_password;     // $LOOPLOCK_ETCD_PASSWORD
+  std::optional<std::string> looplock_hold;              // $LOOPLOCK_HOLD: what --release ends
 };
 
 // Only the options argv names are declared to cxxopts (options.cpp says

@@ -16,6 +16,7 @@
 #include "os/unique_fd.hpp"
 #include "os/wait_status.hpp"
 #include "records/coalesce.hpp"
+#include "records/hold.hpp"
 #include "records/holders.hpp"
 #include "records/ledger.hpp"
 #include "records/survey.hpp"
@@ -238,7 +239,16 @@ HolderRecord LocalLock::this_run(const std::string& pid_start) const {
                       .released_at = std::nullopt,
                       .no_fork = request_.flags.no_fork,
                       .holders = index_ >= 0 ? request_.flags.holders : 0,
-                      .index = std::max(index_, 0)};
+                      .index = std::max(index_, 0),
+                      .hold = hold_facts()};
+}
+
+// --hold's facts, with the end --max-time gives the hold from now.
+std::optional<HoldFacts> LocalLock::hold_facts() const {
+  if (!request_.hold) return std::nullopt;
+  HoldFacts h = *request_.hold;
+  h.ends_at = sys::utc_iso8601(sys::realtime_ms() + h.max_time_ms);
+  return h;
 }
 
 // A free lock is taken at once; a held one is waited for by one run of the
@@ -286,6 +296,11 @@ void LocalLock::write_record() {
   // Where the record has a file of its own (Windows), the lock file's access
   // does not matter: that file's does (record_fd() says why it failed).
   if (file.read_only && (holder || !record_beside_lock())) {
+    if (request_.hold) {
+      throw Fatal(exit_code::kOsError,
+                  "a hold needs its holder record, and " + shown + " is read-only for looplock; the lock was let go",
+                  "Later steps confirm the hold by that record: make the lock file writable for this user.");
+    }
     log_.warn(
         "read_only_lock_file",
         shown + " is read-only for looplock: the lock is held, but no holder record can be written (" +
@@ -298,6 +313,7 @@ void LocalLock::write_record() {
   }
   record_ = this_run(pid_start_);
   if (!write_holder(holder_record_fd(), *record_)) {
+    if (request_.hold) fail_errno(exit_code::kOsError, "cannot write the hold's holder record into " + shown, errno);
     log_.warn("holder_write_failed",
               errno_message("cannot write the holder record into " +
                                 (!holder && record_beside_lock() ? sys::path_in_dir(request_.dir, kHolderName) : shown),
@@ -601,7 +617,7 @@ std::optional<OuterHolder> outer_holder(const LockRequest& request, const EnvLis
   // takes and drops it): its holder is this run's ancestor.
   if (const auto fd = inherited_lock_fd(env, lock_file);
       !shared && fd && !sys::own_fd_holds_lock(*fd, lock_file, false)) {
-    if (held_shared_only(dir)) shared = OuterHolder{0, *fd, true};
+    if (held_shared_only(dir)) shared = OuterHolder{.pid = 0, .fd = *fd, .inherited = true};
   }
   if (shared) {
     const auto index = env_get(env, env_name::kHolderIndex);
@@ -615,6 +631,27 @@ std::optional<OuterHolder> outer_holder(const LockRequest& request, const EnvLis
                 "nested_in_shared");
   }
   return std::nullopt;
+}
+
+std::optional<OuterHolder> hold_holder(const EnvList& env, const LockDir& dir, const LockTarget& target,
+                                       const Logger& log, sys::FileStatus& lock_file, std::string& etcd_key) {
+  const std::optional<std::string> text = env_get(env, env_name::kHold);
+  if (!text || text->empty()) return std::nullopt;
+  const std::optional<HoldValue> v = parse_hold_value(*text);
+  if (!v) {
+    log.warn("hold_value_invalid", "ignoring $LOOPLOCK_HOLD: it is not a value looplock --hold printed");
+    return std::nullopt;
+  }
+  if (v->lock_id != target.lock_id) return std::nullopt;  // another lock's hold
+  if (!sys::status_at(dir.fd.get(), kLockName, lock_file) || !lock_file.regular()) return std::nullopt;
+  const HoldCheck c = check_hold(*v, dir.fd.get(), lock_file);
+  if (!c.live) {
+    log.warn("hold_not_live", "$LOOPLOCK_HOLD names a hold of " + lock_display(dir.path) + " that " + c.why +
+                                  "; this run waits for the lock as any run does");
+    return std::nullopt;
+  }
+  etcd_key = v->etcd_key;
+  return OuterHolder{.pid = v->pid, .fd = -1, .inherited = false, .hold = true};
 }
 
 InheritedLock::InheritedLock(const LockRequest& request, const Logger& log, const LockDir& dir,
@@ -632,10 +669,12 @@ InheritedLock::InheritedLock(const LockRequest& request, const Logger& log, cons
 // No open, so no ownership check: the outer looplock made it; the command may
 // run as another user, under su or runuser, with the descriptor kept.
 Acquisition InheritedLock::acquire(const WaitPlan& /*plan*/, Instant /*start*/) {
-  log_.verbose("nested", std::string("already held ") +
-                             (outer_.inherited ? "through the lock descriptor this run inherited"
-                                               : "by looplock pid " + std::to_string(outer_.pid) + " (an ancestor)") +
-                             "; running inside its critical section");
+  log_.verbose("nested",
+               std::string("already held ") +
+                   (outer_.hold ? "by the hold $LOOPLOCK_HOLD names (looplock pid " + std::to_string(outer_.pid) + ")"
+                    : outer_.inherited ? "through the lock descriptor this run inherited"
+                                       : "by looplock pid " + std::to_string(outer_.pid) + " (an ancestor)") +
+                   "; running inside its critical section");
   return Acquisition::Acquired;
 }
 

@@ -65,6 +65,7 @@ private:
   // The file the holder record goes into: the lock file's, or the index's.
   int holder_record_fd() const;
   HolderRecord this_run(const std::string& pid_start) const;
+  std::optional<HoldFacts> hold_facts() const;
   void write_record();
   // Says lock_leaked when a process the job started still holds the lock: true then.
   bool report_leaks(const JobEnd& job) const;
@@ -116,6 +117,13 @@ private:
   sys::FileStatus lock_file_;
   LocalLedger ledger_;
 };
+
+// The hold across steps that $LOOPLOCK_HOLD names, when it holds this very
+// lock now (records/hold.hpp's check): this run then runs inside it. A
+// value for this lock that does not pass is a warning, and the run waits as
+// any run does. `etcd_key`: the hold's cluster key, if any.
+std::optional<OuterHolder> hold_holder(const EnvList& env, const LockDir& dir, const LockTarget& target,
+                                       const Logger& log, sys::FileStatus& lock_file, std::string& etcd_key);
 
 // The holder of this lock when this run is nested in a looplock that holds
 // it already (nesting.hpp's rules), or nullopt.

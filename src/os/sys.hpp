@@ -114,6 +114,9 @@ struct Abilities {
   // Up to N holders of one lock (--holders): index files beside the lock
   // file, waited for by watching them (posix/: inotify).
   bool holders = false;
+  // A hold across steps (--hold, --release): a detached holder, and
+  // processes pinned by a handle (posix/: pidfd_open(2)).
+  bool hold = false;
 };
 Abilities abilities();
 

@@ -12,7 +12,22 @@ namespace looplock {
 
 namespace {
 constexpr size_t kReadLimit = 64 * 1024;
+
+std::optional<HoldFacts> hold_from_json(const Json& h) {
+  if (!h.is_object()) return std::nullopt;
+  for (const char* k : {"tied_to_start", "ends_at", "secret_sha256"}) {
+    if (!h.contains(k) || !h[k].is_string()) return std::nullopt;
+  }
+  if (!h.contains("tied_to")) return std::nullopt;
+  const Json& tie = h["tied_to"];
+  if (!tie.is_null() && !(tie.is_number_integer() && tie.get<long long>() > 0 && tie.get<long long>() <= 0x7fffffff))
+    return std::nullopt;
+  return HoldFacts{.tied_to = tie.is_null() ? 0 : static_cast<Pid>(tie.get<long long>()),
+                   .tied_start = h["tied_to_start"].get<std::string>(),
+                   .ends_at = h["ends_at"].get<std::string>(),
+                   .secret_sha256 = h["secret_sha256"].get<std::string>()};
 }
+}  // namespace
 
 std::string clip_bytes(std::string s, size_t max) {
   if (s.size() <= max) return s;
@@ -39,6 +54,12 @@ Json holder_to_json(const HolderRecord& r) {
   if (r.holders > 0) {
     j["holders"] = r.holders;
     j["index"] = r.index;
+  }
+  if (r.hold) {
+    j["hold"] = {{"tied_to", r.hold->tied_to != 0 ? Json(r.hold->tied_to) : Json(nullptr)},
+                 {"tied_to_start", r.hold->tied_start},
+                 {"ends_at", r.hold->ends_at},
+                 {"secret_sha256", r.hold->secret_sha256}};
   }
   return j;
 }
@@ -71,6 +92,10 @@ std::optional<HolderRecord> holder_from_json(const Json& j) {
   r.no_fork = j.value("no_fork", false);
   r.holders = j.value("holders", 0);
   r.index = j.value("index", 0);
+  if (j.contains("hold")) {
+    r.hold = hold_from_json(j["hold"]);
+    if (!r.hold) return std::nullopt;
+  }
   return r;
 }
 
@@ -127,6 +152,16 @@ std::string encode_holder(const HolderRecord& r) {
   }
   if (r.no_fork) body += ",\"no_fork\":true";
   if (r.holders > 0) body += ",\"holders\":" + std::to_string(r.holders) + ",\"index\":" + std::to_string(r.index);
+  if (r.hold) {
+    body += ",\"hold\":{\"tied_to\":" + (r.hold->tied_to != 0 ? std::to_string(r.hold->tied_to) : "null") +
+            ",\"tied_to_start\":";
+    append_json_string(body, r.hold->tied_start);
+    body += ",\"ends_at\":";
+    append_json_string(body, r.hold->ends_at);
+    body += ",\"secret_sha256\":";
+    append_json_string(body, r.hold->secret_sha256);
+    body += "}";
+  }
   // "check" goes last, over everything before it.
   return seal(body);
 }

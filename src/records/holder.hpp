@@ -7,6 +7,7 @@
 // whole one.
 #pragma once
 
+#include "base/hold_facts.hpp"
 #include "base/json.hpp"
 #include "os/ids.hpp"
 
@@ -39,6 +40,9 @@ struct HolderRecord {
   // exclusive holder's).
   int holders = 0;
   int index = 0;
+  // --hold: the hold's tie, end and secret's hash, written as "hold" only
+  // then.
+  std::optional<HoldFacts> hold;
 };
 
 Json holder_to_json(const HolderRecord& r);

@@ -102,7 +102,8 @@ std::optional<OuterHolder> find_outer_holder(const EnvList& env, int dirfd, cons
   const Pid named = pid && *pid > 0 && *pid <= 0x7fffffff ? static_cast<Pid>(*pid) : 0;
   // This process's own descriptor, inherited from the outer looplock.
   for (auto fd : {holder_fd, to_fd(env_get(env, env_name::kFd))}) {
-    if (fd && holds_through(*fd, dirfd, lock_file, exclusive)) return OuterHolder{named, *fd, true};
+    if (fd && holds_through(*fd, dirfd, lock_file, exclusive))
+      return OuterHolder{.pid = named, .fd = *fd, .inherited = true};
   }
   // The outer looplock's descriptor: it must be a live ancestor. Pids are
   // only comparable when /proc shows this process's own pid namespace.
@@ -113,7 +114,7 @@ std::optional<OuterHolder> find_outer_holder(const EnvList& env, int dirfd, cons
   } else if (!sys::fd_holds_lock(named, *holder_fd, lock_file, exclusive)) {
     return std::nullopt;
   }
-  return OuterHolder{named, *holder_fd, false};
+  return OuterHolder{.pid = named, .fd = *holder_fd, .inherited = false};
 }
 
 std::optional<int> inherited_lock_fd(const EnvList& env, const sys::FileStatus& lock_file) {

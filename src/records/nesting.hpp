@@ -27,6 +27,7 @@ struct OuterHolder {
   Pid pid;         // the outer looplock, as the environment names it (0 if it does not)
   int fd;          // the descriptor through which the lock is held
   bool inherited;  // the descriptor is this process's own
+  bool hold = false;  // a hold across steps that $LOOPLOCK_HOLD names (fd: -1)
 };
 
 // The outer holder of the lock file `lock_file` (found in DIR, open as

@@ -149,12 +149,23 @@ OperatorTools operator_tools(const LockFacts& f) {
   return {"fuser or lsof", "ps, strace"};
 }
 
+// DIR, from DIR/.state.lock as given.
+std::string hold_dir(const std::string& lock_path) {
+  const size_t name = std::string_view(kLockName).size() + 1;  // and its separator
+  return lock_path.size() > name ? lock_path.substr(0, lock_path.size() - name) : std::string(".");
+}
+
 std::string held_action(const Verdict& v, const LockFacts& f) {
   const OperatorTools tools = operator_tools(f);
   if (v.confirm.empty()) {
     return "another process holds the lock, which the kernel does not name" +
            (f.kernel_unknown.empty() ? std::string() : " (" + f.kernel_unknown + ")") + ": find it with " + tools.find +
            " on the lock file, and confirm it is stalled before terminating it. Never delete the lock file.";
+  }
+  if (v.read && v.read->hold && !v.read->released_at && v.record == RecordState::Current) {
+    return "a hold (looplock --hold) keeps the lock until its job runs looplock --release, its --max-time passes "
+           "or the process it is tied to ends; if the job is gone, 'looplock --release --force " +
+           hold_dir(f.lock_path) + "' ends it (it checks the holder first). Never delete the lock file.";
   }
   const bool many = v.confirm.size() > 1;
   std::string confirm = "confirm that " + pids_text(v.confirm, "is", "are") + " alive and stalled (" + tools.watch +

@@ -102,6 +102,11 @@ void Run::open() {
                         .target = target_});
   locks_ = std::move(stack.locks);
   nested_ = stack.nested;
+  if (nested_ && o_.mode == Mode::Hold) {
+    throw Fatal(exit_code::kUsage,
+                "--hold inside a run that holds " + target_.loop + "'s lock already: the hold would end with that run",
+                "Take the hold outside looplock, in its own step.");
+  }
 }
 
 // --jitter: a random time in [0, DURATION) before the first attempt, which
@@ -157,6 +162,7 @@ JobEnd Run::run_job() {
                  {{"operation", request_.identity.operation},
                   {"agent_id", request_.identity.agent},
                   {"policy", policy_name(o_.wait.policy)}});
+    if (ctx_.on_held) ctx_.on_held(spec_.env);
     JobEnd job = jobs_.run(spec_, log_);
     facts_.ran = job.ended - job.started;
     return job;

@@ -28,6 +28,21 @@ Stack build_stack(const StackSite& s) {
     stack.nested = true;
     return stack;
   }
+  // A later step of a hold across steps (--hold): inside it, once it is
+  // confirmed (with --etcd, on the cluster too, by the key the value names).
+  std::string hold_key;
+  if (o.mode == Mode::Run) {
+    if (auto hold = hold_holder(ctx.env, s.dir, s.target, s.log, lock_file, hold_key)) {
+      if (!o.cluster.etcd.empty()) {
+        const EnvList env = hold_key.empty() ? env_with(ctx.env, {}, {env_name::kEtcdKey})
+                                             : env_with(ctx.env, {{env_name::kEtcdKey, hold_key}});
+        cluster_of(ctx).confirm_outer(o, s.target, env, hold->pid, s.log);
+      }
+      stack.locks.push_back(std::make_unique<InheritedLock>(s.request, s.log, s.dir, *hold, lock_file));
+      stack.nested = true;
+      return stack;
+    }
+  }
   if (!o.cluster.etcd.empty()) {
     stack.locks.push_back(cluster_of(ctx).make(o, s.request, s.target, ctx.pid, s.log, s.reporter));
   }

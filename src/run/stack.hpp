@@ -28,6 +28,10 @@ struct Context {
   // The cluster lock (--etcd): looplock-etcd's, null in looplock, which
   // hands runs with --etcd to looplock-etcd (cli/cluster_exec.hpp).
   LockKind* cluster = nullptr;
+  // --hold's holder: called once every lock is held, just before the
+  // sentinel starts, with the command's environment; it throws Fatal when
+  // the hold cannot be reported (cli/hold.hpp).
+  std::function<void(const EnvList&)> on_held;
 };
 
 // What a factory builds a run's stack from: DIR open, and what it is called.

@@ -16,7 +16,8 @@ LockRequest lock_request(const Options& o) {
           .policy = o.wait.policy,
           .flags = o.lock,
           .once_per = o.once_per.period.has_value(),
-          .conflict_exit_code = o.wait.conflict_exit_code};
+          .conflict_exit_code = o.wait.conflict_exit_code,
+          .hold = o.hold.facts};
 }
 
 }  // namespace looplock

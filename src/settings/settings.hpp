@@ -9,14 +9,15 @@
 #include <string_view>
 #include <vector>
 
+#include "base/hold_facts.hpp"
 #include "base/log.hpp"
 #include "base/policy.hpp"
-#include "settings/endpoints.hpp"
 #include "job/job_limits.hpp"
+#include "settings/endpoints.hpp"
 
 namespace looplock {
 
-enum class Mode { Run, Inspect, Help, Version };
+enum class Mode { Run, Hold, Release, Inspect, Help, Version };
 
 // The cluster lock's settings: --etcd and its options, what src/cluster/
 // reads (a lock on etcd taken before the local one).
@@ -69,6 +70,16 @@ struct InspectSettings {
   size_t incidents = 1;  // --incidents: the newest rows --inspect shows
 };
 
+// A hold across steps: --hold's tie, and what --release ends.
+struct HoldSettings {
+  Pid tied_to = 0;            // --tied-to; 0: none
+  std::string release_value;  // --release VALUE, or $LOOPLOCK_HOLD
+  bool force = false;         // --release --force DIR
+  // The holder's facts for its record, set by the holder process once it
+  // has detached (cli/hold.hpp).
+  std::optional<HoldFacts> facts;
+};
+
 // Who runs what: the holder record's, the incident rows', the ledger's.
 struct Identity {
   std::string agent;      // resolved: --agent, $LOOPLOCK_AGENT, user name
@@ -113,6 +124,7 @@ struct Options {
   NotifySettings notify;     // --notify and its options
   ClusterSettings cluster;   // --etcd and its options
   InspectSettings inspect;   // --inspect's
+  HoldSettings hold;         // --hold, --tied-to, --release, --force
 };
 
 // What each lock of a run is asked for, whatever its kind (lock/lock.hpp),
@@ -126,6 +138,7 @@ struct LockRequest {
   LockFlags flags;
   bool once_per = false;
   int conflict_exit_code = 75;  // -E: also a nested run's that would wait for its own holder
+  std::optional<HoldFacts> hold;  // --hold's holder: its record says so
 };
 LockRequest lock_request(const Options& o);
 

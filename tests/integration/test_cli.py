@@ -17,6 +17,8 @@ from conftest import EX_TEMPFAIL, EX_USAGE, LOOPLOCK, ROOT, TIMEOUT, incident_ro
 HELP = """\
 Usage: looplock [OPTIONS] DIR -- COMMAND [ARG]...
        looplock [OPTIONS] DIR -c SHELL-COMMAND
+       looplock --hold --max-time DURATION [--tied-to PID] [OPTIONS] DIR
+       looplock --release [VALUE]    looplock --release --force DIR
        looplock --inspect [--json] [--check] [--stale-after DURATION] DIR...
 
 Run COMMAND while holding the advisory lock on DIR/.state.lock (flock(2)),
@@ -54,6 +56,15 @@ Schedule:
       --once-per DURATION     run at most once per DURATION (a run ledger;
                               skip, exit 0, when the slot's run is done)
       --jitter DURATION       wait a random time below DURATION first
+Hold across steps:
+      --hold                  take DIR's lock in a detached holder and print
+                              LOOPLOCK_HOLD=VALUE once held (no COMMAND;
+                              needs --max-time)
+      --tied-to PID           with --hold: end the hold when PID exits
+      --release               end the hold $LOOPLOCK_HOLD (or the VALUE
+                              given) names: looplock --release [VALUE]
+      --force                 with --release, and DIR: end DIR's hold once
+                              the kernel confirms its holder
 Output:
   -v, --verbose               report waiting, acquiring and releasing
   -q, --quiet                 errors only (a single_flight skip is silent)
@@ -96,7 +107,8 @@ Examples:
 
 Exit status: COMMAND's own; 75 deadline passed; 124 --max-time passed;
 64 usage; 66 no DIR; 73 unsafe lock file; 74 DIR vanished mid-lock;
-71 OS error; 126/127 exec; 69 etcd unreachable; 76 etcd lease lost.
+71 OS error; 126/127 exec; 69 etcd unreachable; 76 etcd lease lost;
+--release: 0 released; 124/76 it had ended so; 1 no such hold.
 """
 
 

@@ -28,7 +28,8 @@ HolderRecord me(const std::string& operation) {
                       .operation = operation,
                       .policy = "coalesce",
                       .acquired_at = "2026-12-04T10:00:00.000Z",
-                      .released_at = std::nullopt};
+                      .released_at = std::nullopt,
+                      .hold = std::nullopt};
 }
 
 std::string read_all(const std::string& path) {

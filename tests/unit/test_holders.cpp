@@ -34,7 +34,8 @@ TEST_CASE("a holder record carries N and its index; one without them is the excl
                            .operation = "deploy",
                            .policy = "mutation",
                            .acquired_at = "2026-12-04T10:00:00.000Z",
-                           .released_at = std::nullopt};
+                           .released_at = std::nullopt,
+                           .hold = std::nullopt};
   CHECK(looplock::encode_holder(r).find("holders") == std::string::npos);
   r.holders = 3;
   r.index = 2;

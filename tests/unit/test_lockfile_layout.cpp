@@ -49,7 +49,8 @@ TEST_CASE("no locked byte is read or written through another handle") {
                    .operation = "o",
                    .policy = "mutation",
                    .acquired_at = "2026-12-04T00:00:00.000Z",
-                   .released_at = std::nullopt};
+                   .released_at = std::nullopt,
+                   .hold = std::nullopt};
     REQUIRE(write_holder(record_fd(file), r));
     const UniqueFd reader = sys::open_in(dir.fd.get(), record_name(), {.access = sys::OpenIn::Access::Read});
     REQUIRE(reader);

@@ -131,7 +131,10 @@ TEST_CASE("an option value that looks like -- or -c is the option's value") {
 std::vector<std::pair<std::string, std::string>> value_options_from_help() {
   std::vector<std::pair<std::string, std::string>> out;  // {short or "", long}
   std::regex re(R"((?:^|\s)(?:-([A-Za-z]), )?--([a-z][a-z-]*) [A-Z]+)");
-  const std::string& help = looplock::help_text();
+  // The options part only: the usage lines name some options again.
+  const std::string& all = looplock::help_text();
+  const size_t from = all.find("\nPolicy:\n");
+  const std::string help = all.substr(from, all.find("\nExamples:") - from);
   for (auto it = std::sregex_iterator(help.begin(), help.end(), re); it != std::sregex_iterator(); ++it) {
     out.emplace_back((*it)[1].str(), (*it)[2].str());
   }
@@ -171,14 +174,15 @@ TEST_CASE("every value-taking option is classified by the splitter") {
                                        "notify-on",
                                        "notify-timeout",
                                        "notify-after",
-                                       "holders"});
+                                       "holders",
+                                       "tied-to"});
 
   std::vector<std::string> spellings;
   for (const auto& [s, l] : opts) {
     spellings.push_back("--" + l);
     if (!s.empty()) spellings.push_back("-" + s);
   }
-  CHECK(spellings.size() == 32);
+  CHECK(spellings.size() == 33);
   for (const auto& spelling : spellings) {
     CAPTURE(spelling);
     // The value is "--": if the splitter did not know that the option takes
@@ -192,6 +196,8 @@ TEST_CASE("every value-taking option is classified by the splitter") {
     if (spelling == "--warn-before") etcd = {"--max-time", "5s"};
     // --notify's options need --notify.
     if (spelling.starts_with("--notify-")) etcd = {"--notify", "true"};
+    // --tied-to applies to --hold.
+    if (spelling == "--tied-to") etcd = {"--hold", "--max-time", "5s"};
     const bool inspect_only = spelling == "--stale-after" || spelling == "--incidents";
     if (inspect_only) {
       args = {"--inspect", spelling, "--", "DIR"};
@@ -734,7 +740,9 @@ TEST_CASE("the option table: every option is a usage error where it does not app
   for (const auto& spec : looplock::option_table()) {
     const std::string name(spec.name);
     CAPTURE(name);
-    if (name == "help" || name == "version" || name == "inspect" || name == "unlock") continue;
+    if (name == "help" || name == "version" || name == "inspect" || name == "unlock" || name == "hold" ||
+        name == "release")
+      continue;
     Args given = {"--" + name};
     if (!spec.value.empty()) given.push_back(name == "etcd" ? "http://127.0.0.1:2379" : "1");
     const Args etcd = spec.needs_etcd ? Args{"--etcd", "http://127.0.0.1:2379"} : Args{};
@@ -755,7 +763,8 @@ TEST_CASE("the option table: every option is a usage error where it does not app
     if (!(spec.applies & looplock::kInRun)) {
       auto f = parse_failure(with({}, {"DIR", "--", "x"}));
       REQUIRE(f);
-      CHECK(f->message == shown + " only applies to --inspect");
+      CHECK(f->message == shown + (spec.applies == looplock::kInRelease ? " only applies to --release"
+                                                                        : " only applies to --inspect"));
     }
     if (spec.needs_etcd) {
       Args a = given;

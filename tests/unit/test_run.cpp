@@ -206,7 +206,8 @@ Outcome run_with(const Options& o, const testutil::TempDir& dir, FakeLock::Scrip
     const Context ctx{.env = {"PATH=/usr/bin:/bin"},
                       .pid = getpid(),
                       .start = looplock::MonotonicClock::now(),
-                      .start_wall_ms = sys::realtime_ms()};
+                      .start_wall_ms = sys::realtime_ms(),
+                      .on_held = {}};
     FakeJobs jobs(job);
     auto factory = [&](const StackSite&) {
       Stack stack;
@@ -404,8 +405,11 @@ TEST_CASE("Run, a job that cannot start: the locks are let go (abandoned) and th
   FakeLock::Calls calls;
   RunFacts facts;
   Logger log(Verbosity::Quiet, LogFormat::Json, -1);
-  const Context ctx{
-      .env = {}, .pid = getpid(), .start = looplock::MonotonicClock::now(), .start_wall_ms = sys::realtime_ms()};
+  const Context ctx{.env = {},
+                    .pid = getpid(),
+                    .start = looplock::MonotonicClock::now(),
+                    .start_wall_ms = sys::realtime_ms(),
+                    .on_held = {}};
   FakeJobs jobs(ended(0));
   auto factory = [&](const StackSite&) {
     Stack s;

@@ -239,6 +239,18 @@ def test_what_windows_cannot_do_is_a_usage_error_with_a_hint(loop_dir, args, wor
     assert not (loop_dir / ".state.lock").exists()
 
 
+@pytest.mark.parametrize("args,word", [(["--hold", "--max-time", "5m"], "--hold"),
+                                       (["--hold", "--max-time", "5m", "--tied-to", "4"], "--hold"),
+                                       (["--release", "--force"], "--release")])
+def test_a_hold_across_steps_is_a_usage_error_with_a_hint(loop_dir, args, word):
+    r = looplock(*args, loop_dir)
+    assert r.returncode == 64
+    lines = r.stderr.splitlines()
+    assert lines[0].startswith(f"looplock: {word} is not available on this system"), r.stderr
+    assert len(lines) == 2  # the hint
+    assert not (loop_dir / ".state.lock").exists()
+
+
 def test_the_command_never_gets_the_lock(loop_dir):
     r = looplock(loop_dir, "--", "cmd", "/c", "set LOOPLOCK")
     assert "LOOPLOCK_FD=" not in r.stdout and "LOOPLOCK_DIR=" in r.stdout

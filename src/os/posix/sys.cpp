@@ -151,7 +151,8 @@ Abilities abilities() {
           .permission_bits = true,
           .case_sensitive_names = true,
           .notify = true,
-          .holders = true};
+          .holders = true,
+          .hold = true};
 }
 
 Pid own_pid() { return getpid(); }

@@ -1,0 +1,147 @@
+#include "cli/release.hpp"
+
+#include <cstring>
+
+#include "base/error.hpp"
+#include "base/exit_codes.hpp"
+#include "base/text.hpp"
+#include "os/digest.hpp"
+#include "os/files.hpp"
+#include "os/hold_process.hpp"
+#include "os/lock_holders.hpp"
+#include "os/process.hpp"
+#include "os/sys.hpp"
+#include "records/hold.hpp"
+#include "records/lockfile.hpp"
+
+namespace looplock {
+
+namespace {
+
+// How long the holder may take to let go once told (with --etcd it revokes
+// its lease, which may wait for an unreachable etcd).
+constexpr std::chrono::milliseconds kLetGo{60000};
+
+constexpr int kNoSuchHold = 1;
+
+struct OpenDir {
+  UniqueFd fd;
+  sys::FileStatus lock_file;
+  bool has_lock_file = false;
+};
+
+OpenDir open_dir(const std::string& dir) {
+  OpenDir d;
+  d.fd = sys::open_directory(dir);
+  if (d.fd) d.has_lock_file = sys::status_at(d.fd.get(), kLockName, d.lock_file) && d.lock_file.regular();
+  return d;
+}
+
+std::string how_ended(int code) {
+  return code == exit_code::kMaxTime ? "--max-time passed" : "its etcd lease was lost";
+}
+
+// Tells the pinned holder to let go (TERM: its sentinel ends, it releases
+// like any run) and waits for it. Returns the status: 0, or how it ended
+// by itself meanwhile.
+int let_go(const sys::PinnedProcess& holder, Pid pid, const std::string& start, const std::string& secret_sha256,
+           int dirfd, const std::string& shown, const Logger& log) {
+  if (!holder.terminate()) fail_errno(exit_code::kOsError, "cannot signal hold process " + std::to_string(pid), errno);
+  if (!holder.wait_end(kLetGo)) {
+    throw Fatal(exit_code::kOsError,
+                "hold process " + std::to_string(pid) + " was told to let go of " + shown +
+                    " but has not ended within " + std::to_string(kLetGo.count() / 1000) + " s",
+                "looplock --inspect " + shown + " shows who holds it; looplock --release --force ends it again.");
+  }
+  if (const auto code = hold_ended_by(dirfd, pid, start, secret_sha256)) {
+    log.warn("hold_ended", "the hold of " + shown + " had ended by itself first: " + how_ended(*code));
+    return *code;
+  }
+  log.verbose("released", "released the hold of " + shown + " (looplock pid " + std::to_string(pid) + ")");
+  return exit_code::kOk;
+}
+
+int release_value(const std::string& text, const Logger& log) {
+  const std::optional<HoldValue> v = parse_hold_value(text);
+  if (!v) {
+    throw Fatal(exit_code::kUsage, "not a hold's value: " + quote(printable(text)),
+                "--release reads what looplock --hold printed after LOOPLOCK_HOLD=, from $LOOPLOCK_HOLD or as "
+                "its argument.");
+  }
+  const std::string shown = sys::path_in_dir(v->dir, kLockName);
+  const OpenDir d = open_dir(v->dir);
+  if (!d.fd || !d.has_lock_file) {
+    log.error("no_such_hold", "no such hold: " + shown + " cannot be read (" + std::strerror(errno) + ")");
+    return kNoSuchHold;
+  }
+  const std::string hash = sys::sha256_hex(v->secret);
+  const HoldCheck c = check_hold(*v, d.fd.get(), d.lock_file);
+  std::optional<sys::PinnedProcess> holder;
+  if (c.live) holder = sys::PinnedProcess::pin(v->pid, v->start);
+  if (!holder) {
+    if (const auto code = hold_ended_by(d.fd.get(), v->pid, v->start, hash)) {
+      log.error("hold_ended", "the hold of " + shown + " had already ended: " + how_ended(*code));
+      return *code;
+    }
+    log.error("no_such_hold", "no such hold of " + shown + ": the hold " + (c.live ? "has just ended" : c.why));
+    return kNoSuchHold;
+  }
+  return let_go(*holder, v->pid, v->start, hash, d.fd.get(), shown, log);
+}
+
+// What the kernel must confirm of the record's hold before --force ends
+// it; empty when it does.
+std::string unconfirmed(const HolderRecord& r, const sys::FileStatus& lock_file) {
+  const std::string pid = std::to_string(r.pid);
+  const auto table = sys::lock_table(lock_file);
+  if (!table) return std::string("the system's lock table cannot be read (") + std::strerror(errno) + ")";
+  bool holds = false;
+  for (const auto& h : table->holders) holds = holds || (h.exclusive && (h.pid == r.pid || h.locked_by == r.pid));
+  if (!holds) return "process " + pid + " does not hold it (the kernel shows another holder, or none)";
+  std::optional<std::string> exe = sys::process_executable(r.pid);
+  std::string name = exe ? *exe : sys::process_name(r.pid).value_or("");
+  if (const size_t slash = name.rfind('/'); slash != std::string::npos) name.erase(0, slash + 1);
+  if (name.ends_with(" (deleted)")) name.erase(name.size() - 10);
+  if (name != "looplock" && name != "looplock-etcd") return "process " + pid + " is not looplock (" + name + ")";
+  if (sys::process_start(r.pid) != r.pid_start) return "process " + pid + " has another start time than the record's";
+  return {};
+}
+
+int release_forced(const std::string& dir, const Logger& log) {
+  const std::string shown = sys::path_in_dir(dir, kLockName);
+  const OpenDir d = open_dir(dir);
+  if (!d.fd) fail_errno(exit_code::kNoInput, "cannot open " + dir, errno);
+  const UniqueFd fd =
+      d.has_lock_file ? sys::open_in(d.fd.get(), record_name(), {.access = sys::OpenIn::Access::Read}) : UniqueFd();
+  const HolderRead read = fd ? read_holder(fd.get()) : HolderRead{};
+  const HolderRecord* r = read.record ? &*read.record : nullptr;
+  if (!r || r->released_at) {
+    log.error("no_such_hold", "no hold of " + shown + ": its holder record names no current holder");
+    return kNoSuchHold;
+  }
+  if (!r->hold) {
+    log.error("no_such_hold",
+              shown + " is held by a run, not by a hold (looplock pid " + std::to_string(r->pid) + ", operation " +
+                  printable(r->operation) + "); --release --force ends only holds",
+              "End that run itself, or wait for it.");
+    return kNoSuchHold;
+  }
+  if (const std::string why = unconfirmed(*r, d.lock_file); !why.empty()) {
+    log.error("no_such_hold", "not ending the hold that the holder record of " + shown + " names: " + why);
+    return kNoSuchHold;
+  }
+  const std::optional<sys::PinnedProcess> holder = sys::PinnedProcess::pin(r->pid, r->pid_start);
+  if (!holder) {
+    log.error("no_such_hold", "no such hold of " + shown + ": it has just ended");
+    return kNoSuchHold;
+  }
+  return let_go(*holder, r->pid, r->pid_start, r->hold->secret_sha256, d.fd.get(), shown, log);
+}
+
+}  // namespace
+
+int release_hold(const Options& o, const Logger& log) {
+  return o.hold.force ? release_forced(o.dir, log) : release_value(o.hold.release_value, log);
+}
+
+}  // namespace looplock

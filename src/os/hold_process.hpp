@@ -1,0 +1,75 @@
+// What a hold across steps (--hold, --release) asks of the system: a holder
+// process detached from the caller (its own session, stdio on /dev/null,
+// working directory /) that reports once it holds the lock; the sentinel
+// that stands in for a command while the hold lasts; and a process named by
+// its pid and start time, signalled and waited for without a pid reused in
+// between ever being hit. posix/hold_process.cpp implements it (pidfd_open(2),
+// signalfd(2)); windows/: ENOSYS throughout (abilities().hold is false).
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "os/ids.hpp"
+#include "os/unique_fd.hpp"
+
+namespace looplock::sys {
+
+// fork(2) for --hold. In the parent: the child's pid and the read end of its
+// report pipe. In the child (pid 0): the write end; the child is the leader
+// of a session of its own, its working directory is /, its stdin and stdout
+// are /dev/null and its stderr is still the caller's (until report_held()).
+// nullopt (errno set) when it cannot be done.
+struct Detached {
+  Pid pid = 0;
+  UniqueFd report;
+};
+std::optional<Detached> detach_holder();
+
+// The child, holding the lock: stderr onto /dev/null too, then `line` on
+// the report pipe, which it then closes. False (errno set) when the line
+// cannot be written (the caller is gone: EPIPE).
+bool report_held(UniqueFd report, std::string_view line);
+
+// The parent: what the child reported, or how it ended without a report.
+// While it waits, TERM, INT and HUP sent to the parent are passed to the
+// child as TERM (it then stops waiting or lets go); `signal` says which
+// came, 0 if none.
+struct HolderReport {
+  std::optional<std::string> line;  // the child's line (it holds the lock)
+  int wait_status = 0;              // without a line: the child's wait status
+  int signal = 0;
+};
+HolderReport await_holder(Pid child, int report_fd);
+
+// The sentinel: blocks until TERM, INT or HUP arrives, or, when `tied_to`
+// is not 0, until that process (which must have the start time `tied_start`)
+// has ended; returns 0 then. Returns 1 at once when the tie is already gone,
+// 71 when the system cannot watch it.
+int hold_sentinel(Pid tied_to, std::string_view tied_start);
+
+// A process pinned by a handle (posix/: a pidfd) once its start time is
+// confirmed: signals and waits reach it and never a later process given the
+// same pid.
+class PinnedProcess {
+public:
+  // nullopt (errno set: ESRCH when there is no such process or it has
+  // another start time) when it cannot be pinned.
+  static std::optional<PinnedProcess> pin(Pid pid, const std::string& start);
+  // TERM through the handle; false (errno set) on failure.
+  bool terminate() const;
+  // Waits until it has ended, at most `bound`; true once it has.
+  bool wait_end(std::chrono::milliseconds bound) const;
+
+private:
+  explicit PinnedProcess(UniqueFd fd) : fd_(std::move(fd)) {}
+  UniqueFd fd_;
+};
+
+// The absolute path of process `pid`'s executable (posix/: /proc/PID/exe),
+// nullopt when it cannot be read (another user's process, no /proc).
+std::optional<std::string> process_executable(Pid pid);
+
+}  // namespace looplock::sys

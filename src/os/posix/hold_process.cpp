@@ -1,0 +1,169 @@
+#include "os/hold_process.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/signalfd.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+
+#include "os/process.hpp"
+#include "os/sys.hpp"
+
+namespace looplock::sys {
+
+namespace {
+
+// TERM, INT and HUP, blocked and read from a signalfd while a hold's
+// processes wait; the old mask comes back when it goes.
+class EndSignals {
+public:
+  EndSignals() {
+    sigemptyset(&set_);
+    for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set_, s);
+    sigprocmask(SIG_BLOCK, &set_, &old_);
+    fd_.reset(signalfd(-1, &set_, SFD_CLOEXEC | SFD_NONBLOCK));
+  }
+  ~EndSignals() { sigprocmask(SIG_SETMASK, &old_, nullptr); }
+  EndSignals(const EndSignals&) = delete;
+  EndSignals& operator=(const EndSignals&) = delete;
+
+  int fd() const { return fd_.get(); }
+  // The signal that arrived, or 0.
+  int take() const {
+    signalfd_siginfo info{};
+    if (read(fd_.get(), &info, sizeof info) != static_cast<ssize_t>(sizeof info)) return 0;
+    return static_cast<int>(info.ssi_signo);
+  }
+
+private:
+  sigset_t set_{};
+  sigset_t old_{};
+  UniqueFd fd_;
+};
+
+UniqueFd open_pidfd(Pid pid) { return UniqueFd(static_cast<int>(syscall(SYS_pidfd_open, pid, 0))); }
+
+}  // namespace
+
+std::optional<Detached> detach_holder() {
+  int ends[2];
+  if (pipe2(ends, O_CLOEXEC) != 0) return std::nullopt;
+  UniqueFd read_end(ends[0]);
+  UniqueFd write_end(ends[1]);
+  const pid_t pid = fork();
+  if (pid < 0) return std::nullopt;
+  if (pid > 0) return Detached{pid, std::move(read_end)};
+  read_end.reset();
+  // The child: nothing it does may stop at the caller's terminal, its
+  // session or its working directory (which could then not be unmounted).
+  if (setsid() < 0 || chdir("/") != 0) _exit(71);
+  const UniqueFd null(open("/dev/null", O_RDWR | O_CLOEXEC));
+  if (!null || dup2(null.get(), 0) < 0 || dup2(null.get(), 1) < 0) _exit(71);
+  return Detached{0, std::move(write_end)};
+}
+
+bool report_held(UniqueFd report, std::string_view line) {
+  const UniqueFd null(open("/dev/null", O_RDWR | O_CLOEXEC));
+  if (!null || dup2(null.get(), 2) < 0) return false;
+  // A caller that is gone makes the write fail with EPIPE; SIGPIPE is held
+  // back meanwhile and dropped if it came.
+  sigset_t pipe_set, old;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  sigprocmask(SIG_BLOCK, &pipe_set, &old);
+  const bool ok = write_all(report.get(), line);
+  const int err = errno;
+  const timespec none{0, 0};
+  while (sigtimedwait(&pipe_set, nullptr, &none) == SIGPIPE) {
+  }
+  sigprocmask(SIG_SETMASK, &old, nullptr);
+  errno = err;
+  return ok;
+}
+
+HolderReport await_holder(Pid child, int report_fd) {
+  HolderReport out;
+  const EndSignals signals;
+  std::string got;
+  for (;;) {
+    pollfd fds[2] = {{report_fd, POLLIN, 0}, {signals.fd(), POLLIN, 0}};
+    if (retry_eintr([&] { return poll(fds, 2, -1); }) < 0) break;
+    if (fds[1].revents & POLLIN) {
+      if (const int s = signals.take(); s != 0) {
+        if (out.signal == 0) out.signal = s;
+        kill(child, SIGTERM);
+      }
+    }
+    if (!(fds[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    char buf[512];
+    const ssize_t n = retry_eintr([&] { return read(report_fd, buf, sizeof buf); });
+    if (n <= 0) break;
+    got.append(buf, static_cast<size_t>(n));
+    if (got.find('\n') != std::string::npos) {
+      out.line = got.substr(0, got.find('\n'));
+      return out;
+    }
+  }
+  int status = 0;
+  if (retry_eintr([&] { return waitpid(child, &status, 0); }) == child) out.wait_status = status;
+  return out;
+}
+
+int hold_sentinel(Pid tied_to, std::string_view tied_start) {
+  const EndSignals signals;
+  if (signals.fd() < 0) return 71;
+  UniqueFd tie;
+  if (tied_to != 0) {
+    tie = open_pidfd(tied_to);
+    if (!tie) return errno == ESRCH ? 1 : 71;
+    // Opened after the pid was named: the same process only with the same start.
+    if (process_start(tied_to) != std::string(tied_start)) return 1;
+  }
+  for (;;) {
+    pollfd fds[2] = {{signals.fd(), POLLIN, 0}, {tie.get(), POLLIN, 0}};
+    if (retry_eintr([&] { return poll(fds, tie ? 2 : 1, -1); }) < 0) return 71;
+    if ((fds[0].revents & POLLIN) && signals.take() != 0) return 0;
+    if (tie && (fds[1].revents & (POLLIN | POLLHUP))) return 0;
+  }
+}
+
+std::optional<PinnedProcess> PinnedProcess::pin(Pid pid, const std::string& start) {
+  if (pid <= 0) {
+    errno = ESRCH;
+    return std::nullopt;
+  }
+  UniqueFd fd = open_pidfd(pid);
+  if (!fd) return std::nullopt;
+  if (start.empty() || process_start(pid) != start) {
+    errno = ESRCH;
+    return std::nullopt;
+  }
+  return PinnedProcess(std::move(fd));
+}
+
+bool PinnedProcess::terminate() const { return syscall(SYS_pidfd_send_signal, fd_.get(), SIGTERM, nullptr, 0) == 0; }
+
+bool PinnedProcess::wait_end(std::chrono::milliseconds bound) const {
+  pollfd p{fd_.get(), POLLIN, 0};
+  const long long until = monotonic_ms() + bound.count();
+  for (;;) {
+    const long long left = until - monotonic_ms();
+    const int r = poll(&p, 1, static_cast<int>(left > 0 ? left : 0));
+    if (r > 0) return true;
+    if (r == 0 || (r < 0 && errno != EINTR)) return false;
+  }
+}
+
+std::optional<std::string> process_executable(Pid pid) {
+  char buf[4096];
+  const std::string link = "/proc/" + std::to_string(pid) + "/exe";
+  const ssize_t n = readlink(link.c_str(), buf, sizeof buf);
+  if (n <= 0 || static_cast<size_t>(n) >= sizeof buf) return std::nullopt;
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+}  // namespace looplock::sys

@@ -1,0 +1,382 @@
+"""A hold across steps (looplock(1), HOLD ACROSS STEPS): `looplock --hold`
+takes the lock in a detached holder and prints LOOPLOCK_HOLD=VALUE; later
+steps with the value run inside it, others wait; --release, --max-time,
+--tied-to and --release --force end it. Real processes and real holders
+(flock(1), Python's fcntl.flock); every hold a test takes is killed by its
+pid afterwards, and every wait is bounded."""
+import fcntl
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import (EX_OSERR, EX_TEMPFAIL, EX_USAGE, LOOPLOCK, PY, TIMEOUT, expect_line, flock_holder,
+                      helper, incident_rows, lock_is_free, read_record, release, run, running, start, wait_until)
+
+EX_MAX_TIME = 124
+NO_SUCH_HOLD = 1
+
+
+def value_of(stdout):
+    """The value of the one LOOPLOCK_HOLD=VALUE line --hold prints."""
+    lines = stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("LOOPLOCK_HOLD="), stdout
+    return lines[0].split("=", 1)[1]
+
+
+def holder_pid(value):
+    return int(value.split(":", 1)[0])
+
+
+@pytest.fixture
+def holds():
+    """Takes holds (`looplock --hold ARGS`); each holder still running at the
+    end of the test is killed by its pid."""
+    taken = []
+
+    def take(*args, env=None):
+        r = run(["--hold", *args], env=env)
+        if r.returncode == 0:
+            taken.append(holder_pid(value_of(r.stdout)))
+        return r
+
+    yield take
+    for pid in taken:
+        if running(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def step(value, *args, **kw):
+    """A later step: looplock with the hold's value in its environment."""
+    return run(list(args), env={"LOOPLOCK_HOLD": value}, **kw)
+
+
+def unheld_env():
+    env = dict(os.environ)
+    env.pop("LOOPLOCK_HOLD", None)
+    return env
+
+
+def test_a_hold_is_held_from_one_step_to_another_and_released(holds, loop_dir, tmp_path):
+    history = tmp_path / "history"
+    r = holds("--max-time", "2m", loop_dir)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""
+    value = value_of(r.stdout)
+    pid = holder_pid(value)
+    # --hold has returned (its output closed: nothing of the holder keeps it)
+    # and the lock stays held, by that process.
+    assert running(pid)
+    assert not lock_is_free(loop_dir)
+    rec = read_record(loop_dir)
+    assert (rec["pid"], rec["operation"], rec["released_at"]) == (pid, "hold", None)
+    assert rec["hold"]["tied_to"] is None and len(rec["hold"]["secret_sha256"]) == 64
+    assert value.split(":")[2] not in (loop_dir / ".state.lock").read_text()  # the secret is never written
+
+    # A later step with the value runs at once, inside the hold...
+    s = step(value, "-v", loop_dir, "--", PY, "-c", f"open({str(history)!r}, 'a').write('step\\n')")
+    assert s.returncode == 0, s.stderr
+    assert "already held by the hold $LOOPLOCK_HOLD names" in s.stderr
+    # ... while one without it, and flock(1), wait and give up.
+    s = run(["-w", "0.3", loop_dir, "--", PY, "-c", f"open({str(history)!r}, 'a').write('other\\n')"],
+            env=unheld_env())
+    assert s.returncode == EX_TEMPFAIL, s.stderr
+    assert "operation hold" in s.stderr
+    assert subprocess.run(["flock", "-n", loop_dir / ".state.lock", "true"], timeout=TIMEOUT).returncode == 1
+    assert history.read_text() == "step\n"
+
+    rel = step(value, "--release")
+    assert (rel.returncode, rel.stdout, rel.stderr) == (0, "", "")
+    assert not running(pid)
+    assert lock_is_free(loop_dir)
+    assert read_record(loop_dir)["released_at"] is not None
+    # Released already: no such hold.
+    rel = run(["--release", value])
+    assert rel.returncode == NO_SUCH_HOLD
+    assert "has ended" in rel.stderr
+
+
+def test_the_holder_is_detached(holds, loop_dir, tmp_path):
+    """Its own session, stdio on /dev/null, working directory /: a CI step
+    that reads --hold's output until its end is never kept waiting."""
+    r = holds("--max-time", "2m", loop_dir)
+    pid = holder_pid(value_of(r.stdout))
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    assert int(fields[3]) == pid  # session id: it leads a session of its own
+    assert os.readlink(f"/proc/{pid}/cwd") == "/"
+    for fd in (0, 1, 2):
+        assert os.readlink(f"/proc/{pid}/fd/{fd}") == "/dev/null"
+    assert run(["--release", value_of(r.stdout)]).returncode == 0
+
+
+def test_a_relative_dir_is_the_same_lock_for_the_holder(holds, loop_dir):
+    r = run(["--hold", "--max-time", "2m", loop_dir.name], cwd=loop_dir.parent)
+    assert r.returncode == 0, r.stderr
+    value = value_of(r.stdout)
+    assert read_record(loop_dir)["pid"] == holder_pid(value)
+    assert step(value, "--release").returncode == 0
+
+
+def test_a_hold_waits_under_its_policy_and_prints_nothing_when_its_deadline_passes(holds, loop_dir):
+    f = flock_holder(loop_dir / ".state.lock")
+    try:
+        r = holds("--max-time", "2m", "-w", "0.3", loop_dir)
+        assert (r.returncode, r.stdout) == (EX_TEMPFAIL, "")
+        assert "lock_acquire_timeout" in r.stderr
+        r = holds("--max-time", "2m", "-w", "0.3", "-E", "9", loop_dir)
+        assert (r.returncode, r.stdout) == (9, "")
+    finally:
+        release(f)
+    rows = incident_rows(loop_dir)
+    assert [row["waiter"]["operation"] for row in rows] == ["hold", "hold"]
+
+
+def test_a_hold_waits_for_the_holder_then_holds(holds, loop_dir):
+    f = flock_holder(loop_dir / ".state.lock")
+    p = start(["--hold", "--max-time", "2m", "-p", "blocking", loop_dir])
+    try:
+        wait_until(lambda: p.pid in blocked_or_children(loop_dir, p.pid), "the hold to wait")
+        assert p.poll() is None
+    finally:
+        release(f)
+    out, err = p.communicate(timeout=TIMEOUT)
+    assert p.returncode == 0, err
+    value = value_of(out)
+    assert run(["--release", value]).returncode == 0
+
+
+def blocked_or_children(loop_dir, caller):
+    """The caller's pid when its holder (its child) is blocked on the lock."""
+    from conftest import blocked_waiters, children
+    return {caller} if set(children(caller)) & blocked_waiters(loop_dir / ".state.lock") else set()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_waiting_caller_ends_its_holder_too(loop_dir, sig):
+    """Nobody would know the hold's value: it must never hold the lock later."""
+    from conftest import children
+    f = flock_holder(loop_dir / ".state.lock")
+    p = start(["--hold", "--max-time", "2m", "-p", "blocking", loop_dir])
+    try:
+        wait_until(lambda: blocked_or_children(loop_dir, p.pid), "the hold to wait")
+        kids = children(p.pid)
+        p.send_signal(sig)
+        p.communicate(timeout=TIMEOUT)
+        assert p.returncode == 128 + sig
+        for k in kids:
+            wait_until(lambda: not running(k), f"holder {k} to end")
+    finally:
+        release(f)
+    assert lock_is_free(loop_dir)
+
+
+def test_a_killed_caller_leaves_no_hold_behind(loop_dir):
+    """KILLed while its holder waits: the holder gets the lock, cannot report
+    it (EPIPE), and lets it go."""
+    from conftest import children
+    f = flock_holder(loop_dir / ".state.lock")
+    p = start(["--hold", "--max-time", "2m", "-p", "blocking", loop_dir])
+    try:
+        wait_until(lambda: blocked_or_children(loop_dir, p.pid), "the hold to wait")
+        kids = children(p.pid)
+        p.kill()
+        p.wait(timeout=TIMEOUT)  # its holder still has the caller's stderr: no communicate()
+    finally:
+        release(f)
+    for k in kids:
+        wait_until(lambda: not running(k), f"holder {k} to end", timeout=TIMEOUT)
+    assert lock_is_free(loop_dir)
+
+
+def test_tied_to_ends_the_hold_when_that_process_is_killed(holds, loop_dir):
+    tie = subprocess.Popen(["sleep", "300"])
+    try:
+        r = holds("--max-time", "2m", "--tied-to", str(tie.pid), loop_dir)
+        assert r.returncode == 0, r.stderr
+        value = value_of(r.stdout)
+        pid = holder_pid(value)
+        assert read_record(loop_dir)["hold"]["tied_to"] == tie.pid
+        assert not lock_is_free(loop_dir)
+        tie.kill()
+        tie.wait(timeout=TIMEOUT)
+        wait_until(lambda: not running(pid), "the tied hold to end")
+    finally:
+        if tie.poll() is None:
+            tie.kill()
+            tie.wait(timeout=TIMEOUT)
+    assert lock_is_free(loop_dir)
+    assert read_record(loop_dir)["released_at"] is not None
+    rel = run(["--release", value])
+    assert rel.returncode == NO_SUCH_HOLD, rel.stderr
+
+
+def test_max_time_ends_the_hold_and_release_says_124(holds, loop_dir):
+    r = holds("--max-time", "0.5s", loop_dir)
+    assert r.returncode == 0, r.stderr
+    value = value_of(r.stdout)
+    pid = holder_pid(value)
+    wait_until(lambda: not running(pid), "--max-time to end the hold", timeout=TIMEOUT)
+    assert lock_is_free(loop_dir)
+    row = incident_rows(loop_dir)[-1]
+    assert (row["error_code"], row["holder"]["pid"], row["holder"]["operation"]) == ("max_time_exceeded", pid, "hold")
+    rel = run(["--release", value])
+    assert rel.returncode == EX_MAX_TIME
+    assert "had already ended: --max-time passed" in rel.stderr
+
+
+def test_release_force_ends_a_hold_the_kernel_confirms(holds, loop_dir):
+    r = holds("--max-time", "2m", loop_dir)
+    pid = holder_pid(value_of(r.stdout))
+    rel = run(["--release", "--force", loop_dir], env=unheld_env())
+    assert (rel.returncode, rel.stderr) == (0, "")
+    assert not running(pid)
+    assert lock_is_free(loop_dir)
+    rel = run(["--release", "--force", loop_dir])
+    assert rel.returncode == NO_SUCH_HOLD
+    assert "names no current holder" in rel.stderr
+
+
+def test_release_force_never_ends_a_run_or_a_process_a_forged_record_names(loop_dir):
+    # A run holds the lock: not a hold.
+    p = start([loop_dir, "--", PY, helper("wait_stdin.py")], stdin=subprocess.PIPE)
+    expect_line(p)
+    rel = run(["--release", "--force", loop_dir])
+    assert rel.returncode == NO_SUCH_HOLD
+    assert "is held by a run, not by a hold" in rel.stderr
+    assert p.poll() is None
+    p.stdin.close()
+    assert p.wait(timeout=TIMEOUT) == 0
+    # flock(1) holds it, and a record claims a hold by flock(1)'s pid: the
+    # kernel confirms the pid, but it is not looplock.
+    f = flock_holder(loop_dir / ".state.lock")
+    try:
+        rec = read_record(loop_dir)
+        stat = Path(f"/proc/{f.pid}/stat").read_text()
+        rec.update(pid=f.pid, pid_start=stat[stat.rindex(")") + 2:].split()[19], released_at=None,
+                   hold={"tied_to": None, "tied_to_start": "", "ends_at": rec["acquired_at"], "secret_sha256": "0" * 64})
+        rec.pop("check", None)
+        (loop_dir / ".state.lock").write_text(json.dumps(rec, separators=(",", ":")) + "\n")
+        rel = run(["--release", "--force", loop_dir])
+        assert rel.returncode == NO_SUCH_HOLD
+        assert "is not looplock" in rel.stderr
+        assert f.poll() is None
+    finally:
+        release(f)
+
+
+def test_a_wrong_or_stale_value_never_bypasses_the_lock(holds, loop_dir, tmp_path):
+    history = tmp_path / "history"
+    r = holds("--max-time", "2m", loop_dir)
+    value = value_of(r.stdout)
+    pid, start_time, secret, rest = value.split(":", 3)
+    forged = ":".join([pid, start_time, "0" * 32, rest])
+    s = step(forged, "-w", "0.3", loop_dir, "--", PY, "-c", f"open({str(history)!r}, 'a').write('forged\\n')")
+    assert s.returncode == EX_TEMPFAIL
+    assert "hold_not_live" not in s.stderr and "does not match the holder record" in s.stderr
+    s = step("not-a-value", "-w", "0.3", loop_dir, "--", "true")
+    assert s.returncode == EX_TEMPFAIL
+    assert "ignoring $LOOPLOCK_HOLD" in s.stderr
+    assert run(["--release", forged]).returncode == NO_SUCH_HOLD
+    assert not history.exists()
+    assert step(value, "--release").returncode == 0
+    # The value of an ended hold: a run takes the lock as any run (a warning).
+    s = step(value, loop_dir, "--", PY, "-c", f"open({str(history)!r}, 'a').write('after\\n')")
+    assert s.returncode == 0
+    assert "has ended" in s.stderr
+    assert history.read_text() == "after\n"
+
+
+def test_a_value_for_another_lock_is_ignored(holds, loop_dir, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    value = value_of(holds("--max-time", "2m", other).stdout)
+    s = step(value, loop_dir, "--", "true")
+    assert (s.returncode, s.stderr) == (0, "")
+    assert step(value, "--release").returncode == 0
+
+
+def test_inspect_shows_the_hold(holds, loop_dir):
+    tie = subprocess.Popen(["sleep", "300"])
+    try:
+        value = value_of(holds("--max-time", "2m", "--tied-to", str(tie.pid), loop_dir).stdout)
+        out = run(["--inspect", loop_dir]).stdout
+        hold_line = [line for line in out.splitlines() if line.startswith("hold ")]
+        assert hold_line and f"pid {tie.pid} it is tied to" in hold_line[0], out
+        assert f"looplock --release --force {loop_dir}" in out
+        j = json.loads(run(["--inspect", "--json", loop_dir]).stdout)
+        assert j["record"]["holder"]["hold"]["tied_to"] == tie.pid
+        assert step(value, "--release").returncode == 0
+    finally:
+        tie.kill()
+        tie.wait(timeout=TIMEOUT)
+
+
+def test_a_hold_inside_a_run_of_the_same_lock_is_refused(loop_dir):
+    r = run([loop_dir, "--", LOOPLOCK, "--hold", "--max-time", "1m", loop_dir])
+    assert r.returncode == EX_USAGE
+    assert "--hold inside a run that holds" in r.stderr
+
+
+def test_a_read_only_lock_file_fails_the_hold(holds, tmpfs):
+    """Later steps confirm a hold by its record: without one it lets go."""
+    mnt = tmpfs(prepare=lambda m: (m / "loop").mkdir() or (m / "loop" / ".state.lock").touch(), ro=True)
+    r = holds("--max-time", "1m", mnt / "loop")
+    assert (r.returncode, r.stdout) == (EX_OSERR, ""), r.stderr
+    assert "a hold needs its holder record" in r.stderr
+    assert lock_is_free(mnt / "loop")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--hold", "DIR"], "--hold needs --max-time"),
+    (["--hold", "--max-time", "1m", "-p", "single_flight", "DIR"], "-p single_flight cannot be used with --hold"),
+    (["--hold", "--max-time", "1m", "-p", "coalesce", "--operation", "t", "DIR"], "-p coalesce cannot be used"),
+    (["--hold", "--max-time", "1m", "--once-per", "5m", "DIR"], "--hold and --once-per cannot be combined"),
+    (["--hold", "--max-time", "1m", "-s", "DIR"], "--hold and -s/--shared cannot be combined"),
+    (["--hold", "--max-time", "1m", "--holders", "2", "DIR"], "--hold and --holders cannot be combined"),
+    (["--hold", "--max-time", "1m", "-F", "DIR"], "needs looplock to stay the command's parent"),
+    (["--hold", "--max-time", "1m", "DIR", "--", "true"], "--hold takes no command"),
+    (["--hold", "--max-time", "1m", "--tied-to", "0", "DIR"], "--tied-to 0: there is no process 0"),
+    (["--hold", "--max-time", "1m", "--tied-to", "x", "DIR"], "invalid --tied-to 'x'"),
+    (["--tied-to", "1", "DIR", "--", "true"], "--tied-to only applies to --hold"),
+    (["--release", "--force"], "--release --force needs DIR"),
+    (["--release", "-w", "1", "x"], "-w/--timeout does not apply to --release"),
+    (["--release", "--inspect", "DIR"], "--inspect and --release cannot be combined"),
+    (["--force", "DIR", "--", "true"], "--force only applies to --release"),
+    (["--release", "garbage"], "not a hold's value"),
+])
+def test_usage_errors(loop_dir, args, message):
+    r = run([str(loop_dir) if a == "DIR" else a for a in args], env=unheld_env())
+    assert r.returncode == EX_USAGE, r.stderr
+    assert message in r.stderr.splitlines()[0], r.stderr
+    assert not (loop_dir / ".state.lock").exists()
+
+
+def test_release_without_a_value_is_a_usage_error():
+    r = subprocess.run([LOOPLOCK, "--release"], env=unheld_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == EX_USAGE
+    assert "LOOPLOCK_HOLD is not set" in r.stderr
+
+
+def test_tied_to_a_process_that_is_not_there(loop_dir):
+    p = subprocess.Popen(["true"])
+    p.wait(timeout=TIMEOUT)
+    r = run(["--hold", "--max-time", "1m", "--tied-to", str(p.pid), loop_dir])
+    assert r.returncode == EX_USAGE
+    assert "there is no such process" in r.stderr
+    assert lock_is_free(loop_dir)
+
+
+def test_python_fcntl_flock_is_excluded_by_a_hold(holds, loop_dir):
+    value = value_of(holds("--max-time", "2m", loop_dir).stdout)
+    fd = os.open(loop_dir / ".state.lock", os.O_RDWR)
+    try:
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert step(value, "--release").returncode == 0
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)

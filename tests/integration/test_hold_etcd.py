@@ -1,0 +1,108 @@
+"""A hold across steps with --etcd (looplock(1), HOLD ACROSS STEPS): the
+holder takes the cluster lock too and renews its lease; another host waits
+for it, a later step with the value runs inside it on both locks, and a
+lost lease ends it with its row (--release then exits 76). Loop dirs stand
+in for hosts on one cluster lock name; every process is stopped by its pid
+and every wait is bounded. The local half is test_hold.py."""
+import os
+import signal
+import subprocess
+
+import pytest
+
+from conftest import EX_TEMPFAIL, PY, TIMEOUT, incident_rows, lock_is_free, run, running, wait_until
+from etcdtest import EX_LEASE_LOST, needs_etcd, start_member
+from test_hold import holder_pid, value_of
+
+pytestmark = needs_etcd
+
+_names = iter(range(1_000_000))
+
+
+@pytest.fixture(scope="module")
+def etcd():
+    m = start_member()
+    yield m
+    m.remove()
+
+
+@pytest.fixture
+def held():
+    """Hold pids to kill (by pid) after the test."""
+    pids = []
+    yield pids
+    for pid in pids:
+        if running(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def hosts_of(tmp_path):
+    out = []
+    for h in ("a", "b"):
+        (tmp_path / h).mkdir()
+        out.append(tmp_path / h)
+    return out
+
+
+def test_a_hold_holds_the_cluster_lock_across_steps_and_hosts(etcd, held, tmp_path):
+    a, b = hosts_of(tmp_path)
+    history = tmp_path / "history"
+    cluster = ["--etcd", etcd.url, "--lock-name", f"hold{os.getpid()}-{next(_names)}"]
+    r = run([*cluster, "--hold", "--max-time", "2m", a])
+    assert r.returncode == 0, r.stderr
+    value = value_of(r.stdout)
+    held.append(holder_pid(value))
+    assert value.count(":") == 5  # the cluster key is in the value
+    write = lambda tag: [PY, "-c", f"open({str(history)!r}, 'a').write('{tag}\\n')"]
+    # Another host waits for the hold and gives up.
+    s = run([*cluster, "-w", "0.5", b, "--", *write("b")], env={"LOOPLOCK_HOLD": ""})
+    assert s.returncode == EX_TEMPFAIL, s.stderr
+    assert "operation hold" in s.stderr
+    # A later step on the hold's host runs inside it, on both locks.
+    s = run([*cluster, "-v", a, "--", *write("step")], env={"LOOPLOCK_HOLD": value})
+    assert s.returncode == 0, s.stderr
+    assert "already held by the hold" in s.stderr
+    rel = run(["--release", value])
+    assert (rel.returncode, rel.stderr) == (0, "")
+    assert lock_is_free(a)
+    # Let go of the cluster lock too: the other host takes it at once.
+    s = run([*cluster, "-w", "5", b, "--", *write("b-after")], env={"LOOPLOCK_HOLD": ""})
+    assert s.returncode == 0, s.stderr
+    assert history.read_text() == "step\nb-after\n"
+
+
+def test_a_step_on_another_host_with_the_value_still_waits(etcd, held, tmp_path):
+    """The value names a's lock file: on b there is nothing to confirm."""
+    a, b = hosts_of(tmp_path)
+    cluster = ["--etcd", etcd.url, "--lock-name", f"hold{os.getpid()}-{next(_names)}"]
+    value = value_of(run([*cluster, "--hold", "--max-time", "2m", a]).stdout)
+    held.append(holder_pid(value))
+    s = run([*cluster, "-w", "0.5", b, "--", "true"], env={"LOOPLOCK_HOLD": value})
+    assert s.returncode == EX_TEMPFAIL, s.stderr
+    assert run(["--release", value]).returncode == 0
+
+
+def test_a_lost_lease_ends_the_hold_and_release_says_76(held, tmp_path):
+    """etcd stops answering (SIGSTOP) for longer than the TTL: the holder
+    ends its sentinel before the lease can expire, writes its lease_lost
+    row and lets go; --release reads that row."""
+    own = start_member()
+    try:
+        (tmp_path / "a").mkdir()
+        r = run(["--etcd", own.url, "--ttl", "2", "--hold", "--max-time", "2m", tmp_path / "a"])
+        assert r.returncode == 0, r.stderr
+        value = value_of(r.stdout)
+        pid = holder_pid(value)
+        held.append(pid)
+        os.kill(own.proc.pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: not running(pid), "the hold to end on its lost lease", timeout=TIMEOUT)
+        finally:
+            os.kill(own.proc.pid, signal.SIGCONT)
+        row = incident_rows(tmp_path / "a")[-1]
+        assert (row["error_code"], row["holder"]["pid"]) == ("lease_lost", pid)
+        rel = run(["--release", value])
+        assert rel.returncode == EX_LEASE_LOST, rel.stderr
+        assert "its etcd lease was lost" in rel.stderr
+    finally:
+        own.remove()
