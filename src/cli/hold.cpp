@@ -1,6 +1,7 @@
 #include "cli/hold.hpp"
 
 #include <charconv>
+#include <cstdlib>
 #include <memory>
 
 #include "base/error.hpp"
@@ -14,21 +15,33 @@
 
 namespace looplock {
 
+namespace {
+
+std::optional<long long> number(const char* text) {
+  if (!text) return std::nullopt;
+  const std::string_view s = text;
+  long long v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size() || v < 0 || v > 0x7fffffff) return std::nullopt;
+  return v;
+}
+
+}  // namespace
+
+// `looplock --hold-sentinel HOLDER HASH [TIED_PID TIED_START]`, the lock's
+// descriptor in $LOOPLOCK_FD.
 std::optional<int> sentinel_main(int argc, char** argv) {
   if (argc < 2 || std::string_view(argv[1]) != kSentinelArg) return std::nullopt;
-  Pid tied = 0;
-  std::string_view start;
-  if (argc == 4) {
-    const std::string_view pid = argv[2];
-    long long v = 0;
-    auto [p, ec] = std::from_chars(pid.data(), pid.data() + pid.size(), v);
-    if (ec != std::errc() || p != pid.data() + pid.size() || v <= 0 || v > 0x7fffffff) return exit_code::kUsage;
-    tied = static_cast<Pid>(v);
-    start = argv[3];
-  } else if (argc != 2) {
-    return exit_code::kUsage;
-  }
-  return sys::hold_sentinel(tied, start);
+  if (argc != 4 && argc != 6) return exit_code::kUsage;
+  const auto holder = number(argv[2]);
+  const auto tied = argc == 6 ? number(argv[4]) : std::optional<long long>(0);
+  if (!holder || !tied) return exit_code::kUsage;
+  const auto fd = number(std::getenv(std::string(env_name::kFd).c_str()));
+  return sys::hold_sentinel({.holder = static_cast<Pid>(*holder),
+                             .lock_fd = fd ? static_cast<int>(*fd) : -1,
+                             .secret_sha256 = argv[3],
+                             .tied_to = static_cast<Pid>(*tied),
+                             .tied_start = argc == 6 ? argv[5] : ""});
 }
 
 namespace {
@@ -48,24 +61,28 @@ HoldFacts tie_of(Pid tied_to) {
   return facts;
 }
 
-// The holder's options: the sentinel as its command, DIR absolute (its
-// working directory is /), no lock descriptor for the sentinel.
-void make_holder_options(Options& o, const HoldFacts& facts) {
+// The holder's options: the sentinel as its command (it holds the lock's
+// descriptor, to hand it to later steps), DIR absolute (the holder's working
+// directory is /).
+void make_holder_options(Options& o, const HoldFacts& facts, Pid holder) {
   const std::optional<std::string> exe = sys::own_executable();
   if (!exe) throw Fatal(exit_code::kOsError, "cannot tell looplock's own executable (/proc/self/exe) for the hold");
-  o.command = {*exe, std::string(kSentinelArg)};
+  o.command = {*exe, std::string(kSentinelArg), std::to_string(holder), facts.secret_sha256};
   if (facts.tied_to != 0) {
     o.command.push_back(std::to_string(facts.tied_to));
     o.command.push_back(facts.tied_start);
   }
   o.shell_form = false;
-  o.lock.close_fd = true;
-  if (!o.dir.starts_with('/')) {
-    const std::optional<std::string> cwd = sys::working_dir();
-    if (!cwd) fail_errno(exit_code::kOsError, "cannot read the working directory to make DIR absolute", errno);
-    o.dir = sys::path_in_dir(*cwd, o.dir);
-  }
+  o.lock.close_fd = false;
   o.hold.facts = facts;
+}
+
+// DIR made absolute: the holder's working directory is /.
+void make_dir_absolute(Options& o) {
+  if (o.dir.starts_with('/')) return;
+  const std::optional<std::string> cwd = sys::working_dir();
+  if (!cwd) fail_errno(exit_code::kOsError, "cannot read the working directory to make DIR absolute", errno);
+  o.dir = sys::path_in_dir(*cwd, o.dir);
 }
 
 // The caller's end: the line, or the holder's own end.
@@ -89,12 +106,13 @@ std::optional<int> start_hold(Options& o, Context& ctx, const Logger& log) {
   if (!secret) fail_errno(exit_code::kOsError, "cannot draw the hold's secret (getrandom)", errno);
   facts.secret_sha256 = sys::sha256_hex(*secret);
   facts.max_time_ms = o.limits.max_time ? ms_of(*o.limits.max_time) : 0;
-  make_holder_options(o, facts);
+  make_dir_absolute(o);
   std::optional<sys::Detached> d = sys::detach_holder();
   if (!d) fail_errno(exit_code::kOsError, "cannot start the hold's holder process (fork)", errno);
   if (d->pid != 0) return caller_end(sys::await_holder(d->pid, d->report.get()), log, d->pid);
   // The holder.
   ctx.pid = sys::own_pid();
+  make_holder_options(o, facts, ctx.pid);
   auto report = std::make_shared<UniqueFd>(std::move(d->report));
   ctx.on_held = [report, secret = *secret, dir = o.dir, pid = ctx.pid](const EnvList& env) {
     HoldValue v{.pid = pid,

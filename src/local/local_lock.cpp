@@ -9,6 +9,7 @@
 #include "os/clock.hpp"
 #include "os/file_status.hpp"
 #include "os/files.hpp"
+#include "os/hold_process.hpp"
 #include "os/ids.hpp"
 #include "os/lock_holders.hpp"
 #include "os/process.hpp"
@@ -651,12 +652,32 @@ std::optional<OuterHolder> hold_holder(const EnvList& env, const LockDir& dir, c
     return std::nullopt;
   }
   etcd_key = v->etcd_key;
-  return OuterHolder{.pid = v->pid, .fd = -1, .inherited = false, .hold = true};
+  // The hold's own descriptor, from its sentinel: the command then holds
+  // the lock through it, as under any looplock (a loop script's own lock
+  // nests instead of waiting for the hold).
+  UniqueFd fd = sys::fetch_hold_fd(v->pid, v->start, v->secret);
+  if (fd && !holds_through(fd.get(), dir.fd.get(), lock_file, /*exclusive=*/true)) {
+    fd.reset();
+    errno = EPROTO;
+  }
+  if (!fd) {
+    log.warn("hold_fd_unavailable",
+             errno_message("the hold did not hand over its lock descriptor", errno) +
+                 ": the command runs inside the hold, but one that takes the lock itself (flock(1), a loop "
+                 "script's own lock) would wait for the hold");
+  }
+  return OuterHolder{.pid = v->pid, .fd = fd.release(), .inherited = true, .hold = true};
 }
 
 InheritedLock::InheritedLock(const LockRequest& request, const Logger& log, const LockDir& dir,
-                             const OuterHolder& outer, const sys::FileStatus& lock_file)
-    : request_(request), log_(log), dir_(dir), outer_(outer), lock_file_(lock_file), ledger_(dir, request.dir, log) {
+                             const OuterHolder& outer, const sys::FileStatus& lock_file, const LockTarget& target)
+    : request_(request),
+      log_(log),
+      dir_(dir),
+      outer_(outer),
+      lock_file_(lock_file),
+      target_(target),
+      ledger_(dir, request.dir, log) {
   if (!request_.once_per) return;
   // Which operation's slot the outer holder runs: its record says.
   const UniqueFd fd = sys::open_in(dir.fd.get(), record_name(), {.access = sys::OpenIn::Access::Read});
@@ -679,6 +700,17 @@ Acquisition InheritedLock::acquire(const WaitPlan& /*plan*/, Instant /*start*/) 
 }
 
 void InheritedLock::export_to(CommandSpec& spec) {
+  if (outer_.hold) {
+    // A later step of a hold: nothing is inherited from it but its value.
+    env_set(spec.env, {{env_name::kDir, target_.canonical_dir},
+                       {env_name::kLockId, target_.lock_id},
+                       {env_name::kPolicy, std::string(policy_name(request_.policy))},
+                       {env_name::kHolderPid, std::to_string(outer_.pid)}});
+    if (outer_.fd < 0 || request_.flags.close_fd) return;
+    env_set(spec.env, {{env_name::kFd, std::to_string(outer_.fd)}, {env_name::kHolderFd, std::to_string(outer_.fd)}});
+    spec.pass_fd = outer_.fd;
+    return;
+  }
   if (!request_.flags.close_fd) return;
   // -o holds inside a nested run too: the command gets no lock fd.
   if (auto fd = inherited_lock_fd(spec.env, lock_file_); fd && !sys::keep_from_commands(*fd)) {

@@ -97,7 +97,7 @@ private:
 class InheritedLock final : public Lock {
 public:
   InheritedLock(const LockRequest& request, const Logger& log, const LockDir& dir, const OuterHolder& outer,
-                const sys::FileStatus& lock_file);
+                const sys::FileStatus& lock_file, const LockTarget& target);
 
   Acquisition acquire(const WaitPlan& plan, Instant start) override;
   Blocker blocker() const override { return {}; }
@@ -115,6 +115,7 @@ private:
   bool outer_operation_ = false;  // the outer holder's record names this run's operation
   OuterHolder outer_;
   sys::FileStatus lock_file_;
+  LockTarget target_;  // a hold's later step exports it
   LocalLedger ledger_;
 };
 

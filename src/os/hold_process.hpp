@@ -44,11 +44,29 @@ struct HolderReport {
 };
 HolderReport await_holder(Pid child, int report_fd);
 
-// The sentinel: blocks until TERM, INT or HUP arrives, or, when `tied_to`
-// is not 0, until that process (which must have the start time `tied_start`)
-// has ended; returns 0 then. Returns 1 at once when the tie is already gone,
-// 71 when the system cannot watch it.
-int hold_sentinel(Pid tied_to, std::string_view tied_start);
+// The sentinel, the holder's command: blocks until TERM, INT or HUP
+// arrives, its holder (its parent) ends, or, when `tied_to` is not 0, that
+// process (which must have the start time `tied_start`) has ended; returns
+// 0 then, 1 at once when the tie or the holder is already gone, 71 when the
+// system cannot watch them. Meanwhile it hands the lock's descriptor
+// `lock_fd` (inherited from the holder) to a later step that proves it knows
+// the secret whose SHA-256 is `secret_sha256` (posix/: over an abstract Unix
+// socket named after the holder, SCM_RIGHTS), so that the step's command
+// holds the lock through a descriptor of its own, as under any looplock.
+struct SentinelSpec {
+  Pid holder = 0;
+  int lock_fd = -1;
+  std::string secret_sha256;
+  Pid tied_to = 0;
+  std::string tied_start;
+};
+int hold_sentinel(const SentinelSpec& spec);
+
+// A later step: the descriptor the hold's sentinel hands over for `secret`,
+// once the peer is confirmed to be a child of the holder `holder` (which has
+// the start time `holder_start`); an invalid UniqueFd (errno set) when it
+// cannot be had.
+UniqueFd fetch_hold_fd(Pid holder, const std::string& holder_start, std::string_view secret);
 
 // A process pinned by a handle (posix/: a pidfd) once its start time is
 // confirmed: signals and waits reach it and never a later process given the

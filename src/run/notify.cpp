@@ -122,16 +122,17 @@ EnvList notifier_env(const EnvList& env, const std::string& event) {
 constexpr std::array kEvents = {
     "usage_error", "nested_cluster_lock", "dir_missing", "not_a_directory", "dir_path_unusable", "unsafe_loop_dir",
     "unsafe_lock_file", "lock_file_unusable", "unsafe_run_ledger", "run_ledger_unusable", "unsafe_coalesce_seat",
-    "coalesce_unusable", "unsafe_holder_index", "nested_in_shared", "hold_value_invalid", "hold_not_live", "hold",
-    "hold_ended", "no_such_hold", "os_error", "out_of_memory", "stdout_write_failed", "internal_error",
-    "command_not_found", "command_not_executable", "etcd_unreachable", "etcd_error", "etcd_helper_missing", "error",
-    "lock_acquire_timeout", "max_time_exceeded", "lease_lost", "loop_dir_vanished", "noop-locked", "noop-already-run",
-    "noop-coalesced", "lock_leaked", "kill_after", "warned", "warning_not_sent", "ledger_damaged", "ledger_ahead",
-    "ledger_crowded", "ledger_write_failed", "lock_file_replaced", "holder_index_replaced", "read_only_lock_file",
-    "holder_write_failed", "incident_append_failed", "unsafe_incidents_file", "intact_unknown", "network_file_system",
-    "metrics_write_failed", "terminal", "password_file_readable", "waiting", "acquired", "released", "jitter",
-    "held_too_long", "notify_failed", "notify_unavailable", "coalesced", "absorb_unrecorded", "coalesce_unavailable",
-    "nested", "etcd_unavailable", "etcd_answering", "lease_expired",
+    "coalesce_unusable", "unsafe_holder_index", "nested_in_shared", "hold_fd_unavailable", "hold_value_invalid",
+    "hold_not_live", "hold", "hold_ended", "no_such_hold", "os_error", "out_of_memory", "stdout_write_failed",
+    "internal_error", "command_not_found", "command_not_executable", "etcd_unreachable", "etcd_error",
+    "etcd_helper_missing", "error", "lock_acquire_timeout", "max_time_exceeded", "lease_lost", "loop_dir_vanished",
+    "noop-locked", "noop-already-run", "noop-coalesced", "lock_leaked", "kill_after", "warned", "warning_not_sent",
+    "ledger_damaged", "ledger_ahead", "ledger_crowded", "ledger_write_failed", "lock_file_replaced",
+    "holder_index_replaced", "read_only_lock_file", "holder_write_failed", "incident_append_failed",
+    "unsafe_incidents_file", "intact_unknown", "network_file_system", "metrics_write_failed", "terminal",
+    "password_file_readable", "waiting", "acquired", "released", "jitter", "held_too_long", "notify_failed",
+    "notify_unavailable", "coalesced", "absorb_unrecorded", "coalesce_unavailable", "nested", "etcd_unavailable",
+    "etcd_answering", "lease_expired",
     // --notify's own
     "started", "ended", "skipped"};
 

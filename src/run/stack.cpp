@@ -24,7 +24,7 @@ Stack build_stack(const StackSite& s) {
   sys::FileStatus lock_file;
   if (auto outer = outer_holder(s.request, ctx.env, s.dir, ctx.pid, lock_file)) {
     if (!o.cluster.etcd.empty()) cluster_of(ctx).confirm_outer(o, s.target, ctx.env, outer->pid != 0 ? outer->pid : ctx.pid, s.log);
-    stack.locks.push_back(std::make_unique<InheritedLock>(s.request, s.log, s.dir, *outer, lock_file));
+    stack.locks.push_back(std::make_unique<InheritedLock>(s.request, s.log, s.dir, *outer, lock_file, s.target));
     stack.nested = true;
     return stack;
   }
@@ -38,7 +38,7 @@ Stack build_stack(const StackSite& s) {
                                              : env_with(ctx.env, {{env_name::kEtcdKey, hold_key}});
         cluster_of(ctx).confirm_outer(o, s.target, env, hold->pid, s.log);
       }
-      stack.locks.push_back(std::make_unique<InheritedLock>(s.request, s.log, s.dir, *hold, lock_file));
+      stack.locks.push_back(std::make_unique<InheritedLock>(s.request, s.log, s.dir, *hold, lock_file, s.target));
       stack.nested = true;
       return stack;
     }

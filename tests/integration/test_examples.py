@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LOOPLOCK, PY, ROOT, TIMEOUT, expect_line, fds_on, lock_is_free, read_record, running
+from conftest import (LOOPLOCK, PY, ROOT, TIMEOUT, expect_line, fds_on, lock_is_free, read_record, running,
+                      wait_until)
 from conftest import blocked_waiters as waiting_pids
 
 EXAMPLES = ROOT / "examples"
@@ -1017,3 +1018,82 @@ def test_loop_lock_on_windows_nests_only_under_a_live_ancestor_named_by_its_reco
     assert m._windows_outer_holder(windows_record(tmp_path, released_at="2026-12-04T00:00:01.000Z"), env,
                                    FakeWindows(), self_pid=30) is None
     assert m._windows_outer_holder(windows_record(tmp_path, pid=20), env, FakeWindows(), self_pid=30) is None
+
+
+# -- ci/github-actions-hold.yml: a lock held across steps -----------------------------
+
+
+def hold_workflow_steps(site):
+    """The hold workflow's run: steps, each with its `if:` (None: always run
+    while the job succeeds), its commands made to run here."""
+    yaml = pytest.importorskip("yaml", reason="python3-yaml is not installed")
+    doc = yaml.safe_load((EXAMPLES / "ci" / "github-actions-hold.yml").read_text())
+    [job] = doc["jobs"].values()
+    return [(step.get("if"), site.substitute(step["run"]).replace("${{ github.run_id }}", "4242"))
+            for step in job["steps"] if "run" in step]
+
+
+def run_steps(site, steps, github_env):
+    """Runs steps as a runner does: each in its own shell, with what earlier
+    steps appended to $GITHUB_ENV in its environment; `if:` is honoured for
+    always() && env.LOOPLOCK_HOLD != ''. Returns each step's result."""
+    env = site.env(GITHUB_ENV=str(github_env))
+    results = []
+    for condition, command in steps:
+        for line in github_env.read_text().splitlines() if github_env.exists() else []:
+            key, _, value = line.partition("=")
+            env[key] = value
+        if condition and "env.LOOPLOCK_HOLD != ''" in condition and not env.get("LOOPLOCK_HOLD"):
+            results.append(None)
+            continue
+        results.append(subprocess.run(["sh", "-e", "-c", command], env=env, cwd=site.work, capture_output=True,
+                                      text=True, errors="replace", timeout=TIMEOUT))
+    return results
+
+
+def test_ci_hold_workflow_holds_the_lock_across_its_steps_and_lets_go(site, tmp_path):
+    steps = hold_workflow_steps(site)
+    assert "--hold" in steps[0][1] and "--tied-to \"$PPID\"" in steps[0][1]
+    assert steps[-1][1].strip() == "looplock --release"
+    outsider = []
+    github_env = tmp_path / "github_env"
+    # Step by step, with another job's tick trying the lock between them.
+    for i in range(len(steps)):
+        [r] = run_steps(site, [steps[i]], github_env)
+        assert r is not None and r.returncode == 0, (steps[i], r and r.stderr)
+        if i < len(steps) - 1:
+            o = subprocess.run([LOOPLOCK, "-w", "0.2", site.loop, "--", "true"], capture_output=True, text=True,
+                               timeout=TIMEOUT, env=site.env())
+            outsider.append(o.returncode)
+    assert outsider == [75] * (len(steps) - 1)
+    calls = site.calls()
+    assert [c["argv"][0] for c in calls] == ["--approve", "--tick", "--check-gate"]
+    assert all(c["lock_held"] for c in calls)
+    assert len({c["LOOPLOCK_HOLDER_PID"] for c in calls}) == 1  # the hold's holder, every step
+    assert site.iterations() == 1
+    record = read_record(site.loop)
+    assert (record["agent_id"], record["operation"]) == ("gha-4242", "release")
+    assert record["released_at"] is not None
+    assert lock_is_free(site.loop)
+
+
+def test_ci_hold_workflow_a_cancelled_job_ends_the_hold(site, tmp_path):
+    """The runner's worker ($PPID of a step) goes away: --tied-to ends the
+    hold without waiting for --max-time, and the job's last step never ran."""
+    steps = hold_workflow_steps(site)
+    github_env = tmp_path / "github_env"
+    worker = subprocess.Popen(["sh", "-c", 'sh -e -c "$STEP" && echo ready; read x'], cwd=site.work,
+                              env={**site.env(GITHUB_ENV=str(github_env)), "STEP": steps[0][1]},
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        expect_line(worker, "ready")
+        pid = int(github_env.read_text().split("=", 1)[1].split(":", 1)[0])
+        assert running(pid) and not lock_is_free(site.loop)
+        worker.kill()
+        worker.wait(timeout=TIMEOUT)
+        wait_until(lambda: not running(pid), "the hold to end with the worker")
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(timeout=TIMEOUT)
+    assert lock_is_free(site.loop)

@@ -380,3 +380,35 @@ def test_python_fcntl_flock_is_excluded_by_a_hold(holds, loop_dir):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     finally:
         os.close(fd)
+
+
+def test_a_step_command_holds_the_lock_through_the_holds_descriptor(holds, loop_dir):
+    """The loop scripts' own lock (examples/python/loop_lock.py) and flock(1)
+    on $LOOPLOCK_FD nest inside a step instead of waiting for the hold."""
+    from conftest import ROOT
+    value = value_of(holds("--max-time", "2m", loop_dir).stdout)
+    s = step(value, loop_dir, "--", PY, ROOT / "examples" / "python" / "loop_lock.py", loop_dir, timeout=TIMEOUT)
+    assert s.returncode == 0, s.stderr
+    assert s.stdout.startswith("inherited fd"), s.stdout
+    s = step(value, loop_dir, "--", "sh", "-c", 'flock -n "$LOOPLOCK_FD" true && echo "$LOOPLOCK_HOLDER_PID"')
+    assert (s.returncode, s.stdout.strip()) == (0, str(holder_pid(value))), s.stderr
+    # -o: the command gets no descriptor, as under any looplock.
+    s = step(value, "-o", loop_dir, "--", "sh", "-c", 'echo "${LOOPLOCK_FD:-none}"')
+    assert (s.returncode, s.stdout.strip()) == (0, "none"), s.stderr
+    assert step(value, "--release").returncode == 0
+
+
+def test_a_killed_holder_leaves_no_lock_behind(holds, loop_dir):
+    """KILL of the holder: its sentinel, which has the lock's descriptor to
+    hand to the steps, ends with it."""
+    from conftest import children
+    value = value_of(holds("--max-time", "2m", loop_dir).stdout)
+    pid = holder_pid(value)
+    [sentinel] = children(pid)
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not running(sentinel), "the sentinel to end with its holder")
+    wait_until(lambda: lock_is_free(loop_dir), "the lock to be free")
+    assert run(["--release", value]).returncode == NO_SUCH_HOLD
+    # A step with the value of the killed hold takes the lock as any run.
+    s = step(value, "-w", "5", loop_dir, "--", "true")
+    assert s.returncode == 0, s.stderr

@@ -2,14 +2,22 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <cstddef>
+#include <cstring>
 
+#include "os/digest.hpp"
+#include "os/posix/procfs.hpp"
 #include "os/process.hpp"
 #include "os/sys.hpp"
 
@@ -113,22 +121,121 @@ HolderReport await_holder(Pid child, int report_fd) {
   return out;
 }
 
-int hold_sentinel(Pid tied_to, std::string_view tied_start) {
+namespace {
+
+// The abstract socket the sentinel of holder `holder` (started at `start`)
+// listens on: in this network namespace, never a file.
+sockaddr_un hold_socket_name(Pid holder, const std::string& start, socklen_t& len) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  const std::string name = "looplock/hold/" + std::to_string(holder) + "/" + start;
+  a.sun_path[0] = '\0';
+  name.copy(a.sun_path + 1, std::min(name.size(), sizeof a.sun_path - 2));
+  len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + std::min(name.size(), sizeof a.sun_path - 2));
+  return a;
+}
+
+// One step's request: its secret, within a second; the descriptor when it
+// matches.
+void serve_one(int listener, const SentinelSpec& spec) {
+  const UniqueFd conn(accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
+  if (!conn) return;
+  const timeval second{1, 0};
+  setsockopt(conn.get(), SOL_SOCKET, SO_RCVTIMEO, &second, sizeof second);
+  char secret[64];
+  const ssize_t n = retry_eintr([&] { return recv(conn.get(), secret, sizeof secret, 0); });
+  if (n <= 0 || sha256_hex(std::string_view(secret, static_cast<size_t>(n))) != spec.secret_sha256) return;
+  char byte = 'F';
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &spec.lock_fd, sizeof(int));
+  (void)retry_eintr([&] { return sendmsg(conn.get(), &msg, MSG_NOSIGNAL); });
+}
+
+UniqueFd listen_for_steps(const SentinelSpec& spec) {
+  if (spec.lock_fd < 0) return UniqueFd();
+  const std::optional<std::string> start = process_start(spec.holder);
+  if (!start) return UniqueFd();
+  UniqueFd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  socklen_t len = 0;
+  const sockaddr_un a = hold_socket_name(spec.holder, *start, len);
+  if (!s || bind(s.get(), reinterpret_cast<const sockaddr*>(&a), len) != 0 || listen(s.get(), 8) != 0) {
+    return UniqueFd();
+  }
+  return s;
+}
+
+}  // namespace
+
+int hold_sentinel(const SentinelSpec& spec) {
   const EndSignals signals;
   if (signals.fd() < 0) return 71;
+  // The holder's end (KILLed) ends the sentinel too, which would else keep
+  // the lock through its descriptor.
+  if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) return 71;
+  if (getppid() != spec.holder) return 1;
   UniqueFd tie;
-  if (tied_to != 0) {
-    tie = open_pidfd(tied_to);
+  if (spec.tied_to != 0) {
+    tie = open_pidfd(spec.tied_to);
     if (!tie) return errno == ESRCH ? 1 : 71;
     // Opened after the pid was named: the same process only with the same start.
-    if (process_start(tied_to) != std::string(tied_start)) return 1;
+    if (process_start(spec.tied_to) != spec.tied_start) return 1;
   }
+  const UniqueFd listener = listen_for_steps(spec);
   for (;;) {
-    pollfd fds[2] = {{signals.fd(), POLLIN, 0}, {tie.get(), POLLIN, 0}};
-    if (retry_eintr([&] { return poll(fds, tie ? 2 : 1, -1); }) < 0) return 71;
+    pollfd fds[3] = {{signals.fd(), POLLIN, 0}, {listener.get(), POLLIN, 0}, {tie.get(), POLLIN, 0}};
+    if (retry_eintr([&] { return poll(fds, 3, -1); }) < 0) return 71;
     if ((fds[0].revents & POLLIN) && signals.take() != 0) return 0;
-    if (tie && (fds[1].revents & (POLLIN | POLLHUP))) return 0;
+    if (fds[2].revents & (POLLIN | POLLHUP)) return 0;
+    if (fds[1].revents & POLLIN) serve_one(listener.get(), spec);
   }
+}
+
+UniqueFd fetch_hold_fd(Pid holder, const std::string& holder_start, std::string_view secret) {
+  UniqueFd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  socklen_t len = 0;
+  const sockaddr_un a = hold_socket_name(holder, holder_start, len);
+  if (!s || connect(s.get(), reinterpret_cast<const sockaddr*>(&a), len) != 0) return UniqueFd();
+  // The secret goes only to the holder's own child (another user could have
+  // bound the name first).
+  ucred peer{};
+  socklen_t peer_len = sizeof peer;
+  const auto stat = getsockopt(s.get(), SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) == 0
+                        ? read_file("/proc/" + std::to_string(peer.pid) + "/stat", 4096)
+                        : std::nullopt;
+  if (!stat || procfs::parse_stat_ppid(*stat) != std::optional<Pid>(holder) || process_start(holder) != holder_start) {
+    errno = EPERM;
+    return UniqueFd();
+  }
+  const timeval second{1, 0};
+  setsockopt(s.get(), SOL_SOCKET, SO_RCVTIMEO, &second, sizeof second);
+  if (retry_eintr([&] { return send(s.get(), secret.data(), secret.size(), MSG_NOSIGNAL); }) < 0) return UniqueFd();
+  char byte = 0;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  if (retry_eintr([&] { return recvmsg(s.get(), &msg, MSG_CMSG_CLOEXEC); }) <= 0) return UniqueFd();
+  const cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(sizeof(int))) {
+    errno = EPROTO;
+    return UniqueFd();
+  }
+  int fd = -1;
+  std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+  return UniqueFd(fd);
 }
 
 std::optional<PinnedProcess> PinnedProcess::pin(Pid pid, const std::string& start) {

@@ -18,7 +18,12 @@ bool report_held(UniqueFd /*report*/, std::string_view /*line*/) {
 
 HolderReport await_holder(Pid /*child*/, int /*report_fd*/) { return {}; }
 
-int hold_sentinel(Pid /*tied_to*/, std::string_view /*tied_start*/) { return 71; }
+int hold_sentinel(const SentinelSpec& /*spec*/) { return 71; }
+
+UniqueFd fetch_hold_fd(Pid /*holder*/, const std::string& /*holder_start*/, std::string_view /*secret*/) {
+  errno = ENOSYS;
+  return UniqueFd();
+}
 
 std::optional<PinnedProcess> PinnedProcess::pin(Pid /*pid*/, const std::string& /*start*/) {
   errno = ENOSYS;
