@@ -412,3 +412,15 @@ def test_a_killed_holder_leaves_no_lock_behind(holds, loop_dir):
     # A step with the value of the killed hold takes the lock as any run.
     s = step(value, "-w", "5", loop_dir, "--", "true")
     assert s.returncode == 0, s.stderr
+
+
+def test_a_step_right_after_the_hold_gets_its_descriptor(holds, loop_dir):
+    """--hold prints the value just before the sentinel listens: a step that
+    follows at once waits for it (bounded) rather than run without the
+    descriptor."""
+    for _ in range(5):
+        value = value_of(holds("--max-time", "2m", loop_dir).stdout)
+        s = step(value, loop_dir, "--", "sh", "-c", 'echo "${LOOPLOCK_FD:-none}"')
+        assert s.returncode == 0 and s.stdout.strip() != "none", s.stderr
+        assert "hold_fd_unavailable" not in s.stderr and s.stderr == "", s.stderr
+        assert step(value, "--release").returncode == 0

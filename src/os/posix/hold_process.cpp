@@ -200,11 +200,29 @@ int hold_sentinel(const SentinelSpec& spec) {
   }
 }
 
-UniqueFd fetch_hold_fd(Pid holder, const std::string& holder_start, std::string_view secret) {
-  UniqueFd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+namespace {
+
+// Connected to the holder's sentinel. The caller of --hold prints the value
+// just before the sentinel starts, so a step that follows at once may come
+// before it listens: that is waited for, at most 2 s.
+UniqueFd connect_to_sentinel(Pid holder, const std::string& holder_start) {
   socklen_t len = 0;
   const sockaddr_un a = hold_socket_name(holder, holder_start, len);
-  if (!s || connect(s.get(), reinterpret_cast<const sockaddr*>(&a), len) != 0) return UniqueFd();
+  const long long until = monotonic_ms() + 2000;
+  for (;;) {
+    UniqueFd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+    if (!s) return s;
+    if (retry_eintr([&] { return connect(s.get(), reinterpret_cast<const sockaddr*>(&a), len); }) == 0) return s;
+    if (errno != ECONNREFUSED || monotonic_ms() >= until || process_start(holder) != holder_start) return UniqueFd();
+    nap_ns(10'000'000);
+  }
+}
+
+}  // namespace
+
+UniqueFd fetch_hold_fd(Pid holder, const std::string& holder_start, std::string_view secret) {
+  const UniqueFd s = connect_to_sentinel(holder, holder_start);
+  if (!s) return UniqueFd();
   // The secret goes only to the holder's own child (another user could have
   // bound the name first).
   ucred peer{};
