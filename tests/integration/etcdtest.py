@@ -290,6 +290,15 @@ class Member:
                               timeout=TIMEOUT, env=env)
 
 
+@pytest.fixture(scope="module")
+def etcd():
+    """One etcd member for a test module (import it from here: `from etcdtest
+    import etcd`); removed after the module's last test."""
+    m = start_member()
+    yield m
+    m.remove()
+
+
 def start_member(**kw):
     m = Member(**kw)
     m.start()

@@ -7,17 +7,10 @@ import os
 import pytest
 
 from conftest import EX_TEMPFAIL, TIMEOUT, expect_line, incident_rows, run, start, wait_until
-from etcdtest import needs_etcd, start_member
+from etcdtest import etcd, needs_etcd
 from test_coalesce import BURST, coalesce, finish, fire, settle, tick, ticks
 
 pytestmark = needs_etcd
-
-
-@pytest.fixture(scope="module")
-def etcd():
-    m = start_member()
-    yield m
-    m.remove()
 
 
 _names = iter(range(1_000_000))

@@ -20,16 +20,9 @@ import pytest
 
 from conftest import (EX_TEMPFAIL, EX_USAGE, LOOPLOCK, PY, TIMEOUT, expect_line, expect_stderr, helper, incident_rows,
                       run, start, wait_until)
-from etcdtest import EX_LEASE_LOST, EX_UNAVAILABLE, HELPER, Relay, needs_etcd, start_member
+from etcdtest import etcd, EX_LEASE_LOST, EX_UNAVAILABLE, HELPER, Relay, needs_etcd
 
 pytestmark = needs_etcd
-
-
-@pytest.fixture(scope="module")
-def etcd():
-    m = start_member()
-    yield m
-    m.remove()
 
 
 @pytest.fixture

@@ -16,19 +16,12 @@ import time
 import pytest
 
 from conftest import TIMEOUT, expect_line, expect_stderr, incident_rows, read_until, run
-from etcdtest import (EX_LEASE_LOST, SANITIZED, Cluster, History, Relay, cluster_args, finish, fresh_name, kill_all,
-                      needs_etcd, overlaps, release, start_looplock, start_member)
+from etcdtest import (etcd, EX_LEASE_LOST, SANITIZED, Cluster, History, Relay, cluster_args, finish, fresh_name,
+                      kill_all, needs_etcd, overlaps, release, start_looplock)
 
 pytestmark = needs_etcd
 
 TRIALS = 1 if SANITIZED else 3
-
-
-@pytest.fixture(scope="module")
-def etcd():
-    m = start_member()
-    yield m
-    m.remove()
 
 
 @pytest.fixture

@@ -16,18 +16,11 @@ import subprocess
 import pytest
 
 from conftest import EX_TEMPFAIL, LOOPLOCK, PY, TIMEOUT, expect_line, expect_stderr, helper, incident_rows, run
-from etcdtest import ETCDCTL, bounded_wait, fresh_name, legacy_helper, needs_etcd, start_member
+from etcdtest import etcd, ETCDCTL, bounded_wait, fresh_name, legacy_helper, needs_etcd
 
 pytestmark = needs_etcd
 
 HOST = socket.gethostname()
-
-
-@pytest.fixture(scope="module")
-def etcd():
-    m = start_member()
-    yield m
-    m.remove()
 
 
 @pytest.fixture(scope="module")

@@ -6,24 +6,16 @@ in for hosts on one cluster lock name; every process is stopped by its pid
 and every wait is bounded. The local half is test_hold.py."""
 import os
 import signal
-import subprocess
 
 import pytest
 
 from conftest import EX_TEMPFAIL, PY, TIMEOUT, incident_rows, lock_is_free, run, running, wait_until
-from etcdtest import EX_LEASE_LOST, needs_etcd, start_member
+from etcdtest import etcd, EX_LEASE_LOST, needs_etcd, start_member
 from test_hold import holder_pid, value_of
 
 pytestmark = needs_etcd
 
 _names = iter(range(1_000_000))
-
-
-@pytest.fixture(scope="module")
-def etcd():
-    m = start_member()
-    yield m
-    m.remove()
 
 
 @pytest.fixture

@@ -10,17 +10,10 @@ import subprocess
 import pytest
 
 from conftest import EX_TEMPFAIL, PY, TIMEOUT, expect_line, expect_stderr, run, start
-from etcdtest import ETCDCTL, needs_etcd, start_member
+from etcdtest import etcd, ETCDCTL, needs_etcd
 from test_holders import TICK, WAIT, history_of, most_at_once
 
 pytestmark = needs_etcd
-
-
-@pytest.fixture(scope="module")
-def etcd():
-    m = start_member()
-    yield m
-    m.remove()
 
 
 _names = iter(range(1_000_000))

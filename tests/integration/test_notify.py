@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (EX_TEMPFAIL, EX_USAGE, LOOPLOCK, PY, TIMEOUT, expect_line, helper, run, start, wait_until)
-from etcdtest import needs_etcd, start_member
+from etcdtest import etcd, needs_etcd
 
 RECORD = 'printf "%s %s\\n" "$LOOPLOCK_EVENT" "$(cat)" >> '
 
@@ -202,13 +202,6 @@ def test_looplock_killed_the_relay_delivers_what_it_has_and_ends(loop_dir, tmp_p
 def test_usage_errors_never_notify(loop_dir, tmp_path, args, word):
     r = run([*args, loop_dir, "--", "true"])
     assert r.returncode == EX_USAGE and word in r.stderr
-
-
-@pytest.fixture(scope="module")
-def etcd():
-    m = start_member()
-    yield m
-    m.remove()
 
 
 @pytest.mark.parametrize("_", [None], ids=["etcd"])

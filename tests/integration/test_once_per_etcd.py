@@ -15,20 +15,13 @@ from pathlib import Path
 import pytest
 
 from conftest import LOOPLOCK, PY, TIMEOUT, expect_line, expect_stderr, helper, incident_rows, run, start, wait_until
-from etcdtest import EX_LEASE_LOST, SANITIZED, needs_etcd, start_member
+from etcdtest import etcd, EX_LEASE_LOST, SANITIZED, needs_etcd
 
 pytestmark = needs_etcd
 
 TICK = helper("slot_tick.py")
 CHECKPOINT = helper("checkpoint_tick.py")
 FAKETIME = shutil.which("faketime") or "/usr/bin/faketime"
-
-
-@pytest.fixture(scope="module")
-def etcd():
-    m = start_member()
-    yield m
-    m.remove()
 
 
 _names = iter(range(1_000_000))
