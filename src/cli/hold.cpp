@@ -37,21 +37,31 @@ std::optional<int> sentinel_main(int argc, char** argv) {
   const auto tied = argc == 6 ? number(argv[4]) : std::optional<long long>(0);
   if (!holder || !tied) return exit_code::kUsage;
   const auto fd = number(std::getenv(std::string(env_name::kFd).c_str()));
+  // The cluster lock's facts for the steps' commands, as the holder gave them.
+  std::string exports;
+  for (const auto name : {env_name::kEtcdKey, env_name::kEtcdLease, env_name::kFencingToken}) {
+    if (const char* v = std::getenv(std::string(name).c_str())) exports += "\n" + std::string(name) + "=" + v;
+  }
   return sys::hold_sentinel({.holder = static_cast<Pid>(*holder),
                              .lock_fd = fd ? static_cast<int>(*fd) : -1,
                              .secret_sha256 = argv[3],
                              .tied_to = static_cast<Pid>(*tied),
-                             .tied_start = argc == 6 ? argv[5] : ""});
+                             .tied_start = argc == 6 ? argv[5] : "",
+                             .exports = exports});
 }
 
 namespace {
+
+// --hold's status when the --tied-to process ended before the lock was held.
+constexpr int kTieEnded = 1;
 
 // The tie, as it is now: --tied-to's process and its start time.
 HoldFacts tie_of(Pid tied_to) {
   HoldFacts facts;
   if (tied_to == 0) return facts;
   const std::optional<std::string> start = sys::process_start(tied_to);
-  if (!start || !sys::process_alive(tied_to)) {
+  // Pinned as the sentinel will pin it: a thread's id is no process.
+  if (!start || !sys::process_alive(tied_to) || !sys::PinnedProcess::pin(tied_to, *start)) {
     throw Fatal(exit_code::kUsage, "--tied-to " + std::to_string(tied_to) + ": there is no such process",
                 "Give the pid of a process that lives as long as the hold should: in a GitHub Actions step, "
                 "\"$PPID\" (the runner's worker).");
@@ -89,7 +99,13 @@ void make_dir_absolute(Options& o) {
 int caller_end(const sys::HolderReport& report, const Logger& log, Pid holder) {
   if (report.signal != 0) return 128 + report.signal;  // the holder was told to let go
   if (report.line) {
-    write_stdout(std::string(env_name::kHold) + "=" + *report.line + "\n");
+    try {
+      write_stdout(std::string(env_name::kHold) + "=" + *report.line + "\n");
+    } catch (const Fatal&) {
+      // Nobody will know the value: no hold.
+      sys::stop_holder(holder);
+      throw;
+    }
     log.verbose("hold", "held by looplock pid " + std::to_string(holder) +
                             " until looplock --release, --max-time, or the end of the process it is tied to");
     return exit_code::kOk;
@@ -114,7 +130,14 @@ std::optional<int> start_hold(Options& o, Context& ctx, const Logger& log) {
   ctx.pid = sys::own_pid();
   make_holder_options(o, facts, ctx.pid);
   auto report = std::make_shared<UniqueFd>(std::move(d->report));
-  ctx.on_held = [report, secret = *secret, dir = o.dir, pid = ctx.pid](const EnvList& env) {
+  ctx.on_held = [report, secret = *secret, dir = o.dir, pid = ctx.pid, facts](const EnvList& env) {
+    // A tie that ended while the hold waited: the hold would end at once.
+    if (facts.tied_to != 0 && sys::process_start(facts.tied_to) != facts.tied_start) {
+      throw Fatal(kTieEnded,
+                  "the process --tied-to names (pid " + std::to_string(facts.tied_to) +
+                      ") ended while the hold waited for the lock; the lock is let go",
+                  "", "hold_tie_ended");
+    }
     HoldValue v{.pid = pid,
                 .start = sys::own_start().value_or(""),
                 .secret = secret,

@@ -184,7 +184,8 @@ Json report_json(const InspectFacts& facts, const Verdict& v) {
 
 // --holders: how many index files are held, then each holder.
 // A hold across steps (--hold): its end and its tie.
-std::string hold_text(const HoldFacts& h, bool released) {
+std::string hold_text(const HoldFacts& h, bool ended) {
+  const bool released = ended;
   return std::string(released ? "was a hold (looplock --hold)" : "a hold (looplock --hold)") +
          ": --max-time ends it at " + h.ends_at +
          (h.tied_to != 0 ? ", or the end of pid " + std::to_string(h.tied_to) + " it is tied to" : "") +
@@ -247,7 +248,7 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
     line("", since + (rec->released_at ? ", released " + *rec->released_at
                                        : std::string(rec->no_fork ? ", not released (-F)" : ", not released")));
     if (!rec->released_at) line("process", process_text(f, *rec));
-    if (rec->hold) line("hold", hold_text(*rec->hold, rec->released_at.has_value()));
+    if (rec->hold) line("hold", hold_text(*rec->hold, rec->released_at || v.record != RecordState::Current));
   } else {
     line("record", !f.exists                                         ? std::string("none")
                    : f.record.state == HolderRead::State::Unreadable ? std::string("unreadable")

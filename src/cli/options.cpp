@@ -867,9 +867,10 @@ void read_hold(const cxxopts::ParseResult& r, const Split& split, const Environm
                 "Run each later step as looplock DIR -- COMMAND with LOOPLOCK_HOLD in its environment.");
   }
   if (!o.limits.max_time) {
-    usage_error("--hold needs --max-time DURATION",
-                "A hold nobody releases (a cancelled job) must still end: give the longest the steps may take, "
-                "e.g. --max-time 30m.");
+    usage_error(
+        r.count("max-time") ? "--hold needs a --max-time above 0 and below inf" : "--hold needs --max-time DURATION",
+        "A hold nobody releases (a cancelled job) must still end: give the longest the steps may take, "
+        "e.g. --max-time 30m.");
   }
   if (o.wait.policy == Policy::SingleFlight || o.wait.policy == Policy::Coalesce) {
     usage_error("-p " + std::string(policy_name(o.wait.policy)) +

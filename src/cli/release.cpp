@@ -45,13 +45,22 @@ std::string how_ended(int code) {
 // like any run) and waits for it. Returns the status: 0, or how it ended
 // by itself meanwhile.
 int let_go(const sys::PinnedProcess& holder, Pid pid, const std::string& start, const std::string& secret_sha256,
-           int dirfd, const std::string& shown, const Logger& log) {
-  if (!holder.terminate()) fail_errno(exit_code::kOsError, "cannot signal hold process " + std::to_string(pid), errno);
+           int dirfd, const std::string& dir, const Logger& log) {
+  const std::string shown = sys::path_in_dir(dir, kLockName);
+  if (!holder.terminate()) {
+    const int err = errno;
+    const auto uid = sys::process_uid(pid);
+    throw Fatal(exit_code::kOsError, errno_message("cannot signal hold process " + std::to_string(pid), err),
+                err == EPERM ? "It runs as " + (uid ? "uid " + std::to_string(*uid) : std::string("another user")) +
+                                   ": release the hold as that user, or as root."
+                             : std::string());
+  }
   if (!holder.wait_end(kLetGo)) {
-    throw Fatal(exit_code::kOsError,
-                "hold process " + std::to_string(pid) + " was told to let go of " + shown +
-                    " but has not ended within " + std::to_string(kLetGo.count() / 1000) + " s",
-                "looplock --inspect " + shown + " shows who holds it; looplock --release --force ends it again.");
+    throw Fatal(
+        exit_code::kOsError,
+        "hold process " + std::to_string(pid) + " was told to let go of " + shown + " but has not ended within " +
+            std::to_string(kLetGo.count() / 1000) + " s",
+        "looplock --inspect " + dir + " shows who holds it; looplock --release --force " + dir + " ends it again.");
   }
   if (const auto code = hold_ended_by(dirfd, pid, start, secret_sha256)) {
     log.warn("hold_ended", "the hold of " + shown + " had ended by itself first: " + how_ended(*code));
@@ -59,6 +68,14 @@ int let_go(const sys::PinnedProcess& holder, Pid pid, const std::string& start, 
   }
   log.verbose("released", "released the hold of " + shown + " (looplock pid " + std::to_string(pid) + ")");
   return exit_code::kOk;
+}
+
+// Without its row (a full disk): the hold's own record, released at or
+// after the end --max-time gave it.
+bool ended_at_its_end(const HoldCheck& c, const HoldValue& v, const std::string& hash) {
+  const auto& r = c.record;
+  return r && r->pid == v.pid && r->pid_start == v.start && r->hold && r->hold->secret_sha256 == hash &&
+         r->released_at && *r->released_at >= r->hold->ends_at;
 }
 
 int release_value(const std::string& text, const Logger& log) {
@@ -70,12 +87,19 @@ int release_value(const std::string& text, const Logger& log) {
   }
   const std::string shown = sys::path_in_dir(v->dir, kLockName);
   const OpenDir d = open_dir(v->dir);
+  if (!d.fd && errno == EACCES) {
+    fail_errno(exit_code::kOsError, "cannot open " + v->dir + " to end its hold", EACCES);
+  }
   if (!d.fd || !d.has_lock_file) {
     log.error("no_such_hold", "no such hold: " + shown + " cannot be read (" + std::strerror(errno) + ")");
     return kNoSuchHold;
   }
   const std::string hash = sys::sha256_hex(v->secret);
   const HoldCheck c = check_hold(*v, d.fd.get(), d.lock_file);
+  if (c.unreadable) {
+    throw Fatal(exit_code::kOsError, "the hold of " + shown + " " + c.why,
+                "Release it as the user that took it, or as root (or give this user read access to the lock file).");
+  }
   std::optional<sys::PinnedProcess> holder;
   if (c.live) holder = sys::PinnedProcess::pin(v->pid, v->start);
   if (!holder) {
@@ -83,10 +107,16 @@ int release_value(const std::string& text, const Logger& log) {
       log.error("hold_ended", "the hold of " + shown + " had already ended: " + how_ended(*code));
       return *code;
     }
+    if (ended_at_its_end(c, *v, hash)) {
+      log.error("hold_ended", "the hold of " + shown +
+                                  " had already ended: --max-time passed (its record was "
+                                  "released at its end; its incident row could not be read)");
+      return exit_code::kMaxTime;
+    }
     log.error("no_such_hold", "no such hold of " + shown + ": the hold " + (c.live ? "has just ended" : c.why));
     return kNoSuchHold;
   }
-  return let_go(*holder, v->pid, v->start, hash, d.fd.get(), shown, log);
+  return let_go(*holder, v->pid, v->start, hash, d.fd.get(), v->dir, log);
 }
 
 // What the kernel must confirm of the record's hold before --force ends
@@ -113,7 +143,13 @@ int release_forced(const std::string& dir, const Logger& log) {
   if (!d.fd) fail_errno(exit_code::kNoInput, "cannot open " + dir, errno);
   const UniqueFd fd =
       d.has_lock_file ? sys::open_in(d.fd.get(), record_name(), {.access = sys::OpenIn::Access::Read}) : UniqueFd();
+  const int open_err = fd ? 0 : errno;
   const HolderRead read = fd ? read_holder(fd.get()) : HolderRead{};
+  if (d.has_lock_file && (!fd || read.state == HolderRead::State::Error)) {
+    throw Fatal(exit_code::kOsError,
+                errno_message("cannot read the holder record of " + shown, fd ? (read.err ? read.err : EIO) : open_err),
+                "End the hold as the user that took it, or as root.");
+  }
   const HolderRecord* r = read.record ? &*read.record : nullptr;
   if (!r || r->released_at) {
     log.error("no_such_hold", "no hold of " + shown + ": its holder record names no current holder");
@@ -135,7 +171,7 @@ int release_forced(const std::string& dir, const Logger& log) {
     log.error("no_such_hold", "no such hold of " + shown + ": it has just ended");
     return kNoSuchHold;
   }
-  return let_go(*holder, r->pid, r->pid_start, r->hold->secret_sha256, d.fd.get(), shown, log);
+  return let_go(*holder, r->pid, r->pid_start, r->hold->secret_sha256, d.fd.get(), dir, log);
 }
 
 }  // namespace

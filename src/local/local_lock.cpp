@@ -655,7 +655,8 @@ std::optional<OuterHolder> hold_holder(const EnvList& env, const LockDir& dir, c
   // The hold's own descriptor, from its sentinel: the command then holds
   // the lock through it, as under any looplock (a loop script's own lock
   // nests instead of waiting for the hold).
-  UniqueFd fd = sys::fetch_hold_fd(v->pid, v->start, v->secret);
+  sys::HoldShare share = sys::fetch_hold_fd(v->pid, v->start, v->secret);
+  UniqueFd& fd = share.fd;
   if (fd && !holds_through(fd.get(), dir.fd.get(), lock_file, /*exclusive=*/true)) {
     fd.reset();
     errno = EPROTO;
@@ -666,17 +667,26 @@ std::optional<OuterHolder> hold_holder(const EnvList& env, const LockDir& dir, c
                  ": the command runs inside the hold, but one that takes the lock itself (flock(1), a loop "
                  "script's own lock) would wait for the hold");
   }
-  return OuterHolder{.pid = v->pid, .fd = fd.release(), .inherited = true, .hold = true};
+  // The cluster lock's key, lease and token, for the command: those names only.
+  std::vector<std::pair<std::string_view, std::string>> exports;
+  sys::for_each_line(share.exports, [&](std::string_view line) {
+    for (const auto name : {env_name::kEtcdKey, env_name::kEtcdLease, env_name::kFencingToken}) {
+      if (line.starts_with(std::string(name) + "=")) exports.emplace_back(name, line.substr(name.size() + 1));
+    }
+  });
+  return OuterHolder{.pid = v->pid, .fd = fd.release(), .inherited = true, .hold = true, .exports = exports};
 }
 
 InheritedLock::InheritedLock(const LockRequest& request, const Logger& log, const LockDir& dir,
-                             const OuterHolder& outer, const sys::FileStatus& lock_file, const LockTarget& target)
+                             const OuterHolder& outer, const sys::FileStatus& lock_file, const LockTarget& target,
+                             Pid self)
     : request_(request),
       log_(log),
       dir_(dir),
       outer_(outer),
       lock_file_(lock_file),
       target_(target),
+      self_(self),
       ledger_(dir, request.dir, log) {
   if (!request_.once_per) return;
   // Which operation's slot the outer holder runs: its record says.
@@ -702,12 +712,19 @@ Acquisition InheritedLock::acquire(const WaitPlan& /*plan*/, Instant /*start*/) 
 void InheritedLock::export_to(CommandSpec& spec) {
   if (outer_.hold) {
     // A later step of a hold: nothing is inherited from it but its value.
+    // This looplock keeps the hold's descriptor while the command runs, so
+    // it is the holder the command's processes nest under, as under any
+    // looplock (also those the descriptor does not reach: -o, a child
+    // started without it).
     env_set(spec.env, {{env_name::kDir, target_.canonical_dir},
                        {env_name::kLockId, target_.lock_id},
-                       {env_name::kPolicy, std::string(policy_name(request_.policy))},
-                       {env_name::kHolderPid, std::to_string(outer_.pid)}});
-    if (outer_.fd < 0 || request_.flags.close_fd) return;
-    env_set(spec.env, {{env_name::kFd, std::to_string(outer_.fd)}, {env_name::kHolderFd, std::to_string(outer_.fd)}});
+                       {env_name::kPolicy, std::string(policy_name(request_.policy))}});
+    env_set(spec.env, outer_.exports);
+    if (outer_.fd < 0) return;
+    env_set(spec.env,
+            {{env_name::kHolderPid, std::to_string(self_)}, {env_name::kHolderFd, std::to_string(outer_.fd)}});
+    if (request_.flags.close_fd) return;
+    env_set(spec.env, {{env_name::kFd, std::to_string(outer_.fd)}});
     spec.pass_fd = outer_.fd;
     return;
   }

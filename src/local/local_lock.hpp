@@ -97,7 +97,7 @@ private:
 class InheritedLock final : public Lock {
 public:
   InheritedLock(const LockRequest& request, const Logger& log, const LockDir& dir, const OuterHolder& outer,
-                const sys::FileStatus& lock_file, const LockTarget& target);
+                const sys::FileStatus& lock_file, const LockTarget& target, Pid self);
 
   Acquisition acquire(const WaitPlan& plan, Instant start) override;
   Blocker blocker() const override { return {}; }
@@ -116,6 +116,7 @@ private:
   OuterHolder outer_;
   sys::FileStatus lock_file_;
   LockTarget target_;  // a hold's later step exports it
+  Pid self_;           // this looplock
   LocalLedger ledger_;
 };
 

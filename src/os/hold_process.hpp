@@ -44,6 +44,10 @@ struct HolderReport {
 };
 HolderReport await_holder(Pid child, int report_fd);
 
+// The parent: ends its holder (TERM: a waiting holder stops waiting, a
+// holding one lets go) and waits for it to exit.
+void stop_holder(Pid child);
+
 // The sentinel, the holder's command: blocks until TERM, INT or HUP
 // arrives, its holder (its parent) ends, or, when `tied_to` is not 0, that
 // process (which must have the start time `tied_start`) has ended; returns
@@ -59,14 +63,21 @@ struct SentinelSpec {
   std::string secret_sha256;
   Pid tied_to = 0;
   std::string tied_start;
+  // "NAME=value" lines handed over with the descriptor (the cluster lock's
+  // key, lease and fencing token, as the holder exported them).
+  std::string exports;
 };
 int hold_sentinel(const SentinelSpec& spec);
 
 // A later step: the descriptor the hold's sentinel hands over for `secret`,
-// once the peer is confirmed to be a child of the holder `holder` (which has
-// the start time `holder_start`); an invalid UniqueFd (errno set) when it
-// cannot be had.
-UniqueFd fetch_hold_fd(Pid holder, const std::string& holder_start, std::string_view secret);
+// and its exports, once the peer is confirmed to be a child of the holder
+// `holder` (which has the start time `holder_start`); an invalid fd (errno
+// set) when it cannot be had.
+struct HoldShare {
+  UniqueFd fd;
+  std::string exports;
+};
+HoldShare fetch_hold_fd(Pid holder, const std::string& holder_start, std::string_view secret);
 
 // A process pinned by a handle (posix/: a pidfd) once its start time is
 // confirmed: signals and waits reach it and never a later process given the

@@ -118,10 +118,15 @@ std::optional<std::string> new_hold_secret() {
 HoldCheck check_hold(const HoldValue& v, int dirfd, const sys::FileStatus& lock_file) {
   HoldCheck c;
   const UniqueFd fd = sys::open_in(dirfd, record_name(), {.access = sys::OpenIn::Access::Read});
+  const int open_err = fd ? 0 : errno;
   const HolderRead read = fd ? read_holder(fd.get()) : HolderRead{};
   c.record = read.record;
   const HolderRecord* r = read.record ? &*read.record : nullptr;
-  if (r && r->released_at && r->pid == v.pid && r->pid_start == v.start) {
+  if (!fd || read.state == HolderRead::State::Error) {
+    c.unreadable = true;
+    c.why = "cannot be confirmed: the holder record cannot be read (" +
+            std::string(strerror(fd ? (read.err ? read.err : EIO) : open_err)) + ")";
+  } else if (r && r->released_at && r->pid == v.pid && r->pid_start == v.start) {
     c.why = "has ended (its holder let go at " + *r->released_at + ")";
   } else if (!r || r->released_at || r->pid != v.pid || r->pid_start != v.start) {
     c.why = "is not the lock's holder (its holder record names another run, or none)";

@@ -42,6 +42,7 @@ std::optional<std::string> new_hold_secret();
 // `dirfd`): `live`, or why not, in words that follow "the hold ... ".
 struct HoldCheck {
   bool live = false;
+  bool unreadable = false;  // the record cannot be read (permissions): nothing could be told
   std::string why;
   std::optional<HolderRecord> record;  // the record, as read
 };

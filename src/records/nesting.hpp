@@ -16,6 +16,10 @@
 #pragma once
 
 #include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "base/environment.hpp"
 #include "os/file_status.hpp"
@@ -28,6 +32,8 @@ struct OuterHolder {
   int fd;          // the descriptor through which the lock is held
   bool inherited;  // the descriptor is this process's own
   bool hold = false;  // a hold across steps that $LOOPLOCK_HOLD names (fd: -1)
+  // A hold's exports for the command (its cluster lock's key, lease, token).
+  std::vector<std::pair<std::string_view, std::string>> exports = {};
 };
 
 // The outer holder of the lock file `lock_file` (found in DIR, open as

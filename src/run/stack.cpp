@@ -4,6 +4,7 @@
 #include "base/exit_codes.hpp"
 #include "local/local_lock.hpp"
 #include "os/file_status.hpp"
+#include "records/hold.hpp"
 #include "records/nesting.hpp"
 
 namespace looplock {
@@ -15,6 +16,17 @@ LockKind& cluster_of(const Context& ctx) {
   return *ctx.cluster;
 }
 
+// Who a nested run confirms holds the cluster lock: the outer looplock, or,
+// inside a hold's step, the hold (its holder has the cluster key).
+std::pair<EnvList, long long> cluster_outer(const Context& ctx, const LockTarget& target, Pid outer_pid) {
+  if (const auto text = env_get(ctx.env, env_name::kHold)) {
+    if (const auto v = parse_hold_value(*text); v && v->lock_id == target.lock_id && !v->etcd_key.empty()) {
+      return {env_with(ctx.env, {{env_name::kEtcdKey, v->etcd_key}}), v->pid};
+    }
+  }
+  return {ctx.env, outer_pid != 0 ? outer_pid : ctx.pid};
+}
+
 }  // namespace
 
 Stack build_stack(const StackSite& s) {
@@ -23,8 +35,12 @@ Stack build_stack(const StackSite& s) {
   Stack stack;
   sys::FileStatus lock_file;
   if (auto outer = outer_holder(s.request, ctx.env, s.dir, ctx.pid, lock_file)) {
-    if (!o.cluster.etcd.empty()) cluster_of(ctx).confirm_outer(o, s.target, ctx.env, outer->pid != 0 ? outer->pid : ctx.pid, s.log);
-    stack.locks.push_back(std::make_unique<InheritedLock>(s.request, s.log, s.dir, *outer, lock_file, s.target));
+    if (!o.cluster.etcd.empty()) {
+      const auto [env, pid] = cluster_outer(ctx, s.target, outer->pid);
+      cluster_of(ctx).confirm_outer(o, s.target, env, pid, s.log);
+    }
+    stack.locks.push_back(
+        std::make_unique<InheritedLock>(s.request, s.log, s.dir, *outer, lock_file, s.target, ctx.pid));
     stack.nested = true;
     return stack;
   }
@@ -38,7 +54,8 @@ Stack build_stack(const StackSite& s) {
                                              : env_with(ctx.env, {{env_name::kEtcdKey, hold_key}});
         cluster_of(ctx).confirm_outer(o, s.target, env, hold->pid, s.log);
       }
-      stack.locks.push_back(std::make_unique<InheritedLock>(s.request, s.log, s.dir, *hold, lock_file, s.target));
+      stack.locks.push_back(
+          std::make_unique<InheritedLock>(s.request, s.log, s.dir, *hold, lock_file, s.target, ctx.pid));
       stack.nested = true;
       return stack;
     }

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (EX_OSERR, EX_TEMPFAIL, EX_USAGE, LOOPLOCK, PY, TIMEOUT, expect_line, flock_holder,
+from conftest import (EX_OSERR, EX_TEMPFAIL, EX_USAGE, LOOPLOCK, PY, ROOT, TIMEOUT, expect_line, flock_holder,
                       helper, incident_rows, lock_is_free, read_record, release, run, running, start, wait_until)
 
 EX_MAX_TIME = 124
@@ -385,16 +385,20 @@ def test_python_fcntl_flock_is_excluded_by_a_hold(holds, loop_dir):
 def test_a_step_command_holds_the_lock_through_the_holds_descriptor(holds, loop_dir):
     """The loop scripts' own lock (examples/python/loop_lock.py) and flock(1)
     on $LOOPLOCK_FD nest inside a step instead of waiting for the hold."""
-    from conftest import ROOT
     value = value_of(holds("--max-time", "2m", loop_dir).stdout)
     s = step(value, loop_dir, "--", PY, ROOT / "examples" / "python" / "loop_lock.py", loop_dir, timeout=TIMEOUT)
     assert s.returncode == 0, s.stderr
     assert s.stdout.startswith("inherited fd"), s.stdout
-    s = step(value, loop_dir, "--", "sh", "-c", 'flock -n "$LOOPLOCK_FD" true && echo "$LOOPLOCK_HOLDER_PID"')
-    assert (s.returncode, s.stdout.strip()) == (0, str(holder_pid(value))), s.stderr
-    # -o: the command gets no descriptor, as under any looplock.
-    s = step(value, "-o", loop_dir, "--", "sh", "-c", 'echo "${LOOPLOCK_FD:-none}"')
-    assert (s.returncode, s.stdout.strip()) == (0, "none"), s.stderr
+    s = step(value, loop_dir, "--", "sh", "-c", 'flock -n "$LOOPLOCK_FD" true && echo ok')
+    assert (s.returncode, s.stdout.strip()) == (0, "ok"), s.stderr
+    # -o, or a process the descriptor does not reach: the step's own looplock
+    # keeps it, and is the ancestor such a process nests under.
+    s = step(value, "-o", loop_dir, "--", "sh", "-c",
+             f'echo "${{LOOPLOCK_FD:-none}}"; exec {PY} {ROOT / "examples" / "python" / "loop_lock.py"} {loop_dir}')
+    assert s.returncode == 0, s.stderr
+    assert s.stdout.splitlines()[0] == "none"
+    assert s.stdout.splitlines()[1].startswith("held by ancestor pid"), s.stdout
+    assert str(holder_pid(value)) not in s.stdout.splitlines()[1]
     assert step(value, "--release").returncode == 0
 
 
@@ -424,3 +428,97 @@ def test_a_step_right_after_the_hold_gets_its_descriptor(holds, loop_dir):
         assert s.returncode == 0 and s.stdout.strip() != "none", s.stderr
         assert "hold_fd_unavailable" not in s.stderr and s.stderr == "", s.stderr
         assert step(value, "--release").returncode == 0
+
+
+def test_no_line_means_no_hold(holds, loop_dir):
+    """A value that cannot be written (a full disk, a closed stdout) ends the
+    holder: nobody could release it."""
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([LOOPLOCK, "--hold", "--max-time", "2m", loop_dir], stdout=full, stderr=subprocess.PIPE,
+                           text=True, timeout=TIMEOUT)
+    assert r.returncode == EX_OSERR
+    assert "cannot write to standard output" in r.stderr
+    assert lock_is_free(loop_dir)
+    assert read_record(loop_dir)["released_at"] is not None
+
+
+def test_a_tie_that_ends_while_the_hold_waits_means_no_hold(loop_dir):
+    tie = subprocess.Popen(["sleep", "300"])
+    f = flock_holder(loop_dir / ".state.lock")
+    try:
+        p = start(["--hold", "--max-time", "2m", "-p", "blocking", "--tied-to", tie.pid, loop_dir])
+        wait_until(lambda: blocked_or_children(loop_dir, p.pid), "the hold to wait")
+        tie.kill()
+        tie.wait(timeout=TIMEOUT)
+    finally:
+        release(f)
+    out, err = p.communicate(timeout=TIMEOUT)
+    assert (p.returncode, out) == (1, ""), err
+    assert "ended while the hold waited for the lock" in err
+    assert lock_is_free(loop_dir)
+
+
+def test_tied_to_a_thread_is_refused(loop_dir):
+    import threading
+    import time
+    done = threading.Event()
+    t = threading.Thread(target=done.wait, args=(TIMEOUT,))
+    t.start()
+    try:
+        time.sleep(0)  # the thread has its id once started
+        r = run(["--hold", "--max-time", "1m", "--tied-to", t.native_id, loop_dir])
+    finally:
+        done.set()
+        t.join(timeout=TIMEOUT)
+    assert r.returncode == EX_USAGE, r.stderr
+    assert "there is no such process" in r.stderr
+    assert lock_is_free(loop_dir)
+
+
+@pytest.mark.parametrize("max_time", ["0", "inf"])
+def test_max_time_must_bound_the_hold(loop_dir, max_time):
+    r = run(["--hold", "--max-time", max_time, loop_dir])
+    assert r.returncode == EX_USAGE
+    assert "--hold needs a --max-time above 0 and below inf" in r.stderr
+
+
+def test_on_a_full_disk_release_reads_max_time_from_the_record(holds, tmpfs):
+    """No room for the incident row: the record, released at its ends_at,
+    still says --max-time ended the hold."""
+    mnt = tmpfs(size="64k")
+    d = mnt / "loop"
+    d.mkdir()
+    assert run([d, "--", "true"]).returncode == 0  # the record's room, before the disk is full
+    filler = mnt / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while os.write(fd, b"x" * 4096) > 0:
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    value = value_of(holds("--max-time", "0.3s", d).stdout)
+    wait_until(lambda: not running(holder_pid(value)), "--max-time to end the hold", timeout=TIMEOUT)
+    assert not (d / ".state.lock.incidents.jsonl").exists() or incident_rows(d) == []
+    rel = run(["--release", value])
+    assert rel.returncode == EX_MAX_TIME, rel.stderr
+    assert "its incident row could not be read" in rel.stderr
+
+
+def test_release_by_another_user_says_why(holds, world_dir):
+    """Signals reach one's own processes only: 71 with a hint, never 1 (which
+    would tell a job that the hold is gone)."""
+    value = value_of(holds("--max-time", "2m", world_dir).stdout)
+    as_other = ["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups", LOOPLOCK]
+    (world_dir / ".state.lock").chmod(0o644)  # readable: the signal is what fails
+    r = subprocess.run([*as_other, "--release", value], capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == EX_OSERR, r.stderr
+    assert "It runs as uid 0" in r.stderr
+    (world_dir / ".state.lock").chmod(0o600)  # unreadable: nothing can be confirmed
+    for args in (["--release", value], ["--release", "--force", world_dir]):
+        r = subprocess.run([*as_other, *map(str, args)], capture_output=True, text=True, timeout=TIMEOUT)
+        assert r.returncode == EX_OSERR, r.stderr
+        assert "cannot be read" in r.stderr or "cannot read" in r.stderr, r.stderr
+    assert not lock_is_free(world_dir)
+    assert step(value, "--release").returncode == 0

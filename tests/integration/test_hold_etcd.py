@@ -9,6 +9,7 @@ import signal
 
 import pytest
 
+from conftest import LOOPLOCK as LOOPLOCK_BIN
 from conftest import EX_TEMPFAIL, PY, TIMEOUT, incident_rows, lock_is_free, run, running, wait_until
 from etcdtest import etcd, EX_LEASE_LOST, needs_etcd, start_member
 from test_hold import holder_pid, value_of
@@ -98,3 +99,21 @@ def test_a_lost_lease_ends_the_hold_and_release_says_76(held, tmp_path):
         assert "its etcd lease was lost" in rel.stderr
     finally:
         own.remove()
+
+
+def test_a_steps_command_gets_the_holds_cluster_facts_and_nests_on_both_locks(etcd, held, tmp_path):
+    (tmp_path / "a").mkdir()
+    a = tmp_path / "a"
+    cluster = ["--etcd", etcd.url, "--lock-name", f"hold{os.getpid()}-{next(_names)}"]
+    value = value_of(run([*cluster, "--hold", "--max-time", "2m", a]).stdout)
+    held.append(holder_pid(value))
+    key = value.split(":")[5]
+    s = run([*cluster, a, "--", "sh", "-c",
+             'echo "$LOOPLOCK_ETCD_KEY $LOOPLOCK_ETCD_LEASE $LOOPLOCK_FENCING_TOKEN"; exec "$0" "$@"',
+             LOOPLOCK_BIN, *cluster, "-v", a, "--", "echo", "nested"], env={"LOOPLOCK_HOLD": value})
+    assert s.returncode == 0, s.stderr
+    etcd_key, lease, token = s.stdout.splitlines()[0].split()
+    assert etcd_key == key  # the name has no byte to percent-encode
+    assert lease and int(token) > 0
+    assert s.stdout.splitlines()[1] == "nested"
+    assert run(["--release", value]).returncode == 0

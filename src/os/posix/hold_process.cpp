@@ -145,8 +145,8 @@ void serve_one(int listener, const SentinelSpec& spec) {
   char secret[64];
   const ssize_t n = retry_eintr([&] { return recv(conn.get(), secret, sizeof secret, 0); });
   if (n <= 0 || sha256_hex(std::string_view(secret, static_cast<size_t>(n))) != spec.secret_sha256) return;
-  char byte = 'F';
-  iovec iov{&byte, 1};
+  std::string payload = "F" + spec.exports;
+  iovec iov{payload.data(), payload.size()};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
@@ -175,6 +175,12 @@ UniqueFd listen_for_steps(const SentinelSpec& spec) {
 }
 
 }  // namespace
+
+void stop_holder(Pid child) {
+  kill(child, SIGTERM);
+  int status = 0;
+  (void)retry_eintr([&] { return waitpid(child, &status, 0); });
+}
 
 int hold_sentinel(const SentinelSpec& spec) {
   const EndSignals signals;
@@ -220,9 +226,9 @@ UniqueFd connect_to_sentinel(Pid holder, const std::string& holder_start) {
 
 }  // namespace
 
-UniqueFd fetch_hold_fd(Pid holder, const std::string& holder_start, std::string_view secret) {
+HoldShare fetch_hold_fd(Pid holder, const std::string& holder_start, std::string_view secret) {
   const UniqueFd s = connect_to_sentinel(holder, holder_start);
-  if (!s) return UniqueFd();
+  if (!s) return {};
   // The secret goes only to the holder's own child (another user could have
   // bound the name first).
   ucred peer{};
@@ -232,28 +238,29 @@ UniqueFd fetch_hold_fd(Pid holder, const std::string& holder_start, std::string_
                         : std::nullopt;
   if (!stat || procfs::parse_stat_ppid(*stat) != std::optional<Pid>(holder) || process_start(holder) != holder_start) {
     errno = EPERM;
-    return UniqueFd();
+    return {};
   }
   const timeval second{1, 0};
   setsockopt(s.get(), SOL_SOCKET, SO_RCVTIMEO, &second, sizeof second);
-  if (retry_eintr([&] { return send(s.get(), secret.data(), secret.size(), MSG_NOSIGNAL); }) < 0) return UniqueFd();
-  char byte = 0;
-  iovec iov{&byte, 1};
+  if (retry_eintr([&] { return send(s.get(), secret.data(), secret.size(), MSG_NOSIGNAL); }) < 0) return {};
+  char payload[4096];
+  iovec iov{payload, sizeof payload};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   msg.msg_control = control;
   msg.msg_controllen = sizeof control;
-  if (retry_eintr([&] { return recvmsg(s.get(), &msg, MSG_CMSG_CLOEXEC); }) <= 0) return UniqueFd();
+  const ssize_t n = retry_eintr([&] { return recvmsg(s.get(), &msg, MSG_CMSG_CLOEXEC); });
+  if (n <= 0) return {};
   const cmsghdr* c = CMSG_FIRSTHDR(&msg);
   if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(sizeof(int))) {
     errno = EPROTO;
-    return UniqueFd();
+    return {};
   }
   int fd = -1;
   std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
-  return UniqueFd(fd);
+  return {UniqueFd(fd), std::string(payload + 1, static_cast<size_t>(n) - 1)};
 }
 
 std::optional<PinnedProcess> PinnedProcess::pin(Pid pid, const std::string& start) {

@@ -18,11 +18,13 @@ bool report_held(UniqueFd /*report*/, std::string_view /*line*/) {
 
 HolderReport await_holder(Pid /*child*/, int /*report_fd*/) { return {}; }
 
+void stop_holder(Pid /*child*/) {}
+
 int hold_sentinel(const SentinelSpec& /*spec*/) { return 71; }
 
-UniqueFd fetch_hold_fd(Pid /*holder*/, const std::string& /*holder_start*/, std::string_view /*secret*/) {
+HoldShare fetch_hold_fd(Pid /*holder*/, const std::string& /*holder_start*/, std::string_view /*secret*/) {
   errno = ENOSYS;
-  return UniqueFd();
+  return {};
 }
 
 std::optional<PinnedProcess> PinnedProcess::pin(Pid /*pid*/, const std::string& /*start*/) {
