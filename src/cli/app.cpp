@@ -87,7 +87,10 @@ int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
       return exit_code::kOk;
     }
     log = Logger(o.output.verbosity, o.output.log_format);
-    if (!o.cluster.etcd.empty() && !ctx.cluster) exec_cluster_helper(argv, ctx.env, ctx.start);
+    // (--release needs no etcd: the holder revokes its own lease.)
+    if (!o.cluster.etcd.empty() && !ctx.cluster && o.mode != Mode::Release) {
+      exec_cluster_helper(argv, ctx.env, ctx.start);
+    }
     if (o.mode == Mode::Inspect) return inspect(o, log, ctx.cluster);
     if (o.mode == Mode::Release) return release_hold(o, log);
     // --hold: the caller returns once the holder holds the lock; the holder

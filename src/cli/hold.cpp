@@ -28,25 +28,31 @@ std::optional<long long> number(const char* text) {
 
 }  // namespace
 
-// `looplock --hold-sentinel HOLDER HASH [TIED_PID TIED_START]`, the lock's
-// descriptor in $LOOPLOCK_FD.
+// `looplock --hold-sentinel REPORT_FD [TIED_PID TIED_START]`: the hold's
+// value in $LOOPLOCK_HOLD, the lock's descriptor in $LOOPLOCK_FD (never on
+// the command line, which every user can read).
 std::optional<int> sentinel_main(int argc, char** argv) {
   if (argc < 2 || std::string_view(argv[1]) != kSentinelArg) return std::nullopt;
-  if (argc != 4 && argc != 6) return exit_code::kUsage;
-  const auto holder = number(argv[2]);
-  const auto tied = argc == 6 ? number(argv[4]) : std::optional<long long>(0);
-  if (!holder || !tied) return exit_code::kUsage;
+  if (argc != 3 && argc != 5) return exit_code::kUsage;
+  const auto report_fd = number(argv[2]);
+  const auto tied = argc == 5 ? number(argv[3]) : std::optional<long long>(0);
+  const char* value_text = std::getenv(std::string(env_name::kHold).c_str());
+  const std::optional<HoldValue> v = value_text ? parse_hold_value(value_text) : std::nullopt;
+  if (!report_fd || !tied || !v) return exit_code::kUsage;
   const auto fd = number(std::getenv(std::string(env_name::kFd).c_str()));
   // The cluster lock's facts for the steps' commands, as the holder gave them.
   std::string exports;
   for (const auto name : {env_name::kEtcdKey, env_name::kEtcdLease, env_name::kFencingToken}) {
-    if (const char* v = std::getenv(std::string(name).c_str())) exports += "\n" + std::string(name) + "=" + v;
+    if (const char* e = std::getenv(std::string(name).c_str())) exports += "\n" + std::string(name) + "=" + e;
   }
-  return sys::hold_sentinel({.holder = static_cast<Pid>(*holder),
+  return sys::hold_sentinel({.holder = v->pid,
                              .lock_fd = fd ? static_cast<int>(*fd) : -1,
-                             .secret_sha256 = argv[3],
+                             .report_fd = static_cast<int>(*report_fd),
+                             .report_line = value_text,
+                             .secret_sha256 = sys::sha256_hex(v->secret),
+                             .socket_key = sys::hold_socket_key(v->secret),
                              .tied_to = static_cast<Pid>(*tied),
-                             .tied_start = argc == 6 ? argv[5] : "",
+                             .tied_start = argc == 5 ? argv[4] : "",
                              .exports = exports});
 }
 
@@ -72,12 +78,12 @@ HoldFacts tie_of(Pid tied_to) {
 }
 
 // The holder's options: the sentinel as its command (it holds the lock's
-// descriptor, to hand it to later steps), DIR absolute (the holder's working
-// directory is /).
-void make_holder_options(Options& o, const HoldFacts& facts, Pid holder) {
+// descriptor, to hand it to later steps, and the report's, to say when it
+// listens).
+void make_holder_options(Options& o, const HoldFacts& facts, int report_fd) {
   const std::optional<std::string> exe = sys::own_executable();
   if (!exe) throw Fatal(exit_code::kOsError, "cannot tell looplock's own executable (/proc/self/exe) for the hold");
-  o.command = {*exe, std::string(kSentinelArg), std::to_string(holder), facts.secret_sha256};
+  o.command = {*exe, std::string(kSentinelArg), std::to_string(report_fd)};
   if (facts.tied_to != 0) {
     o.command.push_back(std::to_string(facts.tied_to));
     o.command.push_back(facts.tied_start);
@@ -95,23 +101,28 @@ void make_dir_absolute(Options& o) {
   o.dir = sys::path_in_dir(*cwd, o.dir);
 }
 
-// The caller's end: the line, or the holder's own end.
+// The caller's end: the line printed (0), or the holder's own end.
 int caller_end(const sys::HolderReport& report, const Logger& log, Pid holder) {
   if (report.signal != 0) return 128 + report.signal;  // the holder was told to let go
+  if (report.deliver_err != 0) {
+    // Nobody could know the value: the holder was ended, no hold.
+    throw Fatal(exit_code::kOsError, errno_message("cannot write to standard output", report.deliver_err),
+                "No hold was kept. Check where standard output goes (a full disk, a closed descriptor).",
+                "stdout_write_failed");
+  }
   if (report.line) {
-    try {
-      write_stdout(std::string(env_name::kHold) + "=" + *report.line + "\n");
-    } catch (const Fatal&) {
-      // Nobody will know the value: no hold.
-      sys::stop_holder(holder);
-      throw;
-    }
     log.verbose("hold", "held by looplock pid " + std::to_string(holder) +
                             " until looplock --release, --max-time, or the end of the process it is tied to");
     return exit_code::kOk;
   }
   // The holder has said why (its stderr was the caller's until then).
   return shell_status(report.wait_status);
+}
+
+// Prints the line; an errno when it cannot.
+int print_value(const std::string& line) {
+  const std::string text = std::string(env_name::kHold) + "=" + line + "\n";
+  return sys::write_all(1, text) ? 0 : (errno != 0 ? errno : EIO);
 }
 
 }  // namespace
@@ -125,12 +136,12 @@ std::optional<int> start_hold(Options& o, Context& ctx, const Logger& log) {
   make_dir_absolute(o);
   std::optional<sys::Detached> d = sys::detach_holder();
   if (!d) fail_errno(exit_code::kOsError, "cannot start the hold's holder process (fork)", errno);
-  if (d->pid != 0) return caller_end(sys::await_holder(d->pid, d->report.get()), log, d->pid);
+  if (d->pid != 0) return caller_end(sys::await_holder(d->pid, d->report.get(), print_value), log, d->pid);
   // The holder.
   ctx.pid = sys::own_pid();
-  make_holder_options(o, facts, ctx.pid);
-  auto report = std::make_shared<UniqueFd>(std::move(d->report));
-  ctx.on_held = [report, secret = *secret, dir = o.dir, pid = ctx.pid, facts](const EnvList& env) {
+  const int report_fd = d->report.release();  // the sentinel's, from the start on
+  make_holder_options(o, facts, report_fd);
+  ctx.on_held = [report_fd, secret = *secret, dir = o.dir, pid = ctx.pid, facts](CommandSpec& spec) {
     // A tie that ended while the hold waited: the hold would end at once.
     if (facts.tied_to != 0 && sys::process_start(facts.tied_to) != facts.tied_start) {
       throw Fatal(kTieEnded,
@@ -141,13 +152,15 @@ std::optional<int> start_hold(Options& o, Context& ctx, const Logger& log) {
     HoldValue v{.pid = pid,
                 .start = sys::own_start().value_or(""),
                 .secret = secret,
-                .lock_id = env_get(env, env_name::kLockId).value_or(""),
+                .lock_id = env_get(spec.env, env_name::kLockId).value_or(""),
                 .dir = dir,
-                .etcd_key = env_get(env, env_name::kEtcdKey).value_or("")};
-    if (!sys::report_held(std::move(*report), format_hold_value(v) + "\n")) {
-      fail_errno(exit_code::kOsError, "the looplock --hold that started this holder is gone; the lock is let go",
-                 errno);
-    }
+                .etcd_key = env_get(spec.env, env_name::kEtcdKey).value_or("")};
+    // The sentinel reports once it listens for the steps: the value, from
+    // its environment (never its command line); the holder itself says
+    // nothing more.
+    env_set(spec.env, {{env_name::kHold, format_hold_value(v)}});
+    spec.also_pass_fd = report_fd;
+    if (!sys::quiet_stderr()) fail_errno(exit_code::kOsError, "cannot point the holder's stderr at /dev/null", errno);
   };
   return std::nullopt;
 }

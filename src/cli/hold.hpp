@@ -15,8 +15,8 @@
 
 namespace looplock {
 
-// The sentinel's argument: `looplock --hold-sentinel [PID START]` is the
-// command of a hold (never typed by anyone; not an option).
+// The sentinel's argument: `looplock --hold-sentinel REPORT_FD [PID START]`
+// is the command of a hold (never typed by anyone; not an option).
 inline constexpr std::string_view kSentinelArg = "--hold-sentinel";
 
 // Runs the sentinel when argv asks for it (returns its exit status), else

@@ -182,15 +182,15 @@ Json report_json(const InspectFacts& facts, const Verdict& v) {
   return j;
 }
 
-// --holders: how many index files are held, then each holder.
-// A hold across steps (--hold): its end and its tie.
+// A hold across steps (--hold): its end and its tie (`ended`: released,
+// or its holder is gone).
 std::string hold_text(const HoldFacts& h, bool ended) {
-  const bool released = ended;
-  return std::string(released ? "was a hold (looplock --hold)" : "a hold (looplock --hold)") +
-         ": --max-time ends it at " + h.ends_at +
-         (h.tied_to != 0 ? ", or the end of pid " + std::to_string(h.tied_to) + " it is tied to" : "") +
-         (released ? "" : "; a step runs inside it with its LOOPLOCK_HOLD, looplock --release ends it");
+  return std::string(ended ? "was a hold (looplock --hold)" : "a hold (looplock --hold)") + ": --max-time ends it at " +
+         h.ends_at + (h.tied_to != 0 ? ", or the end of pid " + std::to_string(h.tied_to) + " it is tied to" : "") +
+         (ended ? "" : "; a step runs inside it with its LOOPLOCK_HOLD, looplock --release ends it");
 }
+
+// --holders: how many index files are held, then each holder.
 
 std::vector<std::pair<const char*, std::string>> index_lines(const std::vector<InspectFacts::Index>& indexes) {
   std::vector<std::pair<const char*, std::string>> out;

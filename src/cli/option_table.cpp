@@ -147,6 +147,9 @@ constexpr std::array kConflicts = {
   OptionConflict{.a = "hold", .b = "holders", .why = "a hold keeps the lock for the later steps, exclusively"},
   OptionConflict{.a = "hold", .b = "once-per", .why = "a skipped slot would let the later steps go on without the "
                  "lock"},
+  OptionConflict{.a = "hold", .b = "notify", .why = "the notifier's relay would keep the caller's output open for the "
+                 "whole hold", .hint = "Leave --notify out: the hold's incident rows and --release's status say how it "
+                 "ended."},
   OptionConflict{.a = "etcd", .b = "shared", .why = "shared cluster locks are not supported",
                  .hint = "Drop -s, or run without --etcd (and without $LOOPLOCK_ETCD) for a shared local lock."},
 };

@@ -12,6 +12,7 @@
 #include "base/exit_codes.hpp"
 #include "base/text.hpp"
 #include "cli/option_table.hpp"
+#include "os/hold_process.hpp"
 #include "os/job_control.hpp"
 #include "os/signal_names.hpp"
 #include "os/sys.hpp"
@@ -483,6 +484,10 @@ void check_system(const cxxopts::ParseResult& r, const Options& o) {
                 "Leave --notify out; the metrics file (--metrics-dir) and the incident rows say what happened.");
   }
   for (const char* name : {"hold", "release", "tied-to"}) {
+    if (can.hold && r.count(name) && !sys::pidfds_available()) {
+      usage_error("--" + std::string(name) + " needs pidfds (Linux 5.3 or later), which this system lacks",
+                  "Hold the lock for one command at a time (looplock DIR -c 'step1 && step2').");
+    }
     if (!can.hold && r.count(name)) {
       usage_error("--" + std::string(name) +
                       " is not available on this system yet: looplock cannot detach a "

@@ -49,6 +49,12 @@ int let_go(const sys::PinnedProcess& holder, Pid pid, const std::string& start, 
   const std::string shown = sys::path_in_dir(dir, kLockName);
   if (!holder.terminate()) {
     const int err = errno;
+    if (err == ESRCH) {
+      // It ended meanwhile (--max-time, its tie): its row says how.
+      if (const auto code = hold_ended_by(dirfd, pid, start, secret_sha256)) return *code;
+      log.error("no_such_hold", "no such hold of " + shown + ": it has just ended");
+      return kNoSuchHold;
+    }
     const auto uid = sys::process_uid(pid);
     throw Fatal(exit_code::kOsError, errno_message("cannot signal hold process " + std::to_string(pid), err),
                 err == EPERM ? "It runs as " + (uid ? "uid " + std::to_string(*uid) : std::string("another user")) +
@@ -101,7 +107,11 @@ int release_value(const std::string& text, const Logger& log) {
                 "Release it as the user that took it, or as root (or give this user read access to the lock file).");
   }
   std::optional<sys::PinnedProcess> holder;
-  if (c.live) holder = sys::PinnedProcess::pin(v->pid, v->start);
+  if (c.live) {
+    holder = sys::PinnedProcess::pin(v->pid, v->start);
+    if (!holder && errno != ESRCH)
+      fail_errno(exit_code::kOsError, "cannot pin hold process " + std::to_string(v->pid), errno);
+  }
   if (!holder) {
     if (const auto code = hold_ended_by(d.fd.get(), v->pid, v->start, hash)) {
       log.error("hold_ended", "the hold of " + shown + " had already ended: " + how_ended(*code));
@@ -167,6 +177,8 @@ int release_forced(const std::string& dir, const Logger& log) {
     return kNoSuchHold;
   }
   const std::optional<sys::PinnedProcess> holder = sys::PinnedProcess::pin(r->pid, r->pid_start);
+  if (!holder && errno != ESRCH)
+    fail_errno(exit_code::kOsError, "cannot pin hold process " + std::to_string(r->pid), errno);
   if (!holder) {
     log.error("no_such_hold", "no such hold of " + shown + ": it has just ended");
     return kNoSuchHold;

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -18,31 +19,33 @@
 namespace looplock::sys {
 
 // fork(2) for --hold. In the parent: the child's pid and the read end of its
-// report pipe. In the child (pid 0): the write end; the child is the leader
-// of a session of its own, its working directory is /, its stdin and stdout
-// are /dev/null and its stderr is still the caller's (until report_held()).
-// nullopt (errno set) when it cannot be done.
+// report pipe. In the child (pid 0): the write end (at descriptor 3 or
+// above); the child is the leader of a session of its own, its working
+// directory is /, its stdin and stdout are /dev/null, its stderr is still
+// the caller's (until quiet_stderr()), and it keeps no other descriptor of
+// the caller's. nullopt (errno set) when it cannot be done.
 struct Detached {
   Pid pid = 0;
   UniqueFd report;
 };
 std::optional<Detached> detach_holder();
 
-// The child, holding the lock: stderr onto /dev/null too, then `line` on
-// the report pipe, which it then closes. False (errno set) when the line
-// cannot be written (the caller is gone: EPIPE).
-bool report_held(UniqueFd report, std::string_view line);
+// The holder, holding the lock: its stderr onto /dev/null too.
+bool quiet_stderr();
 
 // The parent: what the child reported, or how it ended without a report.
 // While it waits, TERM, INT and HUP sent to the parent are passed to the
 // child as TERM (it then stops waiting or lets go); `signal` says which
-// came, 0 if none.
+// came, 0 if none. The line goes to `deliver` while those signals (and
+// SIGPIPE) are still held back; when it returns an errno other than 0, the
+// child is ended (stop_holder()) and `deliver_err` says why.
 struct HolderReport {
   std::optional<std::string> line;  // the child's line (it holds the lock)
   int wait_status = 0;              // without a line: the child's wait status
   int signal = 0;
+  int deliver_err = 0;
 };
-HolderReport await_holder(Pid child, int report_fd);
+HolderReport await_holder(Pid child, int report_fd, const std::function<int(const std::string&)>& deliver);
 
 // The parent: ends its holder (TERM: a waiting holder stops waiting, a
 // holding one lets go) and waits for it to exit.
@@ -52,15 +55,20 @@ void stop_holder(Pid child);
 // arrives, its holder (its parent) ends, or, when `tied_to` is not 0, that
 // process (which must have the start time `tied_start`) has ended; returns
 // 0 then, 1 at once when the tie or the holder is already gone, 71 when the
-// system cannot watch them. Meanwhile it hands the lock's descriptor
-// `lock_fd` (inherited from the holder) to a later step that proves it knows
-// the secret whose SHA-256 is `secret_sha256` (posix/: over an abstract Unix
-// socket named after the holder, SCM_RIGHTS), so that the step's command
-// holds the lock through a descriptor of its own, as under any looplock.
+// system cannot watch them or listen for steps. Once it listens it writes
+// `report_line` to `report_fd` (the caller prints it), and from then on
+// hands the lock's descriptor `lock_fd` (inherited from the holder) to a
+// later step that proves it knows the secret whose SHA-256 is
+// `secret_sha256` (posix/: over an abstract Unix socket whose name is
+// derived from the secret, SCM_RIGHTS), so that the step's command holds the
+// lock through a descriptor of its own, as under any looplock.
 struct SentinelSpec {
   Pid holder = 0;
   int lock_fd = -1;
+  int report_fd = -1;
+  std::string report_line;
   std::string secret_sha256;
+  std::string socket_key;  // the socket's name (from the secret)
   Pid tied_to = 0;
   std::string tied_start;
   // "NAME=value" lines handed over with the descriptor (the cluster lock's
@@ -69,15 +77,21 @@ struct SentinelSpec {
 };
 int hold_sentinel(const SentinelSpec& spec);
 
+// The socket name's key for a hold's secret (the same on both sides).
+std::string hold_socket_key(std::string_view secret);
+
 // A later step: the descriptor the hold's sentinel hands over for `secret`,
 // and its exports, once the peer is confirmed to be a child of the holder
-// `holder` (which has the start time `holder_start`); an invalid fd (errno
-// set) when it cannot be had.
+// `holder` (which has the start time `holder_start`) running as the same
+// user; an invalid fd (errno set) when it cannot be had.
 struct HoldShare {
   UniqueFd fd;
   std::string exports;
 };
 HoldShare fetch_hold_fd(Pid holder, const std::string& holder_start, std::string_view secret);
+
+// Whether the system has pidfds (posix/: pidfd_open(2), Linux 5.3).
+bool pidfds_available();
 
 // A process pinned by a handle (posix/: a pidfd) once its start time is
 // confirmed: signals and waits reach it and never a later process given the

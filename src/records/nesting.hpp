@@ -31,7 +31,7 @@ struct OuterHolder {
   Pid pid;         // the outer looplock, as the environment names it (0 if it does not)
   int fd;          // the descriptor through which the lock is held
   bool inherited;  // the descriptor is this process's own
-  bool hold = false;  // a hold across steps that $LOOPLOCK_HOLD names (fd: -1)
+  bool hold = false;  // a hold across steps that $LOOPLOCK_HOLD names (fd: the hold's, handed over; -1 if none)
   // A hold's exports for the command (its cluster lock's key, lease, token).
   std::vector<std::pair<std::string_view, std::string>> exports = {};
 };

@@ -162,7 +162,7 @@ JobEnd Run::run_job() {
                  {{"operation", request_.identity.operation},
                   {"agent_id", request_.identity.agent},
                   {"policy", policy_name(o_.wait.policy)}});
-    if (ctx_.on_held) ctx_.on_held(spec_.env);
+    if (ctx_.on_held) ctx_.on_held(spec_);
     JobEnd job = jobs_.run(spec_, log_);
     facts_.ran = job.ended - job.started;
     return job;

@@ -29,9 +29,10 @@ struct Context {
   // hands runs with --etcd to looplock-etcd (cli/cluster_exec.hpp).
   LockKind* cluster = nullptr;
   // --hold's holder: called once every lock is held, just before the
-  // sentinel starts, with the command's environment; it throws Fatal when
-  // the hold cannot be reported (cli/hold.hpp).
-  std::function<void(const EnvList&)> on_held;
+  // sentinel starts, with the command it makes the sentinel's (its
+  // environment, the report descriptor); throws Fatal when the hold must
+  // not go on (cli/hold.hpp).
+  std::function<void(CommandSpec&)> on_held;
 };
 
 // What a factory builds a run's stack from: DIR open, and what it is called.

@@ -338,6 +338,7 @@ def test_a_read_only_lock_file_fails_the_hold(holds, tmpfs):
     (["--hold", "--max-time", "1m", "-s", "DIR"], "--hold and -s/--shared cannot be combined"),
     (["--hold", "--max-time", "1m", "--holders", "2", "DIR"], "--hold and --holders cannot be combined"),
     (["--hold", "--max-time", "1m", "-F", "DIR"], "needs looplock to stay the command's parent"),
+    (["--hold", "--max-time", "1m", "--notify", "true", "DIR"], "--hold and --notify cannot be combined"),
     (["--hold", "--max-time", "1m", "DIR", "--", "true"], "--hold takes no command"),
     (["--hold", "--max-time", "1m", "--tied-to", "0", "DIR"], "--tied-to 0: there is no process 0"),
     (["--hold", "--max-time", "1m", "--tied-to", "x", "DIR"], "invalid --tied-to 'x'"),
@@ -521,4 +522,34 @@ def test_release_by_another_user_says_why(holds, world_dir):
         assert r.returncode == EX_OSERR, r.stderr
         assert "cannot be read" in r.stderr or "cannot read" in r.stderr, r.stderr
     assert not lock_is_free(world_dir)
+    assert step(value, "--release").returncode == 0
+
+
+@pytest.mark.parametrize("how", ["closed pipe", "closed stdout"])
+def test_a_value_nobody_can_read_means_no_hold(loop_dir, how):
+    if how == "closed pipe":
+        p = subprocess.Popen([LOOPLOCK, "--hold", "--max-time", "2m", "-p", "blocking", loop_dir],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p.stdout.close()  # as `| true` does, before the value comes
+        err = p.stderr.read()
+        rc = p.wait(timeout=TIMEOUT)
+    else:
+        r = subprocess.run(["sh", "-c", f'exec "{LOOPLOCK}" --hold --max-time 2m "{loop_dir}" <&- >&-'],
+                           capture_output=True, text=True, timeout=TIMEOUT)
+        rc, err = r.returncode, r.stderr
+    assert rc == EX_OSERR, err
+    assert "cannot write to standard output" in err and "No hold was kept" in err
+    assert lock_is_free(loop_dir)
+
+
+def test_the_holder_keeps_none_of_the_callers_descriptors(holds, loop_dir):
+    """A command substitution that also captures fd 3 still ends at once."""
+    r = subprocess.run(["sh", "-c", f'x=$("{LOOPLOCK}" --hold --max-time 2m "{loop_dir}" 3>&1); echo "$x"'],
+                       capture_output=True, text=True, timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    value = value_of(r.stdout)
+    pid = holder_pid(value)
+    fds = sorted(int(fd) for fd in os.listdir(f"/proc/{pid}/fd"))
+    targets = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds]
+    assert not any(t.startswith("pipe:") and fd < 3 for fd, t in zip(fds, targets)), targets
     assert step(value, "--release").returncode == 0

@@ -32,10 +32,20 @@ public:
   EndSignals() {
     sigemptyset(&set_);
     for (int s : {SIGTERM, SIGINT, SIGHUP}) sigaddset(&set_, s);
-    sigprocmask(SIG_BLOCK, &set_, &old_);
+    sigset_t blocked = set_;
+    sigaddset(&blocked, SIGPIPE);  // a write to a pipe nobody reads: EPIPE instead
+    sigprocmask(SIG_BLOCK, &blocked, &old_);
     fd_.reset(signalfd(-1, &set_, SFD_CLOEXEC | SFD_NONBLOCK));
   }
-  ~EndSignals() { sigprocmask(SIG_SETMASK, &old_, nullptr); }
+  ~EndSignals() {
+    sigset_t pipe_set;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    const timespec none{0, 0};
+    while (sigtimedwait(&pipe_set, nullptr, &none) == SIGPIPE) {
+    }
+    sigprocmask(SIG_SETMASK, &old_, nullptr);
+  }
   EndSignals(const EndSignals&) = delete;
   EndSignals& operator=(const EndSignals&) = delete;
 
@@ -62,38 +72,32 @@ std::optional<Detached> detach_holder() {
   if (pipe2(ends, O_CLOEXEC) != 0) return std::nullopt;
   UniqueFd read_end(ends[0]);
   UniqueFd write_end(ends[1]);
+  // Above stdio: with 0, 1 or 2 closed, the pipe could have taken them.
+  if (write_end.get() < 3) write_end.reset(fcntl(write_end.get(), F_DUPFD_CLOEXEC, 3));
+  if (!write_end) return std::nullopt;
   const pid_t pid = fork();
   if (pid < 0) return std::nullopt;
   if (pid > 0) return Detached{pid, std::move(read_end)};
   read_end.reset();
   // The child: nothing it does may stop at the caller's terminal, its
-  // session or its working directory (which could then not be unmounted).
+  // session or its working directory (which could then not be unmounted),
+  // and it keeps none of the caller's descriptors but stderr (a pipe a
+  // caller reads to its end would else wait for the hold).
   if (setsid() < 0 || chdir("/") != 0) _exit(71);
   const UniqueFd null(open("/dev/null", O_RDWR | O_CLOEXEC));
   if (!null || dup2(null.get(), 0) < 0 || dup2(null.get(), 1) < 0) _exit(71);
+  const unsigned keep = static_cast<unsigned>(write_end.get());
+  if (keep > 3) syscall(SYS_close_range, 3U, keep - 1, 0U);
+  syscall(SYS_close_range, keep + 1, ~0U, 0U);
   return Detached{0, std::move(write_end)};
 }
 
-bool report_held(UniqueFd report, std::string_view line) {
+bool quiet_stderr() {
   const UniqueFd null(open("/dev/null", O_RDWR | O_CLOEXEC));
-  if (!null || dup2(null.get(), 2) < 0) return false;
-  // A caller that is gone makes the write fail with EPIPE; SIGPIPE is held
-  // back meanwhile and dropped if it came.
-  sigset_t pipe_set, old;
-  sigemptyset(&pipe_set);
-  sigaddset(&pipe_set, SIGPIPE);
-  sigprocmask(SIG_BLOCK, &pipe_set, &old);
-  const bool ok = write_all(report.get(), line);
-  const int err = errno;
-  const timespec none{0, 0};
-  while (sigtimedwait(&pipe_set, nullptr, &none) == SIGPIPE) {
-  }
-  sigprocmask(SIG_SETMASK, &old, nullptr);
-  errno = err;
-  return ok;
+  return null && dup2(null.get(), 2) >= 0;
 }
 
-HolderReport await_holder(Pid child, int report_fd) {
+HolderReport await_holder(Pid child, int report_fd, const std::function<int(const std::string&)>& deliver) {
   HolderReport out;
   const EndSignals signals;
   std::string got;
@@ -111,37 +115,53 @@ HolderReport await_holder(Pid child, int report_fd) {
     const ssize_t n = retry_eintr([&] { return read(report_fd, buf, sizeof buf); });
     if (n <= 0) break;
     got.append(buf, static_cast<size_t>(n));
-    if (got.find('\n') != std::string::npos) {
-      out.line = got.substr(0, got.find('\n'));
-      return out;
-    }
+    if (got.find('\n') == std::string::npos) continue;
+    out.line = got.substr(0, got.find('\n'));
+    // Told to end meanwhile, or the line goes nowhere: nobody could know
+    // the value, so no hold.
+    if (out.signal == 0) out.deliver_err = deliver(*out.line);
+    if (out.signal != 0 || out.deliver_err != 0) stop_holder(child);
+    return out;
   }
   int status = 0;
   if (retry_eintr([&] { return waitpid(child, &status, 0); }) == child) out.wait_status = status;
   return out;
 }
 
+void stop_holder(Pid child) {
+  kill(child, SIGTERM);
+  int status = 0;
+  (void)retry_eintr([&] { return waitpid(child, &status, 0); });
+}
+
 namespace {
 
-// The abstract socket the sentinel of holder `holder` (started at `start`)
-// listens on: in this network namespace, never a file.
-sockaddr_un hold_socket_name(Pid holder, const std::string& start, socklen_t& len) {
+// The abstract socket of a hold: in this network namespace, never a file,
+// named after the secret, so that nobody who lacks it can take the name
+// first.
+sockaddr_un hold_socket_name(const std::string& key, socklen_t& len) {
   sockaddr_un a{};
   a.sun_family = AF_UNIX;
-  const std::string name = "looplock/hold/" + std::to_string(holder) + "/" + start;
+  const std::string name = "looplock/hold/" + key;
   a.sun_path[0] = '\0';
-  name.copy(a.sun_path + 1, std::min(name.size(), sizeof a.sun_path - 2));
-  len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + std::min(name.size(), sizeof a.sun_path - 2));
+  const size_t n = std::min(name.size(), sizeof a.sun_path - 2);
+  name.copy(a.sun_path + 1, n);
+  len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
   return a;
 }
 
-// One step's request: its secret, within a second; the descriptor when it
-// matches.
+void set_timeouts(int fd) {
+  const timeval second{1, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &second, sizeof second);
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &second, sizeof second);
+}
+
+// One step's request: its secret, within a second; the descriptor (and the
+// exports) when it matches.
 void serve_one(int listener, const SentinelSpec& spec) {
   const UniqueFd conn(accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
   if (!conn) return;
-  const timeval second{1, 0};
-  setsockopt(conn.get(), SOL_SOCKET, SO_RCVTIMEO, &second, sizeof second);
+  set_timeouts(conn.get());
   char secret[64];
   const ssize_t n = retry_eintr([&] { return recv(conn.get(), secret, sizeof secret, 0); });
   if (n <= 0 || sha256_hex(std::string_view(secret, static_cast<size_t>(n))) != spec.secret_sha256) return;
@@ -162,28 +182,29 @@ void serve_one(int listener, const SentinelSpec& spec) {
 }
 
 UniqueFd listen_for_steps(const SentinelSpec& spec) {
-  if (spec.lock_fd < 0) return UniqueFd();
-  const std::optional<std::string> start = process_start(spec.holder);
-  if (!start) return UniqueFd();
   UniqueFd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   socklen_t len = 0;
-  const sockaddr_un a = hold_socket_name(spec.holder, *start, len);
+  const sockaddr_un a = hold_socket_name(spec.socket_key, len);
   if (!s || bind(s.get(), reinterpret_cast<const sockaddr*>(&a), len) != 0 || listen(s.get(), 8) != 0) {
     return UniqueFd();
   }
   return s;
 }
 
+// The caller's line, once the sentinel listens; false when it is gone.
+bool report(const SentinelSpec& spec) {
+  const UniqueFd fd(spec.report_fd);
+  return fd && write_all(fd.get(), spec.report_line + "\n");
+}
+
 }  // namespace
 
-void stop_holder(Pid child) {
-  kill(child, SIGTERM);
-  int status = 0;
-  (void)retry_eintr([&] { return waitpid(child, &status, 0); });
+std::string hold_socket_key(std::string_view secret) {
+  return sha256_hex("looplock hold socket " + std::string(secret)).substr(0, 32);
 }
 
 int hold_sentinel(const SentinelSpec& spec) {
-  const EndSignals signals;
+  const EndSignals signals;  // SIGPIPE too: a caller that is gone is EPIPE
   if (signals.fd() < 0) return 71;
   // The holder's end (KILLed) ends the sentinel too, which would else keep
   // the lock through its descriptor.
@@ -197,6 +218,8 @@ int hold_sentinel(const SentinelSpec& spec) {
     if (process_start(spec.tied_to) != spec.tied_start) return 1;
   }
   const UniqueFd listener = listen_for_steps(spec);
+  if (!listener) return 71;
+  if (!report(spec)) return 1;
   for (;;) {
     pollfd fds[3] = {{signals.fd(), POLLIN, 0}, {listener.get(), POLLIN, 0}, {tie.get(), POLLIN, 0}};
     if (retry_eintr([&] { return poll(fds, 3, -1); }) < 0) return 71;
@@ -206,42 +229,24 @@ int hold_sentinel(const SentinelSpec& spec) {
   }
 }
 
-namespace {
-
-// Connected to the holder's sentinel. The caller of --hold prints the value
-// just before the sentinel starts, so a step that follows at once may come
-// before it listens: that is waited for, at most 2 s.
-UniqueFd connect_to_sentinel(Pid holder, const std::string& holder_start) {
-  socklen_t len = 0;
-  const sockaddr_un a = hold_socket_name(holder, holder_start, len);
-  const long long until = monotonic_ms() + 2000;
-  for (;;) {
-    UniqueFd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-    if (!s) return s;
-    if (retry_eintr([&] { return connect(s.get(), reinterpret_cast<const sockaddr*>(&a), len); }) == 0) return s;
-    if (errno != ECONNREFUSED || monotonic_ms() >= until || process_start(holder) != holder_start) return UniqueFd();
-    nap_ns(10'000'000);
-  }
-}
-
-}  // namespace
-
 HoldShare fetch_hold_fd(Pid holder, const std::string& holder_start, std::string_view secret) {
-  const UniqueFd s = connect_to_sentinel(holder, holder_start);
+  socklen_t len = 0;
+  const sockaddr_un a = hold_socket_name(hold_socket_key(secret), len);
+  const UniqueFd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (!s) return {};
-  // The secret goes only to the holder's own child (another user could have
-  // bound the name first).
+  set_timeouts(s.get());
+  if (retry_eintr([&] { return connect(s.get(), reinterpret_cast<const sockaddr*>(&a), len); }) != 0) return {};
+  // The secret goes only to the holder's own child, of the same user.
   ucred peer{};
   socklen_t peer_len = sizeof peer;
   const auto stat = getsockopt(s.get(), SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) == 0
                         ? read_file("/proc/" + std::to_string(peer.pid) + "/stat", 4096)
                         : std::nullopt;
-  if (!stat || procfs::parse_stat_ppid(*stat) != std::optional<Pid>(holder) || process_start(holder) != holder_start) {
+  if (!stat || procfs::parse_stat_ppid(*stat) != std::optional<Pid>(holder) || process_start(holder) != holder_start ||
+      process_uid(holder) != std::optional<Uid>(peer.uid)) {
     errno = EPERM;
     return {};
   }
-  const timeval second{1, 0};
-  setsockopt(s.get(), SOL_SOCKET, SO_RCVTIMEO, &second, sizeof second);
   if (retry_eintr([&] { return send(s.get(), secret.data(), secret.size(), MSG_NOSIGNAL); }) < 0) return {};
   char payload[4096];
   iovec iov{payload, sizeof payload};
@@ -261,6 +266,11 @@ HoldShare fetch_hold_fd(Pid holder, const std::string& holder_start, std::string
   int fd = -1;
   std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
   return {UniqueFd(fd), std::string(payload + 1, static_cast<size_t>(n) - 1)};
+}
+
+bool pidfds_available() {
+  const UniqueFd self = open_pidfd(getpid());
+  return self.valid();
 }
 
 std::optional<PinnedProcess> PinnedProcess::pin(Pid pid, const std::string& start) {

@@ -11,12 +11,15 @@ std::optional<Detached> detach_holder() {
   return std::nullopt;
 }
 
-bool report_held(UniqueFd /*report*/, std::string_view /*line*/) {
-  errno = ENOSYS;
-  return false;
+bool quiet_stderr() { return false; }
+
+HolderReport await_holder(Pid /*child*/, int /*report_fd*/, const std::function<int(const std::string&)>& /*deliver*/) {
+  return {};
 }
 
-HolderReport await_holder(Pid /*child*/, int /*report_fd*/) { return {}; }
+std::string hold_socket_key(std::string_view /*secret*/) { return {}; }
+
+bool pidfds_available() { return false; }
 
 void stop_holder(Pid /*child*/) {}
 
