@@ -150,6 +150,23 @@ sockaddr_un hold_socket_name(const std::string& key, socklen_t& len) {
   return a;
 }
 
+// One message of `size` bytes at `data` with room for one descriptor
+// (SCM_RIGHTS); it points into itself, so it stays where it is made.
+struct FdMessage {
+  FdMessage(void* data, size_t size) : iov{data, size} {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+  }
+  FdMessage(const FdMessage&) = delete;
+  FdMessage& operator=(const FdMessage&) = delete;
+
+  iovec iov;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+};
+
 void set_timeouts(int fd) {
   const timeval second{1, 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &second, sizeof second);
@@ -166,19 +183,13 @@ void serve_one(int listener, const SentinelSpec& spec) {
   const ssize_t n = retry_eintr([&] { return recv(conn.get(), secret, sizeof secret, 0); });
   if (n <= 0 || sha256_hex(std::string_view(secret, static_cast<size_t>(n))) != spec.secret_sha256) return;
   std::string payload = "F" + spec.exports;
-  iovec iov{payload.data(), payload.size()};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  FdMessage m(payload.data(), payload.size());
+  cmsghdr* c = CMSG_FIRSTHDR(&m.msg);
   c->cmsg_level = SOL_SOCKET;
   c->cmsg_type = SCM_RIGHTS;
   c->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(c), &spec.lock_fd, sizeof(int));
-  (void)retry_eintr([&] { return sendmsg(conn.get(), &msg, MSG_NOSIGNAL); });
+  (void)retry_eintr([&] { return sendmsg(conn.get(), &m.msg, MSG_NOSIGNAL); });
 }
 
 UniqueFd listen_for_steps(const SentinelSpec& spec) {
@@ -249,16 +260,10 @@ HoldShare fetch_hold_fd(Pid holder, const std::string& holder_start, std::string
   }
   if (retry_eintr([&] { return send(s.get(), secret.data(), secret.size(), MSG_NOSIGNAL); }) < 0) return {};
   char payload[4096];
-  iovec iov{payload, sizeof payload};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  const ssize_t n = retry_eintr([&] { return recvmsg(s.get(), &msg, MSG_CMSG_CLOEXEC); });
+  FdMessage m(payload, sizeof payload);
+  const ssize_t n = retry_eintr([&] { return recvmsg(s.get(), &m.msg, MSG_CMSG_CLOEXEC); });
   if (n <= 0) return {};
-  const cmsghdr* c = CMSG_FIRSTHDR(&msg);
+  const cmsghdr* c = CMSG_FIRSTHDR(&m.msg);
   if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(sizeof(int))) {
     errno = EPROTO;
     return {};
