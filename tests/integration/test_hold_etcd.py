@@ -6,6 +6,7 @@ in for hosts on one cluster lock name; every process is stopped by its pid
 and every wait is bounded. The local half is test_hold.py."""
 import os
 import signal
+import subprocess
 
 import pytest
 
@@ -117,3 +118,40 @@ def test_a_steps_command_gets_the_holds_cluster_facts_and_nests_on_both_locks(et
     assert lease and int(token) > 0
     assert s.stdout.splitlines()[1] == "nested"
     assert run(["--release", value]).returncode == 0
+
+
+def test_tied_to_max_time_and_force_end_an_etcd_hold_and_free_the_cluster_lock(etcd, held, tmp_path):
+    """Each end lets another host take the cluster lock at once."""
+    a, b = hosts_of(tmp_path)
+    cluster = ["--etcd", etcd.url, "--lock-name", f"hold{os.getpid()}-{next(_names)}"]
+
+    def other_host_gets_it():
+        return run([*cluster, "-w", "5", b, "--", "true"], env={"LOOPLOCK_HOLD": ""}).returncode == 0
+
+    # --tied-to: the tied process is KILLed.
+    tie = subprocess.Popen(["sleep", "300"])
+    try:
+        value = value_of(run([*cluster, "--hold", "--max-time", "2m", "--tied-to", tie.pid, a]).stdout)
+        held.append(holder_pid(value))
+        tie.kill()
+        tie.wait(timeout=TIMEOUT)
+        wait_until(lambda: not running(holder_pid(value)), "the tied hold to end")
+    finally:
+        if tie.poll() is None:
+            tie.kill()
+            tie.wait(timeout=TIMEOUT)
+    assert other_host_gets_it()
+    assert run(["--release", value]).returncode == 1
+    # --max-time.
+    value = value_of(run([*cluster, "--hold", "--max-time", "0.5s", a]).stdout)
+    held.append(holder_pid(value))
+    wait_until(lambda: not running(holder_pid(value)), "--max-time to end the hold", timeout=TIMEOUT)
+    assert other_host_gets_it()
+    assert run(["--release", value]).returncode == 124
+    # --release --force, without the value.
+    value = value_of(run([*cluster, "--hold", "--max-time", "2m", a]).stdout)
+    held.append(holder_pid(value))
+    r = run(["--release", "--force", a], env={"LOOPLOCK_HOLD": ""})
+    assert r.returncode == 0, r.stderr
+    assert not running(holder_pid(value))
+    assert other_host_gets_it()
