@@ -61,20 +61,39 @@ namespace {
 // --hold's status when the --tied-to process ended before the lock was held.
 constexpr int kTieEnded = 1;
 
-// The tie, as it is now: --tied-to's process and its start time.
-HoldFacts tie_of(Pid tied_to) {
+// The tie, as it is now: --tied-to's process and its start time, pinned
+// (the caller watches it while the holder waits for the lock).
+HoldFacts tie_of(Pid tied_to, std::optional<sys::PinnedProcess>& pinned) {
   HoldFacts facts;
   if (tied_to == 0) return facts;
   const std::optional<std::string> start = sys::process_start(tied_to);
   // Pinned as the sentinel will pin it: a thread's id is no process.
-  if (!start || !sys::process_alive(tied_to) || !sys::PinnedProcess::pin(tied_to, *start)) {
-    throw Fatal(exit_code::kUsage, "--tied-to " + std::to_string(tied_to) + ": there is no such process",
+  if (start) pinned = sys::PinnedProcess::pin(tied_to, *start);
+  const bool thread = start && !pinned && (errno == EINVAL || errno == ENOENT);  // (by kernel version)
+  if (pinned && !sys::process_alive(tied_to)) pinned.reset();                    // a zombie
+  if (!pinned) {
+    throw Fatal(exit_code::kUsage,
+                "--tied-to " + std::to_string(tied_to) +
+                    (thread ? ": that is a thread, not a process" : ": there is no such process"),
                 "Give the pid of a process that lives as long as the hold should: in a GitHub Actions step, "
                 "\"$PPID\" (the runner's worker).");
   }
   facts.tied_to = tied_to;
   facts.tied_start = *start;
   return facts;
+}
+
+// Relative paths the holder reads later made absolute: its working
+// directory is /.
+void make_paths_absolute(Options& o) {
+  const std::optional<std::string> cwd = sys::working_dir();
+  for (std::string* path : {&o.dir, &o.metrics_dir, &o.cluster.etcd_cacert, &o.cluster.etcd_cert, &o.cluster.etcd_key,
+                            &o.cluster.etcd_password_file}) {
+    if (path->empty() || path->starts_with('/')) continue;
+    if (!cwd)
+      fail_errno(exit_code::kOsError, "cannot read the working directory to make " + *path + " absolute", errno);
+    *path = sys::path_in_dir(*cwd, *path);
+  }
 }
 
 // The holder's options: the sentinel as its command (it holds the lock's
@@ -93,17 +112,13 @@ void make_holder_options(Options& o, const HoldFacts& facts, int report_fd) {
   o.hold.facts = facts;
 }
 
-// DIR made absolute: the holder's working directory is /.
-void make_dir_absolute(Options& o) {
-  if (o.dir.starts_with('/')) return;
-  const std::optional<std::string> cwd = sys::working_dir();
-  if (!cwd) fail_errno(exit_code::kOsError, "cannot read the working directory to make DIR absolute", errno);
-  o.dir = sys::path_in_dir(*cwd, o.dir);
-}
-
 // The caller's end: the line printed (0), or the holder's own end.
 int caller_end(const sys::HolderReport& report, const Logger& log, Pid holder) {
   if (report.signal != 0) return 128 + report.signal;  // the holder was told to let go
+  if (report.tie_ended) {
+    log.error("hold_tie_ended", "the process --tied-to names ended while the hold waited for the lock: no hold");
+    return kTieEnded;
+  }
   if (report.deliver_err != 0) {
     // Nobody could know the value: the holder was ended, no hold.
     throw Fatal(exit_code::kOsError, errno_message("cannot write to standard output", report.deliver_err),
@@ -115,8 +130,14 @@ int caller_end(const sys::HolderReport& report, const Logger& log, Pid holder) {
                             " until looplock --release, --max-time, or the end of the process it is tied to");
     return exit_code::kOk;
   }
-  // The holder has said why (its stderr was the caller's until then).
-  return shell_status(report.wait_status);
+  // The holder has said why (its stderr was the caller's until then), but
+  // for an end after it held the lock (its stderr was /dev/null by then).
+  const int status = shell_status(report.wait_status);
+  if (status == exit_code::kMaxTime || status == exit_code::kLeaseLost) {
+    log.error("hold_ended", std::string("the hold ended before it could be reported: ") +
+                                (status == exit_code::kMaxTime ? "--max-time passed" : "its etcd lease was lost"));
+  }
+  return status;
 }
 
 // Prints the line; an errno when it cannot.
@@ -128,16 +149,21 @@ int print_value(const std::string& line) {
 }  // namespace
 
 std::optional<int> start_hold(Options& o, Context& ctx, const Logger& log) {
-  HoldFacts facts = tie_of(o.hold.tied_to);
+  std::optional<sys::PinnedProcess> tie;
+  HoldFacts facts = tie_of(o.hold.tied_to, tie);
   const std::optional<std::string> secret = new_hold_secret();
   if (!secret) fail_errno(exit_code::kOsError, "cannot draw the hold's secret (getrandom)", errno);
   facts.secret_sha256 = sys::sha256_hex(*secret);
   facts.max_time_ms = o.limits.max_time ? ms_of(*o.limits.max_time) : 0;
-  make_dir_absolute(o);
+  make_paths_absolute(o);
   std::optional<sys::Detached> d = sys::detach_holder();
   if (!d) fail_errno(exit_code::kOsError, "cannot start the hold's holder process (fork)", errno);
-  if (d->pid != 0) return caller_end(sys::await_holder(d->pid, d->report.get(), print_value), log, d->pid);
-  // The holder.
+  if (d->pid != 0) {
+    return caller_end(sys::await_holder(d->pid, d->report.get(), tie ? tie->handle() : -1, print_value), log, d->pid);
+  }
+  // The holder. Its copy of the tie's handle went with the caller's other
+  // descriptors (detach_holder()): dropped before any descriptor is opened.
+  tie.reset();
   ctx.pid = sys::own_pid();
   const int report_fd = d->report.release();  // the sentinel's, from the start on
   make_holder_options(o, facts, report_fd);

@@ -66,7 +66,8 @@ int let_go(const sys::PinnedProcess& holder, Pid pid, const std::string& start, 
         exit_code::kOsError,
         "hold process " + std::to_string(pid) + " was told to let go of " + shown + " but has not ended within " +
             std::to_string(kLetGo.count() / 1000) + " s",
-        "looplock --inspect " + dir + " shows who holds it; looplock --release --force " + dir + " ends it again.");
+        "It may be stopped (SIGSTOP) or stuck: look at it with ps (looplock --inspect " + dir +
+            " names it); KILL it only as a last resort (the kernel then frees the lock, but no row is written).");
   }
   if (const auto code = hold_ended_by(dirfd, pid, start, secret_sha256)) {
     log.warn("hold_ended", "the hold of " + shown + " had ended by itself first: " + how_ended(*code));
@@ -84,6 +85,14 @@ bool ended_at_its_end(const HoldCheck& c, const HoldValue& v, const std::string&
          r->released_at && *r->released_at >= r->hold->ends_at;
 }
 
+// The holder, when its sentinel hands over the lock's descriptor for the
+// secret (only the hold's own does): proof enough where the record and
+// /proc/locks no longer say (DIR or its lock file moved away meanwhile).
+std::optional<sys::PinnedProcess> proven_by_sentinel(const HoldValue& v) {
+  if (sys::process_start(v.pid) != v.start || !sys::fetch_hold_fd(v.pid, v.start, v.secret).fd) return std::nullopt;
+  return sys::PinnedProcess::pin(v.pid, v.start);
+}
+
 int release_value(const std::string& text, const Logger& log) {
   const std::optional<HoldValue> v = parse_hold_value(text);
   if (!v) {
@@ -96,12 +105,16 @@ int release_value(const std::string& text, const Logger& log) {
   if (!d.fd && errno == EACCES) {
     fail_errno(exit_code::kOsError, "cannot open " + v->dir + " to end its hold", EACCES);
   }
+  const std::string hash = sys::sha256_hex(v->secret);
   if (!d.fd || !d.has_lock_file) {
-    log.error("no_such_hold", "no such hold: " + shown + " cannot be read (" + std::strerror(errno) + ")");
+    const int err = errno;
+    // DIR or its lock file moved away: the holder may still live, and its
+    // sentinel answering to the secret proves it is the hold.
+    if (auto holder = proven_by_sentinel(*v)) return let_go(*holder, v->pid, v->start, hash, -1, v->dir, log);
+    log.error("no_such_hold", "no such hold: " + shown + " cannot be read (" + std::strerror(err) + ")");
     return kNoSuchHold;
   }
-  const std::string hash = sys::sha256_hex(v->secret);
-  const HoldCheck c = check_hold(*v, d.fd.get(), d.lock_file);
+  HoldCheck c = check_hold(*v, d.fd.get(), d.lock_file);
   if (c.unreadable) {
     throw Fatal(exit_code::kOsError, "the hold of " + shown + " " + c.why,
                 "Release it as the user that took it, or as root (or give this user read access to the lock file).");
@@ -111,6 +124,8 @@ int release_value(const std::string& text, const Logger& log) {
     holder = sys::PinnedProcess::pin(v->pid, v->start);
     if (!holder && errno != ESRCH)
       fail_errno(exit_code::kOsError, "cannot pin hold process " + std::to_string(v->pid), errno);
+  } else {
+    holder = proven_by_sentinel(*v);  // its lock file replaced, say
   }
   if (!holder) {
     if (const auto code = hold_ended_by(d.fd.get(), v->pid, v->start, hash)) {

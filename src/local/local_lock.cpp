@@ -662,10 +662,11 @@ std::optional<OuterHolder> hold_holder(const EnvList& env, const LockDir& dir, c
     errno = EPROTO;
   }
   if (!fd) {
-    log.warn("hold_fd_unavailable",
-             errno_message("the hold did not hand over its lock descriptor", errno) +
-                 ": the command runs inside the hold, but one that takes the lock itself (flock(1), a loop "
-                 "script's own lock) would wait for the hold");
+    // Only the descriptor proves the lock is held for this run: the hold
+    // may have ended since it was confirmed.
+    log.warn("hold_fd_unavailable", errno_message("the hold did not hand over its lock descriptor", errno) +
+                                        "; this run waits for the lock as any run does");
+    return std::nullopt;
   }
   // The cluster lock's key, lease and token, for the command: those names only.
   std::vector<std::pair<std::string_view, std::string>> exports;

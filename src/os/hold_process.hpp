@@ -44,8 +44,11 @@ struct HolderReport {
   int wait_status = 0;              // without a line: the child's wait status
   int signal = 0;
   int deliver_err = 0;
+  bool tie_ended = false;
 };
-HolderReport await_holder(Pid child, int report_fd, const std::function<int(const std::string&)>& deliver);
+// `tie`: a handle (PinnedProcess::handle()) whose end ends the wait too
+// (the child is told to end; `tie_ended` says so), or -1.
+HolderReport await_holder(Pid child, int report_fd, int tie, const std::function<int(const std::string&)>& deliver);
 
 // The parent: ends its holder (TERM: a waiting holder stops waiting, a
 // holding one lets go) and waits for it to exit.
@@ -105,6 +108,8 @@ public:
   bool terminate() const;
   // Waits until it has ended, at most `bound`; true once it has.
   bool wait_end(std::chrono::milliseconds bound) const;
+  // The handle, readable once the process has ended (posix/: the pidfd).
+  int handle() const { return fd_.get(); }
 
 private:
   explicit PinnedProcess(UniqueFd fd) : fd_(std::move(fd)) {}

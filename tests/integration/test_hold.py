@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import blocked_waiters
 from conftest import (EX_OSERR, EX_TEMPFAIL, EX_USAGE, LOOPLOCK, PY, ROOT, TIMEOUT, expect_line, flock_holder,
                       helper, incident_rows, lock_is_free, read_record, release, run, running, start, wait_until)
 
@@ -444,6 +445,8 @@ def test_no_line_means_no_hold(holds, loop_dir):
 
 
 def test_a_tie_that_ends_while_the_hold_waits_means_no_hold(loop_dir):
+    """The caller watches the tie while its holder waits: it ends the holder
+    at once, while the lock is still busy."""
     tie = subprocess.Popen(["sleep", "300"])
     f = flock_holder(loop_dir / ".state.lock")
     try:
@@ -451,11 +454,15 @@ def test_a_tie_that_ends_while_the_hold_waits_means_no_hold(loop_dir):
         wait_until(lambda: blocked_or_children(loop_dir, p.pid), "the hold to wait")
         tie.kill()
         tie.wait(timeout=TIMEOUT)
+        out, err = p.communicate(timeout=TIMEOUT)  # flock(1) still holds the lock
+        assert (p.returncode, out) == (1, ""), err
+        assert "ended while the hold waited for the lock" in err
+        assert not blocked_waiters(loop_dir / ".state.lock")
     finally:
+        if tie.poll() is None:
+            tie.kill()
+            tie.wait(timeout=TIMEOUT)
         release(f)
-    out, err = p.communicate(timeout=TIMEOUT)
-    assert (p.returncode, out) == (1, ""), err
-    assert "ended while the hold waited for the lock" in err
     assert lock_is_free(loop_dir)
 
 
@@ -472,7 +479,7 @@ def test_tied_to_a_thread_is_refused(loop_dir):
         done.set()
         t.join(timeout=TIMEOUT)
     assert r.returncode == EX_USAGE, r.stderr
-    assert "there is no such process" in r.stderr
+    assert "that is a thread, not a process" in r.stderr
     assert lock_is_free(loop_dir)
 
 
@@ -553,3 +560,41 @@ def test_the_holder_keeps_none_of_the_callers_descriptors(holds, loop_dir):
     targets = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in fds]
     assert not any(t.startswith("pipe:") and fd < 3 for fd, t in zip(fds, targets)), targets
     assert step(value, "--release").returncode == 0
+
+
+def test_a_step_without_the_holds_descriptor_waits_as_any_run(holds, loop_dir, tmp_path):
+    """Only the descriptor proves the lock is held for the step (the hold may
+    end between its check and the hand-off): a sentinel that does not answer
+    (stopped here) makes the step wait, never run without the lock."""
+    from conftest import children
+    history = tmp_path / "history"
+    value = value_of(holds("--max-time", "2m", loop_dir).stdout)
+    [sentinel] = children(holder_pid(value))
+    os.kill(sentinel, signal.SIGSTOP)
+    try:
+        s = step(value, "-w", "0.5", loop_dir, "--", PY, "-c", f"open({str(history)!r}, 'a').write('ran\\n')")
+    finally:
+        os.kill(sentinel, signal.SIGCONT)
+    assert s.returncode == EX_TEMPFAIL, s.stderr
+    assert "did not hand over its lock descriptor" in s.stderr and "waits for the lock as any run" in s.stderr
+    assert not history.exists()
+    assert step(value, "--release").returncode == 0
+
+
+def test_release_finds_a_hold_whose_lock_file_was_moved_away(holds, loop_dir):
+    """The record and /proc/locks no longer say; the sentinel answering to
+    the secret does."""
+    value = value_of(holds("--max-time", "2m", loop_dir).stdout)
+    (loop_dir / ".state.lock").rename(loop_dir / "moved")
+    rel = run(["--release", value])
+    assert rel.returncode == 0, rel.stderr
+    assert not running(holder_pid(value))
+
+
+def test_relative_paths_are_the_callers(holds, loop_dir, tmp_path):
+    """The holder works in /: a relative --metrics-dir is made absolute."""
+    (tmp_path / "met").mkdir()
+    r = run(["--hold", "--max-time", "2m", "--metrics-dir", "met", loop_dir], cwd=tmp_path)
+    value = value_of(r.stdout)
+    assert step(value, "--release").returncode == 0
+    wait_until(lambda: any((tmp_path / "met").iterdir()), "the hold's metrics file")

@@ -84,8 +84,10 @@ std::optional<Detached> detach_holder() {
   // and it keeps none of the caller's descriptors but stderr (a pipe a
   // caller reads to its end would else wait for the hold).
   if (setsid() < 0 || chdir("/") != 0) _exit(71);
-  const UniqueFd null(open("/dev/null", O_RDWR | O_CLOEXEC));
-  if (!null || dup2(null.get(), 0) < 0 || dup2(null.get(), 1) < 0) _exit(71);
+  // (Not owned: with stdin closed it is 0 itself; close_range() below
+  // closes it when it is not.)
+  const int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+  if (null < 0 || (null != 0 && dup2(null, 0) < 0) || (null != 1 && dup2(null, 1) < 0)) _exit(71);
   const unsigned keep = static_cast<unsigned>(write_end.get());
   if (keep > 3) syscall(SYS_close_range, 3U, keep - 1, 0U);
   syscall(SYS_close_range, keep + 1, ~0U, 0U);
@@ -97,13 +99,17 @@ bool quiet_stderr() {
   return null && dup2(null.get(), 2) >= 0;
 }
 
-HolderReport await_holder(Pid child, int report_fd, const std::function<int(const std::string&)>& deliver) {
+HolderReport await_holder(Pid child, int report_fd, int tie, const std::function<int(const std::string&)>& deliver) {
   HolderReport out;
   const EndSignals signals;
   std::string got;
   for (;;) {
-    pollfd fds[2] = {{report_fd, POLLIN, 0}, {signals.fd(), POLLIN, 0}};
-    if (retry_eintr([&] { return poll(fds, 2, -1); }) < 0) break;
+    pollfd fds[3] = {{report_fd, POLLIN, 0}, {signals.fd(), POLLIN, 0}, {out.tie_ended ? -1 : tie, POLLIN, 0}};
+    if (retry_eintr([&] { return poll(fds, 3, -1); }) < 0) break;
+    if (fds[2].revents & (POLLIN | POLLHUP)) {
+      out.tie_ended = true;  // a hold that would end at once: none
+      kill(child, SIGTERM);
+    }
     if (fds[1].revents & POLLIN) {
       if (const int s = signals.take(); s != 0) {
         if (out.signal == 0) out.signal = s;
@@ -119,8 +125,8 @@ HolderReport await_holder(Pid child, int report_fd, const std::function<int(cons
     out.line = got.substr(0, got.find('\n'));
     // Told to end meanwhile, or the line goes nowhere: nobody could know
     // the value, so no hold.
-    if (out.signal == 0) out.deliver_err = deliver(*out.line);
-    if (out.signal != 0 || out.deliver_err != 0) stop_holder(child);
+    if (out.signal == 0 && !out.tie_ended) out.deliver_err = deliver(*out.line);
+    if (out.signal != 0 || out.tie_ended || out.deliver_err != 0) stop_holder(child);
     return out;
   }
   int status = 0;

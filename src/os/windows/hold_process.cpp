@@ -13,7 +13,8 @@ std::optional<Detached> detach_holder() {
 
 bool quiet_stderr() { return false; }
 
-HolderReport await_holder(Pid /*child*/, int /*report_fd*/, const std::function<int(const std::string&)>& /*deliver*/) {
+HolderReport await_holder(Pid /*child*/, int /*report_fd*/, int /*tie*/,
+                          const std::function<int(const std::string&)>& /*deliver*/) {
   return {};
 }
 
