@@ -6,6 +6,7 @@
 
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
+#include "base/text.hpp"
 #include "job/job.hpp"
 #include "os/digest.hpp"
 #include "os/hold_process.hpp"
@@ -73,7 +74,7 @@ HoldFacts tie_of(Pid tied_to, std::optional<sys::PinnedProcess>& pinned) {
   if (pinned && !sys::process_alive(tied_to)) pinned.reset();                    // a zombie
   if (!pinned) {
     throw Fatal(exit_code::kUsage,
-                "--tied-to " + std::to_string(tied_to) +
+                "--tied-to " + quote(std::to_string(tied_to)) +
                     (thread ? ": that is a thread, not a process" : ": there is no such process"),
                 "Give the pid of a process that lives as long as the hold should: in a GitHub Actions step, "
                 "\"$PPID\" (the runner's worker).");

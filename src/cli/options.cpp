@@ -877,6 +877,12 @@ void read_hold(const cxxopts::ParseResult& r, const Split& split, const Environm
         "A hold nobody releases (a cancelled job) must still end: give the longest the steps may take, "
         "e.g. --max-time 30m.");
   }
+  // Shorter, the hold could end before (or right after) it is reported.
+  if (*o.limits.max_time < kMinHoldTime) {
+    usage_error("--hold needs a --max-time of at least " + format_duration(kMinHoldTime) + " (" +
+                    format_duration(*o.limits.max_time) + " given)",
+                "The hold must outlast its own start; give the longest the steps may take, e.g. --max-time 30m.");
+  }
   if (o.wait.policy == Policy::SingleFlight || o.wait.policy == Policy::Coalesce) {
     usage_error("-p " + std::string(policy_name(o.wait.policy)) +
                     " cannot be used with --hold: a skip would let the later steps go on without the lock",

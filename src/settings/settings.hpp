@@ -153,6 +153,7 @@ inline constexpr std::chrono::seconds kMaxTtl{86400};
 inline constexpr int kMinHolders = 2;
 inline constexpr int kMaxHolders = 1024;
 inline constexpr Duration kMaxJitter = std::chrono::hours(24);  // --jitter's bound
+inline constexpr Duration kMinHoldTime = std::chrono::seconds(1);  // --hold's --max-time, at least
 
 // A cluster lock name: 1 to 255 bytes without control characters.
 bool valid_lock_name(std::string_view name);

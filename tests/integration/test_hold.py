@@ -216,7 +216,7 @@ def test_tied_to_ends_the_hold_when_that_process_is_killed(holds, loop_dir):
 
 
 def test_max_time_ends_the_hold_and_release_says_124(holds, loop_dir):
-    r = holds("--max-time", "0.5s", loop_dir)
+    r = holds("--max-time", "1s", loop_dir)
     assert r.returncode == 0, r.stderr
     value = value_of(r.stdout)
     pid = holder_pid(value)
@@ -483,11 +483,14 @@ def test_tied_to_a_thread_is_refused(loop_dir):
     assert lock_is_free(loop_dir)
 
 
-@pytest.mark.parametrize("max_time", ["0", "inf"])
-def test_max_time_must_bound_the_hold(loop_dir, max_time):
+@pytest.mark.parametrize("max_time,message", [("0", "--hold needs a --max-time above 0 and below inf"),
+                                              ("inf", "--hold needs a --max-time above 0 and below inf"),
+                                              ("999ms", "--hold needs a --max-time of at least 1.0s (999ms given)")])
+def test_max_time_must_bound_the_hold(loop_dir, max_time, message):
     r = run(["--hold", "--max-time", max_time, loop_dir])
     assert r.returncode == EX_USAGE
-    assert "--hold needs a --max-time above 0 and below inf" in r.stderr
+    assert message in r.stderr
+    assert not (loop_dir / ".state.lock").exists()
 
 
 def test_on_a_full_disk_release_reads_max_time_from_the_record(holds, tmpfs):
@@ -506,7 +509,7 @@ def test_on_a_full_disk_release_reads_max_time_from_the_record(holds, tmpfs):
         pass
     finally:
         os.close(fd)
-    value = value_of(holds("--max-time", "0.3s", d).stdout)
+    value = value_of(holds("--max-time", "1s", d).stdout)
     wait_until(lambda: not running(holder_pid(value)), "--max-time to end the hold", timeout=TIMEOUT)
     assert not (d / ".state.lock.incidents.jsonl").exists() or incident_rows(d) == []
     rel = run(["--release", value])

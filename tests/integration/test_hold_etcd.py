@@ -143,7 +143,7 @@ def test_tied_to_max_time_and_force_end_an_etcd_hold_and_free_the_cluster_lock(e
     assert other_host_gets_it()
     assert run(["--release", value]).returncode == 1
     # --max-time.
-    value = value_of(run([*cluster, "--hold", "--max-time", "0.5s", a]).stdout)
+    value = value_of(run([*cluster, "--hold", "--max-time", "1s", a]).stdout)
     held.append(holder_pid(value))
     wait_until(lambda: not running(holder_pid(value)), "--max-time to end the hold", timeout=TIMEOUT)
     assert other_host_gets_it()
