@@ -92,7 +92,7 @@ void make_paths_absolute(Options& o) {
                             &o.cluster.etcd_password_file}) {
     if (path->empty() || path->starts_with('/')) continue;
     if (!cwd)
-      fail_errno(exit_code::kOsError, "cannot read the working directory to make " + *path + " absolute", errno);
+      fail_errno(exit_code::kOsError, "cannot read the working directory, which the hold needs for " + *path, errno);
     *path = sys::path_in_dir(*cwd, *path);
   }
 }
