@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "base/text.hpp"
 #include "os/digest.hpp"
 #include "os/files.hpp"
 #include "os/lock_holders.hpp"
@@ -28,13 +29,7 @@ std::string percent_encode(std::string_view s) {
   std::string out;
   for (const char ch : s) {
     const auto c = static_cast<unsigned char>(ch);
-    if (plain_byte(c)) {
-      out += ch;
-    } else {
-      out += '%';
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
+    out += plain_byte(c) ? std::string(1, ch) : "%" + hex_encode(std::string_view(&ch, 1));
   }
   return out;
 }
@@ -47,11 +42,9 @@ std::optional<std::string> percent_decode(std::string_view s) {
       out += s[i];
       continue;
     }
-    if (i + 2 >= s.size()) return std::nullopt;
-    unsigned v = 0;
-    auto [p, ec] = std::from_chars(s.data() + i + 1, s.data() + i + 3, v, 16);
-    if (ec != std::errc() || p != s.data() + i + 3) return std::nullopt;
-    out += static_cast<char>(v);
+    const auto byte = i + 2 < s.size() ? hex_decode(s.substr(i + 1, 2)) : std::nullopt;
+    if (!byte) return std::nullopt;
+    out += *byte;
     i += 2;
   }
   return out;
