@@ -39,9 +39,9 @@ void for_each_line(std::string_view text, F&& f) {
 
 // Writes all of `data`; returns false (errno set) on failure.
 bool write_all(int fd, std::string_view data);
-// Writes all of `data` at the start of `fd` (pwrite: the file offset stays);
-// returns false (errno set) on failure.
-bool pwrite_all(int fd, std::string_view data);
+// Writes all of `data` at `offset` of `fd` (its start by default; pwrite:
+// the file offset stays); returns false (errno set) on failure.
+bool pwrite_all(int fd, std::string_view data, long long offset = 0);
 
 // Cuts the file open as `fd` to `size` bytes; false (errno set) on failure.
 bool truncate_fd(int fd, long long size);

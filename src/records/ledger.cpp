@@ -19,10 +19,37 @@ namespace looplock {
 
 namespace {
 
-// kMaxLedgerEntries entries of the longest names fit (each about 2 KB).
+// kMaxLedgerEntries entries of the longest names fit (each about 2 KB);
+// the file holds two copies.
 constexpr size_t kMaxLedgerBytes = 4 << 20;
+constexpr size_t kMaxFileBytes = 2 * kMaxLedgerBytes + 2;
 
 std::string ledger_display(const LockDir& dir) { return sys::path_in_dir(dir.path, kRunsName); }
+
+// The ledger's newest valid copy in a file's text: of the copies that unseal
+// with their check and are a ledger (its schema, an array of runs), the one
+// of the highest generation (none: an earlier version's single copy, 0).
+struct Newest {
+  Json json;
+  unsigned long long generation = 0;
+  size_t begin = 0;
+  size_t end = 0;
+};
+std::optional<Newest> newest_copy(std::string_view text) {
+  std::optional<Newest> best;
+  for (const SealedCopy& c : sealed_copies(text)) {
+    Json j = Json::parse(c.object.begin(), c.object.end(), nullptr, false);
+    if (!j.is_object() || j.value("schema", std::string()) != kRunsSchema || !j.contains("runs") ||
+        !j["runs"].is_array()) {
+      continue;
+    }
+    const auto g = j.contains("generation") && j["generation"].is_number_unsigned()
+                       ? j["generation"].get<unsigned long long>()
+                       : 0ULL;
+    if (!best || g >= best->generation) best = Newest{std::move(j), g, c.begin, c.end};
+  }
+  return best;
+}
 
 }  // namespace
 
@@ -52,28 +79,24 @@ LedgerRead read_ledger(const LockDir& dir) {
                              : "",
                "run_ledger_unusable");
   }
-  // Rewritten in place under the lock: a read without it that overlapped a
-  // write fails its check, and is taken again.
-  std::optional<std::string> text;
-  std::optional<Unsealed> object;
-  for (int attempt = 0; attempt < 5 && !(object && object->checked); ++attempt) {
+  // Written beside its newest copy under the lock (ledger.hpp): a read
+  // without it that found no whole copy overlapped two writes, and is taken
+  // again.
+  std::optional<Newest> newest;
+  for (int attempt = 0; attempt < 5; ++attempt) {
     if (attempt > 0) sleep_until(MonotonicClock::now() + std::chrono::milliseconds(2));
-    text = sys::pread_all(fd.get(), kMaxLedgerBytes);
+    const auto text = sys::pread_all(fd.get(), kMaxFileBytes);
     if (!text) fail_errno(exit_code::kOsError, "cannot read " + ledger_display(dir), errno, "", "run_ledger_unusable");
-    // NUL bytes past the newline: blocks reserved for a rewrite that never
-    // came (a crash), where the file system could not keep the size.
-    while (!text->empty() && text->back() == '\0') text->pop_back();
-    if (text->empty()) return out;
-    object = unseal(*text);
+    if (text->find_first_not_of(std::string_view("\0 \n", 3)) == std::string::npos) return out;  // nothing written yet
+    newest = newest_copy(*text);
+    if (newest) break;
   }
-  const Json j = object && object->checked ? Json::parse(object->object.begin(), object->object.end(), nullptr, false)
-                                           : Json(nullptr);
-  if (!j.is_object() || j.value("schema", std::string()) != kRunsSchema || !j.contains("runs") ||
-      !j["runs"].is_array()) {
+  if (!newest) {
     out.unreadable = true;
     return out;
   }
-  for (const auto& item : j["runs"]) {
+  out.generation = newest->generation;
+  for (const auto& item : newest->json["runs"]) {
     if (auto e = run_entry_from_json(item)) {
       out.entries.push_back(std::move(*e));
     } else {
@@ -158,26 +181,40 @@ std::optional<sys::Failure> write_ledger(const LockDir& dir, const std::vector<R
     const int err = errno;
     return sys::Failure{.what = std::string(step) + name, .err = err, .hint = ledger_fix(dir, err, existed)};
   };
-  const std::string data = encode_ledger(entries);
-  // In place when this process may write the file (no journal transaction:
-  // sealed.hpp); a torn write fails its check, so it reads as no entry.
-  const UniqueFd in_place = sys::open_in(dir.fd.get(), kRunsName, {.access = sys::OpenIn::Access::Write});
+  // In place when this process may write the file: the new copy goes
+  // where it overlaps none of the newest valid one (sealed.hpp), so a write
+  // cut short for any reason (a full disk, RLIMIT_FSIZE, a quota, EIO, a
+  // crash) leaves that copy, and every operation's entry in it, as it was.
+  const UniqueFd in_place = sys::open_in(dir.fd.get(), kRunsName, {.access = sys::OpenIn::Access::ReadWrite});
   if (in_place) {
     sys::FileStatus st;
     if (!sys::status_of_fd(in_place.get(), st)) return failed("fstat", "", true);
     if (auto r = refuse_ledger(st, dir.st, sys::own_euid(), dir.path)) {
       return sys::Failure{.what = "it became unsafe: " + r->why, .hint = r->hint + " "};
     }
-    // Its new length first: a full disk then fails here, before a byte of
-    // the ledger changed (a torn ledger would lose every operation's slot).
+    const auto text = sys::pread_all(in_place.get(), kMaxFileBytes);
+    if (!text) return failed("reading it", "", true);
+    const auto newest = newest_copy(*text);
+    if (!newest) {  // nothing to keep: one copy over whatever is there
+      const std::string data = encode_ledger(entries, 0);
+      if (static_cast<size_t>(st.size) < data.size() && !sys::reserve_space(in_place.get(), data.size())) {
+        return failed("reserving its new length", "", true);
+      }
+      if (!write_over(in_place.get(), data, static_cast<long long>(kMaxFileBytes))) {
+        return failed("writing it", "", true);
+      }
+      return std::nullopt;
+    }
+    const Placement p =
+        place_copy(encode_ledger(entries, newest->generation + 1), newest->begin, newest->end, st.size);
+    // Its new length first: a full disk then fails before a byte changed.
     // Where the file system reserves with NUL bytes past the end, readers
     // skip them.
-    if (static_cast<size_t>(st.size) < data.size() && !sys::reserve_space(in_place.get(), data.size())) {
+    const auto end = static_cast<size_t>(p.offset) + p.data.size();
+    if (static_cast<size_t>(st.size) < end && !sys::reserve_space(in_place.get(), end)) {
       return failed("reserving its new length", "", true);
     }
-    if (!write_over(in_place.get(), data, static_cast<long long>(kMaxLedgerBytes))) {
-      return failed("writing it", "", true);
-    }
+    if (!sys::pwrite_all(in_place.get(), p.data, p.offset)) return failed("writing it", "", true);
     return std::nullopt;
   }
   if (errno != ENOENT && errno != EACCES && errno != EPERM) return failed("opening it", "", true);
@@ -194,6 +231,7 @@ std::optional<sys::Failure> write_ledger(const LockDir& dir, const std::vector<R
     fd = sys::open_in(dir.fd.get(), kRunsNewName, create);
   }
   if (!fd) return failed("creating ", kRunsNewName, existed);
+  const std::string data = encode_ledger(entries, 0);
   std::optional<sys::Failure> f;
   if (!sys::write_all(fd.get(), data)) f = failed("writing ", kRunsNewName, existed);
   if (!f && !sys::close_checked(std::move(fd))) f = failed("writing ", kRunsNewName, existed);

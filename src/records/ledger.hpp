@@ -24,7 +24,8 @@ inline constexpr const char* kRunsNewName = ".state.lock.runs.json.new";  // the
 struct LedgerRead {
   std::vector<RunEntry> entries;  // the valid ones, oldest first
   std::vector<std::string> damaged;  // the operations (or "?") of entries that did not validate
-  bool unreadable = false;          // not JSON, or another schema: read as empty, and rewritten
+  bool unreadable = false;          // no valid copy (not JSON, another schema): read as empty, and rewritten
+  unsigned long long generation = 0;  // its newest copy's
 };
 // The lock file's rules (lockfile.hpp's refuse_file): in a DIR its group may
 // write (group-writable, not sticky) a ledger of DIR's group may be owned by
@@ -37,10 +38,12 @@ std::optional<Refusal> refuse_ledger(const sys::FileStatus& file, const sys::Fil
 LedgerRead read_ledger(const LockDir& dir);
 // The entry of `operation`, if any (names compared whole).
 std::optional<RunEntry> entry_of(const LedgerRead& ledger, const std::string& operation);
-// Writes the ledger: in place when this process may write the file, its new
-// length reserved first (beyond its end, its size kept), so that a full
-// disk or a crash before the write changes nothing; else a new file beside
-// it, renamed over it. Returns none, or the step that failed with its errno
+// Writes the ledger: in place when this process may write the file, as a
+// new copy (of the next generation) beside the newest valid one, never over
+// it, so that a write cut short by anything (ENOSPC, RLIMIT_FSIZE, EDQUOT,
+// EIO, a crash) leaves every entry as it was; its new length reserved first
+// (beyond its end, its size kept), so that a full disk fails before a byte
+// changed. Else a new file beside it, renamed over it. Returns none, or the step that failed with its errno
 // and the fix for a cause that has one (a DIR you may not create files in,
 // a sticky DIR, a read-only or full file system).
 std::optional<sys::Failure> write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries);

@@ -120,10 +120,11 @@ LedgerUpdate with_entry(std::vector<RunEntry> entries, const RunEntry& entry, lo
   return u;
 }
 
-std::string encode_ledger(const std::vector<RunEntry>& entries) {
+std::string encode_ledger(const std::vector<RunEntry>& entries, unsigned long long generation) {
   Json runs = Json::array();
   for (const auto& e : entries) runs.push_back(run_entry_to_json(e));
-  std::string body = dump_json(Json{{"schema", kRunsSchema}, {"runs", std::move(runs)}});
+  std::string body =
+      dump_json(Json{{"schema", kRunsSchema}, {"generation", generation}, {"runs", std::move(runs)}});
   body.pop_back();  // its closing brace: the check goes last (sealed.hpp)
   return seal(body);
 }

@@ -92,5 +92,8 @@ struct LedgerUpdate {
   size_t dropped_in_slot = 0;
 };
 LedgerUpdate with_entry(std::vector<RunEntry> entries, const RunEntry& entry, long long now_ms);
-std::string encode_ledger(const std::vector<RunEntry>& entries);
+// The ledger's sealed text (sealed.hpp) as one copy of `generation`: the
+// file keeps two copies, and a reader takes the valid one of the highest
+// generation (ledger.hpp).
+std::string encode_ledger(const std::vector<RunEntry>& entries, unsigned long long generation = 0);
 }  // namespace looplock

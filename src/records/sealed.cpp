@@ -30,6 +30,33 @@ std::optional<Unsealed> unseal(std::string_view content) {
   return Unsealed{content, true};
 }
 
+std::vector<SealedCopy> sealed_copies(std::string_view content) {
+  std::vector<SealedCopy> out;
+  for (size_t at = 0; at < content.size();) {
+    const size_t nl = content.find('\n', at);
+    if (nl == std::string_view::npos) break;  // a tail without its newline: a copy cut short
+    size_t begin = at;
+    while (begin < nl && (content[begin] == '\0' || content[begin] == ' ')) ++begin;
+    if (const auto u = unseal(content.substr(begin, nl + 1 - begin)); u && u->checked) {
+      out.push_back({u->object, begin, nl + 1});
+    }
+    at = nl + 1;
+  }
+  return out;
+}
+
+Placement place_copy(std::string data, size_t keep_begin, size_t keep_end, long long file_size) {
+  if (data.size() <= keep_begin) {
+    data.insert(data.size() - 1, keep_begin - data.size(), ' ');
+    return {0, std::move(data)};
+  }
+  const long long rest = file_size - static_cast<long long>(keep_end);
+  if (rest > static_cast<long long>(data.size())) {
+    data.insert(data.size() - 1, static_cast<size_t>(rest) - data.size(), ' ');
+  }
+  return {static_cast<long long>(keep_end), std::move(data)};
+}
+
 bool write_over(int fd, std::string data, long long max_padded) {
   // The file's size: how much to pad (it is never shrunk), then one write at its start.
   sys::FileStatus st;

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace looplock {
 
@@ -27,6 +28,33 @@ struct Unsealed {
 // A file's text: one object, then optional space padding, then a newline.
 // nullopt when it is not that, or when its check does not match.
 std::optional<Unsealed> unseal(std::string_view content);
+
+// Files that keep two sealed copies, so that a write cut short (a full
+// disk, a file-size limit, a quota, EIO, a crash) never touches the only
+// valid one: the run ledger (ledger.hpp). Each copy is one line; a reader
+// takes every line that unseals with its check, and the writer puts the
+// next copy where it overlaps none of the newest valid one.
+struct SealedCopy {
+  std::string_view object;  // as unseal() gives it
+  size_t begin = 0;         // its line's first byte in the file's text
+  size_t end = 0;           // one past its newline
+};
+// The checked copies of `content`, in file order: each line that unseals
+// with a check, once the NUL bytes (space reserved and never written) and
+// spaces before it are skipped. Lines that do not (a torn copy, an older
+// one's tail) are no copies.
+std::vector<SealedCopy> sealed_copies(std::string_view content);
+// Where a new copy `data` (ending with a newline) goes beside the newest
+// valid copy at [keep_begin, keep_end) of a file of `file_size` bytes: at
+// its start when it fits before the kept copy (padded with spaces to end
+// where the kept copy begins), else right after the kept copy (padded to
+// the file's end when the rest of the file is longer, so that no older
+// line's tail is left behind it). Returns the offset and the padded data.
+struct Placement {
+  long long offset = 0;
+  std::string data;
+};
+Placement place_copy(std::string data, size_t keep_begin, size_t keep_end, long long file_size);
 
 // Writes `data` (ending with a newline) over fd's content from offset 0,
 // padded with spaces before the newline to the file's size when that is

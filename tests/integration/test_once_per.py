@@ -33,8 +33,23 @@ def ticks(history):
     return [tuple(line.split()) for line in p.read_text().splitlines()]
 
 
+def copies(loop_dir):
+    """The ledger's valid copies, as the man page's FILES describes them: each
+    line that ends with its check (the first 16 hex digits of the SHA-256 of
+    the text before it), NUL bytes and spaces around it skipped."""
+    out = []
+    for line in (Path(loop_dir) / RUNS).read_bytes().split(b"\n")[:-1]:
+        text = line.lstrip(b"\0 ").rstrip(b" ").decode(errors="replace")
+        at = text.rfind(',"check":"')
+        if at < 0 or text[at:] != ',"check":"' + hashlib.sha256(text[:at].encode()).hexdigest()[:16] + '"}':
+            continue
+        out.append(json.loads(text))
+    return out
+
+
 def ledger(loop_dir):
-    return json.loads((Path(loop_dir) / RUNS).read_text())
+    """The newest valid copy: the highest generation."""
+    return max(copies(loop_dir), key=lambda c: c.get("generation", 0))
 
 
 def once(loop_dir, duration="60s", op="tick", *extra):
@@ -331,9 +346,9 @@ def test_a_torn_ledger_blocks_nothing_it_is_reported_and_rewritten(loop_dir, tmp
     that replaces a ledger this process may not write."""
     history = tmp_path / "history"
     assert run([*once(loop_dir), *tick(history, "a")]).returncode == 0
-    whole = (loop_dir / RUNS).read_text()
-    (loop_dir / RUNS).write_text(whole[: len(whole) // 2])
-    (loop_dir / (RUNS + ".new")).write_text(whole[:10])
+    first = (loop_dir / RUNS).read_text().split("\n")[0]
+    (loop_dir / RUNS).write_text(first[: len(first) // 2])
+    (loop_dir / (RUNS + ".new")).write_text(first[:10])
     r = run([*once(loop_dir), *tick(history, "b")])
     assert r.returncode == 0, r.stderr
     assert "is not a run ledger (a write cut short, or another file): no operation's entry counts" in r.stderr
@@ -433,19 +448,28 @@ def test_once_per_refuses_an_operation_name_over_256_bytes(loop_dir):
 
 
 def test_a_full_disk_leaves_the_ledger_whole_and_the_run_exits_73_before_its_command(tmp_path, tmpfs):
-    """The ledger's new length is reserved before it is rewritten in place:
-    ENOSPC changes nothing, so no operation loses its slot."""
+    """The ledger's new copy goes beside its newest one, its length reserved
+    first: ENOSPC changes nothing, so no operation loses its slot."""
     mnt = tmpfs(size="256k")
     d = mnt / "loop"
     d.mkdir()
     history = tmp_path / "history"
-    # Operations until the ledger nearly fills its first page: the next
-    # entry, of a long name, needs a page more.
+    # Operations until the next copy, one long entry more, must go after the
+    # newest (the last line, longer than the space before it) and needs a
+    # new page: the file's last page has less room than the entry needs.
     ops = []
-    while not ops or (d / RUNS).stat().st_size < 4096 - 450:
-        ops.append(f"op{len(ops):02}")
+
+    def next_copy_needs_a_page():
+        raw = (d / RUNS).read_bytes()
+        lines = raw.split(b"\n")[:-1]
+        if len(lines) != 2 or b'"generation":%d,' % ledger(d)["generation"] not in lines[1]:
+            return False
+        return len(lines[0]) + 1 < len(lines[1]) + 1 + 300 and 0 < 4096 - len(raw) % 4096 < 250
+
+    while len(ops) < 3 or not next_copy_needs_a_page():
+        assert len(ops) < 60, "no ledger of the needed shape"
+        ops.append(f"op{len(ops):02}-" + "o" * 40)
         assert run([*once(d, "60s", ops[-1]), "true"]).returncode == 0
-    assert (d / RUNS).stat().st_size <= 4096
     before = (d / RUNS).read_bytes()
     filler = mnt / "filler"
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
@@ -467,6 +491,44 @@ def test_a_full_disk_leaves_the_ledger_whole_and_the_run_exits_73_before_its_com
     filler.unlink()
     assert run([*once(d, "60s", "op-new-" + "n" * 200), *tick(history, "new")]).returncode == 0
     assert [t[0] for t in ticks(history)] == ["new"]
+
+
+@pytest.mark.parametrize("how", ["fsize", "crash"])
+def test_a_ledger_write_cut_short_by_anything_leaves_every_other_entry_as_it_was(loop_dir, tmp_path, how):
+    """The file keeps two sealed copies and a write never touches the newest
+    valid one: a write cut short by RLIMIT_FSIZE (EFBIG after a partial
+    write, where the space reservation does not help) or by a crash
+    mid-write (simulated: the other copy overwritten with half a ledger)
+    leaves the 24 operations' slots as they were."""
+    ops = [f"operation-{i:02}-" + "x" * 200 for i in range(24)]
+    for op in ops:
+        assert run([*once(loop_dir, "5m", op), "true"]).returncode == 0
+    assert (loop_dir / RUNS).stat().st_size > 12000
+    history = tmp_path / "history"
+    if how == "fsize":
+        if not shutil.which("prlimit"):
+            pytest.skip("prlimit(1) is needed")
+        r = subprocess.run(["prlimit", "--fsize=4096", LOOPLOCK, *once(loop_dir, "5m", "new-one"),
+                            *tick(history, "new")], capture_output=True, text=True, timeout=TIMEOUT)
+        assert r.returncode == EX_CANTCREAT, r.stderr
+        assert "cannot write the run ledger" in r.stderr and "File too large" in r.stderr, r.stderr
+        assert ticks(history) == []
+    else:
+        raw = (loop_dir / RUNS).read_bytes()
+        lines = raw.split(b"\n")
+        newest = ledger(loop_dir)["generation"]
+        # The older copy's line cut in half, as a crash mid-write leaves it.
+        (older,) = [i for i, line in enumerate(lines[:-1]) if b'"generation":%d,' % newest not in line]
+        lines[older] = lines[older][: len(lines[older]) // 2] + b" " * (len(lines[older]) - len(lines[older]) // 2)
+        (loop_dir / RUNS).write_bytes(b"\n".join(lines))
+    for op in ops:
+        r = run([*once(loop_dir, "5m", op), "echo", "ran"])
+        assert (r.returncode, r.stdout) == (0, ""), r
+        assert "noop-already-run" in r.stderr and "damaged" not in r.stderr, r.stderr
+    r = run([*once(loop_dir, "5m", "new-one"), *tick(history, "new")])
+    assert r.returncode == 0, r.stderr
+    assert [t[0] for t in ticks(history)] == ["new"]
+    assert {e["operation"] for e in ledger(loop_dir)["runs"]} == {*ops, "new-one"}
 
 
 def sealed(obj):

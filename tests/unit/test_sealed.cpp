@@ -63,3 +63,39 @@ TEST_CASE("write_over: pads to the old size, never shrinks, cuts off a file beyo
   CHECK(testutil::slurp(path) == data);
   ::close(fd);
 }
+
+TEST_CASE("sealed_copies: each line that unseals with its check, NUL bytes and spaces before it skipped") {
+  const std::string a = seal(R"({"g":1)");
+  const std::string b = seal(R"({"g":2)");
+  std::string padded_a = a;
+  padded_a.insert(padded_a.size() - 1, 5, ' ');
+  const std::string text = padded_a + std::string(3, '\0') + b + "{\"torn";
+  const auto copies = looplock::sealed_copies(text);
+  REQUIRE(copies.size() == 2);
+  CHECK(copies[0].object == a.substr(0, a.size() - 1));
+  CHECK(copies[0].begin == 0);
+  CHECK(copies[0].end == padded_a.size());
+  CHECK(copies[1].object == b.substr(0, b.size() - 1));
+  CHECK(copies[1].begin == padded_a.size() + 3);
+  CHECK(copies[1].end == padded_a.size() + 3 + b.size());
+  // A torn copy (the half of a line) and a line without a check are none.
+  CHECK(looplock::sealed_copies(a.substr(0, a.size() / 2) + "\n" + "{\"a\":1}\n").empty());
+}
+
+TEST_CASE("place_copy: never over the kept copy; no older tail left behind the new one") {
+  const std::string data = "{\"n\":1}\n";  // 8 bytes
+  // Fits before the kept copy at [20, 40): at 0, padded to end at 20.
+  auto p = looplock::place_copy(data, 20, 40, 40);
+  CHECK(p.offset == 0);
+  CHECK(p.data.size() == 20);
+  CHECK(p.data.back() == '\n');
+  CHECK(p.data.substr(0, 7) == "{\"n\":1}");
+  // Does not fit before it: right after it, padded to the file's end.
+  p = looplock::place_copy(data, 4, 30, 50);
+  CHECK(p.offset == 30);
+  CHECK(p.data.size() == 20);
+  // The file's end is nearer than the copy's length: it grows.
+  p = looplock::place_copy(data, 0, 30, 33);
+  CHECK(p.offset == 30);
+  CHECK(p.data == data);
+}

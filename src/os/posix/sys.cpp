@@ -34,11 +34,11 @@ bool write_all(int fd, std::string_view data) {
   return true;
 }
 
-bool pwrite_all(int fd, std::string_view data) {
+bool pwrite_all(int fd, std::string_view data, long long offset) {
   size_t done = 0;
   while (done < data.size()) {
-    const ssize_t n =
-        retry_eintr([&] { return ::pwrite(fd, data.data() + done, data.size() - done, static_cast<off_t>(done)); });
+    const ssize_t n = retry_eintr(
+        [&] { return ::pwrite(fd, data.data() + done, data.size() - done, static_cast<off_t>(offset + done)); });
     if (n < 0) return false;
     done += static_cast<size_t>(n);
   }

@@ -64,11 +64,11 @@ OVERLAPPED at(unsigned long long offset) {
 }
 }  // namespace
 
-bool pwrite_all(int fd, std::string_view data) {
+bool pwrite_all(int fd, std::string_view data, long long offset) {
   return at_offset(fd, [&](HANDLE h) {
     size_t done = 0;
     while (done < data.size()) {
-      OVERLAPPED o = at(done);
+      OVERLAPPED o = at(static_cast<unsigned long long>(offset) + done);
       DWORD n = 0;
       const DWORD chunk = static_cast<DWORD>(std::min<size_t>(data.size() - done, 1u << 30));
       if (!WriteFile(h, data.data() + done, chunk, &n, &o)) {
