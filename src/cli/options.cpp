@@ -679,6 +679,10 @@ void read_notify(const cxxopts::ParseResult& r, Options& o) {
   if (o.notify.command.empty()) usage_error("invalid --notify '': expected a command");
   if (r.count("notify-on")) {
     std::string_view list = text_of(r, "notify-on");
+    if (list.empty()) {
+      usage_error("invalid --notify-on '': expected event names separated by commas",
+                  "Without --notify-on, warnings, errors and held_too_long are notified; all is every event.");
+    }
     while (!list.empty()) {
       const size_t comma = list.find(',');
       const std::string_view name = list.substr(0, comma);
@@ -699,12 +703,17 @@ void read_notify(const cxxopts::ParseResult& r, Options& o) {
   }
   if (r.count("notify-timeout")) {
     const Duration d = duration_option("notify-timeout", text_of(r, "notify-timeout"));
-    if (d == Duration::zero()) usage_error("invalid --notify-timeout 0: a notifier needs some time");
+    if (d == Duration::zero()) {
+      usage_error("invalid --notify-timeout " + quote(text_of(r, "notify-timeout")) + ": a notifier needs some time");
+    }
     o.notify.timeout = d;
   }
   if (r.count("notify-after")) {
     const Duration d = duration_option("notify-after", text_of(r, "notify-after"));
-    if (d == Duration::zero()) usage_error("invalid --notify-after 0: expected a time above 0 (inf: never)");
+    if (d == Duration::zero()) {
+      usage_error("invalid --notify-after " + quote(text_of(r, "notify-after")) +
+                  ": expected a time above 0 (inf: never)");
+    }
     if (d != kForever) o.notify.after = d;
   }
 }

@@ -265,7 +265,7 @@ AcquireResult LocalLock::acquire_coalescing(const WaitPlan& plan, Instant start,
   const HolderRecord me = this_run(pid_start);
   Seat seat = take_seat(dir_, me);
   if (seat.unavailable) {
-    log_.warn("coalesce_unavailable", "-p coalesce cannot take the seat of " + request_.identity.operation + " (" +
+    log_.warn("coalesce_unavailable", "-p coalesce cannot take the seat of " + clip_bytes(request_.identity.operation) + " (" +
                                           *seat.unavailable +
                                           "); this run waits for the lock without absorbing later runs");
     return take(plan, start, mode, reporter);
@@ -283,7 +283,7 @@ AcquireResult LocalLock::acquire_coalescing(const WaitPlan& plan, Instant start,
   if (res.status == Acquisition::Acquired && *absorbed_ > 0) {
     log_.verbose("coalesced",
                  "this run absorbed " + std::to_string(*absorbed_) + " later run" + (*absorbed_ == 1 ? "" : "s") +
-                     " of " + request_.identity.operation + " while it waited",
+                     " of " + clip_bytes(request_.identity.operation) + " while it waited",
                  {{"coalesced", *absorbed_}});
   }
   return res;

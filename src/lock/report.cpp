@@ -119,7 +119,7 @@ void Reporter::already_run(const RunEntry& run, Duration once_per, const Blocker
                {"last_run", run_entry_to_json(run)}});
 }
 
-void Reporter::timeout(const Blocker& b, const WaitPlan& plan, Duration waited) const {
+void Reporter::timeout(const Blocker& b, const WaitPlan& plan, Duration waited, int exit_status) const {
   Incident inc = incident("lock_acquire_timeout");
   inc.deadline_ms = limit_ms(plan.timeout);
   inc.waited_ms = ms_of(waited);
@@ -135,6 +135,7 @@ void Reporter::timeout(const Blocker& b, const WaitPlan& plan, Duration waited) 
   Json f = fields(b);
   f["waited_ms"] = inc.waited_ms;
   f["deadline_ms"] = inc.deadline_ms;
+  f["exit_status"] = exit_status;
   log_.error("lock_acquire_timeout",
              "lock_acquire_timeout: " + b.what + " still held after " + format_duration(waited) + " by " + b.who +
                  "; gave up " + identity_.operation + absorbed_note(b) + " (policy " + inc.policy + ")",

@@ -37,8 +37,14 @@ class Reporter {
 public:
   // What every line and row names: the loop dir as given, who runs what,
   // and the wait's policy; `pid` is looplock's.
-  Reporter(std::string dir, Identity identity, Policy policy, Pid pid, const Logger& log)
-      : dir_(std::move(dir)), identity_(std::move(identity)), policy_(policy), pid_(pid), log_(log) {}
+  // The names in its lines and rows are clipped as records clip them
+  // (kMaxIdentityBytes): a name of any length is allowed.
+  Reporter(std::string dir, const Identity& identity, Policy policy, Pid pid, const Logger& log)
+      : dir_(std::move(dir)),
+        identity_{clip_bytes(identity.agent), clip_bytes(identity.operation)},
+        policy_(policy),
+        pid_(pid),
+        log_(log) {}
 
   // Once DIR is open: where rows go, and the lock's id.
   void set_target(int dirfd, std::string lock_id) {
@@ -59,7 +65,7 @@ public:
   // `once_per`: this run's --once-per.
   void already_run(const RunEntry& run, Duration once_per, const Blocker* holding, const std::string& ledger) const;
   // The deadline passed: the row, then the lock_acquire_timeout line.
-  void timeout(const Blocker& b, const WaitPlan& plan, Duration waited) const;
+  void timeout(const Blocker& b, const WaitPlan& plan, Duration waited, int exit_status) const;
   // --max-time (`max_time`) ended the job.
   // `leaked`: a process the job started outside its group still holds the lock.
   void max_time(const JobEnd& job, Duration max_time, const std::optional<HolderRecord>& record, bool leaked) const;

@@ -23,16 +23,22 @@
 namespace looplock::sys {
 
 struct Relay {
-  UniqueFd events;  // the pipe's write end: one line per event
+  UniqueFd events;      // the pipe's write end (non-blocking): one line per event
   Pid pid = 0;
+  std::string pending;  // what the pipe had no room for yet, sent first
+  size_t dropped = 0;   // events dropped: the relay was that far behind
 };
 
 // Starts the relay, which runs `body` with the pipe's read end and exits
 // with what it returns; nullopt (errno set) when it cannot be started.
 std::optional<Relay> start_relay(const std::function<int(int events)>& body);
-// Closes the pipe and waits for the relay to deliver what it has and exit;
-// a signal that would end looplock (INT, TERM, HUP, QUIT) ends the wait
-// early, and the relay goes on delivering on its own.
+// Sends one event's line to the relay without ever blocking: what the pipe
+// has no room for waits in `pending` (up to 1 MiB; past that the event is
+// dropped and counted); a relay that is gone loses the rest.
+void send_event(Relay& relay, std::string line);
+// Sends what is pending, closes the pipe and waits for the relay to deliver
+// what it has and exit; a signal that would end looplock (INT, TERM, HUP,
+// QUIT) ends the wait early, and the relay goes on delivering on its own.
 void finish_relay(Relay& relay);
 
 // Waits until `fd` can be read (true) or `until` comes (false; none: for
@@ -53,6 +59,10 @@ struct NotifierEnd {
 // standard input, its standard output and error read by the relay (never
 // looplock's), in a process group of its own, KILLed with the group after
 // `timeout` (kForever: never) and once it has exited (what it left behind).
+// No write or read of the relay's blocks: the input is written as the
+// notifier reads it, its output read meanwhile, so that the timeout holds
+// whatever the event's size and whatever the notifier does with its
+// standard input and output.
 NotifierEnd run_notifier(const std::string& command, const std::vector<std::string>& env, const std::string& input,
                          Duration timeout);
 

@@ -20,9 +20,9 @@ namespace looplock {
 namespace {
 
 // kMaxLedgerEntries entries of the longest names fit (each about 2 KB);
-// the file holds two copies.
+// the file holds two or three copies (sealed.hpp's place_copy).
 constexpr size_t kMaxLedgerBytes = 4 << 20;
-constexpr size_t kMaxFileBytes = 2 * kMaxLedgerBytes + 2;
+constexpr size_t kMaxFileBytes = 3 * kMaxLedgerBytes + 3;
 
 std::string ledger_display(const LockDir& dir) { return sys::path_in_dir(dir.path, kRunsName); }
 
@@ -46,7 +46,7 @@ std::optional<Newest> newest_copy(std::string_view text) {
     const auto g = j.contains("generation") && j["generation"].is_number_unsigned()
                        ? j["generation"].get<unsigned long long>()
                        : 0ULL;
-    if (!best || g >= best->generation) best = Newest{std::move(j), g, c.begin, c.end};
+    if (!best || g >= best->generation) best = Newest{.json = std::move(j), .generation = g, .begin = c.begin, .end = c.end};
   }
   return best;
 }

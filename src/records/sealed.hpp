@@ -29,7 +29,7 @@ struct Unsealed {
 // nullopt when it is not that, or when its check does not match.
 std::optional<Unsealed> unseal(std::string_view content);
 
-// Files that keep two sealed copies, so that a write cut short (a full
+// Files that keep two (or, while they grow, three) sealed copies, so that a write cut short (a full
 // disk, a file-size limit, a quota, EIO, a crash) never touches the only
 // valid one: the run ledger (ledger.hpp). Each copy is one line; a reader
 // takes every line that unseals with its check, and the writer puts the

@@ -7,7 +7,10 @@
 #include "base/duration.hpp"
 #include "base/error.hpp"
 #include "job/job.hpp"
+#include "os/signal_names.hpp"
 #include "os/sys.hpp"
+#include "os/wait_status.hpp"
+#include "records/holder.hpp"
 
 namespace looplock {
 
@@ -77,6 +80,8 @@ private:
       why = "could not be started: " + std::string(std::strerror(end.err));
     } else if (end.timed_out) {
       why = "did not end within --notify-timeout " + format_duration(s_.timeout) + " and was KILLed with its group";
+    } else if (const auto ending = sys::ending_of(end.status); ending && ending->by_signal) {
+      why = "was killed by signal " + std::to_string(ending->value) + " (" + signal_name(ending->value) + ")";
     } else if (shell_status(end.status) != 0) {
       why = "exited with " + std::to_string(shell_status(end.status));
     }
@@ -161,18 +166,22 @@ Json held_too_long_event(const Json& started, Duration held, Duration after) {
   return j;
 }
 
-void say_ended(const Logger& log, const std::string& operation, RunOutcome outcome, int exit_status, Duration ran) {
+void say_ended(const Logger& log, const std::string& name, RunOutcome outcome, int exit_status, Duration ran,
+               std::optional<Duration> waited) {
   if (!log.has_sink()) return;
-  log.event(
-      "info", "ended",
-      operation + " ended: " + std::string(outcome_name(outcome)) + ", exit status " + std::to_string(exit_status),
-      {{"operation", operation},
-       {"outcome", outcome_name(outcome)},
-       {"exit_status", exit_status},
-       {"ran_ms", ms_of(ran)}});
+  const std::string operation = clip_bytes(name);  // as records clip it
+  Json fields = {{"operation", operation},
+                 {"outcome", outcome_name(outcome)},
+                 {"exit_status", exit_status},
+                 {"ran_ms", ms_of(ran)}};
+  if (waited) fields["waited_ms"] = ms_of(*waited);
+  log.event("info", "ended",
+            operation + " ended: " + std::string(outcome_name(outcome)) + ", exit status " +
+                std::to_string(exit_status) + (waited ? " after waiting " + format_duration(*waited) : ""),
+            fields);
 }
 
-Notifier::Notifier(const NotifySettings& settings, const EnvList& env, const Logger& log) {
+Notifier::Notifier(const NotifySettings& settings, const EnvList& env, const Logger& log) : log_(log) {
   // The relay's lines: looplock's, without the sink (which is in this process).
   const Logger relay_log(log.is_quiet() ? Verbosity::Quiet : Verbosity::Normal,
                          log.is_text() ? LogFormat::Text : LogFormat::Json, log.fd());
@@ -185,13 +194,19 @@ Notifier::Notifier(const NotifySettings& settings, const EnvList& env, const Log
 Notifier::~Notifier() { finish(); }
 
 void Notifier::take(const Json& event) {
-  if (!relay_ || !relay_->events) return;
-  // One write per event; a relay that is gone loses the rest (never an error).
-  if (!sys::write_all(relay_->events.get(), dump_json(event) + "\n")) relay_->events.reset();
+  if (!relay_) return;
+  // Never blocks: a relay that is gone loses the rest (never an error).
+  sys::send_event(*relay_, dump_json(event) + "\n");
 }
 
 void Notifier::finish() {
-  if (relay_) sys::finish_relay(*relay_);
+  if (!relay_) return;
+  sys::finish_relay(*relay_);
+  if (relay_->dropped > 0) {
+    log_.warn("notify_failed", std::to_string(relay_->dropped) +
+                                   " event(s) were not notified: --notify's relay was more than 1 MiB of events "
+                                   "behind (a notifier slower than the run's events)");
+  }
   relay_.reset();
 }
 

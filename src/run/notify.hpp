@@ -35,12 +35,15 @@ public:
   void finish();
 
 private:
+  const Logger& log_;
   std::optional<sys::Relay> relay_;
 };
 
 // --notify's ended (the run's last event): outcome, exit status, how long
-// the command ran; built only when a notifier listens.
-void say_ended(const Logger& log, const std::string& operation, RunOutcome outcome, int exit_status, Duration ran);
+// the command ran and, when the wait gave up, how long it waited; built
+// only when a notifier listens.
+void say_ended(const Logger& log, const std::string& operation, RunOutcome outcome, int exit_status, Duration ran,
+               std::optional<Duration> waited = std::nullopt);
 
 // The pure parts, for the tests. Whether `event` (at `level`) is one to
 // deliver: those --notify-on names ("all": every event), or by default

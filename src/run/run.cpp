@@ -12,6 +12,7 @@
 #include "os/process.hpp"
 #include "os/sys.hpp"
 #include "os/wait_status.hpp"
+#include "records/holder.hpp"
 #include "records/nesting.hpp"
 #include "run/notify.hpp"
 #include "settings/lease_timing.hpp"
@@ -56,7 +57,14 @@ Exit Run::run() {
   if (once_per_.ran_before_waiting(locks_)) return finish(skipped());
   for (auto& lock : locks_) {
     lock->prepare(spec_);
-    if (auto conflict = acquire(*lock)) return finish(*conflict);
+    if (auto conflict = acquire(*lock)) {
+      // --notify's ended after a timeout (a skip ends with skipped).
+      if (conflict->outcome == RunOutcome::Timeout) {
+        say_ended(log_, request_.identity.operation, conflict->outcome, conflict->exit.value, Duration::zero(),
+                  facts_.waited);
+      }
+      return finish(*conflict);
+    }
     lock->export_to(spec_);
     if (Lease* lease = lock->lease()) spec_.lease = lease;
   }
@@ -148,7 +156,7 @@ std::optional<Conclusion> Run::acquire(Lock& lock) {
     reporter_.coalesced(*b);
     return skipped();
   }
-  reporter_.timeout(*b, plan_, facts_.waited);
+  reporter_.timeout(*b, plan_, facts_.waited, o_.wait.conflict_exit_code);
   return Conclusion{exit_status(o_.wait.conflict_exit_code), RunOutcome::Timeout};
 }
 
@@ -158,9 +166,9 @@ JobEnd Run::run_job() {
     export_deadline();
     if (o_.lock.no_fork) jobs_.exec(spec_);
     if (log_.has_sink())
-      log_.event("info", "started", request_.identity.operation + " started under the lock",
-                 {{"operation", request_.identity.operation},
-                  {"agent_id", request_.identity.agent},
+      log_.event("info", "started", clip_bytes(request_.identity.operation) + " started under the lock",
+                 {{"operation", clip_bytes(request_.identity.operation)},
+                  {"agent_id", clip_bytes(request_.identity.agent)},
                   {"policy", policy_name(o_.wait.policy)}});
     if (ctx_.on_held) ctx_.on_held(spec_);
     JobEnd job = jobs_.run(spec_, log_);
@@ -240,8 +248,8 @@ std::optional<Conclusion> Run::claim_slot() {
 // A skip (single_flight's, or the slot's): --skip-exit-code.
 Conclusion Run::skipped() const {
   if (log_.has_sink())
-    log_.event("notice", "skipped", request_.identity.operation + " skipped",
-               {{"operation", request_.identity.operation}, {"exit_status", o_.wait.skip_exit_code}});
+    log_.event("notice", "skipped", clip_bytes(request_.identity.operation) + " skipped",
+               {{"operation", clip_bytes(request_.identity.operation)}, {"exit_status", o_.wait.skip_exit_code}});
   return {exit_status(o_.wait.skip_exit_code), RunOutcome::Skipped};
 }
 

@@ -193,11 +193,78 @@ def test_looplock_killed_the_relay_delivers_what_it_has_and_ends(loop_dir, tmp_p
                    Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z", "the relay to end")
 
 
+BIG = "op-" + "x" * 70_000  # an event that does not fit in a pipe (64 KiB)
+
+
+@pytest.mark.parametrize("notifier", ["sleep 30", "head -c 2000000 /dev/zero; sleep 30"],
+                         ids=["reads_nothing", "prints_a_lot_and_reads_nothing"])
+def test_notify_timeout_bounds_a_delivery_whatever_the_events_size(loop_dir, notifier):
+    """The relay writes the event as the notifier reads it, and reads what it
+    prints meanwhile: a 70 kB event to a notifier that never reads its
+    stdin (and fills its stdout) is KILLed at --notify-timeout, never
+    blocks the relay or looplock."""
+    t0 = time.monotonic()
+    r = run(["--notify", notifier, "--notify-on", "started", "--notify-timeout", "1", "--operation", BIG, loop_dir,
+             "--", "true"])
+    took = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    assert "--notify's command for started did not end within --notify-timeout 1.0s" in r.stderr, r.stderr[-500:]
+    assert took < 20, took  # the notifier's 30 s never waited for
+
+
+def test_a_notifier_that_prints_a_lot_and_reads_its_large_event_is_delivered_whole(loop_dir, tmp_path):
+    got = tmp_path / "got"
+    r = run(["--notify", f"head -c 3000000 /dev/zero; cat > {got}", "--notify-on", "started", "--notify-timeout",
+             "60", "--operation", BIG, loop_dir, "--", "true"])
+    assert r.returncode == 0 and r.stderr == "", r.stderr[-500:]
+    event = json.loads(got.read_text())
+    assert event["event"] == "started"
+
+
+def test_names_in_lines_and_events_are_clipped_as_records_clip_them(loop_dir, tmp_path, holders):
+    log = tmp_path / "events"
+    holders(loop_dir, "flock")
+    r = run(["--notify", RECORD + str(log), "--notify-on", "noop-locked,skipped", "-p", "single_flight",
+             "--operation", "y" * 100_000, loop_dir, "--", "true"])
+    assert r.returncode == 0
+    [line] = r.stderr.splitlines()
+    assert "noop-locked" in line and len(line) < 2000, len(line)
+    got = history(log)
+    assert [name for name, _ in got] == ["noop-locked", "skipped"]
+    assert got[1][1]["operation"] == "y" * 256
+
+
+@pytest.mark.parametrize("exit_code", [None, "3"])
+def test_a_wait_that_gives_up_ends_with_ended_its_exit_status_and_time_waited(loop_dir, tmp_path, holders,
+                                                                              exit_code):
+    log = tmp_path / "events"
+    h = holders(loop_dir, "flock")
+    extra = ["-E", exit_code] if exit_code else []
+    r = run(["-q", "--notify", RECORD + str(log), "--notify-on", "lock_acquire_timeout,ended", "-w", "0.3", *extra,
+             "--operation", "tick", loop_dir, "--", "true"])
+    status = int(exit_code) if exit_code else EX_TEMPFAIL
+    assert r.returncode == status
+    got = history(log)
+    assert [name for name, _ in got] == ["lock_acquire_timeout", "ended"]
+    assert got[0][1]["exit_status"] == status and got[0][1]["holder_pids"] == [h.pid]
+    ended = got[1][1]
+    assert ended["outcome"] == "timeout" and ended["exit_status"] == status and ended["ran_ms"] == 0
+    assert ended["waited_ms"] >= 300 and ended["operation"] == "tick"
+
+
+def test_a_notifier_killed_by_a_signal_is_said_so(loop_dir):
+    r = run(["--notify", "kill -9 $$", "--notify-on", "ended", loop_dir, "--", "true"])
+    assert r.returncode == 0
+    assert "--notify's command for ended was killed by signal 9 (KILL)" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("args,word", [(["-F", "--notify", "true"], "cannot be combined"),
                                        (["--notify", "true", "--notify-on", "lock_acquire_timout"], "no such event"),
                                        (["--notify", "true", "--notify-on", "notify_failed"], "never notifies"),
                                        (["--notify-on", "ended"], "--notify-on needs --notify COMMAND"),
-                                       (["--notify", "true", "--notify-timeout", "0"], "invalid --notify-timeout"),
+                                       (["--notify", "true", "--notify-timeout", "0"], "invalid --notify-timeout '0': "),
+                                       (["--notify", "true", "--notify-after", "0s"], "invalid --notify-after '0s': "),
+                                       (["--notify", "true", "--notify-on", ""], "invalid --notify-on '': "),
                                        (["--notify", "true", "--notify-on", "a,,b"], "invalid --notify-on")])
 def test_usage_errors_never_notify(loop_dir, tmp_path, args, word):
     r = run([*args, loop_dir, "--", "true"])

@@ -501,15 +501,21 @@ def test_a_ledger_write_cut_short_by_anything_leaves_every_other_entry_as_it_was
     mid-write (simulated: the other copy overwritten with half a ledger)
     leaves the 24 operations' slots as they were."""
     ops = [f"operation-{i:02}-" + "x" * 200 for i in range(24)]
+    # The first entry's slot (1 s) is over once the others have run: its
+    # next run rewrites the ledger from its first bytes.
+    assert run([*once(loop_dir, "1s", "first"), "true"]).returncode == 0
     for op in ops:
         assert run([*once(loop_dir, "5m", op), "true"]).returncode == 0
     assert (loop_dir / RUNS).stat().st_size > 12000
+    assert ledger(loop_dir)["runs"][0]["operation"] == "first"
     history = tmp_path / "history"
     if how == "fsize":
         if not shutil.which("prlimit"):
             pytest.skip("prlimit(1) is needed")
-        r = subprocess.run(["prlimit", "--fsize=4096", LOOPLOCK, *once(loop_dir, "5m", "new-one"),
-                            *tick(history, "new")], capture_output=True, text=True, timeout=TIMEOUT)
+        wait_until(lambda: time.time() * 1000 - ledger(loop_dir)["runs"][0]["started_ms"] > 1500,
+                   "the first entry's slot to be over")
+        r = subprocess.run(["prlimit", "--fsize=4096", LOOPLOCK, *once(loop_dir, "1s", "first"),
+                            *tick(history, "first")], capture_output=True, text=True, timeout=TIMEOUT)
         assert r.returncode == EX_CANTCREAT, r.stderr
         assert "cannot write the run ledger" in r.stderr and "File too large" in r.stderr, r.stderr
         assert ticks(history) == []
@@ -517,9 +523,11 @@ def test_a_ledger_write_cut_short_by_anything_leaves_every_other_entry_as_it_was
         raw = (loop_dir / RUNS).read_bytes()
         lines = raw.split(b"\n")
         newest = ledger(loop_dir)["generation"]
-        # The older copy's line cut in half, as a crash mid-write leaves it.
-        (older,) = [i for i, line in enumerate(lines[:-1]) if b'"generation":%d,' % newest not in line]
-        lines[older] = lines[older][: len(lines[older]) // 2] + b" " * (len(lines[older]) - len(lines[older]) // 2)
+        # The older copies' lines cut in half, as a crash mid-write leaves one.
+        older = [i for i, line in enumerate(lines[:-1]) if b'"generation":%d,' % newest not in line]
+        assert older
+        for i in older:
+            lines[i] = lines[i][: len(lines[i]) // 2] + b" " * (len(lines[i]) - len(lines[i]) // 2)
         (loop_dir / RUNS).write_bytes(b"\n".join(lines))
     for op in ops:
         r = run([*once(loop_dir, "5m", op), "echo", "ran"])
@@ -528,7 +536,7 @@ def test_a_ledger_write_cut_short_by_anything_leaves_every_other_entry_as_it_was
     r = run([*once(loop_dir, "5m", "new-one"), *tick(history, "new")])
     assert r.returncode == 0, r.stderr
     assert [t[0] for t in ticks(history)] == ["new"]
-    assert {e["operation"] for e in ledger(loop_dir)["runs"]} == {*ops, "new-one"}
+    assert {e["operation"] for e in ledger(loop_dir)["runs"]} == {"first", *ops, "new-one"}
 
 
 def sealed(obj):

@@ -55,28 +55,98 @@ std::optional<Relay> start_relay(const std::function<int(int events)>& body) {
   }
   ::close(fds[0]);
   // Room for the events of a run while a notifier is slow (1 MiB where the
-  // system allows it; 64 KiB otherwise).
+  // system allows it; 64 KiB otherwise); looplock never waits for it.
   (void)fcntl(fds[1], F_SETPIPE_SZ, 1 << 20);
-  return Relay{UniqueFd(fds[1]), pid};
+  (void)fcntl(fds[1], F_SETFL, O_NONBLOCK);
+  Relay relay;
+  relay.events = UniqueFd(fds[1]);
+  relay.pid = pid;
+  return relay;
+}
+
+namespace {
+
+constexpr size_t kMaxPending = 1 << 20;
+
+// Writes what is pending, as much as the pipe takes now.
+void flush_pending(Relay& relay) {
+  while (!relay.pending.empty() && relay.events) {
+    const ssize_t n = ::write(relay.events.get(), relay.pending.data(), relay.pending.size());
+    if (n > 0) {
+      relay.pending.erase(0, static_cast<size_t>(n));
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && errno == EAGAIN) {
+      return;
+    } else {  // the relay is gone (EPIPE): the rest is lost
+      relay.events.reset();
+      relay.pending.clear();
+    }
+  }
+}
+
+// Writes as much of `input` from `sent` as the notifier has read room for
+// (fd non-blocking); once all of it is sent, or the notifier closed its
+// standard input (EPIPE), closes fd and sets it to -1.
+void feed_input(int& fd, const std::string& input, size_t& sent) {
+  while (fd >= 0 && sent < input.size()) {
+    const ssize_t n = ::write(fd, input.data() + sent, input.size() - sent);
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+    } else if (n < 0 && errno == EINTR) {
+      continue;
+    } else if (n < 0 && errno == EAGAIN) {
+      return;
+    } else {
+      break;  // EPIPE: it does not read its event
+    }
+  }
+  if (fd >= 0) {
+    ::close(fd);
+    fd = -1;
+  }
+}
+
+bool ending_signal_pending() {
+  sigset_t pending;
+  if (sigpending(&pending) != 0) return false;
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
+    if (sigismember(&pending, s) == 1) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+void send_event(Relay& relay, std::string line) {
+  if (!relay.events) return;
+  if (relay.pending.size() + line.size() > kMaxPending) {
+    ++relay.dropped;
+    return;
+  }
+  relay.pending += line;
+  flush_pending(relay);
 }
 
 void finish_relay(Relay& relay) {
-  relay.events.reset();
-  if (relay.pid <= 0) return;
-  sigset_t ending;
-  sigemptyset(&ending);
-  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&ending, s);
+  if (relay.pid <= 0) {
+    relay.events.reset();
+    return;
+  }
   for (int status = 0;;) {
+    flush_pending(relay);
+    if (relay.pending.empty()) relay.events.reset();
     const pid_t r = waitpid(relay.pid, &status, WNOHANG);
     if (r == relay.pid || (r < 0 && errno != EINTR)) break;
-    sigset_t pending;
-    if (sigpending(&pending) == 0) {
-      bool asked = false;
-      for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) asked = asked || sigismember(&pending, s) == 1;
-      if (asked) break;  // the relay delivers the rest on its own
+    if (ending_signal_pending()) break;  // the relay delivers the rest on its own
+    if (relay.events) {
+      pollfd p{relay.events.get(), POLLOUT, 0};
+      (void)poll(&p, 1, 10);
+    } else {
+      nap(std::chrono::milliseconds(10));
     }
-    nap(std::chrono::milliseconds(10));
   }
+  relay.events.reset();
   relay.pid = 0;
 }
 
@@ -108,7 +178,7 @@ NotifierEnd run_notifier(const std::string& command, const std::vector<std::stri
   constexpr size_t kKept = 1024;
   NotifierEnd end;
   int in[2], out[2];
-  if (pipe2(in, O_CLOEXEC) != 0) {
+  if (pipe2(in, O_CLOEXEC | O_NONBLOCK) != 0) {
     end.err = errno;
     return end;
   }
@@ -130,8 +200,10 @@ NotifierEnd run_notifier(const std::string& command, const std::vector<std::stri
   if (pid == 0) {
     setpgid(0, 0);
     signal(SIGPIPE, SIG_DFL);
-    const int flags = fcntl(out[1], F_GETFL);
-    if (flags >= 0) (void)fcntl(out[1], F_SETFL, flags & ~O_NONBLOCK);
+    for (int fd : {in[0], out[1]}) {  // the notifier's ends block, as a fresh pipe's do
+      const int flags = fcntl(fd, F_GETFL);
+      if (flags >= 0) (void)fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    }
     if (dup2(in[0], 0) < 0 || dup2(out[1], 1) < 0 || dup2(out[1], 2) < 0) _exit(126);
     execve("/bin/sh", c_argv.data(), c_env.data());
     _exit(127);
@@ -140,9 +212,11 @@ NotifierEnd run_notifier(const std::string& command, const std::vector<std::stri
   ::close(in[0]);
   ::close(out[1]);
   end.started = true;
-  (void)write_all(in[1], input);
-  ::close(in[1]);
+  // The deadline starts before the first byte of the event is written.
   const Deadline deadline = later(MonotonicClock::now(), timeout);  // saturates: kForever never comes
+  int to_notifier = in[1];
+  size_t sent = 0;
+  auto feed = [&] { feed_input(to_notifier, input, sent); };
   auto drain = [&] {
     char buf[4096];
     for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;) {
@@ -151,6 +225,7 @@ NotifierEnd run_notifier(const std::string& command, const std::vector<std::stri
     }
   };
   for (;;) {
+    feed();
     drain();
     const pid_t r = waitpid(pid, &end.status, WNOHANG);
     if (r == pid) break;
@@ -162,10 +237,11 @@ NotifierEnd run_notifier(const std::string& command, const std::vector<std::stri
       }
       break;
     }
-    pollfd p{out[0], POLLIN, 0};
-    (void)poll(&p, 1, 5);
+    pollfd p[2] = {{out[0], POLLIN, 0}, {to_notifier, POLLOUT, 0}};  // a negative fd is skipped
+    (void)poll(p, 2, 5);
   }
   drain();
+  if (to_notifier >= 0) ::close(to_notifier);
   ::close(out[0]);
   // What the notifier left in its group goes with it.
   kill(-pid, SIGKILL);
