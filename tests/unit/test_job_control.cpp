@@ -304,6 +304,22 @@ CommandSpec ready_then_wait(int ready_fd, const std::string& trap) {
 }  // namespace
 
 namespace {
+// Sets `sig`'s disposition to the default while it lives, then puts back
+// what it was.
+struct DefaultDisposition {
+  int sig;
+  struct sigaction kept {};
+  explicit DefaultDisposition(int s) : sig(s) {
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    REQUIRE(sigaction(sig, &dfl, &kept) == 0);
+  }
+  ~DefaultDisposition() { sigaction(sig, &kept, nullptr); }
+  DefaultDisposition(const DefaultDisposition&) = delete;
+  DefaultDisposition& operator=(const DefaultDisposition&) = delete;
+};
+
 // The pipe a test job writes "ready" into once it is set up: its write end
 // goes to the job as CommandSpec::pass_fd; wait() drops the test's own copy
 // and reads until "ready".
@@ -325,6 +341,9 @@ struct ReadyPipe {
 TEST_CASE("a signal sent to looplock reaches the command") {
   for (int sig : {SIGUSR1, SIGTERM, SIGHUP, SIGALRM, SIGRTMIN + 1}) {
     CAPTURE(sig);
+    // Its default disposition, for looplock to inherit: one ignored when the
+    // tests started (HUP under nohup(1)) stays ignored, as nohup relies on.
+    DefaultDisposition dfl(sig);
     ReadyPipe ready;
     Looplock l(ready_then_wait(ready.w.get(), "trap 'exit 42' " + std::to_string(sig)));
     ready.wait();
