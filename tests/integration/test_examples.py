@@ -488,23 +488,44 @@ def option_value(tokens, name):
     return own[own.index(name) + 1] if name in own else None
 
 
+def command_of(tokens):
+    """The command a looplock line runs, by script name: the interpreter
+    (python3, py -3) left out and each path cut to its last part, so that
+    scripts/status.py in a CI checkout and /srv/loops/scripts/status.py in
+    cron are one command."""
+    if "--" not in tokens:
+        return ("-c", tokens[tokens.index("-c") + 1])
+    words = tokens[tokens.index("--") + 1:]
+    if words[:1] == ["python3"]:
+        words = words[1:]
+    elif words[:2] == ["py", "-3"]:
+        words = words[2:]
+    return tuple(re.split(r"[/\\]", w)[-1] for w in words)
+
+
 def test_lines_running_the_same_command_carry_the_same_operation_and_once_per():
-    """A tick fired by two schedulers runs once per slot only if both give
-    the same --operation and --once-per: every looplock line of examples/
-    that runs the same command agrees on both."""
+    """A tick fired by two schedulers (cron, the timer, a CI job) runs once
+    per slot, and is one series for the alert, only if both give the same
+    --operation and --once-per: every looplock line of examples/ that runs
+    the same script with the same arguments agrees on both."""
     runs = {}
     for path, tokens in looplock_invocations():
-        command = tuple(tokens[tokens.index("--") + 1:]) if "--" in tokens else ("-c", tokens[tokens.index("-c") + 1])
-        runs.setdefault(command, []).append((str(path), option_value(tokens, "--operation"),
-                                             option_value(tokens, "--once-per")))
-    ticks = runs[("python3", "/srv/loops/scripts/status.py", "--tick")]
-    assert {p for p, _, _ in ticks} >= {"examples/crontab", "examples/systemd/looplock-nightly.service"}, ticks
+        runs.setdefault(command_of(tokens), []).append((str(path), option_value(tokens, "--operation"),
+                                                        option_value(tokens, "--once-per")))
+    ticks = runs[("status.py", "--tick")]
+    assert {p for p, _, _ in ticks} >= {"examples/crontab", "examples/systemd/looplock-nightly.service",
+                                        "examples/ci/gitlab-ci.yml", "examples/ci/github-actions.yml",
+                                        "examples/ci/github-actions-hold.yml"}, ticks
     for command, seen in runs.items():
         assert len({(op, once) for _, op, once in seen}) == 1, (command, seen)
-    # The check can fail: the unit as it was before it named the slot.
-    old = ("/usr/bin/looplock -w 30 --max-time 3m /srv/loops/nightly -- python3 /srv/loops/scripts/status.py --tick")
-    tokens = shlex.split(old.split("looplock ", 1)[1])
-    assert (option_value(tokens, "--operation"), option_value(tokens, "--once-per")) != (ticks[0][1], ticks[0][2])
+    # The check can fail: the unit as it was before it named the slot, and
+    # the GitLab job as it was, by the path of a CI checkout.
+    for old in ("/usr/bin/looplock -w 30 --max-time 3m /srv/loops/nightly -- python3 /srv/loops/scripts/status.py --tick",
+                'looplock -w 120 --agent "gitlab-$CI_JOB_ID" --operation nightly-tick /srv/loops/nightly -- '
+                'python3 scripts/status.py --tick'):
+        tokens = shlex.split(old.split("looplock ", 1)[1])
+        assert command_of(tokens) == ("status.py", "--tick")
+        assert (option_value(tokens, "--operation"), option_value(tokens, "--once-per")) != (ticks[0][1], ticks[0][2])
 
 
 # -- wrap-status.sh --------------------------------------------------------------
@@ -604,6 +625,15 @@ def test_ci_snippet_is_valid_and_runs(site, name, kind):
     record = read_record(site.loop)
     assert record["agent_id"] in ("gha-4242", "gitlab-4242")
     assert record["operation"] == operations[-1] != "sh"
+    # Fired again inside the slot (as cron's tick would be): the tick skips
+    # with 0, and the job passes.
+    for c in commands:
+        text = site.substitute(c).replace("${{ github.run_id }}", "4243")
+        r = sh_c(text, site.env(CI_JOB_ID="4243"), cwd=site.work)
+        assert r.returncode == 0, (c, r.stderr)
+        if "--tick" in c:
+            assert "noop-already-run: tick already ran in this slot" in r.stderr, r.stderr
+    assert site.iterations() == 1
 
 
 # -- python/loop_lock.py --------------------------------------------------------------
