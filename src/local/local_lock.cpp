@@ -252,6 +252,69 @@ std::optional<HoldFacts> LocalLock::hold_facts() const {
   return h;
 }
 
+namespace {
+
+// A signal that would end looplock came while it waited in a seat.
+struct SeatSignal {
+  int sig;
+};
+
+// The wait's observer, as it is, that also looks, at least every 100 ms,
+// for a signal that would end looplock (held back meanwhile).
+class SeatWatch final : public AcquireObserver {
+public:
+  explicit SeatWatch(AcquireObserver& inner) : inner_(inner) {}
+  void on_wait(const LockFile& file) override { inner_.on_wait(file); }
+  void on_replaced(int count, bool dir_moved) override { inner_.on_replaced(count, dir_moved); }
+  Duration tick_interval() const override {
+    const Duration inner = inner_.tick_interval();
+    return inner > Duration::zero() ? std::min(inner, kLook) : kLook;
+  }
+  void on_tick() override {
+    if (const int sig = sys::pending_ending_signal()) {
+      inner_.on_wait_end();
+      throw SeatSignal{sig};
+    }
+    if (inner_.tick_interval() > Duration::zero()) inner_.on_tick();  // it keeps its own pace
+  }
+  void on_wait_end() override { inner_.on_wait_end(); }
+
+private:
+  static constexpr Duration kLook = std::chrono::milliseconds(100);
+  AcquireObserver& inner_;
+};
+
+}  // namespace
+
+// The wait of the run in the seat. The signals that would end looplock are
+// held back meanwhile and looked for: one that comes ends the wait as a
+// deadline does (TimedOut), so that the run can say what it absorbed, and
+// then ends of it (Run: Blocker::ended_by_signal). Not for --holders, whose
+// index wait has no ticks to look from.
+AcquireResult LocalLock::take_in_seat(const WaitPlan& plan, Instant start, LockMode mode, AcquireObserver& reporter) {
+  if (request_.flags.holders > 0 || !sys::hold_ending_signals()) return take(plan, start, mode, reporter);
+  SeatWatch watch(reporter);
+  try {
+    AcquireResult res = take(plan, start, mode, watch);
+    if (res.status == Acquisition::Acquired || !sys::pending_ending_signal()) {
+      sys::let_ending_signals_through();
+      return res;
+    }
+    seat_signal_ = sys::pending_ending_signal();  // it came as the wait ended
+    return res;  // held back until the run has said what it absorbed
+  } catch (const SeatSignal& s) {
+    seat_signal_ = s.sig;
+    AcquireResult r;
+    r.status = Acquisition::TimedOut;
+    r.waited = MonotonicClock::now() - start;
+    r.file = open_lock_file(dir_);  // the file found held, for who holds it
+    return r;
+  } catch (...) {
+    sys::let_ending_signals_through();
+    throw;
+  }
+}
+
 // A free lock is taken at once; a held one is waited for by one run of the
 // operation, the one in its seat, which absorbs every later run of it that
 // comes while it waits: those skip (Coalesced). The seat is left once the
@@ -286,7 +349,7 @@ AcquireResult LocalLock::acquire_coalescing(const WaitPlan& plan, Instant start,
                   ", which never ran: this run runs for them",
               {{"coalesced", seat.inherited}, {"dead_waiter", holder_to_json(*seat.dead_waiter)}});
   }
-  AcquireResult res = take(plan, start, mode, reporter);
+  AcquireResult res = take_in_seat(plan, start, mode, reporter);
   const Absorbed absorbed = leave_seat(seat, me);
   absorbed_ = absorbed.count;
   absorbed_start_ms_ = absorbed.newest_started_ms;
@@ -438,6 +501,7 @@ Blocker LocalLock::blocker() const {
     }
   }
   if (absorbed_) b.fields["coalesced"] = *absorbed_;
+  b.ended_by_signal = seat_signal_;
   if (seat_waiter_) {
     b.waiting = "pid " + std::to_string(seat_waiter_->pid) + " (agent " + printable(seat_waiter_->agent_id) +
                 ", waiting since " + seat_waiter_->acquired_at + ")";

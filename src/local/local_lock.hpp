@@ -60,6 +60,7 @@ private:
   // The lock under `plan`: DIR/.state.lock alone, or (--holders) an index
   // first, then .state.lock shared (records/holders.hpp).
   AcquireResult take(const WaitPlan& plan, Instant start, LockMode mode, AcquireObserver& reporter);
+  AcquireResult take_in_seat(const WaitPlan& plan, Instant start, LockMode mode, AcquireObserver& reporter);
   AcquireResult take_as_holder(const WaitPlan& plan, Instant start, AcquireObserver& reporter);
   Blocker lock_blocker() const;      // DIR/.state.lock's holder
   // --holders: each held index's holder; `files[i]` is index `indexes[i]`.
@@ -85,6 +86,7 @@ private:
   std::optional<HolderRecord> record_;
   LocalLedger ledger_;
   std::optional<HolderRecord> seat_waiter_;  // Coalesced: the run in the seat, when known
+  int seat_signal_ = 0;                      // TimedOut in the seat by this signal (Blocker::ended_by_signal)
   std::optional<int> absorbed_;              // -p coalesce, sat in the seat: how many runs it absorbed
   std::optional<long long> absorbed_start_ms_;  // ... and the newest start among them
   // --holders: the index taken (-1: none), its file (locked); or, when all

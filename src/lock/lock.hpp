@@ -65,6 +65,10 @@ struct Blocker {
   // waits for the lock, which absorbed this one ("pid 12 (agent cron,
   // waiting since T)"; its record under fields' "coalesce").
   std::string waiting;
+  // TimedOut by a signal (INT, TERM, HUP, QUIT) that came while this run
+  // waited in a coalesce seat: the run says what it absorbed, then ends of
+  // that signal. 0: the deadline passed.
+  int ended_by_signal = 0;
 };
 
 // What the release of the stack found, filled in lock by lock (in reverse

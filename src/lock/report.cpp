@@ -136,9 +136,14 @@ void Reporter::timeout(const Blocker& b, const WaitPlan& plan, Duration waited, 
   f["waited_ms"] = inc.waited_ms;
   f["deadline_ms"] = inc.deadline_ms;
   f["exit_status"] = exit_status;
+  if (b.ended_by_signal != 0) f["signal"] = signal_name(b.ended_by_signal);
   log_.error("lock_acquire_timeout",
-             "lock_acquire_timeout: " + b.what + " still held after " + format_duration(waited) + " by " + b.who +
-                 "; gave up " + identity_.operation + absorbed_note(b) + " (policy " + inc.policy + ")",
+             b.ended_by_signal != 0
+                 ? "lock_acquire_timeout: signal " + signal_name(b.ended_by_signal) + " ended the wait for " + b.what +
+                       " (held by " + b.who + ") after " + format_duration(waited) + "; gave up " +
+                       identity_.operation + absorbed_note(b) + ", none of which ran (policy " + inc.policy + ")"
+                 : "lock_acquire_timeout: " + b.what + " still held after " + format_duration(waited) + " by " +
+                       b.who + "; gave up " + identity_.operation + absorbed_note(b) + " (policy " + inc.policy + ")",
              "Run '" + b.inspect_hint + "' to see the holder; never delete the lock file.", f);
 }
 

@@ -37,6 +37,14 @@ void for_each_line(std::string_view text, F&& f) {
   }
 }
 
+// The signals that end a wait (INT, TERM, HUP, QUIT), held back while a
+// coalescing waiter sits in its seat, so that it can say what it absorbed
+// before one ends it (posix/: blocked, then looked for as pending; Windows
+// has none: nothing is held and none is ever pending).
+bool hold_ending_signals();          // false (errno set) when they cannot be blocked
+void let_ending_signals_through();   // unblocks them: a pending one is delivered now
+int pending_ending_signal();         // the first of them that is pending, or 0
+
 // Writes all of `data`; returns false (errno set) on failure.
 bool write_all(int fd, std::string_view data);
 // Writes all of `data` at `offset` of `fd` (its start by default; pwrite:

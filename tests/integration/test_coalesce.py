@@ -6,6 +6,7 @@ history of who ran, checked afterwards, locally and with --etcd."""
 import hashlib
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -259,6 +260,29 @@ def test_a_waiter_killed_after_it_absorbed_a_tick_is_named_by_the_next_run_that_
     assert (f"pid {first.pid} died in the seat of tick (KILLed while it waited) after it absorbed 1 later run, "
             "which never ran: this run runs for them") in ends[1][1], ends[1][1]
     assert ticks(history) == ["holder", "second"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_waiter_ended_by_a_signal_says_what_it_absorbed_and_dies_of_it(loop_dir, tmp_path, sig):
+    """As a -w deadline does: its line and incident row count the runs it
+    absorbed ("coalesced": N) and say that none of them ran; then it ends of
+    the signal, as any waiter does."""
+    history = tmp_path / "history"
+    holder = hold_tick(loop_dir, history)
+    first = waiting(loop_dir, [*coalesce(loop_dir), *tick(history, "first")])
+    for label in ("a", "b"):
+        r = run([*coalesce(loop_dir), *tick(history, label)])
+        assert "noop-coalesced" in r.stderr, r.stderr
+    os.kill(first.pid, sig)
+    assert first.wait(timeout=TIMEOUT) == -sig
+    err = first.stderr.read()
+    assert (f"signal {sig.name[3:]} ended the wait for {loop_dir}/.state.lock" in err
+            and "and the 2 later runs of it that it absorbed, none of which ran" in err), err
+    row = incident_rows(loop_dir)[-1]
+    assert row["error_code"] == "lock_acquire_timeout" and row["coalesced"] == 2, row
+    holder.stdin.close()
+    finish([holder])
+    assert ticks(history) == ["holder"]
 
 
 def test_a_shared_and_an_exclusive_tick_of_one_operation_never_absorb_each_other(loop_dir, tmp_path):

@@ -2,6 +2,7 @@
 #include "os/sys.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -32,6 +33,34 @@ bool write_all(int fd, std::string_view data) {
     data.remove_prefix(static_cast<size_t>(n));
   }
   return true;
+}
+
+namespace {
+sigset_t ending_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) sigaddset(&set, s);
+  return set;
+}
+}  // namespace
+
+bool hold_ending_signals() {
+  const sigset_t set = ending_set();
+  return sigprocmask(SIG_BLOCK, &set, nullptr) == 0;
+}
+
+void let_ending_signals_through() {
+  const sigset_t set = ending_set();
+  (void)sigprocmask(SIG_UNBLOCK, &set, nullptr);
+}
+
+int pending_ending_signal() {
+  sigset_t pending;
+  if (sigpending(&pending) != 0) return 0;
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT}) {
+    if (sigismember(&pending, s) == 1) return s;
+  }
+  return 0;
 }
 
 bool pwrite_all(int fd, std::string_view data, long long offset) {

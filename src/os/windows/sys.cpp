@@ -64,6 +64,10 @@ OVERLAPPED at(unsigned long long offset) {
 }
 }  // namespace
 
+bool hold_ending_signals() { return true; }
+void let_ending_signals_through() {}
+int pending_ending_signal() { return 0; }
+
 bool pwrite_all(int fd, std::string_view data, long long offset) {
   return at_offset(fd, [&](HANDLE h) {
     size_t done = 0;
