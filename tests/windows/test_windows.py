@@ -304,7 +304,7 @@ def test_the_github_actions_example_runs_both_calls_in_one_hold(loop_dir):
     assert record["agent_id"] == "gha-4242" and record["operation"] == "approve-and-tick"
 
 
-def test_the_windows_zip_has_the_program_the_man_page_and_the_examples(tmp_path):
+def test_the_windows_zip_has_the_program_the_man_pages_and_the_examples(tmp_path):
     out = tmp_path / "looplock.zip"
     r = subprocess.run([str(ROOT / "scripts" / "windows-zip"), str(out)], env={**os.environ, "LOOPLOCK_EXE": EXE},
                        capture_output=True, text=True, timeout=TIMEOUT)
@@ -312,10 +312,13 @@ def test_the_windows_zip_has_the_program_the_man_page_and_the_examples(tmp_path)
     import zipfile
     with zipfile.ZipFile(out) as z:
         names = set(z.namelist())
-        assert {"looplock/looplock.exe", "looplock/looplock.txt", "looplock/README.md",
-                "looplock/examples/github-actions.yml", "looplock/examples/schtasks.cmd"} <= names
+        assert {"looplock/looplock.exe", "looplock/looplock.txt", "looplock/looplock-windows.txt",
+                "looplock/README.md", "looplock/examples/github-actions.yml",
+                "looplock/examples/schtasks.cmd"} <= names
         text = z.read("looplock/looplock.txt").decode()
-        assert "\r\n" in text and "WINDOWS" in text and "\b" not in text
+        assert "\r\n" in text and "looplock-windows(7)" in text and "\b" not in text
+        text = z.read("looplock/looplock-windows.txt").decode()
+        assert "\r\n" in text and "WHAT DIFFERS, OPTION BY OPTION" in text and "\b" not in text
         assert z.read("looplock/looplock.exe") == Path(EXE).read_bytes()
 
 
