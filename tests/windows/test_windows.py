@@ -9,7 +9,7 @@ lines on pipes and files the job writes.
 
 What wine cannot check (it enforces no byte-range lock, passes 8 bits of an
 exit code to Linux, and implements no Ctrl-Break to a process group) is
-listed at the end as named, skipped tests; the man page's WINDOWS section
+listed at the end as named, skipped tests; looplock-windows(7)
 says what the design does about each.
 """
 import contextlib
@@ -834,7 +834,7 @@ def test_a_program_named_with_a_path_is_found_from_the_working_directory(loop_di
 
 
 # What wine does not do as Windows does: named, skipped tests, each with its
-# reason; the man page's WINDOWS section says what looplock relies on.
+# reason; looplock-windows(7) says what looplock relies on.
 WINE_CANNOT = {
     "windows_denies_a_locked_byte_to_other_handles":
         "byte-range locks are mandatory on Windows (no other handle reads byte 0); wine enforces none",
