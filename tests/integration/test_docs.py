@@ -585,6 +585,11 @@ def test_every_page_is_self_contained(page):
     for m in re.finditer(r"\b[Ss]ee (?:also )?([A-Z][A-Z ]+[A-Z])\b", flat):
         if m.group(1) not in own:
             dangling.append(m.group(0))
+    subsections = {s for p in PAGES.values() for s in re.findall(r"^## (.+)$", prose(p.read_text()), re.M)}
+    here = set(re.findall(r"^## (.+)$", prose(text), re.M))
+    for m in re.finditer(r"\*([A-Z][a-z][^*]*)\*", flat):  # *Lock names in keys*: a subsection of this page
+        if m.group(1) in subsections and m.group(1) not in here:
+            dangling.append(m.group(0))
     for m in re.finditer(r"[*\"]([A-Za-z][^*\"]*)[*\"] under \*([A-Z][A-Z ]+[A-Z])\*", flat):
         sub, top = m.groups()
         if top not in own or f"\n## {sub}\n" not in "\n" + own[top]:
