@@ -340,8 +340,9 @@ namespace {
 
 // Whether looplock `pid`, waiting, sits in the seat of `operation`: the
 // seat's record names it (its pid and start time).
-bool in_seat(const LockDir& dir, Pid pid, const std::string& operation) {
-  const UniqueFd fd = sys::open_in(dir.fd.get(), coalesce_name(operation), {.access = sys::OpenIn::Access::Read});
+bool in_seat(const LockDir& dir, Pid pid, const std::string& operation, bool shared) {
+  const UniqueFd fd =
+      sys::open_in(dir.fd.get(), coalesce_name(operation, shared), {.access = sys::OpenIn::Access::Read});
   if (!fd) return false;
   const auto text = sys::pread_all(fd.get(), 64 * 1024);
   const auto r = text ? seat_record(*text) : std::nullopt;
@@ -368,7 +369,7 @@ InspectFacts::Waiter describe_waiter(const sys::KernelLock& k, const LockDir& di
       if (auto id = looplock_identity(*argv, env)) {
         w.agent_id = clip_bytes(id->first);  // as its records will hold them
         w.operation = clip_bytes(id->second);
-        w.coalescing = in_seat(dir, k.pid, id->second);  // the seat's name: the whole name's
+        w.coalescing = in_seat(dir, k.pid, id->second, !k.exclusive);  // the seat's name: the whole name's
       }
     }
   }

@@ -485,12 +485,29 @@ bool ClusterLock::coalesced(const std::vector<etcd::KeyValue>& queue, std::vecto
     blocker_ = holder_of(queue.front(), step_end);
     // Counted under the waiter's lease, so that the note goes with it.
     if (it->lease != 0) {
-      (void)client_.put(etcd::absorbed_prefix(name_, it->lease) + etcd::lease_hex(lease_), who_.acquired_at, it->lease,
-                        bounded_by(std::max(step_end, now() + kMinAttempt)));
+      // The note says when this run started, by which a --once-per waiter
+      // is judged (earlier versions only count the notes).
+      const Json note = {{"acquired_at", who_.acquired_at}, {"started_ms", start_wall_ms_}};
+      (void)client_.put(etcd::absorbed_prefix(name_, it->lease) + etcd::lease_hex(lease_), dump_json(note),
+                        it->lease, bounded_by(std::max(step_end, now() + kMinAttempt)));
     }
     return true;
   }
   return false;
+}
+
+std::optional<long long> ClusterLock::newest_absorbed_start_ms() {
+  if (who_.policy != "coalesce" || lease_ == 0) return std::nullopt;
+  auto r = client_.range({.key = etcd::absorbed_prefix(name_, lease_), .prefix = true}, {.at = now() + kMinAttempt});
+  if (!r.ok()) return std::nullopt;
+  std::optional<long long> newest;
+  for (const auto& kv : r.value.kvs) {
+    const Json j = Json::parse(kv.value, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("started_ms") || !j["started_ms"].is_number_integer()) continue;
+    const long long ms = j["started_ms"].get<long long>();
+    newest = std::max(newest.value_or(ms), ms);
+  }
+  return newest;
 }
 
 // A coalescing waiter whose deadline passed: the runs it absorbed.

@@ -230,6 +230,12 @@ public:
   // (nullopt when etcd could not say).
   const std::optional<Json>& coalesced_into() const { return coalesced_into_; }
   std::optional<int> absorbed() const { return absorbed_; }
+  // This run's start (wall clock, ms): what a waiter that absorbs it is
+  // told, with --once-per.
+  void set_start_wall_ms(long long ms) { start_wall_ms_ = ms; }
+  // Held, as the waiter that absorbed later runs: the newest start among
+  // them (nullopt: none, an earlier version's notes, or etcd did not say).
+  std::optional<long long> newest_absorbed_start_ms();
   const std::string& endpoint() const { return client_.current_endpoint(); }
 
 private:
@@ -302,6 +308,7 @@ private:
   bool arrival_checked_ = false;  // -p coalesce: the queue was read once since we joined it
   std::optional<Json> coalesced_into_;
   std::optional<int> absorbed_;
+  long long start_wall_ms_ = 0;
   bool gone_ = false;  // etcd said the lease is gone
   bool lost_ = false;  // the job loop declared it lost
   Deadline lost_at_;

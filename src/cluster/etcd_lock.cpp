@@ -27,6 +27,7 @@ EtcdLock::EtcdLock(const LockRequest& request, const ClusterSettings& cluster, P
       lock_(transport, cluster.endpoints, cluster_lock_name(cluster.lock_name, target.canonical_dir), cluster.ttl_s,
             cluster.lease_kill_after, log, cluster_access(cluster, log)) {
   if (request_.once_per) lock_.set_ledger_operation(request_.identity.operation);
+  lock_.set_start_wall_ms(request_.start_wall_ms);
 }
 
 Acquisition EtcdLock::acquire(const WaitPlan& plan, Instant start) {

@@ -28,6 +28,9 @@ public:
   void release(Ending& ending) override;
   void abandon() override { lock_.release(); }
   Ledger* ledger() override { return request_.once_per ? &ledger_ : nullptr; }
+  std::optional<long long> absorbed_start_ms() override {
+    return request_.once_per ? lock_.newest_absorbed_start_ms() : std::nullopt;
+  }
 
 private:
   // The cluster's run ledger: one key per operation beside the lock's keys

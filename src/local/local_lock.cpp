@@ -263,7 +263,7 @@ AcquireResult LocalLock::acquire_coalescing(const WaitPlan& plan, Instant start,
   if (first.status == Acquisition::Acquired) return first;
   const std::string pid_start = pid_start_.empty() ? sys::own_start().value_or("") : pid_start_;
   const HolderRecord me = this_run(pid_start);
-  Seat seat = take_seat(dir_, me);
+  Seat seat = take_seat(dir_, me, mode == LockMode::Shared);
   if (seat.unavailable) {
     log_.warn("coalesce_unavailable", "-p coalesce cannot take the seat of " + clip_bytes(request_.identity.operation) + " (" +
                                           *seat.unavailable +
@@ -272,14 +272,24 @@ AcquireResult LocalLock::acquire_coalescing(const WaitPlan& plan, Instant start,
   }
   if (!seat.taken()) {
     seat_waiter_ = seat.waiter;
-    if (!absorb(dir_, seat, pid_, pid_start)) {
+    if (!absorb(dir_, seat, pid_, pid_start, request_.start_wall_ms)) {
       log_.verbose("absorb_unrecorded", errno_message("cannot note this run in " + seat.name, errno));
     }
     first.status = Acquisition::Coalesced;
     return first;
   }
+  if (seat.dead_waiter) {
+    log_.warn("coalesced",
+              "pid " + std::to_string(seat.dead_waiter->pid) + " died in the seat of " +
+                  clip_bytes(request_.identity.operation) + " (KILLed while it waited) after it absorbed " +
+                  std::to_string(seat.inherited) + " later run" + (seat.inherited == 1 ? "" : "s") +
+                  ", which never ran: this run runs for them",
+              {{"coalesced", seat.inherited}, {"dead_waiter", holder_to_json(*seat.dead_waiter)}});
+  }
   AcquireResult res = take(plan, start, mode, reporter);
-  absorbed_ = leave_seat(seat, me);
+  const Absorbed absorbed = leave_seat(seat, me);
+  absorbed_ = absorbed.count;
+  absorbed_start_ms_ = absorbed.newest_started_ms;
   if (res.status == Acquisition::Acquired && *absorbed_ > 0) {
     log_.verbose("coalesced",
                  "this run absorbed " + std::to_string(*absorbed_) + " later run" + (*absorbed_ == 1 ? "" : "s") +

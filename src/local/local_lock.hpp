@@ -51,6 +51,7 @@ public:
   void release(Ending& ending) override;
   void abandon() override;
   Ledger* ledger() override { return request_.once_per ? &ledger_ : nullptr; }
+  std::optional<long long> absorbed_start_ms() override { return absorbed_start_ms_; }
 
 private:
   // -p coalesce: one attempt, then the operation's seat (records/coalesce.hpp)
@@ -84,6 +85,7 @@ private:
   LocalLedger ledger_;
   std::optional<HolderRecord> seat_waiter_;  // Coalesced: the run in the seat, when known
   std::optional<int> absorbed_;              // -p coalesce, sat in the seat: how many runs it absorbed
+  std::optional<long long> absorbed_start_ms_;  // ... and the newest start among them
   // --holders: the index taken (-1: none), its file (locked); or, when all
   // were held, the index files found held (open, not locked).
   int index_ = -1;

@@ -118,6 +118,11 @@ public:
 
   // The run ledger this lock keeps for this run (--once-per), or null.
   virtual Ledger* ledger() { return nullptr; }
+  // -p coalesce, acquired by the run that waited in the seat: the newest
+  // start (wall clock, ms since the epoch) of the runs it absorbed, by which
+  // --once-per judges and records it (one absorbed late enough may be due
+  // when the waiter's own start is not).
+  virtual std::optional<long long> absorbed_start_ms() { return std::nullopt; }
 };
 
 }  // namespace looplock

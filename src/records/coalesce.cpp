@@ -1,5 +1,6 @@
 #include "records/coalesce.hpp"
 
+#include <algorithm>
 #include <cerrno>
 
 #include "base/error.hpp"
@@ -90,20 +91,29 @@ std::optional<HolderRecord> live_record(int fd) {
 
 }  // namespace
 
-std::string coalesce_name(const std::string& operation) {
-  return std::string(kCoalescePrefix) + sys::sha256_hex(operation).substr(0, 16);
+std::string coalesce_name(const std::string& operation, bool shared) {
+  const std::string key = shared ? operation + std::string("\0shared", 7) : operation;
+  return std::string(kCoalescePrefix) + sys::sha256_hex(key).substr(0, 16);
 }
 
-Seat take_seat(const LockDir& dir, const HolderRecord& me) {
+Seat take_seat(const LockDir& dir, const HolderRecord& me, bool shared) {
   Seat seat;
-  seat.name = coalesce_name(me.operation);
+  seat.name = coalesce_name(me.operation, shared);
   UniqueFd fd = open_seat(dir, seat.name, seat.unavailable);
   if (!fd) return seat;
   const Instant until = MonotonicClock::now() + kRecordWait;
   for (;;) {
     if (sys::try_lock(fd.get(), /*exclusive=*/true, sys::LockAt::PastData)) {
-      // A record left by a run that died in the seat, or absorbed lines
-      // that came after its holder left: gone before this one is written.
+      // A record left by a run that died in the seat (KILLed while it
+      // waited), with the runs it had absorbed: this run runs for them, and
+      // says so. Then gone, with absorbed lines that came after a holder
+      // left, before this one is written.
+      if (const auto text = sys::pread_all(fd.get(), kSeatReadLimit)) {
+        if (auto dead = seat_record(*text)) {
+          seat.inherited = count_absorbed(*text, *dead).count;
+          if (seat.inherited > 0) seat.dead_waiter = std::move(dead);
+        }
+      }
       if (sys::truncate_fd(fd.get(), 0)) (void)sys::pwrite_all(fd.get(), encode_holder(me));
       seat.fd = std::move(fd);
       return seat;
@@ -113,30 +123,32 @@ Seat take_seat(const LockDir& dir, const HolderRecord& me) {
   }
 }
 
-bool absorb(const LockDir& dir, const Seat& seat, Pid self, const std::string& self_start) {
+bool absorb(const LockDir& dir, const Seat& seat, Pid self, const std::string& self_start, long long started_ms) {
   if (!seat.waiter) return true;  // nothing to name: the run in the seat keeps no record
   const UniqueFd fd = sys::open_in(dir.fd.get(), seat.name,
                                    {.access = sys::OpenIn::Access::Write, .append = true, .above_stdio = true});
   if (!fd) return false;
-  return sys::append_row(fd.get(), encode_absorbed(*seat.waiter, self, self_start, sys::utc_now_iso8601()));
+  return sys::append_row(fd.get(),
+                         encode_absorbed(*seat.waiter, self, self_start, sys::utc_now_iso8601(), started_ms));
 }
 
-int leave_seat(Seat& seat, const HolderRecord& me) {
-  if (!seat.fd) return 0;
+Absorbed leave_seat(Seat& seat, const HolderRecord& me) {
+  if (!seat.fd) return {};
   const auto text = sys::pread_all(seat.fd.get(), kSeatReadLimit);
-  const int count = text ? count_absorbed(*text, me) : 0;
+  const Absorbed count = text ? count_absorbed(*text, me) : Absorbed{};
   (void)sys::truncate_fd(seat.fd.get(), 0);
   (void)sys::unlock(seat.fd.get(), sys::LockAt::PastData);
   seat.fd.reset();
   return count;
 }
 
-std::string encode_absorbed(const HolderRecord& waiter, Pid self, const std::string& self_start,
-                            const std::string& at) {
+std::string encode_absorbed(const HolderRecord& waiter, Pid self, const std::string& self_start, const std::string& at,
+                            long long started_ms) {
   const Json j = {{"absorbed_by", {{"pid", waiter.pid}, {"pid_start", waiter.pid_start}}},
                   {"pid", self},
                   {"pid_start", self_start},
-                  {"at", at}};
+                  {"at", at},
+                  {"started_ms", started_ms}};
   return dump_json(j) + "\n";
 }
 
@@ -146,8 +158,8 @@ std::optional<HolderRecord> seat_record(std::string_view content) {
   return parse_holder(content.substr(0, nl + 1));
 }
 
-int count_absorbed(std::string_view content, const HolderRecord& waiter) {
-  int count = 0;
+Absorbed count_absorbed(std::string_view content, const HolderRecord& waiter) {
+  Absorbed count;
   size_t at = content.find('\n');  // the first line is the seat's record
   while (at != std::string_view::npos && at + 1 < content.size()) {
     const size_t from = at + 1;
@@ -160,7 +172,12 @@ int count_absorbed(std::string_view content, const HolderRecord& waiter) {
     const bool pid = by.contains("pid") && by["pid"].is_number_integer() && by["pid"].get<long long>() == waiter.pid;
     const bool start = by.contains("pid_start") && by["pid_start"].is_string() &&
                        by["pid_start"].get<std::string>() == waiter.pid_start;
-    if (pid && start) ++count;
+    if (!pid || !start) continue;
+    ++count.count;
+    if (j.contains("started_ms") && j["started_ms"].is_number_integer()) {
+      const long long ms = j["started_ms"].get<long long>();
+      count.newest_started_ms = std::max(count.newest_started_ms.value_or(ms), ms);
+    }
   }
   return count;
 }

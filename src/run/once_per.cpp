@@ -46,7 +46,7 @@ RunEntry OncePer::this_run() const {
 // said once, by the locked read (a damaged entry, a start beyond DURATION in
 // the future), and a start in the future that counts whenever it skips (the
 // hosts' clocks differ).
-bool OncePer::counts(const LedgerLook& look, const Ledger& l, bool locked) const {
+bool OncePer::counts(const LedgerLook& look, const Ledger& l, bool locked, long long at_ms) const {
   const std::string ledger = l.name();
   if (look.damaged && locked) {
     log_.warn("ledger_damaged",
@@ -56,7 +56,7 @@ bool OncePer::counts(const LedgerLook& look, const Ledger& l, bool locked) const
                          : ledger + ": the entry of " + quote(identity_.operation) +
                                " is damaged; it does not count, and this run rewrites it");
   }
-  const SlotVerdict v = judge_slot(look.entry, ctx_.start_wall_ms, ms_of(*settings_.period));
+  const SlotVerdict v = judge_slot(look.entry, at_ms, ms_of(*settings_.period));
   if ((v.slot == Slot::Damaged && locked) || (v.ahead_ms > 0 && v.slot == Slot::Done)) {
     const bool counted = v.slot != Slot::Damaged;
     // One host's entry ahead of its own clock: that clock was set back.
@@ -85,7 +85,7 @@ bool OncePer::ran_before_waiting(const Locks& locks) const {
     Ledger* l = lock->ledger();
     if (!l) continue;
     const LedgerLook look = l->look(identity_.operation, false);
-    if (look.answered && counts(look, *l, false)) return already_run(*look.entry, nullptr, *l);
+    if (look.answered && counts(look, *l, false, ctx_.start_wall_ms)) return already_run(*look.entry, nullptr, *l);
   }
   return false;
 }
@@ -98,7 +98,7 @@ OncePer::SlotConflict OncePer::slot_conflict(Ledger& l, const Blocker& b) const 
   if (!look.answered || !look.entry) return {};
   const RunEntry& e = *look.entry;
   const SlotVerdict v = judge_slot(e, ctx_.start_wall_ms, ms_of(*settings_.period));
-  if (v.slot == Slot::Done && counts(look, l, false)) return {e, std::nullopt};
+  if (v.slot == Slot::Done && counts(look, l, false, ctx_.start_wall_ms)) return {e, std::nullopt};
   const bool holder =
       std::any_of(b.holder_ids.begin(), b.holder_ids.end(), [&](const HolderId& h) { return h.names(e); });
   if (v.slot == Slot::Running && holder) return {std::nullopt, e};
@@ -138,16 +138,24 @@ std::optional<WaitPlan> OncePer::wait_for_run(const RunEntry& run, const Blocker
 // each ledger (etcd first) before the command starts.
 bool OncePer::claim(const Locks& locks, const std::function<void()>& let_go) {
   if (!settings_.period) return false;
+  // -p coalesce: a waiter runs for the runs it absorbed, so it is judged by
+  // the newest start among them and its own (one that came late may be due
+  // when the waiter's own start is not), and records that instant.
+  long long at_ms = ctx_.start_wall_ms;
+  for (const auto& lock : locks) {
+    if (const auto absorbed = lock->absorbed_start_ms()) at_ms = std::max(at_ms, *absorbed);
+  }
   for (const auto& lock : locks) {
     Ledger* l = lock->ledger();
     if (!l) continue;
     const LedgerLook look = l->look(identity_.operation, true);
-    if (counts(look, *l, true)) {
+    if (counts(look, *l, true, at_ms)) {
       let_go();
       return already_run(*look.entry, nullptr, *l);
     }
   }
-  const RunEntry me = this_run();
+  RunEntry me = this_run();
+  me.started_ms = at_ms;
   for (const auto& lock : locks) {
     if (Ledger* l = lock->ledger()) l->record_start(me);
   }

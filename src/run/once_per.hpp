@@ -58,7 +58,8 @@ private:
   };
   SlotConflict slot_conflict(Ledger& l, const Blocker& b) const;
   std::optional<WaitPlan> wait_for_run(const RunEntry& run, const Blocker& b, Instant wait_start) const;
-  bool counts(const LedgerLook& look, const Ledger& l, bool locked) const;
+  // `at_ms`: the start it is judged by (wall clock, ms).
+  bool counts(const LedgerLook& look, const Ledger& l, bool locked, long long at_ms) const;
   bool already_run(const RunEntry& run, const Blocker* holding, const Ledger& l) const;
   RunEntry this_run() const;
 

@@ -42,7 +42,7 @@ Conclusion conclude(const JobEnd& job, bool lost, bool intact) {
 Run::Run(const Options& options, const Context& context, Logger& log, RunFacts& facts, StackFactory stack,
          JobRunner& jobs)
     : o_(options),
-      request_(lock_request(options)),
+      request_(lock_request(options, context.start_wall_ms)),
       ctx_(context),
       stack_(std::move(stack)),
       jobs_(jobs),

@@ -10,14 +10,15 @@ bool valid_lock_name(std::string_view name) {
                       [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
 }
 
-LockRequest lock_request(const Options& o) {
+LockRequest lock_request(const Options& o, long long start_wall_ms) {
   return {.dir = o.dir,
           .identity = o.identity,
           .policy = o.wait.policy,
           .flags = o.lock,
           .once_per = o.once_per.period.has_value(),
           .conflict_exit_code = o.wait.conflict_exit_code,
-          .hold = o.hold.facts};
+          .hold = o.hold.facts,
+          .start_wall_ms = start_wall_ms};
 }
 
 }  // namespace looplock

@@ -139,8 +139,9 @@ struct LockRequest {
   bool once_per = false;
   int conflict_exit_code = 75;  // -E: also a nested run's that would wait for its own holder
   std::optional<HoldFacts> hold;  // --hold's holder: its record says so
+  long long start_wall_ms = 0;    // when this looplock started (wall clock, ms): an absorbed run's start
 };
-LockRequest lock_request(const Options& o);
+LockRequest lock_request(const Options& o, long long start_wall_ms = 0);
 
 inline constexpr size_t kMaxIncidentsShown = 1000;  // --incidents' bound
 // --once-per compares operation names whole, and records them so: at most

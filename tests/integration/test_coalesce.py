@@ -197,6 +197,78 @@ def test_once_per_decides_first_a_slot_already_run_is_noop_already_run(loop_dir,
     assert ticks(history) == ["a", "holder"]
 
 
+def test_with_once_per_a_tick_absorbed_after_its_slot_came_due_runs(loop_dir, tmp_path):
+    """Tick 0 runs (--once-per 2s); tick A comes and waits in the seat; tick
+    B comes once 2 s have passed since tick 0 started (its slot is due) and
+    is absorbed by A. A is judged by the newest start it absorbed, B's: it
+    runs, and records that instant. Judged by its own start, within tick
+    0's slot, it would skip, and nothing would run for B."""
+    history = tmp_path / "history"
+    args = ["--once-per", "2s", *coalesce(loop_dir)]
+    first = start([*args, *tick(history, "tick0", "hold")])
+    expect_line(first)
+    a = waiting(loop_dir, [*args, *tick(history, "A")])
+    started_ms = int(Path(history).read_text().split()[2])
+    wait_until(lambda: time.time() * 1000 - started_ms > 2300, "tick 0's slot to be over", timeout=TIMEOUT)
+    b = run([*args, *tick(history, "B")])
+    assert b.returncode == 0 and "noop-coalesced" in b.stderr, b.stderr
+    first.stdin.close()
+    assert [status for status, _ in finish([first, a])] == [0, 0]
+    assert ticks(history) == ["tick0", "A"]
+    # The slot A ran is B's: a tick right after it skips.
+    c = run([*args, *tick(history, "C")])
+    assert c.returncode == 0 and "noop-already-run" in c.stderr, c.stderr
+
+
+def test_with_once_per_a_tick_absorbed_inside_the_slot_still_skips(loop_dir, tmp_path):
+    """The control: the same, but B comes inside tick 0's slot (--once-per
+    60s): A, judged by B's start, skips as B would have."""
+    history = tmp_path / "history"
+    args = ["--once-per", "60s", *coalesce(loop_dir)]
+    first = start([*args, *tick(history, "tick0", "hold")])
+    expect_line(first)
+    a = waiting(loop_dir, [*args, *tick(history, "A")])
+    b = run([*args, *tick(history, "B")])
+    assert b.returncode == 0 and "noop-coalesced" in b.stderr, b.stderr
+    first.stdin.close()
+    ends = finish([first, a])
+    assert [status for status, _ in ends] == [0, 0]
+    assert "noop-already-run" in ends[1][1]
+    assert ticks(history) == ["tick0"]
+
+
+def test_a_waiter_killed_after_it_absorbed_a_tick_is_named_by_the_next_run_that_takes_the_seat(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    holder = hold_tick(loop_dir, history)
+    first = waiting(loop_dir, [*coalesce(loop_dir), *tick(history, "first")])
+    absorbed = run([*coalesce(loop_dir), *tick(history, "absorbed")])
+    assert "noop-coalesced" in absorbed.stderr
+    kill_and_wait_gone(first.pid)
+    first.wait(timeout=TIMEOUT)
+    second = start([*coalesce(loop_dir), *tick(history, "second")], stdin=None)
+    wait_until(lambda: second.pid in blocked_waiters(loop_dir / ".state.lock") or second.poll() is not None,
+               "the second tick")
+    holder.stdin.close()
+    ends = finish([holder, second])
+    assert [status for status, _ in ends] == [0, 0]
+    assert (f"pid {first.pid} died in the seat of tick (KILLed while it waited) after it absorbed 1 later run, "
+            "which never ran: this run runs for them") in ends[1][1], ends[1][1]
+    assert ticks(history) == ["holder", "second"]
+
+
+def test_a_shared_and_an_exclusive_tick_of_one_operation_never_absorb_each_other(loop_dir, tmp_path):
+    history = tmp_path / "history"
+    holder = hold_tick(loop_dir, history)
+    exclusive = waiting(loop_dir, [*coalesce(loop_dir), *tick(history, "exclusive")])
+    shared = start(["-s", *coalesce(loop_dir), *tick(history, "shared")], stdin=None)
+    wait_until(lambda: shared.pid in blocked_waiters(loop_dir / ".state.lock") or shared.poll() is not None,
+               "the shared tick to wait")
+    assert shared.poll() is None, shared.stderr.read()  # it waits in a seat of its own
+    holder.stdin.close()
+    assert [status for status, _ in finish([holder, exclusive, shared])] == [0, 0, 0]
+    assert sorted(ticks(history)) == ["exclusive", "holder", "shared"]
+
+
 def test_coalesce_needs_an_explicit_operation(loop_dir):
     r = run(["-p", "coalesce", str(loop_dir), "--", "true"])
     assert r.returncode == EX_USAGE and "-p coalesce needs --operation NAME" in r.stderr

@@ -77,3 +77,24 @@ def test_a_waiter_that_gives_up_counts_the_ticks_it_absorbed_and_frees_its_place
     holder.stdin.close()
     assert [status for status, _ in finish([holder, nxt])] == [0, 0]
     assert ticks(history) == ["holder", "next"]
+
+
+def test_with_once_per_a_tick_absorbed_on_another_host_after_its_slot_came_due_runs(cluster, hosts, tmp_path):
+    """Tick 0 runs on host a (--once-per 2s); tick A queues on host b; tick
+    B comes on host a once tick 0's slot is over and is absorbed by A. A is
+    judged by B's start (the newest it absorbed), so it runs."""
+    import time
+    from pathlib import Path
+    history = tmp_path / "history"
+    args = ["--once-per", "2s"]
+    first = start([*cluster, *args, *coalesce(hosts[0]), *tick(history, "tick0", "hold")])
+    expect_line(first)
+    a = start([*cluster, *args, *coalesce(hosts[1], "tick", "-v"), *tick(history, "A")], stdin=None)
+    wait_until(lambda: "waiting for cluster lock" in (a.stderr.readline() or ""), "A to queue")
+    started_ms = int(Path(history).read_text().split()[2])
+    wait_until(lambda: time.time() * 1000 - started_ms > 2300, "tick 0's slot to be over", timeout=TIMEOUT)
+    b = run([*cluster, *args, *coalesce(hosts[0]), *tick(history, "B")])
+    assert b.returncode == 0 and "noop-coalesced" in b.stderr, b.stderr
+    first.stdin.close()
+    assert [status for status, _ in finish([first, a])] == [0, 0]
+    assert ticks(history) == ["tick0", "A"]
