@@ -892,6 +892,11 @@ void read_hold(const cxxopts::ParseResult& r, const Split& split, const Environm
                     format_duration(*o.limits.max_time) + " given)",
                 "The hold must outlast its own start; give the longest the steps may take, e.g. --max-time 30m.");
   }
+  if (r.count("warn-before")) {
+    usage_error("--warn-before cannot be used with --hold: the hold runs no command of yours to warn",
+                "A step that runs when the hold's --max-time comes is ended with it, as by its own --max-time: "
+                "give --warn-before to the step's looplock.");
+  }
   if (o.wait.policy == Policy::SingleFlight || o.wait.policy == Policy::Coalesce) {
     usage_error("-p " + std::string(policy_name(o.wait.policy)) +
                     " cannot be used with --hold: a skip would let the later steps go on without the lock",

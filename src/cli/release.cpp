@@ -1,6 +1,8 @@
 #include "cli/release.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
@@ -44,6 +46,12 @@ std::string how_ended(int code) {
 // Tells the pinned holder to let go (TERM: its sentinel ends, it releases
 // like any run) and waits for it. Returns the status: 0, or how it ended
 // by itself meanwhile.
+std::vector<Pid> pids_of(const std::vector<sys::KernelLock>& holders) {
+  std::vector<Pid> out;
+  for (const auto& h : holders) out.push_back(h.pid);
+  return out;
+}
+
 int let_go(const sys::PinnedProcess& holder, Pid pid, const std::string& start, const std::string& secret_sha256,
            int dirfd, const std::string& dir, const Logger& log) {
   const std::string shown = sys::path_in_dir(dir, kLockName);
@@ -72,6 +80,22 @@ int let_go(const sys::PinnedProcess& holder, Pid pid, const std::string& start, 
   if (const auto code = hold_ended_by(dirfd, pid, start, secret_sha256)) {
     log.warn("hold_ended", "the hold of " + shown + " had ended by itself first: " + how_ended(*code));
     return *code;
+  }
+  // Steps that run inside the hold keep the lock through its descriptor
+  // (and, with --etcd, keep its lease alive) until they end: said, since
+  // the lock is not free yet.
+  sys::FileStatus lock_file;
+  if (dirfd >= 0 && sys::status_at(dirfd, kLockName, lock_file)) {
+    if (const auto table = sys::lock_table(lock_file);
+        table && std::any_of(table->holders.begin(), table->holders.end(), [](const auto& h) { return h.exclusive; })) {
+      log.warn("hold_steps_running",
+               "released the hold of " + shown + " (looplock pid " + std::to_string(pid) +
+                   "), but steps that run inside it still hold the lock until they end (with --etcd they also "
+                   "keep the hold's lease alive, so that no other host takes the cluster lock before then); "
+                   "no new step runs inside it",
+               {{"holder_pids", pids_of(table->holders)}});
+      return exit_code::kOk;
+    }
   }
   log.verbose("released", "released the hold of " + shown + " (looplock pid " + std::to_string(pid) + ")");
   return exit_code::kOk;

@@ -776,8 +776,31 @@ std::string ClusterLock::overdue_why() const {
          (last_error_.empty() ? "" : "; last error: " + last_error_) + ")";
 }
 
+std::optional<ClusterLock::AdoptFailure> ClusterLock::adopt(long long lease, long long token, const std::string& key,
+                                                            Instant by) {
+  adopted_ = true;
+  auto r = client_.lease_keepalive(lease, {.at = by, .attempt = lease_timing::attempt(ttl_s_), .grow = true});
+  if (!r.ok()) return AdoptFailure{.why = r.error, .gone = false};
+  if (r.value <= 0) return AdoptFailure{.why = "etcd says the hold's lease is gone (revoked or expired)", .gone = true};
+  lease_ = lease_id_ = lease;
+  token_ = token;
+  key_ = key;
+  ttl_s_ = static_cast<int>(r.value);  // the hold's --ttl, whatever this run's
+  ttl_granted_ = lease_timing::ttl(ttl_s_);
+  // Its kill-after fits that TTL, as the holder's does.
+  kill_after_ = std::min(kill_after_, lease_timing::default_kill_after(ttl_s_));
+  last_ok_ = r.sent;
+  next_renewal_ = r.sent + lease_timing::waiter_renewal(ttl_s_);
+  hold();
+  return std::nullopt;
+}
+
 void ClusterLock::release(std::optional<Duration> bound_given) {
   if (lease_ == 0) return;
+  if (adopted_) {  // the hold's own: it lets go, or the lease expires once no step renews it
+    lease_ = 0;
+    return;
+  }
   // Revoking the lease deletes the lock key (the next holder's watch fires
   // at once) and anything else attached to it.
   // Bounded shorter when it matters less: the lease is lost, or no lock was taken.

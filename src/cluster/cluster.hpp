@@ -188,7 +188,23 @@ public:
 
   // Revokes the lease, which deletes the lock key (bounded: by `bound`
   // when given and above 0, else by what the release needs; best effort).
+  // An adopted lease is never revoked: it is its holder's.
   void release(std::optional<Duration> bound = std::nullopt);
+  // A hold's later step (--hold): the hold's `lease`, under which its
+  // holder holds the lock with `token` by `key`, renewed by this run too
+  // while its command runs, so that the command ends before the lease can
+  // expire, as any holder's does (even when the hold's holder no longer
+  // renews it). One renewal now, by `by`: its TTL is the lease's own.
+  // Returns nothing when adopted; else why not, and whether etcd said the
+  // lease is gone (rather than not answering).
+  struct AdoptFailure {
+    std::string why;
+    bool gone = false;
+  };
+  std::optional<AdoptFailure> adopt(long long lease, long long token, const std::string& key, Instant by);
+  // Lets go without revoking the lease: a hold whose steps still run, and
+  // renew it, leaves it to them (it expires once none does).
+  void leave_lease() { adopted_ = true; }
 
   // The run ledger of --once-per: `operation`'s key (etcd::runs_key), read
   // inside the acquisition's own transaction when the lock is taken at once.
@@ -309,6 +325,7 @@ private:
   std::optional<Json> coalesced_into_;
   std::optional<int> absorbed_;
   long long start_wall_ms_ = 0;
+  bool adopted_ = false;  // the lease is a hold's (adopt()): never revoked here
   bool gone_ = false;  // etcd said the lease is gone
   bool lost_ = false;  // the job loop declared it lost
   Deadline lost_at_;

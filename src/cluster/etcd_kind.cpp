@@ -1,5 +1,7 @@
 #include "cluster/etcd_kind.hpp"
 
+#include <cstdlib>
+
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "base/text.hpp"
@@ -22,6 +24,24 @@ constexpr Duration kEtcdLook = std::chrono::seconds(5);
 std::unique_ptr<Lock> EtcdKind::make(const Options& o, const LockRequest& request, const LockTarget& target, Pid pid,
                                      const Logger& log, const Reporter& reporter) {
   return std::make_unique<EtcdLock>(request, o.cluster, pid, log, reporter, transport_, target);
+}
+
+std::unique_ptr<Lock> EtcdKind::join_hold(const Options& o, const LockRequest& request, const LockTarget& target, Pid pid,
+                                          const Logger& log, const Reporter& reporter, const EnvList& exports,
+                                          Pid holder) {
+  const auto lease = etcd::parse_lease_hex(env_get(exports, env_name::kEtcdLease).value_or(""));
+  const auto token = env_get(exports, env_name::kFencingToken);
+  const auto key = env_get(exports, env_name::kEtcdKey);
+  if (!lease || !token || !key) {
+    throw Fatal(exit_code::kUsage,
+                "the hold (looplock pid " + std::to_string(holder) +
+                    ") handed this step no etcd lease to renew (an earlier looplock took it?)",
+                "Take the hold with this looplock (looplock --hold --etcd ...). The command did not run.",
+                "nested_cluster_lock");
+  }
+  auto lock = std::make_unique<EtcdLock>(request, o.cluster, pid, log, reporter, transport_, target);
+  lock->adopt_hold({.lease = *lease, .token = std::atoll(token->c_str()), .key = *key, .holder = holder});
+  return lock;
 }
 
 // A client of the cluster under the run's TLS files and credentials.

@@ -19,6 +19,9 @@ public:
                              const Logger& log, const Reporter& reporter) override;
   void confirm_outer(const Options& o, const LockTarget& target, const EnvList& env, long long outer_pid,
                      const Logger& log) override;
+  std::unique_ptr<Lock> join_hold(const Options& o, const LockRequest& request, const LockTarget& target, Pid pid,
+                                  const Logger& log, const Reporter& reporter, const EnvList& exports,
+                                  Pid holder) override;
   InspectPart inspect(const Options& o, const std::string& canonical_dir, const Logger& log) override;
 
 private:

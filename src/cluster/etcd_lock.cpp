@@ -4,6 +4,7 @@
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "cluster/etcd.hpp"
+#include "job/job.hpp"
 #include "os/ids.hpp"
 #include "os/process.hpp"
 #include "os/sys.hpp"
@@ -31,6 +32,22 @@ EtcdLock::EtcdLock(const LockRequest& request, const ClusterSettings& cluster, P
 }
 
 Acquisition EtcdLock::acquire(const WaitPlan& plan, Instant start) {
+  if (hold_) {
+    const Instant by = MonotonicClock::now() + std::chrono::seconds(5);
+    if (const auto f = lock_.adopt(hold_->lease, hold_->token, hold_->key, by)) {
+      throw Fatal(f->gone ? exit_code::kLeaseLost : exit_code::kClusterUnavailable,
+                  "cannot renew the etcd lease of the hold (looplock pid " + std::to_string(hold_->holder) +
+                      ") that holds cluster lock " + printable(lock_.name()) + ": " + f->why,
+                  f->gone ? "The hold has ended; take the lock again (looplock --hold), or run without "
+                            "$LOOPLOCK_HOLD. The command did not run."
+                          : "Check that etcd answers at the --etcd endpoints ($LOOPLOCK_ETCD). The command did not run.",
+                  f->gone ? "lease_lost" : "etcd_unavailable");
+    }
+    log_.verbose("acquired", "renewing the hold's etcd lease of cluster lock " + printable(lock_.name()) +
+                                 " while the command runs (TTL " + std::to_string(lock_.ttl_s()) + " s)",
+                 {{"lock_name", lock_.name()}, {"fencing_token", lock_.fencing_token()}});
+    return Acquisition::Acquired;
+  }
   // Who holds it, for every contender's eyes: with what tells this
   // looplock apart on its host (a waiter on it can prove it dead).
   ClusterHolder who;
@@ -93,6 +110,7 @@ Blocker EtcdLock::blocker() const {
 }
 
 void EtcdLock::export_to(CommandSpec& spec) {
+  if (hold_) return;  // the hold's lock exports its key, lease and token
   env_set(spec.env, {{env_name::kFencingToken, std::to_string(lock_.fencing_token())},
                      {env_name::kEtcdKey, lock_.key()},
                      {env_name::kEtcdLease, etcd::lease_hex(lock_.lease())}});
@@ -107,7 +125,19 @@ void EtcdLock::release(Ending& ending) {
     ending.lost = true;
     reporter_.lease_lost(lease_loss(), job, ending.record);
   }
+  // A hold whose sentinel ended while steps still ran inside it (or ended
+  // without saying whether any did: KILLed): they hold the lock and renew
+  // the lease, which expires once none does. Revoked only when none did.
+  const int sentinel = shell_status(job.status);
+  const bool steps_inside = request_.hold && !job.lease_lost && sentinel != 0 && sentinel != 1;
+  if (steps_inside) lock_.leave_lease();
   lock_.release();  // after the local lock, as promised
+  if (hold_) return;  // the hold's: it lets go of it
+  if (steps_inside) {
+    log_.verbose("released", "left cluster lock " + printable(lock_.name()) +
+                                 " to the hold's steps that still run: its lease lives while they renew it");
+    return;
+  }
   log_.verbose("released", "released cluster lock " + printable(lock_.name()) + " on etcd");
 }
 

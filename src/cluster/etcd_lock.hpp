@@ -27,10 +27,22 @@ public:
   Lease* lease() override { return &lease_; }
   void release(Ending& ending) override;
   void abandon() override { lock_.release(); }
-  Ledger* ledger() override { return request_.once_per ? &ledger_ : nullptr; }
+  Ledger* ledger() override { return request_.once_per && !hold_ ? &ledger_ : nullptr; }
   std::optional<long long> absorbed_start_ms() override {
-    return request_.once_per ? lock_.newest_absorbed_start_ms() : std::nullopt;
+    return request_.once_per && !hold_ ? lock_.newest_absorbed_start_ms() : std::nullopt;
   }
+
+  // A hold's later step: instead of taking the lock, acquire() adopts the
+  // hold's lease (ClusterLock::adopt()), which the job loop then renews
+  // while the command runs; the hold's key, token and lease are exported
+  // by the hold's own lock (local_lock.hpp's InheritedLock).
+  struct HoldLease {
+    long long lease = 0;
+    long long token = 0;
+    std::string key;
+    Pid holder = 0;
+  };
+  void adopt_hold(HoldLease hold) { hold_ = std::move(hold); }
 
 private:
   // The cluster's run ledger: one key per operation beside the lock's keys
@@ -47,6 +59,8 @@ private:
     ClusterLock& c_;
     const Logger& log_;
   };
+
+  std::optional<HoldLease> hold_;
 
   // The lost lease, as the reporter words it.
   LeaseLoss lease_loss() const;

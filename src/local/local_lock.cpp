@@ -685,7 +685,15 @@ std::optional<OuterHolder> hold_holder(const EnvList& env, const LockDir& dir, c
       if (line.starts_with(std::string(name) + "=")) exports.emplace_back(name, line.substr(name.size() + 1));
     }
   });
-  return OuterHolder{.pid = v->pid, .fd = fd.release(), .inherited = true, .hold = true, .exports = exports};
+  return OuterHolder{.pid = v->pid,
+                     .fd = fd.release(),
+                     .inherited = true,
+                     .hold = true,
+                     .exports = exports,
+                     .hold_ends_at = c.record && c.record->hold ? c.record->hold->ends_at : std::string(),
+                     // Kept open until this looplock exits (close-on-exec): while it is, the
+                     // hold's end leaves the hold's lease to this run (hold_process.hpp).
+                     .hold_conn = share.conn.release()};
 }
 
 InheritedLock::InheritedLock(const LockRequest& request, const Logger& log, const LockDir& dir,
@@ -731,6 +739,15 @@ void InheritedLock::export_to(CommandSpec& spec) {
                        {env_name::kLockId, target_.lock_id},
                        {env_name::kPolicy, std::string(policy_name(request_.policy))}});
     env_set(spec.env, outer_.exports);
+    // The hold's --max-time ends its steps too: at the hold's end, as a
+    // run's own --max-time would (TERM, then KILL after --kill-after).
+    if (const auto ends = sys::parse_utc_ms(outer_.hold_ends_at)) {
+      const Duration left = of_ms(std::max(*ends - sys::realtime_ms(), 1LL));
+      if (!spec.limits.max_time || left < *spec.limits.max_time) {
+        spec.limits.max_time = left;
+        if (!spec.limits.max_time_kill_after) spec.limits.max_time_kill_after = kDefaultKillAfter;
+      }
+    }
     if (outer_.fd < 0) return;
     env_set(spec.env,
             {{env_name::kHolderPid, std::to_string(self_)}, {env_name::kHolderFd, std::to_string(outer_.fd)}});

@@ -45,6 +45,13 @@ public:
   // take the two in the wrong order).
   virtual void confirm_outer(const Options& o, const LockTarget& target, const EnvList& env, long long outer_pid,
                              const Logger& log) = 0;
+  // A hold's later step (--hold), confirmed inside the hold: the hold's lock
+  // of this kind kept alive by this run too while its command runs (its
+  // lease renewed, lost as any holder's), from what the hold's holder
+  // exported to it (`exports`: the hold's key, lease and token).
+  virtual std::unique_ptr<Lock> join_hold(const Options& o, const LockRequest& request, const LockTarget& target,
+                                          Pid pid, const Logger& log, const Reporter& reporter,
+                                          const EnvList& exports, Pid holder) = 0;
   // --inspect: its part of the report on the loop directory `canonical_dir`.
   virtual InspectPart inspect(const Options& o, const std::string& canonical_dir, const Logger& log) = 0;
 };

@@ -78,6 +78,11 @@ struct SentinelSpec {
   // key, lease and fencing token, as the holder exported them).
   std::string exports;
 };
+// The sentinel's status when it ended while steps that it handed the
+// descriptor to were still connected: they hold the lock through it, and
+// with --etcd renew the hold's lease themselves, so the holder lets go
+// without revoking that lease (it expires once no step renews it).
+inline constexpr int kSentinelStepsInside = 2;
 int hold_sentinel(const SentinelSpec& spec);
 
 // The socket name's key for a hold's secret (the same on both sides).
@@ -87,9 +92,14 @@ std::string hold_socket_key(std::string_view secret);
 // and its exports, once the peer is confirmed to be a child of the holder
 // `holder` (which has the start time `holder_start`) running as the same
 // user; an invalid fd (errno set) when it cannot be had.
+// `conn`: the connection to the sentinel, which the step keeps open while
+// it runs (close-on-exec: never its command's): while a step is connected,
+// the sentinel's end does not end the hold's lease (kSentinelStepsInside),
+// and a hold ended by its tie says so on it ("E").
 struct HoldShare {
   UniqueFd fd;
   std::string exports;
+  UniqueFd conn;
 };
 HoldShare fetch_hold_fd(Pid holder, const std::string& holder_start, std::string_view secret);
 

@@ -34,6 +34,8 @@ struct OuterHolder {
   bool hold = false;  // a hold across steps that $LOOPLOCK_HOLD names (fd: the hold's, handed over; -1 if none)
   // A hold's exports for the command (its cluster lock's key, lease, token).
   std::vector<std::pair<std::string_view, std::string>> exports = {};
+  std::string hold_ends_at = {};  // a hold's: when its --max-time ends it (its record's ends_at)
+  int hold_conn = -1;             // a hold's: the connection to its sentinel, open while this run runs
 };
 
 // The outer holder of the lock file `lock_file` (found in DIR, open as

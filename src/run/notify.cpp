@@ -128,7 +128,7 @@ constexpr std::array kEvents = {
     "usage_error", "nested_cluster_lock", "dir_missing", "not_a_directory", "dir_path_unusable", "unsafe_loop_dir",
     "unsafe_lock_file", "lock_file_unusable", "unsafe_run_ledger", "run_ledger_unusable", "unsafe_coalesce_seat",
     "coalesce_unusable", "unsafe_holder_index", "nested_in_shared", "hold_fd_unavailable", "hold_tie_ended",
-    "hold_value_invalid", "hold_not_live", "hold", "hold_ended", "no_such_hold", "os_error", "out_of_memory",
+    "hold_value_invalid", "hold_not_live", "hold", "hold_ended", "hold_steps_running", "no_such_hold", "os_error", "out_of_memory",
     "stdout_write_failed", "internal_error", "command_not_found", "command_not_executable", "etcd_unreachable",
     "etcd_error", "etcd_helper_missing", "error", "lock_acquire_timeout", "max_time_exceeded", "lease_lost",
     "loop_dir_vanished", "noop-locked", "noop-already-run", "noop-coalesced", "lock_leaked", "kill_after", "warned",

@@ -190,15 +190,15 @@ JobEnd Run::run_job() {
 // neither, so the command never sees a deadline that does not hold.
 void Run::export_deadline() {
   const std::optional<std::string> inherited = env_get(ctx_.env, env_name::kDeadline);
-  if (!inherited && !o_.limits.max_time) return;  // nothing to set or remove (the lock is held: no copy)
+  if (!inherited && !spec_.limits.max_time) return;  // nothing to set or remove (the lock is held: no copy)
   std::optional<long long> at;
   std::string owner;
   if (inherited && deadline_owner_lives(ctx_.env, ctx_.pid)) {
     at = parse_deadline(inherited);
     owner = env_get(ctx_.env, env_name::kDeadlineOwner).value_or("");
   }
-  if (o_.limits.max_time) {
-    const long long own = sys::realtime_ms() + ms_of(*o_.limits.max_time);
+  if (spec_.limits.max_time) {
+    const long long own = sys::realtime_ms() + ms_of(*spec_.limits.max_time);
     if (!at || own < *at) {
       at = own;
       // /proc/self/stat: this looplock's start time, so that a later process
@@ -230,7 +230,7 @@ Conclusion Run::release(const JobEnd& job) {
   Ending ending{.job = job, .record = std::nullopt, .intact = true, .lost = false};
   for (auto it = locks_.rbegin(); it != locks_.rend(); ++it) (*it)->release(ending);
   if (job.ended_by == JobEnd::EndedBy::MaxTime)
-    reporter_.max_time(job, *o_.limits.max_time, ending.record, ending.leaked);
+    reporter_.max_time(job, *spec_.limits.max_time, ending.record, ending.leaked);
   return conclude(job, ending.lost, ending.intact);
 }
 

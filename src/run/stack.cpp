@@ -45,7 +45,9 @@ Stack build_stack(const StackSite& s) {
     return stack;
   }
   // A later step of a hold across steps (--hold): inside it, once it is
-  // confirmed (with --etcd, on the cluster too, by the key the value names).
+  // confirmed (with --etcd, on the cluster too, by the key the value names),
+  // and with --etcd keeping the hold's lease alive while its command runs:
+  // the command ends before that lease can expire, as any holder's does.
   std::string hold_key;
   if (o.mode == Mode::Run) {
     if (auto hold = hold_holder(ctx.env, s.dir, s.target, s.log, lock_file, hold_key)) {
@@ -53,6 +55,10 @@ Stack build_stack(const StackSite& s) {
         const EnvList env = hold_key.empty() ? env_with(ctx.env, {}, {env_name::kEtcdKey})
                                              : env_with(ctx.env, {{env_name::kEtcdKey, hold_key}});
         cluster_of(ctx).confirm_outer(o, s.target, env, hold->pid, s.log);
+        EnvList exports;
+        for (const auto& [name, value] : hold->exports) exports.push_back(std::string(name) + "=" + value);
+        stack.locks.push_back(
+            cluster_of(ctx).join_hold(o, s.request, s.target, ctx.pid, s.log, s.reporter, exports, hold->pid));
       }
       stack.locks.push_back(
           std::make_unique<InheritedLock>(s.request, s.log, s.dir, *hold, lock_file, s.target, ctx.pid));

@@ -229,6 +229,26 @@ def test_max_time_ends_the_hold_and_release_says_124(holds, loop_dir):
     assert "had already ended: --max-time passed" in rel.stderr
 
 
+def test_the_holds_max_time_ends_a_step_that_runs_at_its_end_as_the_steps_own_would(holds, loop_dir, tmp_path):
+    """A step that runs when the hold's --max-time comes is ended with it
+    (TERM, exit 124, max_time_exceeded), as by its own --max-time; its
+    LOOPLOCK_DEADLINE says so. Before, it ran on past the hold's end."""
+    r = holds("--max-time", "2s", loop_dir)
+    assert r.returncode == 0, r.stderr
+    value = value_of(r.stdout)
+    out = tmp_path / "deadline"
+    s = step(value, loop_dir, "--", "sh", "-c", f'echo "$LOOPLOCK_DEADLINE" > {out}; sleep 20')
+    assert s.returncode == EX_MAX_TIME, s.stderr
+    assert "max_time_exceeded" in s.stderr, s.stderr
+    assert out.read_text().strip(), "no LOOPLOCK_DEADLINE"
+    # A step whose own --max-time comes first keeps it.
+    r = holds("--max-time", "1m", loop_dir)
+    value = value_of(r.stdout)
+    s = step(value, "--max-time", "0.5", loop_dir, "--", "sleep", "20")
+    assert s.returncode == EX_MAX_TIME and "--max-time 500ms" in s.stderr, s.stderr
+    assert run(["--release", value]).returncode == 0
+
+
 def test_release_force_ends_a_hold_the_kernel_confirms(holds, loop_dir):
     r = holds("--max-time", "2m", loop_dir)
     pid = holder_pid(value_of(r.stdout))
@@ -341,6 +361,7 @@ def test_a_read_only_lock_file_fails_the_hold(holds, tmpfs):
     (["--hold", "--max-time", "1m", "-F", "DIR"], "needs looplock to stay the command's parent"),
     (["--hold", "--max-time", "1m", "--notify", "true", "DIR"], "--hold and --notify cannot be combined"),
     (["--hold", "--max-time", "1m", "DIR", "--", "true"], "--hold takes no command"),
+    (["--hold", "--max-time", "1m", "--warn-before", "5s", "DIR"], "--warn-before cannot be used with --hold"),
     (["--hold", "--max-time", "1m", "--tied-to", "0", "DIR"], "--tied-to 0: there is no process 0"),
     (["--hold", "--max-time", "1m", "--tied-to", "x", "DIR"], "invalid --tied-to 'x'"),
     (["--tied-to", "1", "DIR", "--", "true"], "--tied-to only applies to --hold"),

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from conftest import LOOPLOCK as LOOPLOCK_BIN
-from conftest import EX_TEMPFAIL, PY, TIMEOUT, incident_rows, lock_is_free, run, running, wait_until
+from conftest import EX_TEMPFAIL, PY, TIMEOUT, incident_rows, lock_is_free, run, running, start, wait_until
 from etcdtest import etcd, EX_LEASE_LOST, needs_etcd, start_member
 from test_hold import holder_pid, value_of
 
@@ -155,3 +155,103 @@ def test_tied_to_max_time_and_force_end_an_etcd_hold_and_free_the_cluster_lock(e
     assert r.returncode == 0, r.stderr
     assert not running(holder_pid(value))
     assert other_host_gets_it()
+
+
+# -- a step never runs without the hold's cluster lease ---------------------------
+
+STEP_JOB = """
+import signal, sys, time
+history, seconds = sys.argv[1], float(sys.argv[2])
+def note(tag):
+    with open(history, "a") as f:
+        f.write(f"{tag} {time.time()}\\n")
+def term(*_):
+    note("step-end")
+    sys.exit(143)
+signal.signal(signal.SIGTERM, term)
+note("step-start")
+print("ready", flush=True)
+time.sleep(seconds)
+note("step-end")
+"""
+
+
+def notes(history):
+    out = {}
+    for line in history.read_text().splitlines():
+        tag, at = line.split()
+        out.setdefault(tag, float(at))
+    return out
+
+
+def step_and_other_host(cluster, a, b, value, history, step_seconds, extra=()):
+    """A step on host a inside the hold (its job notes its start and end in
+    `history`), and once it runs, a run on host b that waits for the cluster
+    lock and notes when it starts."""
+    step = start([*cluster, *extra, a, "--", PY, "-c", STEP_JOB, str(history), str(step_seconds)],
+                 env={"LOOPLOCK_HOLD": value})
+    assert step.stdout.readline() == "ready\n", step.stderr.read()
+    other = start([*cluster, "-w", "120", b, "--", PY, "-c",
+                   f"import time; open({str(history)!r}, 'a').write(f'b-start {{time.time()}}\\n')"],
+                  env={"LOOPLOCK_HOLD": ""}, stdin=subprocess.DEVNULL)
+    return step, other
+
+
+def test_a_step_renews_the_holds_lease_and_a_lost_lease_ends_its_job_before_another_host_runs(held, tmp_path):
+    """etcd stops answering (SIGSTOP) for longer than the hold's TTL while a
+    step runs: the step ends its job before the lease can expire (76,
+    lease_lost), as any holder does, and the other host runs only after
+    that job has ended. Before, the step's job ran on while the other host
+    held the cluster lock."""
+    own = start_member()
+    try:
+        a, b = hosts_of(tmp_path)
+        history = tmp_path / "history"
+        cluster = ["--etcd", own.url, "--lock-name", f"hold{os.getpid()}-{next(_names)}"]
+        r = run([*cluster, "--ttl", "2", "--hold", "--max-time", "2m", a])
+        assert r.returncode == 0, r.stderr
+        value = value_of(r.stdout)
+        held.append(holder_pid(value))
+        step, other = step_and_other_host(cluster, a, b, value, history, 60)
+        os.kill(own.proc.pid, signal.SIGSTOP)
+        try:
+            assert step.wait(timeout=TIMEOUT) == EX_LEASE_LOST, step.stderr.read()
+            # The hold's holder loses the lease too (the issue's 5 s outage).
+            wait_until(lambda: not running(holder_pid(value)), "the hold to end on its lost lease", timeout=TIMEOUT)
+        finally:
+            os.kill(own.proc.pid, signal.SIGCONT)
+        assert "lease_lost" in step.stderr.read()
+        assert other.wait(timeout=TIMEOUT) == 0, other.stderr.read()
+        got = notes(history)
+        assert got["step-end"] < got["b-start"], got
+    finally:
+        own.remove()
+
+
+@pytest.mark.parametrize("how", ["max_time", "release"])
+def test_a_hold_that_ends_while_a_step_runs_never_lets_another_host_in_before_the_step_ends(etcd, held, tmp_path,
+                                                                                             how):
+    """--max-time 3 s ends the hold while a step runs: the step's job is
+    ended at the hold's end as by its own --max-time (124); --release while
+    a step runs answers at once and says that steps still hold the lock,
+    which they keep (exit 0). Either way the other host's run starts only
+    after the step's job has ended."""
+    a, b = hosts_of(tmp_path)
+    history = tmp_path / "history"
+    cluster = ["--etcd", etcd.url, "--lock-name", f"hold{os.getpid()}-{next(_names)}"]
+    r = run([*cluster, "--hold", "--max-time", "3" if how == "max_time" else "2m", a])
+    assert r.returncode == 0, r.stderr
+    value = value_of(r.stdout)
+    held.append(holder_pid(value))
+    step, other = step_and_other_host(cluster, a, b, value, history, 8 if how == "max_time" else 4)
+    if how == "release":
+        rel = run(["--release", value])
+        assert rel.returncode == 0, rel.stderr
+        assert "steps that run inside it still hold the lock until they end" in rel.stderr, rel.stderr
+        assert step.wait(timeout=TIMEOUT) == 0, step.stderr.read()
+    else:
+        assert step.wait(timeout=TIMEOUT) == 124, step.stderr.read()
+        assert "max_time_exceeded" in step.stderr.read()
+    assert other.wait(timeout=TIMEOUT) == 0, other.stderr.read()
+    got = notes(history)
+    assert got["step-end"] < got["b-start"], got

@@ -180,14 +180,15 @@ void set_timeouts(int fd) {
 }
 
 // One step's request: its secret, within a second; the descriptor (and the
-// exports) when it matches.
-void serve_one(int listener, const SentinelSpec& spec) {
-  const UniqueFd conn(accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
-  if (!conn) return;
+// exports) when it matches. The connection of a step that got it, which
+// stays open while the step runs; else none.
+UniqueFd serve_one(int listener, const SentinelSpec& spec) {
+  UniqueFd conn(accept4(listener, nullptr, nullptr, SOCK_CLOEXEC));
+  if (!conn) return conn;
   set_timeouts(conn.get());
   char secret[64];
   const ssize_t n = retry_eintr([&] { return recv(conn.get(), secret, sizeof secret, 0); });
-  if (n <= 0 || sha256_hex(std::string_view(secret, static_cast<size_t>(n))) != spec.secret_sha256) return;
+  if (n <= 0 || sha256_hex(std::string_view(secret, static_cast<size_t>(n))) != spec.secret_sha256) return UniqueFd();
   std::string payload = "F" + spec.exports;
   FdMessage m(payload.data(), payload.size());
   cmsghdr* c = CMSG_FIRSTHDR(&m.msg);
@@ -195,7 +196,18 @@ void serve_one(int listener, const SentinelSpec& spec) {
   c->cmsg_type = SCM_RIGHTS;
   c->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(c), &spec.lock_fd, sizeof(int));
-  (void)retry_eintr([&] { return sendmsg(conn.get(), &m.msg, MSG_NOSIGNAL); });
+  if (retry_eintr([&] { return sendmsg(conn.get(), &m.msg, MSG_NOSIGNAL); }) < 0) return UniqueFd();
+  return conn;
+}
+
+// The sentinel's end: a hold ended by its tie tells each step still
+// connected ("E"); the status says whether steps were still inside.
+int end_with_steps(std::vector<UniqueFd>& steps, bool tie_ended) {
+  if (steps.empty()) return 0;
+  if (tie_ended) {
+    for (const auto& s : steps) (void)send(s.get(), "E", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
+  return kSentinelStepsInside;
 }
 
 UniqueFd listen_for_steps(const SentinelSpec& spec) {
@@ -237,19 +249,29 @@ int hold_sentinel(const SentinelSpec& spec) {
   const UniqueFd listener = listen_for_steps(spec);
   if (!listener) return 71;
   if (!report(spec)) return 1;
+  // The steps that hold the lock through the descriptor now: each keeps
+  // its connection open while it runs.
+  std::vector<UniqueFd> steps;
   for (;;) {
-    pollfd fds[3] = {{signals.fd(), POLLIN, 0}, {listener.get(), POLLIN, 0}, {tie.get(), POLLIN, 0}};
-    if (retry_eintr([&] { return poll(fds, 3, -1); }) < 0) return 71;
-    if ((fds[0].revents & POLLIN) && signals.take() != 0) return 0;
-    if (fds[2].revents & (POLLIN | POLLHUP)) return 0;
-    if (fds[1].revents & POLLIN) serve_one(listener.get(), spec);
+    std::vector<pollfd> fds = {{signals.fd(), POLLIN, 0}, {listener.get(), POLLIN, 0}, {tie.get(), POLLIN, 0}};
+    for (const auto& s : steps) fds.push_back({s.get(), POLLIN, 0});
+    if (retry_eintr([&] { return poll(fds.data(), fds.size(), -1); }) < 0) return 71;
+    if ((fds[0].revents & POLLIN) && signals.take() != 0) return end_with_steps(steps, false);
+    if (fds[2].revents & (POLLIN | POLLHUP)) return end_with_steps(steps, true);
+    // A step that ended (its looplock closed the connection, or died).
+    for (size_t i = fds.size(); i-- > 3;) {
+      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) steps.erase(steps.begin() + static_cast<long>(i - 3));
+    }
+    if (fds[1].revents & POLLIN) {
+      if (UniqueFd conn = serve_one(listener.get(), spec)) steps.push_back(std::move(conn));
+    }
   }
 }
 
 HoldShare fetch_hold_fd(Pid holder, const std::string& holder_start, std::string_view secret) {
   socklen_t len = 0;
   const sockaddr_un a = hold_socket_name(hold_socket_key(secret), len);
-  const UniqueFd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  UniqueFd s(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (!s) return {};
   set_timeouts(s.get());
   if (retry_eintr([&] { return connect(s.get(), reinterpret_cast<const sockaddr*>(&a), len); }) != 0) return {};
@@ -276,7 +298,7 @@ HoldShare fetch_hold_fd(Pid holder, const std::string& holder_start, std::string
   }
   int fd = -1;
   std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
-  return {UniqueFd(fd), std::string(payload + 1, static_cast<size_t>(n) - 1)};
+  return {UniqueFd(fd), std::string(payload + 1, static_cast<size_t>(n) - 1), std::move(s)};
 }
 
 bool pidfds_available() {
