@@ -3,6 +3,8 @@
 // job_loop.hpp's loop, or a fake in Run's unit tests).
 #pragma once
 
+#include <functional>
+
 #include <string>
 #include <vector>
 
@@ -22,6 +24,10 @@ struct CommandSpec {
   bool shell = false;            // argv is sys::shell_argv()'s (-c)
   JobLimits limits;              // --kill-after, --max-time, --warn-before
   Lease* lease = nullptr;
+  // Looked at every kOuterPoll while the job runs: true once what the run
+  // runs inside has ended (a hold's tie), which ends the job as --max-time
+  // does. Unset: nothing to look at.
+  std::function<bool()> outer_ended;
 };
 
 // How the job ended.

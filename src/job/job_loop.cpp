@@ -27,6 +27,8 @@ constexpr Duration kGroupPoll = std::chrono::milliseconds(20);
 // Once warned, until the TERM: how often looplock looks for processes of the
 // job that catch the warning signal by now.
 constexpr Duration kWarnPass = std::chrono::milliseconds(100);
+// How often looplock looks at what the run runs inside (a hold's end).
+constexpr Duration kOuterPoll = std::chrono::milliseconds(200);
 
 std::string exec_hint(int err, const std::string& name) {
   if (err == ENOENT) {
@@ -62,6 +64,7 @@ public:
     if (spec.limits.max_time && *spec.limits.max_time > Duration::zero()) {
       max_time_at_ = later(end.started, *spec.limits.max_time);
     }
+    if (spec.outer_ended) next_outer_poll_ = later(end.started, kOuterPoll);
   }
 
   void run() {
@@ -107,6 +110,7 @@ private:
     }
     if (leader_done_) d.group_poll_at = now + kGroupPoll;
     if (warning_ && !term_sent_ && !leader_done_ && now < warn_until_) d.warn_pass_at = next_warn_pass_;
+    if (!term_sent_ && !leader_done_) d.outer_poll_at = next_outer_poll_;
     return d;
   }
 
@@ -166,6 +170,17 @@ private:
         next_warn_pass_ = later(now, kWarnPass);
         (void)warning_->pass();
         note_warned();
+        return;
+      case JobAction::OuterPoll:
+        next_outer_poll_ = later(now, kOuterPoll);
+        if (spec_.outer_ended()) {
+          // What the run runs inside has ended (a hold's tie): the job ends
+          // as at --max-time, now.
+          next_outer_poll_.reset();
+          log_.warn("hold_ended", "the hold this run runs inside has ended (the process it is tied to ended): "
+                                  "the command is ended as at --max-time");
+          max_time_at_ = now;
+        }
         return;
       case JobAction::None: return;
     }
@@ -262,6 +277,7 @@ private:
   std::unique_ptr<sys::JobWarning> warning_;  // once warned (and the system tells who catches the signal)
   Instant warn_until_;                        // the TERM the warning is about
   Instant next_warn_pass_;
+  Deadline next_outer_poll_;  // none: nothing to look at (or it has ended)
 };
 
 }  // namespace

@@ -11,6 +11,7 @@ NextStep next_step(const JobDeadlines& d, Instant now) {
   if (due(d.max_time_at)) return {JobAction::MaxTimeTerm, std::nullopt};
   if (due(d.lease_term_at)) return {JobAction::LeaseTerm, std::nullopt};
   if (due(d.warn_pass_at)) return {JobAction::WarnPass, std::nullopt};
+  if (due(d.outer_poll_at)) return {JobAction::OuterPoll, std::nullopt};
   // While etcd does not answer, a renewal round takes until the next
   // deadline at the latest: it must not hold up any of them, nor the
   // warning its failure would make due.
@@ -25,6 +26,7 @@ NextStep next_step(const JobDeadlines& d, Instant now) {
   until = earliest(until, d.renew_at);
   until = earliest(until, d.group_poll_at);
   until = earliest(until, d.warn_pass_at);
+  until = earliest(until, d.outer_poll_at);
   return {JobAction::None, until};
 }
 

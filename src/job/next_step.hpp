@@ -24,9 +24,11 @@ struct JobDeadlines {
   // Once warned, until the TERM: the next look for processes of the job
   // that catch the warning signal now (a handler installed late).
   Deadline warn_pass_at{};
+  // The next look at what the run runs inside (CommandSpec::outer_ended).
+  Deadline outer_poll_at{};
 };
 
-enum class JobAction { None, Kill, Warn, MaxTimeTerm, LeaseTerm, WarnPass, Renew };
+enum class JobAction { None, Kill, Warn, MaxTimeTerm, LeaseTerm, WarnPass, OuterPoll, Renew };
 
 struct NextStep {
   JobAction action = JobAction::None;
@@ -39,8 +41,8 @@ struct NextStep {
 };
 
 // The first deadline that is due, in this order: KILL, the warning,
-// --max-time's TERM, the lease's TERM, another pass of the warning, a
-// renewal; else how long to wait.
+// --max-time's TERM, the lease's TERM, another pass of the warning, a look
+// at what the run runs inside, a renewal; else how long to wait.
 NextStep next_step(const JobDeadlines& d, Instant now);
 
 }  // namespace looplock

@@ -748,6 +748,8 @@ void InheritedLock::export_to(CommandSpec& spec) {
         if (!spec.limits.max_time_kill_after) spec.limits.max_time_kill_after = kDefaultKillAfter;
       }
     }
+    // The hold's tie ends a running step too, as its --max-time does.
+    if (outer_.hold_conn >= 0) spec.outer_ended = [conn = outer_.hold_conn] { return sys::hold_tie_ended(conn); };
     if (outer_.fd < 0) return;
     env_set(spec.env,
             {{env_name::kHolderPid, std::to_string(self_)}, {env_name::kHolderFd, std::to_string(outer_.fd)}});

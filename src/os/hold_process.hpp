@@ -102,6 +102,10 @@ struct HoldShare {
   UniqueFd conn;
 };
 HoldShare fetch_hold_fd(Pid holder, const std::string& holder_start, std::string_view secret);
+// Whether the sentinel said, on a step's connection `conn`, that the hold
+// has ended by its tie ("E"; never blocks). A connection the sentinel
+// closed without it (--release, a holder KILLed) is no such end.
+bool hold_tie_ended(int conn);
 
 // Whether the system has pidfds (posix/: pidfd_open(2), Linux 5.3).
 bool pidfds_available();

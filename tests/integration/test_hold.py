@@ -215,6 +215,32 @@ def test_tied_to_ends_the_hold_when_that_process_is_killed(holds, loop_dir):
     assert rel.returncode == NO_SUCH_HOLD, rel.stderr
 
 
+def test_a_tie_that_ends_while_a_step_runs_ends_the_step_as_max_time_would(holds, loop_dir, tmp_path):
+    """The hold's tie ends while a step runs: the step's command is sent
+    TERM as at --max-time (124, max_time_exceeded, a hold_ended warning),
+    and the lock is free once it has ended. Before, the step ran on."""
+    tie = subprocess.Popen(["sleep", "300"])
+    try:
+        r = holds("--max-time", "2m", "--tied-to", str(tie.pid), loop_dir)
+        assert r.returncode == 0, r.stderr
+        value = value_of(r.stdout)
+        s = subprocess.Popen([LOOPLOCK, str(loop_dir), "--", "sh", "-c", "echo ready; exec sleep 60"],
+                             env={**os.environ, "LOOPLOCK_HOLD": value}, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        assert s.stdout.readline() == "ready\n", s.stderr.read()
+        tie.kill()
+        tie.wait(timeout=TIMEOUT)
+        assert s.wait(timeout=TIMEOUT) == EX_MAX_TIME, s.stderr.read()
+        err = s.stderr.read()
+        assert "the hold this run runs inside has ended (the process it is tied to ended)" in err, err
+        assert "max_time_exceeded" in err, err
+    finally:
+        if tie.poll() is None:
+            tie.kill()
+            tie.wait(timeout=TIMEOUT)
+    wait_until(lambda: lock_is_free(loop_dir), "the lock to be free")
+
+
 def test_max_time_ends_the_hold_and_release_says_124(holds, loop_dir):
     r = holds("--max-time", "1s", loop_dir)
     assert r.returncode == 0, r.stderr

@@ -301,6 +301,11 @@ HoldShare fetch_hold_fd(Pid holder, const std::string& holder_start, std::string
   return {UniqueFd(fd), std::string(payload + 1, static_cast<size_t>(n) - 1), std::move(s)};
 }
 
+bool hold_tie_ended(int conn) {
+  char c = 0;
+  return conn >= 0 && retry_eintr([&] { return recv(conn, &c, 1, MSG_DONTWAIT | MSG_PEEK); }) == 1 && c == 'E';
+}
+
 bool pidfds_available() {
   const UniqueFd self = open_pidfd(getpid());
   return self.valid();

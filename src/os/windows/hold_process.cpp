@@ -26,6 +26,8 @@ void stop_holder(Pid /*child*/) {}
 
 int hold_sentinel(const SentinelSpec& /*spec*/) { return 71; }
 
+bool hold_tie_ended(int /*conn*/) { return false; }
+
 HoldShare fetch_hold_fd(Pid /*holder*/, const std::string& /*holder_start*/, std::string_view /*secret*/) {
   errno = ENOSYS;
   return {};
