@@ -393,6 +393,7 @@ const std::string& text_of(const cxxopts::ParseResult& r, const char* name) { re
 void read_release(const cxxopts::ParseResult& r, const std::vector<std::string>& positional, const Environment& env,
                   Options& o) {
   o.hold.force = r.count("force") > 0;
+  if (!sys::abilities().hold) return;  // check_system() says --release is not available here
   if (positional.size() > 1) {
     usage_error("unexpected argument " + quote(positional[1]),
                 "looplock --release [VALUE], or looplock --release --force DIR.");
@@ -409,9 +410,10 @@ void read_release(const cxxopts::ParseResult& r, const std::vector<std::string>&
   } else if (env.looplock_hold && !env.looplock_hold->empty()) {
     o.hold.release_value = *env.looplock_hold;
   } else {
-    usage_error("--release needs the hold's value: LOOPLOCK_HOLD is not set",
-                "Give the value looplock --hold printed (after LOOPLOCK_HOLD=), or set LOOPLOCK_HOLD; an operator "
-                "ends a stuck hold with looplock --release --force DIR.");
+    usage_error(std::string("--release needs the hold's value: LOOPLOCK_HOLD is ") +
+                    (env.looplock_hold ? "empty" : "not set"),
+                "Give the value looplock --hold printed (after LOOPLOCK_HOLD=), or set LOOPLOCK_HOLD; an "
+                "operator ends a stuck hold with looplock --release --force DIR.");
   }
 }
 

@@ -351,21 +351,19 @@ HolderFacts holder_facts(const Verdict& v) {
 
 }  // namespace
 
-// --holders, all N indexes held: who holds each (its record, when the
-// kernel confirms it), the first of them as the holder.
-Blocker LocalLock::all_indexes_held() const {
+// --holders: who holds each index (its record, when the kernel confirms
+// it), the first of them as the holder.
+Blocker LocalLock::indexes_blocker(const std::vector<LockFile>& files, const std::vector<int>& indexes) const {
   Blocker b;
-  const int n = request_.flags.holders;
-  b.what = "every holder index of " + shown_ + " (--holders " + std::to_string(n) + ")";
   b.inspect_hint = "looplock --inspect " + shell_word(request_.dir);
   b.fields["holders"] = Json::array();
   std::vector<std::string> whos;
   std::vector<Pid> confirm;
   const std::string host = sys::host_name();
-  for (size_t i = 0; i < indexes_held_.size(); ++i) {
-    const std::string name = index_name(static_cast<int>(i));
-    const Verdict v = judge(survey_held(indexes_held_[i], sys::path_in_dir(request_.dir, name)));
-    Json one{{"index", i}, {"holder_pids", Json::array()}, {"holder", nullptr}};
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string name = index_name(indexes[i]);
+    const Verdict v = judge(survey_held(files[i], sys::path_in_dir(request_.dir, name)));
+    Json one{{"index", indexes[i]}, {"holder_pids", Json::array()}, {"holder", nullptr}};
     for (const auto& h : v.holders) {
       one["holder_pids"].push_back(h.pid);
       b.holders.pids.push_back(h.pid);
@@ -383,8 +381,8 @@ Blocker LocalLock::all_indexes_held() const {
     if (whos.size() < 3) whos.push_back(holder_phrase(v));
     confirm.insert(confirm.end(), v.confirm.begin(), v.confirm.end());
   }
-  b.who = join(whos, "; ") + (indexes_held_.size() > whos.size()
-                                  ? " and " + std::to_string(indexes_held_.size() - whos.size()) + " more"
+  b.who = join(whos, "; ") + (files.size() > whos.size()
+                                  ? " and " + std::to_string(files.size() - whos.size()) + " more"
                                   : std::string());
   if (!confirm.empty()) {
     b.confirm = pids_text(confirm);
@@ -393,8 +391,52 @@ Blocker LocalLock::all_indexes_held() const {
   return b;
 }
 
+namespace {
+
+// The --holders index files of DIR that are held now, opened for reading
+// only (never created or locked; a FIFO or device never opened), with
+// their indexes.
+std::pair<std::vector<LockFile>, std::vector<int>> held_index_files(const LockDir& dir) {
+  std::pair<std::vector<LockFile>, std::vector<int>> out;
+  for (const int k : indexes_in(dir)) {
+    const std::string name = index_name(k);
+    LockFile file;
+    sys::FileStatus before;
+    if (!sys::status_at(dir.fd.get(), name.c_str(), before) || !before.regular()) continue;
+    file.fd = sys::open_in(dir.fd.get(), name, {.access = sys::OpenIn::Access::Read, .above_stdio = true});
+    if (!file.fd || !sys::status_of_fd(file.fd.get(), file.st) || !file.st.regular()) continue;
+    if (live_holders(file.st).empty()) continue;
+    out.first.push_back(std::move(file));
+    out.second.push_back(k);
+  }
+  return out;
+}
+
+}  // namespace
+
 Blocker LocalLock::blocker() const {
-  Blocker b = indexes_held_.empty() ? lock_blocker() : all_indexes_held();
+  Blocker b;
+  if (!indexes_held_.empty()) {
+    std::vector<int> all(indexes_held_.size());
+    for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+    b = indexes_blocker(indexes_held_, all);
+    b.what = "every holder index of " + shown_ + " (--holders " + std::to_string(request_.flags.holders) + ")";
+  } else {
+    b = lock_blocker();
+    // Held shared without a record: by --holders holders? Each wrote its
+    // record in its index file, which names it.
+    const auto kernel = b.holders.holder || b.holders.pids.empty() ? std::vector<sys::KernelLock>()
+                                                                    : live_holders(file_.st);
+    if (!kernel.empty() && std::none_of(kernel.begin(), kernel.end(), [](const auto& k) { return k.exclusive; })) {
+      const auto [files, indexes] = held_index_files(dir_);
+      if (!files.empty()) {
+        Blocker by = indexes_blocker(files, indexes);
+        by.what = b.what;
+        by.fields.update(b.fields, /*merge_objects=*/true);
+        b = std::move(by);
+      }
+    }
+  }
   if (absorbed_) b.fields["coalesced"] = *absorbed_;
   if (seat_waiter_) {
     b.waiting = "pid " + std::to_string(seat_waiter_->pid) + " (agent " + printable(seat_waiter_->agent_id) +

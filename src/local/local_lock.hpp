@@ -62,7 +62,8 @@ private:
   AcquireResult take(const WaitPlan& plan, Instant start, LockMode mode, AcquireObserver& reporter);
   AcquireResult take_as_holder(const WaitPlan& plan, Instant start, AcquireObserver& reporter);
   Blocker lock_blocker() const;      // DIR/.state.lock's holder
-  Blocker all_indexes_held() const;  // --holders: each index's
+  // --holders: each held index's holder; `files[i]` is index `indexes[i]`.
+  Blocker indexes_blocker(const std::vector<LockFile>& files, const std::vector<int>& indexes) const;
   // The file the holder record goes into: the lock file's, or the index's.
   int holder_record_fd() const;
   HolderRecord this_run(const std::string& pid_start) const;

@@ -120,7 +120,10 @@ HoldCheck check_hold(const HoldValue& v, int dirfd, const sys::FileStatus& lock_
     c.why = "cannot be confirmed: the holder record cannot be read (" +
             std::string(strerror(fd ? (read.err ? read.err : EIO) : open_err)) + ")";
   } else if (r && r->released_at && r->pid == v.pid && r->pid_start == v.start) {
-    c.why = "has ended (its holder let go at " + *r->released_at + ")";
+    const bool tie_gone = r->hold && r->hold->tied_to != 0 && sys::process_start(r->hold->tied_to) != r->hold->tied_start;
+    c.why = "has ended (its holder let go at " + *r->released_at +
+            (tie_gone ? "; the process it was tied to, pid " + std::to_string(r->hold->tied_to) + ", has ended" : "") +
+            ")";
   } else if (!r || r->released_at || r->pid != v.pid || r->pid_start != v.start) {
     c.why = "is not the lock's holder (its holder record names another run, or none)";
   } else if (!r->hold || r->lock_id != v.lock_id || r->hold->secret_sha256 != sys::sha256_hex(v.secret)) {

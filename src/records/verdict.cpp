@@ -155,6 +155,18 @@ std::string hold_dir(const std::string& lock_path) {
   return lock_path.size() > name ? lock_path.substr(0, lock_path.size() - name) : std::string(".");
 }
 
+// Held longer than --stale-after: what to check. A hold runs no command
+// that could stall; its job may be gone.
+std::string stale_warning(const Verdict& v, const LockFacts& f) {
+  const bool hold = v.read && v.read->hold && !v.read->released_at;
+  return "held for " + format_duration(of_ms(*f.record_age_ms)) + ", longer than --stale-after " +
+         format_duration(of_ms(f.stale_after_ms)) +
+         (hold ? ": a hold (looplock --hold) until " + v.read->hold->ends_at +
+                     "; if the job that took it is gone, 'looplock --release --force " + hold_dir(f.lock_path) +
+                     "' ends it"
+               : ": check whether " + pids_text(v.confirm) + " is stalled before terminating it");
+}
+
 std::string held_action(const Verdict& v, const LockFacts& f) {
   const OperatorTools tools = operator_tools(f);
   if (v.confirm.empty()) {
@@ -299,9 +311,7 @@ Verdict judge(const LockFacts& f) {
   }
   if ((v.record == RecordState::Current || v.record == RecordState::Unconfirmed) && f.record_age_ms &&
       *f.record_age_ms > f.stale_after_ms) {
-    w.push_back("held for " + format_duration(of_ms(*f.record_age_ms)) + ", longer than --stale-after " +
-                format_duration(of_ms(f.stale_after_ms)) + ": check whether " + pids_text(v.confirm) +
-                " is stalled before terminating it");
+    w.push_back(stale_warning(v, f));
   }
 
   if (v.state == LockState::Unknown && v.confirm.empty()) {

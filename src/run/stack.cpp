@@ -27,6 +27,22 @@ std::pair<EnvList, long long> cluster_outer(const Context& ctx, const LockTarget
   return {ctx.env, outer_pid != 0 ? outer_pid : ctx.pid};
 }
 
+// A second --hold in a job whose LOOPLOCK_HOLD names a live hold of this
+// very lock would wait for that hold for ever (or until -w): refused.
+void refuse_hold_inside_hold(const Context& ctx, const LockDir& dir, const LockTarget& target) {
+  const std::optional<std::string> text = env_get(ctx.env, env_name::kHold);
+  const std::optional<HoldValue> v = text ? parse_hold_value(*text) : std::nullopt;
+  sys::FileStatus lock_file;
+  if (!v || v->lock_id != target.lock_id || !sys::status_at(dir.fd.get(), kLockName, lock_file)) return;
+  if (!check_hold(*v, dir.fd.get(), lock_file).live) return;
+  throw Fatal(exit_code::kUsage,
+              "--hold while $LOOPLOCK_HOLD names a hold of " + target.loop + "'s lock that is held now (looplock pid " +
+                  std::to_string(v->pid) + "): the new hold would wait for it",
+              "This job holds the lock already: run its steps inside that hold, or release it first "
+              "(looplock --release).",
+              "usage_error");
+}
+
 }  // namespace
 
 Stack build_stack(const StackSite& s) {
@@ -49,6 +65,7 @@ Stack build_stack(const StackSite& s) {
   // and with --etcd keeping the hold's lease alive while its command runs:
   // the command ends before that lease can expire, as any holder's does.
   std::string hold_key;
+  if (o.mode == Mode::Hold) refuse_hold_inside_hold(ctx, s.dir, s.target);
   if (o.mode == Mode::Run) {
     if (auto hold = hold_holder(ctx.env, s.dir, s.target, s.log, lock_file, hold_key)) {
       if (!o.cluster.etcd.empty()) {

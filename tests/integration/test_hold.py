@@ -362,6 +362,44 @@ def test_inspect_shows_the_hold(holds, loop_dir):
         tie.wait(timeout=TIMEOUT)
 
 
+def test_inspect_check_on_an_old_hold_advises_release_force_not_a_stalled_pid(holds, loop_dir):
+    value = value_of(holds("--max-time", "2m", loop_dir).stdout)
+    try:
+        check = ["--inspect", "--check", "--stale-after", "0.1", loop_dir]
+        wait_until(lambda: run(check).returncode == 1, "the hold to be older than --stale-after")
+        out = run(check)
+        (warning,) = [line for line in out.stdout.splitlines() if "longer than --stale-after" in line]
+        assert f"a hold (looplock --hold) until" in warning and f"looplock --release --force {loop_dir}" in warning
+        assert "stalled" not in warning, warning
+    finally:
+        assert step(value, "--release").returncode == 0
+
+
+def test_a_second_hold_in_a_job_that_holds_the_lock_is_refused_at_once(holds, loop_dir):
+    value = value_of(holds("--max-time", "2m", loop_dir).stdout)
+    try:
+        r = run(["--hold", "--max-time", "1m", "-w", "30", loop_dir], env={"LOOPLOCK_HOLD": value})
+        assert r.returncode == EX_USAGE, r.stderr
+        assert "names a hold of" in r.stderr and "the new hold would wait for it" in r.stderr, r.stderr
+        assert r.stdout == ""
+    finally:
+        assert step(value, "--release").returncode == 0
+
+
+def test_a_hold_ended_by_its_tie_is_named_so_by_later_steps_and_release(holds, loop_dir):
+    tie = subprocess.Popen(["sleep", "300"])
+    value = value_of(holds("--max-time", "2m", "--tied-to", str(tie.pid), loop_dir).stdout)
+    tie.kill()
+    tie.wait(timeout=TIMEOUT)
+    wait_until(lambda: not running(holder_pid(value)), "the tied hold to end")
+    rel = run(["--release", value])
+    assert rel.returncode == NO_SUCH_HOLD
+    assert f"the process it was tied to, pid {tie.pid}, has ended" in rel.stderr, rel.stderr
+    s = step(value, loop_dir, "--", "true")  # it waits as any run, then runs (its own record replaces the hold's)
+    assert s.returncode == 0
+    assert f"the process it was tied to, pid {tie.pid}, has ended" in s.stderr, s.stderr
+
+
 def test_a_hold_inside_a_run_of_the_same_lock_is_refused(loop_dir):
     r = run([loop_dir, "--", LOOPLOCK, "--hold", "--max-time", "1m", loop_dir])
     assert r.returncode == EX_USAGE
@@ -408,6 +446,10 @@ def test_release_without_a_value_is_a_usage_error():
     r = subprocess.run([LOOPLOCK, "--release"], env=unheld_env(), capture_output=True, text=True, timeout=TIMEOUT)
     assert r.returncode == EX_USAGE
     assert "LOOPLOCK_HOLD is not set" in r.stderr
+    r = subprocess.run([LOOPLOCK, "--release"], env={**unheld_env(), "LOOPLOCK_HOLD": ""}, capture_output=True,
+                       text=True, timeout=TIMEOUT)
+    assert r.returncode == EX_USAGE
+    assert "LOOPLOCK_HOLD is empty" in r.stderr, r.stderr
 
 
 def test_tied_to_a_process_that_is_not_there(loop_dir):

@@ -170,6 +170,31 @@ def test_all_held_the_timeout_row_keeps_holder_and_adds_holders(loop_dir):
             h.wait(timeout=TIMEOUT)
 
 
+def test_an_exclusive_run_blocked_by_holders_names_them_from_their_index_records(loop_dir):
+    """A run without --holders that finds the lock held by --holders holders
+    names them by the records they wrote in their index files (text and
+    row), not as readers without a record."""
+    hs = [start(["--holders", "3", "--agent", f"a{i}", "--operation", "deploy", loop_dir, "--", PY, WAIT])
+          for i in range(2)]
+    try:
+        for h in hs:
+            expect_line(h, "ready")
+        r = run(["-w", "0.2", "--operation", "tick", loop_dir, "--", "true"])
+        assert r.returncode == EX_TEMPFAIL
+        assert "readers write no holder record" not in r.stderr, r.stderr
+        assert "agent a0, operation deploy" in r.stderr and "agent a1, operation deploy" in r.stderr, r.stderr
+        row = incident_rows(loop_dir)[-1]
+        assert row["holder"] is not None and row["holder"]["operation"] == "deploy", row
+        assert sorted(x["holder"]["pid"] for x in row["holders"]) == sorted(h.pid for h in hs), row
+        r = run(["-p", "single_flight", "--log-format", "json", loop_dir, "--", "true"])
+        skip = json.loads(r.stderr.splitlines()[-1])
+        assert skip["event"] == "noop-locked" and len(skip["holders"]) == 2, skip
+    finally:
+        for h in hs:
+            h.stdin.close()
+            h.wait(timeout=TIMEOUT)
+
+
 def test_each_holder_has_its_record_and_its_index(loop_dir):
     h = start(["--holders", "2", "--operation", "deploy", loop_dir, "--", "sh", "-c",
                'echo "$LOOPLOCK_HOLDER_INDEX"; read x || true'])

@@ -241,13 +241,18 @@ def test_what_windows_cannot_do_is_a_usage_error_with_a_hint(loop_dir, args, wor
 
 @pytest.mark.parametrize("args,word", [(["--hold", "--max-time", "5m"], "--hold"),
                                        (["--hold", "--max-time", "5m", "--tied-to", "4"], "--hold"),
-                                       (["--release", "--force"], "--release")])
+                                       (["--release", "--force", "DIR"], "--release"),
+                                       (["--release"], "--release")])
 def test_a_hold_across_steps_is_a_usage_error_with_a_hint(loop_dir, args, word):
-    r = looplock(*args, loop_dir)
+    # --release alone: no value, no LOOPLOCK_HOLD (wine passes the Linux environment on).
+    os.environ.pop("LOOPLOCK_HOLD", None)
+    r = looplock(*[win(loop_dir) if a == "DIR" else a for a in args]) if args[0] == "--release" else \
+        looplock(*args, loop_dir)
     assert r.returncode == 64
     lines = r.stderr.splitlines()
     assert lines[0].startswith(f"looplock: {word} is not available on this system"), r.stderr
     assert len(lines) == 2  # the hint
+    assert "--force" not in r.stderr  # never a hint to what it refuses too
     assert not (loop_dir / ".state.lock").exists()
 
 
