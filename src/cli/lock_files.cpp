@@ -6,6 +6,7 @@
 #include "os/file_status.hpp"
 #include "os/files.hpp"
 #include "os/ids.hpp"
+#include "os/process.hpp"
 #include "os/sys.hpp"
 #include "os/unique_fd.hpp"
 #include "records/coalesce.hpp"
@@ -206,6 +207,33 @@ void judge_beside(const LockDir& dir, Uid euid, const BesideKind& kind, std::vec
 
 }  // namespace
 
+namespace {
+
+// A seat whose waiter died (KILLed) after it absorbed runs: they never ran.
+void judge_dead_waiters(const LockDir& dir, std::vector<FileProblem>& out) {
+  const auto names = sys::names_in(dir.fd.get(), kCoalescePrefix);
+  if (!names) return;
+  for (const auto& name : *names) {
+    sys::FileStatus st;
+    if (!sys::status_at(dir.fd.get(), name.c_str(), st) || !st.regular()) continue;
+    const UniqueFd fd = sys::open_in(dir.fd.get(), name, {.access = sys::OpenIn::Access::Read, .above_stdio = true});
+    const auto text = fd ? sys::pread_all(fd.get(), 1 << 20) : std::nullopt;
+    const auto waiter = text ? seat_record(*text) : std::nullopt;
+    if (!waiter || sys::process_start(waiter->pid) == waiter->pid_start) continue;  // none, or alive
+    const int n = count_absorbed(*text, *waiter).count;
+    if (n == 0) continue;
+    out.push_back({in(dir.path, name),
+                   "its waiter, pid " + std::to_string(waiter->pid) + " (operation " + printable(waiter->operation) +
+                       "), died while it waited, after it absorbed " + std::to_string(n) + " later run" +
+                       (n == 1 ? "" : "s") + " of it, which did not run then",
+                   "A run of " + printable(waiter->operation) +
+                       " since then did their work; if none ran, run it now. The next -p coalesce run of it that "
+                       "waits clears this seat (and says what it found)."});
+  }
+}
+
+}  // namespace
+
 // -p coalesce's seats (records/coalesce.hpp), one per operation.
 void judge_seats(const LockDir& dir, Uid euid, std::vector<FileProblem>& out) {
   judge_beside(dir, euid,
@@ -215,6 +243,7 @@ void judge_seats(const LockDir& dir, Uid euid, std::vector<FileProblem>& out) {
                 .runs = "a -p coalesce run of its operation that finds the lock held ",
                 .named = [](std::string_view) { return true; }},
                out);
+  judge_dead_waiters(dir, out);
 }
 
 // --holders' index files (records/holders.hpp).

@@ -245,11 +245,16 @@ def test_a_waiter_killed_after_it_absorbed_a_tick_is_named_by_the_next_run_that_
     assert "noop-coalesced" in absorbed.stderr
     kill_and_wait_gone(first.pid)
     first.wait(timeout=TIMEOUT)
+    i = run(["--inspect", "--check", loop_dir])
+    assert i.returncode == 1, i.stdout
+    assert (f"its waiter, pid {first.pid} (operation tick), died while it waited, after it absorbed 1 later run "
+            "of it, which did not run then") in i.stdout, i.stdout
     second = start([*coalesce(loop_dir), *tick(history, "second")], stdin=None)
     wait_until(lambda: second.pid in blocked_waiters(loop_dir / ".state.lock") or second.poll() is not None,
                "the second tick")
     holder.stdin.close()
     ends = finish([holder, second])
+    assert "died while it waited" not in run(["--inspect", loop_dir]).stdout  # the seat was cleared
     assert [status for status, _ in ends] == [0, 0]
     assert (f"pid {first.pid} died in the seat of tick (KILLed while it waited) after it absorbed 1 later run, "
             "which never ran: this run runs for them") in ends[1][1], ends[1][1]
