@@ -10,8 +10,8 @@ When this code already runs under looplock for the same loop (say
 `looplock /srv/loops/nightly -- python3 status.py --tick`), opening
 .state.lock again and locking it would wait for its own parent, forever: a
 flock(2) lock belongs to an open file, and the new open is another one. So
-_loop_lock first checks, as a nested looplock does (looplock(1), ENVIRONMENT,
-Nesting), whether it already runs inside that looplock's critical section,
+_loop_lock first checks, as a nested looplock does (looplock-sharing(7),
+NESTING), whether it already runs inside that looplock's critical section,
 and then simply runs there:
 
 - its own descriptor LOOPLOCK_HOLDER_FD (or LOOPLOCK_FD), inherited from
@@ -32,7 +32,7 @@ A missing lock file is created with mode 0660 (less the umask), as looplock
 creates it: flock(2) needs only a read descriptor, so any local user who can
 read the file can take the lock and stall every run.
 
-On Windows (looplock(1), WINDOWS) the lock is the C runtime's on byte 0,
+On Windows (looplock-windows(7)) the lock is the C runtime's on byte 0,
 msvcrt.locking(fd, LK_NBLCK, 1), which looplock.exe takes there too. There
 LK_LOCK is no blocking lock (it gives up after about 10 s), so _loop_lock
 tries LK_NBLCK every 10 ms until its own deadline (none: for ever). And no

@@ -335,7 +335,7 @@ def failover_part(c):
     o = [f"Failover: the same run with a blackholed first endpoint (a loopback listener that drops every SYN, "
          f"as a partitioned member does) and the member second, against the member alone, {c['failover_runs']} "
          "runs each, interleaved. looplock gives the blackholed endpoint one connect attempt (40 ms at first, "
-         "man page *CLUSTER*), not the request's attempt (a tenth of the TTL: 1 s at the default TTL).\n\n",
+         "looplock-cluster(7)), not the request's attempt (a tenth of the TTL: 1 s at the default TTL).\n\n",
          "| tool | member alone: median ms | blackholed first: median ms | p90 ms | added (median) ms |\n"
          "|---|---:|---:|---:|---:|\n"]
     for t in c["tools"]:

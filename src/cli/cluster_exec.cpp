@@ -42,7 +42,7 @@ std::vector<std::string> cluster_helper_paths(std::string_view self_exe, std::st
 }
 
 std::string cluster_helper_status() {
-  if (!sys::abilities().cluster) return "not available on this system (no etcd transport here: the man page, WINDOWS)";
+  if (!sys::abilities().cluster) return "not available on this system (no etcd transport here: looplock-windows(7))";
   const auto paths = installed_helper_paths();
   for (const auto& path : paths) {
     const int err = sys::execute_access(path);

@@ -691,12 +691,12 @@ void read_notify(const cxxopts::ParseResult& r, Options& o) {
       if (name.empty() || printable(name) != name || name.find(' ') != std::string_view::npos) {
         usage_error(
             "invalid --notify-on " + quote(text_of(r, "notify-on")) + ": expected event names separated by commas",
-            "Names are the LOG LINES events of looplock(1) and started, ended, skipped, held_too_long; "
+            "Names are the events of looplock-events(7) and started, ended, skipped, held_too_long; "
             "all is every event.");
       }
       if (const auto why = unnotifiable_event(std::string(name))) {
         usage_error("invalid --notify-on name " + quote(name) + ": " + *why,
-                    "Names are the LOG LINES events of looplock(1) and started, ended, skipped, held_too_long; "
+                    "Names are the events of looplock-events(7) and started, ended, skipped, held_too_long; "
                     "all is every event.");
       }
       o.notify.on.emplace_back(name);
@@ -998,7 +998,7 @@ then exit exactly as COMMAND exited.
 )"
                                        : R"(Run COMMAND while holding the lock on DIR\.state.lock (LockFileEx on byte 0,
 as msvcrt.locking takes it), then exit exactly as COMMAND exited. Not on
-Windows: -F, --warn-before, --warn-signal, --etcd (man page, WINDOWS).
+Windows: -F, --warn-before, --warn-signal, --etcd (looplock-windows(7)).
 )") + "\n" + options_help() + R"(
 Examples:
   looplock /srv/loops/nightly -- python3 scripts/status.py --tick

@@ -1,4 +1,4 @@
-// --notify's relay (looplock(1), NOTIFY): a process of looplock's own that
+// --notify's relay (looplock-events(7), NOTIFY): a process of looplock's own that
 // reads events from a pipe and runs the operator's notifier for each, one at
 // a time, so that a slow or hanging notifier never delays the lock's
 // release or a hand-off. The relay is started before looplock opens DIR (it

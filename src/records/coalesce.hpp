@@ -1,4 +1,4 @@
-// -p coalesce's seat (looplock(1), POLICIES): while the lock is held, one
+// -p coalesce's seat (looplock-schedules(7)): while the lock is held, one
 // run of an operation waits for it, and a later run of that operation that
 // finds the seat taken is absorbed by the run in it (it skips). The seat is
 // a lock taken without waiting on the operation's own file beside the lock

@@ -1,4 +1,4 @@
-// --holders N (looplock(1), HOLDERS): up to N runs hold the lock at once.
+// --holders N (looplock-sharing(7), HOLDERS): up to N runs hold the lock at once.
 // Each takes an index first, the lowest free one below N: the index file
 // DIR/.state.lock.holders.K (K from 0 to N-1), locked exclusively without
 // waiting, which holds that holder's record (holder.hpp's format, with

@@ -55,7 +55,7 @@ struct LockFacts {
   std::optional<Uid> file_uid;
   std::optional<Uid> dir_uid;
   // The lock file's group, when its members may open it (group-readable):
-  // a member of that group holds the lock as the man page's group recipe has it.
+  // a member of that group holds the lock as looplock-files(5)'s group recipe has it.
   std::optional<Gid> sharing_gid;
   bool group_can_write = false;  // the lock file is group-writable (a member's looplock writes its record)
   std::optional<std::string> network_fs;

@@ -122,7 +122,7 @@ EnvList notifier_env(const EnvList& env, const std::string& event) {
                   {env_name::kFd, env_name::kHolderPid, env_name::kHolderFd, env_name::kEtcdPassword});
 }
 
-// The events a run can have (the man page's LOG LINES table, and the three
+// The events a run can have (looplock-events(7)'s LOG LINES table, and the three
 // only --notify hears); test_docs.py checks the two lists agree.
 constexpr std::array kEvents = {
     "usage_error", "nested_cluster_lock", "dir_missing", "not_a_directory", "dir_path_unusable", "unsafe_loop_dir",

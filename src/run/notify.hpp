@@ -1,4 +1,4 @@
-// --notify (looplock(1), NOTIFY): the run's events, each the JSON object
+// --notify (looplock-events(7), NOTIFY): the run's events, each the JSON object
 // --log-format json writes, delivered one at a time and in order to the
 // operator's command by a relay process (os/relay.hpp), so that a slow or
 // hanging notifier never delays a release or a hand-off. The relay also

@@ -1,7 +1,7 @@
 // The cluster lock's lease timing, for a TTL of T seconds: how
 // often it is renewed, how long an attempt may take, and the deadlines by
 // which the job must have been sent TERM and KILL (cluster.hpp says why;
-// the man page's CLUSTER section has the table).
+// looplock-cluster(7) has the table).
 //   renewal, holding: every clamp(T - kill-after - margin - E, T/12, T/3),
 //     E = max(2.5 s, T/4), the outage it is to ride out (a leader election,
 //     or a quarter of the TTL, the room --kill-after must leave): no more

@@ -189,7 +189,7 @@ def lock_is_free(loop_dir):
 
 def expected_lock_id(d):
     """The lock_id any tool computes: the first 16 hex digits of the SHA-256
-    of the lock file's canonical path (looplock(1), FILES)."""
+    of the lock file's canonical path (looplock-files(5))."""
     return hashlib.sha256((os.path.realpath(d) + "/.state.lock").encode()).hexdigest()[:16]
 
 

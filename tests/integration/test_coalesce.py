@@ -1,4 +1,4 @@
-"""-p coalesce (looplock(1), POLICIES): a tick that finds the loop busy is
+"""-p coalesce (looplock-schedules(7)): a tick that finds the loop busy is
 not lost, and a burst of ticks does not pile up: one run of an operation
 waits for the lock, every later run of it that comes while that one waits
 skips (noop-coalesced). Real looplock processes, a real holder, and a

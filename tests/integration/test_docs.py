@@ -1,8 +1,9 @@
 """The documentation says exactly what looplock prints (issue: docs tested
-against output). Every sample in README.md and the man page (a fenced block
-of stderr lines, an --inspect report, a holder record, an incident row, a
-metrics file) and every stderr line quoted in their prose ("looplock: ...")
-is compared with what real runs print, allowing for what varies from run to
+against output). Every sample in README.md and every man page of man/
+(looplock(1) and the topic pages it names: a fenced block of stderr lines,
+an --inspect report, a holder record, an incident row, a metrics file) and
+every stderr line quoted in their prose ("looplock: ...") is compared with
+what real runs print, allowing for what varies from run to
 run: pids, times, durations, lock ids and the loop directory's path (the
 runs use TMP/loops/nightly, the docs /srv/loops/nightly). A sample wrapped
 for width compares the same, and "..." in a sample stands for anything.
@@ -13,10 +14,18 @@ then; a holder killed with KILL, and --inspect after; a command that leaves a
 daemon holding the lock; a wait on a terminal; a metrics directory. And with
 a real etcd on loopback (skipped without one): a cluster lock holder with two
 waiters queued behind it, and --inspect --etcd then.
+
+And the manual holds together: what the man pages list (every JSON key, log
+event, environment variable, error code) is looked for in the page where it
+lives now; looplock(1) renders to at most 1,000 lines at 80 columns, each of
+its options' entries names the page that explains it, and every page is
+self-contained (NAME, DESCRIPTION, SEE ALSO; no reference to a section it
+does not have) and named in looplock(1)'s SEE ALSO.
 """
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -30,7 +39,22 @@ from conftest import (LOOPLOCK, PY, TIMEOUT, blocked_waiters, expect_line, expec
                       run, start, wait_until)
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = {"README.md": ROOT / "README.md", "looplock(1)": ROOT / "man" / "looplock.1.scd"}
+MAN_DIR = ROOT / "man"
+
+
+def man_pages():
+    """{"looplock-files(5)": path} for every page of man/, named by its first
+    line (scdoc's "NAME(SECTION) ...")."""
+    pages = {}
+    for path in sorted(MAN_DIR.glob("*.scd")):
+        m = re.match(r"([a-z0-9-]+)\((\d)\) ", path.read_text())
+        assert m, f"{path.name}: the first line does not name the page: NAME(SECTION) ..."
+        pages[f"{m.group(1)}({m.group(2)})"] = path
+    return pages
+
+
+PAGES = man_pages()
+DOCS = {"README.md": ROOT / "README.md", **PAGES}
 DOC_BASE = "/srv/loops"
 
 
@@ -64,7 +88,7 @@ def found_in(sample, real, base):
 def doc_blocks():
     """(doc, kind, text) for every sample block of the docs."""
     out = []
-    for doc, path in DOCS.items():
+    for doc, path in {**DOCS, "docs/HACKING.md": ROOT / "docs" / "HACKING.md"}.items():
         text = path.read_text()
         for m in re.finditer(r"```[a-z]*\n(.*?)```", text, re.S):
             block = m.group(1)
@@ -346,24 +370,45 @@ def test_documented_metrics_file_is_written(runs, block):
 
 
 def test_every_documented_sample_is_checked():
-    """The classifier above sees the samples (so a renamed one is not
-    silently skipped)."""
+    """The classifier above sees the samples, in the page each lives in (so a
+    renamed or moved one is not silently skipped)."""
     kinds = {(doc, kind) for doc, kind, _ in BLOCKS}
-    for doc in DOCS:
-        assert (doc, "stderr") in kinds and (doc, "inspect") in kinds
-    assert ("looplock(1)", "cluster") in kinds
-    assert ("looplock(1)", "metrics") in kinds and ("looplock(1)", "record") in kinds
+    expected = {("README.md", "stderr"), ("README.md", "inspect"), ("looplock(1)", "stderr"),
+                ("looplock-schedules(7)", "stderr"), ("looplock-sharing(7)", "stderr"),
+                ("looplock-jobs(7)", "stderr"), ("looplock-inspect(7)", "inspect"),
+                ("looplock-cluster(7)", "cluster"), ("looplock-files(5)", "record"),
+                ("looplock-files(5)", "incident"), ("looplock-files(5)", "metrics")}
+    assert expected <= kinds, sorted(expected - kinds)
 
 
-# --- what the man page lists ------------------------------------------------------------
+# --- what the man pages list ------------------------------------------------------------
 
-MAN = DOCS["looplock(1)"].read_text()
+MAN = "\n".join(path.read_text() for path in PAGES.values())
 
 
-def man_section(title):
-    m = re.search(rf"^# {title}\n(.*?)(?=^# )", MAN, re.S | re.M)
-    assert m, title
-    return m.group(1)
+def sections(text):
+    """{title: body} of a page's top-level sections ("# TITLE"), read outside
+    its fenced samples (where "# HELP ..." is a metrics line)."""
+    out, title, fenced = {}, None, False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("# "):
+            title = line[2:].strip()
+            out[title] = ""
+            continue
+        if title is not None:
+            out[title] += line + "\n"
+    return out
+
+
+def man_section(title, page=None):
+    """The section TITLE of the page that has it (of `page` when given): the
+    content moved between pages, the test looks for it where it lives."""
+    found = [(p, sections(path.read_text())[title]) for p, path in PAGES.items()
+             if (page is None or p == page) and title in sections(path.read_text())]
+    assert len(found) == 1, f"section {title}: in {[p for p, _ in found] or 'no page'}"
+    return found[0][1]
 
 
 def keys_of(value, out):
@@ -386,7 +431,7 @@ def test_the_man_page_names_every_json_key(runs, cluster_runs):
     for obj in runs.inspect_json + runs.log_json:
         keys_of(obj, found)
     missing = sorted(k for k in found if f"*{k}*" not in MAN)
-    assert not missing, f"JSON keys the man page does not name: {missing}"
+    assert not missing, f"JSON keys no man page names: {missing}"
 
 
 SRC = ROOT / "src"
@@ -422,9 +467,9 @@ def test_the_man_page_lists_every_log_event():
 def test_the_man_page_lists_every_environment_variable():
     names = set(re.findall(r'"(LOOPLOCK_[A-Z_]+)"', (SRC / "base" / "environment.hpp").read_text()))
     assert len(names) > 10
-    env = man_section("ENVIRONMENT")
+    env = man_section("ENVIRONMENT", "looplock(1)")
     missing = sorted(n for n in names if f"*{n}*" not in env)
-    assert not missing, f"variables ENVIRONMENT does not list: {missing}"
+    assert not missing, f"variables looplock(1)'s ENVIRONMENT does not list: {missing}"
 
 
 def test_the_man_page_lists_every_error_code(runs):
@@ -442,3 +487,130 @@ def test_notify_on_knows_every_event_of_the_log_lines_table():
     listed = set(re.findall(r'"([a-z_\-]+)"', listed[:listed.index("};")]))
     table = set(re.findall(r"^\|  \*([a-z_\-]+)\*", man_section("LOG LINES"), re.M))
     assert listed == table | {"started", "ended", "skipped"}, (listed ^ (table | {"started", "ended", "skipped"}))
+
+
+# --- the manual holds together ----------------------------------------------------------
+
+MAX_LINES = 1000  # looplock(1) at 80 columns: what every user reads first
+
+
+def render(path):
+    """The page as man shows it at 80 columns (scdoc, then man -l)."""
+    for tool, package in (("scdoc", "scdoc"), ("man", "man-db")):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed (Debian package {package}): cannot render {path.name}")
+    with open(path) as src:
+        roff = subprocess.run(["scdoc"], stdin=src, capture_output=True, timeout=TIMEOUT)
+    assert roff.returncode == 0, roff.stderr.decode()
+    r = subprocess.run(["man", "-l", "-"], input=roff.stdout, capture_output=True, timeout=TIMEOUT,
+                       env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "MANWIDTH": "80", "LANG": "C.UTF-8",
+                            "MAN_KEEP_FORMATTING": "", "MANPAGER": "cat", "PAGER": "cat"})
+    assert r.returncode == 0, r.stderr.decode()
+    return r.stdout.decode()
+
+
+def test_looplock_1_renders_to_at_most_1000_lines():
+    lines = len(render(PAGES["looplock(1)"]).splitlines())
+    assert 100 < lines <= MAX_LINES, f"looplock(1) renders to {lines} lines at 80 columns (at most {MAX_LINES})"
+
+
+def option_entries(page="looplock(1)"):
+    """{term line: entry text} of a page's OPTIONS: an entry is a line that
+    starts with an option ("*-p*, *--policy* _NAME_") and the indented lines
+    below it."""
+    entries, term = {}, None
+    for line in man_section("OPTIONS", page).splitlines():
+        if line.startswith("*-"):
+            term = line
+            entries[term] = ""
+        elif term and (line.startswith("\t") or not line.strip()):
+            entries[term] += line + "\n"
+        else:
+            term = None
+    return entries
+
+
+PAGE_REF = re.compile(r"\*(looplock(?:-[a-z]+)?)\*\((\d)\)")
+
+
+def test_every_option_entry_in_looplock_1_names_a_page_that_exists():
+    """Every option keeps a short entry in looplock(1), which names the page
+    that explains it (or, for what looplock(1) itself explains, its
+    section)."""
+    entries = option_entries()
+    assert len(entries) > 40 and any(t.startswith("*--once-per*") for t in entries), sorted(entries)
+    own = set(sections(PAGES["looplock(1)"].read_text()))
+    unnamed, missing = [], []
+    for term, text in entries.items():
+        pages = {f"{m.group(1)}({m.group(2)})" for m in PAGE_REF.finditer(text)} - {"looplock(1)"}
+        titles = {t for t in re.findall(r"\*([A-Z][A-Z ]+[A-Z])\*", re.sub(r"\s+", " ", text)) if t in own}
+        if not pages and not titles:
+            unnamed.append(term)
+        missing += [f"{term}: {p}" for p in sorted(pages) if p not in PAGES]
+    assert not unnamed, f"option entries of looplock(1) that name no page (\"See *looplock-X*(7).\"): {unnamed}"
+    assert not missing, f"option entries of looplock(1) that name a page man/ does not have: {missing}"
+    # The detailed pages are the ones the entries name.
+    named = {f"{m.group(1)}({m.group(2)})" for m in PAGE_REF.finditer("".join(entries.values()))}
+    assert {"looplock-schedules(7)", "looplock-sharing(7)", "looplock-jobs(7)", "looplock-events(7)",
+            "looplock-inspect(7)", "looplock-cluster(7)", "looplock-files(5)"} <= named, named
+
+
+# Sections that no page has any more: a reference to one is a dangling one.
+RETIRED_SECTIONS = {"CLUSTER", "WINDOWS"}
+
+
+def prose(text):
+    return re.sub(r"```.*?```", "", text, flags=re.S)
+
+
+@pytest.mark.parametrize("page", sorted(PAGES))
+def test_every_page_is_self_contained(page):
+    """Its own NAME, DESCRIPTION and SEE ALSO; every section it refers to
+    ("see *FILES*", "*Durations* under *NOTES*") is on it, and every page it
+    names exists; a section of another page is named with that page."""
+    path = PAGES[page]
+    name, section = page[:-1].split("(")
+    assert path.name == f"{name}.{section}.scd", f"{path.name} is page {page}"
+    text = path.read_text()
+    own = sections(text)
+    for title in ("NAME", "DESCRIPTION", "SEE ALSO"):
+        assert title in own, f"{page} has no {title}"
+    assert re.match(rf"\s*{re.escape(name)} - \S", own["NAME"]), own["NAME"]
+    elsewhere = {t for p in PAGES.values() for t in sections(p.read_text())} | RETIRED_SECTIONS
+    flat = re.sub(r"\s+", " ", prose(text))
+    dangling = []
+    for m in re.finditer(r"\*([A-Z][A-Z0-9 ,:'-]*[A-Z])\*", flat):
+        if m.group(1) in elsewhere and m.group(1) not in own:
+            dangling.append(m.group(0))
+    for m in re.finditer(r"\b[Ss]ee (?:also )?([A-Z][A-Z ]+[A-Z])\b", flat):
+        if m.group(1) not in own:
+            dangling.append(m.group(0))
+    subsections = {s for p in PAGES.values() for s in re.findall(r"^## (.+)$", prose(p.read_text()), re.M)}
+    here = set(re.findall(r"^## (.+)$", prose(text), re.M))
+    for m in re.finditer(r"\*([A-Z][a-z][^*]*)\*", flat):  # *Lock names in keys*: a subsection of this page
+        if m.group(1) in subsections and m.group(1) not in here:
+            dangling.append(m.group(0))
+    for m in re.finditer(r"[*\"]([A-Za-z][^*\"]*)[*\"] under \*([A-Z][A-Z ]+[A-Z])\*", flat):
+        sub, top = m.groups()
+        if top not in own or f"\n## {sub}\n" not in "\n" + own[top]:
+            dangling.append(m.group(0))
+    assert not dangling, f"{page} refers to sections it does not have: {dangling}"
+    unknown = sorted({f"{m.group(1)}({m.group(2)})" for m in PAGE_REF.finditer(text)} - set(PAGES))
+    assert not unknown, f"{page} names pages man/ does not have: {unknown}"
+
+
+def test_looplock_1_names_every_page_in_see_also():
+    see_also = man_section("SEE ALSO", "looplock(1)")
+    named = {f"{m.group(1)}({m.group(2)})" for m in PAGE_REF.finditer(see_also)}
+    assert set(PAGES) - {"looplock(1)"} <= named, sorted(set(PAGES) - {"looplock(1)"} - named)
+    for page in PAGES:
+        if page != "looplock(1)":
+            assert "*looplock*(1)" in man_section("SEE ALSO", page), f"{page}'s SEE ALSO does not name looplock(1)"
+
+
+def test_the_documents_cite_only_the_repository():
+    """The manual and the README stand alone: no path outside the
+    repository."""
+    for doc, path in {**DOCS, "docs/HACKING.md": ROOT / "docs" / "HACKING.md"}.items():
+        text = path.read_text()
+        assert "../" not in text and not re.search(r"\bSPEC(?:\.md)?\b", text), doc

@@ -214,7 +214,7 @@ def test_a_signal_reaches_the_job_while_a_renewal_hangs(etcd, relays, tmp_path, 
 
 def test_a_blackholed_first_endpoint_costs_a_short_connect_not_an_attempt(etcd, relays, tmp_path):
     """The first endpoint drops every SYN: a run gives it one short connect
-    attempt (40 ms at first, see CLUSTER in the man page), then goes on to
+    attempt (40 ms at first, see looplock-cluster(7)), then goes on to
     the next endpoint, instead of spending the request's attempt on it. At
     TTL 20 an attempt is 2 s, so a run that waited for it took 2 s longer
     than the same run against the member alone; one that fails over, tens

@@ -1,6 +1,6 @@
 """Deadlines with --etcd when etcd stops answering. --warn-before, the outage it exists
-for (looplock(1), --warn-before, CLUSTER): the warning comes --warn-before
-before the TERM it warns of, whatever etcd does. At --ttl 10 the lease's
+for (looplock-jobs(7), --warn-before; looplock-cluster(7)): the warning comes
+--warn-before before the TERM it warns of, whatever etcd does. At --ttl 10 the lease's
 TERM is due 8.03 s after the last answered keepalive; a renewal that gets
 no answer must not hold the job loop past the warning (5.03 s) or past
 --max-time's own warning.

@@ -166,15 +166,16 @@ def test_crontab_jobs_run_under_the_lock(site, holders):
 
 
 
-MAN_PAGE = ROOT / "man" / "looplock.1.scd"
+MAN_PAGE = ROOT / "man" / "looplock.1.scd"  # its EXAMPLES: the cron lines
+METRICS_PAGE = ROOT / "man" / "looplock-files.5.scd"  # its METRICS: the alert rules
 
 
 def no_tick_alert():
-    """The man page's "no successful tick" rule, as (label selector, threshold)
-    of its expression time() - looplock_last_success_timestamp_seconds{...} > N."""
+    """looplock-files(5)'s "no successful tick" rule, as (label selector,
+    threshold) of its expression time() - looplock_last_success_timestamp_seconds{...} > N."""
     m = re.search(r"- alert: LoopNoSuccessfulTick\n\s+expr: time\(\) - "
-                  r"looplock_last_success_timestamp_seconds\{([^}]*)\} > (\d+)\n", MAN_PAGE.read_text())
-    assert m, "the man page's LoopNoSuccessfulTick rule has another shape: update this test"
+                  r"looplock_last_success_timestamp_seconds\{([^}]*)\} > (\d+)\n", METRICS_PAGE.read_text())
+    assert m, "looplock-files(5)'s LoopNoSuccessfulTick rule has another shape: update this test"
     return dict(re.findall(r'(\w+)="([^"]*)"', m.group(1))), int(m.group(2))
 
 
@@ -198,9 +199,9 @@ def operation_of(cmd):
 
 def test_crontab_a_failing_tick_fires_the_alert_though_the_monitor_passes(site, tmp_path):
     """The tick and the monitor of examples/crontab, as shipped, each in its
-    own metrics series: after a failing tick and a passing monitor, the man
-    page's "no successful tick for an hour" alert fires (evaluated on the
-    textfile's samples). With the old crontab (no --operation: both lines are
+    own metrics series: after a failing tick and a passing monitor,
+    looplock-files(5)'s "no successful tick for an hour" alert fires
+    (evaluated on the textfile's samples). With the old crontab (no --operation: both lines are
     status.py) and its rule (operation="status.py"), the monitor's success
     refreshed the tick's series and the same evaluation stayed silent."""
     pytest.importorskip("prometheus_client.parser", reason="python3-prometheus-client is not installed")
@@ -209,7 +210,7 @@ def test_crontab_a_failing_tick_fires_the_alert_though_the_monitor_passes(site, 
     [monitor] = [cmd for _, cmd in jobs if "--check-gate" in cmd]
     selector, threshold = no_tick_alert()
     assert operation_of(tick) and operation_of(monitor) and operation_of(tick) != operation_of(monitor)
-    assert selector == {"operation": operation_of(tick)}, "the man page's alert selects the crontab's tick"
+    assert selector == {"operation": operation_of(tick)}, "looplock-files(5)'s alert selects the crontab's tick"
 
     def run_both(lines, name):
         metrics = tmp_path / name
@@ -242,7 +243,7 @@ def test_crontab_a_failing_tick_fires_the_alert_though_the_monitor_passes(site, 
 
 
 def man_cron_lines():
-    """The crontab lines of the man page's EXAMPLES (five time fields, then
+    """The crontab lines of looplock(1)'s EXAMPLES (five time fields, then
     the command)."""
     examples = re.search(r"^# EXAMPLES\n(.*?)(?=^# )", MAN_PAGE.read_text(), re.S | re.M).group(1)
     out = []
@@ -255,7 +256,7 @@ def man_cron_lines():
 
 
 def test_man_page_cron_monitor_is_silent_when_it_skips(site, tmp_path, holders):
-    """The man page's cron monitor skips while the lock is held with status 0
+    """looplock(1)'s cron monitor skips while the lock is held with status 0
     and no output at all (cron mails whatever a job prints)."""
     [monitor] = [cmd for cmd in man_cron_lines() if "single_flight" in cmd]
     script = tmp_path / "monitor.sh"

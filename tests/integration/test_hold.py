@@ -1,4 +1,4 @@
-"""A hold across steps (looplock(1), HOLD ACROSS STEPS): `looplock --hold`
+"""A hold across steps (looplock-sharing(7), HOLD ACROSS STEPS): `looplock --hold`
 takes the lock in a detached holder and prints LOOPLOCK_HOLD=VALUE; later
 steps with the value run inside it, others wait; --release, --max-time,
 --tied-to and --release --force end it. Real processes and real holders

@@ -1,4 +1,4 @@
-"""A hold across steps with --etcd (looplock(1), HOLD ACROSS STEPS): the
+"""A hold across steps with --etcd (looplock-sharing(7), HOLD ACROSS STEPS): the
 holder takes the cluster lock too and renews its lease; another host waits
 for it, a later step with the value runs inside it on both locks, and a
 lost lease ends it with its row (--release then exits 76). Loop dirs stand

@@ -1,4 +1,4 @@
-"""--holders N (looplock(1), HOLDERS): up to N runs hold the lock at once,
+"""--holders N (looplock-sharing(7), HOLDERS): up to N runs hold the lock at once,
 each under its own index; an exclusive holder of .state.lock (a plain
 looplock, flock(1), Python's fcntl.flock) excludes all of them. Real
 looplock processes and real holders, and a history of who ran when,

@@ -1,4 +1,4 @@
-"""--holders N with --etcd (looplock(1), HOLDERS): across hosts (loop dirs
+"""--holders N with --etcd (looplock-sharing(7), HOLDERS): across hosts (loop dirs
 that stand in for hosts, on one cluster lock name), a contender holds when
 fewer than N contenders rank ahead of it and none of them is exclusive (a
 run without --holders, etcdctl lock). A history of who ran when, checked

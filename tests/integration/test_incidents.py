@@ -1,4 +1,4 @@
-"""Incident rows in DIR/.state.lock.incidents.jsonl (looplock(1), FILES),
+"""Incident rows in DIR/.state.lock.incidents.jsonl (looplock-files(5)),
 and the lines that report a timeout.
 
 Covers: one well-formed row per timeout (every field) with a flock(1) holder

@@ -1,4 +1,4 @@
-"""looplock --inspect [--json] DIR (looplock(1), INSPECT).
+"""looplock --inspect [--json] DIR (looplock-inspect(7)).
 
 Covers: a free lock with no file (inspect creates nothing), a live looplock
 holder, a free lock after a release, a record left by a SIGKILLed holder, a

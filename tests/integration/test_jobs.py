@@ -1,5 +1,5 @@
-"""A command is a job (a shell and what it starts), not one process (looplock(1),
-SIGNALS): what looplock sends it goes to the job's process group, once; a
+"""A command is a job (a shell and what it starts), not one process
+(looplock-jobs(7), SIGNALS): what looplock sends it goes to the job's process group, once; a
 timeout(1) or --kill-after reaches the whole job and leaves nothing holding
 the lock; in a terminal looplock runs the command as a shell runs a job (its
 own process group, the terminal's foreground), so a signal sent to

@@ -1,4 +1,4 @@
-"""--log-format json (looplock(1), LOG LINES): every line looplock writes to
+"""--log-format json (looplock-events(7), LOG LINES): every line looplock writes to
 stderr is one JSON object, usage errors included, with ts (UTC,
 milliseconds), pid, level, an event name that tells the situation apart, the
 lock_id once the run knows it, and the same keys for the same facts across

@@ -1,4 +1,4 @@
-"""Nesting (looplock(1), ENVIRONMENT, Nesting): a looplock started, directly
+"""Nesting (looplock-sharing(7), NESTING): a looplock started, directly
 or further down, by a command that already runs under looplock for the same
 lock runs its command at once inside the outer critical section, without
 re-acquiring or rewriting the holder record; a forged or stale environment

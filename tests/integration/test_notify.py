@@ -1,4 +1,4 @@
-"""--notify (looplock(1), NOTIFY): each event of the run delivered once and
+"""--notify (looplock-events(7), NOTIFY): each event of the run delivered once and
 in order to the operator's command, its JSON on stdin and LOOPLOCK_EVENT
 set, by a relay that never delays a release or a hand-off; notifiers that
 hang, fail or are missing; held_too_long; the notifier never holds the

@@ -34,7 +34,7 @@ def ticks(history):
 
 
 def copies(loop_dir):
-    """The ledger's valid copies, as the man page's FILES describes them: each
+    """The ledger's valid copies, as looplock-files(5) describes them: each
     line that ends with its check (the first 16 hex digits of the SHA-256 of
     the text before it), NUL bytes and spaces around it skipped."""
     out = []

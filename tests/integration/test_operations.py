@@ -1,4 +1,5 @@
-"""Operations (looplock(1): OPTIONS, METRICS, INSPECT):
+"""Operations (looplock(1), OPTIONS; looplock-files(5), METRICS;
+looplock-inspect(7)):
 silent healthy skips with -q, --metrics-dir (node_exporter textfiles checked
 with prometheus_client's parser, counters that lose nothing when many runs end
 at once), --max-time, --inspect on several directories with the processes

@@ -1,4 +1,4 @@
-"""The holder record inside DIR/.state.lock (looplock(1), FILES).
+"""The holder record inside DIR/.state.lock (looplock-files(5)).
 
 Covers: the schema and every field while held (read from inside the command
 and from outside), pid / pid_start against /proc, the UTC timestamp form,

@@ -1,4 +1,4 @@
-"""Signals (looplock(1): SIGNALS, ENVIRONMENT): forwarding to
+"""Signals (looplock-jobs(7): SIGNALS; looplock(1): ENVIRONMENT): forwarding to
 the command exactly once, dying of the command's signal, signals that end a
 wait, the parent-death signal, waiting for the command before releasing,
 --kill-after, the inherited signal mask and dispositions, a terminal's ^C and

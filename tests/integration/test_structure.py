@@ -3,7 +3,8 @@ folder including only the layers below it (and never a peer of its own
 layer), includes path-qualified from src/, a module graph without cycles (a
 module is X.hpp with X.cpp; an edge from X to Y when either includes Y.hpp),
 no function over 90 lines, a thin top (cli/app.cpp), every folder and module
-in the README's layout, and words that point only inside the repository.
+in the layout of docs/HACKING.md, and words that point only inside the
+repository.
 """
 import re
 import shutil
@@ -17,7 +18,7 @@ SRC = ROOT / "src"
 MAX_FUNCTION_LINES = 90
 
 # The layers of src/, from the bottom up; folders in one layer are peers and
-# include neither each other nor anything above them. README.md's Layout says
+# include neither each other nor anything above them. docs/HACKING.md's Layout says
 # what each owns; src/meson.build lists the folders in this order.
 LAYERS = [
     ["os"],
@@ -337,11 +338,14 @@ def test_the_top_is_thin():
     main = (SRC / "cli" / "main.cpp").read_text()
     assert len(main.splitlines()) < 10
 
-def test_the_readme_layout_lists_every_folder_and_module():
-    readme = (ROOT / "README.md").read_text()
-    layout = readme[readme.index("## Layout"):]
+HACKING = ROOT / "docs" / "HACKING.md"  # the developers' document: its Layout
+
+
+def test_the_hacking_layout_lists_every_folder_and_module():
+    hacking = HACKING.read_text()
+    layout = hacking[hacking.index("## Layout"):]
     folders = [f for f in LAYER_OF if not re.search(rf"^src/{f}/ ", layout, re.M)]
-    assert folders == [], f"folders the README's layout does not list: {folders}"
+    assert folders == [], f"folders the layout of docs/HACKING.md does not list: {folders}"
     # A folder's modules are listed, indented, below its line.
     listed, folder = set(), None
     for line in layout.splitlines():
@@ -352,7 +356,7 @@ def test_the_readme_layout_lists_every_folder_and_module():
         elif line and not line.startswith(" "):
             folder = None
     missing = sorted(set(modules()) - listed)
-    assert missing == [], f"modules the README's layout does not list below their folder: {missing}"
+    assert missing == [], f"modules the layout of docs/HACKING.md does not list below their folder: {missing}"
 
 def test_the_sources_cite_only_the_repository():
     """No reference to a contract file that is not in the repository."""
@@ -371,7 +375,7 @@ def test_the_sources_cite_only_the_repository():
     assert offenders == []
 
 # What the cluster lock's code is called: none of it is in looplock, which
-# execs looplock-etcd for --etcd (README.md, Layout: src/cluster/ is a
+# execs looplock-etcd for --etcd (docs/HACKING.md, Layout: src/cluster/ is a
 # library of its own). Endpoint parsing stays, for looplock's usage checks.
 CLUSTER_SYMBOL = re.compile(r"looplock::(etcd::Client\b|etcd::Transport\b|etcd::CurlTransport\b|ClusterLock\b|"
                             r"EtcdLock\b|EtcdKind\b)")

@@ -1,5 +1,5 @@
-"""Users (looplock(1): --agent, FILES, METRICS): looplock run by users that
-/etc/passwd does not list, and files that a group shares.
+"""Users (looplock(1): --agent; looplock-files(5)): looplock run by users
+that /etc/passwd does not list, and files that a group shares.
 
 - The static looplock never asks NSS for a user name (glibc would load the
   modules /etc/nsswitch.conf names, such as systemd's, into a static
@@ -181,7 +181,7 @@ def as_member(uid, *args, umask="002"):
 
 def group_dirs(base):
     """DIR and METRICS, given to group GID (setgid, group-writable): the
-    man page's recipe for a loop a group shares."""
+    looplock-files(5)'s recipe for a loop a group shares."""
     for u in (U1, U2):
         unlisted(u)
     d, metrics = base / "loop", base / "metrics"
@@ -309,7 +309,7 @@ def test_inspect_judges_the_group_files_for_the_caller_and_check_fails_on_them(b
 
 
 def test_a_member_holding_the_lock_is_no_warning_for_inspect_check(base):
-    """In the man page's group recipe a member who is neither the lock
+    """In looplock-files(5)'s group recipe a member who is neither the lock
     file's owner nor DIR's holds the lock as it should: --inspect --check by
     another member passes while it does. The control: a user outside the
     group holding it (the file made readable to all) is named."""
@@ -434,7 +434,7 @@ def test_a_lock_file_a_member_made_under_umask_077_tells_dirs_owner_how_to_mend_
 def test_a_sticky_group_dir_shares_the_ledger_its_owner_made_and_refuses_a_members(base):
     """In a sticky DIR members cannot replace each other's files: a run
     ledger the first member made is refused for the others (with who may
-    mend it); the one DIR's owner makes with the man page's recipe serves
+    mend it); the one DIR's owner makes with looplock-files(5)'s recipe serves
     every member."""
     d, _ = group_dirs(base)
     os.chmod(d, 0o3770)

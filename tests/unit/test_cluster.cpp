@@ -71,10 +71,10 @@ TEST_CASE("cluster lock name: --lock-name, else DIR's base name, '/' for the roo
 
 namespace {
 
-// The man page's lease table (CLUSTER): per --ttl, the five numbers in
+// looplock-cluster(7)'s lease table: per --ttl, the five numbers in
 // seconds: renewal, kill-after, margin, TERM by, outage.
 std::map<int, std::vector<double>> man_page_lease_table() {
-  std::ifstream in(std::string(LOOPLOCK_SOURCE_ROOT) + "/man/looplock.1.scd");
+  std::ifstream in(std::string(LOOPLOCK_SOURCE_ROOT) + "/man/looplock-cluster.7.scd");
   std::stringstream all;
   all << in.rdbuf();
   const std::string man = all.str();
@@ -97,7 +97,7 @@ std::map<int, std::vector<double>> man_page_lease_table() {
 
 }  // namespace
 
-TEST_CASE("lease timing: the man page's table is what the code computes") {
+TEST_CASE("lease timing: looplock-cluster(7)'s table is what the code computes") {
   using namespace timing_ns;
   const auto rows = man_page_lease_table();
   REQUIRE(rows.size() >= 3);  // the table was found and read
@@ -116,7 +116,7 @@ TEST_CASE("lease timing: the man page's table is what the code computes") {
   }
 }
 
-TEST_CASE("lease timing: the numbers of the man page's text") {
+TEST_CASE("lease timing: the numbers of looplock-cluster(7)'s text") {
   using namespace timing_ns;
   CHECK(margin_ns(3) == 230 * kMs);
   CHECK(margin_ns(10) == 300 * kMs);

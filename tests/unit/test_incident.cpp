@@ -83,7 +83,7 @@ TEST_CASE("encode and parse round trip") {
   CHECK((*j)["waiter"] == Json({{"pid", 4321}, {"agent_id", "ci"}, {"operation", "deploy.py"}}));
   CHECK((*j)["operator_action"] == "inspect the holder pid; never delete the lock file");
 
-  // The keys in the order the man page documents (FILES).
+  // The keys in the order looplock-files(5) documents.
   std::vector<std::string> keys;
   for (auto it = j->begin(); it != j->end(); ++it) keys.push_back(it.key());
   CHECK(keys == std::vector<std::string>{"schema", "at", "error_code", "lock_id", "policy", "deadline_ms", "waited_ms",

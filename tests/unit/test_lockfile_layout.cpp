@@ -4,7 +4,7 @@
 // its byte-range locks (a lock denies its bytes to every other handle, even
 // of the same process), which wine does not, so the layout is checked here
 // from what the system says its locks cover (os/files.hpp's locked_range):
-// the man page's WINDOWS section names the layout.
+// looplock-windows(7) names the layout.
 #include <doctest/doctest.h>
 
 #include <filesystem>

@@ -9,7 +9,7 @@ lines on pipes and files the job writes.
 
 What wine cannot check (it enforces no byte-range lock, passes 8 bits of an
 exit code to Linux, and implements no Ctrl-Break to a process group) is
-listed at the end as named, skipped tests; the man page's WINDOWS section
+listed at the end as named, skipped tests; looplock-windows(7)
 says what the design does about each.
 """
 import contextlib
@@ -309,7 +309,7 @@ def test_the_github_actions_example_runs_both_calls_in_one_hold(loop_dir):
     assert record["agent_id"] == "gha-4242" and record["operation"] == "approve-and-tick"
 
 
-def test_the_windows_zip_has_the_program_the_man_page_and_the_examples(tmp_path):
+def test_the_windows_zip_has_the_program_the_man_pages_and_the_examples(tmp_path):
     out = tmp_path / "looplock.zip"
     r = subprocess.run([str(ROOT / "scripts" / "windows-zip"), str(out)], env={**os.environ, "LOOPLOCK_EXE": EXE},
                        capture_output=True, text=True, timeout=TIMEOUT)
@@ -317,10 +317,13 @@ def test_the_windows_zip_has_the_program_the_man_page_and_the_examples(tmp_path)
     import zipfile
     with zipfile.ZipFile(out) as z:
         names = set(z.namelist())
-        assert {"looplock/looplock.exe", "looplock/looplock.txt", "looplock/README.md",
-                "looplock/examples/github-actions.yml", "looplock/examples/schtasks.cmd"} <= names
+        assert {"looplock/looplock.exe", "looplock/looplock.txt", "looplock/looplock-windows.txt",
+                "looplock/README.md", "looplock/examples/github-actions.yml",
+                "looplock/examples/schtasks.cmd"} <= names
         text = z.read("looplock/looplock.txt").decode()
-        assert "\r\n" in text and "WINDOWS" in text and "\b" not in text
+        assert "\r\n" in text and "looplock-windows(7)" in text and "\b" not in text
+        text = z.read("looplock/looplock-windows.txt").decode()
+        assert "\r\n" in text and "WHAT DIFFERS, OPTION BY OPTION" in text and "\b" not in text
         assert z.read("looplock/looplock.exe") == Path(EXE).read_bytes()
 
 
@@ -836,7 +839,7 @@ def test_a_program_named_with_a_path_is_found_from_the_working_directory(loop_di
 
 
 # What wine does not do as Windows does: named, skipped tests, each with its
-# reason; the man page's WINDOWS section says what looplock relies on.
+# reason; looplock-windows(7) says what looplock relies on.
 WINE_CANNOT = {
     "windows_denies_a_locked_byte_to_other_handles":
         "byte-range locks are mandatory on Windows (no other handle reads byte 0); wine enforces none",
