@@ -34,6 +34,10 @@ std::string unwritable(const LockDir& dir, const std::string& name, int err) {
   sys::FileStatus st;
   if (err == EROFS) return "DIR's file system is read-only";
   if (sys::status_at(dir.fd.get(), name.c_str(), st)) {
+    if (st.owner == sys::own_euid()) {  // its own write permission taken away: only u+w helps
+      return "you may not write it, though it is yours (mode " + octal_mode(st.mode) + "): make it writable (chmod u+w " +
+             path + ")";
+    }
     return "you may not write it (owner uid " + std::to_string(st.owner) + ", mode " + octal_mode(st.mode) +
            "): its owner or root lets the group that shares DIR read and write it (chmod g+rw " + path +
            "), or a run made it under umask 002";

@@ -16,6 +16,7 @@ that /etc/passwd does not list, and files that a group shares.
 Every subprocess has a timeout; holders print "ready" before the test goes on.
 """
 import json
+import hashlib
 import os
 import re
 import shutil
@@ -521,6 +522,29 @@ def test_a_coalesce_seat_a_member_made_under_umask_077_never_costs_another_membe
     assert "chmod g+rw" in err and "waits for the lock without absorbing later runs" in err
     ran = [line.split()[0] for line in history.read_text().splitlines()]
     assert sorted(ran) == ["first", "holder", "second"]
+
+
+def test_a_seat_read_only_for_its_owner_gets_a_hint_its_owner_can_use(base, tmp_path):
+    """Its owner took its own write permission away: the hint is chmod u+w
+    (g+rw would not help), and the tick still runs."""
+    d, _ = group_dirs(base)
+    history = base / "history-ro"
+    history.touch()
+    os.chmod(history, 0o666)
+    tick = [PY, helper("slot_tick.py"), str(history)]
+    holder = subprocess.Popen([*member(U1), LOOPLOCK, "--operation", "other", d, "--", *tick, "holder", "hold"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+    expect_line(holder)
+    seat = d / (".state.lock.coalesce." + hashlib.sha256(b"tick").hexdigest()[:16])
+    subprocess.run([*member(U1), "sh", "-c", f"touch {seat} && chmod 0444 {seat}"], check=True, timeout=TIMEOUT)
+    r = subprocess.Popen([*member(U1), LOOPLOCK, "-p", "coalesce", "--operation", "tick", d, "--", *tick, "tick"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd="/")
+    wait_until(lambda: len(blocked_waiters(d / LOCK)) == 1, "the tick to wait without a seat")
+    holder.stdin.close()
+    assert holder.wait(timeout=TIMEOUT) == 0 and r.wait(timeout=TIMEOUT) == 0
+    err = r.stderr.read()
+    assert f"you may not write it, though it is yours (mode 0444): make it writable (chmod u+w {seat})" in err, err
+    assert "g+rw" not in err, err
 
 
 def children_of(pid):
