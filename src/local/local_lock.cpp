@@ -336,10 +336,18 @@ AcquireResult LocalLock::acquire_coalescing(const WaitPlan& plan, Instant start,
   if (!seat.taken()) {
     seat_waiter_ = seat.waiter;
     if (!absorb(dir_, seat, pid_, pid_start, request_.start_wall_ms)) {
-      log_.verbose("absorb_unrecorded", errno_message("cannot note this run in " + seat.name, errno));
+      log_.warn("absorb_unrecorded",
+                errno_message("cannot note this run in -p coalesce's seat " + seat.name, errno) +
+                    ": the run that waits does its work, but will not count it");
     }
     first.status = Acquisition::Coalesced;
     return first;
+  }
+  if (seat.record_err != 0) {
+    log_.warn("coalesce_unavailable",
+              errno_message("cannot write this run's record into -p coalesce's seat " + seat.name, seat.record_err) +
+                  ": later runs of " + clip_bytes(request_.identity.operation) +
+                  " are still absorbed by this run, without naming it");
   }
   if (seat.dead_waiter) {
     log_.warn("coalesced",

@@ -105,9 +105,8 @@ Seat take_seat(const LockDir& dir, const HolderRecord& me, bool shared) {
   seat.name = coalesce_name(me.operation, shared);
   UniqueFd fd = open_seat(dir, seat.name, seat.unavailable);
   if (!fd) return seat;
-  const Instant until = MonotonicClock::now() + kRecordWait;
-  for (;;) {
-    if (sys::try_lock(fd.get(), /*exclusive=*/true, sys::LockAt::PastData)) {
+  if (sys::try_lock(fd.get(), /*exclusive=*/true, sys::LockAt::PastData)) {
+    {
       // A record left by a run that died in the seat (KILLed while it
       // waited), with the runs it had absorbed: this run runs for them, and
       // says so. Then gone, with absorbed lines that came after a holder
@@ -118,13 +117,20 @@ Seat take_seat(const LockDir& dir, const HolderRecord& me, bool shared) {
           if (seat.inherited > 0) seat.dead_waiter = std::move(dead);
         }
       }
-      if (sys::truncate_fd(fd.get(), 0)) (void)sys::pwrite_all(fd.get(), encode_holder(me));
+      if (!sys::truncate_fd(fd.get(), 0) || !sys::pwrite_all(fd.get(), encode_holder(me))) {
+        seat.record_err = errno != 0 ? errno : EIO;
+      }
       seat.fd = std::move(fd);
       return seat;
     }
-    if ((seat.waiter = live_record(fd.get())) || MonotonicClock::now() >= until) return seat;
-    nap(kRecordRetry);
   }
+  // Taken: by a run that waits (or is just leaving it for the lock, about
+  // to run: this run's work is done by it either way), never by this one,
+  // even once it is free again. Its record, for the line, within a second
+  // (it is written a moment after the seat is taken; on a full disk never).
+  const Instant until = MonotonicClock::now() + kRecordWait;
+  while (!(seat.waiter = live_record(fd.get())) && MonotonicClock::now() < until) nap(kRecordRetry);
+  return seat;
 }
 
 bool absorb(const LockDir& dir, const Seat& seat, Pid self, const std::string& self_start, long long started_ms) {

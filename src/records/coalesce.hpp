@@ -43,6 +43,9 @@ struct Seat {
   // had absorbed, which this run now runs for.
   int inherited = 0;
   std::optional<HolderRecord> dead_waiter;
+  // Taken, but this run's record could not be written there (a full
+  // disk): later runs are absorbed without naming it. Its errno; 0: written.
+  int record_err = 0;
   bool taken() const { return static_cast<bool>(fd); }
 };
 
@@ -53,7 +56,9 @@ struct Absorbed {
   std::optional<long long> newest_started_ms;
 };
 
-// Takes the seat of `me.operation` without waiting, or finds who has it.
+// Takes the seat of `me.operation` without waiting, or finds who has it
+// (a seat found taken is never taken by this run later, even once free:
+// the run that had it does this run's work).
 // Taken: `me` is written in it. A seat the caller may not write is
 // `unavailable` (not taken, nobody named). Throws Fatal 73 when the file is
 // unsafe (lockfile.hpp's refuse_file rules) or cannot be opened for another

@@ -298,6 +298,39 @@ def test_a_shared_and_an_exclusive_tick_of_one_operation_never_absorb_each_other
     assert sorted(ticks(history)) == ["exclusive", "holder", "shared"]
 
 
+def test_on_a_full_disk_a_burst_still_gives_one_run_and_says_what_it_could_not_record(tmp_path, tmpfs):
+    """The seat's record and the absorbed runs' lines cannot be written: the
+    first run still waits in the seat, the rest of the burst skip at once
+    (never one that takes the seat once it is free again), and each says
+    what it could not record."""
+    mnt = tmpfs(size="256k")
+    d = mnt / "loop"
+    d.mkdir()
+    history = tmp_path / "history"
+    holder = hold_tick(d, history)
+    filler = mnt / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass  # ENOSPC: the disk is full
+    finally:
+        os.close(fd)
+    first = waiting(d, [*coalesce(d), *tick(history, "first")])
+    burst = fire(lambda i: [*coalesce(d), *tick(history, f"r{i}")], n=4)
+    # The holder lets go while the burst still looks for the seat's record
+    # (a second at most): the first leaves the seat for the lock, and no
+    # run of the burst takes the seat then.
+    holder.stdin.close()
+    ends = finish([holder, first, *burst])
+    assert [status for status, _ in ends] == [0] * 6, ends
+    assert "cannot write this run's record into -p coalesce's seat" in ends[1][1], ends[1][1]
+    for _, err in ends[2:]:
+        assert "noop-coalesced: a run whose record cannot be read already waits" in err, err
+    assert ticks(history) == ["holder", "first"]
+
+
 def test_coalesce_needs_an_explicit_operation(loop_dir):
     r = run(["-p", "coalesce", str(loop_dir), "--", "true"])
     assert r.returncode == EX_USAGE and "-p coalesce needs --operation NAME" in r.stderr
