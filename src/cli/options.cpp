@@ -578,7 +578,7 @@ void read_policy(const cxxopts::ParseResult& r, Options& o) {
 
 // -s, -o, -F, --kill-after, --max-time, --once-per, --jitter, --warn-before
 // (and what they resolve to: the job's limits, the lease's kill-after).
-void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
+void read_lock_and_job(const cxxopts::ParseResult& r, const Environment& env, Options& o) {
   o.lock.shared = r.count("shared") > 0;
   // Where no command can hold the lock (os/sys.hpp), -o is what always happens.
   o.lock.close_fd = r.count("close") > 0 || !sys::abilities().inherited_lock;
@@ -616,9 +616,11 @@ void read_lock_and_job(const cxxopts::ParseResult& r, Options& o) {
   o.limits.warn_signal = parse_signal("USR1").value_or(0);  // --warn-signal's default (0: the system has no USR1)
   if (r.count("warn-before")) {
     o.limits.warn_before = duration_option("warn-before", text_of(r, "warn-before"));
-    if (!o.limits.max_time && o.cluster.etcd.empty()) {
-      usage_error("--warn-before applies only with --max-time or --etcd",
-                  "It signals the job before --max-time's TERM, or before a failing lease's.");
+    // A later step of a hold has the hold's --max-time, when it runs inside it.
+    const bool in_hold = o.mode == Mode::Run && env.looplock_hold && !env.looplock_hold->empty();
+    if (!o.limits.max_time && o.cluster.etcd.empty() && !in_hold) {
+      usage_error("--warn-before applies only with --max-time, --etcd, or in a later step of a hold",
+                  "It signals the job before --max-time's TERM (a hold's included), or before a failing lease's.");
     }
     if (o.limits.max_time && *o.limits.warn_before >= *o.limits.max_time) {
       usage_error("invalid --warn-before " + quote(text_of(r, "warn-before")) + ": not shorter than --max-time " +
@@ -681,8 +683,8 @@ void read_notify(const cxxopts::ParseResult& r, Options& o) {
   if (o.notify.command.empty()) usage_error("invalid --notify '': expected a command");
   if (r.count("notify-on")) {
     std::string_view list = text_of(r, "notify-on");
-    if (list.empty()) {
-      usage_error("invalid --notify-on '': expected event names separated by commas",
+    if (list.empty() || list.back() == ',') {
+      usage_error("invalid --notify-on " + quote(list) + ": expected event names separated by commas",
                   "Without --notify-on, warnings, errors and held_too_long are notified; all is every event.");
     }
     while (!list.empty()) {
@@ -960,7 +962,7 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
   }
   if (o.mode == Mode::Release) return o;
   read_policy(r, o);
-  read_lock_and_job(r, o);
+  read_lock_and_job(r, env, o);
   read_notify(r, o);
   if (o.mode == Mode::Hold) {
     read_hold(r, split, env, o);

@@ -1,5 +1,6 @@
 #include "cluster/etcd_kind.hpp"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "base/error.hpp"
@@ -32,6 +33,16 @@ std::unique_ptr<Lock> EtcdKind::join_hold(const Options& o, const LockRequest& r
   const auto lease = etcd::parse_lease_hex(env_get(exports, env_name::kEtcdLease).value_or(""));
   const auto token = env_get(exports, env_name::kFencingToken);
   const auto key = env_get(exports, env_name::kEtcdKey);
+  const std::string name = cluster_lock_name(o.cluster.lock_name, target.canonical_dir);
+  const auto prefixes = etcd::contender_prefixes(name);
+  if (key && std::none_of(prefixes.begin(), prefixes.end(),
+                          [&](const std::string& p) { return etcd::is_contender_key(p, *key); })) {
+    throw Fatal(exit_code::kUsage,
+                "this step runs inside a hold (looplock pid " + std::to_string(holder) + ") of another cluster lock (key " +
+                    printable(*key) + ") than the one it asks for, " + printable(name),
+                "Give the step the --lock-name the hold was taken with. The command did not run.",
+                "nested_cluster_lock");
+  }
   if (!lease || !token || !key) {
     throw Fatal(exit_code::kUsage,
                 "the hold (looplock pid " + std::to_string(holder) +

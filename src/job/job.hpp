@@ -41,6 +41,7 @@ struct JobEnd {
   EndedBy ended_by = EndedBy::Command;
   bool killed = false;         // looplock had to send KILL
   bool lease_lost = false;     // the lease was lost, or about to expire, while the job ran
+  bool outer_ended = false;    // MaxTime because what the run ran inside ended (CommandSpec::outer_ended)
   Instant started;             // when the command was started
   Deadline term_sent;          // when looplock sent TERM (MaxTime, Lease)
   Instant ended;               // when the whole job had ended

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 
 #include "os/clock.hpp"
 
@@ -23,6 +24,10 @@ struct JobLimits {
   // kDefaultKillAfter when it was not given; nullopt: never).
   std::optional<Duration> max_time;
   std::optional<Duration> max_time_kill_after;
+  // Where max_time comes from when it is not the run's own --max-time (a
+  // hold's end, for a later step of it: "the hold's --max-time (its end at
+  // T)"); empty: --max-time.
+  std::string max_time_from;
   // --warn-before: send `warn_signal` once to each process of the job that
   // catches it, this long before --max-time's TERM, or (a lease's renewals
   // failing) before its TERM (os/job_control.hpp's JobWarning). The command line sets the

@@ -177,6 +177,7 @@ private:
           // What the run runs inside has ended (a hold's tie): the job ends
           // as at --max-time, now.
           next_outer_poll_.reset();
+          end_.outer_ended = true;
           log_.warn("hold_ended", "the hold this run runs inside has ended (the process it is tied to ended): "
                                   "the command is ended as at --max-time");
           max_time_at_ = now;

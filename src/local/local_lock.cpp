@@ -859,6 +859,7 @@ void InheritedLock::export_to(CommandSpec& spec) {
       const Duration left = of_ms(std::max(*ends - sys::realtime_ms(), 1LL));
       if (!spec.limits.max_time || left < *spec.limits.max_time) {
         spec.limits.max_time = left;
+        spec.limits.max_time_from = "the hold's --max-time (its end at " + outer_.hold_ends_at + ")";
         if (!spec.limits.max_time_kill_after) spec.limits.max_time_kill_after = kDefaultKillAfter;
       }
     }

@@ -147,8 +147,8 @@ void Reporter::timeout(const Blocker& b, const WaitPlan& plan, Duration waited, 
              "Run '" + b.inspect_hint + "' to see the holder; never delete the lock file.", f);
 }
 
-void Reporter::max_time(const JobEnd& job, Duration max_time, const std::optional<HolderRecord>& record,
-                        bool leaked) const {
+void Reporter::max_time(const JobEnd& job, Duration max_time, const std::optional<HolderRecord>& record, bool leaked,
+                        const std::string& from) const {
   Incident inc = incident("max_time_exceeded");
   inc.deadline_ms = limit_ms(max_time);
   inc.waited_ms = ms_of(job.ended - job.started);
@@ -163,7 +163,10 @@ void Reporter::max_time(const JobEnd& job, Duration max_time, const std::optiona
   Json f = {{"lock_id", lock_id_}, {"policy", policy_name(policy_)}, {"deadline_ms", inc.deadline_ms}};
   f.update(inc.details);
   log_.error("max_time_exceeded",
-             "max_time_exceeded: " + identity_.operation + " ran longer than --max-time " + format_duration(max_time) +
+             "max_time_exceeded: " + identity_.operation +
+                 (job.outer_ended ? std::string(" ran when the hold it ran inside ended (the process it is tied to ended)")
+                  : !from.empty() ? " ran until " + from
+                                  : " ran longer than --max-time " + format_duration(max_time)) +
                  " and was ended (" + how_it_ended(job) + ") after " + format_duration(job.ended - job.started),
              leaked ? "Find out why it hung; the lock stays held by what it started outside its process group "
                       "(lock_leaked above) until that exits."

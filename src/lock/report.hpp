@@ -68,7 +68,9 @@ public:
   void timeout(const Blocker& b, const WaitPlan& plan, Duration waited, int exit_status) const;
   // --max-time (`max_time`) ended the job.
   // `leaked`: a process the job started outside its group still holds the lock.
-  void max_time(const JobEnd& job, Duration max_time, const std::optional<HolderRecord>& record, bool leaked) const;
+  // `from`: where the limit came from when not --max-time (JobLimits::max_time_from).
+  void max_time(const JobEnd& job, Duration max_time, const std::optional<HolderRecord>& record, bool leaked,
+                const std::string& from = {}) const;
   // The lease was lost while the job ran, and the job was ended.
   void lease_lost(const LeaseLoss& loss, const JobEnd& job, const std::optional<HolderRecord>& record) const;
 

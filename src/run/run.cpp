@@ -236,7 +236,8 @@ Conclusion Run::release(const JobEnd& job) {
   Ending ending{.job = job, .record = std::nullopt, .intact = true, .lost = false};
   for (auto it = locks_.rbegin(); it != locks_.rend(); ++it) (*it)->release(ending);
   if (job.ended_by == JobEnd::EndedBy::MaxTime)
-    reporter_.max_time(job, spec_.limits.max_time.value_or(Duration::zero()), ending.record, ending.leaked);
+    reporter_.max_time(job, spec_.limits.max_time.value_or(Duration::zero()), ending.record, ending.leaked,
+                       spec_.limits.max_time_from);
   return conclude(job, ending.lost, ending.intact);
 }
 

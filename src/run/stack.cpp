@@ -68,14 +68,29 @@ Stack build_stack(const StackSite& s) {
   if (o.mode == Mode::Hold) refuse_hold_inside_hold(ctx, s.dir, s.target);
   if (o.mode == Mode::Run) {
     if (auto hold = hold_holder(ctx.env, s.dir, s.target, s.log, lock_file, hold_key)) {
+      if (o.cluster.etcd.empty() && !hold_key.empty()) {
+        // Only a step's own renewals keep the hold's lease alive while it
+        // runs (the hold may end, or its holder be KILLed, meanwhile):
+        // without the cluster, its command could outlive the lease.
+        throw Fatal(exit_code::kUsage,
+                    "this step runs inside a hold (looplock pid " + std::to_string(hold->pid) +
+                        ") that holds a cluster lock on etcd (key " + printable(hold_key) +
+                        "), but it was given no --etcd: it could not keep that lock's lease alive while its command "
+                        "runs",
+                    "Give the step the --etcd (or $LOOPLOCK_ETCD) and --lock-name the hold was taken with. The "
+                    "command did not run.",
+                    "nested_cluster_lock");
+      }
       if (!o.cluster.etcd.empty()) {
+        EnvList exports;
+        for (const auto& [name, value] : hold->exports) exports.push_back(std::string(name) + "=" + value);
+        // First: a step of another lock name is told so.
+        auto joined =
+            cluster_of(ctx).join_hold(o, s.request, s.target, ctx.pid, s.log, s.reporter, exports, hold->pid);
         const EnvList env = hold_key.empty() ? env_with(ctx.env, {}, {env_name::kEtcdKey})
                                              : env_with(ctx.env, {{env_name::kEtcdKey, hold_key}});
         cluster_of(ctx).confirm_outer(o, s.target, env, hold->pid, s.log);
-        EnvList exports;
-        for (const auto& [name, value] : hold->exports) exports.push_back(std::string(name) + "=" + value);
-        stack.locks.push_back(
-            cluster_of(ctx).join_hold(o, s.request, s.target, ctx.pid, s.log, s.reporter, exports, hold->pid));
+        stack.locks.push_back(std::move(joined));
       }
       stack.locks.push_back(
           std::make_unique<InheritedLock>(s.request, s.log, s.dir, *hold, lock_file, s.target, ctx.pid));

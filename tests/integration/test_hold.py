@@ -215,6 +215,19 @@ def test_tied_to_ends_the_hold_when_that_process_is_killed(holds, loop_dir):
     assert rel.returncode == NO_SUCH_HOLD, rel.stderr
 
 
+def test_warn_before_in_a_step_warns_before_the_holds_end(holds, loop_dir, tmp_path):
+    """A step inside a hold may give --warn-before without a --max-time of
+    its own: the hold's end is its --max-time."""
+    value = value_of(holds("--max-time", "3s", loop_dir).stdout)
+    got = tmp_path / "warned"
+    s = step(value, "--warn-before", "2s", loop_dir, "--", PY, "-c",
+             f"import signal, time\n"
+             f"signal.signal(signal.SIGUSR1, lambda *a: open({str(got)!r}, 'w').write('usr1'))\n"
+             f"time.sleep(30)")
+    assert s.returncode == EX_MAX_TIME, s.stderr
+    assert got.read_text() == "usr1"
+
+
 def test_a_tie_that_ends_while_a_step_runs_ends_the_step_as_max_time_would(holds, loop_dir, tmp_path):
     """The hold's tie ends while a step runs: the step's command is sent
     TERM as at --max-time (124, max_time_exceeded, a hold_ended warning),
@@ -233,7 +246,7 @@ def test_a_tie_that_ends_while_a_step_runs_ends_the_step_as_max_time_would(holds
         assert s.wait(timeout=TIMEOUT) == EX_MAX_TIME, s.stderr.read()
         err = s.stderr.read()
         assert "the hold this run runs inside has ended (the process it is tied to ended)" in err, err
-        assert "max_time_exceeded" in err, err
+        assert "max_time_exceeded" in err and "ran when the hold it ran inside ended" in err, err
     finally:
         if tie.poll() is None:
             tie.kill()
@@ -265,7 +278,7 @@ def test_the_holds_max_time_ends_a_step_that_runs_at_its_end_as_the_steps_own_wo
     out = tmp_path / "deadline"
     s = step(value, loop_dir, "--", "sh", "-c", f'echo "$LOOPLOCK_DEADLINE" > {out}; sleep 20')
     assert s.returncode == EX_MAX_TIME, s.stderr
-    assert "max_time_exceeded" in s.stderr, s.stderr
+    assert "max_time_exceeded" in s.stderr and "ran until the hold's --max-time (its end at " in s.stderr, s.stderr
     assert out.read_text().strip(), "no LOOPLOCK_DEADLINE"
     # A step whose own --max-time comes first keeps it.
     r = holds("--max-time", "1m", loop_dir)

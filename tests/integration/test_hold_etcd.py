@@ -255,3 +255,24 @@ def test_a_hold_that_ends_while_a_step_runs_never_lets_another_host_in_before_th
     assert other.wait(timeout=TIMEOUT) == 0, other.stderr.read()
     got = notes(history)
     assert got["step-end"] < got["b-start"], got
+
+
+def test_a_step_inside_an_etcd_hold_without_etcd_is_refused_and_never_runs(etcd, held, tmp_path):
+    """Only a step's own renewals keep the hold's lease alive while it runs:
+    a step without --etcd could outlive the lease, so it is refused (64)
+    and its command does not run; one of another --lock-name is told the
+    right fix."""
+    a, _ = hosts_of(tmp_path)
+    cluster = ["--etcd", etcd.url, "--lock-name", f"hold{os.getpid()}-{next(_names)}"]
+    value = value_of(run([*cluster, "--hold", "--max-time", "2m", a]).stdout)
+    held.append(holder_pid(value))
+    ran = tmp_path / "ran"
+    s = run([a, "--", "touch", ran], env={"LOOPLOCK_HOLD": value, "LOOPLOCK_ETCD": ""})
+    assert s.returncode == 64, s.stderr
+    assert "holds a cluster lock on etcd" in s.stderr and "was given no --etcd" in s.stderr, s.stderr
+    assert "--lock-name the hold was taken with" in s.stderr
+    s = run(["--etcd", etcd.url, a, "--", "touch", ran], env={"LOOPLOCK_HOLD": value})
+    assert s.returncode == 64, s.stderr
+    assert "of another cluster lock" in s.stderr and "Give the step the --lock-name the hold was taken with" in s.stderr
+    assert not ran.exists()
+    assert run(["--release", value]).returncode == 0

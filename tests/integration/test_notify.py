@@ -265,6 +265,7 @@ def test_a_notifier_killed_by_a_signal_is_said_so(loop_dir):
                                        (["--notify", "true", "--notify-timeout", "0"], "invalid --notify-timeout '0': "),
                                        (["--notify", "true", "--notify-after", "0s"], "invalid --notify-after '0s': "),
                                        (["--notify", "true", "--notify-on", ""], "invalid --notify-on '': "),
+                                       (["--notify", "true", "--notify-on", "ended,"], "invalid --notify-on 'ended,': "),
                                        (["--notify", "true", "--notify-on", "a,,b"], "invalid --notify-on")])
 def test_usage_errors_never_notify(loop_dir, tmp_path, args, word):
     r = run([*args, loop_dir, "--", "true"])
