@@ -129,7 +129,11 @@ void EtcdLock::release(Ending& ending) {
   // without saying whether any did: KILLed): they hold the lock and renew
   // the lease, which expires once none does. Revoked only when none did.
   const int sentinel = shell_status(job.status);
-  const bool steps_inside = request_.hold && !job.lease_lost && sentinel != 0 && sentinel != 1;
+  // Also when this holder thinks its lease lost (its renewals failed for
+  // too long): the steps' renewals may have kept it alive, and revoking it
+  // would let another host in at once; if etcd says it is gone, leaving it
+  // costs nothing.
+  const bool steps_inside = request_.hold && sentinel != 0 && sentinel != 1;
   if (steps_inside) lock_.leave_lease();
   lock_.release();  // after the local lock, as promised
   if (hold_) return;  // the hold's: it lets go of it

@@ -64,7 +64,7 @@ public:
     if (spec.limits.max_time && *spec.limits.max_time > Duration::zero()) {
       max_time_at_ = later(end.started, *spec.limits.max_time);
     }
-    if (spec.outer_ended) next_outer_poll_ = later(end.started, kOuterPoll);
+    if (spec.outer_ended) next_outer_poll_ = end.started;  // at once: it may have ended as the job started
   }
 
   void run() {

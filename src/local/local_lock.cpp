@@ -296,18 +296,35 @@ AcquireResult LocalLock::take_in_seat(const WaitPlan& plan, Instant start, LockM
   SeatWatch watch(reporter);
   try {
     AcquireResult res = take(plan, start, mode, watch);
-    if (res.status == Acquisition::Acquired || !sys::pending_ending_signal()) {
+    if (!sys::pending_ending_signal()) {
       sys::let_ending_signals_through();
       return res;
     }
-    seat_signal_ = sys::pending_ending_signal();  // it came as the wait ended
-    return res;  // held back until the run has said what it absorbed
+    // It came as the wait ended (held or not): as if it came first, the
+    // lock let go, held back until the run has said what it absorbed.
+    seat_signal_ = sys::pending_ending_signal();
+    if (res.status == Acquisition::Acquired) {
+      try {
+        res.file.fd.reset();  // let go: the command is never started
+        res.file = open_lock_file(dir_);
+      } catch (...) {
+        sys::let_ending_signals_through();
+        throw;
+      }
+    }
+    res.status = Acquisition::TimedOut;
+    return res;
   } catch (const SeatSignal& s) {
     seat_signal_ = s.sig;
     AcquireResult r;
     r.status = Acquisition::TimedOut;
     r.waited = MonotonicClock::now() - start;
-    r.file = open_lock_file(dir_);  // the file found held, for who holds it
+    try {
+      r.file = open_lock_file(dir_);  // the file found held, for who holds it
+    } catch (...) {
+      sys::let_ending_signals_through();
+      throw;
+    }
     return r;
   } catch (...) {
     sys::let_ending_signals_through();

@@ -84,6 +84,9 @@ bool remove_in(int dirfd, const std::string& name);
 // Closes `fd`, saying whether the close succeeded: a file system may report
 // a failed write only then (NFS).
 bool close_checked(UniqueFd fd);
+// Makes what was written to `fd` durable (posix/: fdatasync(2); windows/:
+// _commit); false (errno set) on failure.
+bool sync_data(int fd);
 // Reserves the blocks for the first `size` bytes of `fd` without changing
 // its size, so that a write of that much cannot fail for want of space
 // (posix/: fallocate(2) with FALLOC_FL_KEEP_SIZE; where the file system

@@ -127,6 +127,17 @@ LedgerLook look_local_ledger(const LockDir& dir, const std::string& operation) {
 }
 
 LedgerUpdate record_local_ledger(const LockDir& dir, const RunEntry& entry, long long now_ms) {
+  // Runs nested in one holder (and a hold's steps) share its lock: their
+  // read-modify-writes are one at a time, under a lock on the ledger
+  // itself (past its data: never in a reader's way), taken for at most a
+  // few seconds (they last milliseconds).
+  const UniqueFd guard = sys::open_in(dir.fd.get(), kRunsName, {.access = sys::OpenIn::Access::Read});
+  if (guard) {
+    const Instant until = MonotonicClock::now() + std::chrono::seconds(5);
+    while (!sys::try_lock(guard.get(), /*exclusive=*/true, sys::LockAt::PastData) && MonotonicClock::now() < until) {
+      nap(std::chrono::milliseconds(2));
+    }
+  }
   const LedgerRead read = read_ledger(dir);
   LedgerUpdate u = with_entry(read.entries, entry, now_ms);
   if (const auto f = write_ledger(dir, u.entries)) {
@@ -215,6 +226,9 @@ std::optional<sys::Failure> write_ledger(const LockDir& dir, const std::vector<R
       return failed("reserving its new length", "", true);
     }
     if (!sys::pwrite_all(in_place.get(), p.data, p.offset)) return failed("writing it", "", true);
+    // On disk before the next write goes over the copy this one kept: else
+    // a power cut could leave that copy torn and this one unwritten.
+    if (!sys::sync_data(in_place.get())) return failed("syncing it", "", true);
     return std::nullopt;
   }
   if (errno != ENOENT && errno != EACCES && errno != EPERM) return failed("opening it", "", true);

@@ -158,9 +158,9 @@ std::optional<Conclusion> Run::acquire(Lock& lock) {
   }
   reporter_.timeout(*b, plan_, facts_.waited, o_.wait.conflict_exit_code);
   if (b->ended_by_signal != 0) {
-    // Said (and the row written): now the signal, held back since, ends
-    // looplock as it would have (its default action).
-    sys::let_ending_signals_through();
+    // Said (and the row written): once the run has let go of every lock and
+    // written its metrics, the signal, held back since, ends looplock as it
+    // would have (exit_like).
     return Conclusion{{Exit::Kind::LikeWaitStatus, b->ended_by_signal}, RunOutcome::Signaled};
   }
   return Conclusion{exit_status(o_.wait.conflict_exit_code), RunOutcome::Timeout};

@@ -268,8 +268,10 @@ def test_a_waiter_ended_by_a_signal_says_what_it_absorbed_and_dies_of_it(loop_di
     absorbed ("coalesced": N) and say that none of them ran; then it ends of
     the signal, as any waiter does."""
     history = tmp_path / "history"
+    metrics = tmp_path / "metrics"
+    metrics.mkdir()
     holder = hold_tick(loop_dir, history)
-    first = waiting(loop_dir, [*coalesce(loop_dir), *tick(history, "first")])
+    first = waiting(loop_dir, [*coalesce(loop_dir, "tick", "--metrics-dir", metrics), *tick(history, "first")])
     for label in ("a", "b"):
         r = run([*coalesce(loop_dir), *tick(history, label)])
         assert "noop-coalesced" in r.stderr, r.stderr
@@ -280,6 +282,7 @@ def test_a_waiter_ended_by_a_signal_says_what_it_absorbed_and_dies_of_it(loop_di
             and "and the 2 later runs of it that it absorbed, none of which ran" in err), err
     row = incident_rows(loop_dir)[-1]
     assert row["error_code"] == "lock_acquire_timeout" and row["coalesced"] == 2, row
+    assert list(metrics.glob("looplock_*.prom")), "no metrics: the run did not finish before the signal ended it"
     holder.stdin.close()
     finish([holder])
     assert ticks(history) == ["holder"]

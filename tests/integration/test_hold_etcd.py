@@ -276,3 +276,33 @@ def test_a_step_inside_an_etcd_hold_without_etcd_is_refused_and_never_runs(etcd,
     assert "of another cluster lock" in s.stderr and "Give the step the --lock-name the hold was taken with" in s.stderr
     assert not ran.exists()
     assert run(["--release", value]).returncode == 0
+
+
+def test_a_holder_whose_renewals_fail_still_leaves_the_lease_to_its_steps(held, tmp_path):
+    """The holder alone is stopped (SIGSTOP) for longer than the TTL while a
+    step runs and renews the lease: the holder, resumed, counts its lease
+    lost and lets go, but never revokes the lease the step keeps alive, so
+    the other host starts only after the step's command has ended."""
+    own = start_member()
+    try:
+        a, b = hosts_of(tmp_path)
+        history = tmp_path / "history"
+        cluster = ["--etcd", own.url, "--lock-name", f"hold{os.getpid()}-{next(_names)}"]
+        r = run([*cluster, "--ttl", "3", "--hold", "--max-time", "2m", a])
+        assert r.returncode == 0, r.stderr
+        value = value_of(r.stdout)
+        pid = holder_pid(value)
+        held.append(pid)
+        step, other = step_and_other_host(cluster, a, b, value, history, 8)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            import time
+            time.sleep(5)  # longer than the TTL: the holder's own renewals fail
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert step.wait(timeout=TIMEOUT) == 0, step.stderr.read()
+        assert other.wait(timeout=TIMEOUT) == 0, other.stderr.read()
+        got = notes(history)
+        assert got["step-end"] < got["b-start"], got
+    finally:
+        own.remove()

@@ -539,6 +539,17 @@ def test_a_ledger_write_cut_short_by_anything_leaves_every_other_entry_as_it_was
     assert {e["operation"] for e in ledger(loop_dir)["runs"]} == {"first", *ops, "new-one"}
 
 
+def test_runs_nested_in_one_holder_never_lose_each_others_ledger_entries(loop_dir, tmp_path):
+    """Nested runs share their holder's lock, so their ledger writes are
+    serialised by a lock on the ledger itself: 30 at once, each of its own
+    operation, all end up in it."""
+    script = ("for i in $(seq 30); do \"$0\" --once-per 5m --operation nested-$i \"$1\" -- true & done; wait")
+    r = run([loop_dir, "--", "sh", "-c", script, LOOPLOCK, loop_dir], timeout=120)
+    assert r.returncode == 0, r.stderr
+    ops = {e["operation"] for e in ledger(loop_dir)["runs"]}
+    assert ops == {f"nested-{i}" for i in range(1, 31)}, sorted(ops)
+
+
 def sealed(obj):
     """A ledger's text as looplock writes it: the object, its "check" last
     (the first 16 hex digits of the SHA-256 of the text before it)."""

@@ -186,6 +186,8 @@ bool remove_in(int dirfd, const std::string& name) { return unlinkat(dirfd, name
 
 bool close_checked(UniqueFd fd) { return ::close(fd.release()) == 0; }
 
+bool sync_data(int fd) { return retry_eintr([&] { return fdatasync(fd); }) == 0; }
+
 bool reserve_space(int fd, std::size_t size) {
   if (retry_eintr([&] { return fallocate(fd, FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(size)); }) == 0) return true;
   if (errno != EOPNOTSUPP && errno != ENOSYS) return false;

@@ -256,12 +256,13 @@ int hold_sentinel(const SentinelSpec& spec) {
     std::vector<pollfd> fds = {{signals.fd(), POLLIN, 0}, {listener.get(), POLLIN, 0}, {tie.get(), POLLIN, 0}};
     for (const auto& s : steps) fds.push_back({s.get(), POLLIN, 0});
     if (retry_eintr([&] { return poll(fds.data(), fds.size(), -1); }) < 0) return 71;
-    if ((fds[0].revents & POLLIN) && signals.take() != 0) return end_with_steps(steps, false);
-    if (fds[2].revents & (POLLIN | POLLHUP)) return end_with_steps(steps, true);
-    // A step that ended (its looplock closed the connection, or died).
+    // A step that ended (its looplock closed the connection, or died; or
+    // --release, which proved the hold through it), before the end is told.
     for (size_t i = fds.size(); i-- > 3;) {
       if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) steps.erase(steps.begin() + static_cast<long>(i - 3));
     }
+    if ((fds[0].revents & POLLIN) && signals.take() != 0) return end_with_steps(steps, false);
+    if (fds[2].revents & (POLLIN | POLLHUP)) return end_with_steps(steps, true);
     if (fds[1].revents & POLLIN) {
       if (UniqueFd conn = serve_one(listener.get(), spec)) steps.push_back(std::move(conn));
     }

@@ -235,6 +235,8 @@ bool remove_in(int dirfd, const std::string& name) {
 
 bool close_checked(UniqueFd fd) { return _close(fd.release()) == 0; }
 
+bool sync_data(int fd) { return _commit(fd) == 0; }
+
 bool reserve_space(int fd, std::size_t size) {
   // The allocation size: the blocks are reserved, the file's size stays (a
   // smaller allocation than the file would cut it: never asked for).
