@@ -167,7 +167,7 @@ Json held_too_long_event(const Json& started, Duration held, Duration after) {
 }
 
 void say_ended(const Logger& log, const std::string& name, RunOutcome outcome, int exit_status, Duration ran,
-               std::optional<Duration> waited) {
+               std::optional<Duration> waited, const Json& more) {
   if (!log.has_sink()) return;
   const std::string operation = clip_bytes(name);  // as records clip it
   Json fields = {{"operation", operation},
@@ -175,6 +175,7 @@ void say_ended(const Logger& log, const std::string& name, RunOutcome outcome, i
                  {"exit_status", exit_status},
                  {"ran_ms", ms_of(ran)}};
   if (waited) fields["waited_ms"] = ms_of(*waited);
+  fields.update(more);
   log.event("info", "ended",
             operation + " ended: " + std::string(outcome_name(outcome)) + ", exit status " +
                 std::to_string(exit_status) + (waited ? " after waiting " + format_duration(*waited) : ""),

@@ -43,7 +43,7 @@ private:
 // the command ran and, when the wait gave up, how long it waited; built
 // only when a notifier listens.
 void say_ended(const Logger& log, const std::string& operation, RunOutcome outcome, int exit_status, Duration ran,
-               std::optional<Duration> waited = std::nullopt);
+               std::optional<Duration> waited = std::nullopt, const Json& more = Json::object());
 
 // The pure parts, for the tests. Whether `event` (at `level`) is one to
 // deliver: those --notify-on names ("all": every event), or by default

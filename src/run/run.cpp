@@ -57,14 +57,7 @@ Exit Run::run() {
   if (once_per_.ran_before_waiting(locks_)) return finish(skipped());
   for (auto& lock : locks_) {
     lock->prepare(spec_);
-    if (auto conflict = acquire(*lock)) {
-      // --notify's ended after a timeout (a skip ends with skipped).
-      if (conflict->outcome == RunOutcome::Timeout) {
-        say_ended(log_, request_.identity.operation, conflict->outcome, conflict->exit.value, Duration::zero(),
-                  facts_.waited);
-      }
-      return finish(*conflict);
-    }
+    if (auto conflict = acquire(*lock)) return finish(*conflict);
     lock->export_to(spec_);
     if (Lease* lease = lock->lease()) spec_.lease = lease;
   }
@@ -157,6 +150,13 @@ std::optional<Conclusion> Run::acquire(Lock& lock) {
     return skipped();
   }
   reporter_.timeout(*b, plan_, facts_.waited, o_.wait.conflict_exit_code);
+  // --notify's ended after a wait that gave up (a skip ends with skipped),
+  // with the runs a coalescing waiter absorbed.
+  Json absorbed = Json::object();
+  if (const auto it = b->fields.find("coalesced"); it != b->fields.end()) absorbed["coalesced"] = *it;
+  say_ended(log_, request_.identity.operation, b->ended_by_signal != 0 ? RunOutcome::Signaled : RunOutcome::Timeout,
+            b->ended_by_signal != 0 ? 128 + b->ended_by_signal : o_.wait.conflict_exit_code, Duration::zero(),
+            facts_.waited, absorbed);
   if (b->ended_by_signal != 0) {
     // Said (and the row written): once the run has let go of every lock and
     // written its metrics, the signal, held back since, ends looplock as it

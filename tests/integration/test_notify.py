@@ -252,6 +252,19 @@ def test_a_wait_that_gives_up_ends_with_ended_its_exit_status_and_time_waited(lo
     assert ended["waited_ms"] >= 300 and ended["operation"] == "tick"
 
 
+def test_a_coalescing_waiter_that_gives_up_ends_with_what_it_absorbed(loop_dir, tmp_path, holders):
+    log = tmp_path / "events"
+    holders(loop_dir, "flock")
+    waiter = start(["--notify", RECORD + str(log), "--notify-on", "ended", "-w", "3", "-p", "coalesce",
+                    "--operation", "tick", "-v", loop_dir, "--", "true"], stdin=subprocess.DEVNULL)
+    wait_until(lambda: "waiting for" in (waiter.stderr.readline() or ""), "the waiter to wait")
+    r = run(["-p", "coalesce", "--operation", "tick", loop_dir, "--", "true"])
+    assert "noop-coalesced" in r.stderr, r.stderr
+    assert waiter.wait(timeout=TIMEOUT) == EX_TEMPFAIL
+    [(name, ended)] = history(log)
+    assert ended["outcome"] == "timeout" and ended["coalesced"] == 1, ended
+
+
 def test_a_notifier_killed_by_a_signal_is_said_so(loop_dir):
     r = run(["--notify", "kill -9 $$", "--notify-on", "ended", loop_dir, "--", "true"])
     assert r.returncode == 0
