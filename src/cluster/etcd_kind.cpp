@@ -45,9 +45,11 @@ std::unique_ptr<Lock> EtcdKind::join_hold(const Options& o, const LockRequest& r
   }
   if (!lease || !token || !key) {
     throw Fatal(exit_code::kUsage,
-                "the hold (looplock pid " + std::to_string(holder) +
-                    ") handed this step no etcd lease to renew (an earlier looplock took it?)",
-                "Take the hold with this looplock (looplock --hold --etcd ...). The command did not run.",
+                "this step asks for cluster lock " + printable(name) + ", but the hold it runs inside (looplock pid " +
+                    std::to_string(holder) + ") " +
+                    (key ? "handed it no etcd lease to renew (an earlier looplock took it?)"
+                         : "holds no cluster lock (it was taken without --etcd)"),
+                "Take the hold with --etcd too, or run the step without it. The command did not run.",
                 "nested_cluster_lock");
   }
   auto lock = std::make_unique<EtcdLock>(request, o.cluster, pid, log, reporter, transport_, target);

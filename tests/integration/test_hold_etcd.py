@@ -306,3 +306,13 @@ def test_a_holder_whose_renewals_fail_still_leaves_the_lease_to_its_steps(held, 
         assert got["step-end"] < got["b-start"], got
     finally:
         own.remove()
+
+
+def test_a_step_with_etcd_inside_a_hold_taken_without_it_is_told_so(etcd, held, tmp_path):
+    a, _ = hosts_of(tmp_path)
+    value = value_of(run(["--hold", "--max-time", "2m", a]).stdout)
+    held.append(holder_pid(value))
+    s = run(["--etcd", etcd.url, a, "--", "true"], env={"LOOPLOCK_HOLD": value})
+    assert s.returncode == 64, s.stderr
+    assert "holds no cluster lock (it was taken without --etcd)" in s.stderr, s.stderr
+    assert run(["--release", value]).returncode == 0
