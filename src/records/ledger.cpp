@@ -131,6 +131,8 @@ LedgerUpdate record_local_ledger(const LockDir& dir, const RunEntry& entry, long
   // read-modify-writes are one at a time, under a lock on the ledger
   // itself (past its data: never in a reader's way), taken for at most a
   // few seconds (they last milliseconds).
+  // (While the file is missing, its first writers make it by a rename each,
+  // unguarded: a known limit, until the first one exists.)
   const UniqueFd guard = sys::open_in(dir.fd.get(), kRunsName, {.access = sys::OpenIn::Access::Read});
   if (guard) {
     const Instant until = MonotonicClock::now() + std::chrono::seconds(5);

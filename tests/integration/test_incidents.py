@@ -188,7 +188,11 @@ def test_rotating_by_rename_during_fifty_timeouts_loses_no_row(loop_dir, holders
     written between its copy and its truncation."""
     h = holders(loop_dir, tool="flock")
     live = loop_dir / INCIDENTS
-    procs = [start(["-w", "0.3", "--agent", f"w{i:02d}", loop_dir, "--", "true"]) for i in range(50)]
+    # Their deadlines spread over a second (0.3 s to 1.3 s), so that the
+    # rows are written while the file is renamed every 10 ms, also on a
+    # machine fast enough to time 50 waiters out within one 10 ms step.
+    procs = [start(["-w", f"{0.3 + i * 0.02:.2f}", "--agent", f"w{i:02d}", loop_dir, "--", "true"])
+             for i in range(50)]
     rotated = []
     try:
         deadline = time.monotonic() + TIMEOUT
