@@ -52,6 +52,17 @@ std::vector<Pid> pids_of(const std::vector<sys::KernelLock>& holders) {
   return out;
 }
 
+// "pid 12 (looplock), pid 13 (looplock)": who still holds the lock.
+std::string named(const std::vector<sys::KernelLock>& holders) {
+  std::string out;
+  for (const auto& h : holders) {
+    if (!out.empty()) out += ", ";
+    out += "pid " + std::to_string(h.pid);
+    if (const auto name = sys::process_name(h.pid)) out += " (" + printable(*name) + ")";
+  }
+  return out;
+}
+
 int let_go(const sys::PinnedProcess& holder, Pid pid, const std::string& start, const std::string& secret_sha256,
            int dirfd, const std::string& dir, const Logger& log) {
   const std::string shown = sys::path_in_dir(dir, kLockName);
@@ -90,7 +101,8 @@ int let_go(const sys::PinnedProcess& holder, Pid pid, const std::string& start, 
         table && std::any_of(table->holders.begin(), table->holders.end(), [](const auto& h) { return h.exclusive; })) {
       log.warn("hold_steps_running",
                "released the hold of " + shown + " (looplock pid " + std::to_string(pid) +
-                   "), but steps that run inside it still hold the lock until they end (with --etcd they also "
+                   "), but steps that run inside it (" + named(table->holders) +
+                   ") still hold the lock until they end (with --etcd they also "
                    "keep the hold's lease alive, so that no other host takes the cluster lock before then); "
                    "no new step runs inside it",
                {{"holder_pids", pids_of(table->holders)}});

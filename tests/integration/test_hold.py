@@ -254,6 +254,37 @@ def test_a_tie_that_ends_while_a_step_runs_ends_the_step_as_max_time_would(holds
     wait_until(lambda: lock_is_free(loop_dir), "the lock to be free")
 
 
+def test_release_while_a_step_runs_names_the_step_that_still_holds_the_lock(holds, loop_dir):
+    """--release while a step runs answers at once (0) and names, in its
+    line and in JSON, the step's looplock that still holds the lock; the
+    step runs on to its end and the lock is free after it."""
+    r = holds("--max-time", "2m", loop_dir)
+    assert r.returncode == 0, r.stderr
+    value = value_of(r.stdout)
+    s = subprocess.Popen([LOOPLOCK, str(loop_dir), "--", "sh", "-c", "echo ready; read line; echo done"],
+                         env={**os.environ, "LOOPLOCK_HOLD": value}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert s.stdout.readline() == "ready\n", s.stderr.read()
+        rel = run(["--release", "--log-format", "json", value])
+        assert rel.returncode == 0, rel.stderr
+        lines = [json.loads(x) for x in rel.stderr.splitlines()]
+        warn = next(x for x in lines if x.get("event") == "hold_steps_running")
+        assert s.pid in warn["holder_pids"], warn
+        # The step's looplock and its command (which holds the lock through the inherited descriptor).
+        assert f"steps that run inside it (pid {s.pid} (looplock), pid " in warn["message"], warn
+        assert " (sh)) still hold the lock" in warn["message"], warn
+        assert not lock_is_free(loop_dir)
+        s.stdin.write("go\n")
+        s.stdin.close()
+        assert s.wait(timeout=TIMEOUT) == 0, s.stderr.read()
+    finally:
+        if s.poll() is None:
+            s.kill()
+            s.wait(timeout=TIMEOUT)
+    wait_until(lambda: lock_is_free(loop_dir), "the lock to be free")
+
+
 def test_max_time_ends_the_hold_and_release_says_124(holds, loop_dir):
     r = holds("--max-time", "1s", loop_dir)
     assert r.returncode == 0, r.stderr
