@@ -676,8 +676,8 @@ std::string local_ledger_name(const std::string& dir) { return "run ledger " + s
 
 // Records `entry`; says when the ledger holds more operations inside their
 // slots than kMaxLedgerOperations (it grows), or had to drop some.
-void record_locally(const LockDir& dir, const RunEntry& entry, const Logger& log) {
-  const LedgerUpdate u = record_local_ledger(dir, entry, sys::realtime_ms());
+void record_locally(const LockDir& dir, const RunEntry& entry, OwnCopies& own, const Logger& log) {
+  const LedgerUpdate u = record_local_ledger(dir, entry, sys::realtime_ms(), own);
   if (u.dropped_in_slot > 0) {
     log.warn("ledger_crowded",
              local_ledger_name(dir.path) + " holds " + std::to_string(kMaxLedgerEntries) +
@@ -694,9 +694,9 @@ void record_locally(const LockDir& dir, const RunEntry& entry, const Logger& log
   }
 }
 
-bool record_end_locally(const LockDir& dir, const RunEntry& entry, const Logger& log) {
+bool record_end_locally(const LockDir& dir, const RunEntry& entry, OwnCopies& own, const Logger& log) {
   try {
-    (void)record_local_ledger(dir, entry, sys::realtime_ms());  // a crowded ledger was said at the start
+    (void)record_local_ledger(dir, entry, sys::realtime_ms(), own);  // a crowded ledger was said at the start
     return true;
   } catch (const Fatal& f) {
     log.warn("ledger_write_failed", std::string(f.what()) +
@@ -711,8 +711,8 @@ bool record_end_locally(const LockDir& dir, const RunEntry& entry, const Logger&
 LedgerLook LocalLedger::look(const std::string& operation, bool /*locked*/) {
   return look_local_ledger(dir_, operation);
 }
-void LocalLedger::record_start(const RunEntry& entry) { record_locally(dir_, entry, log_); }
-bool LocalLedger::record_end(const RunEntry& entry) { return record_end_locally(dir_, entry, log_); }
+void LocalLedger::record_start(const RunEntry& entry) { record_locally(dir_, entry, own_, log_); }
+bool LocalLedger::record_end(const RunEntry& entry) { return record_end_locally(dir_, entry, own_, log_); }
 std::string LocalLedger::name() const { return local_ledger_name(shown_); }
 
 // --- nested -------------------------------------------------------------------

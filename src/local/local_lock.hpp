@@ -15,6 +15,7 @@
 #include "os/ids.hpp"
 #include "os/lock_holders.hpp"
 #include "records/lock_id.hpp"
+#include "records/ledger.hpp"
 #include "records/lockfile.hpp"
 #include "records/nesting.hpp"
 #include "settings/settings.hpp"
@@ -36,6 +37,7 @@ private:
   const LockDir& dir_;
   std::string shown_;  // DIR as given
   const Logger& log_;
+  OwnCopies own_;  // this run's own ledger writes (ledger.hpp)
 };
 
 class LocalLock final : public Lock {

@@ -1,6 +1,7 @@
 #include "records/ledger.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 
 #include "base/error.hpp"
@@ -20,7 +21,9 @@ namespace looplock {
 namespace {
 
 // kMaxLedgerEntries entries of the longest names fit (each about 2 KB);
-// the file holds two or three copies (sealed.hpp's place_copy).
+// the file holds a few copies (two kept, the new one, and the gaps that
+// copies of changing lengths leave): past kMaxFileBytes, where readers stop,
+// none goes, and the file is replaced.
 constexpr size_t kMaxLedgerBytes = 4 << 20;
 constexpr size_t kMaxFileBytes = 3 * kMaxLedgerBytes + 3;
 
@@ -35,18 +38,54 @@ struct Newest {
   size_t begin = 0;
   size_t end = 0;
 };
+std::optional<Newest> as_ledger(const SealedCopy& c) {
+  Json j = Json::parse(c.object.begin(), c.object.end(), nullptr, false);
+  if (!j.is_object() || j.value("schema", std::string()) != kRunsSchema || !j.contains("runs") ||
+      !j["runs"].is_array()) {
+    return std::nullopt;
+  }
+  const auto g =
+      j.contains("generation") && j["generation"].is_number_unsigned() ? j["generation"].get<unsigned long long>() : 0ULL;
+  return Newest{.json = std::move(j), .generation = g, .begin = c.begin, .end = c.end};
+}
+
+// A line's generation as encode_ledger starts a copy, read without checking
+// or parsing it; nullopt for a line that does not start so.
+std::optional<unsigned long long> peek_generation(std::string_view line) {
+  const std::string prefix = "{\"schema\":\"" + std::string(kRunsSchema) + "\",\"generation\":";
+  const size_t at = line.find_first_not_of(std::string_view("\0 ", 2));
+  if (at == std::string_view::npos || line.substr(at, prefix.size()) != prefix) return std::nullopt;
+  unsigned long long g = 0;
+  const char* first = line.data() + at + prefix.size();
+  const auto [end, ec] = std::from_chars(first, line.data() + line.size(), g);
+  if (ec != std::errc() || end == first) return std::nullopt;
+  return g;
+}
+
 std::optional<Newest> newest_copy(std::string_view text) {
+  // The lines in the order of the generation they start with, newest
+  // first: the first that is a whole ledger of that generation is the
+  // newest, and older lines are not checked at all (each check is a
+  // SHA-256 and a parse, and a ledger is read four times a run).
+  std::vector<std::pair<unsigned long long, Span>> peeked;
+  for (const Span& line : line_spans(text)) {
+    if (const auto g = peek_generation(text.substr(line.begin, line.end - line.begin))) peeked.push_back({*g, line});
+  }
+  // Of equals, the last in the file (as below).
+  std::stable_sort(peeked.begin(), peeked.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second.begin > b.second.begin;
+  });
+  for (const auto& [g, line] : peeked) {
+    if (const auto c = sealed_copy_at(text, line)) {
+      if (auto n = as_ledger(*c); n && n->generation == g) return n;
+      break;  // a whole copy that does not say what it starts with: read them all
+    }
+  }
+  // Else every copy, the one of the highest generation (the last in the
+  // file of equals): copies of an earlier version, or of another order.
   std::optional<Newest> best;
   for (const SealedCopy& c : sealed_copies(text)) {
-    Json j = Json::parse(c.object.begin(), c.object.end(), nullptr, false);
-    if (!j.is_object() || j.value("schema", std::string()) != kRunsSchema || !j.contains("runs") ||
-        !j["runs"].is_array()) {
-      continue;
-    }
-    const auto g = j.contains("generation") && j["generation"].is_number_unsigned()
-                       ? j["generation"].get<unsigned long long>()
-                       : 0ULL;
-    if (!best || g >= best->generation) best = Newest{.json = std::move(j), .generation = g, .begin = c.begin, .end = c.end};
+    if (auto n = as_ledger(c); n && (!best || n->generation >= best->generation)) best = std::move(n);
   }
   return best;
 }
@@ -126,7 +165,7 @@ LedgerLook look_local_ledger(const LockDir& dir, const std::string& operation) {
   return look;
 }
 
-LedgerUpdate record_local_ledger(const LockDir& dir, const RunEntry& entry, long long now_ms) {
+LedgerUpdate record_local_ledger(const LockDir& dir, const RunEntry& entry, long long now_ms, OwnCopies& own) {
   // Runs nested in one holder (and a hold's steps) share its lock: their
   // read-modify-writes are one at a time, under a lock on the ledger
   // itself (past its data: never in a reader's way), taken for at most a
@@ -142,7 +181,7 @@ LedgerUpdate record_local_ledger(const LockDir& dir, const RunEntry& entry, long
   }
   const LedgerRead read = read_ledger(dir);
   LedgerUpdate u = with_entry(read.entries, entry, now_ms);
-  if (const auto f = write_ledger(dir, u.entries)) {
+  if (const auto f = write_ledger(dir, u.entries, own)) {
     fail(status_for_errno(f->err, exit_code::kCantCreate),
          {.what = "cannot write the run ledger " + ledger_display(dir) + " (" + f->what + ")",
           .err = f->err,
@@ -186,59 +225,75 @@ std::string ledger_fix(const LockDir& dir, int err, bool existed) {
          path + "). ";
 }
 
-}  // namespace
+// The step that failed; errno is read first, before any string is made.
+sys::Failure failure(const LockDir& dir, const char* step, const char* name, bool existed) {
+  const int err = errno;
+  return sys::Failure{.what = std::string(step) + name, .err = err, .hint = ledger_fix(dir, err, existed)};
+}
 
-std::optional<sys::Failure> write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries) {
-  // The step that failed; errno is read first, before any string is made.
-  const auto failed = [&](const char* step, const char* name, bool existed) {
-    const int err = errno;
-    return sys::Failure{.what = std::string(step) + name, .err = err, .hint = ledger_fix(dir, err, existed)};
-  };
-  // In place when this process may write the file: the new copy goes
-  // where it overlaps none of the newest valid one (sealed.hpp), so a write
-  // cut short for any reason (a full disk, RLIMIT_FSIZE, a quota, EIO, a
-  // crash) leaves that copy, and every operation's entry in it, as it was.
-  const UniqueFd in_place = sys::open_in(dir.fd.get(), kRunsName, {.access = sys::OpenIn::Access::ReadWrite});
-  if (in_place) {
-    sys::FileStatus st;
-    if (!sys::status_of_fd(in_place.get(), st)) return failed("fstat", "", true);
-    if (auto r = refuse_ledger(st, dir.st, sys::own_euid(), dir.path)) {
-      return sys::Failure{.what = "it became unsafe: " + r->why, .hint = r->hint + " "};
-    }
-    const auto text = sys::pread_all(in_place.get(), kMaxFileBytes);
-    if (!text) return failed("reading it", "", true);
-    const auto newest = newest_copy(*text);
-    if (!newest) {  // nothing to keep: one copy over whatever is there
-      const std::string data = encode_ledger(entries, 0);
-      if (static_cast<size_t>(st.size) < data.size() && !sys::reserve_space(in_place.get(), data.size())) {
-        return failed("reserving its new length", "", true);
-      }
-      if (!write_over(in_place.get(), data, static_cast<long long>(kMaxFileBytes))) {
-        return failed("writing it", "", true);
-      }
-      return std::nullopt;
-    }
-    const Placement p =
-        place_copy(encode_ledger(entries, newest->generation + 1), newest->begin, newest->end, st.size);
-    // Its new length first: a full disk then fails before a byte changed.
-    // Where the file system reserves with NUL bytes past the end, readers
-    // skip them.
-    const auto end = static_cast<size_t>(p.offset) + p.data.size();
-    if (static_cast<size_t>(st.size) < end && !sys::reserve_space(in_place.get(), end)) {
-      return failed("reserving its new length", "", true);
-    }
-    if (!sys::pwrite_all(in_place.get(), p.data, p.offset)) return failed("writing it", "", true);
-    // On disk before the next write goes over the copy this one kept: else
-    // a power cut could leave that copy torn and this one unwritten.
-    if (!sys::sync_data(in_place.get())) return failed("syncing it", "", true);
-    return std::nullopt;
+// The write in place (write_ledger's): done, failed, or (`replace`) not
+// done because the file's copies leave no room for a new one where readers
+// look (a file spread out by an earlier version's padding).
+struct InPlace {
+  std::optional<sys::Failure> failure;
+  bool replace = false;
+};
+InPlace write_in_place(const LockDir& dir, int fd, const std::vector<RunEntry>& entries, OwnCopies& own) {
+  sys::FileStatus st;
+  if (!sys::status_of_fd(fd, st)) return {failure(dir, "fstat", "", true)};
+  if (auto r = refuse_ledger(st, dir.st, sys::own_euid(), dir.path)) {
+    return {sys::Failure{.what = "it became unsafe: " + r->why, .hint = r->hint + " "}};
   }
-  if (errno != ENOENT && errno != EACCES && errno != EPERM) return failed("opening it", "", true);
-  const bool existed = errno != ENOENT;
-  // Missing, or a group member's file this process may not write: a new
-  // file beside it, renamed over it. Only the lock's holder writes the
-  // ledger, so one name for the new file serves; one left by a looplock that
-  // died mid-write is replaced.
+  const auto text = sys::pread_all(fd, kMaxFileBytes);
+  if (!text) return {failure(dir, "reading it", "", true)};
+  const auto newest = newest_copy(*text);
+  const OwnCopies before = own;
+  own = {};  // known again only once this write is whole
+  if (!newest) {  // nothing to keep: one copy over whatever is there
+    const std::string data = encode_ledger(entries, 0);
+    if (static_cast<size_t>(st.size) < data.size() && !sys::reserve_space(fd, data.size())) {
+      return {failure(dir, "reserving its new length", "", true)};
+    }
+    if (!write_over(fd, data, static_cast<long long>(kMaxFileBytes))) return {failure(dir, "writing it", "", true)};
+    return {};
+  }
+  const std::string data = encode_ledger(entries, newest->generation + 1);
+  const Span kept{newest->begin, newest->end};
+  // After this looplock's own write the copy that was durable before it is
+  // still there: both are kept, and nothing waits for the disk. Else (or
+  // when the two leave no room) the newest copy is made durable first, and
+  // kept.
+  Span durable = before.durable;
+  std::optional<Placement> p;
+  if (before.known && before.generation == newest->generation && before.written.begin == kept.begin &&
+      before.written.end == kept.end) {
+    p = place_copy(data, {durable, kept}, kMaxFileBytes);
+  }
+  if (!p) {
+    if (!sys::sync_data(fd)) return {failure(dir, "syncing it", "", true)};
+    durable = kept;
+    p = place_copy(data, {kept}, kMaxFileBytes);
+  }
+  if (!p) return {std::nullopt, true};
+  // Its new length first: a full disk then fails before a byte changed.
+  // Where the file system reserves with NUL bytes past the end, readers
+  // skip them.
+  const auto end = static_cast<size_t>(p->offset) + p->data.size();
+  if (static_cast<size_t>(st.size) < end && !sys::reserve_space(fd, end)) {
+    return {failure(dir, "reserving its new length", "", true)};
+  }
+  if (!sys::pwrite_all(fd, p->data, p->offset)) return {failure(dir, "writing it", "", true)};
+  own = {.known = true,
+         .generation = newest->generation + 1,
+         .written = {static_cast<size_t>(p->offset), end},
+         .durable = durable};
+  return {};
+}
+
+// A new file beside the ledger, renamed over it. Only the lock's holder
+// writes the ledger, so one name for the new file serves; one left by a
+// looplock that died mid-write is replaced.
+std::optional<sys::Failure> replace_ledger(const LockDir& dir, const std::vector<RunEntry>& entries, bool existed) {
   const sys::OpenIn create{
       .access = sys::OpenIn::Access::Write, .create = sys::OpenIn::Create::New, .mode = kCreateMode};
   UniqueFd fd = sys::open_in(dir.fd.get(), kRunsNewName, create);
@@ -246,16 +301,35 @@ std::optional<sys::Failure> write_ledger(const LockDir& dir, const std::vector<R
     (void)sys::remove_in(dir.fd.get(), kRunsNewName);
     fd = sys::open_in(dir.fd.get(), kRunsNewName, create);
   }
-  if (!fd) return failed("creating ", kRunsNewName, existed);
+  if (!fd) return failure(dir, "creating ", kRunsNewName, existed);
   const std::string data = encode_ledger(entries, 0);
   std::optional<sys::Failure> f;
-  if (!sys::write_all(fd.get(), data)) f = failed("writing ", kRunsNewName, existed);
-  if (!f && !sys::close_checked(std::move(fd))) f = failed("writing ", kRunsNewName, existed);
+  if (!sys::write_all(fd.get(), data)) f = failure(dir, "writing ", kRunsNewName, existed);
+  if (!f && !sys::close_checked(std::move(fd))) f = failure(dir, "writing ", kRunsNewName, existed);
   if (!f && !sys::rename_in(dir.fd.get(), kRunsNewName, kRunsName)) {
-    f = failed("renaming ", kRunsNewName, existed);
+    f = failure(dir, "renaming ", kRunsNewName, existed);
   }
   if (f) (void)sys::remove_in(dir.fd.get(), kRunsNewName);
   return f;
+}
+
+}  // namespace
+
+std::optional<sys::Failure> write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries, OwnCopies& own) {
+  // In place when this process may write the file: the new copy goes
+  // where it overlaps none of the copies kept (sealed.hpp), so a write cut
+  // short for any reason (a full disk, RLIMIT_FSIZE, a quota, EIO, a
+  // crash) leaves them, and every operation's entry in them, as they were.
+  const UniqueFd in_place = sys::open_in(dir.fd.get(), kRunsName, {.access = sys::OpenIn::Access::ReadWrite});
+  if (in_place) {
+    const InPlace done = write_in_place(dir, in_place.get(), entries, own);
+    if (!done.replace) return done.failure;
+    return replace_ledger(dir, entries, true);
+  }
+  if (errno != ENOENT && errno != EACCES && errno != EPERM) return failure(dir, "opening it", "", true);
+  // Missing, or a group member's file this process may not write.
+  own = {};  // another file then: the next write makes its copy durable first
+  return replace_ledger(dir, entries, errno != ENOENT);
 }
 
 }  // namespace looplock

@@ -13,6 +13,7 @@
 #include "os/ids.hpp"
 #include "records/lockfile.hpp"
 #include "records/run_entry.hpp"
+#include "records/sealed.hpp"
 
 namespace looplock {
 
@@ -46,12 +47,27 @@ std::optional<RunEntry> entry_of(const LedgerRead& ledger, const std::string& op
 // changed. Else a new file beside it, renamed over it. Returns none, or the step that failed with its errno
 // and the fix for a cause that has one (a DIR you may not create files in,
 // a sticky DIR, a read-only or full file system).
-std::optional<sys::Failure> write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries);
+//
+// What one looplock knows of its own writes, so that not every write has to
+// wait for the disk: the copy it wrote last and one that was durable when it
+// wrote it. A write whose newest valid copy is another's (or none it knows)
+// makes that copy durable first (fdatasync(2): cheap when it was written back
+// long ago) and keeps it; one that follows this looplock's own write keeps
+// both that copy and the durable one, and need not wait. So at any instant
+// a durable valid copy is on disk: a power cut loses at most the runs
+// recorded since it, never an older one's entry.
+struct OwnCopies {
+  bool known = false;
+  unsigned long long generation = 0;  // of the copy this looplock wrote last
+  Span written;                       // its bytes
+  Span durable;                       // a copy durable before it, and kept since
+};
+std::optional<sys::Failure> write_ledger(const LockDir& dir, const std::vector<RunEntry>& entries, OwnCopies& own);
 
 // The local ledger's entry of `operation` (Fatal 73 when the ledger is unsafe).
 LedgerLook look_local_ledger(const LockDir& dir, const std::string& operation);
 // Records `entry` in the local ledger, as of `now_ms`; Fatal 73 when it
 // cannot. Returns what the update did to other entries (for a warning).
-LedgerUpdate record_local_ledger(const LockDir& dir, const RunEntry& entry, long long now_ms);
+LedgerUpdate record_local_ledger(const LockDir& dir, const RunEntry& entry, long long now_ms, OwnCopies& own);
 
 }  // namespace looplock

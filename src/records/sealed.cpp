@@ -1,5 +1,7 @@
 #include "records/sealed.hpp"
 
+#include <algorithm>
+
 #include "os/digest.hpp"
 #include "os/file_status.hpp"
 #include "os/sys.hpp"
@@ -30,31 +32,43 @@ std::optional<Unsealed> unseal(std::string_view content) {
   return Unsealed{content, true};
 }
 
-std::vector<SealedCopy> sealed_copies(std::string_view content) {
-  std::vector<SealedCopy> out;
+std::vector<Span> line_spans(std::string_view content) {
+  std::vector<Span> out;
   for (size_t at = 0; at < content.size();) {
     const size_t nl = content.find('\n', at);
     if (nl == std::string_view::npos) break;  // a tail without its newline: a copy cut short
-    size_t begin = at;
-    while (begin < nl && (content[begin] == '\0' || content[begin] == ' ')) ++begin;
-    if (const auto u = unseal(content.substr(begin, nl + 1 - begin)); u && u->checked) {
-      out.push_back({u->object, begin, nl + 1});
-    }
+    out.push_back({at, nl + 1});
     at = nl + 1;
   }
   return out;
 }
 
-Placement place_copy(std::string data, size_t keep_begin, size_t keep_end, long long file_size) {
-  if (data.size() <= keep_begin) {
-    data.insert(data.size() - 1, keep_begin - data.size(), ' ');
-    return {0, std::move(data)};
+std::optional<SealedCopy> sealed_copy_at(std::string_view content, Span line) {
+  size_t begin = line.begin;
+  while (begin < line.end && (content[begin] == '\0' || content[begin] == ' ')) ++begin;
+  if (const auto u = unseal(content.substr(begin, line.end - begin)); u && u->checked) {
+    return SealedCopy{u->object, line.begin, line.end};
   }
-  const long long rest = file_size - static_cast<long long>(keep_end);
-  if (rest > static_cast<long long>(data.size())) {
-    data.insert(data.size() - 1, static_cast<size_t>(rest) - data.size(), ' ');
+  return std::nullopt;
+}
+
+std::vector<SealedCopy> sealed_copies(std::string_view content) {
+  std::vector<SealedCopy> out;
+  for (const Span& line : line_spans(content)) {
+    if (auto c = sealed_copy_at(content, line)) out.push_back(*c);
   }
-  return {static_cast<long long>(keep_end), std::move(data)};
+  return out;
+}
+
+std::optional<Placement> place_copy(std::string data, std::vector<Span> keep, size_t max_end) {
+  std::sort(keep.begin(), keep.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
+  size_t at = 0;
+  for (const Span& k : keep) {
+    if (at + data.size() <= k.begin) break;  // fits in the gap before it
+    at = std::max(at, k.end);
+  }
+  if (at + data.size() > max_end) return std::nullopt;
+  return Placement{static_cast<long long>(at), std::move(data)};
 }
 
 bool write_over(int fd, std::string data, long long max_padded) {

@@ -29,14 +29,20 @@ struct Unsealed {
 // nullopt when it is not that, or when its check does not match.
 std::optional<Unsealed> unseal(std::string_view content);
 
-// Files that keep two (or, while they grow, three) sealed copies, so that a write cut short (a full
-// disk, a file-size limit, a quota, EIO, a crash) never touches the only
-// valid one: the run ledger (ledger.hpp). Each copy is one line; a reader
-// takes every line that unseals with its check, and the writer puts the
-// next copy where it overlaps none of the newest valid one.
+// Files that keep two or three sealed copies, so that a write cut short (a
+// full disk, a file-size limit, a quota, EIO, a crash) never touches the
+// only valid one: the run ledger (ledger.hpp). Each copy is one line; a
+// reader takes every line that unseals with its check, and the writer puts
+// the next copy where it overlaps none of the copies it keeps.
+// A copy's bytes in the file: [begin, end).
+struct Span {
+  size_t begin = 0;
+  size_t end = 0;
+};
 struct SealedCopy {
   std::string_view object;  // as unseal() gives it
-  size_t begin = 0;         // its line's first byte in the file's text
+  size_t begin = 0;         // its line's first byte (before the NUL bytes or spaces a
+                            // reader skips: a write there would tear the copy)
   size_t end = 0;           // one past its newline
 };
 // The checked copies of `content`, in file order: each line that unseals
@@ -44,17 +50,24 @@ struct SealedCopy {
 // spaces before it are skipped. Lines that do not (a torn copy, an older
 // one's tail) are no copies.
 std::vector<SealedCopy> sealed_copies(std::string_view content);
-// Where a new copy `data` (ending with a newline) goes beside the newest
-// valid copy at [keep_begin, keep_end) of a file of `file_size` bytes: at
-// its start when it fits before the kept copy (padded with spaces to end
-// where the kept copy begins), else right after the kept copy (padded to
-// the file's end when the rest of the file is longer, so that no older
-// line's tail is left behind it). Returns the offset and the padded data.
+// The same in two steps, for a reader that checks only the lines it needs:
+// the lines of `content` (each with its newline; a tail without one is no
+// line), in file order; and the copy a line holds, when it unseals with a
+// check.
+std::vector<Span> line_spans(std::string_view content);
+std::optional<SealedCopy> sealed_copy_at(std::string_view content, Span line);
+// Where a new copy `data` (ending with a newline) goes so that it overlaps
+// none of `keep` (the copies the writer keeps: the newest valid one, and
+// one it relies on as durable): the first place from the file's start where
+// it fits and ends by `max_end`; nullopt when there is none. It is not
+// padded: what is left of an older line after it is a line of its own that
+// is no copy (sealed_copies skips it), and a copy's bytes are never more
+// than its text, so that two kept copies leave room for a third.
 struct Placement {
   long long offset = 0;
   std::string data;
 };
-Placement place_copy(std::string data, size_t keep_begin, size_t keep_end, long long file_size);
+std::optional<Placement> place_copy(std::string data, std::vector<Span> keep, size_t max_end);
 
 // Writes `data` (ending with a newline) over fd's content from offset 0,
 // padded with spaces before the newline to the file's size when that is

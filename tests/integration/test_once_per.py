@@ -454,22 +454,14 @@ def test_a_full_disk_leaves_the_ledger_whole_and_the_run_exits_73_before_its_com
     d = mnt / "loop"
     d.mkdir()
     history = tmp_path / "history"
-    # Operations until the next copy, one long entry more, must go after the
-    # newest (the last line, longer than the space before it) and needs a
-    # new page: the file's last page has less room than the entry needs.
-    ops = []
-
-    def next_copy_needs_a_page():
-        raw = (d / RUNS).read_bytes()
-        lines = raw.split(b"\n")[:-1]
-        if len(lines) != 2 or b'"generation":%d,' % ledger(d)["generation"] not in lines[1]:
-            return False
-        return len(lines[0]) + 1 < len(lines[1]) + 1 + 300 and 0 < 4096 - len(raw) % 4096 < 250
-
-    while len(ops) < 3 or not next_copy_needs_a_page():
-        assert len(ops) < 60, "no ledger of the needed shape"
-        ops.append(f"op{len(ops):02}-" + "o" * 40)
-        assert run([*once(d, "60s", ops[-1]), "true"]).returncode == 0
+    # Three operations run; then their ledger is one copy at the file's
+    # start, padded to end 100 bytes short of a page: the next copy, one
+    # entry more, must go after it and needs a page more.
+    ops = [f"op{i:02}-" + "o" * 40 for i in range(3)]
+    for op in ops:
+        assert run([*once(d, "60s", op), "true"]).returncode == 0
+    text = sealed(ledger(d))
+    (d / RUNS).write_text(text[:-1] + " " * (4096 - 100 - len(text)) + "\n")
     before = (d / RUNS).read_bytes()
     filler = mnt / "filler"
     fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)

@@ -25,6 +25,11 @@ using testutil::TempDir;
 
 namespace {
 
+// One write of the ledger by a looplock of its own (nothing known of earlier writes).
+looplock::LedgerUpdate record(const looplock::LockDir& d, const RunEntry& e, long long now) {
+  looplock::OwnCopies own;
+  return looplock::record_local_ledger(d, e, now, own);
+}
 
 template <typename F>
 int fatal_status(F&& f) {
@@ -74,9 +79,9 @@ TEST_CASE("the local ledger: missing is empty; written by rename; read back") {
   CHECK(looplock::read_ledger(d).entries.empty());
   CHECK_FALSE(looplock::look_local_ledger(d, "t").entry);
 
-  looplock::record_local_ledger(d, run_entry("t", kT), kT);
-  looplock::record_local_ledger(d, run_entry("u", kT + 1, kT + 2), kT);
-  looplock::record_local_ledger(d, run_entry("t", kT, kT + 5), kT);
+  record(d, run_entry("t", kT), kT);
+  record(d, run_entry("u", kT + 1, kT + 2), kT);
+  record(d, run_entry("t", kT, kT + 5), kT);
   const auto look = looplock::look_local_ledger(d, "t");
   REQUIRE(look.entry);
   CHECK(look.entry->ended_ms == kT + 5);
@@ -91,7 +96,7 @@ TEST_CASE("the local ledger: missing is empty; written by rename; read back") {
 TEST_CASE("a ledger cut short or damaged by a crash blocks nothing: it reads as no entry and is rewritten") {
   TempDir dir;
   const looplock::LockDir d = looplock::open_lock_dir(dir.path());
-  looplock::record_local_ledger(d, run_entry("t", kT, kT + 5), kT);
+  record(d, run_entry("t", kT, kT + 5), kT);
   const std::string whole = *testutil::slurp(dir / looplock::kRunsName);
   // Every prefix of a valid ledger (what a torn write would leave).
   for (size_t n = 1; n + 1 < whole.size(); n += 7) {
@@ -104,7 +109,7 @@ TEST_CASE("a ledger cut short or damaged by a crash blocks nothing: it reads as 
   // ledger is renamed into place when it is missing).
   REQUIRE(unlink((dir / looplock::kRunsName).c_str()) == 0);
   testutil::write_file(dir / looplock::kRunsNewName, "{\"schema\":", 0640);
-  looplock::record_local_ledger(d, run_entry("t", kT + 9, kT + 10), kT);
+  record(d, run_entry("t", kT + 9, kT + 10), kT);
   const auto look = looplock::look_local_ledger(d, "t");
   REQUIRE(look.entry);
   CHECK(look.entry->started_ms == kT + 9);
@@ -143,7 +148,7 @@ TEST_CASE("the local ledger follows the lock file's rules") {
   testutil::write_file(dir / "elsewhere", "{}", 0640);
   REQUIRE(symlink((dir / "elsewhere").c_str(), (dir / looplock::kRunsName).c_str()) == 0);
   CHECK(fatal_status([&] { looplock::read_ledger(d); }) == 73);
-  CHECK(fatal_status([&] { looplock::record_local_ledger(d, run_entry("t", kT), kT); }) == 73);
+  CHECK(fatal_status([&] { record(d, run_entry("t", kT), kT); }) == 73);
   REQUIRE(unlink((dir / looplock::kRunsName).c_str()) == 0);
   REQUIRE(link((dir / "elsewhere").c_str(), (dir / looplock::kRunsName).c_str()) == 0);
   CHECK(fatal_status([&] { looplock::read_ledger(d); }) == 73);
@@ -210,7 +215,7 @@ TEST_CASE("a runner is proven dead only on this boot and pid namespace, its pid 
 TEST_CASE("NUL bytes after the ledger's newline (blocks reserved for a rewrite that never came) are not content") {
   TempDir dir;
   const looplock::LockDir d = looplock::open_lock_dir(dir.path());
-  looplock::record_local_ledger(d, run_entry("t", kT, kT + 5), kT);
+  record(d, run_entry("t", kT, kT + 5), kT);
   const std::string whole = *testutil::slurp(dir / looplock::kRunsName);
   testutil::write_file(dir / looplock::kRunsName, whole + std::string(300, '\0'), 0640);
   const auto look = looplock::look_local_ledger(d, "t");
@@ -218,4 +223,70 @@ TEST_CASE("NUL bytes after the ledger's newline (blocks reserved for a rewrite t
   CHECK_FALSE(look.damaged);
   testutil::write_file(dir / looplock::kRunsName, whole.substr(0, whole.size() - 1) + std::string(3, '\0'), 0640);
   CHECK(looplock::look_local_ledger(d, "t").whole);  // without its newline: not a ledger
+}
+
+namespace {
+
+// The valid copy that begins at `span` in the file's text, if any.
+std::optional<std::string> copy_at(const std::string& text, looplock::Span span) {
+  for (const auto& c : looplock::sealed_copies(text)) {
+    if (c.begin == span.begin && c.end == span.end) return std::string(c.object);
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+TEST_CASE("one looplock's writes: the copy durable before its last write is never written over, and the file stays small") {
+  TempDir dir;
+  const looplock::LockDir d = looplock::open_lock_dir(dir.path());
+  record(d, run_entry("seed", kT), kT);  // a file to write in place
+  looplock::OwnCopies a;
+  looplock::OwnCopies b;  // a nested run's, now and then
+  size_t largest = 0;
+  std::string durable_text;
+  looplock::Span durable_span;
+  for (int i = 0; i < 40; ++i) {
+    looplock::OwnCopies& own = i % 7 == 6 ? b : a;
+    // Entries of changing lengths, as the ledger grows and its runs end.
+    RunEntry e = run_entry(std::string(static_cast<size_t>(1 + (i * 37) % 90), 'x'), kT + i);
+    if (i % 2 == 1) e.ended_ms = kT + i + 1;
+    const std::string before = *testutil::slurp(dir / looplock::kRunsName);
+    looplock::record_local_ledger(d, e, kT, own);
+    const std::string after = *testutil::slurp(dir / looplock::kRunsName);
+    REQUIRE(own.known);
+    // The copy it relies on as durable is still whole, byte for byte as it was.
+    const auto still = copy_at(after, own.durable);
+    REQUIRE(still);
+    if (own.durable.begin == durable_span.begin && own.durable.end == durable_span.end && !durable_text.empty()) {
+      CHECK(*still == durable_text);
+    }
+    CHECK(copy_at(before, own.durable) == still);  // it was there before this write
+    durable_span = own.durable;
+    durable_text = *still;
+    // Its own copy is the newest, and readers see the entry.
+    REQUIRE(copy_at(after, own.written));
+    CHECK(looplock::entry_of(looplock::read_ledger(d), e.operation));
+    for (const auto& c : looplock::sealed_copies(after)) largest = std::max(largest, c.end - c.begin);
+    // A few copies' worth: two kept and the new one, and the gaps that
+    // copies of changing lengths leave (never past five of the largest).
+    CHECK(after.size() <= 5 * largest);
+  }
+}
+
+TEST_CASE("a ledger spread out past where readers look (an earlier version's padding) is replaced, not overrun") {
+  TempDir dir;
+  const looplock::LockDir d = looplock::open_lock_dir(dir.path());
+  record(d, run_entry("t", kT, kT + 5), kT);
+  std::string one = *testutil::slurp(dir / looplock::kRunsName);
+  // Its only copy at the start, padded with spaces to 12 MB: no room after
+  // it within the bound, none before it.
+  one.insert(one.size() - 1, (12u << 20) - one.size() + 2, ' ');
+  testutil::write_file(dir / looplock::kRunsName, one, 0640);
+  looplock::OwnCopies own;
+  looplock::record_local_ledger(d, run_entry("u", kT + 1), kT, own);
+  const auto read = looplock::read_ledger(d);
+  CHECK(looplock::entry_of(read, "t"));
+  CHECK(looplock::entry_of(read, "u"));
+  CHECK(testutil::slurp(dir / looplock::kRunsName)->size() < 4096);
 }

@@ -64,7 +64,7 @@ TEST_CASE("write_over: pads to the old size, never shrinks, cuts off a file beyo
   ::close(fd);
 }
 
-TEST_CASE("sealed_copies: each line that unseals with its check, NUL bytes and spaces before it skipped") {
+TEST_CASE("sealed_copies: each line that unseals with its check, NUL bytes and spaces before it skipped (but in its span)") {
   const std::string a = seal(R"({"g":1)");
   const std::string b = seal(R"({"g":2)");
   std::string padded_a = a;
@@ -76,26 +76,36 @@ TEST_CASE("sealed_copies: each line that unseals with its check, NUL bytes and s
   CHECK(copies[0].begin == 0);
   CHECK(copies[0].end == padded_a.size());
   CHECK(copies[1].object == b.substr(0, b.size() - 1));
-  CHECK(copies[1].begin == padded_a.size() + 3);
+  CHECK(copies[1].begin == padded_a.size());  // its line's start, before the NUL bytes
   CHECK(copies[1].end == padded_a.size() + 3 + b.size());
   // A torn copy (the half of a line) and a line without a check are none.
   CHECK(looplock::sealed_copies(a.substr(0, a.size() / 2) + "\n" + "{\"a\":1}\n").empty());
 }
 
-TEST_CASE("place_copy: never over the kept copy; no older tail left behind the new one") {
+TEST_CASE("place_copy: the first place from the file's start that overlaps no kept copy, within the bound") {
   const std::string data = "{\"n\":1}\n";  // 8 bytes
-  // Fits before the kept copy at [20, 40): at 0, padded to end at 20.
-  auto p = looplock::place_copy(data, 20, 40, 40);
-  CHECK(p.offset == 0);
-  CHECK(p.data.size() == 20);
-  CHECK(p.data.back() == '\n');
-  CHECK(p.data.substr(0, 7) == "{\"n\":1}");
-  // Does not fit before it: right after it, padded to the file's end.
-  p = looplock::place_copy(data, 4, 30, 50);
-  CHECK(p.offset == 30);
-  CHECK(p.data.size() == 20);
-  // The file's end is nearer than the copy's length: it grows.
-  p = looplock::place_copy(data, 0, 30, 33);
-  CHECK(p.offset == 30);
-  CHECK(p.data == data);
+  using looplock::Span;
+  // Fits before the kept copy at [20, 40): at 0, not padded.
+  auto p = looplock::place_copy(data, {{20, 40}}, 100);
+  REQUIRE(p);
+  CHECK(p->offset == 0);
+  CHECK(p->data == data);
+  // Does not fit before it: right after it.
+  p = looplock::place_copy(data, {{4, 30}}, 100);
+  REQUIRE(p);
+  CHECK(p->offset == 30);
+  // Two kept copies, in any order: the gap between them when it fits...
+  p = looplock::place_copy(data, {{30, 50}, {0, 20}}, 100);
+  REQUIRE(p);
+  CHECK(p->offset == 20);
+  // ...else after the later one.
+  p = looplock::place_copy(data, {{25, 50}, {0, 20}}, 100);
+  REQUIRE(p);
+  CHECK(p->offset == 50);
+  // Touching copies leave no gap; exactly the bound still fits.
+  p = looplock::place_copy(data, {{0, 20}, {20, 42}}, 50);
+  REQUIRE(p);
+  CHECK(p->offset == 42);
+  // Past the bound: nowhere.
+  CHECK_FALSE(looplock::place_copy(data, {{0, 20}, {20, 43}}, 50));
 }
