@@ -413,19 +413,13 @@ std::vector<InspectFacts::Index> survey_indexes(const LockDir& dir, const std::s
   for (const int k : indexes_in(dir)) {
     InspectFacts::Index x;
     x.index = k;
+    const auto opened = open_index_to_read(dir, k);
+    if (!opened) {
+      out.push_back(x);  // judge_lock_files() says what is wrong with it
+      continue;
+    }
+    const LockFile& file = *opened;
     const std::string name = index_name(k);
-    LockFile file;
-    sys::FileStatus before;
-    // Looked at first: a FIFO or a device is never opened.
-    if (!sys::status_at(dir.fd.get(), name.c_str(), before) || !before.regular()) {
-      out.push_back(x);  // judge_lock_files() says what is wrong with it
-      continue;
-    }
-    file.fd = sys::open_in(dir.fd.get(), name, {.access = sys::OpenIn::Access::Read, .above_stdio = true});
-    if (!file.fd || !sys::status_of_fd(file.fd.get(), file.st) || !file.st.regular()) {
-      out.push_back(x);  // judge_lock_files() says what is wrong with it
-      continue;
-    }
     const HolderRead read = read_holder(file.fd.get());
     x.record = read.record;
     const auto kernel = live_holders(file.st);

@@ -487,14 +487,9 @@ namespace {
 std::pair<std::vector<LockFile>, std::vector<int>> held_index_files(const LockDir& dir) {
   std::pair<std::vector<LockFile>, std::vector<int>> out;
   for (const int k : indexes_in(dir)) {
-    const std::string name = index_name(k);
-    LockFile file;
-    sys::FileStatus before;
-    if (!sys::status_at(dir.fd.get(), name.c_str(), before) || !before.regular()) continue;
-    file.fd = sys::open_in(dir.fd.get(), name, {.access = sys::OpenIn::Access::Read, .above_stdio = true});
-    if (!file.fd || !sys::status_of_fd(file.fd.get(), file.st) || !file.st.regular()) continue;
-    if (live_holders(file.st).empty()) continue;
-    out.first.push_back(std::move(file));
+    auto file = open_index_to_read(dir, k);
+    if (!file || live_holders(file->st).empty()) continue;
+    out.first.push_back(std::move(*file));
     out.second.push_back(k);
   }
   return out;

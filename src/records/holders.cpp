@@ -127,4 +127,14 @@ std::vector<int> indexes_in(const LockDir& dir) {
   return out;
 }
 
+std::optional<LockFile> open_index_to_read(const LockDir& dir, int index) {
+  const std::string name = index_name(index);
+  sys::FileStatus before;
+  if (!sys::status_at(dir.fd.get(), name.c_str(), before) || !before.regular()) return std::nullopt;
+  LockFile file;
+  file.fd = sys::open_in(dir.fd.get(), name, {.access = sys::OpenIn::Access::Read, .above_stdio = true});
+  if (!file.fd || !sys::status_of_fd(file.fd.get(), file.st) || !file.st.regular()) return std::nullopt;
+  return file;
+}
+
 }  // namespace looplock

@@ -56,5 +56,9 @@ std::optional<bool> index_intact(const LockDir& dir, int index, const LockFile& 
 
 // DIR's index files, by index (for --inspect: the names found, whatever N).
 std::vector<int> indexes_in(const LockDir& dir);
+// Index file `index` opened to read (not locked), when it is a regular
+// file: looked at first, so that a FIFO or a device is never opened;
+// nullopt otherwise (--inspect's judge_lock_files() says what is wrong).
+std::optional<LockFile> open_index_to_read(const LockDir& dir, int index);
 
 }  // namespace looplock

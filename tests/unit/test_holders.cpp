@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 #include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <string>
 
@@ -94,4 +96,18 @@ TEST_CASE("an unsafe index file is refused") {
     CHECK(f.status() == 73);
     CHECK(std::string(f.what()).find("unsafe holder index") != std::string::npos);
   }
+}
+
+TEST_CASE("an index file is opened to read only when it is a regular file; a FIFO is never opened") {
+  TempDir dir;
+  const looplock::LockDir d = looplock::open_lock_dir(dir.path());
+  testutil::write_file(dir / looplock::index_name(0), "", 0640);
+  REQUIRE(mkfifo((dir.path() + "/" + looplock::index_name(1)).c_str(), 0640) == 0);  // an open would block
+  REQUIRE(symlink("/etc/passwd", (dir.path() + "/" + looplock::index_name(2)).c_str()) == 0);
+  const auto regular = looplock::open_index_to_read(d, 0);
+  REQUIRE(regular);
+  CHECK(regular->st.regular());
+  CHECK_FALSE(looplock::open_index_to_read(d, 1));
+  CHECK_FALSE(looplock::open_index_to_read(d, 2));
+  CHECK_FALSE(looplock::open_index_to_read(d, 3));  // none
 }
