@@ -8,6 +8,7 @@ processes that must be in a given state before the test goes on print
 import fcntl
 import hashlib
 import json
+import errno
 import os
 import resource
 import select
@@ -337,6 +338,31 @@ def tmpfs(tmp_path):
     for mnt in reversed(mounted):
         if subprocess.run(["umount", str(mnt)], capture_output=True, timeout=TIMEOUT).returncode != 0:
             subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=TIMEOUT)
+
+
+def fill_disk(mnt):
+    """Fills the file system at `mnt` (a tmpfs of the fixture above; as
+    root, tmpfs keeps no reserve) with the file mnt/filler, to ENOSPC, and
+    proves it full; returns the filler's path (unlink it to free the
+    space)."""
+    filler = Path(mnt) / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        for chunk in (b"\0" * 4096, b"\0"):
+            try:
+                while f.write(chunk):
+                    pass
+            except OSError as e:
+                assert e.errno == errno.ENOSPC, e
+    probe = Path(mnt) / "probe"
+    try:
+        probe.write_bytes(b"x" * 8192)
+    except OSError:
+        pass
+    else:
+        raise AssertionError(f"{mnt} is not full after {filler.stat().st_size} bytes")
+    finally:
+        probe.unlink(missing_ok=True)
+    return filler
 
 
 # --- signals, jobs and terminals (test_signals.py, test_jobs.py) ---------------

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import fill_disk
 from conftest import (EX_CANTCREAT, EX_TEMPFAIL, EX_USAGE, PY, TIMEOUT, blocked_waiters, expect_line, helper, incident_rows,
                       kill_and_wait_gone, run, start, wait_until)
 
@@ -311,15 +312,7 @@ def test_on_a_full_disk_a_burst_still_gives_one_run_and_says_what_it_could_not_r
     d.mkdir()
     history = tmp_path / "history"
     holder = hold_tick(d, history)
-    filler = mnt / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError:
-        pass  # ENOSPC: the disk is full
-    finally:
-        os.close(fd)
+    fill_disk(mnt)
     first = waiting(d, [*coalesce(d), *tick(history, "first")])
     burst = fire(lambda i: [*coalesce(d), *tick(history, f"r{i}")], n=4)
     # Each looks for the seat's record for a second, finds none, and is

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import fill_disk
 from conftest import (SANITIZED, EX_CANTCREAT, EX_NOINPUT, EX_OSERR, EX_TEMPFAIL, EX_VANISHED, LOOPLOCK, PY, TIMEOUT, eventually,
                       expect_line, expect_stderr, flock_holder, helper, incident_rows, kill_and_wait_gone, lock_is_free,
                       read_record, release, run, start)
@@ -367,37 +368,12 @@ def test_endless_eintr_storm_under_blocking_waits_and_ends_on_term(tmp_path, loo
 # --- a full disk ------------------------------------------------------------------
 
 
-def fill(mnt):
-    """Fills the file system at mnt (as root: no reserve on tmpfs)."""
-    with open(mnt / "filler", "wb", buffering=0) as f:
-        chunk = b"\0" * 4096
-        try:
-            while True:
-                f.write(chunk)
-        except OSError:
-            pass
-        try:
-            while True:
-                f.write(b"\0")
-        except OSError:
-            pass
-    probe = mnt / "probe"
-    try:
-        probe.write_bytes(b"x" * 8192)
-    except OSError:
-        pass
-    else:
-        pytest.skip("could not fill the tmpfs")
-    finally:
-        probe.unlink(missing_ok=True)
-
-
 def test_full_disk_incident_append_warns_and_times_out_on_time(tmpfs):
     mnt = tmpfs("64k")
     d = mnt / "loop"
     d.mkdir(mode=0o755)
     (d / LOCK).write_bytes(b"")
-    fill(mnt)
+    fill_disk(mnt)
     h = flock_holder(d / LOCK)
     try:
         t0 = time.monotonic()
@@ -424,7 +400,7 @@ def test_a_row_cut_short_by_a_full_disk_never_corrupts_the_next_one(tmpfs):
     (d / LOCK).write_bytes(b"")
     row = json.dumps({"note": "x" * 10}) + "\n"
     (d / INCIDENTS).write_text(row + "#" * (4096 - 60 - len(row) - 1) + "\n")
-    fill(mnt)
+    fill_disk(mnt)
     h = flock_holder(d / LOCK)
     try:
         r = run(["-w", "0.1", d, "--", "true"])
@@ -450,7 +426,7 @@ def test_full_disk_record_write_warns_and_the_command_runs(tmpfs):
     d = mnt / "loop"
     d.mkdir(mode=0o755)
     (d / LOCK).write_bytes(b"")
-    fill(mnt)
+    fill_disk(mnt)
     r = run([d, "--", "echo", "ran"])
     assert r.returncode == 0, r.stderr
     assert r.stdout == "ran\n"

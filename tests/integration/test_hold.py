@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import blocked_waiters
+from conftest import fill_disk
 from conftest import (EX_OSERR, EX_TEMPFAIL, EX_USAGE, LOOPLOCK, PY, ROOT, TIMEOUT, expect_line, flock_holder,
                       helper, incident_rows, lock_is_free, read_record, release, run, running, start, wait_until)
 
@@ -633,15 +634,7 @@ def test_on_a_full_disk_release_reads_max_time_from_the_record(holds, tmpfs):
     d = mnt / "loop"
     d.mkdir()
     assert run([d, "--", "true"]).returncode == 0  # the record's room, before the disk is full
-    filler = mnt / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        while os.write(fd, b"x" * 4096) > 0:
-            pass
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    fill_disk(mnt)
     value = value_of(holds("--max-time", "1s", d).stdout)
     wait_until(lambda: not running(holder_pid(value)), "--max-time to end the hold", timeout=TIMEOUT)
     assert not (d / ".state.lock.incidents.jsonl").exists() or incident_rows(d) == []

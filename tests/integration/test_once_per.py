@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import fill_disk
 from conftest import (EX_CANTCREAT, EX_NOTFOUND, EX_TEMPFAIL, LOOPLOCK, NO_PROC, PY, TIMEOUT, children,
                       expect_line, expect_stderr, helper, incident_rows, kill_and_wait_gone, need_no_proc, proc_state,
                       run, running, start, wait_until)
@@ -463,15 +464,7 @@ def test_a_full_disk_leaves_the_ledger_whole_and_the_run_exits_73_before_its_com
     text = sealed(ledger(d))
     (d / RUNS).write_text(text[:-1] + " " * (4096 - 100 - len(text)) + "\n")
     before = (d / RUNS).read_bytes()
-    filler = mnt / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError:
-        pass  # ENOSPC: the disk is full
-    finally:
-        os.close(fd)
+    filler = fill_disk(mnt)
     r = run([*once(d, "60s", "op-new-" + "n" * 200), *tick(history, "new")])
     assert r.returncode == EX_CANTCREAT, r.stderr
     assert "No space left on device" in r.stderr and "the ledger was left as it was" in r.stderr, r.stderr
