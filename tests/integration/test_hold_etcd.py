@@ -7,6 +7,7 @@ and every wait is bounded. The local half is test_hold.py."""
 import os
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -184,17 +185,32 @@ def notes(history):
     return out
 
 
-def step_and_other_host(cluster, a, b, value, history, step_seconds, extra=()):
-    """A step on host a inside the hold (its job notes its start and end in
-    `history`), and once it runs, a run on host b that waits for the cluster
-    lock and notes when it starts."""
-    step = start([*cluster, *extra, a, "--", PY, "-c", STEP_JOB, str(history), str(step_seconds)],
-                 env={"LOOPLOCK_HOLD": value})
-    assert step.stdout.readline() == "ready\n", step.stderr.read()
-    other = start([*cluster, "-w", "120", b, "--", PY, "-c",
-                   f"import time; open({str(history)!r}, 'a').write(f'b-start {{time.time()}}\\n')"],
-                  env={"LOOPLOCK_HOLD": ""}, stdin=subprocess.DEVNULL)
-    return step, other
+class TwoHosts:
+    """A hold on host a (etcd at `url`, `hold_args` such as --ttl and
+    --max-time), a step inside it whose job notes its start and end in
+    `history` and runs `step_seconds`, and, once the step runs, a run on
+    host b that waits for the cluster lock and notes when it starts."""
+
+    def __init__(self, url, tmp_path, held, hold_args, step_seconds):
+        a, b = hosts_of(tmp_path)
+        self.history = tmp_path / "history"
+        cluster = ["--etcd", url, "--lock-name", f"hold{os.getpid()}-{next(_names)}"]
+        r = run([*cluster, *hold_args, "--hold", a])
+        assert r.returncode == 0, r.stderr
+        self.value = value_of(r.stdout)
+        self.holder = holder_pid(self.value)
+        held.append(self.holder)
+        self.step = start([*cluster, a, "--", PY, "-c", STEP_JOB, str(self.history), str(step_seconds)],
+                          env={"LOOPLOCK_HOLD": self.value})
+        assert self.step.stdout.readline() == "ready\n", self.step.stderr.read()
+        self.other = start([*cluster, "-w", "120", b, "--", PY, "-c",
+                            f"import time; open({str(self.history)!r}, 'a').write(f'b-start {{time.time()}}\\n')"],
+                           env={"LOOPLOCK_HOLD": ""}, stdin=subprocess.DEVNULL)
+
+    def other_started_after_the_step_ended(self):
+        assert self.other.wait(timeout=TIMEOUT) == 0, self.other.stderr.read()
+        got = notes(self.history)
+        assert got["step-end"] < got["b-start"], got
 
 
 def test_a_step_renews_the_holds_lease_and_a_lost_lease_ends_its_job_before_another_host_runs(held, tmp_path):
@@ -205,25 +221,16 @@ def test_a_step_renews_the_holds_lease_and_a_lost_lease_ends_its_job_before_anot
     held the cluster lock."""
     own = start_member()
     try:
-        a, b = hosts_of(tmp_path)
-        history = tmp_path / "history"
-        cluster = ["--etcd", own.url, "--lock-name", f"hold{os.getpid()}-{next(_names)}"]
-        r = run([*cluster, "--ttl", "2", "--hold", "--max-time", "2m", a])
-        assert r.returncode == 0, r.stderr
-        value = value_of(r.stdout)
-        held.append(holder_pid(value))
-        step, other = step_and_other_host(cluster, a, b, value, history, 60)
+        t = TwoHosts(own.url, tmp_path, held, ["--ttl", "2", "--max-time", "2m"], 60)
         os.kill(own.proc.pid, signal.SIGSTOP)
         try:
-            assert step.wait(timeout=TIMEOUT) == EX_LEASE_LOST, step.stderr.read()
+            assert t.step.wait(timeout=TIMEOUT) == EX_LEASE_LOST, t.step.stderr.read()
             # The hold's holder loses the lease too (the issue's 5 s outage).
-            wait_until(lambda: not running(holder_pid(value)), "the hold to end on its lost lease", timeout=TIMEOUT)
+            wait_until(lambda: not running(t.holder), "the hold to end on its lost lease", timeout=TIMEOUT)
         finally:
             os.kill(own.proc.pid, signal.SIGCONT)
-        assert "lease_lost" in step.stderr.read()
-        assert other.wait(timeout=TIMEOUT) == 0, other.stderr.read()
-        got = notes(history)
-        assert got["step-end"] < got["b-start"], got
+        assert "lease_lost" in t.step.stderr.read()
+        t.other_started_after_the_step_ended()
     finally:
         own.remove()
 
@@ -236,25 +243,18 @@ def test_a_hold_that_ends_while_a_step_runs_never_lets_another_host_in_before_th
     a step runs answers at once and says that steps still hold the lock,
     which they keep (exit 0). Either way the other host's run starts only
     after the step's job has ended."""
-    a, b = hosts_of(tmp_path)
-    history = tmp_path / "history"
-    cluster = ["--etcd", etcd.url, "--lock-name", f"hold{os.getpid()}-{next(_names)}"]
-    r = run([*cluster, "--hold", "--max-time", "3" if how == "max_time" else "2m", a])
-    assert r.returncode == 0, r.stderr
-    value = value_of(r.stdout)
-    held.append(holder_pid(value))
-    step, other = step_and_other_host(cluster, a, b, value, history, 8 if how == "max_time" else 4)
+    t = TwoHosts(etcd.url, tmp_path, held, ["--max-time", "3" if how == "max_time" else "2m"],
+                 8 if how == "max_time" else 4)
     if how == "release":
-        rel = run(["--release", value])
+        rel = run(["--release", t.value])
         assert rel.returncode == 0, rel.stderr
-        assert "steps that run inside it still hold the lock until they end" in rel.stderr, rel.stderr
-        assert step.wait(timeout=TIMEOUT) == 0, step.stderr.read()
+        assert "steps that run inside it (pid " in rel.stderr, rel.stderr
+        assert ") still hold the lock until they end" in rel.stderr, rel.stderr
+        assert t.step.wait(timeout=TIMEOUT) == 0, t.step.stderr.read()
     else:
-        assert step.wait(timeout=TIMEOUT) == 124, step.stderr.read()
-        assert "max_time_exceeded" in step.stderr.read()
-    assert other.wait(timeout=TIMEOUT) == 0, other.stderr.read()
-    got = notes(history)
-    assert got["step-end"] < got["b-start"], got
+        assert t.step.wait(timeout=TIMEOUT) == 124, t.step.stderr.read()
+        assert "max_time_exceeded" in t.step.stderr.read()
+    t.other_started_after_the_step_ended()
 
 
 def test_a_step_inside_an_etcd_hold_without_etcd_is_refused_and_never_runs(etcd, held, tmp_path):
@@ -285,25 +285,14 @@ def test_a_holder_whose_renewals_fail_still_leaves_the_lease_to_its_steps(held, 
     the other host starts only after the step's command has ended."""
     own = start_member()
     try:
-        a, b = hosts_of(tmp_path)
-        history = tmp_path / "history"
-        cluster = ["--etcd", own.url, "--lock-name", f"hold{os.getpid()}-{next(_names)}"]
-        r = run([*cluster, "--ttl", "3", "--hold", "--max-time", "2m", a])
-        assert r.returncode == 0, r.stderr
-        value = value_of(r.stdout)
-        pid = holder_pid(value)
-        held.append(pid)
-        step, other = step_and_other_host(cluster, a, b, value, history, 8)
-        os.kill(pid, signal.SIGSTOP)
+        t = TwoHosts(own.url, tmp_path, held, ["--ttl", "3", "--max-time", "2m"], 8)
+        os.kill(t.holder, signal.SIGSTOP)
         try:
-            import time
-            time.sleep(5)  # longer than the TTL: the holder's own renewals fail
+            time.sleep(5)  # the fault: longer than the TTL, so the holder's own renewals fail
         finally:
-            os.kill(pid, signal.SIGCONT)
-        assert step.wait(timeout=TIMEOUT) == 0, step.stderr.read()
-        assert other.wait(timeout=TIMEOUT) == 0, other.stderr.read()
-        got = notes(history)
-        assert got["step-end"] < got["b-start"], got
+            os.kill(t.holder, signal.SIGCONT)
+        assert t.step.wait(timeout=TIMEOUT) == 0, t.step.stderr.read()
+        t.other_started_after_the_step_ended()
     finally:
         own.remove()
 
