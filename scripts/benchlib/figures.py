@@ -80,6 +80,8 @@ def uncontended(u):
         once_per=r(lambda m: ratio(m["looplock once-per"], m["looplock"]), "looplock once-per", "looplock"),
         one_option=r(lambda m: ratio(m["looplock -x"], m["looplock"]), "looplock -x", "looplock"),
         metrics_env=r(lambda m: ratio(m["looplock metrics env"], m["looplock"]), "looplock metrics env", "looplock"),
+        baseline=r(lambda m: ratio(m["looplock"], m["baseline"]), "looplock", "baseline"),
+        baseline_nofork=r(lambda m: ratio(m["looplock -F"], m["baseline -F"]), "looplock -F", "baseline -F"),
     )
 
 

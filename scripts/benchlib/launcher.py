@@ -77,13 +77,16 @@ def check_ok(name, status):
 class Tools:
     """The command line of each tool around a command: looplock (plain, -F,
     with --metrics-dir) on the loop dir, flock(1) (plain, -F) on the loop
-    dir's lock file, the empty wrapper (the limit of any wrapper), or the
-    bare command."""
+    dir's lock file, the empty wrapper (the limit of any wrapper), the
+    looplock of an earlier commit (plain, -F: `scripts/bench --baseline`),
+    or the bare command."""
 
-    def __init__(self, looplock, flock, d, empty=None):
+    def __init__(self, looplock, flock, d, empty=None, baseline=None, baseline_label=None):
         self.looplock = looplock
         self.flock = flock
         self.empty = empty  # the empty static vfork-and-exec wrapper, or None
+        self.baseline = baseline  # an earlier commit's looplock, or None
+        self.baseline_label = baseline_label  # which commit, as the report names it
         self.dir = str(d)
         self.lock = str(Path(d) / ".state.lock")
         self.metrics = str(Path(d).parent / "metrics")
@@ -109,6 +112,10 @@ class Tools:
             # 1ms: every run is a slot of its own, so each reads the ledger
             # and records its start and end (the whole cost of --once-per).
             return [self.looplock, "--once-per", "1ms", "--operation", "bench", *policy_args, self.dir, "--", *cmd]
+        if tool == "baseline":
+            return [self.baseline, *policy_args, self.dir, "--", *cmd]
+        if tool == "baseline -F":
+            return [self.baseline, "-F", *policy_args, self.dir, "--", *cmd]
         if tool == "flock":
             return [self.flock, self.lock, *cmd]
         if tool == "flock -F":

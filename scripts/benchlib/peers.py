@@ -102,6 +102,41 @@ def build_empty(work):
     return build_c(work, "empty", EMPTY_C, static=True)
 
 
+def build_baseline(root, rev, work):
+    """(looplock as built at commit `rev`, its label "REV (commit C)"), built
+    from a git worktree of `root` in `work` with meson's defaults and no man
+    pages, the worktree removed after; or (None, why it could not be built)."""
+    def git(*args):
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=120)
+
+    r = git("rev-parse", "--short=12", "--verify", f"{rev}^{{commit}}")
+    if r.returncode != 0:
+        return None, f"{rev} is no commit here: {r.stderr.strip()}"
+    commit = r.stdout.strip()
+    tree = Path(work) / "baseline-tree"
+    r = git("worktree", "add", "--detach", str(tree), commit)
+    if r.returncode != 0:
+        return None, f"git worktree add failed: {r.stderr.strip()}"
+    try:
+        build = tree / "b"
+        for options in (["-Dman=disabled"], []):  # an older tree may not have the option
+            r = subprocess.run(["meson", "setup", str(build), *options], cwd=tree, capture_output=True, text=True,
+                               timeout=600)
+            if r.returncode == 0:
+                break
+            shutil.rmtree(build, ignore_errors=True)
+        if r.returncode != 0:
+            return None, f"meson setup failed at {commit}: {r.stdout.strip()[-400:]}"
+        r = subprocess.run(["ninja", "-C", str(build), "src/looplock"], capture_output=True, text=True, timeout=1800)
+        if r.returncode != 0:
+            return None, f"ninja failed at {commit}: {r.stdout.strip()[-400:]}"
+        out = Path(work) / f"looplock-{commit}"
+        shutil.copy2(build / "src" / "looplock", out)
+        return str(out), f"{rev} (commit {commit})" if rev != commit else commit
+    finally:
+        git("worktree", "remove", "--force", str(tree))
+
+
 class Holder:
     """`flock DIR/.state.lock sh -c 'echo ready; exec sleep 1000'` in its own
     process group, so that ending it ends the sleep that shares its fd."""

@@ -151,8 +151,13 @@ def uncontended_section(u):
          "CPU is user+system time of the tool and its command (from `wait4`), less sensitive to "
          "other load than wall time.\n\n",
          "| tool | command | median ms | p10 ms | p90 ms | CPU median ms |\n|---|---|---:|---:|---:|---:|\n"]
+    commands = dict(COMMANDS)
+    if "baseline" in u["tools"]:
+        at = u.get("baseline", "an earlier commit")
+        commands["baseline"] = f"`looplock DIR -- /bin/true` as built at {at} (`--baseline`)"
+        commands["baseline -F"] = f"`looplock -F DIR -- /bin/true` as built at {at}"
     for t in u["tools"]:
-        o.append(f"| {t} | {COMMANDS[t]} | {ms(med[t])} | {ms(pct(u['wall'][t], 10))} | "
+        o.append(f"| {t} | {commands[t]} | {ms(med[t])} | {ms(pct(u['wall'][t], 10))} | "
                  f"{ms(pct(u['wall'][t], 90))} | {ms(median(u['cpu'][t]))} |\n")
     o += [f"\n| ratio | wall | spread over {u['reps']} repetitions | CPU |\n|---|---:|---:|---:|\n",
           f"| looplock / flock(1) | {ratio_cells(f['wall'])} |\n",
@@ -169,7 +174,13 @@ def uncontended_section(u):
           f"checks option names against `std::locale::classic()`, whose first use builds every facet) "
           f"| {ratio_cells(f['one_option'])} |\n",
           f"| LOOPLOCK_METRICS_DIR looplock / looplock (the metrics file's update alone) "
-          f"| {ratio_cells(f['metrics_env'])} |\n\n"]
+          f"| {ratio_cells(f['metrics_env'])} |\n"]
+    if "baseline" in u["tools"]:
+        at = u.get("baseline", "an earlier commit")
+        o += [f"| looplock / looplock at {at} (this build against the earlier one, side by side) "
+              f"| {ratio_cells(f['baseline'])} |\n",
+              f"| looplock -F / looplock -F at {at} | {ratio_cells(f['baseline_nofork'])} |\n"]
+    o.append("\n")
     if "empty" not in u["tools"]:
         o.append("No empty wrapper: it could not be built (a C compiler and a static C library are needed).\n\n")
     return "".join(o)

@@ -73,6 +73,8 @@ def uncontended(L, T, cfg):
              "looplock -x", "looplock metrics env"]
     if T.empty is None:
         tools.remove("empty")
+    if T.baseline is not None:
+        tools += ["baseline", "baseline -F"]
     argv = {t: T.wrap(t, [TRUE]) for t in tools}
     env = {t: T.env_for(t) for t in tools}
     wall = {t: [] for t in tools}
@@ -84,7 +86,7 @@ def uncontended(L, T, cfg):
             if i >= cfg["unc_warmup"]:
                 wall[t].append(w)
                 cpu[t].append(c)
-    return dict(tools=tools, wall=wall, cpu=cpu, reps=cfg["unc_reps"], runs=cfg["unc_runs"],
+    return dict(tools=tools, wall=wall, cpu=cpu, reps=cfg["unc_reps"], runs=cfg["unc_runs"], baseline=T.baseline_label,
                 warmup=cfg["unc_warmup"])
 
 

@@ -207,6 +207,27 @@ def test_the_ratios_are_computed_from_the_numbers():
     assert ["10", "`etcdctl lock`", "9.0", "1.05", "3.2", "22.000", "23.960"] in rows(cluster)
 
 
+def test_a_baseline_build_runs_side_by_side_and_its_ratios_follow_the_numbers():
+    """scripts/bench --baseline REV: looplock as built at REV is two more
+    tools of the uncontended scenario, with two ratios; the targets do not
+    change. Without it, no such row."""
+    res = results()
+    u = res["uncontended"]
+    u["wall"]["baseline"], u["wall"]["baseline -F"] = ns(7.5, 8, 8.5), ns(6, 6, 6)  # looplock 8, -F 6
+    u["cpu"]["baseline"], u["cpu"]["baseline -F"] = ns(5, 5, 5), ns(1, 1, 1)  # looplock's CPU 4, -F 1
+    u["tools"] += ["baseline", "baseline -F"]
+    u["baseline"] = "v1 (commit 0123456789ab)"
+    text = render(res)
+    body = bench_section(text, "## 1. Uncontended")
+    ratios = {r[0]: r[1:] for r in rows(body)}
+    assert ratios["looplock / looplock at v1 (commit 0123456789ab) (this build against the earlier one, side by "
+                  "side)"] == ["1.00", "0.93..1.06", "0.80"]  # 8 / 8; 7 / 7.5, 9 / 8.5; CPU 4 / 5
+    assert ratios["looplock -F / looplock -F at v1 (commit 0123456789ab)"] == ["1.00", "0.83..1.17", "1.00"]
+    assert ratios["baseline"][0] == "`looplock DIR -- /bin/true` as built at v1 (commit 0123456789ab) (`--baseline`)"
+    assert targets(text) == EXPECTED_TARGETS
+    assert "as built at" not in render()
+
+
 @pytest.mark.parametrize("looplock, flock, shown, met", [
     (7, 10, "0.70", True), (8, 10, "0.80", True), (9, 10, "0.90", False), (10, 8, "1.25", False)])
 def test_a_ratio_and_its_verdict_follow_the_numbers(looplock, flock, shown, met):
