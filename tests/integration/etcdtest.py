@@ -444,6 +444,7 @@ class History:
         self.wake_r, self.wake_w = os.pipe()
         self.sel.register(self.wake_r, selectors.EVENT_READ, None)
         self.count = 0
+        self.loops = 0  # the reader's rounds so far (drained())
         self.done = False
         self.thread = threading.Thread(target=self.run, daemon=True)
         self.thread.start()
@@ -491,8 +492,25 @@ class History:
                             rec["end"], rec["how"] = now, "killed"
                     self.sel.unregister(key.fd)
                     os.close(key.fd)
+            with self.lock:
+                self.loops += 1
+
+    def drained(self, timeout=TIMEOUT):
+        """Returns once the reader has read what the FIFOs held when called:
+        three of its rounds begun after it (a round reads every FIFO that has
+        data, and a line and the EOF after it may take two), so that a
+        command that exited before is seen to have started."""
+        with self.lock:
+            target = self.loops + 3
+        for _ in range(3):
+            os.write(self.wake_w, b"x")  # no round waits for select's timeout
+        bounded_wait(lambda: self.loops >= target, "the history's reader", timeout)
 
     def wait_ended(self, timeout=TIMEOUT):
+        """Every command that has started has ended; call it once every
+        command's looplock has exited (what they wrote before is read
+        first: drained())."""
+        self.drained(timeout)
         bounded_wait(lambda: all(r["end"] is not None for r in self.started()), "every command's end", timeout)
 
     def started(self):
