@@ -62,6 +62,15 @@ std::optional<unsigned long long> peek_generation(std::string_view line) {
   return g;
 }
 
+// Whether `span` of `text` is still a whole line that is a valid copy.
+bool whole_copy_at(std::string_view text, Span span) {
+  if (span.end > text.size() || span.begin >= span.end || (span.begin > 0 && text[span.begin - 1] != '\n') ||
+      text[span.end - 1] != '\n' || text.substr(span.begin, span.end - span.begin - 1).find('\n') != std::string_view::npos) {
+    return false;
+  }
+  return sealed_copy_at(text, span).has_value();
+}
+
 std::optional<Newest> newest_copy(std::string_view text) {
   // The lines in the order of the generation they start with, newest
   // first: the first that is a whole ledger of that generation is the
@@ -249,26 +258,28 @@ InPlace write_in_place(const LockDir& dir, int fd, const std::vector<RunEntry>& 
   const auto newest = newest_copy(*text);
   const OwnCopies before = own;
   own = {};  // known again only once this write is whole
-  if (!newest) {  // nothing to keep: one copy over whatever is there
+  if (!newest) {  // nothing to keep: one copy at the start, over whatever is there (what follows is no copy)
     const std::string data = encode_ledger(entries, 0);
     if (static_cast<size_t>(st.size) < data.size() && !sys::reserve_space(fd, data.size())) {
       return {failure(dir, "reserving its new length", "", true)};
     }
-    if (!write_over(fd, data, static_cast<long long>(kMaxFileBytes))) return {failure(dir, "writing it", "", true)};
+    if (!sys::pwrite_all(fd, data, 0)) return {failure(dir, "writing it", "", true)};
     return {};
   }
   const std::string data = encode_ledger(entries, newest->generation + 1);
   const Span kept{newest->begin, newest->end};
-  // After this looplock's own write the copy that was durable before it is
-  // still there: both are kept, and nothing waits for the disk. Else (or
-  // when the two leave no room) the newest copy is made durable first, and
-  // kept.
+  // Right after this looplock's own write (one since its last sync), the
+  // copy that was durable before it is kept too, and nothing waits for the
+  // disk, when that copy is still whole where it was (a nested run's write
+  // cut short may have gone over it). Else (or when the two leave no room)
+  // the newest copy is made durable first, and kept.
   Span durable = before.durable;
   std::optional<Placement> p;
-  if (before.known && before.generation == newest->generation && before.written.begin == kept.begin &&
-      before.written.end == kept.end) {
+  if (before.known && !before.unsynced && before.generation == newest->generation &&
+      before.written.begin == kept.begin && before.written.end == kept.end && whole_copy_at(*text, durable)) {
     p = place_copy(data, {durable, kept}, kMaxFileBytes);
   }
+  const bool unsynced = p.has_value();
   if (!p) {
     if (!sys::sync_data(fd)) return {failure(dir, "syncing it", "", true)};
     durable = kept;
@@ -284,6 +295,7 @@ InPlace write_in_place(const LockDir& dir, int fd, const std::vector<RunEntry>& 
   }
   if (!sys::pwrite_all(fd, p->data, p->offset)) return {failure(dir, "writing it", "", true)};
   own = {.known = true,
+         .unsynced = unsynced,
          .generation = newest->generation + 1,
          .written = {static_cast<size_t>(p->offset), end},
          .durable = durable};
@@ -305,6 +317,10 @@ std::optional<sys::Failure> replace_ledger(const LockDir& dir, const std::vector
   const std::string data = encode_ledger(entries, 0);
   std::optional<sys::Failure> f;
   if (!sys::write_all(fd.get(), data)) f = failure(dir, "writing ", kRunsNewName, existed);
+  // On disk before it replaces a ledger that was: else a power cut could
+  // leave the name on an empty file (the rename's order is the file
+  // system's), and every entry lost.
+  if (!f && existed && !sys::sync_data(fd.get())) f = failure(dir, "syncing ", kRunsNewName, existed);
   if (!f && !sys::close_checked(std::move(fd))) f = failure(dir, "writing ", kRunsNewName, existed);
   if (!f && !sys::rename_in(dir.fd.get(), kRunsNewName, kRunsName)) {
     f = failure(dir, "renaming ", kRunsNewName, existed);
@@ -320,10 +336,11 @@ std::optional<sys::Failure> write_ledger(const LockDir& dir, const std::vector<R
   // where it overlaps none of the copies kept (sealed.hpp), so a write cut
   // short for any reason (a full disk, RLIMIT_FSIZE, a quota, EIO, a
   // crash) leaves them, and every operation's entry in them, as they were.
-  const UniqueFd in_place = sys::open_in(dir.fd.get(), kRunsName, {.access = sys::OpenIn::Access::ReadWrite});
+  UniqueFd in_place = sys::open_in(dir.fd.get(), kRunsName, {.access = sys::OpenIn::Access::ReadWrite});
   if (in_place) {
     const InPlace done = write_in_place(dir, in_place.get(), entries, own);
     if (!done.replace) return done.failure;
+    in_place.reset();  // not open while it is replaced (Windows)
     return replace_ledger(dir, entries, true);
   }
   if (errno != ENOENT && errno != EACCES && errno != EPERM) return failure(dir, "opening it", "", true);

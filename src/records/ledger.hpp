@@ -52,12 +52,14 @@ std::optional<RunEntry> entry_of(const LedgerRead& ledger, const std::string& op
 // wait for the disk: the copy it wrote last and one that was durable when it
 // wrote it. A write whose newest valid copy is another's (or none it knows)
 // makes that copy durable first (fdatasync(2): cheap when it was written back
-// long ago) and keeps it; one that follows this looplock's own write keeps
-// both that copy and the durable one, and need not wait. So at any instant
-// a durable valid copy is on disk: a power cut loses at most the runs
-// recorded since it, never an older one's entry.
+// long ago) and keeps it; the one write that may follow it without a sync
+// (a run's end after its start) keeps both that copy and the durable one,
+// when that one is still whole. So at any instant a durable valid copy is
+// on disk: a power cut loses at most the runs recorded since it, never an
+// older one's entry.
 struct OwnCopies {
   bool known = false;
+  bool unsynced = false;              // the copy it wrote last followed it without a sync
   unsigned long long generation = 0;  // of the copy this looplock wrote last
   Span written;                       // its bytes
   Span durable;                       // a copy durable before it, and kept since

@@ -290,3 +290,56 @@ TEST_CASE("a ledger spread out past where readers look (an earlier version's pad
   CHECK(looplock::entry_of(read, "u"));
   CHECK(testutil::slurp(dir / looplock::kRunsName)->size() < 4096);
 }
+
+TEST_CASE("a nested run's write cut short over the copy kept as durable: the next own write syncs and keeps the newest") {
+  // (A reviewer's case.) The newest copy D after a junk line; this run's
+  // start W1 fits before it, at 0.
+  TempDir dir;
+  const looplock::LockDir d = looplock::open_lock_dir(dir.path());
+  const std::vector<RunEntry> seed{run_entry("seed", kT, kT + 1)};
+  const std::string D = looplock::encode_ledger(seed, 5);
+  const RunEntry start = run_entry("p", kT + 2);
+  const auto u1 = looplock::with_entry(seed, start, kT);
+  const size_t L1 = looplock::encode_ledger(u1.entries, 6).size();
+  const std::string junk = std::string(L1 + 5 - 1, 'j') + "\n";  // W1 fits at 0, W2 not between
+  testutil::write_file(dir / looplock::kRunsName, junk + D, 0640);
+  looplock::OwnCopies a;
+  looplock::record_local_ledger(d, start, kT, a);  // W1
+  REQUIRE(a.known);
+  CHECK(a.written.begin == 0);
+  CHECK(a.durable.begin == junk.size());
+  // A nested run (nothing known: it syncs, keeps W1 only) writes after W1,
+  // cut short (EFBIG) past D's newline: D is torn; the newest is still W1.
+  {
+    std::string t = *testutil::slurp(dir / looplock::kRunsName);
+    const std::string x = looplock::encode_ledger(u1.entries, 7);
+    const size_t cut = t.size() - L1 + 3;  // covers D's last byte
+    t.replace(L1, cut, x.substr(0, cut));
+    testutil::write_file(dir / looplock::kRunsName, t, 0640);
+  }
+  REQUIRE(looplock::read_ledger(d).generation == 6);
+  RunEntry end = start;
+  end.ended_ms = kT + 9;
+  looplock::record_local_ledger(d, end, kT, a);  // W2: D is no copy now, so W1 is synced and kept
+  const auto read = looplock::read_ledger(d);
+  CHECK(read.generation == 7);
+  REQUIRE(looplock::entry_of(read, "p"));
+  CHECK(looplock::entry_of(read, "p")->ended_ms == kT + 9);
+  CHECK_FALSE(a.unsynced);
+  CHECK(a.durable.begin == 0);  // W1
+}
+
+TEST_CASE("one write without a sync after each sync: a third own write syncs again") {
+  TempDir dir;
+  const looplock::LockDir d = looplock::open_lock_dir(dir.path());
+  record(d, run_entry("seed", kT), kT);  // a file to write in place
+  looplock::OwnCopies own;
+  looplock::record_local_ledger(d, run_entry("a", kT + 1), kT, own);
+  CHECK_FALSE(own.unsynced);  // the first: the newest made durable first
+  looplock::record_local_ledger(d, run_entry("a", kT + 1, kT + 2), kT, own);
+  CHECK(own.unsynced);  // the second: kept the durable copy, did not wait
+  const looplock::Span durable = own.durable;
+  looplock::record_local_ledger(d, run_entry("b", kT + 3), kT, own);
+  CHECK_FALSE(own.unsynced);  // the third: synced, its durable copy the second's
+  CHECK_FALSE((own.durable.begin == durable.begin && own.durable.end == durable.end));
+}
