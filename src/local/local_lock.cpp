@@ -703,11 +703,19 @@ bool record_end_locally(const LockDir& dir, const RunEntry& entry, OwnCopies& ow
 
 }  // namespace
 
-LedgerLook LocalLedger::look(const std::string& operation, bool /*locked*/) {
+LedgerLook LocalLedger::look(const std::string& operation, bool locked) {
+  if (locked && !guard_) guard_ = guard_ledger(dir_);
   return look_local_ledger(dir_, operation);
 }
-void LocalLedger::record_start(const RunEntry& entry) { record_locally(dir_, entry, own_, log_); }
-bool LocalLedger::record_end(const RunEntry& entry) { return record_end_locally(dir_, entry, own_, log_); }
+void LocalLedger::record_start(const RunEntry& entry) {
+  if (!guard_) guard_ = guard_ledger(dir_);
+  record_locally(dir_, entry, own_, log_);
+  guard_.reset();
+}
+bool LocalLedger::record_end(const RunEntry& entry) {
+  const UniqueFd guard = guard_ledger(dir_);
+  return record_end_locally(dir_, entry, own_, log_);
+}
 std::string LocalLedger::name() const { return local_ledger_name(shown_); }
 
 // --- nested -------------------------------------------------------------------

@@ -31,6 +31,8 @@ public:
   LedgerLook look(const std::string& operation, bool locked) override;
   void record_start(const RunEntry& entry) override;
   bool record_end(const RunEntry& entry) override;
+  void end_claim() override { guard_.reset(); }
+  bool shared_by_nested_runs() const override { return true; }
   std::string name() const override;
 
 private:
@@ -38,6 +40,7 @@ private:
   std::string shown_;  // DIR as given
   const Logger& log_;
   OwnCopies own_;  // this run's own ledger writes (ledger.hpp)
+  UniqueFd guard_;  // guard_ledger(), from a locked look to the record of the start
 };
 
 class LocalLock final : public Lock {

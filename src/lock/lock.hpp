@@ -93,6 +93,16 @@ public:
   virtual ~Ledger() = default;
   virtual LedgerLook look(const std::string& operation, bool locked) = 0;
   virtual void record_start(const RunEntry& entry) = 0;
+  // A locked look (look(..., true)) keeps the ledger as it found it, for
+  // this run alone, until record_start() or end_claim(): runs nested in one
+  // holder share its lock, and each one's look and record must be one step.
+  virtual void end_claim() {}
+  // Whether a start without an end that a locked look finds, its looplock
+  // alive on this host, is a run on now: so for a ledger whose lock runs
+  // nested in one holder share (the local one); not for a cluster ledger,
+  // where such a looplock may have lost its lease (stopped, cut off) and
+  // its slot is another's to run.
+  virtual bool shared_by_nested_runs() const { return false; }
   virtual bool record_end(const RunEntry& entry) = 0;
   // Where it is, for messages: "run ledger DIR/.state.lock.runs.json".
   virtual std::string name() const = 0;

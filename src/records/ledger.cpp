@@ -174,20 +174,25 @@ LedgerLook look_local_ledger(const LockDir& dir, const std::string& operation) {
   return look;
 }
 
-LedgerUpdate record_local_ledger(const LockDir& dir, const RunEntry& entry, long long now_ms, OwnCopies& own) {
-  // Runs nested in one holder (and a hold's steps) share its lock: their
-  // read-modify-writes are one at a time, under a lock on the ledger
-  // itself (past its data: never in a reader's way), taken for at most a
-  // few seconds (they last milliseconds).
-  // (While the file is missing, its first writers make it by a rename each,
-  // unguarded: a known limit, until the first one exists.)
-  const UniqueFd guard = sys::open_in(dir.fd.get(), kRunsName, {.access = sys::OpenIn::Access::Read});
-  if (guard) {
-    const Instant until = MonotonicClock::now() + std::chrono::seconds(5);
-    while (!sys::try_lock(guard.get(), /*exclusive=*/true, sys::LockAt::PastData) && MonotonicClock::now() < until) {
-      nap(std::chrono::milliseconds(2));
-    }
+UniqueFd guard_ledger(const LockDir& dir) {
+  // Made empty when missing (an empty ledger reads as no entry), so that
+  // there is always a file to lock: else the first writers would each make
+  // it by a rename, unguarded, and lose each other's entries.
+  UniqueFd guard = sys::open_in(dir.fd.get(), kRunsName,
+                                {.access = sys::OpenIn::Access::Read,
+                                 .create = sys::OpenIn::Create::IfMissing,
+                                 .mode = kCreateMode});
+  if (!guard) guard = sys::open_in(dir.fd.get(), kRunsName, {.access = sys::OpenIn::Access::Read});
+  if (!guard) return guard;
+  const Instant until = MonotonicClock::now() + std::chrono::seconds(5);
+  while (!sys::try_lock(guard.get(), /*exclusive=*/true, sys::LockAt::PastData)) {
+    if (MonotonicClock::now() >= until) return UniqueFd();
+    nap(std::chrono::milliseconds(2));
   }
+  return guard;
+}
+
+LedgerUpdate record_local_ledger(const LockDir& dir, const RunEntry& entry, long long now_ms, OwnCopies& own) {
   const LedgerRead read = read_ledger(dir);
   LedgerUpdate u = with_entry(read.entries, entry, now_ms);
   if (const auto f = write_ledger(dir, u.entries, own)) {

@@ -11,6 +11,7 @@
 #include "os/failure.hpp"
 #include "os/file_status.hpp"
 #include "os/ids.hpp"
+#include "os/unique_fd.hpp"
 #include "records/lockfile.hpp"
 #include "records/run_entry.hpp"
 #include "records/sealed.hpp"
@@ -68,8 +69,17 @@ std::optional<sys::Failure> write_ledger(const LockDir& dir, const std::vector<R
 
 // The local ledger's entry of `operation` (Fatal 73 when the ledger is unsafe).
 LedgerLook look_local_ledger(const LockDir& dir, const std::string& operation);
-// Records `entry` in the local ledger, as of `now_ms`; Fatal 73 when it
-// cannot. Returns what the update did to other entries (for a warning).
+// The ledger's own lock, for runs nested in one holder (and a hold's
+// steps), which share its lock: each looks and records, and each records
+// its end, one at a time under it (past the data, never in a reader's
+// way). The ledger is made, empty, when it is missing (an empty ledger
+// reads as no entry), so that there is a file to lock. Waits at most a few
+// seconds (a look and a record last milliseconds); none (no descriptor)
+// when it cannot be made, opened or taken by then.
+UniqueFd guard_ledger(const LockDir& dir);
+// Records `entry` in the local ledger, as of `now_ms`, under the caller's
+// guard_ledger(); Fatal 73 when it cannot. Returns what the update did to
+// other entries (for a warning).
 LedgerUpdate record_local_ledger(const LockDir& dir, const RunEntry& entry, long long now_ms, OwnCopies& own);
 
 }  // namespace looplock

@@ -92,6 +92,13 @@ std::string describe_run(const RunEntry& e) {
 
 bool runner_proven_dead(const RunEntry& e) { return sys::proven_dead(e.boot_id, e.pid_ns, e.pid, e.pid_start); }
 
+bool runner_alive_here(const RunEntry& e) {
+  if (e.boot_id.empty() || e.pid_start.empty() || e.pid <= 0 || e.pid > 0x7fffffff) return false;
+  const auto pid = static_cast<Pid>(e.pid);
+  return e.boot_id == sys::boot_id() && e.pid_ns == sys::pid_namespace() && sys::process_alive(pid) &&
+         sys::process_start(pid) == e.pid_start;  // a zombie, KILLed and not yet reaped, is no runner
+}
+
 SlotVerdict judge_slot(const std::optional<RunEntry>& entry, long long now_ms, long long once_per_ms) {
   if (!entry) return {};
   const long long since = now_ms - entry->started_ms;

@@ -58,6 +58,9 @@ std::string describe_run(const RunEntry& e);
 // start time). An entry from another host, or one without these facts (an
 // earlier version), is never proven dead.
 bool runner_proven_dead(const RunEntry& e);
+// Whether that looplock is proven alive: on this host (this boot, this pid
+// namespace) its pid is still the process that ran it (its start time).
+bool runner_alive_here(const RunEntry& e);
 
 // What a ledger's entry means for this run's slot.
 enum class Slot {

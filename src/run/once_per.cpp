@@ -145,13 +145,29 @@ bool OncePer::claim(const Locks& locks, const std::function<void()>& let_go) {
   for (const auto& lock : locks) {
     if (const auto absorbed = lock->absorbed_start_ms()) at_ms = std::max(at_ms, *absorbed);
   }
+  const auto skip = [&](const RunEntry& run, const Blocker* holding, const Ledger& by) {
+    for (const auto& lock : locks) {
+      if (Ledger* l = lock->ledger()) l->end_claim();
+    }
+    let_go();
+    return already_run(run, holding, by);
+  };
   for (const auto& lock : locks) {
     Ledger* l = lock->ledger();
     if (!l) continue;
     const LedgerLook look = l->look(identity_.operation, true);
-    if (counts(look, *l, true, at_ms)) {
-      let_go();
-      return already_run(*look.entry, nullptr, *l);
+    if (counts(look, *l, true, at_ms)) return skip(*look.entry, nullptr, *l);
+    // Under the local lock, a start without an end is a crashed run's,
+    // unless its looplock is alive here: then it holds the lock with this
+    // one, a run nested in the same holder (or a step of the same hold),
+    // and runs the slot now.
+    if (l->shared_by_nested_runs() && look.entry &&
+        judge_slot(look.entry, at_ms, ms_of(*settings_.period)).slot == Slot::Running &&
+        runner_alive_here(*look.entry)) {
+      Blocker sharing;
+      sharing.what = "the lock this run is nested in";
+      sharing.who = "the same holder as this run (pid " + std::to_string(look.entry->pid) + " runs inside it too)";
+      return skip(*look.entry, &sharing, *l);
     }
   }
   RunEntry me = this_run();

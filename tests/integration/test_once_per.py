@@ -290,9 +290,14 @@ def test_max_time_ending_the_run_counts_with_124(loop_dir):
     assert ledger(loop_dir)["runs"][0]["exit_status"] == 124
 
 
-def test_a_ledger_that_cannot_be_written_fails_the_run_with_73_before_the_command(loop_dir, tmp_path):
+def test_a_ledger_that_cannot_be_written_fails_the_run_with_73_before_the_command(tmp_path, tmpfs):
     history = tmp_path / "history"
-    (loop_dir / (RUNS + ".new")).mkdir()  # where the next ledger is written first
+
+    def prepare(mnt):  # a lock file, no ledger, then read-only
+        (mnt / "loop").mkdir()
+        (mnt / "loop" / ".state.lock").touch()
+
+    loop_dir = tmpfs(prepare=prepare, ro=True) / "loop"
     r = run([*once(loop_dir), *tick(history, "a")])
     assert r.returncode == EX_CANTCREAT, r.stderr
     assert "cannot write the run ledger" in r.stderr and "the command did not run" in r.stderr
@@ -524,18 +529,70 @@ def test_a_ledger_write_cut_short_by_anything_leaves_every_other_entry_as_it_was
     assert {e["operation"] for e in ledger(loop_dir)["runs"]} == {"first", *ops, "new-one"}
 
 
-def test_runs_nested_in_one_holder_never_lose_each_others_ledger_entries(loop_dir, tmp_path):
+@pytest.mark.parametrize("ledger_first", [True, False], ids=["ledger", "no-ledger"])
+def test_runs_nested_in_one_holder_never_lose_each_others_ledger_entries(loop_dir, tmp_path, ledger_first):
     """Nested runs share their holder's lock, so their ledger writes are
     serialised by a lock on the ledger itself: 30 at once, each of its own
-    operation, all end up in it."""
-    # The ledger exists (while it is missing, its first writers make it by a
-    # rename each, unguarded).
-    assert run([*once(loop_dir, "5m", "first"), "true"]).returncode == 0
+    operation, all end up in it, also when the ledger is missing at first
+    (the first of them makes it, empty, to lock it: before, its first
+    writers each made it by a rename, unguarded, and one of 16 could exit
+    73 when another's rename took its new file away)."""
+    if ledger_first:
+        assert run([*once(loop_dir, "5m", "first"), "true"]).returncode == 0
     script = ("for i in $(seq 30); do \"$0\" --once-per 5m --operation nested-$i \"$1\" -- true & done; wait")
     r = run([loop_dir, "--", "sh", "-c", script, LOOPLOCK, loop_dir], timeout=120)
     assert r.returncode == 0, r.stderr
     ops = {e["operation"] for e in ledger(loop_dir)["runs"]}
-    assert ops == {"first", *(f"nested-{i}" for i in range(1, 31))}, sorted(ops)
+    assert ops == {*(["first"] if ledger_first else []), *(f"nested-{i}" for i in range(1, 31))}, sorted(ops)
+
+
+def test_a_run_nested_in_the_holder_of_a_slots_running_run_skips_it(loop_dir, tmp_path):
+    """Nested runs share their holder's lock, so none waits for another: a
+    nested run that finds its operation's slot taken by a run that is on
+    now (started, no end, its looplock alive here) skips (0,
+    noop-already-run, running_now), as a run that waited for the lock
+    would once that run ended. Before, it ran the operation a second time,
+    at once."""
+    history = tmp_path / "history"
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    # The first nested run's command says "ready" and waits on the gate; the
+    # outer command then (on the test's word) starts the second nested run.
+    script = ('"$0" --once-per 5m --operation op "$1" -- sh -c \'echo first >> "$1"; echo ready; read x < "$2"\' '
+              'sh "$2" "$3" & read x; '
+              '"$0" --log-format json --once-per 5m --operation op "$1" -- sh -c \'echo second >> "$1"\' sh "$2"; '
+              'echo "second=$?"; wait')
+    outer = start([loop_dir, "--", "sh", "-c", script, LOOPLOCK, loop_dir, history, gate])
+    try:
+        assert outer.stdout.readline() == "ready\n", outer.stderr.read()
+        outer.stdin.write("x\n")
+        outer.stdin.flush()
+        assert outer.stdout.readline() == "second=0\n", outer.stderr.read()
+        with open(gate, "w") as g:
+            g.write("go\n")
+        outer.stdin.close()
+        assert outer.wait(timeout=TIMEOUT) == 0, outer.stderr.read()
+    finally:
+        if outer.poll() is None:
+            outer.kill()
+            outer.wait(timeout=TIMEOUT)
+    assert history.read_text() == "first\n"
+    lines = [json.loads(x) for x in outer.stderr.read().splitlines() if x.startswith("{")]
+    (line,) = [x for x in lines if x.get("event") == "noop-already-run"]
+    assert line["running_now"] is True and "the same holder as this run" in line["message"], line
+    assert line["last_run"]["ended_ms"] is None, line
+
+
+def test_nested_runs_of_one_operation_at_once_run_it_once_in_its_slot(loop_dir, tmp_path):
+    """16 nested runs of 4 operations, all at once, inside one holder: each
+    operation runs once (its look and its record are one step under the
+    ledger's lock). Before, each ran 4 times."""
+    history = tmp_path / "history"
+    script = ('for i in $(seq 16); do "$0" -q --once-per 5m --operation op$((i % 4)) "$1" -- '
+              'sh -c \'echo "$0" >> "$1"; sleep 0.2\' op$((i % 4)) "$2" & done; wait')
+    r = run([loop_dir, "--", "sh", "-c", script, LOOPLOCK, loop_dir, history], timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert sorted(history.read_text().split()) == ["op0", "op1", "op2", "op3"]
 
 
 def sealed(obj):

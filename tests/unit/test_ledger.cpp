@@ -343,3 +343,31 @@ TEST_CASE("one write without a sync after each sync: a third own write syncs aga
   CHECK_FALSE(own.unsynced);  // the third: synced, its durable copy the second's
   CHECK_FALSE((own.durable.begin == durable.begin && own.durable.end == durable.end));
 }
+
+TEST_CASE("a runner proven alive here: this host's boot and pid namespace, its pid still the process that ran it, not a zombie") {
+  RunEntry e = run_entry("t", kT);
+  e.pid = getpid();
+  e.pid_start = looplock::sys::own_start().value_or("");
+  e.boot_id = looplock::sys::boot_id();
+  e.pid_ns = looplock::sys::pid_namespace();
+  CHECK(looplock::runner_alive_here(e));  // this very process
+  RunEntry reused = e;
+  reused.pid_start = e.pid_start + "1";
+  CHECK_FALSE(looplock::runner_alive_here(reused));
+  RunEntry other = e;
+  other.boot_id = "00000000-0000-0000-0000-000000000000";
+  CHECK_FALSE(looplock::runner_alive_here(other));
+  other = e;
+  other.pid_start.clear();  // an earlier version's entry: unknown, not alive
+  CHECK_FALSE(looplock::runner_alive_here(other));
+  // A child that has exited and is not yet reaped (a zombie) is no runner.
+  const Pid child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) _exit(0);
+  RunEntry zombie = e;
+  zombie.pid = child;
+  zombie.pid_start = looplock::sys::process_start(child).value_or("");
+  for (int i = 0; i < 500 && looplock::sys::process_alive(child); ++i) usleep(2000);
+  CHECK_FALSE(looplock::runner_alive_here(zombie));
+  REQUIRE(waitpid(child, nullptr, 0) == child);
+}
