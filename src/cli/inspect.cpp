@@ -248,7 +248,11 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
     line("", since + (rec->released_at ? ", released " + *rec->released_at
                                        : std::string(rec->no_fork ? ", not released (-F)" : ", not released")));
     if (!rec->released_at) line("process", process_text(f, *rec));
-    if (rec->hold) line("hold", hold_text(*rec->hold, rec->released_at || v.record != RecordState::Current));
+    if (rec->hold) {
+      // Its holder killed, its steps on: it holds the lock no longer.
+      line("hold", hold_text(*rec->hold, rec->released_at || v.record != RecordState::Current ||
+                                             !sys::process_alive(rec->pid)));
+    }
   } else {
     line("record", !f.exists                                         ? std::string("none")
                    : f.record.state == HolderRead::State::Unreadable ? std::string("unreadable")

@@ -63,9 +63,39 @@ std::string named(const std::vector<sys::KernelLock>& holders) {
   return out;
 }
 
+// Steps that run inside a hold keep its lock through its descriptor (and,
+// with --etcd, keep its lease alive) until they end: their table, when the
+// lock file shows such holders.
+std::optional<sys::LockTable> steps_holding(int dirfd) {
+  sys::FileStatus lock_file;
+  if (dirfd < 0 || !sys::status_at(dirfd, kLockName, lock_file)) return std::nullopt;
+  auto table = sys::lock_table(lock_file);
+  if (!table || std::none_of(table->holders.begin(), table->holders.end(), [](const auto& h) { return h.exclusive; })) {
+    return std::nullopt;
+  }
+  return table;
+}
+
 int let_go(const sys::PinnedProcess& holder, Pid pid, const std::string& start, const std::string& secret_sha256,
            int dirfd, const std::string& dir, const Logger& log) {
   const std::string shown = sys::path_in_dir(dir, kLockName);
+  if (holder.wait_end(std::chrono::milliseconds(0))) {
+    // Ended already: KILLed (no row), and not yet reaped where nothing
+    // reaps orphans (a container whose PID 1 is a shell), or just now.
+    if (const auto code = hold_ended_by(dirfd, pid, start, secret_sha256)) {
+      log.error("hold_ended", "the hold of " + shown + " had already ended: " + how_ended(*code));
+      return *code;
+    }
+    const auto steps = steps_holding(dirfd);
+    log.error("no_such_hold",
+              "no such hold of " + shown + ": its holder, looplock pid " + std::to_string(pid) +
+                  ", has ended without its row (killed)" +
+                  (steps ? "; steps that ran inside it (" + named(steps->holders) +
+                               ") still hold the lock until they end"
+                         : std::string()),
+              {}, steps ? Json{{"holder_pids", pids_of(steps->holders)}} : Json::object());
+    return kNoSuchHold;
+  }
   if (!holder.terminate()) {
     const int err = errno;
     if (err == ESRCH) {
@@ -95,10 +125,8 @@ int let_go(const sys::PinnedProcess& holder, Pid pid, const std::string& start, 
   // Steps that run inside the hold keep the lock through its descriptor
   // (and, with --etcd, keep its lease alive) until they end: said, since
   // the lock is not free yet.
-  sys::FileStatus lock_file;
-  if (dirfd >= 0 && sys::status_at(dirfd, kLockName, lock_file)) {
-    if (const auto table = sys::lock_table(lock_file);
-        table && std::any_of(table->holders.begin(), table->holders.end(), [](const auto& h) { return h.exclusive; })) {
+  {
+    if (const auto table = steps_holding(dirfd)) {
       log.warn("hold_steps_running",
                "released the hold of " + shown + " (looplock pid " + std::to_string(pid) +
                    "), but steps that run inside it (" + named(table->holders) +

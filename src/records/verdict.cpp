@@ -174,7 +174,8 @@ std::string held_action(const Verdict& v, const LockFacts& f) {
            (f.kernel_unknown.empty() ? std::string() : " (" + f.kernel_unknown + ")") + ": find it with " + tools.find +
            " on the lock file, and confirm it is stalled before terminating it. Never delete the lock file.";
   }
-  if (v.read && v.read->hold && !v.read->released_at && v.record == RecordState::Current) {
+  if (v.read && v.read->hold && !v.read->released_at && v.record == RecordState::Current &&
+      !contains(f.dead_kernel_pids, v.read->pid)) {  // (its holder killed: its steps hold it, below)
     return "a hold (looplock --hold) keeps the lock until its job runs looplock --release, its --max-time passes "
            "or the process it is tied to ends; if the job is gone, 'looplock --release --force " +
            hold_dir(f.lock_path) + "' ends it (it checks the holder first). Never delete the lock file.";
@@ -271,7 +272,10 @@ Verdict judge(const LockFacts& f) {
                 (found.empty()
                      ? std::string(" (the holding process could not be found: try fuser or lsof on the lock file)")
                      : ", by " + pids_text(found)) +
-                "; a background process started under looplock without -o/--close keeps the lock");
+                (f.record.record && f.record.record->hold && contains(f.dead_kernel_pids, f.record.record->pid)
+                     ? "; they are the steps of the hold that pid " + std::to_string(f.record.record->pid) +
+                           " took (looplock --hold), which keep the lock until they end"
+                     : "; a background process started under looplock without -o/--close keeps the lock"));
   }
   if (f.record.state == HolderRead::State::Unreadable) {
     // Where the record has a file of its own (Windows), that file holds them.

@@ -286,6 +286,54 @@ def test_release_while_a_step_runs_names_the_step_that_still_holds_the_lock(hold
     wait_until(lambda: lock_is_free(loop_dir), "the lock to be free")
 
 
+# Run by PY with the lock dir and looplock: a subreaper (as a container's
+# PID 1 that never reaps), so that the holder it KILLs stays a zombie; a
+# step inside the hold waits on stdin meanwhile. Prints --release's status
+# and stderr, then --inspect's lines, as JSON.
+KILLED_HOLDER = r"""
+import ctypes, json, os, signal, subprocess, sys, time
+loop_dir, looplock = sys.argv[1], sys.argv[2]
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+r = subprocess.run([looplock, "--hold", "--max-time", "2m", loop_dir], capture_output=True, text=True, timeout=60)
+value = r.stdout.strip().split("=", 1)[1]
+holder = int(value.split(":", 1)[0])
+env = {**os.environ, "LOOPLOCK_HOLD": value}
+step = subprocess.Popen([looplock, loop_dir, "--", "sh", "-c", "echo ready; read x"], env=env,
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+assert step.stdout.readline() == "ready\n"
+os.kill(holder, signal.SIGKILL)
+while open(f"/proc/{holder}/stat").read().rsplit(")", 1)[1].split()[0] != "Z":
+    time.sleep(0.001)
+rel = subprocess.run([looplock, "--release"], env=env, capture_output=True, text=True, timeout=60)
+ins = subprocess.run([looplock, "--inspect", loop_dir], capture_output=True, text=True, timeout=60)
+step.stdin.write("x\n")
+step.stdin.close()
+step.wait(timeout=60)
+os.waitpid(holder, 0)
+print(json.dumps({"status": rel.returncode, "stderr": rel.stderr, "inspect": ins.stdout, "step": step.pid}))
+"""
+
+
+def test_release_of_a_killed_holder_with_a_step_running_says_no_such_hold(loop_dir):
+    """The holder KILLed while a step runs, and not reaped (a container's
+    PID 1 that never reaps keeps it a zombie): --release says there is no
+    such hold (1), naming the steps that still hold the lock, and --inspect
+    shows it was a hold, held now by its steps. Before, --release said
+    "released the hold" (0), and --inspect showed the hold as live and
+    blamed a background process started without -o."""
+    r = subprocess.run([PY, "-c", KILLED_HOLDER, str(loop_dir), LOOPLOCK], capture_output=True, text=True,
+                       timeout=TIMEOUT)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["status"] == NO_SUCH_HOLD, got["stderr"]
+    assert "has ended without its row (killed)" in got["stderr"], got["stderr"]
+    assert f"steps that ran inside it (pid {got['step']} (looplock)" in got["stderr"], got["stderr"]
+    assert "hold      was a hold (looplock --hold)" in got["inspect"], got["inspect"]
+    assert "they are the steps of the hold that pid" in got["inspect"], got["inspect"]
+    assert "without -o" not in got["inspect"], got["inspect"]
+    wait_until(lambda: lock_is_free(loop_dir), "the lock to be free")
+
+
 def test_max_time_ends_the_hold_and_release_says_124(holds, loop_dir):
     r = holds("--max-time", "1s", loop_dir)
     assert r.returncode == 0, r.stderr
