@@ -362,8 +362,17 @@ std::optional<sys::Failure> update_metrics_file(const std::string& dir, const Ru
     // Closed before the file is replaced: Windows replaces no file that is
     // open, not even by its own process.
     const UniqueFd old = sys::open_in(dirfd.get(), name, {.access = sys::OpenIn::Access::Read});
+    // One that is there but cannot be read (another member made it under
+    // umask 077) is left as it is: a file without its counters would lose
+    // every one of them.
+    if (!old && errno != ENOENT) {
+      return failed("cannot read " + sys::path_in_dir(dir, name) +
+                    ", so it was not updated (its counters would be lost)");
+    }
     if (old) {
-      if (auto text = sys::pread_all(old.get(), kMaxFileBytes)) f = parse_metrics(*text);
+      const auto text = sys::pread_all(old.get(), kMaxFileBytes);
+      if (!text) return failed("cannot read " + sys::path_in_dir(dir, name) + ", so it was not updated");
+      f = parse_metrics(*text);
     }
   }
   add_run(f, run);

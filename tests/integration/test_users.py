@@ -250,6 +250,27 @@ def test_under_umask_077_the_files_are_the_creators_alone_and_never_chmodded(bas
     assert [mode for name, mode in modes(metrics).items() if name.endswith(".prom")] == [0o664]
 
 
+def test_a_metrics_file_a_member_made_unreadable_is_never_replaced_without_its_counters(base):
+    """One member's run under umask 077 leaves the shared metrics file its
+    own (0600): the next member's run cannot read it, so it warns and
+    leaves it as it is, with every counter. Before, it wrote a new file
+    from nothing: 3 runs of a and 1 of b became 1 run of a."""
+    d, metrics = group_dirs(base)
+    for _ in range(3):
+        r = as_member(U1, "--metrics-dir", metrics, "--operation", "a", d, "--", "true")
+        assert (r.returncode, r.stderr) == (0, ""), r
+    r = as_member(U2, "--metrics-dir", metrics, "--operation", "b", d, "--", "true", umask="077")
+    assert r.returncode == 0, r
+    assert counts(metrics) == 4
+    r = as_member(U1, "--metrics-dir", metrics, "--operation", "a", d, "--", "true")
+    assert r.returncode == 0, r
+    if stat_mode(next(metrics.glob("looplock_*.prom"))) & 0o040:  # still group-readable: updated
+        assert (r.stderr, counts(metrics)) == ("", 5), r
+    else:
+        assert "so it was not updated (its counters would be lost)" in r.stderr and "chmod g+rw" in r.stderr, r
+        assert counts(metrics) == 4
+
+
 def test_a_0644_update_lock_of_an_earlier_version_still_serves_a_second_member(base):
     d, metrics = group_dirs(base)
     r = as_member(U1, "--metrics-dir", metrics, "--operation", "tick", d, "--", "true")
