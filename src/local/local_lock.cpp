@@ -179,19 +179,39 @@ AcquireResult LocalLock::take(const WaitPlan& plan, Instant start, LockMode mode
                                     : acquire_lock(dir_, plan, mode, reporter, start);
 }
 
+namespace {
+
+// A signal that would end looplock came while it waited in a seat.
+struct SeatSignal {
+  int sig;
+};
+
+}  // namespace
+
 // An index first (never holding .state.lock while waiting for one), then
 // .state.lock shared, within the same deadline; the index is let go again
 // when the shared lock is not had.
 AcquireResult LocalLock::take_as_holder(const WaitPlan& plan, Instant start, AcquireObserver& reporter) {
   const int n = request_.flags.holders;
   indexes_held_.clear();  // an earlier attempt's (-p coalesce): closed before this one opens its own
-  IndexWait w = take_index(dir_, n, plan, start, [&] {
-    if (said_waiting_ || !log_.is_verbose()) return;
-    said_waiting_ = true;
-    log_.verbose("waiting",
-                 "waiting for one of the " + std::to_string(n) + " holders of " + shown_ + " to let go of its index",
-                 {{"policy", policy_name(request_.policy)}, {"max_holders", n}});
-  });
+  IndexWait w = take_index(
+      dir_, n, plan, start,
+      [&] {
+        if (said_waiting_ || !log_.is_verbose()) return;
+        said_waiting_ = true;
+        log_.verbose("waiting",
+                     "waiting for one of the " + std::to_string(n) + " holders of " + shown_ +
+                         " to let go of its index",
+                     {{"policy", policy_name(request_.policy)}, {"max_holders", n}});
+      },
+      [&] {
+        // In a coalescing seat: a signal held back ends the wait (take_in_seat).
+        if (!watching_seat_) return;
+        if (const int sig = sys::pending_ending_signal()) {
+          reporter.on_wait_end();
+          throw SeatSignal{sig};
+        }
+      });
   if (w.status != Acquisition::Acquired) {
     AcquireResult r;
     r.status = w.status;
@@ -254,11 +274,6 @@ std::optional<HoldFacts> LocalLock::hold_facts() const {
 
 namespace {
 
-// A signal that would end looplock came while it waited in a seat.
-struct SeatSignal {
-  int sig;
-};
-
 // The wait's observer, as it is, that also looks, at least every 100 ms,
 // for a signal that would end looplock (held back meanwhile).
 class SeatWatch final : public AcquireObserver {
@@ -289,11 +304,16 @@ private:
 // The wait of the run in the seat. The signals that would end looplock are
 // held back meanwhile and looked for: one that comes ends the wait as a
 // deadline does (TimedOut), so that the run can say what it absorbed, and
-// then ends of it (Run: Blocker::ended_by_signal). Not for --holders, whose
-// index wait has no ticks to look from.
+// then ends of it (Run: Blocker::ended_by_signal). With --holders, the
+// wait for an index looks for it each time it looks again.
 AcquireResult LocalLock::take_in_seat(const WaitPlan& plan, Instant start, LockMode mode, AcquireObserver& reporter) {
-  if (request_.flags.holders > 0 || !sys::hold_ending_signals()) return take(plan, start, mode, reporter);
+  if (!sys::hold_ending_signals()) return take(plan, start, mode, reporter);
   SeatWatch watch(reporter);
+  watching_seat_ = true;
+  struct Unwatch {
+    bool& flag;
+    ~Unwatch() { flag = false; }
+  } unwatch{watching_seat_};
   try {
     AcquireResult res = take(plan, start, mode, watch);
     if (!sys::pending_ending_signal()) {

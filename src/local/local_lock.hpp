@@ -91,6 +91,7 @@ private:
   std::optional<HolderRecord> record_;
   LocalLedger ledger_;
   std::optional<HolderRecord> seat_waiter_;  // Coalesced: the run in the seat, when known
+  bool watching_seat_ = false;  // take_in_seat(): an index wait looks for a held-back signal
   int seat_signal_ = 0;                      // TimedOut in the seat by this signal (Blocker::ended_by_signal)
   std::optional<int> absorbed_;              // -p coalesce, sat in the seat: how many runs it absorbed
   std::optional<long long> absorbed_start_ms_;  // ... and the newest start among them

@@ -48,7 +48,7 @@ std::optional<int> index_of_name(std::string_view name) {
 }
 
 IndexWait take_index(const LockDir& dir, int n, const WaitPlan& plan, Instant start,
-                     const std::function<void()>& on_wait) {
+                     const std::function<void()>& on_wait, const std::function<void()>& on_poll) {
   const bool bounded = plan.kind == WaitPlan::Kind::Bounded;
   const Instant deadline = later(start, plan.timeout);
   // Each index file is opened when the search reaches it (a free lock
@@ -115,6 +115,7 @@ IndexWait take_index(const LockDir& dir, int n, const WaitPlan& plan, Instant st
       on_wait();  // once SIGALRM is absorbed: a wait said is a wait it survives
     }
     watch->wait(bounded ? std::min(kIndexPoll, deadline - now) : kIndexPoll);
+    if (on_poll) on_poll();
   }
 }
 

@@ -47,8 +47,10 @@ struct IndexWait {
 // kIndexPoll. Throws Fatal 73 when an index file is unsafe (lockfile.hpp's
 // refuse_file rules) or cannot be made, 71 on resource exhaustion.
 inline constexpr Duration kIndexPoll = std::chrono::milliseconds(100);
+// `on_poll`, when given, is called each time the wait looks again (at
+// least every kIndexPoll); it may throw to end the wait.
 IndexWait take_index(const LockDir& dir, int n, const WaitPlan& plan, Instant start,
-                     const std::function<void()>& on_wait);
+                     const std::function<void()>& on_wait, const std::function<void()>& on_poll = {});
 
 // Whether DIR's name for index `index` still names the file `f` (false
 // when it is gone); nullopt (errno set) when that cannot be told.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fill_disk
+from conftest import expect_stderr, fill_disk
 from conftest import (EX_CANTCREAT, EX_TEMPFAIL, EX_USAGE, PY, TIMEOUT, blocked_waiters, expect_line, helper, incident_rows,
                       kill_and_wait_gone, run, start, wait_until)
 
@@ -287,6 +287,39 @@ def test_a_waiter_ended_by_a_signal_says_what_it_absorbed_and_dies_of_it(loop_di
     holder.stdin.close()
     finish([holder])
     assert ticks(history) == ["holder"]
+
+
+def test_with_holders_a_waiter_for_an_index_ended_by_a_signal_says_what_it_absorbed_and_dies_of_it(loop_dir, tmp_path):
+    """--holders 2 with both indexes held: the coalescing waiter waits for
+    an index, not for the lock file. TERM then ends it as at a -w deadline
+    (its line and row count the run it absorbed), then it dies of TERM.
+    Before, it died at once, silently, and the next waiter said it was
+    KILLed."""
+    history = tmp_path / "history"
+    holders = []
+    for label in ("h1", "h2"):
+        h = start(["--holders", "2", "--operation", label, str(loop_dir), "--", *tick(history, label, "hold")])
+        expect_line(h)
+        holders.append(h)
+    first = start(["-v", "--holders", "2", *coalesce(loop_dir), *tick(history, "first")], stdin=None)
+    try:
+        expect_stderr(first, "waiting for one of the 2 holders")
+        r = run(["--holders", "2", *coalesce(loop_dir), *tick(history, "a")])
+        assert "noop-coalesced" in r.stderr, r.stderr
+        os.kill(first.pid, signal.SIGTERM)
+        assert first.wait(timeout=TIMEOUT) == -signal.SIGTERM
+        err = first.stderr.read()
+        assert "signal TERM ended the wait" in err and "the 1 later run of it that it absorbed" in err, err
+        row = incident_rows(loop_dir)[-1]
+        assert row["error_code"] == "lock_acquire_timeout" and row["coalesced"] == 1, row
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(timeout=TIMEOUT)
+        for h in holders:
+            h.stdin.close()
+        finish(holders)
+    assert len(ticks(history)) == 2  # the holders alone: neither the waiter nor the tick it absorbed ran
 
 
 def test_a_shared_and_an_exclusive_tick_of_one_operation_never_absorb_each_other(loop_dir, tmp_path):
