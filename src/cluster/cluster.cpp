@@ -646,12 +646,14 @@ ClusterLock::Step ClusterLock::read_queue(Queue& q, Instant step_end) {
 // again. The news, a canceled watch (a compacted revision: watching it again
 // would be canceled again at once) or a failure read the queue again.
 void ClusterLock::watch_before(Queue& q, Instant step_end) {
-  auto w = q.any_ahead ? client_.watch_delete(prefixes_.at(0), q.watch_from, {.at = step_end},
+  const etcd::Deadline until{.at = step_end, .interrupt_on = seat_interrupts_};
+  auto w = q.any_ahead ? client_.watch_delete(prefixes_.at(0), q.watch_from, until,
                                               etcd::prefix_range_end(prefixes_.at(0)))
-                       : client_.watch_delete(q.before->key, q.watch_from, {.at = step_end});
+                       : client_.watch_delete(q.before->key, q.watch_from, until);
   // A round that etcd did not end itself: it may have stopped answering.
   silent_ = !w.ok() && w.status == etcd::Status::Timeout;
   if (w.ok() && !w.value) return;  // etcd ended the round at its deadline: the same watch next round
+  if (!w.ok() && w.status == etcd::Status::Interrupted) return;  // a signal: the loop looks
   q.before.reset();
   if (!w.ok() && w.status != etcd::Status::Timeout) note_unavailable(w.error);
 }
@@ -682,9 +684,16 @@ void ClusterLock::note_blocker(long long my_rev) {
 
 Acquisition ClusterLock::wait_in_queue(Deadline deadline) {
   Queue q;
+  // A coalescing waiter (its seat: the runs it absorbs count on it) holds
+  // back the signals that would end looplock, so that one ends the wait as
+  // its deadline does and the run can say what it absorbed; each etcd call
+  // ends early once one is pending (etcd_curl.cpp), within about a second.
+  const bool seat = who_.policy == "coalesce" && sys::hold_ending_signals();
+  seat_interrupts_ = seat ? &sys::ending_interrupts() : nullptr;
   for (bool first = true;; first = false) {
     const Instant t0 = now();
     if (!first && deadline && t0 >= *deadline) break;
+    if (seat && (seat_signal_ = sys::pending_ending_signal()) != 0) break;
     // Renewals come a little early while waiting: etcd ends each watch round
     // a moment before the renewal is due (etcd.hpp), and the renewal follows.
     if (!first && lease_ != 0 && t0 + kRenewEarly >= next_renewal_) {
@@ -704,12 +713,17 @@ Acquisition ClusterLock::wait_in_queue(Deadline deadline) {
     Step step = q.my_rev == 0 ? join(q, step_end) : Step::Next;
     if (step == Step::Next && !q.before) step = read_queue(q, step_end);
     if (step == Step::Ours) {
-      if (acquired(q.my_rev, q.said_waiting)) return Acquisition::Acquired;
+      if (acquired(q.my_rev, q.said_waiting)) {
+        if (seat && (seat_signal_ = sys::pending_ending_signal()) != 0) break;  // as if it came first
+        if (seat) sys::let_ending_signals_through();
+        return Acquisition::Acquired;
+      }
       lease_ = 0;
       q.my_rev = 0;
       continue;
     }
     if (step == Step::Coalesced) {
+      if (seat) sys::let_ending_signals_through();
       release(kAfterDeadline);
       return Acquisition::Coalesced;
     }
@@ -719,6 +733,9 @@ Acquisition ClusterLock::wait_in_queue(Deadline deadline) {
   note_blocker(q.my_rev);
   count_absorbed();
   release(unavailable_now_ || silent_ ? kAfterDeadline / 2 : kAfterDeadline);
+  // A signal held back stays so until the run has said what it absorbed
+  // (Run: Blocker::ended_by_signal, then it ends of it).
+  if (seat && seat_signal_ == 0) sys::let_ending_signals_through();
   return Acquisition::TimedOut;
 }
 

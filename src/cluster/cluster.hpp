@@ -246,6 +246,9 @@ public:
   // (nullopt when etcd could not say).
   const std::optional<Json>& coalesced_into() const { return coalesced_into_; }
   std::optional<int> absorbed() const { return absorbed_; }
+  // A coalescing waiter's wait ended by a signal that would end looplock
+  // (held back meanwhile, sys::hold_ending_signals): that signal; else 0.
+  int seat_signal() const { return seat_signal_; }
   // This run's start (wall clock, ms): what a waiter that absorbs it is
   // told, with --once-per.
   void set_start_wall_ms(long long ms) { start_wall_ms_ = ms; }
@@ -324,6 +327,8 @@ private:
   bool arrival_checked_ = false;  // -p coalesce: the queue was read once since we joined it
   std::optional<Json> coalesced_into_;
   std::optional<int> absorbed_;
+  int seat_signal_ = 0;
+  const sys::Interrupts* seat_interrupts_ = nullptr;  // while a coalescing waiter waits: the ending signals
   long long start_wall_ms_ = 0;
   bool adopted_ = false;  // the lease is a hold's (adopt()): never revoked here
   bool gone_ = false;  // etcd said the lease is gone

@@ -103,6 +103,7 @@ Blocker EtcdLock::blocker() const {
     b.fields["coalesce"] = Json{{"waiter", *w}};
   }
   if (const auto n = lock_.absorbed()) b.fields["coalesced"] = *n;
+  b.ended_by_signal = lock_.seat_signal();
   b.action_extra = "; the cluster lock " + lock_.name() + " is held " +
                    (v.on_this_host ? "by another looplock on this host" : "on another host") + ": inspect it with '" +
                    b.inspect_hint + "'" + (v.on_this_host ? "" : " on any host") + ".";

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "os/ids.hpp"
+#include "os/interrupts.hpp"
 #include "os/unique_fd.hpp"
 
 namespace looplock::sys {
@@ -44,6 +45,7 @@ void for_each_line(std::string_view text, F&& f) {
 bool hold_ending_signals();          // false (errno set) when they cannot be blocked
 void let_ending_signals_through();   // unblocks them: a pending one is delivered now
 int pending_ending_signal();         // the first of them that is pending, or 0
+const Interrupts& ending_interrupts();  // the same set, to end a wait early (os/interrupts.hpp)
 
 // Writes all of `data`; returns false (errno set) on failure.
 bool write_all(int fd, std::string_view data);

@@ -3,6 +3,7 @@ waiter of the same operation queued ahead means skip), across two loop dirs
 that stand in for two hosts on one cluster lock name. The local half is
 test_coalesce.py."""
 import os
+import signal
 
 import pytest
 
@@ -73,6 +74,35 @@ def test_a_waiter_that_gives_up_counts_the_ticks_it_absorbed_and_frees_its_place
     assert waiter.wait(timeout=TIMEOUT) == EX_TEMPFAIL
     rows = incident_rows(hosts[1])
     assert rows[-1]["policy"] == "coalesce" and rows[-1]["coalesced"] == 2, rows
+    nxt = start([*cluster, *coalesce(hosts[0]), *tick(history, "next")], stdin=None)
+    holder.stdin.close()
+    assert [status for status, _ in finish([holder, nxt])] == [0, 0]
+    assert ticks(history) == ["holder", "next"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_waiter_ended_by_a_signal_says_what_it_absorbed_frees_its_place_and_dies_of_it(cluster, hosts, tmp_path,
+                                                                                        sig):
+    """As a -w deadline does, with --etcd too: its line and incident row
+    count the runs it absorbed and say none of them ran, it leaves the
+    queue (the next tick takes its place), then it dies of the signal.
+    Before, it died at once: no line, no row, its absorbed ticks lost
+    unseen."""
+    history = tmp_path / "history"
+    holder = start([*cluster, "--operation", "tick", str(hosts[0]), "--", *tick(history, "holder", "hold")])
+    expect_line(holder)
+    waiter = start([*cluster, *coalesce(hosts[1], "tick", "-v"), *tick(history, "w")], stdin=None)
+    wait_until(lambda: "waiting for cluster lock" in (waiter.stderr.readline() or ""), "the waiter to queue")
+    for label, h in (("a", hosts[0]), ("b", hosts[1])):
+        r = run([*cluster, *coalesce(h), *tick(history, label)])
+        assert "noop-coalesced" in r.stderr, r.stderr
+    os.kill(waiter.pid, sig)
+    assert waiter.wait(timeout=TIMEOUT) == -sig
+    err = waiter.stderr.read()
+    assert (f"signal {sig.name[3:]} ended the wait for cluster lock" in err
+            and "and the 2 later runs of it that it absorbed, none of which ran" in err), err
+    row = incident_rows(hosts[1])[-1]
+    assert row["error_code"] == "lock_acquire_timeout" and row["coalesced"] == 2, row
     nxt = start([*cluster, *coalesce(hosts[0]), *tick(history, "next")], stdin=None)
     holder.stdin.close()
     assert [status for status, _ in finish([holder, nxt])] == [0, 0]

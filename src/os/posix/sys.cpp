@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "os/ids.hpp"
+#include "os/posix/interrupts.hpp"
 #include "os/unique_fd.hpp"
 
 namespace looplock::sys {
@@ -52,6 +53,11 @@ bool hold_ending_signals() {
 void let_ending_signals_through() {
   const sigset_t set = ending_set();
   (void)sigprocmask(SIG_UNBLOCK, &set, nullptr);
+}
+
+const Interrupts& ending_interrupts() {
+  static const Interrupts ending{ending_set()};
+  return ending;
 }
 
 int pending_ending_signal() {

@@ -29,13 +29,10 @@
 #include <cwctype>
 
 #include "os/windows/command_line.hpp"
+#include "os/windows/interrupts.hpp"
 #include "os/windows/support.hpp"
 
 namespace looplock::sys {
-
-// Nothing ends a wait early on Windows: no lease is renewed while a job runs
-// there (--etcd is not built for Windows).
-struct Interrupts {};
 
 namespace {
 

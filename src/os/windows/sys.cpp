@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "os/windows/interrupts.hpp"
 #include "os/windows/support.hpp"
 
 namespace looplock::sys {
@@ -67,6 +68,10 @@ OVERLAPPED at(unsigned long long offset) {
 bool hold_ending_signals() { return true; }
 void let_ending_signals_through() {}
 int pending_ending_signal() { return 0; }
+const Interrupts& ending_interrupts() {
+  static const Interrupts none;
+  return none;
+}
 
 bool pwrite_all(int fd, std::string_view data, long long offset) {
   return at_offset(fd, [&](HANDLE h) {
