@@ -10,6 +10,7 @@
 #include "cluster/etcd_lock.hpp"
 #include "os/ids.hpp"
 #include "os/sys.hpp"
+#include "records/hold.hpp"
 #include "records/run_entry.hpp"
 #include "records/verdict.hpp"
 #include "settings/lease_timing.hpp"
@@ -86,6 +87,21 @@ void EtcdKind::confirm_outer(const Options& o, const LockTarget& target, const E
       throw Fatal(exit_code::kClusterUnavailable,
                   "cannot confirm that the outer looplock holds cluster lock " + printable(name) + ": " + why,
                   "The command did not run.");
+    }
+    // A hold's step, the hold having taken this cluster lock (its key, in
+    // LOOPLOCK_HOLD too), which it holds no longer: its lease expired (the
+    // holder was stopped, or cut off from etcd), so another run may hold it
+    // now. Not a usage error.
+    const auto hold = parse_hold_value(env_get(env, env_name::kHold).value_or(""));
+    if (hold && hold->pid == outer_pid && hold->etcd_key == *key &&
+        (why == "nobody holds it" || why.starts_with("it is held by "))) {
+      throw Fatal(exit_code::kLeaseLost,
+                  "the hold this step runs inside (looplock pid " + std::to_string(outer_pid) +
+                      ") no longer holds cluster lock " + printable(name) + " (" + why +
+                      "): its lease expired, so another run may hold the cluster lock now",
+                  "The hold ends with 76 (lease_lost) once its holder sees it (--release says so); run the step "
+                  "again once it has, outside it or inside a new hold. The command did not run.",
+                  "lease_lost");
     }
   }
   throw Fatal(exit_code::kUsage,

@@ -305,3 +305,34 @@ def test_a_step_with_etcd_inside_a_hold_taken_without_it_is_told_so(etcd, held, 
     assert s.returncode == 64, s.stderr
     assert "holds no cluster lock (it was taken without --etcd)" in s.stderr, s.stderr
     assert run(["--release", value]).returncode == 0
+
+
+def test_a_step_inside_a_hold_whose_lease_expired_is_told_so_and_exits_76(held, tmp_path):
+    """The holder stopped (SIGSTOP) past its TTL, no step running: its lease
+    expires. A step then is told that the hold no longer holds the cluster
+    lock (76, lease_lost), and never runs. Before, it was told to give
+    --etcd to the outer looplock, which had it (64)."""
+    own = start_member()
+    try:
+        a, _ = hosts_of(tmp_path)
+        cluster = ["--etcd", own.url, "--lock-name", f"hold{os.getpid()}-{next(_names)}"]
+        r = run([*cluster, "--ttl", "2", "--hold", "--max-time", "2m", a])
+        assert r.returncode == 0, r.stderr
+        value = value_of(r.stdout)
+        pid = holder_pid(value)
+        held.append(pid)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_until(lambda: "held by" not in run([*cluster, "--inspect", a], env={"LOOPLOCK_HOLD": ""}).stdout,
+                       "the hold's lease to expire", timeout=TIMEOUT)
+            ran = tmp_path / "ran"
+            s = run([*cluster, a, "--", "touch", ran], env={"LOOPLOCK_HOLD": value})
+            assert s.returncode == EX_LEASE_LOST, s.stderr
+            assert f"the hold this step runs inside (looplock pid {pid}) no longer holds cluster lock" in s.stderr, s.stderr
+            assert "Give --etcd" not in s.stderr
+            assert not ran.exists()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        wait_until(lambda: not running(pid), "the hold to end on its lost lease", timeout=TIMEOUT)
+    finally:
+        own.remove()
