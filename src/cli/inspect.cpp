@@ -182,9 +182,11 @@ Json report_json(const InspectFacts& facts, const Verdict& v) {
   return j;
 }
 
-// A hold across steps (--hold): its end and its tie (`ended`: released,
-// or its holder is gone).
-std::string hold_text(const HoldFacts& h, bool ended) {
+// A hold across steps (--hold): its end and its tie; whether it has ended
+// (released, or its holder gone: killed, its steps on).
+std::string hold_text(const HolderRecord& rec, const Verdict& v) {
+  const HoldFacts& h = *rec.hold;
+  const bool ended = rec.released_at || v.record != RecordState::Current || !sys::process_alive(rec.pid);
   return std::string(ended ? "was a hold (looplock --hold)" : "a hold (looplock --hold)") + ": --max-time ends it at " +
          h.ends_at + (h.tied_to != 0 ? ", or the end of pid " + std::to_string(h.tied_to) + " it is tied to" : "") +
          (ended ? "" : "; a step runs inside it with its LOOPLOCK_HOLD, looplock --release ends it");
@@ -248,11 +250,7 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
     line("", since + (rec->released_at ? ", released " + *rec->released_at
                                        : std::string(rec->no_fork ? ", not released (-F)" : ", not released")));
     if (!rec->released_at) line("process", process_text(f, *rec));
-    if (rec->hold) {
-      // Its holder killed, its steps on: it holds the lock no longer.
-      line("hold", hold_text(*rec->hold, rec->released_at || v.record != RecordState::Current ||
-                                             !sys::process_alive(rec->pid)));
-    }
+    if (rec->hold) line("hold", hold_text(*rec, v));
   } else {
     line("record", !f.exists                                         ? std::string("none")
                    : f.record.state == HolderRead::State::Unreadable ? std::string("unreadable")

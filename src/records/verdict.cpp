@@ -167,6 +167,25 @@ std::string stale_warning(const Verdict& v, const LockFacts& f) {
                : ": check whether " + pids_text(v.confirm) + " is stalled before terminating it");
 }
 
+// The kernel names processes that have exited: who holds the lock through
+// the descriptor they passed on, and why.
+std::string dead_kernel_warning(const LockFacts& f) {
+  std::vector<Pid> found;
+  for (const auto& h : f.holders) {
+    if (h.locked_by != 0 && contains(f.dead_kernel_pids, h.locked_by)) found.push_back(h.pid);
+  }
+  const HolderRecord* rec = f.record.record ? &*f.record.record : nullptr;
+  return "the kernel names " + pids_text(f.dead_kernel_pids) +
+         (f.dead_kernel_pids.size() > 1 ? ", which have" : ", which has") +
+         " exited: the lock is held through a descriptor passed on" +
+         (found.empty() ? std::string(" (the holding process could not be found: try fuser or lsof on the lock file)")
+                        : ", by " + pids_text(found)) +
+         (rec && rec->hold && contains(f.dead_kernel_pids, rec->pid)
+              ? "; they are the steps of the hold that pid " + std::to_string(rec->pid) +
+                    " took (looplock --hold), which keep the lock until they end"
+              : "; a background process started under looplock without -o/--close keeps the lock");
+}
+
 std::string held_action(const Verdict& v, const LockFacts& f) {
   const OperatorTools tools = operator_tools(f);
   if (v.confirm.empty()) {
@@ -261,22 +280,7 @@ Verdict judge(const LockFacts& f) {
 
   std::vector<std::string>& w = v.warnings;
   access_warnings(f, w);
-  if (!f.dead_kernel_pids.empty()) {
-    std::vector<Pid> found;
-    for (const auto& h : f.holders) {
-      if (h.locked_by != 0 && contains(f.dead_kernel_pids, h.locked_by)) found.push_back(h.pid);
-    }
-    w.push_back("the kernel names " + pids_text(f.dead_kernel_pids) +
-                (f.dead_kernel_pids.size() > 1 ? ", which have" : ", which has") +
-                " exited: the lock is held through a descriptor passed on" +
-                (found.empty()
-                     ? std::string(" (the holding process could not be found: try fuser or lsof on the lock file)")
-                     : ", by " + pids_text(found)) +
-                (f.record.record && f.record.record->hold && contains(f.dead_kernel_pids, f.record.record->pid)
-                     ? "; they are the steps of the hold that pid " + std::to_string(f.record.record->pid) +
-                           " took (looplock --hold), which keep the lock until they end"
-                     : "; a background process started under looplock without -o/--close keeps the lock"));
-  }
+  if (!f.dead_kernel_pids.empty()) w.push_back(dead_kernel_warning(f));
   if (f.record.state == HolderRead::State::Unreadable) {
     // Where the record has a file of its own (Windows), that file holds them.
     w.push_back(
