@@ -130,6 +130,7 @@ void Reporter::timeout(const Blocker& b, const WaitPlan& plan, Duration waited, 
   inc.record = b.holders.record;
   inc.warnings = b.holders.warnings;
   inc.fields = b.fields;
+  if (b.ended_by_signal != 0) inc.fields["signal"] = signal_name(b.ended_by_signal);
   inc.operator_action = operator_action(policy_, b.confirm, b.many) + b.action_extra;
   append(inc);
   Json f = fields(b);
@@ -141,7 +142,8 @@ void Reporter::timeout(const Blocker& b, const WaitPlan& plan, Duration waited, 
              b.ended_by_signal != 0
                  ? "lock_acquire_timeout: signal " + signal_name(b.ended_by_signal) + " ended the wait for " + b.what +
                        " (held by " + b.who + ") after " + format_duration(waited) + "; gave up " +
-                       identity_.operation + absorbed_note(b) + ", none of which ran (policy " + inc.policy + ")"
+                       identity_.operation + absorbed_note(b) + (absorbed_note(b).empty() ? "" : ", none of which ran") +
+                       " (policy " + inc.policy + ")"
                  : "lock_acquire_timeout: " + b.what + " still held after " + format_duration(waited) + " by " +
                        b.who + "; gave up " + identity_.operation + absorbed_note(b) + " (policy " + inc.policy + ")",
              "Run '" + b.inspect_hint + "' to see the holder; never delete the lock file.", f);

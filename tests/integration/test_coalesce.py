@@ -283,6 +283,7 @@ def test_a_waiter_ended_by_a_signal_says_what_it_absorbed_and_dies_of_it(loop_di
             and "and the 2 later runs of it that it absorbed, none of which ran" in err), err
     row = incident_rows(loop_dir)[-1]
     assert row["error_code"] == "lock_acquire_timeout" and row["coalesced"] == 2, row
+    assert row["signal"] == sig.name[3:], row
     assert list(metrics.glob("looplock_*.prom")), "no metrics: the run did not finish before the signal ended it"
     holder.stdin.close()
     finish([holder])
