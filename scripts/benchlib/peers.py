@@ -105,7 +105,11 @@ def build_empty(work):
 def build_baseline(root, rev, work):
     """(looplock as built at commit `rev`, its label "REV (commit C)"), built
     from a git worktree of `root` in `work` with meson's defaults and no man
-    pages, the worktree removed after; or (None, why it could not be built)."""
+    pages, and run from where the linker wrote it, as the binary under test
+    is (a copy of a binary starts faster than the file the linker wrote: on
+    this machine 0.52 against 0.57 ms of CPU for the same bytes, perf stat);
+    or (None, why it could not be built). remove_baseline(root, work) removes
+    the worktree."""
     def git(*args):
         return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=120)
 
@@ -117,24 +121,29 @@ def build_baseline(root, rev, work):
     r = git("worktree", "add", "--detach", str(tree), commit)
     if r.returncode != 0:
         return None, f"git worktree add failed: {r.stderr.strip()}"
-    try:
-        build = tree / "b"
-        for options in (["-Dman=disabled"], []):  # an older tree may not have the option
-            r = subprocess.run(["meson", "setup", str(build), *options], cwd=tree, capture_output=True, text=True,
-                               timeout=600)
-            if r.returncode == 0:
-                break
-            shutil.rmtree(build, ignore_errors=True)
-        if r.returncode != 0:
-            return None, f"meson setup failed at {commit}: {r.stdout.strip()[-400:]}"
-        r = subprocess.run(["ninja", "-C", str(build), "src/looplock"], capture_output=True, text=True, timeout=1800)
-        if r.returncode != 0:
-            return None, f"ninja failed at {commit}: {r.stdout.strip()[-400:]}"
-        out = Path(work) / f"looplock-{commit}"
-        shutil.copy2(build / "src" / "looplock", out)
-        return str(out), f"{rev} (commit {commit})" if rev != commit else commit
-    finally:
-        git("worktree", "remove", "--force", str(tree))
+    build = tree / "b"
+    for options in (["-Dman=disabled"], []):  # an older tree may not have the option
+        r = subprocess.run(["meson", "setup", str(build), *options], cwd=tree, capture_output=True, text=True,
+                           timeout=600)
+        if r.returncode == 0:
+            break
+        shutil.rmtree(build, ignore_errors=True)
+    if r.returncode != 0:
+        remove_baseline(root, work)
+        return None, f"meson setup failed at {commit}: {r.stdout.strip()[-400:]}"
+    r = subprocess.run(["ninja", "-C", str(build), "src/looplock"], capture_output=True, text=True, timeout=1800)
+    if r.returncode != 0:
+        remove_baseline(root, work)
+        return None, f"ninja failed at {commit}: {r.stdout.strip()[-400:]}"
+    return str(build / "src" / "looplock"), f"{rev} (commit {commit})" if rev != commit else commit
+
+
+def remove_baseline(root, work):
+    """Removes the worktree build_baseline() made in `work`, if any."""
+    tree = Path(work) / "baseline-tree"
+    if tree.exists():
+        subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)], capture_output=True,
+                       timeout=120)
 
 
 class Holder:
