@@ -170,9 +170,10 @@ void Reporter::max_time(const JobEnd& job, Duration max_time, const std::optiona
                   : !from.empty() ? " ran until " + from
                                   : " ran longer than --max-time " + format_duration(max_time)) +
                  " and was ended (" + how_it_ended(job) + ") after " + format_duration(job.ended - job.started),
-             leaked ? "Find out why it hung; the lock stays held by what it started outside its process group "
-                      "(lock_leaked above) until that exits."
-                    : "Find out why it hung; the lock was released once the whole job had ended.",
+             std::string(job.outer_ended ? "The hold ended first: it was not hung" : "Find out why it hung") +
+                 (leaked ? "; the lock stays held by what it started outside its process group (lock_leaked above) "
+                           "until that exits."
+                         : "; the lock was released once the whole job had ended."),
              f);
 }
 

@@ -248,6 +248,7 @@ def test_a_tie_that_ends_while_a_step_runs_ends_the_step_as_max_time_would(holds
         err = s.stderr.read()
         assert "the hold this run runs inside has ended (the process it is tied to ended)" in err, err
         assert "max_time_exceeded" in err and "ran when the hold it ran inside ended" in err, err
+        assert "The hold ended first: it was not hung" in err and "why it hung" not in err, err
     finally:
         if tie.poll() is None:
             tie.kill()
