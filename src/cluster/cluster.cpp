@@ -479,8 +479,12 @@ bool ClusterLock::coalesced(const std::vector<etcd::KeyValue>& queue, std::vecto
     const auto v = parse_cluster_holder(it->value);
     if (!v || v->value("policy", Json("")) != "coalesce" || v->value("operation", Json("")) != who_.operation) continue;
     // A waiter whose looplock is proven dead on this host runs nothing: its
-    // key goes with its lease, and this run waits in its place.
-    if (!dead_contender_note(*v).empty()) continue;
+    // key goes with its lease, and this run waits in its place, for the
+    // runs it had absorbed too (their notes, under its lease, go with it).
+    if (!dead_contender_note(*v).empty()) {
+      if (it->lease != 0) name_dead_waiter(*v, it->lease, step_end);
+      continue;
+    }
     coalesced_into_ = *v;
     blocker_ = holder_of(queue.front(), step_end);
     // Counted under the waiter's lease, so that the note goes with it.
@@ -494,6 +498,21 @@ bool ClusterLock::coalesced(const std::vector<etcd::KeyValue>& queue, std::vecto
     return true;
   }
   return false;
+}
+
+// A coalescing waiter found dead on this host, after it absorbed runs:
+// said, as the local seat's next taker says it (looplock-schedules(7)).
+void ClusterLock::name_dead_waiter(const Json& waiter, long long lease, Instant step_end) {
+  auto r = client_.range({.key = etcd::absorbed_prefix(name_, lease), .prefix = true, .limit = 1},
+                         bounded_by(std::max(step_end, now() + kMinAttempt)));
+  if (!r.ok() || r.value.count == 0) return;
+  const long long pid = waiter.contains("pid") && waiter["pid"].is_number_integer() ? waiter["pid"].get<long long>() : 0;
+  const long long n = r.value.count;
+  log_.warn("coalesced",
+            "pid " + std::to_string(pid) + " died in the queue of cluster lock " + printable(name_) + " as the waiter of " +
+                printable(who_.operation) + " (KILLed while it waited) after it absorbed " + std::to_string(n) +
+                " later run" + (n == 1 ? "" : "s") + ", which never ran: this run runs for them",
+            {{"coalesced", n}, {"dead_waiter", waiter}});
 }
 
 std::optional<long long> ClusterLock::newest_absorbed_start_ms() {

@@ -287,6 +287,7 @@ private:
   bool coalesced(const std::vector<etcd::KeyValue>& queue, std::vector<etcd::KeyValue>::const_iterator mine,
                  Instant step_end);
   void count_absorbed();
+  void name_dead_waiter(const Json& waiter, long long lease, Instant step_end);
   // Whether the contender `mine` holds the lock: it is first, or (--holders
   // N) fewer than N contenders are ahead of it and none of them is
   // exclusive. Else `blocking`: the one to watch (the nearest exclusive

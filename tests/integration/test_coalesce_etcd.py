@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from conftest import EX_TEMPFAIL, TIMEOUT, expect_line, incident_rows, run, start, wait_until
+from conftest import EX_TEMPFAIL, TIMEOUT, expect_line, expect_stderr, incident_rows, run, start, wait_until
 from etcdtest import etcd, needs_etcd
 from test_coalesce import BURST, coalesce, finish, fire, settle, tick, ticks
 
@@ -104,6 +104,30 @@ def test_a_waiter_ended_by_a_signal_says_what_it_absorbed_frees_its_place_and_di
     row = incident_rows(hosts[1])[-1]
     assert row["error_code"] == "lock_acquire_timeout" and row["coalesced"] == 2, row
     nxt = start([*cluster, *coalesce(hosts[0]), *tick(history, "next")], stdin=None)
+    holder.stdin.close()
+    assert [status for status, _ in finish([holder, nxt])] == [0, 0]
+    assert ticks(history) == ["holder", "next"]
+
+
+def test_a_waiter_killed_after_it_absorbed_a_tick_is_named_by_the_next_tick_on_its_host(cluster, hosts, tmp_path):
+    """The waiter KILLed after it absorbed a tick: the next tick (this host:
+    the waiter is proven dead) is not absorbed by it, waits in its place,
+    names it and the runs it had absorbed, and runs for them. Before,
+    nothing said so."""
+    history = tmp_path / "history"
+    holder = start([*cluster, "--operation", "tick", str(hosts[0]), "--", *tick(history, "holder", "hold")])
+    expect_line(holder)
+    waiter = start([*cluster, *coalesce(hosts[1], "tick", "-v"), *tick(history, "w")], stdin=None)
+    wait_until(lambda: "waiting for cluster lock" in (waiter.stderr.readline() or ""), "the waiter to queue")
+    r = run([*cluster, *coalesce(hosts[0]), *tick(history, "a")])
+    assert "noop-coalesced" in r.stderr, r.stderr
+    waiter.kill()
+    waiter.wait(timeout=TIMEOUT)
+    nxt = start([*cluster, *coalesce(hosts[0], "tick", "-v"), *tick(history, "next")], stdin=None)
+    seen = expect_stderr(nxt, "died in the queue of cluster lock")
+    line = [x for x in seen if "died in the queue" in x][0]
+    assert (f"pid {waiter.pid} died in the queue of cluster lock {cluster[3]} as the waiter of tick" in line
+            and "after it absorbed 1 later run, which never ran: this run runs for them" in line), line
     holder.stdin.close()
     assert [status for status, _ in finish([holder, nxt])] == [0, 0]
     assert ticks(history) == ["holder", "next"]
