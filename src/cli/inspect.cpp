@@ -405,6 +405,12 @@ void add_part(const Options& o, const LockDir& dir, LockKind* kind, const Logger
   std::string label = kind->key();
   label.resize(std::max<size_t>(label.size() + 1, 10), ' ');
   for (const auto& l : part.lines) report.text += label + printable(l) + "\n";
+  std::string warning = "warning";
+  warning.resize(10, ' ');
+  for (const auto& w : part.warnings) {
+    report.text += warning + printable(w) + "\n";
+    report.json["warnings"].push_back(w);
+  }
   report.json[kind->key()] = std::move(part.json);
 }
 

@@ -474,29 +474,42 @@ Acquisition ClusterLock::take_at_once_as_holder(Instant reach_by) {
 bool ClusterLock::coalesced(const std::vector<etcd::KeyValue>& queue, std::vector<etcd::KeyValue>::const_iterator mine,
                             Instant step_end) {
   if (who_.policy != "coalesce" || arrival_checked_) return false;
-  arrival_checked_ = true;  // only on arrival: a run that waits is never absorbed later
   for (auto it = std::next(queue.begin()); it != mine; ++it) {
     const auto v = parse_cluster_holder(it->value);
     if (!v || v->value("policy", Json("")) != "coalesce" || v->value("operation", Json("")) != who_.operation) continue;
     // A waiter whose looplock is proven dead on this host runs nothing: its
     // key goes with its lease, and this run waits in its place, for the
-    // runs it had absorbed too (their notes, under its lease, go with it).
+    // runs it had absorbed too (their notes outlive it: take_absorbed()).
     if (!dead_contender_note(*v).empty()) {
       if (it->lease != 0) name_dead_waiter(*v, it->lease, step_end);
       continue;
     }
-    coalesced_into_ = *v;
-    blocker_ = holder_of(queue.front(), step_end);
-    // Counted under the waiter's lease, so that the note goes with it.
     if (it->lease != 0) {
       // The note says when this run started, by which a --once-per waiter
-      // is judged (earlier versions only count the notes).
-      const Json note = {{"acquired_at", who_.acquired_at}, {"started_ms", start_wall_ms_}};
-      (void)client_.put(etcd::absorbed_prefix(name_, it->lease) + etcd::lease_hex(lease_), dump_json(note),
-                        it->lease, bounded_by(std::max(step_end, now() + kMinAttempt)));
+      // is judged, and who absorbed it, for whoever finds it left behind.
+      // Written only while the waiter still waits behind the same holder:
+      // one that took the lock meanwhile may have started its command
+      // before this run started; this run then reads the queue again.
+      auto text = [&](const char* k) { return v->contains(k) && (*v)[k].is_string() ? (*v)[k].get<std::string>() : ""; };
+      const Json note = {{"acquired_at", who_.acquired_at},
+                         {"started_ms", start_wall_ms_},
+                         {"operation", who_.operation},
+                         {"host", who_.host},
+                         {"pid", who_.pid},
+                         {"waiter", {{"host", text("host")}, {"pid", v->value("pid", Json(0))}}}};
+      auto t = client_.txn(etcd::absorb_txn_body({{queue.front().key, queue.front().create_revision},
+                                                  {it->key, it->create_revision}},
+                                                 etcd::absorbed_prefix(name_, it->lease) + etcd::lease_hex(lease_),
+                                                 dump_json(note)),
+                           bounded_by(std::max(step_end, now() + kMinAttempt)));
+      if (t.ok() && !t.value.succeeded) return false;
     }
+    arrival_checked_ = true;  // only on arrival: a run that waits is never absorbed later
+    coalesced_into_ = *v;
+    blocker_ = holder_of(queue.front(), step_end);
     return true;
   }
+  arrival_checked_ = true;
   return false;
 }
 
@@ -506,6 +519,7 @@ void ClusterLock::name_dead_waiter(const Json& waiter, long long lease, Instant 
   auto r = client_.range({.key = etcd::absorbed_prefix(name_, lease), .prefix = true, .limit = 1},
                          bounded_by(std::max(step_end, now() + kMinAttempt)));
   if (!r.ok() || r.value.count == 0) return;
+  named_dead_.push_back(lease);
   const long long pid = waiter.contains("pid") && waiter["pid"].is_number_integer() ? waiter["pid"].get<long long>() : 0;
   const long long n = r.value.count;
   log_.warn("coalesced",
@@ -515,26 +529,74 @@ void ClusterLock::name_dead_waiter(const Json& waiter, long long lease, Instant 
             {{"coalesced", n}, {"dead_waiter", waiter}});
 }
 
-std::optional<long long> ClusterLock::newest_absorbed_start_ms() {
-  if (who_.policy != "coalesce" || lease_ == 0) return std::nullopt;
-  auto r = client_.range({.key = etcd::absorbed_prefix(name_, lease_), .prefix = true}, {.at = now() + kMinAttempt});
-  if (!r.ok()) return std::nullopt;
-  std::optional<long long> newest;
-  for (const auto& kv : r.value.kvs) {
-    const Json j = Json::parse(kv.value, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || !j.contains("started_ms") || !j["started_ms"].is_number_integer()) continue;
-    const long long ms = j["started_ms"].get<long long>();
-    newest = std::max(newest.value_or(ms), ms);
+namespace {
+std::optional<long long> note_started_ms(const Json& note) {
+  if (!note.is_object() || !note.contains("started_ms") || !note["started_ms"].is_number_integer()) return std::nullopt;
+  return note["started_ms"].get<long long>();
+}
+}  // namespace
+
+void ClusterLock::take_absorbed() {
+  if (who_.policy != "coalesce" || lease_ == 0 || adopted_) return;
+  const Instant by = now() + kLookAtHolder;
+  const std::string root = etcd::absorbed_root(name_);
+  std::vector<std::string> reads{root};
+  reads.insert(reads.end(), prefixes_.begin(), prefixes_.end());
+  auto t = client_.txn(etcd::reads_txn_body(reads), bounded_by(by));
+  if (!t.ok() || t.value.ranges.size() != reads.size() || t.value.ranges[0].kvs.empty()) return;
+  const std::vector<etcd::RangeResult> queue_reads(t.value.ranges.begin() + 1, t.value.ranges.end());
+  std::vector<long long> live;
+  for (const auto& kv : etcd::contenders(prefixes_, queue_reads)) live.push_back(kv.lease);
+  std::vector<etcd::KeyValue> take;
+  std::vector<std::pair<long long, std::vector<Json>>> left;  // each dead waiter's lease, the notes it left
+  for (const auto& kv : t.value.ranges[0].kvs) {
+    const auto waiter = etcd::absorbed_waiter_lease(root, kv.key);
+    if (!waiter) continue;
+    const Json note = Json::parse(kv.value, nullptr, /*allow_exceptions=*/false);
+    if (*waiter != lease_) {
+      // A waiter still queued keeps its own; one that left the queue
+      // without running them (it died) left them to the next run of its
+      // operation that takes the lock.
+      if (std::find(live.begin(), live.end(), *waiter) != live.end()) continue;
+      if (!note.is_object() || note.value("operation", Json("")) != who_.operation) continue;
+      auto at = std::find_if(left.begin(), left.end(), [&](const auto& l) { return l.first == *waiter; });
+      if (at == left.end()) at = left.insert(left.end(), {*waiter, {}});
+      at->second.push_back(note);
+    }
+    take.push_back(kv);
+    if (const auto ms = note_started_ms(note)) absorbed_newest_ms_ = std::max(absorbed_newest_ms_.value_or(*ms), *ms);
   }
-  return newest;
+  if (take.empty()) return;
+  auto d = client_.txn(etcd::delete_unchanged_txn_body(take), bounded_by(std::max(by, now() + kMinAttempt)));
+  if (!d.ok() || !d.value.succeeded) {
+    absorbed_newest_ms_.reset();  // another run took them, or etcd did not say: this run's own judgment stands
+    return;
+  }
+  for (const auto& [lease, notes] : left) {
+    if (std::find(named_dead_.begin(), named_dead_.end(), lease) != named_dead_.end()) continue;  // named on arrival
+    const Json& w = notes.front().value("waiter", Json::object());
+    const Json waiter = w.is_object() ? w : Json::object();
+    const long long pid = waiter.value("pid", Json(0)).is_number_integer() ? waiter["pid"].get<long long>() : 0;
+    const std::string host = waiter.value("host", Json("")).is_string() ? waiter["host"].get<std::string>() : "";
+    const size_t n = notes.size();
+    log_.warn("coalesced",
+              "pid " + std::to_string(pid) + (host.empty() ? "" : " on host " + printable(host)) +
+                  ", the waiter of " + printable(who_.operation) + " in the queue of cluster lock " + printable(name_) +
+                  ", left it without running the " + std::to_string(n) + " later run" + (n == 1 ? "" : "s") +
+                  " it had absorbed (its looplock died: KILLed, or its host was lost): this run runs for them",
+              {{"coalesced", n}, {"dead_waiter", waiter}});
+  }
 }
 
-// A coalescing waiter whose deadline passed: the runs it absorbed.
+std::optional<long long> ClusterLock::newest_absorbed_start_ms() { return absorbed_newest_ms_; }
+
+// A coalescing waiter whose wait ended (its deadline, a signal): the runs
+// it absorbed, counted and their notes deleted in one transaction (the run
+// says none of them ran).
 void ClusterLock::count_absorbed() {
   if (who_.policy != "coalesce" || unavailable_now_ || lease_ == 0) return;  // at most 100 ms more
-  auto r = client_.range({.key = etcd::absorbed_prefix(name_, lease_), .prefix = true, .limit = 1},
-                         {.at = now() + kAfterDeadline});
-  if (r.ok()) absorbed_ = static_cast<int>(r.value.count);
+  auto r = client_.txn(etcd::take_prefix_txn_body(etcd::absorbed_prefix(name_, lease_)), {.at = now() + kAfterDeadline});
+  if (r.ok() && !r.value.ranges.empty()) absorbed_ = static_cast<int>(r.value.ranges[0].count);
 }
 
 // Every step of a wait ends by the next renewal: the lease is our place in

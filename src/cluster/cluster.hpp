@@ -252,8 +252,14 @@ public:
   // This run's start (wall clock, ms): what a waiter that absorbs it is
   // told, with --once-per.
   void set_start_wall_ms(long long ms) { start_wall_ms_ = ms; }
-  // Held, as the waiter that absorbed later runs: the newest start among
-  // them (nullopt: none, an earlier version's notes, or etcd did not say).
+  // -p coalesce, once the lock is taken: the notes of the runs this run
+  // absorbed while it waited, and those a waiter of its operation that
+  // died left behind (named in a warning: this run runs for them), read and
+  // deleted.
+  void take_absorbed();
+  // Held, as the waiter that absorbed later runs (take_absorbed()): the
+  // newest start among them (nullopt: none, an earlier version's notes, or
+  // etcd did not say).
   std::optional<long long> newest_absorbed_start_ms();
   const std::string& endpoint() const { return client_.current_endpoint(); }
 
@@ -328,6 +334,8 @@ private:
   bool arrival_checked_ = false;  // -p coalesce: the queue was read once since we joined it
   std::optional<Json> coalesced_into_;
   std::optional<int> absorbed_;
+  std::optional<long long> absorbed_newest_ms_;  // take_absorbed()
+  std::vector<long long> named_dead_;            // dead waiters named on arrival (their leases)
   int seat_signal_ = 0;
   const sys::Interrupts* seat_interrupts_ = nullptr;  // while a coalescing waiter waits: the ending signals
   long long start_wall_ms_ = 0;

@@ -129,8 +129,18 @@ std::string runs_key(std::string_view name, std::string_view operation) {
   return runs_prefix(name) + lock_key_name(operation);
 }
 
+std::string absorbed_root(std::string_view name) {
+  return std::string(kKeyRoot) + lock_key_name(name) + "/absorbed/";
+}
 std::string absorbed_prefix(std::string_view name, long long waiter_lease) {
-  return std::string(kKeyRoot) + lock_key_name(name) + "/absorbed/" + lease_hex(waiter_lease) + "/";
+  return absorbed_root(name) + lease_hex(waiter_lease) + "/";
+}
+std::optional<long long> absorbed_waiter_lease(std::string_view root, std::string_view key) {
+  if (!key.starts_with(root)) return std::nullopt;
+  key.remove_prefix(root.size());
+  const size_t slash = key.find('/');
+  if (slash == std::string_view::npos || key.find('/', slash + 1) != std::string_view::npos) return std::nullopt;
+  return parse_lease_hex(key.substr(0, slash));
 }
 
 std::optional<long long> parse_lease_hex(std::string_view hex) {
@@ -268,6 +278,40 @@ std::string guarded_put_txn_body(std::string_view guard_key, long long guard_cre
            {"mod_revision", std::to_string(mod_revision)}};
   return dump_json(Json{{"compare", Json::array({create_revision_is(guard_key, guard_create_revision), mod})},
                         {"success", Json::array({Json{{"request_put", put_json(key, value, 0)}}})}});
+}
+
+std::string absorb_txn_body(const std::vector<std::pair<std::string, long long>>& guards, std::string_view key,
+                            std::string_view value) {
+  Json compare = Json::array();
+  for (const auto& [k, revision] : guards) compare.push_back(create_revision_is(k, revision));
+  return dump_json(Json{{"compare", std::move(compare)},
+                        {"success", Json::array({Json{{"request_put", put_json(key, value, 0)}}})}});
+}
+
+std::string reads_txn_body(const std::vector<std::string>& prefixes) {
+  Json success = Json::array();
+  add_reads(success, prefixes);
+  return dump_json(Json{{"compare", Json::array()}, {"success", std::move(success)}});
+}
+
+std::string delete_unchanged_txn_body(const std::vector<KeyValue>& keys) {
+  Json compare = Json::array();
+  Json success = Json::array();
+  for (const auto& kv : keys) {
+    compare.push_back(Json{{"key", base64_encode(kv.key)},
+                           {"target", "MOD"},
+                           {"result", "EQUAL"},
+                           {"mod_revision", std::to_string(kv.mod_revision)}});
+    success.push_back(Json{{"request_delete_range", Json{{"key", base64_encode(kv.key)}}}});
+  }
+  return dump_json(Json{{"compare", std::move(compare)}, {"success", std::move(success)}});
+}
+
+std::string take_prefix_txn_body(std::string_view prefix) {
+  const Json read = range_json({.key = std::string(prefix), .prefix = true});
+  const Json del{{"key", base64_encode(prefix)}, {"range_end", base64_encode(prefix_range_end(prefix))}};
+  return dump_json(Json{{"compare", Json::array()},
+                        {"success", Json::array({Json{{"request_range", read}}, Json{{"request_delete_range", del}}})}});
 }
 
 std::string update_txn_body(const std::vector<std::string>& keys, std::string_view value, long long lease,

@@ -90,9 +90,15 @@ std::string runs_key(std::string_view name, std::string_view operation);
 // part of the lock key.
 std::string lease_hex(long long id);
 // -p coalesce: where the runs a waiter (its lease, `waiter_lease`) absorbed
-// put a key each, under the waiter's own lease (they go with it):
-// "looplock/<key name>/absorbed/<waiter lease hex>/".
+// put a key each, without a lease: "looplock/<key name>/absorbed/<waiter
+// lease hex>/<absorbed run's lease hex>". The waiter deletes them when it
+// takes the lock (it runs for them) or when its wait ends (it says so); a
+// waiter that died leaves them behind, for the next run that takes the lock
+// and --inspect to name (cluster.cpp).
+std::string absorbed_root(std::string_view name);
 std::string absorbed_prefix(std::string_view name, long long waiter_lease);
+// The waiter's lease named by a key under absorbed_root() (nullopt: not such a key).
+std::optional<long long> absorbed_waiter_lease(std::string_view root, std::string_view key);
 // A lease id as lease_hex() writes it (nullopt when it is not one).
 std::optional<long long> parse_lease_hex(std::string_view hex);
 
@@ -150,6 +156,17 @@ std::string create_if_free_txn_body(const std::vector<std::string>& keys, std::s
 // lost its lease, or a write that raced another, cannot write.
 std::string guarded_put_txn_body(std::string_view guard_key, long long guard_create_revision, std::string_view key,
                                  long long mod_revision, std::string_view value);
+// -p coalesce, a run absorbed by a waiter: puts `value` at `key` (no lease)
+// only if each of `guards` (a key, its create revision) is still that key:
+// the holder before the waiter, and the waiter's own key, unchanged (the
+// waiter has not taken the lock, so it will run for this run).
+std::string absorb_txn_body(const std::vector<std::pair<std::string, long long>>& guards, std::string_view key,
+                            std::string_view value);
+// Reads, in one transaction: each of `prefixes`, first created first.
+std::string reads_txn_body(const std::vector<std::string>& prefixes);
+// Reads every key under `prefix` and deletes them, in one transaction (the
+// count read is what was deleted).
+std::string take_prefix_txn_body(std::string_view prefix);
 // Rewrites the keys' value (same lease) only if keys[0] is still the key
 // created at `create_revision` (never recreates a key that expired meanwhile).
 std::string update_txn_body(const std::vector<std::string>& keys, std::string_view value, long long lease,
@@ -174,6 +191,10 @@ struct TxnResult {
   long long revision = 0;           // the header's: a put's create revision when it created the key
   std::vector<RangeResult> ranges;  // the range responses, in order
 };
+
+// Deletes each key only if none of them changed since it was read (each at
+// its mod revision).
+std::string delete_unchanged_txn_body(const std::vector<KeyValue>& keys);
 
 // The contenders of a lock in the order they take it (by create revision),
 // from the ranges of its prefixes (`ranges[i]` read `prefixes[i]`): only

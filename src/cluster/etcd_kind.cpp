@@ -139,6 +139,69 @@ void add_cluster_runs(etcd::Client& client, const std::string& name, const etcd:
   c["runs"] = std::move(entries);
 }
 
+// -p coalesce: the notes of runs absorbed by waiters (etcd::absorbed_root()),
+// counted by waiter; a waiter no longer queued left them behind: warnings.
+struct AbsorbedNotes {
+  std::vector<std::pair<long long, int>> by_waiter;  // a queued waiter's lease, its notes
+  std::vector<std::string> warnings;
+  std::string error;
+  int count(long long lease) const {
+    for (const auto& [l, n] : by_waiter) {
+      if (l == lease) return n;
+    }
+    return 0;
+  }
+};
+
+std::string dead_waiter_warning(const Json& waiter, size_t n, const std::string& name, const std::string& how) {
+  const long long pid = waiter.contains("pid") && waiter["pid"].is_number_integer() ? waiter["pid"].get<long long>() : 0;
+  const std::string host = waiter.contains("host") && waiter["host"].is_string() ? waiter["host"].get<std::string>() : "";
+  const std::string op =
+      waiter.contains("operation") && waiter["operation"].is_string() ? waiter["operation"].get<std::string>() : "?";
+  return std::to_string(n) + " run" + (n == 1 ? "" : "s") + " of operation " + op + " absorbed by pid " +
+         std::to_string(pid) + (host.empty() ? "" : " on host " + host) + ", the coalescing waiter in the queue of "
+         "cluster lock " + name + ", never ran: it " + how + " without running them. The next -p coalesce run of " +
+         op + " that takes the lock says so and runs for them.";
+}
+
+AbsorbedNotes read_absorbed(etcd::Client& client, const std::string& name, const std::vector<etcd::KeyValue>& queue,
+                            const etcd::Deadline& bound) {
+  AbsorbedNotes out;
+  const std::string root = etcd::absorbed_root(name);
+  auto r = client.range({.key = root, .prefix = true}, bound);
+  if (!r.ok()) {
+    out.error = r.error;
+    return out;
+  }
+  std::vector<std::pair<long long, std::vector<Json>>> left;
+  for (const auto& kv : r.value.kvs) {
+    const auto lease = etcd::absorbed_waiter_lease(root, kv.key);
+    if (!lease) continue;
+    const bool queued =
+        std::any_of(queue.begin(), queue.end(), [&](const etcd::KeyValue& q) { return q.lease == *lease; });
+    if (queued) {
+      auto at = std::find_if(out.by_waiter.begin(), out.by_waiter.end(), [&](const auto& w) { return w.first == *lease; });
+      if (at == out.by_waiter.end()) at = out.by_waiter.insert(out.by_waiter.end(), {*lease, 0});
+      ++at->second;
+      continue;
+    }
+    auto at = std::find_if(left.begin(), left.end(), [&](const auto& l) { return l.first == *lease; });
+    if (at == left.end()) at = left.insert(left.end(), {*lease, {}});
+    at->second.push_back(Json::parse(kv.value, nullptr, /*allow_exceptions=*/false));
+  }
+  for (const auto& [lease, notes] : left) {
+    // The waiter as its runs' notes name it (an earlier version's notes, which
+    // went with its lease, never are left behind).
+    const Json& first = notes.front();
+    Json waiter = first.is_object() && first.contains("waiter") && first["waiter"].is_object() ? first["waiter"]
+                                                                                               : Json::object();
+    if (first.is_object() && first.contains("operation")) waiter["operation"] = first["operation"];
+    out.warnings.push_back(
+        dead_waiter_warning(waiter, notes.size(), name, "left the queue (its looplock died: KILLed, or its host was lost)"));
+  }
+  return out;
+}
+
 }  // namespace
 
 // --inspect --etcd: who holds the cluster lock, who waits, in the order they
@@ -171,6 +234,9 @@ InspectPart EtcdKind::inspect(const Options& o, const std::string& canonical_dir
       (*holder)["fencing_token"] = kvs.front().create_revision;
       (*holder)["key"] = kvs.front().key;
     }
+    const AbsorbedNotes notes = read_absorbed(client, name, kvs, bound);
+    part.warnings = notes.warnings;
+    if (!notes.error.empty()) c["absorbed_error"] = notes.error;
     Json waiting = Json::array();
     Json also = Json::array();  // --holders: the contenders that hold it beside the first
     for (size_t i = 1; i < kvs.size(); ++i) {
@@ -193,8 +259,16 @@ InspectPart EtcdKind::inspect(const Options& o, const std::string& canonical_dir
       }
       w["key"] = kvs[i].key;
       const std::optional<Json> shown = value ? std::optional<Json>(w) : std::nullopt;
+      std::string absorbed;
+      if (const auto n = notes.count(kvs[i].lease)) {
+        w["coalesced"] = n;
+        absorbed = "; it absorbed " + std::to_string(n) + " later run" + (n == 1 ? "" : "s");
+        if (value && !dead_contender_note(*value).empty()) {
+          part.warnings.push_back(dead_waiter_warning(*value, n, name, "died in the queue (this host)"));
+        }
+      }
       lines.push_back("waiting " + std::to_string(waiting.size() + 1) + ": " + describe_cluster_waiter(shown) +
-                      key_note(value, kvs[i]));
+                      key_note(value, kvs[i]) + absorbed);
       waiting.push_back(std::move(w));
     }
     c["held"] = !kvs.empty();

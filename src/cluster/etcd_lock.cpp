@@ -62,6 +62,7 @@ Acquisition EtcdLock::acquire(const WaitPlan& plan, Instant start) {
   who.holders = request_.flags.holders;
   const Acquisition got = lock_.acquire(plan, start, who);
   if (got != Acquisition::Acquired) return got;
+  lock_.take_absorbed();
   const Duration waited = MonotonicClock::now() - start;
   log_.verbose("acquired",
                "cluster lock " + printable(lock_.name()) + " acquired on etcd after " + format_duration(waited) +

@@ -26,6 +26,8 @@ namespace looplock {
 struct InspectPart {
   Json json = nullptr;             // the report's object under the kind's key
   std::vector<std::string> lines;  // text lines, each shown after the key
+  // What needs an operator's eye (the report's warnings: --check fails).
+  std::vector<std::string> warnings;
   int status = 0;                  // the exit status when its lock could not be read (0: it could)
 };
 

@@ -4,10 +4,13 @@ that stand in for two hosts on one cluster lock name. The local half is
 test_coalesce.py."""
 import os
 import signal
+import subprocess
+from pathlib import Path
 
 import pytest
 
-from conftest import EX_TEMPFAIL, TIMEOUT, expect_line, expect_stderr, incident_rows, run, start, wait_until
+from conftest import (EX_TEMPFAIL, LOOPLOCK, PID_NS, TIMEOUT, expect_line, expect_stderr, incident_rows, need_pid_namespace,
+                      run, start, wait_until)
 from etcdtest import etcd, needs_etcd
 from test_coalesce import BURST, coalesce, finish, fire, settle, tick, ticks
 
@@ -103,6 +106,8 @@ def test_a_waiter_ended_by_a_signal_says_what_it_absorbed_frees_its_place_and_di
             and "and the 2 later runs of it that it absorbed, none of which ran" in err), err
     row = incident_rows(hosts[1])[-1]
     assert row["error_code"] == "lock_acquire_timeout" and row["coalesced"] == 2, row
+    seen = run([*cluster, "--inspect", "--check", str(hosts[0])])  # said: nothing left to name again
+    assert seen.returncode == 0 and "never ran" not in seen.stdout, seen.stdout
     nxt = start([*cluster, *coalesce(hosts[0]), *tick(history, "next")], stdin=None)
     holder.stdin.close()
     assert [status for status, _ in finish([holder, nxt])] == [0, 0]
@@ -152,3 +157,73 @@ def test_with_once_per_a_tick_absorbed_on_another_host_after_its_slot_came_due_r
     first.stdin.close()
     assert [status for status, _ in finish([first, a])] == [0, 0]
     assert ticks(history) == ["tick0", "A"]
+
+
+def test_a_waiter_killed_on_another_host_after_it_absorbed_a_tick_is_named_by_inspect_and_the_next_tick(
+        cluster, hosts, tmp_path):
+    """The coalescing waiter runs on "another host" (a pid namespace of its
+    own: nobody here can prove it dead) and is KILLed after it absorbed a
+    tick. While its lease lives nothing can tell; once it expired, --inspect
+    --check warns (exit 1) that the absorbed tick never ran, and the next
+    tick that takes the lock names the waiter and runs for it; then --inspect
+    --check is clean. Before, the absorbed notes went with the waiter's
+    lease: no line anywhere, and --inspect --check exited 0."""
+    need_pid_namespace()
+    history = tmp_path / "history"
+    holder = start([*cluster, "--operation", "tick", str(hosts[0]), "--", *tick(history, "holder", "hold")])
+    expect_line(holder)
+    unshare = subprocess.Popen([*PID_NS, LOOPLOCK, *cluster, "--ttl", "2", *coalesce(hosts[1], "tick", "-v"),
+                                *tick(history, "w")], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: "waiting for cluster lock" in (unshare.stderr.readline() or ""), "the waiter to queue")
+        r = run([*cluster, *coalesce(hosts[0]), *tick(history, "a")])
+        assert "noop-coalesced" in r.stderr, r.stderr
+        [waiter] = [int(c) for c in Path(f"/proc/{unshare.pid}/task/{unshare.pid}/children").read_text().split()]
+        os.kill(waiter, signal.SIGKILL)
+        assert unshare.wait(timeout=TIMEOUT) != 0
+    finally:
+        if unshare.poll() is None:
+            unshare.kill()
+            unshare.wait(timeout=TIMEOUT)
+    look = [*cluster, "--inspect", "--check", str(hosts[0])]
+    wait_until(lambda: "waiting 1:" not in run(look).stdout, "the waiter's lease to expire", timeout=TIMEOUT)
+    seen = run(look)
+    assert seen.returncode == 1, seen.stdout + seen.stderr
+    assert ("1 run of operation tick absorbed by pid 1 on host " in seen.stdout
+            and "never ran: it left the queue (its looplock died: KILLed, or its host was lost)" in seen.stdout
+            ), seen.stdout
+    nxt = start([*cluster, *coalesce(hosts[0], "tick"), *tick(history, "next")], stdin=None)
+    holder.stdin.close()
+    assert [status for status, _ in finish([holder])] == [0]
+    status, err = finish([nxt])[0]
+    assert status == 0, err
+    assert ("pid 1 on host " in err and ", the waiter of tick in the queue of cluster lock " in err
+            and "left it without running the 1 later run it had absorbed" in err
+            and "this run runs for them" in err), err
+    assert ticks(history) == ["holder", "next"]
+    after = run(look)
+    assert after.returncode == 0, after.stdout
+
+
+def test_a_waiter_that_gives_up_leaves_no_notes_behind(cluster, hosts, tmp_path):
+    """Its line says none of the runs it absorbed ran: nothing is left for
+    --inspect --check or the next tick to name again."""
+    history = tmp_path / "history"
+    holder = start([*cluster, "--operation", "tick", str(hosts[0]), "--", *tick(history, "holder", "hold")])
+    expect_line(holder)
+    gives_up = start([*cluster, *coalesce(hosts[1], "tick", "-v", "-w", "3"), *tick(history, "w")], stdin=None)
+    wait_until(lambda: "waiting for cluster lock" in (gives_up.stderr.readline() or ""), "the waiter to queue")
+    r = run([*cluster, *coalesce(hosts[0]), *tick(history, "a")])
+    assert "noop-coalesced" in r.stderr, r.stderr
+    assert gives_up.wait(timeout=TIMEOUT) == EX_TEMPFAIL
+    err = gives_up.stderr.read()
+    assert "gave up tick and the 1 later run of it that it absorbed" in err, err
+    seen = run([*cluster, "--inspect", "--check", str(hosts[0])])
+    assert seen.returncode == 0 and "never ran" not in seen.stdout, seen.stdout
+    nxt = start([*cluster, *coalesce(hosts[0], "tick"), *tick(history, "next")], stdin=None)
+    holder.stdin.close()
+    (held, _), (status, err) = finish([holder, nxt])
+    assert held == 0 and status == 0, err
+    assert "left it without running" not in err, err
+    assert ticks(history) == ["holder", "next"]

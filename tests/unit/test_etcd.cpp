@@ -224,6 +224,31 @@ TEST_CASE("request bodies") {
   CHECK(u["compare"][0]["create_revision"] == "17");
   CHECK(u["success"].size() == 2);
   CHECK_FALSE(u.contains("failure"));
+  // -p coalesce: a note put (no lease) only while the holder and the waiter are unchanged.
+  auto a = Json::parse(absorb_txn_body({{"h", 3}, {"w", 9}}, "n", "v"));
+  CHECK(a["compare"].size() == 2);
+  CHECK(a["compare"][1] == Json::parse(R"({"key":"dw==","target":"CREATE","result":"EQUAL","create_revision":"9"})"));
+  CHECK(a["success"][0] == Json::parse(R"({"request_put":{"key":"bg==","value":"dg=="}})"));
+  auto d = Json::parse(delete_unchanged_txn_body({{.key = "k", .mod_revision = 12}}));
+  CHECK(d["compare"][0] == Json::parse(R"({"key":"aw==","target":"MOD","result":"EQUAL","mod_revision":"12"})"));
+  CHECK(d["success"][0] == Json::parse(R"({"request_delete_range":{"key":"aw=="}})"));
+  auto t = Json::parse(take_prefix_txn_body("a/"));
+  CHECK(t["compare"].empty());
+  CHECK(t["success"][0] == Json::parse(R"({"request_range":{"key":"YS8=","range_end":"YTA="}})"));
+  CHECK(t["success"][1] == Json::parse(R"({"request_delete_range":{"key":"YS8=","range_end":"YTA="}})"));
+  auto r = Json::parse(reads_txn_body({"a/", "b/"}));
+  CHECK(r["success"].size() == 2);
+  CHECK(r["success"][1]["request_range"]["sort_target"] == "CREATE");
+}
+
+TEST_CASE("absorbed notes: under the waiter's lease, each named by the absorbed run's") {
+  const std::string root = absorbed_root("n");
+  CHECK(absorbed_prefix("n", 0x1f) == root + "1f/");
+  CHECK(absorbed_waiter_lease(root, root + "1f/2a") == 0x1f);
+  CHECK_FALSE(absorbed_waiter_lease(root, root + "1f"));         // no run's part
+  CHECK_FALSE(absorbed_waiter_lease(root, root + "1f/2a/x"));    // deeper
+  CHECK_FALSE(absorbed_waiter_lease(root, root + "zz/2a"));      // not a lease id
+  CHECK_FALSE(absorbed_waiter_lease(root, "other/1f/2a"));
 }
 
 TEST_CASE("gateway answers") {
