@@ -75,6 +75,7 @@ std::string encode_cluster_holder(const ClusterHolder& h) {
   if (h.ttl_s > 0) j["ttl"] = h.ttl_s;
   if (!h.policy.empty()) j["policy"] = h.policy;
   if (h.holders > 0) j["holders"] = h.holders;
+  if (h.hold) j["hold"] = true;
   return dump_json(j);
 }
 
@@ -280,8 +281,12 @@ std::string dead_contender_note(const Json& v) {
   const long long pid = v.contains("pid") && v["pid"].is_number_integer() ? v["pid"].get<long long>() : 0;
   if (!sys::proven_dead(text("boot_id"), text("pid_ns"), pid, text("pid_start"))) return {};
   const bool ttl = v.contains("ttl") && v["ttl"].is_number_integer();
-  return "; its looplock is dead (this host): its key goes when its lease expires, within " +
-         (ttl ? std::to_string(v["ttl"].get<int>()) + "s" : std::string("its TTL"));
+  const std::string within = ttl ? std::to_string(v["ttl"].get<int>()) + "s" : std::string("its TTL");
+  if (v.value("hold", Json(false)) == Json(true)) {
+    return "; its looplock is dead (this host), but it took a --hold: its key stays while a step of the hold runs "
+           "(each renews its lease), and goes within " + within + " after the last one ends";
+  }
+  return "; its looplock is dead (this host): its key goes when its lease expires, within " + within;
 }
 
 std::string confirm_cluster_holder(etcd::Client& client, const std::string& name, const std::string& key,

@@ -83,6 +83,9 @@ struct ClusterHolder {
   // --holders N: N, written then only. A contender without it (an earlier
   // looplock, etcdctl lock, a run without --holders) is exclusive.
   int holders = 0;
+  // --hold: written then only ("hold": true). Its steps renew its lease, so
+  // its key outlives its looplock while one runs.
+  bool hold = false;
 };
 std::string encode_cluster_holder(const ClusterHolder& h);
 // The holder JSON as read (any object), or nullopt when not an object.

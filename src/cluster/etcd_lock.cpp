@@ -60,6 +60,7 @@ Acquisition EtcdLock::acquire(const WaitPlan& plan, Instant start) {
   who.pid_ns = sys::pid_namespace();
   if (request_.policy == Policy::Coalesce) who.policy = std::string(policy_name(request_.policy));
   who.holders = request_.flags.holders;
+  who.hold = request_.hold.has_value();
   const Acquisition got = lock_.acquire(plan, start, who);
   if (got != Acquisition::Acquired) return got;
   lock_.take_absorbed();

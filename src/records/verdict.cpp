@@ -372,8 +372,10 @@ std::string text_field(const Json& j, const char* k) {
 
 std::string describe_contender(const Json& h, const char* when, const char* field) {
   std::string pid = h.contains("pid") && h["pid"].is_number_integer() ? std::to_string(h["pid"].get<long long>()) : "?";
+  const bool hold = h.contains("hold") && h["hold"] == Json(true);
   return printable("host " + text_field(h, "host") + " pid " + pid + " (agent " + text_field(h, "agent_id") +
-                   ", operation " + text_field(h, "operation") + ", " + when + " " + text_field(h, field) + ")");
+                   ", operation " + text_field(h, "operation") + ", " + when + " " + text_field(h, field) +
+                   (hold ? ", a --hold" : "") + ")");
 }
 }  // namespace
 

@@ -195,6 +195,7 @@ class TwoHosts:
         a, b = hosts_of(tmp_path)
         self.history = tmp_path / "history"
         cluster = ["--etcd", url, "--lock-name", f"hold{os.getpid()}-{next(_names)}"]
+        self.cluster, self.a = cluster, a
         r = run([*cluster, *hold_args, "--hold", a])
         assert r.returncode == 0, r.stderr
         self.value = value_of(r.stdout)
@@ -250,6 +251,14 @@ def test_a_hold_that_ends_while_a_step_runs_never_lets_another_host_in_before_th
         assert rel.returncode == 0, rel.stderr
         assert "steps that run inside it (pid " in rel.stderr, rel.stderr
         assert ") still hold the lock until they end" in rel.stderr, rel.stderr
+        # The hold's looplock is gone, its key stays: --inspect says why (a
+        # hold's steps renew its lease), not that it goes within the TTL.
+        wait_until(lambda: not os.path.exists(f"/proc/{t.holder}"), "the hold's looplock to end")
+        seen = run([*t.cluster, "--inspect", t.a])
+        if t.step.poll() is None:
+            assert "operation hold, since " in seen.stdout and ", a --hold); its looplock is dead" in seen.stdout, seen.stdout
+            assert ("its looplock is dead (this host), but it took a --hold: its key stays while a step of the hold "
+                    "runs (each renews its lease)") in seen.stdout, seen.stdout
         assert t.step.wait(timeout=TIMEOUT) == 0, t.step.stderr.read()
     else:
         assert t.step.wait(timeout=TIMEOUT) == 124, t.step.stderr.read()

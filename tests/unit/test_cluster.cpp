@@ -18,6 +18,7 @@
 #include "cluster/etcd.hpp"
 #include "fake_etcd.hpp"
 #include "lock/lock.hpp"
+#include "os/process.hpp"
 #include "os/sys.hpp"
 #include "records/verdict.hpp"
 
@@ -667,6 +668,21 @@ TEST_CASE("cluster holder value") {
   CHECK((*j)["boot_id"] == "b");
   CHECK((*j)["pid_ns"] == "4026531836");
   CHECK((*j)["ttl"] == 10);
+  CHECK_FALSE(j->contains("hold"));
+  h.hold = true;  // --hold: its steps renew its lease after its looplock is gone
+  CHECK((*j = *parse_cluster_holder(encode_cluster_holder(h)))["hold"] == true);
+  // Proven dead on this host: a hold's key still stays while a step runs.
+  h.boot_id = looplock::sys::boot_id();
+  h.pid_ns = looplock::sys::pid_namespace();
+  h.pid = 0x7ffffffe;  // no such pid
+  h.pid_start = "1";
+  if (looplock::sys::proven_dead(h.boot_id, h.pid_ns, h.pid, h.pid_start)) {  // not where /proc cannot tell (Windows)
+    const std::string note = dead_contender_note(*parse_cluster_holder(encode_cluster_holder(h)));
+    CHECK(note.find("but it took a --hold: its key stays while a step of the hold runs") != std::string::npos);
+    h.hold = false;
+    CHECK(dead_contender_note(*parse_cluster_holder(encode_cluster_holder(h))) ==
+          "; its looplock is dead (this host): its key goes when its lease expires, within 10s");
+  }
 }
 
 TEST_CASE("a holder id names a ledger's entry by host, pid and, when both know it, pid_start") {

@@ -368,6 +368,9 @@ TEST_CASE("the cluster holder and its waiters, named; a holder on this host is s
   CHECK(looplock::describe_cluster_waiter(j).ends_with("queued Q)"));
   CHECK(looplock::describe_cluster_waiter(std::nullopt).find("etcdctl") != std::string::npos);
   CHECK(looplock::describe_cluster_holder(std::nullopt).find("etcdctl") != std::string::npos);
+  Json hold = j;
+  hold["hold"] = true;  // a --hold's key: its steps renew its lease
+  CHECK(looplock::describe_cluster_holder(hold).ends_with("since 2026-11-30T17:00:00.000Z, a --hold)"));
 
   auto here = looplock::judge_cluster(j, "host\n1");
   CHECK(here.on_this_host);
