@@ -1,6 +1,7 @@
 #include "cli/hold.hpp"
 
 #include <charconv>
+#include <climits>
 #include <cstdlib>
 #include <memory>
 
@@ -95,6 +96,17 @@ void make_paths_absolute(Options& o) {
       fail_errno(exit_code::kOsError, "cannot read the working directory, which the hold needs for " + *path, errno);
     *path = sys::path_in_dir(*cwd, *path);
   }
+#if defined(PATH_MAX) && !defined(_WIN32)
+  // A relative DIR opens where its absolute path would not; a hold's cannot.
+  if (o.dir.size() >= PATH_MAX) {
+    throw Fatal(exit_code::kNoInput,
+                "cannot hold loop directory " + o.dir + ": its absolute path is " + std::to_string(o.dir.size()) +
+                    " bytes, more than the system opens at once (" + std::to_string(PATH_MAX - 1) + ")",
+                "A hold opens DIR by its absolute path (its holder and its steps may run anywhere): move or link "
+                "the loop directory to a shorter path, and give that.",
+                "dir_path_unusable");
+  }
+#endif
 }
 
 // The holder's options: the sentinel as its command (it holds the lock's

@@ -872,7 +872,7 @@ void read_hold(const cxxopts::ParseResult& r, const Split& split, const Environm
     const std::string& text = text_of(r, "tied-to");
     const auto pid = parse_int(text);
     if (pid && *pid == 0) {
-      usage_error("--tied-to 0: there is no process 0 to tie the hold to",
+      usage_error("--tied-to " + quote(text) + ": there is no process 0 to tie the hold to",
                   "In a container job $PPID is 0 (the step's shell is the container's first process): leave "
                   "--tied-to out there and release the hold in a last step that always runs; --max-time still "
                   "ends it.");

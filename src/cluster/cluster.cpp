@@ -54,7 +54,9 @@ std::string cluster_lock_name(const std::string& lock_name_option, const std::st
   std::string base = slash == std::string::npos ? canonical_dir : canonical_dir.substr(slash + 1);
   if (base.empty()) base = "/";
   if (!valid_lock_name(base)) {
-    throw Fatal(exit_code::kUsage, "the loop directory's base name cannot name a cluster lock",
+    throw Fatal(exit_code::kUsage,
+                "the loop directory's base name " + quote(base) +
+                    " cannot name a cluster lock: a lock name is 1 to 255 bytes without control characters",
                 "Give one with --lock-name NAME.");
   }
   return base;

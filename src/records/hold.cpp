@@ -124,8 +124,14 @@ HoldCheck check_hold(const HoldValue& v, int dirfd, const sys::FileStatus& lock_
     c.why = "has ended (its holder let go at " + *r->released_at +
             (tie_gone ? "; the process it was tied to, pid " + std::to_string(r->hold->tied_to) + ", has ended" : "") +
             ")";
-  } else if (!r || r->released_at || r->pid != v.pid || r->pid_start != v.start) {
-    c.why = "is not the lock's holder (its holder record names another run, or none)";
+  } else if (!r) {
+    c.why = "is not the lock's holder (its holder record names no run)";
+  } else if (r->released_at || r->pid != v.pid || r->pid_start != v.start) {
+    const std::string who = "pid " + std::to_string(r->pid) + " (operation " + printable(r->operation) + ")";
+    c.why = "is not the lock's holder (its holder record names " +
+            (r->pid == v.pid && r->pid_start != v.start ? "another process with the hold's pid, " + who
+                                                        : "another run, " + who) +
+            (r->released_at ? ", which let go at " + *r->released_at : ", which holds it") + ")";
   } else if (!r->hold || r->lock_id != v.lock_id || r->hold->secret_sha256 != sys::sha256_hex(v.secret)) {
     c.why = "does not match the holder record (another lock's value, or a wrong secret)";
   } else if (sys::process_start(v.pid) != v.start) {
@@ -136,7 +142,10 @@ HoldCheck check_hold(const HoldValue& v, int dirfd, const sys::FileStatus& lock_
     for (const auto& h : table->holders) {
       if (h.exclusive && (h.pid == v.pid || h.locked_by == v.pid)) c.live = true;
     }
-    if (!c.live) c.why = "is not holding the lock (the kernel shows process " + std::to_string(v.pid) + " without it)";
+    if (!c.live) {
+      c.why = "is not holding the lock (the kernel lists no lock of process " + std::to_string(v.pid) +
+              " on it: it has exited, or let go)";
+    }
   }
   return c;
 }

@@ -582,6 +582,19 @@ def test_dir_component_longer_than_name_max_is_66(tmp_path):
     assert_error(r, EX_NOINPUT, "File name too long")
 
 
+def test_a_hold_of_a_dir_whose_absolute_path_exceeds_path_max_says_why_it_cannot(tmp_path, deep):
+    """A plain run there works (below); a hold opens DIR by its absolute
+    path, so it cannot: 66, and the hint says to give a shorter path (not to
+    cd above it and give a relative one, which a hold makes absolute
+    again)."""
+    base, _, deepest, _ = deep
+    with untouched(tmp_path, base):
+        r = run_in(deepest, ["--hold", "--max-time", "10", "."])
+    assert r.returncode == EX_NOINPUT and r.stdout == "", r.stderr
+    assert "cannot hold loop directory " in r.stderr and "more than the system opens at once (4095)" in r.stderr
+    assert "A hold opens DIR by its absolute path" in r.stderr and "relative path" not in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("how", ["dot_from_inside", "relative_from_halfway"])
 def test_dir_whose_absolute_path_exceeds_path_max_works(tmp_path, deep, how):
     """The arguments are short, the real path is > 4096 bytes: looplock must

@@ -520,7 +520,7 @@ def test_a_read_only_lock_file_fails_the_hold(holds, tmpfs):
     (["--hold", "--max-time", "1m", "--notify", "true", "DIR"], "--hold and --notify cannot be combined"),
     (["--hold", "--max-time", "1m", "DIR", "--", "true"], "--hold takes no command"),
     (["--hold", "--max-time", "1m", "--warn-before", "5s", "DIR"], "--warn-before cannot be used with --hold"),
-    (["--hold", "--max-time", "1m", "--tied-to", "0", "DIR"], "--tied-to 0: there is no process 0"),
+    (["--hold", "--max-time", "1m", "--tied-to", "0", "DIR"], "--tied-to '0': there is no process 0"),
     (["--hold", "--max-time", "1m", "--tied-to", "x", "DIR"], "invalid --tied-to 'x'"),
     (["--tied-to", "1", "DIR", "--", "true"], "--tied-to only applies to --hold"),
     (["--release", "--force"], "--release --force needs DIR"),
@@ -776,3 +776,17 @@ def test_relative_paths_are_the_callers(holds, loop_dir, tmp_path):
     value = value_of(r.stdout)
     assert step(value, "--release").returncode == 0
     wait_until(lambda: any((tmp_path / "met").iterdir()), "the hold's metrics file")
+
+
+def test_release_of_a_hold_whose_lock_another_run_took_since_names_that_run(holds, loop_dir):
+    """The hold ended; a run took the lock and let go since: --release says
+    which run the holder record names and when it let go (before: "names
+    another run, or none")."""
+    value = value_of(holds("--max-time", "2m", loop_dir).stdout)
+    assert step(value, "--release").returncode == 0
+    r = run(["--operation", "later", loop_dir, "--", "true"])
+    assert r.returncode == 0, r.stderr
+    rel = run(["--release", value])
+    assert rel.returncode == NO_SUCH_HOLD, rel.stderr
+    assert ("the hold is not the lock's holder (its holder record names another run, pid " in rel.stderr
+            and " (operation later), which let go at " in rel.stderr), rel.stderr

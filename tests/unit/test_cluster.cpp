@@ -67,6 +67,7 @@ TEST_CASE("cluster lock name: --lock-name, else DIR's base name, '/' for the roo
   } catch (const Fatal& f) {
     CHECK(f.status() == 64);
     CHECK(std::string(f.hint()).find("--lock-name") != std::string::npos);
+    CHECK(std::string(f.what()).ends_with(": a lock name is 1 to 255 bytes without control characters"));
   }
 }
 
