@@ -265,7 +265,7 @@ std::string report_text(const InspectFacts& facts, const Verdict& v) {
       who += ": agent " + w.agent_id.value_or("?") + ", operation " + w.operation.value_or("?");
     }
     who += std::string("), ") + (w.exclusive ? "exclusive" : "shared");
-    if (w.at_most_ms) who += ", for at most " + ms_text(*w.at_most_ms);
+    if (w.at_most_ms) who += ", has waited at most " + ms_text(*w.at_most_ms);
     if (w.coalescing) who += "; coalescing: later -p coalesce runs of " + w.operation.value_or("?") + " skip";
     line("waiting", who);
   }

@@ -342,7 +342,7 @@ def test_inspect_three_dirs_with_waiters_and_check(tmp_path, holders, procs):
     t = run(["--inspect", *dirs])
     assert t.returncode == 0
     assert t.stdout.count("lock      ") == 3 and "\n\nlock      " in t.stdout
-    assert f"waiting   pid {waiter.pid} (looplock: agent ci, operation deploy.py), exclusive, for at most" in t.stdout
+    assert f"waiting   pid {waiter.pid} (looplock: agent ci, operation deploy.py), exclusive, has waited at most" in t.stdout
 
     # --check: 1 because one report warns; 0 for the others alone.
     assert run(["--inspect", "--check", *dirs]).returncode == 1

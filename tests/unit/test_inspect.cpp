@@ -247,7 +247,7 @@ TEST_CASE("waiters: who, doing what, for how long at most") {
                                             R"("agent_id":"ci","operation":"deploy.py","waiting_at_most_ms":3200,)"
                                             R"("coalescing":false})"));
   CHECK(r.json["waiters"][1]["agent_id"].is_null());
-  CHECK(r.text.find("waiting   pid 4321 (looplock: agent ci, operation deploy.py), exclusive, for at most 3.2s\n") !=
+  CHECK(r.text.find("waiting   pid 4321 (looplock: agent ci, operation deploy.py), exclusive, has waited at most 3.2s\n") !=
         std::string::npos);
   CHECK(r.text.find("waiting   pid 4322 (flock), shared\n") != std::string::npos);
   CHECK(warnings(r).empty());  // waiting is not a warning
@@ -257,7 +257,7 @@ TEST_CASE("waiters: who, doing what, for how long at most") {
   f.waiters[0].coalescing = true;
   r = looplock::build_report(f);
   CHECK(r.json["waiters"][0]["coalescing"] == true);
-  CHECK(r.text.find("for at most 3.2s; coalescing: later -p coalesce runs of deploy.py skip\n") != std::string::npos);
+  CHECK(r.text.find("has waited at most 3.2s; coalescing: later -p coalesce runs of deploy.py skip\n") != std::string::npos);
 }
 
 TEST_CASE("incidents: count, malformed and the latest row; a job looplock ended ran, it did not wait") {
