@@ -790,3 +790,26 @@ def test_release_of_a_hold_whose_lock_another_run_took_since_names_that_run(hold
     assert rel.returncode == NO_SUCH_HOLD, rel.stderr
     assert ("the hold is not the lock's holder (its holder record names another run, pid " in rel.stderr
             and " (operation later), which let go at " in rel.stderr), rel.stderr
+
+
+def test_a_step_in_a_time_namespace_of_its_own_runs_inside_the_live_hold(holds, loop_dir, tmp_path):
+    """/proc shows start times shifted by the reader's time namespace
+    (unshare --time --boottime): a step there compares them as the holder
+    recorded them, so it runs inside the hold, and --inspect there names the
+    record current. Before, the step read the live hold as ended ("process
+    N is gone") and waited for its lock (75)."""
+    probe = subprocess.run(["unshare", "--time", "--boottime", "1000", "true"], capture_output=True, text=True,
+                           timeout=TIMEOUT)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a time namespace here: {probe.stderr.strip()}")
+    value = value_of(holds("--max-time", "2m", loop_dir).stdout)
+    history = tmp_path / "history"
+    timens = ["unshare", "--time", "--boottime", "1000", LOOPLOCK]
+    s = subprocess.run([*timens, "-w", "1", loop_dir, "--", PY, "-c",
+                        f"open({str(history)!r}, 'a').write('step\\n')"],
+                       capture_output=True, text=True, timeout=TIMEOUT, env={**os.environ, "LOOPLOCK_HOLD": value})
+    assert (s.returncode, s.stderr) == (0, ""), s.stderr
+    assert history.read_text() == "step\n"
+    i = subprocess.run([*timens, "--inspect", loop_dir], capture_output=True, text=True, timeout=TIMEOUT)
+    assert "record    current: pid " in i.stdout and "pid_start" in i.stdout and "same process" in i.stdout, i.stdout
+    assert step(value, "--release").returncode == 0

@@ -86,6 +86,17 @@ TEST_CASE("parse_stat_start and parse_stat_ppid with tricky command names") {
   CHECK(procfs::parse_stat_ppid(line) == 7);
 }
 
+TEST_CASE("a start time read in a time namespace is the one the initial namespace shows") {
+  const std::string offsets = "monotonic           0         0\nboottime         1000         0\n";
+  CHECK(procfs::start_in_initial_time_ns(std::string("150000"), offsets, 100) == "50000");
+  CHECK(procfs::start_in_initial_time_ns(std::string("150000"), "monotonic 5 0\nboottime 0 0\n", 100) == "150000");
+  CHECK(procfs::start_in_initial_time_ns(std::string("150000"), "boottime 2 500000000\n", 100) == "149750");
+  CHECK(procfs::start_in_initial_time_ns(std::string("150000"), "", 100) == "150000");          // no time namespaces
+  CHECK(procfs::start_in_initial_time_ns(std::string("150000"), "boottime x y\n", 100) == "150000");  // odd: as read
+  CHECK(procfs::start_in_initial_time_ns(std::string("5"), offsets, 100) == "5");  // cannot be: as read
+  CHECK_FALSE(procfs::start_in_initial_time_ns(std::nullopt, offsets, 100));
+}
+
 TEST_CASE("parse_stat_* tolerate odd content") {
   CHECK_FALSE(procfs::parse_stat_start(""));
   CHECK_FALSE(procfs::parse_stat_ppid(""));

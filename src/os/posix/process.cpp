@@ -10,12 +10,22 @@
 
 namespace looplock::sys {
 
-std::optional<std::string> process_start(Pid pid) { return procfs::pid_start(pid); }
+namespace {
+// In a time namespace of its own, a start time as the initial one shows it
+// (procfs.hpp): what every looplock records and compares, wherever it runs.
+std::optional<std::string> comparable(const std::optional<std::string>& raw) {
+  if (!raw) return raw;
+  const auto offsets = read_file("/proc/self/timens_offsets", 256);
+  return offsets ? procfs::start_in_initial_time_ns(raw, *offsets, sysconf(_SC_CLK_TCK)) : raw;
+}
+}  // namespace
+
+std::optional<std::string> process_start(Pid pid) { return comparable(procfs::pid_start(pid)); }
 
 std::optional<std::string> own_start() {
   auto s = read_file("/proc/self/stat", 4096);
   if (!s) return std::nullopt;
-  return procfs::parse_stat_start(*s);
+  return comparable(procfs::parse_stat_start(*s));
 }
 
 bool process_alive(Pid pid) {

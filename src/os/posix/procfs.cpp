@@ -98,6 +98,31 @@ std::optional<std::string> parse_stat_start(std::string_view stat) {
   return std::string(f[19]);
 }
 
+std::optional<std::string> start_in_initial_time_ns(const std::optional<std::string>& raw, std::string_view offsets,
+                                                    long hz) {
+  if (!raw) return raw;
+  // Lines "<clock> <seconds> <nanoseconds>"; the boottime one counts.
+  for (size_t at = 0; at < offsets.size();) {
+    size_t nl = offsets.find('\n', at);
+    if (nl == std::string_view::npos) nl = offsets.size();
+    std::string_view line = offsets.substr(at, nl - at);
+    at = nl + 1;
+    if (!line.starts_with("boottime ")) continue;
+    long long secs = 0;
+    long long nsecs = 0;
+    if (std::sscanf(std::string(line).c_str(), "boottime %lld %lld", &secs, &nsecs) != 2 || hz <= 0) return raw;
+    const auto start = to_number<long long>(*raw);
+    if (!start) return raw;
+    // The kernel adds the offset in nanoseconds, then counts ticks: the
+    // same, to the tick, for offsets of whole ticks (unshare's: seconds).
+    const long long ns_per_tick = 1'000'000'000LL / hz;
+    const long long shift = secs * hz + nsecs / ns_per_tick;
+    if (shift == 0 || *start < shift) return raw;
+    return std::to_string(*start - shift);
+  }
+  return raw;
+}
+
 std::optional<Pid> parse_stat_ppid(std::string_view stat) {
   auto f = stat_fields_after_comm(stat);
   if (f.size() < 2) return std::nullopt;

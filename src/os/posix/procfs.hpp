@@ -18,6 +18,13 @@ namespace looplock::procfs {
 std::optional<std::string> pid_start(Pid pid);
 // Parses the start time out of /proc/PID/stat content (exposed for tests).
 std::optional<std::string> parse_stat_start(std::string_view stat);
+// The start time as the initial time namespace shows it: /proc shows each
+// start time shifted by the reader's time namespace's boottime offset
+// (/proc/self/timens_offsets; none outside one), so that a looplock in one
+// (unshare --time) would read a live holder's as another's. `raw` is
+// pid_start()'s; `offsets` that file's content, `hz` clock ticks a second.
+std::optional<std::string> start_in_initial_time_ns(const std::optional<std::string>& raw, std::string_view offsets,
+                                                    long hz);
 // Parent pid from /proc/PID/stat.
 std::optional<Pid> parent_pid(Pid pid);
 std::optional<Pid> parse_stat_ppid(std::string_view stat);
