@@ -114,6 +114,10 @@ int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
     // not run, a lock file refused, ...): after the error, as the run's last.
     if (notifier && options) say_ended(log, options->identity.operation, RunOutcome::Error, e.status(), facts.ran);
     if (options) write_metrics(*options, facts, e.status(), start_wall_ms, log);
+    // An ending signal held back (a coalescing waiter's seat) that came
+    // before the error: once the error is said, looplock ends of it, as it
+    // would have.
+    if (sys::pending_ending_signal() != 0) sys::let_ending_signals_through();
     return e.status();
   } catch (const std::bad_alloc&) {
     // No allocation here: there may be nothing left to allocate.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <exception>
 
 #include "base/duration.hpp"
 #include "base/error.hpp"
@@ -778,6 +779,14 @@ Acquisition ClusterLock::wait_in_queue(Deadline deadline) {
   // ends early once one is pending (etcd_curl.cpp), within about a second.
   const bool seat = who_.policy == "coalesce" && sys::hold_ending_signals();
   seat_interrupts_ = seat ? &sys::ending_interrupts() : nullptr;
+  // An error (etcd refused the lease, ...) lets them through, as the local
+  // seat's does: a pending one ends looplock then.
+  struct Unhold {
+    bool seat;
+    ~Unhold() {
+      if (seat && std::uncaught_exceptions() > 0) sys::let_ending_signals_through();
+    }
+  } unhold{seat};
   for (bool first = true;; first = false) {
     const Instant t0 = now();
     if (!first && deadline && t0 >= *deadline) break;
