@@ -186,6 +186,8 @@ struct BesideKind {
   std::string_view event;  // "unsafe_coalesce_seat"
   std::string_view runs;
   bool (*named)(std::string_view name);  // the names of this kind among those with the prefix
+  // What such a run does with one the caller cannot open.
+  std::string_view unopenable = "by you exits 73";
 };
 
 void judge_beside(const LockDir& dir, Uid euid, const BesideKind& kind, std::vector<FileProblem>& out) {
@@ -199,7 +201,7 @@ void judge_beside(const LockDir& dir, Uid euid, const BesideKind& kind, std::vec
     if (auto r = refuse_file(st, dir.st, euid, kind.noun, name, kind.event, dir.path)) {
       out.push_back({path, runs + "refuses it (exit 73): " + r->why, r->hint});
     } else if (!sys::may_access(dir.fd.get(), name, kRead)) {
-      out.push_back({path, runs + "by you exits 73: you cannot open it (" + owner_mode(st) + ")",
+      out.push_back({path, runs + std::string(kind.unopenable) + ": you cannot open it (" + owner_mode(st) + ")",
                      share_fix(path, st, dir.st, euid)});
     }
   }
@@ -241,7 +243,9 @@ void judge_seats(const LockDir& dir, Uid euid, std::vector<FileProblem>& out) {
                 .noun = "coalesce seat",
                 .event = "unsafe_coalesce_seat",
                 .runs = "a -p coalesce run of its operation that finds the lock held ",
-                .named = [](std::string_view) { return true; }},
+                .named = [](std::string_view) { return true; },
+                .unopenable = "by you cannot take it: it says so (coalesce_unavailable) and waits for the lock "
+                              "without absorbing later runs, so each of them runs in its turn"},
                out);
   judge_dead_waiters(dir, out);
 }

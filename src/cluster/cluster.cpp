@@ -292,6 +292,59 @@ std::string dead_contender_note(const Json& v) {
   return "; its looplock is dead (this host): its key goes when its lease expires, within " + within;
 }
 
+std::string AbsorbedNote::operation() const {
+  return value.is_object() && value.contains("operation") && value["operation"].is_string()
+             ? value["operation"].get<std::string>()
+             : std::string();
+}
+
+Json AbsorbedNote::waiter() const {
+  return value.is_object() && value.contains("waiter") && value["waiter"].is_object() ? value["waiter"] : Json::object();
+}
+
+namespace {
+// Whether holder value `v` and a note's `waiter` name the same looplock.
+bool same_looplock(const Json& v, const Json& waiter) {
+  auto text = [](const Json& j, const char* k) { return j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : ""; };
+  if (!v.is_object() || !waiter.contains("pid") || !waiter["pid"].is_number_integer() || !v.contains("pid") ||
+      v["pid"] != waiter["pid"] || text(v, "host") != text(waiter, "host")) {
+    return false;
+  }
+  const std::string a = text(v, "pid_start");
+  const std::string b = text(waiter, "pid_start");
+  return a.empty() || b.empty() || a == b;
+}
+}  // namespace
+
+std::vector<AbsorbedNote> sort_absorbed(const std::string& root, const std::vector<etcd::KeyValue>& notes,
+                                        const std::vector<etcd::KeyValue>& queue) {
+  std::vector<AbsorbedNote> out;
+  for (const auto& kv : notes) {
+    const auto lease = etcd::absorbed_waiter_lease(root, kv.key);
+    if (!lease) continue;
+    AbsorbedNote n{.kv = kv, .waiter_lease = *lease, .value = Json::parse(kv.value, nullptr, false), .owner = std::nullopt};
+    if (n.value.is_discarded()) n.value = nullptr;
+    const Json waiter = n.waiter();
+    for (size_t i = 0; i < queue.size() && !n.owner; ++i) {
+      if (queue[i].lease == *lease) n.owner = i;
+    }
+    for (size_t i = 0; i < queue.size() && !n.owner && !waiter.empty(); ++i) {
+      if (const auto v = parse_cluster_holder(queue[i].value); v && same_looplock(*v, waiter)) n.owner = i;
+    }
+    out.push_back(std::move(n));
+  }
+  return out;
+}
+
+bool absorbed_covered(const AbsorbedNote& note, const std::optional<RunEntry>& last) {
+  if (!last || !last->ended_ms || !note.value.is_object() || !note.value.contains("started_ms") ||
+      !note.value["started_ms"].is_number_integer()) {
+    return false;
+  }
+  const long long started = note.value["started_ms"].get<long long>();
+  return last->started_ms >= started || (last->once_per_ms && started < last->started_ms + *last->once_per_ms);
+}
+
 std::string confirm_cluster_holder(etcd::Client& client, const std::string& name, const std::string& key,
                                    const std::string& host, long long pid, const etcd::Deadline& bound) {
   const ClusterQueueRead q = read_cluster_queue(client, name, bound);
@@ -482,34 +535,41 @@ Acquisition ClusterLock::take_at_once_as_holder(Instant reach_by) {
 bool ClusterLock::coalesced(const std::vector<etcd::KeyValue>& queue, std::vector<etcd::KeyValue>::const_iterator mine,
                             Instant step_end) {
   if (who_.policy != "coalesce" || arrival_checked_) return false;
-  for (auto it = std::next(queue.begin()); it != mine; ++it) {
-    const auto v = parse_cluster_holder(it->value);
+  std::vector<std::pair<Json, long long>> dead;  // coalescing contenders of this operation ahead, proven dead here
+  const size_t mine_at = static_cast<size_t>(mine - queue.begin());
+  for (size_t i = 0; i < mine_at; ++i) {
+    const etcd::KeyValue& c = queue[i];
+    const auto v = parse_cluster_holder(c.value);
     if (!v || v->value("policy", Json("")) != "coalesce" || v->value("operation", Json("")) != who_.operation) continue;
-    // A waiter whose looplock is proven dead on this host runs nothing: its
-    // key goes with its lease, and this run waits in its place, for the
-    // runs it had absorbed too (their notes outlive it: take_absorbed()).
+    // One whose looplock is proven dead on this host runs nothing: its key
+    // goes with its lease, and this run waits in its place, for the runs
+    // it had absorbed too (their notes outlive it: take_absorbed()).
     if (!dead_contender_note(*v).empty()) {
-      if (it->lease != 0) name_dead_waiter(*v, it->lease, step_end);
+      if (c.lease != 0) dead.emplace_back(*v, c.lease);
       continue;
     }
-    if (it->lease != 0) {
+    // One that holds the lock (the first, or one of --holders N) runs its
+    // command already: it cannot run for a run that comes now.
+    if (contender_holds(queue, i, contender_holders(c))) continue;
+    if (c.lease != 0) {
       // The note says when this run started, by which a --once-per waiter
       // is judged, and who absorbed it, for whoever finds it left behind.
-      // Written only while the waiter still waits behind the same holder:
-      // one that took the lock meanwhile may have started its command
-      // before this run started; this run then reads the queue again.
+      // Written only while every contender up to the waiter is the one read
+      // (so the waiter still waits): one that took the lock meanwhile may
+      // have started its command before this run started; this run then
+      // reads the queue again.
       auto text = [&](const char* k) { return v->contains(k) && (*v)[k].is_string() ? (*v)[k].get<std::string>() : ""; };
       const Json note = {{"acquired_at", who_.acquired_at},
                          {"started_ms", start_wall_ms_},
                          {"operation", who_.operation},
                          {"host", who_.host},
                          {"pid", who_.pid},
-                         {"waiter", {{"host", text("host")}, {"pid", v->value("pid", Json(0))}}}};
-      auto t = client_.txn(etcd::absorb_txn_body({{queue.front().key, queue.front().create_revision},
-                                                  {it->key, it->create_revision}},
-                                                 etcd::absorbed_prefix(name_, it->lease) + etcd::lease_hex(lease_),
-                                                 dump_json(note)),
-                           bounded_by(std::max(step_end, now() + kMinAttempt)));
+                         {"waiter", {{"host", text("host")}, {"pid", v->value("pid", Json(0))}, {"pid_start", text("pid_start")}}}};
+      std::vector<std::pair<std::string, long long>> guards;
+      for (size_t k = 0; k <= i; ++k) guards.emplace_back(queue[k].key, queue[k].create_revision);
+      auto t = client_.txn(
+          etcd::absorb_txn_body(guards, etcd::absorbed_prefix(name_, c.lease) + etcd::lease_hex(lease_), dump_json(note)),
+          bounded_by(std::max(step_end, now() + kMinAttempt)));
       if (t.ok() && !t.value.succeeded) return false;
     }
     arrival_checked_ = true;  // only on arrival: a run that waits is never absorbed later
@@ -518,6 +578,8 @@ bool ClusterLock::coalesced(const std::vector<etcd::KeyValue>& queue, std::vecto
     return true;
   }
   arrival_checked_ = true;
+  // This run waits: in the place of the dead ones, for their runs too.
+  for (const auto& [v, lease] : dead) name_dead_waiter(v, lease, step_end);
   return false;
 }
 
@@ -527,13 +589,13 @@ void ClusterLock::name_dead_waiter(const Json& waiter, long long lease, Instant 
   auto r = client_.range({.key = etcd::absorbed_prefix(name_, lease), .prefix = true, .limit = 1},
                          bounded_by(std::max(step_end, now() + kMinAttempt)));
   if (!r.ok() || r.value.count == 0) return;
-  named_dead_.push_back(lease);
-  const long long pid = waiter.contains("pid") && waiter["pid"].is_number_integer() ? waiter["pid"].get<long long>() : 0;
   const long long n = r.value.count;
+  named_dead_.emplace_back(lease, n);
+  const long long pid = waiter.contains("pid") && waiter["pid"].is_number_integer() ? waiter["pid"].get<long long>() : 0;
   log_.warn("coalesced",
             "pid " + std::to_string(pid) + " died in the queue of cluster lock " + printable(name_) + " as the waiter of " +
                 printable(who_.operation) + " (KILLed while it waited) after it absorbed " + std::to_string(n) +
-                " later run" + (n == 1 ? "" : "s") + ", which never ran: this run runs for them",
+                " later run" + (n == 1 ? "" : "s") + ", which never ran: this run waits in its place and runs for them",
             {{"coalesced", n}, {"dead_waiter", waiter}});
 }
 
@@ -548,31 +610,45 @@ void ClusterLock::take_absorbed() {
   if (who_.policy != "coalesce" || lease_ == 0 || adopted_) return;
   const Instant by = now() + kLookAtHolder;
   const std::string root = etcd::absorbed_root(name_);
+  const std::string runs_key = etcd::runs_key(name_, who_.operation);
   std::vector<std::string> reads{root};
   reads.insert(reads.end(), prefixes_.begin(), prefixes_.end());
+  reads.push_back(runs_key);
   auto t = client_.txn(etcd::reads_txn_body(reads), bounded_by(by));
   if (!t.ok() || t.value.ranges.size() != reads.size() || t.value.ranges[0].kvs.empty()) return;
-  const std::vector<etcd::RangeResult> queue_reads(t.value.ranges.begin() + 1, t.value.ranges.end());
-  std::vector<long long> live;
-  for (const auto& kv : etcd::contenders(prefixes_, queue_reads)) live.push_back(kv.lease);
+  const std::vector<etcd::RangeResult> queue_reads(t.value.ranges.begin() + 1, t.value.ranges.end() - 1);
+  const auto queue = etcd::contenders(prefixes_, queue_reads);
+  std::optional<RunEntry> last;
+  for (const auto& kv : t.value.ranges.back().kvs) {
+    if (kv.key == runs_key) last = parse_run_entry(kv.value);
+  }
+  const auto me = std::find_if(queue.begin(), queue.end(), [&](const etcd::KeyValue& kv) { return kv.lease == lease_; });
+  const std::optional<size_t> mine = me == queue.end() ? std::nullopt : std::optional<size_t>(me - queue.begin());
   std::vector<etcd::KeyValue> take;
-  std::vector<std::pair<long long, std::vector<Json>>> left;  // each dead waiter's lease, the notes it left
-  for (const auto& kv : t.value.ranges[0].kvs) {
-    const auto waiter = etcd::absorbed_waiter_lease(root, kv.key);
-    if (!waiter) continue;
-    const Json note = Json::parse(kv.value, nullptr, /*allow_exceptions=*/false);
-    if (*waiter != lease_) {
-      // A waiter still queued keeps its own; one that left the queue
-      // without running them (it died) left them to the next run of its
-      // operation that takes the lock.
-      if (std::find(live.begin(), live.end(), *waiter) != live.end()) continue;
-      if (!note.is_object() || note.value("operation", Json("")) != who_.operation) continue;
-      auto at = std::find_if(left.begin(), left.end(), [&](const auto& l) { return l.first == *waiter; });
-      if (at == left.end()) at = left.insert(left.end(), {*waiter, {}});
-      at->second.push_back(note);
+  std::vector<std::pair<long long, std::vector<const AbsorbedNote*>>> left;  // each dead waiter's lease, its notes
+  const auto notes = sort_absorbed(root, t.value.ranges[0].kvs, queue);
+  auto newest = [&](const AbsorbedNote& n) {
+    if (const auto ms = note_started_ms(n.value)) absorbed_newest_ms_ = std::max(absorbed_newest_ms_.value_or(*ms), *ms);
+  };
+  for (const auto& n : notes) {
+    if (n.owner) {
+      // Another contender's (a waiter keeps its own); this run's own, also
+      // from a lease of its that expired before it queued again.
+      if (n.owner != mine) continue;
+      take.push_back(n.kv);
+      newest(n);
+      continue;
     }
-    take.push_back(kv);
-    if (const auto ms = note_started_ms(note)) absorbed_newest_ms_ = std::max(absorbed_newest_ms_.value_or(*ms), *ms);
+    // Left behind by a waiter that left the queue without running them (it
+    // died): the next run of its operation that takes the lock runs for
+    // them, unless the run ledger shows their tick needs no run any more.
+    if (n.operation() != who_.operation) continue;
+    take.push_back(n.kv);
+    if (absorbed_covered(n, last)) continue;
+    newest(n);
+    auto at = std::find_if(left.begin(), left.end(), [&](const auto& l) { return l.first == n.waiter_lease; });
+    if (at == left.end()) at = left.insert(left.end(), {n.waiter_lease, {}});
+    at->second.push_back(&n);
   }
   if (take.empty()) return;
   auto d = client_.txn(etcd::delete_unchanged_txn_body(take), bounded_by(std::max(by, now() + kMinAttempt)));
@@ -580,13 +656,13 @@ void ClusterLock::take_absorbed() {
     absorbed_newest_ms_.reset();  // another run took them, or etcd did not say: this run's own judgment stands
     return;
   }
-  for (const auto& [lease, notes] : left) {
-    if (std::find(named_dead_.begin(), named_dead_.end(), lease) != named_dead_.end()) continue;  // named on arrival
-    const Json& w = notes.front().value("waiter", Json::object());
-    const Json waiter = w.is_object() ? w : Json::object();
-    const long long pid = waiter.value("pid", Json(0)).is_number_integer() ? waiter["pid"].get<long long>() : 0;
-    const std::string host = waiter.value("host", Json("")).is_string() ? waiter["host"].get<std::string>() : "";
-    const size_t n = notes.size();
+  for (const auto& [lease, found] : left) {
+    const auto named = std::find_if(named_dead_.begin(), named_dead_.end(), [&](const auto& d) { return d.first == lease; });
+    if (named != named_dead_.end() && named->second >= static_cast<long long>(found.size())) continue;  // said on arrival
+    const Json waiter = found.front()->waiter();
+    const long long pid = waiter.contains("pid") && waiter["pid"].is_number_integer() ? waiter["pid"].get<long long>() : 0;
+    const std::string host = waiter.contains("host") && waiter["host"].is_string() ? waiter["host"].get<std::string>() : "";
+    const size_t n = found.size();
     log_.warn("coalesced",
               "pid " + std::to_string(pid) + (host.empty() ? "" : " on host " + printable(host)) +
                   ", the waiter of " + printable(who_.operation) + " in the queue of cluster lock " + printable(name_) +

@@ -124,6 +124,26 @@ int contender_holders(const etcd::KeyValue& kv);
 // when it is not.
 std::string dead_contender_note(const Json& value);
 
+// -p coalesce: the notes of absorbed runs under etcd::absorbed_root(), each
+// with the contender of `queue` it belongs to: the waiter named by its key's
+// lease, or the same looplock (host, pid, pid_start) queued again under a
+// new lease after its own expired; none when its waiter left the queue.
+struct AbsorbedNote {
+  etcd::KeyValue kv;
+  long long waiter_lease = 0;
+  Json value;                       // the note (an object; null when it is not JSON)
+  std::optional<size_t> owner;      // its contender's index in `queue`
+  std::string operation() const;
+  Json waiter() const;              // {"host", "pid", ...} as the note names it ({} when it does not)
+};
+std::vector<AbsorbedNote> sort_absorbed(const std::string& root, const std::vector<etcd::KeyValue>& notes,
+                                        const std::vector<etcd::KeyValue>& queue);
+// Whether an absorbed run's tick needs no run any more: `last`, its
+// operation's run in the run ledger, ended and started after it, or (with
+// --once-per) its slot held the absorbed run's start (that run would have
+// skipped).
+bool absorbed_covered(const AbsorbedNote& note, const std::optional<RunEntry>& last);
+
 // Whether cluster lock `name` is held through `key` by looplock `pid` on
 // `host` (a nested looplock confirms that its outer one holds the cluster
 // lock it asks for): empty when it is; else why not (etcd's error, or who
@@ -338,7 +358,7 @@ private:
   std::optional<Json> coalesced_into_;
   std::optional<int> absorbed_;
   std::optional<long long> absorbed_newest_ms_;  // take_absorbed()
-  std::vector<long long> named_dead_;            // dead waiters named on arrival (their leases)
+  std::vector<std::pair<long long, long long>> named_dead_;  // dead waiters named on arrival: lease, runs named
   int seat_signal_ = 0;
   const sys::Interrupts* seat_interrupts_ = nullptr;  // while a coalescing waiter waits: the ending signals
   long long start_wall_ms_ = 0;

@@ -173,31 +173,52 @@ AbsorbedNotes read_absorbed(etcd::Client& client, const std::string& name, const
     out.error = r.error;
     return out;
   }
-  std::vector<std::pair<long long, std::vector<Json>>> left;
-  for (const auto& kv : r.value.kvs) {
-    const auto lease = etcd::absorbed_waiter_lease(root, kv.key);
-    if (!lease) continue;
-    const bool queued =
-        std::any_of(queue.begin(), queue.end(), [&](const etcd::KeyValue& q) { return q.lease == *lease; });
-    if (queued) {
-      auto at = std::find_if(out.by_waiter.begin(), out.by_waiter.end(), [&](const auto& w) { return w.first == *lease; });
-      if (at == out.by_waiter.end()) at = out.by_waiter.insert(out.by_waiter.end(), {*lease, 0});
+  if (r.value.kvs.empty()) return out;
+  // The run ledger says which left-behind runs need no run any more.
+  std::vector<RunEntry> runs;
+  if (auto l = client.range({.key = etcd::runs_prefix(name), .prefix = true}, bound); l.ok()) {
+    for (const auto& kv : l.value.kvs) {
+      if (auto e = parse_run_entry(kv.value)) runs.push_back(std::move(*e));
+    }
+  }
+  auto last_run = [&](const std::string& op) -> std::optional<RunEntry> {
+    for (const auto& e : runs) {
+      if (e.operation == op) return e;
+    }
+    return std::nullopt;
+  };
+  const auto notes = sort_absorbed(root, r.value.kvs, queue);
+  std::vector<std::pair<long long, std::vector<const AbsorbedNote*>>> left;   // by the lease they were noted under
+  std::vector<std::pair<size_t, size_t>> dead_here;                          // a contender proven dead here, its notes
+  for (const auto& n : notes) {
+    if (n.owner) {
+      const size_t i = *n.owner;
+      auto at = std::find_if(out.by_waiter.begin(), out.by_waiter.end(), [&](const auto& w) { return w.first == queue[i].lease; });
+      if (at == out.by_waiter.end()) at = out.by_waiter.insert(out.by_waiter.end(), {queue[i].lease, 0});
       ++at->second;
+      if (const auto v = parse_cluster_holder(queue[i].value); v && !dead_contender_note(*v).empty()) {
+        auto d = std::find_if(dead_here.begin(), dead_here.end(), [&](const auto& x) { return x.first == i; });
+        if (d == dead_here.end()) d = dead_here.insert(dead_here.end(), {i, 0});
+        ++d->second;
+      }
       continue;
     }
-    auto at = std::find_if(left.begin(), left.end(), [&](const auto& l) { return l.first == *lease; });
-    if (at == left.end()) at = left.insert(left.end(), {*lease, {}});
-    at->second.push_back(Json::parse(kv.value, nullptr, /*allow_exceptions=*/false));
+    if (absorbed_covered(n, last_run(n.operation()))) continue;
+    auto at = std::find_if(left.begin(), left.end(), [&](const auto& l) { return l.first == n.waiter_lease; });
+    if (at == left.end()) at = left.insert(left.end(), {n.waiter_lease, {}});
+    at->second.push_back(&n);
   }
-  for (const auto& [lease, notes] : left) {
+  for (const auto& [i, count] : dead_here) {
+    out.warnings.push_back(dead_waiter_warning(*parse_cluster_holder(queue[i].value), count, name,
+                                               "died in the queue (this host)"));
+  }
+  for (const auto& [lease, found] : left) {
     // The waiter as its runs' notes name it (an earlier version's notes, which
     // went with its lease, never are left behind).
-    const Json& first = notes.front();
-    Json waiter = first.is_object() && first.contains("waiter") && first["waiter"].is_object() ? first["waiter"]
-                                                                                               : Json::object();
-    if (first.is_object() && first.contains("operation")) waiter["operation"] = first["operation"];
-    out.warnings.push_back(
-        dead_waiter_warning(waiter, notes.size(), name, "left the queue (its looplock died: KILLed, or its host was lost)"));
+    Json waiter = found.front()->waiter();
+    waiter["operation"] = found.front()->operation();
+    out.warnings.push_back(dead_waiter_warning(waiter, found.size(), name,
+                                               "left the queue (its looplock died: KILLed, or its host was lost)"));
   }
   return out;
 }
@@ -263,9 +284,6 @@ InspectPart EtcdKind::inspect(const Options& o, const std::string& canonical_dir
       if (const auto n = notes.count(kvs[i].lease)) {
         w["coalesced"] = n;
         absorbed = "; it absorbed " + std::to_string(n) + " later run" + (n == 1 ? "" : "s");
-        if (value && !dead_contender_note(*value).empty()) {
-          part.warnings.push_back(dead_waiter_warning(*value, n, name, "died in the queue (this host)"));
-        }
       }
       lines.push_back("waiting " + std::to_string(waiting.size() + 1) + ": " + describe_cluster_waiter(shown) +
                       key_note(value, kvs[i]) + absorbed);

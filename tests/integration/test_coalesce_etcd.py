@@ -132,7 +132,13 @@ def test_a_waiter_killed_after_it_absorbed_a_tick_is_named_by_the_next_tick_on_i
     seen = expect_stderr(nxt, "died in the queue of cluster lock")
     line = [x for x in seen if "died in the queue" in x][0]
     assert (f"pid {waiter.pid} died in the queue of cluster lock {cluster[3]} as the waiter of tick" in line
-            and "after it absorbed 1 later run, which never ran: this run runs for them" in line), line
+            and "after it absorbed 1 later run, which never ran: this run waits in its place and runs for them" in line
+            ), line
+    # A later arrival is absorbed by the one that waits in its place: it
+    # names nobody (before, it too said that it runs for them, then skipped).
+    later = run([*cluster, *coalesce(hosts[1]), *tick(history, "later")])
+    assert later.returncode == 0 and "noop-coalesced" in later.stderr, later.stderr
+    assert "died in the queue" not in later.stderr and "runs for them" not in later.stderr, later.stderr
     holder.stdin.close()
     assert [status for status, _ in finish([holder, nxt])] == [0, 0]
     assert ticks(history) == ["holder", "next"]
@@ -227,3 +233,125 @@ def test_a_waiter_that_gives_up_leaves_no_notes_behind(cluster, hosts, tmp_path)
     assert held == 0 and status == 0, err
     assert "left it without running" not in err, err
     assert ticks(history) == ["holder", "next"]
+
+
+def test_with_holders_a_coalescing_run_that_holds_never_absorbs_a_later_tick(cluster, hosts, tmp_path):
+    """--holders 2: the second run holds beside the first (its command runs
+    already); a later coalescing tick waits for an index of its own and runs,
+    and nothing is left for --inspect --check to name. Before, the holding
+    run absorbed it (noop-coalesced: "already waits"), and its command never
+    ran."""
+    history = tmp_path / "history"
+    args = [*cluster, "--holders", "2", "--operation", "tick"]
+    first = start([*args, str(hosts[0]), "--", *tick(history, "h1", "hold")])
+    expect_line(first)
+    second = start([*args, "-p", "coalesce", str(hosts[1]), "--", *tick(history, "h2", "hold")])
+    expect_line(second)
+    third = start([*cluster, "--holders", "2", *coalesce(hosts[0]), *tick(history, "t3")], stdin=None)
+    wait_until(lambda: "waiting 1:" in run([*cluster, "--inspect", str(hosts[0])]).stdout, "the third run to queue")
+    assert third.poll() is None, third.stderr.read()
+    first.stdin.close()
+    second.stdin.close()
+    assert [status for status, _ in finish([first, second, third])] == [0, 0, 0]
+    assert sorted(ticks(history)) == ["h1", "h2", "t3"]
+    seen = run([*cluster, "--inspect", "--check", str(hosts[0])])
+    assert seen.returncode == 0, seen.stdout
+
+
+def test_a_killed_waiter_whose_key_is_first_keeps_inspect_check_failing_and_is_named_at_once(cluster, hosts,
+                                                                                              tmp_path):
+    """The holder ends while the KILLed waiter's key (this host: proven dead)
+    is next: its key is first until its lease expires. --inspect --check
+    still warns (exit 1), and an arrival names it at once and runs for it.
+    Before, --check exited 0 in that window and the arrival said nothing
+    until the key had gone."""
+    history = tmp_path / "history"
+    holder = start([*cluster, "--operation", "tick", str(hosts[0]), "--", *tick(history, "holder", "hold")])
+    expect_line(holder)
+    waiter = start([*cluster, "--ttl", "30", *coalesce(hosts[0], "tick", "-v"), *tick(history, "w")], stdin=None)
+    wait_until(lambda: "waiting for cluster lock" in (waiter.stderr.readline() or ""), "the waiter to queue")
+    assert "noop-coalesced" in run([*cluster, *coalesce(hosts[1]), *tick(history, "b")]).stderr
+    waiter.kill()
+    waiter.wait(timeout=TIMEOUT)
+    holder.stdin.close()
+    assert holder.wait(timeout=TIMEOUT) == 0
+    look = [*cluster, "--inspect", "--check", str(hosts[0])]
+    seen = run(look)
+    assert f"held by host " in seen.stdout and f"pid {waiter.pid} " in seen.stdout, seen.stdout
+    assert seen.returncode == 1 and "died in the queue (this host) without running them" in seen.stdout, seen.stdout
+    nxt = start([*cluster, *coalesce(hosts[0], "tick"), *tick(history, "next")], stdin=None)
+    seen = expect_stderr(nxt, "died in the queue of cluster lock")
+    assert any(f"pid {waiter.pid} died in the queue" in x and "absorbed 1 later run" in x for x in seen), seen
+    nxt.kill()  # its place comes when the dead key's 30 s lease expires: not waited for here
+    nxt.wait(timeout=TIMEOUT)
+
+
+def test_with_once_per_runs_left_behind_inside_a_slot_that_ran_are_not_called_lost(cluster, hosts, tmp_path):
+    """--once-per: the holder's run counts for the slot; the waiter absorbs
+    a tick inside that slot and is KILLed on "another host" (its own pid
+    namespace). Once its key is gone, --inspect --check does not warn: the
+    run ledger shows that tick needs no run (a coalescing run of it would
+    skip). Before, --check failed until a run took the lock after the slot."""
+    need_pid_namespace()
+    history = tmp_path / "history"
+    args = ["--once-per", "1h"]
+    holder = start([*cluster, *args, *coalesce(hosts[0]), *tick(history, "holder", "hold")])
+    expect_line(holder)
+    unshare = subprocess.Popen([*PID_NS, LOOPLOCK, *cluster, "--ttl", "2", *args, *coalesce(hosts[1], "tick", "-v"),
+                                *tick(history, "w")], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: "waiting for cluster lock" in (unshare.stderr.readline() or ""), "the waiter to queue")
+        assert "noop-coalesced" in run([*cluster, *args, *coalesce(hosts[0]), *tick(history, "a")]).stderr
+        [waiter] = [int(c) for c in Path(f"/proc/{unshare.pid}/task/{unshare.pid}/children").read_text().split()]
+        os.kill(waiter, signal.SIGKILL)
+        unshare.wait(timeout=TIMEOUT)
+    finally:
+        if unshare.poll() is None:
+            unshare.kill()
+            unshare.wait(timeout=TIMEOUT)
+    holder.stdin.close()
+    assert holder.wait(timeout=TIMEOUT) == 0
+    look = [*cluster, "--inspect", "--check", str(hosts[0])]
+    wait_until(lambda: "waiting 1:" not in run(look).stdout and "held by" not in run(look).stdout,
+               "the waiter's lease to expire", timeout=TIMEOUT)
+    seen = run(look)
+    assert seen.returncode == 0 and "never ran" not in seen.stdout, seen.stdout
+    assert ticks(history) == ["holder"]
+
+
+def test_a_waiter_that_queued_again_after_its_lease_expired_keeps_the_runs_it_absorbed(tmp_path, hosts):
+    """etcd stops answering for longer than the waiter's TTL (not the
+    holder's): the waiter's lease expires and it queues again under a new
+    one. The runs it absorbed are still its own: --inspect --check does not
+    call them left behind, and the waiter runs without naming itself dead.
+    Before, both said its looplock had died (KILLed, or its host lost)."""
+    from etcdtest import start_member
+    own = start_member()
+    try:
+        cluster = ["--etcd", own.url, "--lock-name", f"requeue{os.getpid()}"]
+        history = tmp_path / "history"
+        holder = start([*cluster, "--ttl", "30", "--operation", "tick", str(hosts[0]), "--",
+                        *tick(history, "holder", "hold")])
+        expect_line(holder)
+        waiter = start([*cluster, "--ttl", "2", *coalesce(hosts[1], "tick", "-v"), *tick(history, "w")], stdin=None)
+        wait_until(lambda: "waiting for cluster lock" in (waiter.stderr.readline() or ""), "the waiter to queue")
+        assert "noop-coalesced" in run([*cluster, *coalesce(hosts[0]), *tick(history, "a")]).stderr
+        os.kill(own.proc.pid, signal.SIGSTOP)
+        try:
+            import time
+            time.sleep(3.5)  # the outage itself: longer than the waiter's 2 s TTL
+        finally:
+            os.kill(own.proc.pid, signal.SIGCONT)
+        seen = expect_stderr(waiter, "queuing again")
+        assert any("the etcd lease expired while waiting" in x for x in seen), seen
+        look = run([*cluster, "--inspect", "--check", str(hosts[0])])
+        assert "never ran" not in look.stdout and "waiting 1:" in look.stdout, look.stdout
+        assert "it absorbed 1 later run" in look.stdout, look.stdout
+        holder.stdin.close()
+        (held, _), (status, err) = finish([holder, waiter])
+        assert held == 0 and status == 0, err
+        assert "left it without running" not in err and "died" not in err, err
+        assert ticks(history) == ["holder", "w"]
+    finally:
+        own.remove()

@@ -534,6 +534,11 @@ def test_a_coalesce_seat_a_member_made_under_umask_077_never_costs_another_membe
     second = subprocess.Popen([*member(U2), LOOPLOCK, "-p", "coalesce", "--operation", "tick", d, "--", *tick,
                                "second"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd="/")
     wait_until(lambda: len(blocked_waiters(d / LOCK)) == 2, "the second member's tick to wait without a seat")
+    # --inspect tells the second member what its runs do (before: "exits 73").
+    i = as_member(U2, "--inspect", d)
+    assert ("a -p coalesce run of its operation that finds the lock held by you cannot take it: it says so "
+            "(coalesce_unavailable) and waits for the lock without absorbing later runs") in i.stdout, i.stdout
+    assert "exits 73" not in i.stdout, i.stdout
     holder.stdin.close()
     assert holder.wait(timeout=TIMEOUT) == 0
     assert first.wait(timeout=TIMEOUT) == 0
