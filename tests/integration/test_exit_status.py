@@ -22,6 +22,7 @@ from conftest import (
     EX_VANISHED,
     LOOPLOCK,
     TIMEOUT,
+    fresh_signals,
     lock_is_free,
     run,
 )
@@ -73,6 +74,7 @@ def run_raw(argv, cwd, core_unlimited=False):
     import time
 
     def pre():
+        fresh_signals()  # the suite may run in a background job, whose shell ignored QUIT
         if core_unlimited:
             resource.setrlimit(resource.RLIMIT_CORE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
 
