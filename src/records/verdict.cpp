@@ -100,7 +100,11 @@ RecordState judge_record(const LockFacts& f, LockState state, bool& left_by_loop
       f.record_same_process.value_or(false)) {
     return RecordState::Current;
   }
-  if (state != LockState::Free) return alive ? RecordState::Unconfirmed : RecordState::Stale;
+  // Its pid not visible from here (a pid namespace of our own): unknown,
+  // not gone.
+  if (state != LockState::Free) {
+    return alive || !f.record_pid_alive.has_value() ? RecordState::Unconfirmed : RecordState::Stale;
+  }
   if (r.no_fork && record_gone(f)) return RecordState::Ended;
   if (alive && f.record_pid_alive) return RecordState::Idle;
   return RecordState::Crashed;

@@ -468,6 +468,22 @@ def test_a_holder_outside_the_pid_namespace_is_unknown_not_free(loop_dir, holder
     assert inspect(loop_dir)[0]["kernel"]["held"] is True
 
 
+def test_a_looplock_holder_outside_the_pid_namespace_has_an_unconfirmed_record_not_a_stale_one(loop_dir):
+    """Seen from a pid namespace of its own, the holder's pid is unknown, not
+    gone: its record is "unconfirmed" and no warning calls it stale. Before,
+    it was "stale (not the holder)", pointing the operator the wrong way."""
+    need_pid_namespace()
+    p = subprocess.Popen([LOOPLOCK, "-p", "blocking", str(loop_dir), "--", PY, helper("wait_stdin.py")],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        expect_line(p, "ready")
+        obj = inspect_json_via(PID_NS, loop_dir)
+        assert obj["record"]["status"] == "unconfirmed", obj["record"]
+        assert not any("stale" in w for w in obj["warnings"]), obj["warnings"]
+    finally:
+        Holder(p).release()
+
+
 def test_a_holder_whose_record_was_written_in_a_pid_namespace_is_alive(loop_dir, holders):
     """A containerised looplock writes its pid as seen inside (1); from here
     that holder has another pid, found through NSpid and the start time."""
