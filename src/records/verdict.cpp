@@ -284,7 +284,13 @@ Verdict judge(const LockFacts& f) {
 
   std::vector<std::string>& w = v.warnings;
   access_warnings(f, w);
-  if (!f.dead_kernel_pids.empty()) w.push_back(dead_kernel_warning(f));
+  // A hold released (looplock --release) while steps ran: they keep the
+  // lock until they end, as looplock-sharing(7) says; nothing is wrong.
+  const HolderRecord* rec = f.record.record ? &*f.record.record : nullptr;
+  const bool released_hold_steps =
+      rec && rec->hold && rec->released_at && contains(f.dead_kernel_pids, rec->pid) && f.dead_kernel_pids.size() == 1 &&
+      std::any_of(f.holders.begin(), f.holders.end(), [&](const LockHolder& h) { return h.locked_by == rec->pid; });
+  if (!f.dead_kernel_pids.empty() && !released_hold_steps) w.push_back(dead_kernel_warning(f));
   if (f.record.state == HolderRead::State::Unreadable) {
     // Where the record has a file of its own (Windows), that file holds them.
     w.push_back(
