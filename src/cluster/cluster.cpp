@@ -286,8 +286,8 @@ std::string dead_contender_note(const Json& v) {
   const bool ttl = v.contains("ttl") && v["ttl"].is_number_integer();
   const std::string within = ttl ? std::to_string(v["ttl"].get<int>()) + "s" : std::string("its TTL");
   if (v.value("hold", Json(false)) == Json(true)) {
-    return "; its looplock is dead (this host), but it took a --hold: its key stays while a step of the hold runs "
-           "(each renews its lease), and goes within " + within + " after the last one ends";
+    return "; its looplock is dead (this host), but it took a --hold: its key stays while any step of the hold "
+           "runs (each renews its lease), and goes within " + within + " of the last renewal";
   }
   return "; its looplock is dead (this host): its key goes when its lease expires, within " + within;
 }

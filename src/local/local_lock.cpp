@@ -524,6 +524,8 @@ Blocker LocalLock::blocker() const {
     for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
     b = indexes_blocker(indexes_held_, all);
     b.what = "every holder index of " + shown_ + " (--holders " + std::to_string(request_.flags.holders) + ")";
+    b.frees_when = "one of the holder indexes of " + shown_ + " (--holders " + std::to_string(request_.flags.holders) +
+                   ") is free";
   } else {
     b = lock_blocker();
     // Held shared without a record: by --holders holders? Each wrote its

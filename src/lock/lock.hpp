@@ -50,6 +50,9 @@ struct HolderFacts {
 // the kind of lock).
 struct Blocker {
   std::string what;                    // "DIR/.state.lock", or "cluster lock NAME (etcd)"
+  // When a waiter gets in, when that is not "<what> is free" (--holders:
+  // "one of the holder indexes of DIR/.state.lock (--holders 2) is free").
+  std::string frees_when;
   std::string who;                     // "pid 1234 (agent cron, operation tick.py, ...)"
   std::string inspect_hint;            // the command that shows more
   HolderFacts holders;

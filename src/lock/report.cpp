@@ -99,7 +99,8 @@ void Reporter::skip(const Blocker& b) const {
 void Reporter::coalesced(const Blocker& b) const {
   log_.result("noop-coalesced",
               "noop-coalesced: " + (b.waiting.empty() ? std::string("a run whose record cannot be read") : b.waiting) +
-                  " already waits to run " + identity_.operation + " once " + b.what + " is free (held by " + b.who +
+                  " already waits to run " + identity_.operation + " once " +
+                  (b.frees_when.empty() ? b.what + " is free" : b.frees_when) + " (held by " + b.who +
                   "); skipped " + identity_.operation + " (policy coalesce)",
               fields(b));
 }

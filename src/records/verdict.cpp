@@ -364,7 +364,8 @@ std::string holder_phrase(const Verdict& v) {
             : v.read_only_holder ? ": no holder record (the lock file is read-only for it; its owner makes it "
                                    "group-writable with chmod g+w)"
             : v.exclusive        ? ": no looplock record"
-                                 : ": a shared lock (readers write no holder record)");
+                                 : ": a shared lock (no holder record: --holders runs name themselves in their index "
+                                   "files, readers without it nowhere)");
   }
   if (v.record == RecordState::Unconfirmed && v.read) {
     return record_holder(*v.read) + ", by its holder record (the kernel does not confirm it)";

@@ -199,7 +199,8 @@ TEST_CASE("shared holders write no record: named, and no warning") {
   Verdict v = looplock::judge(f);
   CHECK_FALSE(v.exclusive);
   CHECK(v.warnings.empty());
-  CHECK(looplock::holder_phrase(v) == "pids 7 (python3), 8 (flock): a shared lock (readers write no holder record)");
+  CHECK(looplock::holder_phrase(v) == "pids 7 (python3), 8 (flock): a shared lock (no holder record: --holders runs "
+                                      "name themselves in their index files, readers without it nowhere)");
   CHECK(v.action.find("confirm that pids 7, 8 are alive and stalled (ps, strace) before terminating them; the "
                       "kernel frees the lock when they exit") != std::string::npos);
 }
