@@ -165,6 +165,26 @@ def test_with_once_per_a_tick_absorbed_on_another_host_after_its_slot_came_due_r
     assert ticks(history) == ["tick0", "A"]
 
 
+def kill_a_waiter_on_another_host(cluster, args, hosts, history):
+    """A coalescing waiter (--ttl 2) on "another host" (a pid namespace of
+    its own: nobody here can prove it dead) on hosts[1] absorbs a tick fired
+    on hosts[0], then is KILLed."""
+    unshare = subprocess.Popen([*PID_NS, LOOPLOCK, *cluster, "--ttl", "2", *args, *coalesce(hosts[1], "tick", "-v"),
+                                *tick(history, "w")], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: "waiting for cluster lock" in (unshare.stderr.readline() or ""), "the waiter to queue")
+        r = run([*cluster, *args, *coalesce(hosts[0]), *tick(history, "a")])
+        assert "noop-coalesced" in r.stderr, r.stderr
+        [waiter] = [int(c) for c in Path(f"/proc/{unshare.pid}/task/{unshare.pid}/children").read_text().split()]
+        os.kill(waiter, signal.SIGKILL)
+        assert unshare.wait(timeout=TIMEOUT) != 0
+    finally:
+        if unshare.poll() is None:
+            unshare.kill()
+            unshare.wait(timeout=TIMEOUT)
+
+
 def test_a_waiter_killed_on_another_host_after_it_absorbed_a_tick_is_named_by_inspect_and_the_next_tick(
         cluster, hosts, tmp_path):
     """The coalescing waiter runs on "another host" (a pid namespace of its
@@ -178,20 +198,7 @@ def test_a_waiter_killed_on_another_host_after_it_absorbed_a_tick_is_named_by_in
     history = tmp_path / "history"
     holder = start([*cluster, "--operation", "tick", str(hosts[0]), "--", *tick(history, "holder", "hold")])
     expect_line(holder)
-    unshare = subprocess.Popen([*PID_NS, LOOPLOCK, *cluster, "--ttl", "2", *coalesce(hosts[1], "tick", "-v"),
-                                *tick(history, "w")], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
-    try:
-        wait_until(lambda: "waiting for cluster lock" in (unshare.stderr.readline() or ""), "the waiter to queue")
-        r = run([*cluster, *coalesce(hosts[0]), *tick(history, "a")])
-        assert "noop-coalesced" in r.stderr, r.stderr
-        [waiter] = [int(c) for c in Path(f"/proc/{unshare.pid}/task/{unshare.pid}/children").read_text().split()]
-        os.kill(waiter, signal.SIGKILL)
-        assert unshare.wait(timeout=TIMEOUT) != 0
-    finally:
-        if unshare.poll() is None:
-            unshare.kill()
-            unshare.wait(timeout=TIMEOUT)
+    kill_a_waiter_on_another_host(cluster, [], hosts, history)
     look = [*cluster, "--inspect", "--check", str(hosts[0])]
     wait_until(lambda: "waiting 1:" not in run(look).stdout, "the waiter's lease to expire", timeout=TIMEOUT)
     seen = run(look)
@@ -297,19 +304,7 @@ def test_with_once_per_runs_left_behind_inside_a_slot_that_ran_are_not_called_lo
     args = ["--once-per", "1h"]
     holder = start([*cluster, *args, *coalesce(hosts[0]), *tick(history, "holder", "hold")])
     expect_line(holder)
-    unshare = subprocess.Popen([*PID_NS, LOOPLOCK, *cluster, "--ttl", "2", *args, *coalesce(hosts[1], "tick", "-v"),
-                                *tick(history, "w")], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
-    try:
-        wait_until(lambda: "waiting for cluster lock" in (unshare.stderr.readline() or ""), "the waiter to queue")
-        assert "noop-coalesced" in run([*cluster, *args, *coalesce(hosts[0]), *tick(history, "a")]).stderr
-        [waiter] = [int(c) for c in Path(f"/proc/{unshare.pid}/task/{unshare.pid}/children").read_text().split()]
-        os.kill(waiter, signal.SIGKILL)
-        unshare.wait(timeout=TIMEOUT)
-    finally:
-        if unshare.poll() is None:
-            unshare.kill()
-            unshare.wait(timeout=TIMEOUT)
+    kill_a_waiter_on_another_host(cluster, args, hosts, history)
     holder.stdin.close()
     assert holder.wait(timeout=TIMEOUT) == 0
     look = [*cluster, "--inspect", "--check", str(hosts[0])]
