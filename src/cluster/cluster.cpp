@@ -230,6 +230,7 @@ bool ClusterLock::grant(Instant deadline, etcd::Result<long long>& r) {
   r = client_.lease_grant(ttl_s_, bounded_by(deadline));
   if (!r.ok()) return false;
   lease_ = lease_id_ = r.value;
+  own_leases_.push_back(lease_);
   gone_ = false;  // a new lease (a waiter whose lease expired queues again)
   lost_at_.reset();
   why_.clear();
@@ -571,6 +572,12 @@ bool ClusterLock::coalesced(const std::vector<etcd::KeyValue>& queue, std::vecto
           etcd::absorb_txn_body(guards, etcd::absorbed_prefix(name_, c.lease) + etcd::lease_hex(lease_), dump_json(note)),
           bounded_by(std::max(step_end, now() + kMinAttempt)));
       if (t.ok() && !t.value.succeeded) return false;
+      if (!t.ok()) {
+        // Not noted (etcd did not answer): the waiter could not count this
+        // run, so it is not absorbed; it waits and runs itself.
+        arrival_checked_ = true;
+        return false;
+      }
     }
     arrival_checked_ = true;  // only on arrival: a run that waits is never absorbed later
     coalesced_into_ = *v;
@@ -679,8 +686,15 @@ std::optional<long long> ClusterLock::newest_absorbed_start_ms() { return absorb
 // says none of them ran).
 void ClusterLock::count_absorbed() {
   if (who_.policy != "coalesce" || unavailable_now_ || lease_ == 0) return;  // at most 100 ms more
-  auto r = client_.txn(etcd::take_prefix_txn_body(etcd::absorbed_prefix(name_, lease_)), {.at = now() + kAfterDeadline});
-  if (r.ok() && !r.value.ranges.empty()) absorbed_ = static_cast<int>(r.value.ranges[0].count);
+  // Under each lease this run has had: one that expired in an outage left
+  // the notes of the runs absorbed before it queued again.
+  std::vector<std::string> prefixes;
+  for (const long long l : own_leases_) prefixes.push_back(etcd::absorbed_prefix(name_, l));
+  auto r = client_.txn(etcd::take_prefixes_txn_body(prefixes), {.at = now() + kAfterDeadline});
+  if (!r.ok()) return;
+  long long n = 0;
+  for (const auto& range : r.value.ranges) n += range.count;
+  absorbed_ = static_cast<int>(n);
 }
 
 // Every step of a wait ends by the next renewal: the lease is our place in

@@ -358,6 +358,7 @@ private:
   std::optional<Json> coalesced_into_;
   std::optional<int> absorbed_;
   std::optional<long long> absorbed_newest_ms_;  // take_absorbed()
+  std::vector<long long> own_leases_;            // every lease granted to this run (one expired: queued again)
   std::vector<std::pair<long long, long long>> named_dead_;  // dead waiters named on arrival: lease, runs named
   int seat_signal_ = 0;
   const sys::Interrupts* seat_interrupts_ = nullptr;  // while a coalescing waiter waits: the ending signals

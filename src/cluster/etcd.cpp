@@ -307,11 +307,14 @@ std::string delete_unchanged_txn_body(const std::vector<KeyValue>& keys) {
   return dump_json(Json{{"compare", std::move(compare)}, {"success", std::move(success)}});
 }
 
-std::string take_prefix_txn_body(std::string_view prefix) {
-  const Json read = range_json({.key = std::string(prefix), .prefix = true});
-  const Json del{{"key", base64_encode(prefix)}, {"range_end", base64_encode(prefix_range_end(prefix))}};
-  return dump_json(Json{{"compare", Json::array()},
-                        {"success", Json::array({Json{{"request_range", read}}, Json{{"request_delete_range", del}}})}});
+std::string take_prefixes_txn_body(const std::vector<std::string>& prefixes) {
+  Json success = Json::array();
+  for (const auto& prefix : prefixes) {
+    success.push_back(Json{{"request_range", range_json({.key = prefix, .prefix = true})}});
+    success.push_back(Json{{"request_delete_range",
+                            Json{{"key", base64_encode(prefix)}, {"range_end", base64_encode(prefix_range_end(prefix))}}}});
+  }
+  return dump_json(Json{{"compare", Json::array()}, {"success", std::move(success)}});
 }
 
 std::string update_txn_body(const std::vector<std::string>& keys, std::string_view value, long long lease,

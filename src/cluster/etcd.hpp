@@ -164,9 +164,9 @@ std::string absorb_txn_body(const std::vector<std::pair<std::string, long long>>
                             std::string_view value);
 // Reads, in one transaction: each of `prefixes`, first created first.
 std::string reads_txn_body(const std::vector<std::string>& prefixes);
-// Reads every key under `prefix` and deletes them, in one transaction (the
-// count read is what was deleted).
-std::string take_prefix_txn_body(std::string_view prefix);
+// Reads every key under each of `prefixes` and deletes them, in one
+// transaction (the counts read are what was deleted).
+std::string take_prefixes_txn_body(const std::vector<std::string>& prefixes);
 // Rewrites the keys' value (same lease) only if keys[0] is still the key
 // created at `create_revision` (never recreates a key that expired meanwhile).
 std::string update_txn_body(const std::vector<std::string>& keys, std::string_view value, long long lease,

@@ -315,7 +315,8 @@ def test_with_once_per_runs_left_behind_inside_a_slot_that_ran_are_not_called_lo
     assert ticks(history) == ["holder"]
 
 
-def test_a_waiter_that_queued_again_after_its_lease_expired_keeps_the_runs_it_absorbed(tmp_path, hosts):
+@pytest.mark.parametrize("end", ["runs", "gives_up"])
+def test_a_waiter_that_queued_again_after_its_lease_expired_keeps_the_runs_it_absorbed(tmp_path, hosts, end):
     """etcd stops answering for longer than the waiter's TTL (not the
     holder's): the waiter's lease expires and it queues again under a new
     one. The runs it absorbed are still its own: --inspect --check does not
@@ -329,7 +330,9 @@ def test_a_waiter_that_queued_again_after_its_lease_expired_keeps_the_runs_it_ab
         holder = start([*cluster, "--ttl", "30", "--operation", "tick", str(hosts[0]), "--",
                         *tick(history, "holder", "hold")])
         expect_line(holder)
-        waiter = start([*cluster, "--ttl", "2", *coalesce(hosts[1], "tick", "-v"), *tick(history, "w")], stdin=None)
+        bound = ["-w", "15"] if end == "gives_up" else []
+        waiter = start([*cluster, "--ttl", "2", *bound, *coalesce(hosts[1], "tick", "-v"), *tick(history, "w")],
+                       stdin=None)
         wait_until(lambda: "waiting for cluster lock" in (waiter.stderr.readline() or ""), "the waiter to queue")
         assert "noop-coalesced" in run([*cluster, *coalesce(hosts[0]), *tick(history, "a")]).stderr
         os.kill(own.proc.pid, signal.SIGSTOP)
@@ -343,6 +346,17 @@ def test_a_waiter_that_queued_again_after_its_lease_expired_keeps_the_runs_it_ab
         look = run([*cluster, "--inspect", "--check", str(hosts[0])])
         assert "never ran" not in look.stdout and "waiting 1:" in look.stdout, look.stdout
         assert "it absorbed 1 later run" in look.stdout, look.stdout
+        if end == "gives_up":
+            # Its deadline counts the run it absorbed under its first lease too.
+            assert waiter.wait(timeout=TIMEOUT) == EX_TEMPFAIL
+            err = waiter.stderr.read()
+            assert "gave up tick and the 1 later run of it that it absorbed" in err, err
+            look = run([*cluster, "--inspect", "--check", str(hosts[0])])
+            assert look.returncode == 0 and "never ran" not in look.stdout, look.stdout
+            holder.stdin.close()
+            assert holder.wait(timeout=TIMEOUT) == 0
+            assert ticks(history) == ["holder"]
+            return
         holder.stdin.close()
         (held, _), (status, err) = finish([holder, waiter])
         assert held == 0 and status == 0, err

@@ -232,10 +232,12 @@ TEST_CASE("request bodies") {
   auto d = Json::parse(delete_unchanged_txn_body({{.key = "k", .mod_revision = 12}}));
   CHECK(d["compare"][0] == Json::parse(R"({"key":"aw==","target":"MOD","result":"EQUAL","mod_revision":"12"})"));
   CHECK(d["success"][0] == Json::parse(R"({"request_delete_range":{"key":"aw=="}})"));
-  auto t = Json::parse(take_prefix_txn_body("a/"));
+  auto t = Json::parse(take_prefixes_txn_body({"a/", "b/"}));
   CHECK(t["compare"].empty());
+  CHECK(t["success"].size() == 4);
   CHECK(t["success"][0] == Json::parse(R"({"request_range":{"key":"YS8=","range_end":"YTA="}})"));
   CHECK(t["success"][1] == Json::parse(R"({"request_delete_range":{"key":"YS8=","range_end":"YTA="}})"));
+  CHECK(t["success"][2]["request_range"]["key"] == "Yi8=");
   auto r = Json::parse(reads_txn_body({"a/", "b/"}));
   CHECK(r["success"].size() == 2);
   CHECK(r["success"][1]["request_range"]["sort_target"] == "CREATE");
