@@ -35,6 +35,20 @@ void write_metrics(const Options& o, const RunFacts& facts, int status, long lon
   }
 }
 
+// A run that ended in an error: said, then --notify's ended (the command
+// could not run, a lock file refused, ...: after the error, as the run's
+// last) and the metrics.
+int ended_in_error(const Fatal& e, const Logger& log, const Options* o, bool notifying, const RunFacts& facts,
+                   long long start_wall_ms) {
+  log.error(e.event(), e.what(), e.hint());
+  if (notifying && o) say_ended(log, o->identity.operation, RunOutcome::Error, e.status(), facts.ran);
+  if (o) write_metrics(*o, facts, e.status(), start_wall_ms, log);
+  // An ending signal a coalescing waiter's seat held back, that came before
+  // the error: once the error is said, looplock ends of it, as it would have.
+  if (facts.seat_signal_held && sys::pending_ending_signal() != 0) sys::let_ending_signals_through();
+  return e.status();
+}
+
 }  // namespace
 
 int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
@@ -109,16 +123,7 @@ int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
     if (out.kind == Exit::Kind::LikeWaitStatus) jobs->exit_like(out.value);
     return out.value;
   } catch (const Fatal& e) {
-    log.error(e.event(), e.what(), e.hint());
-    // --notify's ended, for a run that ended in an error (the command could
-    // not run, a lock file refused, ...): after the error, as the run's last.
-    if (notifier && options) say_ended(log, options->identity.operation, RunOutcome::Error, e.status(), facts.ran);
-    if (options) write_metrics(*options, facts, e.status(), start_wall_ms, log);
-    // An ending signal held back (a coalescing waiter's seat) that came
-    // before the error: once the error is said, looplock ends of it, as it
-    // would have.
-    if (sys::pending_ending_signal() != 0) sys::let_ending_signals_through();
-    return e.status();
+    return ended_in_error(e, log, options ? &*options : nullptr, notifier.has_value(), facts, start_wall_ms);
   } catch (const std::bad_alloc&) {
     // No allocation here: there may be nothing left to allocate.
     (void)sys::write_all(2, log.is_text()

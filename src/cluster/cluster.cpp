@@ -869,12 +869,13 @@ Acquisition ClusterLock::wait_in_queue(Deadline deadline) {
   // ends early once one is pending (etcd_curl.cpp), within about a second.
   const bool seat = who_.policy == "coalesce" && sys::hold_ending_signals();
   seat_interrupts_ = seat ? &sys::ending_interrupts() : nullptr;
-  // An error (etcd refused the lease, ...) lets them through, as the local
-  // seat's does: a pending one ends looplock then.
+  // An error (etcd refused the queue, ...) lets them through again; one
+  // already pending stays held, so that the error is said first (looplock
+  // then exits with the error's status).
   struct Unhold {
     bool seat;
     ~Unhold() {
-      if (seat && std::uncaught_exceptions() > 0) sys::let_ending_signals_through();
+      if (seat && std::uncaught_exceptions() > 0 && sys::pending_ending_signal() == 0) sys::let_ending_signals_through();
     }
   } unhold{seat};
   for (bool first = true;; first = false) {

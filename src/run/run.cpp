@@ -149,6 +149,7 @@ std::optional<Conclusion> Run::acquire(Lock& lock) {
     reporter_.coalesced(*b);
     return skipped();
   }
+  facts_.seat_signal_held = b->ended_by_signal != 0;
   reporter_.timeout(*b, plan_, facts_.waited, o_.wait.conflict_exit_code);
   // --notify's ended after a wait that gave up (a skip ends with skipped),
   // with the runs a coalescing waiter absorbed.

@@ -49,6 +49,9 @@ struct RunFacts {
   Duration waited{0};
   Duration ran{0};                    // the command's run
   std::optional<RunOutcome> outcome;  // unset: an error
+  // A coalescing waiter's wait ended by an ending signal, held back until
+  // the run has said so: an error meanwhile ends looplock of it, once said.
+  bool seat_signal_held = false;
 };
 
 class Run {

@@ -6,7 +6,6 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <csignal>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -542,27 +541,6 @@ TEST_CASE("cluster lock: etcd unreachable from the start is 69 within the deadli
   }
   CHECK(clock.t == t0 + 500 * kMs);
 }
-
-#ifndef _WIN32
-TEST_CASE("cluster lock: a coalescing waiter that meets an error lets the ending signals through again") {
-  // It holds them back while it waits (its seat); etcd refusing the lease
-  // ends the wait with an error, after which a signal must end looplock.
-  FakeClock clock;
-  MiniEtcd etcd(clock);
-  etcd.fault = [](const Endpoint&, const Request& r) -> std::optional<Step> {
-    if (r.path != "/v3/kv/txn") return std::nullopt;  // the lease is granted; queuing is refused
-    return http(400, R"({"error":"etcdserver: permission denied","code":7})");
-  };
-  Logger log = quiet_log();
-  ClusterLock lock(etcd.transport, endpoints(1), "n", 3, std::chrono::milliseconds(600), log, {}, clock);
-  ClusterHolder who = me();
-  who.policy = "coalesce";
-  CHECK_THROWS_AS(lock.acquire(bounded(500 * kMs), instant_ns(clock.t), who), Fatal);
-  sigset_t now;
-  REQUIRE(sigprocmask(SIG_BLOCK, nullptr, &now) == 0);
-  CHECK(sigismember(&now, SIGTERM) == 0);
-}
-#endif
 
 TEST_CASE("cluster lock: x and x/lock/y have keys of their own and do not exclude each other") {
   FakeClock clock;
