@@ -287,7 +287,7 @@ std::string dead_contender_note(const Json& v) {
   const bool ttl = v.contains("ttl") && v["ttl"].is_number_integer();
   const std::string within = ttl ? std::to_string(v["ttl"].get<int>()) + "s" : std::string("its TTL");
   if (v.value("hold", Json(false)) == Json(true)) {
-    return "; its looplock is dead (this host), but it took a --hold: its key stays while any step of the hold "
+    return "; its looplock has ended (this host), but it took a --hold: its key stays while any step of the hold "
            "runs (each renews its lease), and goes within " + within + " of the last renewal";
   }
   return "; its looplock is dead (this host): its key goes when its lease expires, within " + within;
@@ -456,7 +456,11 @@ ClusterLock::Step ClusterLock::place(Queue& q, const std::vector<etcd::KeyValue>
   }
   std::optional<etcd::KeyValue> blocking;
   if (holds(queue, mine, blocking)) return Step::Ours;
-  if (coalesced(queue, mine, step_end)) return Step::Coalesced;
+  switch (coalesced(queue, mine, step_end)) {
+    case Absorb::Yes: return Step::Coalesced;
+    case Absorb::ReadAgain: q.before.reset(); return Step::Again;
+    case Absorb::No: break;
+  }
   note_holders(queue);
   if (!q.said_waiting) {
     blocker_ = holder_of(queue.front(), step_end);
@@ -533,9 +537,30 @@ Acquisition ClusterLock::take_at_once_as_holder(Instant reach_by) {
   return Acquisition::Busy;
 }
 
-bool ClusterLock::coalesced(const std::vector<etcd::KeyValue>& queue, std::vector<etcd::KeyValue>::const_iterator mine,
-                            Instant step_end) {
-  if (who_.policy != "coalesce" || arrival_checked_) return false;
+namespace {
+// The keys whose being unchanged proves that contender `w` of `queue` still
+// waits (it does now): its own, and the nearest exclusive one ahead of it,
+// or (--holders N, none exclusive ahead) the N just ahead of it. Empty when
+// that is too many for one transaction (etcd takes 128 operations).
+std::vector<std::pair<std::string, long long>> still_waits(const std::vector<etcd::KeyValue>& queue, size_t w) {
+  std::vector<std::pair<std::string, long long>> out{{queue[w].key, queue[w].create_revision}};
+  std::optional<etcd::KeyValue> exclusive_ahead;
+  (void)contender_holds(queue, w, contender_holders(queue[w]), &exclusive_ahead);
+  if (contender_holders(queue[w]) == 0 || exclusive_ahead) {
+    const etcd::KeyValue& k = contender_holders(queue[w]) == 0 ? queue[w - 1] : *exclusive_ahead;
+    out.emplace_back(k.key, k.create_revision);
+    return out;
+  }
+  const size_t n = static_cast<size_t>(contender_holders(queue[w]));
+  if (n > 64) return {};
+  for (size_t k = w - std::min(w, n); k < w; ++k) out.emplace_back(queue[k].key, queue[k].create_revision);
+  return out;
+}
+}  // namespace
+
+ClusterLock::Absorb ClusterLock::coalesced(const std::vector<etcd::KeyValue>& queue,
+                                           std::vector<etcd::KeyValue>::const_iterator mine, Instant step_end) {
+  if (who_.policy != "coalesce" || arrival_checked_) return Absorb::No;
   std::vector<std::pair<Json, long long>> dead;  // coalescing contenders of this operation ahead, proven dead here
   const size_t mine_at = static_cast<size_t>(mine - queue.begin());
   for (size_t i = 0; i < mine_at; ++i) {
@@ -552,42 +577,58 @@ bool ClusterLock::coalesced(const std::vector<etcd::KeyValue>& queue, std::vecto
     // One that holds the lock (the first, or one of --holders N) runs its
     // command already: it cannot run for a run that comes now.
     if (contender_holds(queue, i, contender_holders(c))) continue;
-    if (c.lease != 0) {
-      // The note says when this run started, by which a --once-per waiter
-      // is judged, and who absorbed it, for whoever finds it left behind.
-      // Written only while every contender up to the waiter is the one read
-      // (so the waiter still waits): one that took the lock meanwhile may
-      // have started its command before this run started; this run then
-      // reads the queue again.
-      auto text = [&](const char* k) { return v->contains(k) && (*v)[k].is_string() ? (*v)[k].get<std::string>() : ""; };
-      const Json note = {{"acquired_at", who_.acquired_at},
-                         {"started_ms", start_wall_ms_},
-                         {"operation", who_.operation},
-                         {"host", who_.host},
-                         {"pid", who_.pid},
-                         {"waiter", {{"host", text("host")}, {"pid", v->value("pid", Json(0))}, {"pid_start", text("pid_start")}}}};
-      std::vector<std::pair<std::string, long long>> guards;
-      for (size_t k = 0; k <= i; ++k) guards.emplace_back(queue[k].key, queue[k].create_revision);
-      auto t = client_.txn(
-          etcd::absorb_txn_body(guards, etcd::absorbed_prefix(name_, c.lease) + etcd::lease_hex(lease_), dump_json(note)),
-          bounded_by(std::max(step_end, now() + kMinAttempt)));
-      if (t.ok() && !t.value.succeeded) return false;
-      if (!t.ok()) {
-        // Not noted (etcd did not answer): the waiter could not count this
-        // run, so it is not absorbed; it waits and runs itself.
-        arrival_checked_ = true;
-        return false;
-      }
+    if (c.lease == 0) continue;
+    const auto guards = still_waits(queue, i);
+    if (guards.empty()) continue;
+    switch (absorb_into(*v, c, guards, step_end)) {
+      case Absorb::No: arrival_checked_ = true; return Absorb::No;
+      case Absorb::ReadAgain: return Absorb::ReadAgain;
+      case Absorb::Yes: break;
     }
     arrival_checked_ = true;  // only on arrival: a run that waits is never absorbed later
     coalesced_into_ = *v;
     blocker_ = holder_of(queue.front(), step_end);
-    return true;
+    return Absorb::Yes;
   }
   arrival_checked_ = true;
   // This run waits: in the place of the dead ones, for their runs too.
   for (const auto& [v, lease] : dead) name_dead_waiter(v, lease, step_end);
-  return false;
+  return Absorb::No;
+}
+
+// The note says when this run started, by which a --once-per waiter is
+// judged, and who absorbed it, for whoever finds it left behind. Written,
+// and this run's keys deleted (it leaves the queue), only while the waiter
+// still waits (`guards`: one that took the lock meanwhile may have started
+// its command before this run started; this run then reads the queue
+// again) and no run noted itself under this one (then this one waits, and
+// runs for it).
+ClusterLock::Absorb ClusterLock::absorb_into(const Json& waiter, const etcd::KeyValue& w,
+                                             const std::vector<std::pair<std::string, long long>>& guards,
+                                             Instant step_end) {
+  auto text = [&](const char* k) {
+    return waiter.contains(k) && waiter[k].is_string() ? waiter[k].get<std::string>() : std::string();
+  };
+  const Json note = {{"acquired_at", who_.acquired_at},
+                     {"started_ms", start_wall_ms_},
+                     {"operation", who_.operation},
+                     {"host", who_.host},
+                     {"pid", who_.pid},
+                     {"waiter", {{"host", text("host")}, {"pid", waiter.value("pid", Json(0))}, {"pid_start", text("pid_start")}}}};
+  const std::string key = etcd::absorbed_prefix(name_, w.lease) + etcd::lease_hex(lease_);
+  const auto bound = bounded_by(std::max(step_end, now() + kMinAttempt));
+  auto t = client_.txn(
+      etcd::absorb_txn_body(guards, etcd::absorbed_prefix(name_, lease_), key, dump_json(note), keys_), bound);
+  if (!t.ok()) {
+    // Not known to be noted (etcd did not answer): the waiter may not count
+    // this run, so it is not absorbed; it waits and runs itself. A note that
+    // was written after all goes (best effort).
+    (void)client_.txn(etcd::delete_prefixes_txn_body({key}), bound);
+    return Absorb::No;
+  }
+  if (t.value.succeeded) return Absorb::Yes;
+  const bool absorbed_some = !t.value.ranges.empty() && t.value.ranges[0].count > 0;
+  return absorbed_some ? Absorb::No : Absorb::ReadAgain;
 }
 
 // A coalescing waiter found dead on this host, after it absorbed runs:
@@ -614,7 +655,8 @@ std::optional<long long> note_started_ms(const Json& note) {
 }  // namespace
 
 void ClusterLock::take_absorbed() {
-  if (who_.policy != "coalesce" || lease_ == 0 || adopted_) return;
+  if (who_.policy != "coalesce" || lease_ == 0 || adopted_ || absorbed_taken_) return;
+  absorbed_taken_ = true;
   const Instant by = now() + kLookAtHolder;
   const std::string root = etcd::absorbed_root(name_);
   const std::string runs_key = etcd::runs_key(name_, who_.operation);
@@ -629,68 +671,97 @@ void ClusterLock::take_absorbed() {
   for (const auto& kv : t.value.ranges.back().kvs) {
     if (kv.key == runs_key) last = parse_run_entry(kv.value);
   }
+  const auto notes = sort_absorbed(root, t.value.ranges[0].kvs, queue);
+  const auto taken = choose_absorbed(notes, queue, last);
+  // Deleted by prefix, each waiter's at once (no note can come under this
+  // run's once it holds, nor under a waiter whose key is gone), in
+  // transactions etcd takes (at most 128 operations).
+  std::vector<std::string> prefixes;
+  for (const long long l : own_leases_) prefixes.push_back(etcd::absorbed_prefix(name_, l));
+  for (const auto& [lease, found] : taken.left) prefixes.push_back(etcd::absorbed_prefix(name_, lease));
+  for (size_t at = 0; at < prefixes.size(); at += 64) {
+    const std::vector<std::string> part(prefixes.begin() + static_cast<long>(at),
+                                        prefixes.begin() + static_cast<long>(std::min(prefixes.size(), at + 64)));
+    (void)client_.txn(etcd::delete_prefixes_txn_body(part), bounded_by(std::max(by, now() + kMinAttempt)));
+  }
+  if (taken.own > 0) {
+    log_.verbose("coalesced",
+                 "this run absorbed " + std::to_string(taken.own) + " later run" + (taken.own == 1 ? "" : "s") + " of " +
+                     printable(who_.operation) + " while it waited in the queue of cluster lock " + printable(name_) +
+                     ": it runs for them",
+                 {{"coalesced", taken.own}});
+  }
+  for (const auto& [lease, found] : taken.left) say_left_behind(lease, found);
+}
+
+// Which notes this run takes: its own (also under a lease of its that
+// expired before it queued again), and those of its operation that a
+// waiter left behind (its key gone) or that one proven dead on this host
+// holds; the newest start among them that still needs a run.
+ClusterLock::Taken ClusterLock::choose_absorbed(const std::vector<AbsorbedNote>& notes,
+                                                const std::vector<etcd::KeyValue>& queue,
+                                                const std::optional<RunEntry>& last) {
+  Taken out;
   const auto me = std::find_if(queue.begin(), queue.end(), [&](const etcd::KeyValue& kv) { return kv.lease == lease_; });
   const std::optional<size_t> mine = me == queue.end() ? std::nullopt : std::optional<size_t>(me - queue.begin());
-  std::vector<etcd::KeyValue> take;
-  std::vector<std::pair<long long, std::vector<const AbsorbedNote*>>> left;  // each dead waiter's lease, its notes
-  const auto notes = sort_absorbed(root, t.value.ranges[0].kvs, queue);
   auto newest = [&](const AbsorbedNote& n) {
     if (const auto ms = note_started_ms(n.value)) absorbed_newest_ms_ = std::max(absorbed_newest_ms_.value_or(*ms), *ms);
   };
   for (const auto& n : notes) {
-    if (n.owner) {
-      // Another contender's (a waiter keeps its own); this run's own, also
-      // from a lease of its that expired before it queued again.
-      if (n.owner != mine) continue;
-      take.push_back(n.kv);
+    if (n.owner && n.owner == mine) {
+      ++out.own;
       newest(n);
       continue;
     }
-    // Left behind by a waiter that left the queue without running them (it
-    // died): the next run of its operation that takes the lock runs for
-    // them, unless the run ledger shows their tick needs no run any more.
-    if (n.operation() != who_.operation) continue;
-    take.push_back(n.kv);
-    if (absorbed_covered(n, last)) continue;
+    if (n.owner) {
+      // Another contender's: a waiter keeps its own, but for one proven dead here.
+      const auto v = parse_cluster_holder(queue[*n.owner].value);
+      if (!v || dead_contender_note(*v).empty()) continue;
+    }
+    const bool damaged = n.operation().empty() && !n.owner;  // not a looplock note: deleted, nobody named
+    if (n.operation() != who_.operation && !damaged) continue;
+    auto at = std::find_if(out.left.begin(), out.left.end(), [&](const auto& l) { return l.first == n.waiter_lease; });
+    if (at == out.left.end()) at = out.left.insert(out.left.end(), {n.waiter_lease, {}});
+    if (damaged || absorbed_covered(n, last)) continue;  // taken, but its tick needs no run
     newest(n);
-    auto at = std::find_if(left.begin(), left.end(), [&](const auto& l) { return l.first == n.waiter_lease; });
-    if (at == left.end()) at = left.insert(left.end(), {n.waiter_lease, {}});
-    at->second.push_back(&n);
+    at->second.push_back(n.waiter());
   }
-  if (take.empty()) return;
-  auto d = client_.txn(etcd::delete_unchanged_txn_body(take), bounded_by(std::max(by, now() + kMinAttempt)));
-  if (!d.ok() || !d.value.succeeded) {
-    absorbed_newest_ms_.reset();  // another run took them, or etcd did not say: this run's own judgment stands
-    return;
-  }
-  for (const auto& [lease, found] : left) {
-    const auto named = std::find_if(named_dead_.begin(), named_dead_.end(), [&](const auto& d) { return d.first == lease; });
-    if (named != named_dead_.end() && named->second >= static_cast<long long>(found.size())) continue;  // said on arrival
-    const Json waiter = found.front()->waiter();
-    const long long pid = waiter.contains("pid") && waiter["pid"].is_number_integer() ? waiter["pid"].get<long long>() : 0;
-    const std::string host = waiter.contains("host") && waiter["host"].is_string() ? waiter["host"].get<std::string>() : "";
-    const size_t n = found.size();
-    log_.warn("coalesced",
-              "pid " + std::to_string(pid) + (host.empty() ? "" : " on host " + printable(host)) +
-                  ", the waiter of " + printable(who_.operation) + " in the queue of cluster lock " + printable(name_) +
-                  ", left it without running the " + std::to_string(n) + " later run" + (n == 1 ? "" : "s") +
-                  " it had absorbed (its looplock died: KILLed, or its host was lost): this run runs for them",
-              {{"coalesced", n}, {"dead_waiter", waiter}});
-  }
+  return out;
 }
 
-std::optional<long long> ClusterLock::newest_absorbed_start_ms() { return absorbed_newest_ms_; }
+// The runs a waiter left behind (it died), found by the run that runs for
+// them: said, unless this run said so on arrival.
+void ClusterLock::say_left_behind(long long lease, const std::vector<Json>& waiters) {
+  const size_t n = waiters.size();
+  if (n == 0) return;
+  const auto named = std::find_if(named_dead_.begin(), named_dead_.end(), [&](const auto& d) { return d.first == lease; });
+  if (named != named_dead_.end() && named->second >= static_cast<long long>(n)) return;
+  const Json& waiter = waiters.front();
+  const long long pid = waiter.contains("pid") && waiter["pid"].is_number_integer() ? waiter["pid"].get<long long>() : 0;
+  const std::string host = waiter.contains("host") && waiter["host"].is_string() ? waiter["host"].get<std::string>() : "";
+  log_.warn("coalesced",
+            "pid " + std::to_string(pid) + (host.empty() ? "" : " on host " + printable(host)) + ", the waiter of " +
+                printable(who_.operation) + " in the queue of cluster lock " + printable(name_) +
+                ", left it without running the " + std::to_string(n) + " later run" + (n == 1 ? "" : "s") +
+                " it had absorbed (its looplock died: KILLed, or its host was lost): this run runs for them",
+            {{"coalesced", n}, {"dead_waiter", waiter}});
+}
+
+std::optional<long long> ClusterLock::newest_absorbed_start_ms() {
+  take_absorbed();
+  return absorbed_newest_ms_;
+}
 
 // A coalescing waiter whose wait ended (its deadline, a signal): the runs
-// it absorbed, counted and their notes deleted in one transaction (the run
-// says none of them ran).
+// it absorbed under each lease it had, counted and their notes deleted, and
+// its keys deleted, in one transaction, so that no run notes itself under
+// it afterwards (the run says none of them ran).
 void ClusterLock::count_absorbed() {
   if (who_.policy != "coalesce" || unavailable_now_ || lease_ == 0) return;  // at most 100 ms more
-  // Under each lease this run has had: one that expired in an outage left
-  // the notes of the runs absorbed before it queued again.
   std::vector<std::string> prefixes;
   for (const long long l : own_leases_) prefixes.push_back(etcd::absorbed_prefix(name_, l));
-  auto r = client_.txn(etcd::take_prefixes_txn_body(prefixes), {.at = now() + kAfterDeadline});
+  auto r = client_.txn(etcd::take_prefixes_txn_body(prefixes, keys_), {.at = now() + kAfterDeadline});
+  absorbed_taken_ = true;
   if (!r.ok()) return;
   long long n = 0;
   for (const auto& range : r.value.ranges) n += range.count;
@@ -1005,6 +1076,18 @@ void ClusterLock::release(std::optional<Duration> bound_given) {
   if (adopted_) {  // the hold's own: it lets go, or the lease expires once no step renews it
     lease_ = 0;
     return;
+  }
+  if (who_.policy == "coalesce" && token_ != 0 && !absorbed_taken_) {
+    // It held the cluster lock but never came to its command (the local
+    // lock, an error): the runs it absorbed did not run either.
+    count_absorbed();
+    if (absorbed_.value_or(0) > 0) {
+      log_.warn("coalesced",
+                "the " + std::to_string(*absorbed_) + " later run" + (*absorbed_ == 1 ? "" : "s") + " of " +
+                    printable(who_.operation) + " this run absorbed in the queue of cluster lock " + printable(name_) +
+                    " never ran: this run ended before its command",
+                {{"coalesced", *absorbed_}});
+    }
   }
   // Revoking the lease deletes the lock key (the next holder's watch fires
   // at once) and anything else attached to it.

@@ -275,10 +275,10 @@ public:
   // This run's start (wall clock, ms): what a waiter that absorbs it is
   // told, with --once-per.
   void set_start_wall_ms(long long ms) { start_wall_ms_ = ms; }
-  // -p coalesce, once the lock is taken: the notes of the runs this run
-  // absorbed while it waited, and those a waiter of its operation that
-  // died left behind (named in a warning: this run runs for them), read and
-  // deleted.
+  // -p coalesce, once every lock is taken and the command is to run (or be
+  // judged by --once-per): the notes of the runs this run absorbed while it
+  // waited, and those a waiter of its operation that died left behind
+  // (named in a warning: this run runs for them), read and deleted. Once.
   void take_absorbed();
   // Held, as the waiter that absorbed later runs (take_absorbed()): the
   // newest start among them (nullopt: none, an earlier version's notes, or
@@ -312,10 +312,21 @@ private:
   void watch_before(Queue& q, Instant step_end);
   void note_blocker(long long my_rev);
   // -p coalesce, on arrival: a coalescing waiter of the same operation
-  // queued between the holder and us absorbs this run (noted under its lease).
-  bool coalesced(const std::vector<etcd::KeyValue>& queue, std::vector<etcd::KeyValue>::const_iterator mine,
-                 Instant step_end);
+  // waiting between the holder and us absorbs this run (a note beside its
+  // key); or the queue is to be read again (it changed meanwhile).
+  enum class Absorb { No, Yes, ReadAgain };
+  Absorb coalesced(const std::vector<etcd::KeyValue>& queue, std::vector<etcd::KeyValue>::const_iterator mine,
+                   Instant step_end);
+  Absorb absorb_into(const Json& waiter, const etcd::KeyValue& w,
+                     const std::vector<std::pair<std::string, long long>>& guards, Instant step_end);
   void count_absorbed();
+  struct Taken {
+    long long own = 0;                                          // this run's own notes
+    std::vector<std::pair<long long, std::vector<Json>>> left;  // a dead waiter's lease, the waiter of each note to run for
+  };
+  Taken choose_absorbed(const std::vector<AbsorbedNote>& notes, const std::vector<etcd::KeyValue>& queue,
+                        const std::optional<RunEntry>& last);
+  void say_left_behind(long long lease, const std::vector<Json>& waiters);
   void name_dead_waiter(const Json& waiter, long long lease, Instant step_end);
   // Whether the contender `mine` holds the lock: it is first, or (--holders
   // N) fewer than N contenders are ahead of it and none of them is
@@ -358,6 +369,7 @@ private:
   std::optional<Json> coalesced_into_;
   std::optional<int> absorbed_;
   std::optional<long long> absorbed_newest_ms_;  // take_absorbed()
+  bool absorbed_taken_ = false;                  // take_absorbed() or count_absorbed() ran
   std::vector<long long> own_leases_;            // every lease granted to this run (one expired: queued again)
   std::vector<std::pair<long long, long long>> named_dead_;  // dead waiters named on arrival: lease, runs named
   int seat_signal_ = 0;

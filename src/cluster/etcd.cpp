@@ -139,7 +139,9 @@ std::optional<long long> absorbed_waiter_lease(std::string_view root, std::strin
   if (!key.starts_with(root)) return std::nullopt;
   key.remove_prefix(root.size());
   const size_t slash = key.find('/');
-  if (slash == std::string_view::npos || key.find('/', slash + 1) != std::string_view::npos) return std::nullopt;
+  if (slash == std::string_view::npos || slash + 1 == key.size() || key.find('/', slash + 1) != std::string_view::npos) {
+    return std::nullopt;
+  }
   return parse_lease_hex(key.substr(0, slash));
 }
 
@@ -280,12 +282,24 @@ std::string guarded_put_txn_body(std::string_view guard_key, long long guard_cre
                         {"success", Json::array({Json{{"request_put", put_json(key, value, 0)}}})}});
 }
 
-std::string absorb_txn_body(const std::vector<std::pair<std::string, long long>>& guards, std::string_view key,
-                            std::string_view value) {
+namespace {
+Json delete_json(std::string_view key, bool prefix) {
+  Json j{{"key", base64_encode(key)}};
+  if (prefix) j["range_end"] = base64_encode(prefix_range_end(key));
+  return Json{{"request_delete_range", std::move(j)}};
+}
+}  // namespace
+
+std::string absorb_txn_body(const std::vector<std::pair<std::string, long long>>& guards,
+                            std::string_view empty_prefix, std::string_view key, std::string_view value,
+                            const std::vector<std::string>& leave) {
   Json compare = Json::array();
   for (const auto& [k, revision] : guards) compare.push_back(create_revision_is(k, revision));
-  return dump_json(Json{{"compare", std::move(compare)},
-                        {"success", Json::array({Json{{"request_put", put_json(key, value, 0)}}})}});
+  compare.push_back(create_revision_is(empty_prefix, 0, true));
+  Json success = Json::array({Json{{"request_put", put_json(key, value, 0)}}});
+  for (const auto& k : leave) success.push_back(delete_json(k, false));
+  Json failure = Json::array({Json{{"request_range", range_json({.key = std::string(empty_prefix), .prefix = true})}}});
+  return dump_json(Json{{"compare", std::move(compare)}, {"success", std::move(success)}, {"failure", std::move(failure)}});
 }
 
 std::string reads_txn_body(const std::vector<std::string>& prefixes) {
@@ -294,26 +308,19 @@ std::string reads_txn_body(const std::vector<std::string>& prefixes) {
   return dump_json(Json{{"compare", Json::array()}, {"success", std::move(success)}});
 }
 
-std::string delete_unchanged_txn_body(const std::vector<KeyValue>& keys) {
-  Json compare = Json::array();
-  Json success = Json::array();
-  for (const auto& kv : keys) {
-    compare.push_back(Json{{"key", base64_encode(kv.key)},
-                           {"target", "MOD"},
-                           {"result", "EQUAL"},
-                           {"mod_revision", std::to_string(kv.mod_revision)}});
-    success.push_back(Json{{"request_delete_range", Json{{"key", base64_encode(kv.key)}}}});
-  }
-  return dump_json(Json{{"compare", std::move(compare)}, {"success", std::move(success)}});
-}
-
-std::string take_prefixes_txn_body(const std::vector<std::string>& prefixes) {
+std::string take_prefixes_txn_body(const std::vector<std::string>& prefixes, const std::vector<std::string>& keys) {
   Json success = Json::array();
   for (const auto& prefix : prefixes) {
     success.push_back(Json{{"request_range", range_json({.key = prefix, .prefix = true})}});
-    success.push_back(Json{{"request_delete_range",
-                            Json{{"key", base64_encode(prefix)}, {"range_end", base64_encode(prefix_range_end(prefix))}}}});
+    success.push_back(delete_json(prefix, true));
   }
+  for (const auto& k : keys) success.push_back(delete_json(k, false));
+  return dump_json(Json{{"compare", Json::array()}, {"success", std::move(success)}});
+}
+
+std::string delete_prefixes_txn_body(const std::vector<std::string>& prefixes) {
+  Json success = Json::array();
+  for (const auto& prefix : prefixes) success.push_back(delete_json(prefix, true));
   return dump_json(Json{{"compare", Json::array()}, {"success", std::move(success)}});
 }
 

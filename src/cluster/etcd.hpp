@@ -157,16 +157,20 @@ std::string create_if_free_txn_body(const std::vector<std::string>& keys, std::s
 std::string guarded_put_txn_body(std::string_view guard_key, long long guard_create_revision, std::string_view key,
                                  long long mod_revision, std::string_view value);
 // -p coalesce, a run absorbed by a waiter: puts `value` at `key` (no lease)
-// only if each of `guards` (a key, its create revision) is still that key:
-// the holder before the waiter, and the waiter's own key, unchanged (the
-// waiter has not taken the lock, so it will run for this run).
-std::string absorb_txn_body(const std::vector<std::pair<std::string, long long>>& guards, std::string_view key,
-                            std::string_view value);
+// and deletes the run's own keys (`leave`: it leaves the queue), only if
+// each of `guards` (a key, its create revision) is still that key (the
+// waiter still waits: cluster.cpp) and nothing is under `empty_prefix` (no
+// run noted itself under this one); else reads that prefix.
+std::string absorb_txn_body(const std::vector<std::pair<std::string, long long>>& guards,
+                            std::string_view empty_prefix, std::string_view key, std::string_view value,
+                            const std::vector<std::string>& leave);
 // Reads, in one transaction: each of `prefixes`, first created first.
 std::string reads_txn_body(const std::vector<std::string>& prefixes);
-// Reads every key under each of `prefixes` and deletes them, in one
-// transaction (the counts read are what was deleted).
-std::string take_prefixes_txn_body(const std::vector<std::string>& prefixes);
+// Reads every key under each of `prefixes` and deletes them, and deletes
+// `keys`, in one transaction (the counts read are what was deleted).
+std::string take_prefixes_txn_body(const std::vector<std::string>& prefixes, const std::vector<std::string>& keys = {});
+// Deletes every key under each of `prefixes`, unconditionally.
+std::string delete_prefixes_txn_body(const std::vector<std::string>& prefixes);
 // Rewrites the keys' value (same lease) only if keys[0] is still the key
 // created at `create_revision` (never recreates a key that expired meanwhile).
 std::string update_txn_body(const std::vector<std::string>& keys, std::string_view value, long long lease,
@@ -192,9 +196,6 @@ struct TxnResult {
   std::vector<RangeResult> ranges;  // the range responses, in order
 };
 
-// Deletes each key only if none of them changed since it was read (each at
-// its mod revision).
-std::string delete_unchanged_txn_body(const std::vector<KeyValue>& keys);
 
 // The contenders of a lock in the order they take it (by create revision),
 // from the ranges of its prefixes (`ranges[i]` read `prefixes[i]`): only

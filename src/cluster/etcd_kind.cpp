@@ -164,22 +164,25 @@ std::string dead_waiter_warning(const Json& waiter, size_t n, const std::string&
          op + " that takes the lock says so and runs for them.";
 }
 
-AbsorbedNotes read_absorbed(etcd::Client& client, const std::string& name, const std::vector<etcd::KeyValue>& queue,
-                            const etcd::Deadline& bound) {
+AbsorbedNotes read_absorbed(etcd::Client& client, const std::string& name, const etcd::Deadline& bound) {
   AbsorbedNotes out;
   const std::string root = etcd::absorbed_root(name);
-  auto r = client.range({.key = root, .prefix = true}, bound);
-  if (!r.ok()) {
-    out.error = r.error;
+  // The notes, the queue they are judged against and the run ledger (which
+  // says which left-behind runs need no run any more), read at one revision.
+  const auto prefixes = etcd::contender_prefixes(name);
+  std::vector<std::string> reads{root};
+  reads.insert(reads.end(), prefixes.begin(), prefixes.end());
+  reads.push_back(etcd::runs_prefix(name));
+  auto r = client.txn(etcd::reads_txn_body(reads), bound);
+  if (!r.ok() || r.value.ranges.size() != reads.size()) {
+    out.error = r.ok() ? "an answer without every read" : r.error;
     return out;
   }
-  if (r.value.kvs.empty()) return out;
-  // The run ledger says which left-behind runs need no run any more.
+  if (r.value.ranges[0].kvs.empty()) return out;
+  const auto queue = etcd::contenders(prefixes, {r.value.ranges.begin() + 1, r.value.ranges.end() - 1});
   std::vector<RunEntry> runs;
-  if (auto l = client.range({.key = etcd::runs_prefix(name), .prefix = true}, bound); l.ok()) {
-    for (const auto& kv : l.value.kvs) {
-      if (auto e = parse_run_entry(kv.value)) runs.push_back(std::move(*e));
-    }
+  for (const auto& kv : r.value.ranges.back().kvs) {
+    if (auto e = parse_run_entry(kv.value)) runs.push_back(std::move(*e));
   }
   auto last_run = [&](const std::string& op) -> std::optional<RunEntry> {
     for (const auto& e : runs) {
@@ -187,7 +190,7 @@ AbsorbedNotes read_absorbed(etcd::Client& client, const std::string& name, const
     }
     return std::nullopt;
   };
-  const auto notes = sort_absorbed(root, r.value.kvs, queue);
+  const auto notes = sort_absorbed(root, r.value.ranges[0].kvs, queue);
   std::vector<std::pair<long long, std::vector<const AbsorbedNote*>>> left;   // by the lease they were noted under
   std::vector<std::pair<size_t, size_t>> dead_here;                          // a contender proven dead here, its notes
   for (const auto& n : notes) {
@@ -201,6 +204,12 @@ AbsorbedNotes read_absorbed(etcd::Client& client, const std::string& name, const
         if (d == dead_here.end()) d = dead_here.insert(dead_here.end(), {i, 0});
         ++d->second;
       }
+      continue;
+    }
+    if (n.operation().empty()) {
+      out.warnings.push_back("a damaged note of cluster lock " + name + " (not a looplock note): key " + n.kv.key +
+                             "; the next -p coalesce run that takes the lock deletes it (or: etcdctl del " +
+                             n.kv.key + ")");
       continue;
     }
     if (absorbed_covered(n, last_run(n.operation()))) continue;
@@ -255,7 +264,7 @@ InspectPart EtcdKind::inspect(const Options& o, const std::string& canonical_dir
       (*holder)["fencing_token"] = kvs.front().create_revision;
       (*holder)["key"] = kvs.front().key;
     }
-    const AbsorbedNotes notes = read_absorbed(client, name, kvs, bound);
+    const AbsorbedNotes notes = read_absorbed(client, name, bound);
     part.warnings = notes.warnings;
     if (!notes.error.empty()) c["absorbed_error"] = notes.error;
     Json waiting = Json::array();

@@ -63,7 +63,6 @@ Acquisition EtcdLock::acquire(const WaitPlan& plan, Instant start) {
   who.hold = request_.hold.has_value();
   const Acquisition got = lock_.acquire(plan, start, who);
   if (got != Acquisition::Acquired) return got;
-  lock_.take_absorbed();
   const Duration waited = MonotonicClock::now() - start;
   log_.verbose("acquired",
                "cluster lock " + printable(lock_.name()) + " acquired on etcd after " + format_duration(waited) +
@@ -85,6 +84,10 @@ Blocker EtcdLock::blocker() const {
                              {"endpoint", lock_.endpoint()},
                              {"holder", lock_.blocker() ? *lock_.blocker() : Json(nullptr)}};
   // --holders: every contender that held it, the first one's included.
+  if (request_.flags.holders > 0) {
+    b.frees_when = "a place among the " + std::to_string(request_.flags.holders) + " holders of cluster lock " +
+                   printable(lock_.name()) + " (etcd) is free";
+  }
   if (const auto& all = lock_.holders(); request_.flags.holders > 0 && !all.empty()) {
     b.fields["cluster"]["holders"] = all;
     if (all.size() > 1) {
@@ -114,6 +117,9 @@ Blocker EtcdLock::blocker() const {
 
 void EtcdLock::export_to(CommandSpec& spec) {
   if (hold_) return;  // the hold's lock exports its key, lease and token
+  // Every lock is held and the command starts: it runs for the runs it
+  // absorbed (-p coalesce).
+  lock_.take_absorbed();
   env_set(spec.env, {{env_name::kFencingToken, std::to_string(lock_.fencing_token())},
                      {env_name::kEtcdKey, lock_.key()},
                      {env_name::kEtcdLease, etcd::lease_hex(lock_.lease())}});

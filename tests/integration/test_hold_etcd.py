@@ -256,8 +256,8 @@ def test_a_hold_that_ends_while_a_step_runs_never_lets_another_host_in_before_th
         wait_until(lambda: not os.path.exists(f"/proc/{t.holder}"), "the hold's looplock to end")
         seen = run([*t.cluster, "--inspect", t.a])
         if t.step.poll() is None:
-            assert "operation hold, since " in seen.stdout and ", a --hold); its looplock is dead" in seen.stdout, seen.stdout
-            assert ("its looplock is dead (this host), but it took a --hold: its key stays while any step of the hold "
+            assert "operation hold, since " in seen.stdout and ", a --hold); its looplock has ended" in seen.stdout, seen.stdout
+            assert ("its looplock has ended (this host), but it took a --hold: its key stays while any step of the hold "
                     "runs (each renews its lease)") in seen.stdout, seen.stdout
         assert t.step.wait(timeout=TIMEOUT) == 0, t.step.stderr.read()
     else:

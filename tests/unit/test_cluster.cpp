@@ -679,7 +679,8 @@ TEST_CASE("cluster holder value") {
   h.pid_start = "1";
   if (looplock::sys::proven_dead(h.boot_id, h.pid_ns, h.pid, h.pid_start)) {  // not where /proc cannot tell (Windows)
     const std::string note = dead_contender_note(*parse_cluster_holder(encode_cluster_holder(h)));
-    CHECK(note.find("but it took a --hold: its key stays while any step of the hold runs") != std::string::npos);
+    CHECK(note.find("has ended (this host), but it took a --hold: its key stays while any step of the hold runs") !=
+          std::string::npos);
     h.hold = false;
     CHECK(dead_contender_note(*parse_cluster_holder(encode_cluster_holder(h))) ==
           "; its looplock is dead (this host): its key goes when its lease expires, within 10s");

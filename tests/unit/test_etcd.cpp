@@ -225,20 +225,26 @@ TEST_CASE("request bodies") {
   CHECK(u["compare"][0]["create_revision"] == "17");
   CHECK(u["success"].size() == 2);
   CHECK_FALSE(u.contains("failure"));
-  // -p coalesce: a note put (no lease) only while the holder and the waiter are unchanged.
-  auto a = Json::parse(absorb_txn_body({{"h", 3}, {"w", 9}}, "n", "v"));
-  CHECK(a["compare"].size() == 2);
+  // -p coalesce: a note put (no lease), and the run's keys deleted, only while
+  // the guards are unchanged and nothing is noted under the run itself.
+  auto a = Json::parse(absorb_txn_body({{"h", 3}, {"w", 9}}, "a/", "n", "v", {"k"}));
+  CHECK(a["compare"].size() == 3);
   CHECK(a["compare"][1] == Json::parse(R"({"key":"dw==","target":"CREATE","result":"EQUAL","create_revision":"9"})"));
+  CHECK(a["compare"][2] ==
+        Json::parse(R"({"key":"YS8=","target":"CREATE","result":"EQUAL","create_revision":"0","range_end":"YTA="})"));
   CHECK(a["success"][0] == Json::parse(R"({"request_put":{"key":"bg==","value":"dg=="}})"));
-  auto d = Json::parse(delete_unchanged_txn_body({{.key = "k", .mod_revision = 12}}));
-  CHECK(d["compare"][0] == Json::parse(R"({"key":"aw==","target":"MOD","result":"EQUAL","mod_revision":"12"})"));
-  CHECK(d["success"][0] == Json::parse(R"({"request_delete_range":{"key":"aw=="}})"));
-  auto t = Json::parse(take_prefixes_txn_body({"a/", "b/"}));
+  CHECK(a["success"][1] == Json::parse(R"({"request_delete_range":{"key":"aw=="}})"));
+  CHECK(a["failure"][0] == Json::parse(R"({"request_range":{"key":"YS8=","range_end":"YTA="}})"));
+  auto d = Json::parse(delete_prefixes_txn_body({"a/"}));
+  CHECK(d["compare"].empty());
+  CHECK(d["success"][0] == Json::parse(R"({"request_delete_range":{"key":"YS8=","range_end":"YTA="}})"));
+  auto t = Json::parse(take_prefixes_txn_body({"a/", "b/"}, {"k"}));
   CHECK(t["compare"].empty());
-  CHECK(t["success"].size() == 4);
+  CHECK(t["success"].size() == 5);
   CHECK(t["success"][0] == Json::parse(R"({"request_range":{"key":"YS8=","range_end":"YTA="}})"));
   CHECK(t["success"][1] == Json::parse(R"({"request_delete_range":{"key":"YS8=","range_end":"YTA="}})"));
   CHECK(t["success"][2]["request_range"]["key"] == "Yi8=");
+  CHECK(t["success"][4] == Json::parse(R"({"request_delete_range":{"key":"aw=="}})"));
   auto r = Json::parse(reads_txn_body({"a/", "b/"}));
   CHECK(r["success"].size() == 2);
   CHECK(r["success"][1]["request_range"]["sort_target"] == "CREATE");
@@ -249,6 +255,7 @@ TEST_CASE("absorbed notes: under the waiter's lease, each named by the absorbed 
   CHECK(absorbed_prefix("n", 0x1f) == root + "1f/");
   CHECK(absorbed_waiter_lease(root, root + "1f/2a") == 0x1f);
   CHECK_FALSE(absorbed_waiter_lease(root, root + "1f"));         // no run's part
+  CHECK_FALSE(absorbed_waiter_lease(root, root + "1f/"));        // an empty one
   CHECK_FALSE(absorbed_waiter_lease(root, root + "1f/2a/x"));    // deeper
   CHECK_FALSE(absorbed_waiter_lease(root, root + "zz/2a"));      // not a lease id
   CHECK_FALSE(absorbed_waiter_lease(root, "other/1f/2a"));
