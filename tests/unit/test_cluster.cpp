@@ -740,3 +740,51 @@ TEST_CASE("cluster lock: the run ledger's write and look say why they failed, ea
   REQUIRE(std::holds_alternative<sys::Failure>(silent_look));
   CHECK_FALSE(std::get<sys::Failure>(silent_look).what.empty());
 }
+
+TEST_CASE("-p coalesce: each absorbed note belongs to its waiter's key, or to the same looplock queued again") {
+  const std::string root = etcd::absorbed_root("n");
+  auto contender = [](long long lease, long long rev, const char* host, long long pid, const char* start) {
+    Json v = {{"host", host}, {"pid", pid}, {"pid_start", start}, {"policy", "coalesce"}, {"operation", "tick"}};
+    return KeyValue{.key = "k" + std::to_string(lease), .value = dump_json(v), .create_revision = rev,
+                    .mod_revision = rev, .lease = lease};
+  };
+  auto note = [&](long long waiter_lease, long long run, const Json& waiter) {
+    const Json v = {{"operation", "tick"}, {"started_ms", 1000}, {"waiter", waiter}};
+    return KeyValue{.key = etcd::absorbed_prefix("n", waiter_lease) + etcd::lease_hex(run), .value = dump_json(v),
+                    .create_revision = 9, .mod_revision = 9, .lease = 0};
+  };
+  const std::vector<KeyValue> queue = {contender(0x10, 1, "h", 7, "70"), contender(0x20, 2, "h", 8, "80")};
+  const auto sorted = sort_absorbed(root,
+                                    {note(0x20, 1, {{"host", "h"}, {"pid", 8}, {"pid_start", "80"}}),
+                                     note(0x99, 2, {{"host", "h"}, {"pid", 8}, {"pid_start", "80"}}),  // queued again
+                                     note(0x98, 3, {{"host", "h"}, {"pid", 8}, {"pid_start", "81"}}),  // another process
+                                     note(0x97, 4, {{"host", "g"}, {"pid", 8}}),                        // another host
+                                     note(0x96, 5, {{"host", "h"}, {"pid", 7}})},  // no start time: host and pid
+                                    queue);
+  REQUIRE(sorted.size() == 5);
+  CHECK(sorted[0].owner == 1u);
+  CHECK(sorted[1].owner == 1u);
+  CHECK_FALSE(sorted[2].owner);
+  CHECK_FALSE(sorted[3].owner);
+  CHECK(sorted[4].owner == 0u);
+  CHECK(sorted[0].operation() == "tick");
+}
+
+TEST_CASE("-p coalesce: a note left behind needs no run when the ledger's last run covers it") {
+  AbsorbedNote n;
+  n.value = Json{{"operation", "tick"}, {"started_ms", 1000}};
+  RunEntry last;
+  last.started_ms = 1000;
+  CHECK_FALSE(absorbed_covered(n, last));  // not ended: it may not count
+  last.ended_ms = 2000;
+  CHECK(absorbed_covered(n, last));  // started with it (or after it): did its work
+  last.started_ms = 500;
+  CHECK_FALSE(absorbed_covered(n, last));  // started before it, no slot
+  last.once_per_ms = 501;
+  CHECK(absorbed_covered(n, last));  // inside the slot: it would have skipped
+  last.once_per_ms = 500;
+  CHECK_FALSE(absorbed_covered(n, last));  // the slot was over when it came
+  CHECK_FALSE(absorbed_covered(n, std::nullopt));
+  n.value = nullptr;
+  CHECK_FALSE(absorbed_covered(n, last));
+}

@@ -91,6 +91,7 @@ TEST_CASE("a start time read in a time namespace is the one the initial namespac
   CHECK(procfs::start_in_initial_time_ns(std::string("150000"), offsets, 100) == "50000");
   CHECK(procfs::start_in_initial_time_ns(std::string("150000"), "monotonic 5 0\nboottime 0 0\n", 100) == "150000");
   CHECK(procfs::start_in_initial_time_ns(std::string("150000"), "boottime 2 500000000\n", 100) == "149750");
+  CHECK(procfs::start_in_initial_time_ns(std::string("150000"), "boottime 2 5000001\n", 100) == "150000");  // not whole ticks
   CHECK(procfs::start_in_initial_time_ns(std::string("150000"), "", 100) == "150000");          // no time namespaces
   CHECK(procfs::start_in_initial_time_ns(std::string("150000"), "boottime x y\n", 100) == "150000");  // odd: as read
   CHECK(procfs::start_in_initial_time_ns(std::string("5"), offsets, 100) == "5");  // cannot be: as read

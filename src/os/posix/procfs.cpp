@@ -114,8 +114,11 @@ std::optional<std::string> start_in_initial_time_ns(const std::optional<std::str
     const auto start = to_number<long long>(*raw);
     if (!start) return raw;
     // The kernel adds the offset in nanoseconds, then counts ticks: the
-    // same, to the tick, for offsets of whole ticks (unshare's: seconds).
+    // same, to the tick, for offsets of whole ticks (unshare's: seconds);
+    // another offset is left as read (a start time that may be a tick off
+    // must not prove a live process dead).
     const long long ns_per_tick = 1'000'000'000LL / hz;
+    if (ns_per_tick == 0 || nsecs % ns_per_tick != 0) return raw;
     const long long shift = secs * hz + nsecs / ns_per_tick;
     if (shift == 0 || *start < shift) return raw;
     return std::to_string(*start - shift);
