@@ -147,11 +147,13 @@ Json report_json(const InspectFacts& facts, const Verdict& v) {
   for (const auto& x : facts.indexes) {
     indexes.push_back(
         {{"index", x.index},
-         {"held", x.held},
+         {"held", x.unknown ? Json(nullptr) : Json(x.held)},
          {"holder_pids", x.pids},
          {"holder", x.held ? Json(x.holder) : Json(nullptr)},
          {"record", x.record ? holder_to_json(*x.record) : Json(nullptr)},
-         {"record_status", x.record ? Json(x.record_current ? "current" : "not the holder's") : Json(nullptr)}});
+         {"record_status", !x.record ? Json(nullptr)
+                           : x.unknown  ? Json("unconfirmed")
+                                        : Json(x.record_current ? "current" : "not the holder's")}});
   }
   j["holder_indexes"] = std::move(indexes);
   Json r = Json::object();
@@ -198,8 +200,12 @@ std::vector<std::pair<const char*, std::string>> index_lines(const std::vector<I
   std::vector<std::pair<const char*, std::string>> out;
   if (indexes.empty()) return out;
   const auto held = std::count_if(indexes.begin(), indexes.end(), [](const auto& x) { return x.held; });
-  out.emplace_back("holders",
-                   std::to_string(held) + " of " + std::to_string(indexes.size()) + " index files held (--holders)");
+  const bool unknown = std::any_of(indexes.begin(), indexes.end(), [](const auto& x) { return x.unknown; });
+  out.emplace_back("holders", unknown ? std::to_string(indexes.size()) +
+                                            (indexes.size() == 1 ? " index file" : " index files") +
+                                            " (--holders); which are held is unknown, as for the lock (kernel, above)"
+                                      : std::to_string(held) + " of " + std::to_string(indexes.size()) +
+                                            " index files held (--holders)");
   for (const auto& x : indexes) {
     if (!x.held) continue;
     std::string who = "index " + std::to_string(x.index) + ": " + x.holder;
@@ -416,7 +422,8 @@ void add_part(const Options& o, const LockDir& dir, LockKind* kind, const Logger
 
 // Who holds each of --holders' index files (read only: opened for reading,
 // never created or locked).
-std::vector<InspectFacts::Index> survey_indexes(const LockDir& dir, const std::string& path) {
+std::vector<InspectFacts::Index> survey_indexes(const LockDir& dir, const std::string& path,
+                                                const std::string& kernel_unknown) {
   std::vector<InspectFacts::Index> out;
   for (const int k : indexes_in(dir)) {
     InspectFacts::Index x;
@@ -432,6 +439,9 @@ std::vector<InspectFacts::Index> survey_indexes(const LockDir& dir, const std::s
     x.record = read.record;
     const auto kernel = live_holders(file.st);
     x.held = !kernel.empty();
+    // None listed where the kernel's list cannot show them all (a pid
+    // namespace of our own, no /proc): unknown, never free.
+    x.unknown = !x.held && !kernel_unknown.empty();
     if (x.held) {
       const Verdict v = judge(survey_held(file, sys::path_in_dir(path, name), kernel));
       for (const auto& h : v.holders) x.pids.push_back(h.pid);
@@ -453,7 +463,7 @@ InspectReport inspect_dir(const Options& o, const std::string& path, LockKind* c
   f.lock.stale_after_ms = ms_of(o.inspect.stale_after);
   for (const auto& k : waiters) f.waiters.push_back(describe_waiter(k, dir));
   f.incidents = summarize_incidents(dir.fd.get(), o.inspect.incidents);
-  f.indexes = survey_indexes(dir, path);
+  f.indexes = survey_indexes(dir, path, f.lock.kernel_unknown);
   try {
     LedgerRead runs = read_ledger(dir);
     f.runs = std::move(runs.entries);

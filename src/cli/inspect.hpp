@@ -45,6 +45,7 @@ struct InspectFacts {
   struct Index {
     int index = 0;
     bool held = false;
+    bool unknown = false;                  // the kernel's view cannot be read (as the lock's: kernel_unknown)
     std::vector<Pid> pids;                 // the kernel's holders of it
     std::string holder;                    // held: the holder phrase (verdict.hpp)
     std::optional<HolderRecord> record{};  // the record in it, whoever wrote it

@@ -484,6 +484,26 @@ def test_a_looplock_holder_outside_the_pid_namespace_has_an_unconfirmed_record_n
         Holder(p).release()
 
 
+def test_holder_index_files_seen_from_a_pid_namespace_are_unknown_not_free(loop_dir):
+    """--holders 2 with a holder outside: from a pid namespace of its own the
+    kernel lists no holder of its index file, which is therefore unknown,
+    not free (before: "0 of 1 index files held", "held": false)."""
+    need_pid_namespace()
+    p = subprocess.Popen([LOOPLOCK, "--holders", "2", str(loop_dir), "--", PY, helper("wait_stdin.py")],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        expect_line(p, "ready")
+        obj = inspect_json_via(PID_NS, loop_dir)
+        assert [x["held"] for x in obj["holder_indexes"]] == [None], obj["holder_indexes"]
+        assert obj["holder_indexes"][0]["record_status"] == "unconfirmed", obj["holder_indexes"]
+        t = subprocess.run([*PID_NS, LOOPLOCK, "--inspect", str(loop_dir)], capture_output=True, text=True,
+                           timeout=TIMEOUT)
+        assert "1 index file (--holders); which are held is unknown" in t.stdout, t.stdout
+        assert inspect(loop_dir)[0]["holder_indexes"][0]["held"] is True  # the control: seen held from here
+    finally:
+        Holder(p).release()
+
+
 def test_a_holder_whose_record_was_written_in_a_pid_namespace_is_alive(loop_dir, holders):
     """A containerised looplock writes its pid as seen inside (1); from here
     that holder has another pid, found through NSpid and the start time."""
