@@ -2,6 +2,7 @@
 
 #include <cerrno>
 
+#include "base/error.hpp"
 #include "base/text.hpp"
 #include "os/file_status.hpp"
 #include "os/files.hpp"
@@ -14,6 +15,7 @@
 #include "records/incident.hpp"
 #include "records/ledger.hpp"
 #include "records/metrics.hpp"
+#include "records/run_entry.hpp"
 
 namespace looplock {
 
@@ -211,7 +213,17 @@ void judge_beside(const LockDir& dir, Uid euid, const BesideKind& kind, std::vec
 
 namespace {
 
-// A seat whose waiter died (KILLed) after it absorbed runs: they never ran.
+bool ledger_covers(const LockDir& dir, const std::string& operation, long long started_ms) {
+  try {
+    const auto e = entry_of(read_ledger(dir), operation);
+    return e && run_covers(*e, started_ms);
+  } catch (const Fatal&) {
+    return false;  // unreadable: --inspect says so beside
+  }
+}
+
+// A seat whose waiter died (KILLed) after it absorbed runs: they never ran,
+// unless the run ledger shows a run that did their work.
 void judge_dead_waiters(const LockDir& dir, std::vector<FileProblem>& out) {
   const auto names = sys::names_in(dir.fd.get(), kCoalescePrefix);
   if (!names) return;
@@ -222,8 +234,11 @@ void judge_dead_waiters(const LockDir& dir, std::vector<FileProblem>& out) {
     const auto text = fd ? sys::pread_all(fd.get(), 1 << 20) : std::nullopt;
     const auto waiter = text ? seat_record(*text) : std::nullopt;
     if (!waiter || sys::process_start(waiter->pid) == waiter->pid_start) continue;  // none, or alive
-    const int n = count_absorbed(*text, *waiter).count;
+    const Absorbed absorbed = count_absorbed(*text, *waiter);
+    const int n = absorbed.count;
     if (n == 0) continue;
+    // The run ledger (--once-per) shows a run of it that did their work.
+    if (absorbed.newest_started_ms && ledger_covers(dir, waiter->operation, *absorbed.newest_started_ms)) continue;
     out.push_back({in(dir.path, name),
                    "its waiter, pid " + std::to_string(waiter->pid) + " (operation " + printable(waiter->operation) +
                        "), died while it waited, after it absorbed " + std::to_string(n) + " later run" +

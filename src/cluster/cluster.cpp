@@ -338,12 +338,11 @@ std::vector<AbsorbedNote> sort_absorbed(const std::string& root, const std::vect
 }
 
 bool absorbed_covered(const AbsorbedNote& note, const std::optional<RunEntry>& last) {
-  if (!last || !last->ended_ms || !note.value.is_object() || !note.value.contains("started_ms") ||
+  if (!last || !note.value.is_object() || !note.value.contains("started_ms") ||
       !note.value["started_ms"].is_number_integer()) {
     return false;
   }
-  const long long started = note.value["started_ms"].get<long long>();
-  return last->started_ms >= started || (last->once_per_ms && started < last->started_ms + *last->once_per_ms);
+  return run_covers(*last, note.value["started_ms"].get<long long>());
 }
 
 std::string confirm_cluster_holder(etcd::Client& client, const std::string& name, const std::string& key,

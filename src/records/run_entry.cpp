@@ -90,6 +90,10 @@ std::string describe_run(const RunEntry& e) {
   return out;
 }
 
+bool run_covers(const RunEntry& e, long long started_ms) {
+  return e.ended_ms && (e.started_ms >= started_ms || (e.once_per_ms && started_ms < e.started_ms + *e.once_per_ms));
+}
+
 bool runner_proven_dead(const RunEntry& e) { return sys::proven_dead(e.boot_id, e.pid_ns, e.pid, e.pid_start); }
 
 bool runner_alive_here(const RunEntry& e) {

@@ -48,6 +48,11 @@ std::optional<RunEntry> run_entry_from_json(const Json& j);
 // The same from an entry's JSON text (an etcd value): nullopt when it is not one.
 std::optional<RunEntry> parse_run_entry(std::string_view text);
 
+// Whether run `e` of an operation did the work of a tick of it that started
+// at `started_ms` (wall clock): it ended, and started with or after it, or
+// (--once-per) its slot held it, so the tick would have skipped.
+bool run_covers(const RunEntry& e, long long started_ms);
+
 // "host h1 pid 12 (agent cron), which started at T and ended at T2 with
 // status 0": a run that ended is never presented as a live process.
 std::string describe_run(const RunEntry& e);

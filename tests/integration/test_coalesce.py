@@ -263,6 +263,27 @@ def test_a_waiter_killed_after_it_absorbed_a_tick_is_named_by_the_next_run_that_
     assert ticks(history) == ["holder", "second"]
 
 
+def test_with_once_per_a_killed_waiters_tick_inside_a_slot_that_ran_is_not_called_lost(loop_dir, tmp_path):
+    """--once-per 1h: the holder's run counts for the slot; the waiter
+    absorbs a tick inside it and is KILLed. The ledger shows the slot's run
+    did that tick's work (it would have skipped): --inspect --check does not
+    warn. Before, it warned until a coalescing run had to wait."""
+    history = tmp_path / "history"
+    args = ["--once-per", "1h"]
+    holder = start([*args, *coalesce(loop_dir), *tick(history, "holder", "hold")])
+    expect_line(holder)
+    first = waiting(loop_dir, [*args, *coalesce(loop_dir), *tick(history, "first")])
+    assert "noop-coalesced" in run([*args, *coalesce(loop_dir), *tick(history, "absorbed")]).stderr
+    kill_and_wait_gone(first.pid)
+    first.wait(timeout=TIMEOUT)
+    assert run(["--inspect", "--check", loop_dir]).returncode == 1  # the slot's run has not ended yet
+    holder.stdin.close()
+    assert holder.wait(timeout=TIMEOUT) == 0
+    i = run(["--inspect", "--check", loop_dir])
+    assert i.returncode == 0 and "died while it waited" not in i.stdout, i.stdout
+    assert ticks(history) == ["holder"]
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_a_waiter_ended_by_a_signal_says_what_it_absorbed_and_dies_of_it(loop_dir, tmp_path, sig):
     """As a -w deadline does: its line and incident row count the runs it
