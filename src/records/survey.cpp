@@ -95,6 +95,15 @@ void survey_record_process(LockFacts& f) {
   }
   auto start = sys::process_start(rec.pid);
   if (start && !rec.pid_start.empty()) f.record_same_process = *start == rec.pid_start;
+  if (f.record_same_process == false && sys::in_child_pid_namespace()) {
+    // Another process has that pid here; the record's may live outside this
+    // pid namespace, where the pid names another: unknown, not reused.
+    f.record_same_process.reset();
+    f.record_pid_alive.reset();
+    f.record_pid_note = "not visible from this pid namespace (pid " + std::to_string(rec.pid) +
+                        " here is another process; the record may come from outside it)";
+    return;
+  }
   if (!f.record_same_process) {
     f.record_pid_note = rec.pid_start.empty() ? "no start time was recorded" : "its start time cannot be read";
   }

@@ -468,18 +468,22 @@ def test_a_holder_outside_the_pid_namespace_is_unknown_not_free(loop_dir, holder
     assert inspect(loop_dir)[0]["kernel"]["held"] is True
 
 
-def test_a_looplock_holder_outside_the_pid_namespace_has_an_unconfirmed_record_not_a_stale_one(loop_dir):
+@pytest.mark.parametrize("where", ["here", "own_namespace"])
+def test_a_looplock_holder_outside_the_pid_namespace_has_an_unconfirmed_record_not_a_stale_one(loop_dir, where):
     """Seen from a pid namespace of its own, the holder's pid is unknown, not
-    gone: its record is "unconfirmed" and no warning calls it stale. Before,
-    it was "stale (not the holder)", pointing the operator the wrong way."""
+    gone: its record is "unconfirmed" and no warning calls it stale or its
+    pid reused, also when the holder wrote its record as pid 1 of a pid
+    namespace of its own (pid 1 here is another process). Before, it was
+    "stale (not the holder)", pointing the operator the wrong way."""
     need_pid_namespace()
-    p = subprocess.Popen([LOOPLOCK, "-p", "blocking", str(loop_dir), "--", PY, helper("wait_stdin.py")],
+    prefix = PID_NS if where == "own_namespace" else []
+    p = subprocess.Popen([*prefix, LOOPLOCK, "-p", "blocking", str(loop_dir), "--", PY, helper("wait_stdin.py")],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         expect_line(p, "ready")
         obj = inspect_json_via(PID_NS, loop_dir)
         assert obj["record"]["status"] == "unconfirmed", obj["record"]
-        assert not any("stale" in w for w in obj["warnings"]), obj["warnings"]
+        assert not any("stale" in w or "reuse" in w for w in obj["warnings"]), obj["warnings"]
     finally:
         Holder(p).release()
 
