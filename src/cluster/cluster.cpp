@@ -299,6 +299,11 @@ std::string AbsorbedNote::operation() const {
              : std::string();
 }
 
+bool AbsorbedNote::damaged() const {
+  const Json w = waiter();
+  return waiter_lease == 0 || operation().empty() || !w.contains("pid") || !w["pid"].is_number_integer();
+}
+
 Json AbsorbedNote::waiter() const {
   return value.is_object() && value.contains("waiter") && value["waiter"].is_object() ? value["waiter"] : Json::object();
 }
@@ -322,8 +327,12 @@ std::vector<AbsorbedNote> sort_absorbed(const std::string& root, const std::vect
   std::vector<AbsorbedNote> out;
   for (const auto& kv : notes) {
     const auto lease = etcd::absorbed_waiter_lease(root, kv.key);
-    if (!lease) continue;
-    AbsorbedNote n{.kv = kv, .waiter_lease = *lease, .value = Json::parse(kv.value, nullptr, false), .owner = std::nullopt};
+    AbsorbedNote n{.kv = kv, .waiter_lease = lease.value_or(0), .value = Json::parse(kv.value, nullptr, false),
+                   .owner = std::nullopt};
+    if (!lease) {
+      out.push_back(std::move(n));  // not a note's key: damaged, nobody's
+      continue;
+    }
     if (n.value.is_discarded()) n.value = nullptr;
     const Json waiter = n.waiter();
     for (size_t i = 0; i < queue.size() && !n.owner; ++i) {
@@ -678,10 +687,16 @@ void ClusterLock::take_absorbed() {
   std::vector<std::string> prefixes;
   for (const long long l : own_leases_) prefixes.push_back(etcd::absorbed_prefix(name_, l));
   for (const auto& [lease, found] : taken.left) prefixes.push_back(etcd::absorbed_prefix(name_, lease));
-  for (size_t at = 0; at < prefixes.size(); at += 64) {
-    const std::vector<std::string> part(prefixes.begin() + static_cast<long>(at),
-                                        prefixes.begin() + static_cast<long>(std::min(prefixes.size(), at + 64)));
-    (void)client_.txn(etcd::delete_prefixes_txn_body(part), bounded_by(std::max(by, now() + kMinAttempt)));
+  for (size_t at = 0; at < prefixes.size() + taken.damaged.size(); at += 64) {
+    std::vector<std::string> part, keys;
+    for (size_t i = at; i < std::min(prefixes.size() + taken.damaged.size(), at + 64); ++i) {
+      if (i < prefixes.size()) {
+        part.push_back(prefixes[i]);
+      } else {
+        keys.push_back(taken.damaged[i - prefixes.size()]);
+      }
+    }
+    (void)client_.txn(etcd::delete_prefixes_txn_body(part, keys), bounded_by(std::max(by, now() + kMinAttempt)));
   }
   if (taken.own > 0) {
     log_.verbose("coalesced",
@@ -717,11 +732,14 @@ ClusterLock::Taken ClusterLock::choose_absorbed(const std::vector<AbsorbedNote>&
       const auto v = parse_cluster_holder(queue[*n.owner].value);
       if (!v || dead_contender_note(*v).empty()) continue;
     }
-    const bool damaged = n.operation().empty() && !n.owner;  // not a looplock note: deleted, nobody named
-    if (n.operation() != who_.operation && !damaged) continue;
+    if (n.damaged()) {
+      if (!n.owner) out.damaged.push_back(n.kv.key);  // not a looplock note: deleted, nobody named
+      continue;
+    }
+    if (n.operation() != who_.operation) continue;
     auto at = std::find_if(out.left.begin(), out.left.end(), [&](const auto& l) { return l.first == n.waiter_lease; });
     if (at == out.left.end()) at = out.left.insert(out.left.end(), {n.waiter_lease, {}});
-    if (damaged || absorbed_covered(n, last)) continue;  // taken, but its tick needs no run
+    if (absorbed_covered(n, last)) continue;  // taken, but its tick needs no run
     newest(n);
     at->second.push_back(n.waiter());
   }

@@ -130,11 +130,14 @@ std::string dead_contender_note(const Json& value);
 // new lease after its own expired; none when its waiter left the queue.
 struct AbsorbedNote {
   etcd::KeyValue kv;
-  long long waiter_lease = 0;
+  long long waiter_lease = 0;       // 0: its key names none (not a note's key)
   Json value;                       // the note (an object; null when it is not JSON)
   std::optional<size_t> owner;      // its contender's index in `queue`
   std::string operation() const;
   Json waiter() const;              // {"host", "pid", ...} as the note names it ({} when it does not)
+  // Not a note looplock writes (its key, or its value without the
+  // operation or the waiter's pid): nobody runs for it; it is deleted.
+  bool damaged() const;
 };
 std::vector<AbsorbedNote> sort_absorbed(const std::string& root, const std::vector<etcd::KeyValue>& notes,
                                         const std::vector<etcd::KeyValue>& queue);
@@ -322,6 +325,7 @@ private:
   void count_absorbed();
   struct Taken {
     long long own = 0;                                          // this run's own notes
+    std::vector<std::string> damaged;                           // keys of damaged ones left behind
     std::vector<std::pair<long long, std::vector<Json>>> left;  // a dead waiter's lease, the waiter of each note to run for
   };
   Taken choose_absorbed(const std::vector<AbsorbedNote>& notes, const std::vector<etcd::KeyValue>& queue,

@@ -318,9 +318,10 @@ std::string take_prefixes_txn_body(const std::vector<std::string>& prefixes, con
   return dump_json(Json{{"compare", Json::array()}, {"success", std::move(success)}});
 }
 
-std::string delete_prefixes_txn_body(const std::vector<std::string>& prefixes) {
+std::string delete_prefixes_txn_body(const std::vector<std::string>& prefixes, const std::vector<std::string>& keys) {
   Json success = Json::array();
   for (const auto& prefix : prefixes) success.push_back(delete_json(prefix, true));
+  for (const auto& k : keys) success.push_back(delete_json(k, false));
   return dump_json(Json{{"compare", Json::array()}, {"success", std::move(success)}});
 }
 

@@ -169,8 +169,8 @@ std::string reads_txn_body(const std::vector<std::string>& prefixes);
 // Reads every key under each of `prefixes` and deletes them, and deletes
 // `keys`, in one transaction (the counts read are what was deleted).
 std::string take_prefixes_txn_body(const std::vector<std::string>& prefixes, const std::vector<std::string>& keys = {});
-// Deletes every key under each of `prefixes`, unconditionally.
-std::string delete_prefixes_txn_body(const std::vector<std::string>& prefixes);
+// Deletes every key under each of `prefixes`, and `keys`, unconditionally.
+std::string delete_prefixes_txn_body(const std::vector<std::string>& prefixes, const std::vector<std::string>& keys = {});
 // Rewrites the keys' value (same lease) only if keys[0] is still the key
 // created at `create_revision` (never recreates a key that expired meanwhile).
 std::string update_txn_body(const std::vector<std::string>& keys, std::string_view value, long long lease,

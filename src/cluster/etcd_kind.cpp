@@ -206,10 +206,10 @@ AbsorbedNotes read_absorbed(etcd::Client& client, const std::string& name, const
       }
       continue;
     }
-    if (n.operation().empty()) {
+    if (n.damaged()) {
       out.warnings.push_back("a damaged note of cluster lock " + name + " (not a looplock note): key " + n.kv.key +
                              "; the next -p coalesce run that takes the lock deletes it (or: etcdctl del " +
-                             n.kv.key + ")");
+                             shell_word(n.kv.key) + ")");
       continue;
     }
     if (absorbed_covered(n, last_run(n.operation()))) continue;

@@ -117,9 +117,6 @@ Blocker EtcdLock::blocker() const {
 
 void EtcdLock::export_to(CommandSpec& spec) {
   if (hold_) return;  // the hold's lock exports its key, lease and token
-  // Every lock is held and the command starts: it runs for the runs it
-  // absorbed (-p coalesce).
-  lock_.take_absorbed();
   env_set(spec.env, {{env_name::kFencingToken, std::to_string(lock_.fencing_token())},
                      {env_name::kEtcdKey, lock_.key()},
                      {env_name::kEtcdLease, etcd::lease_hex(lock_.lease())}});

@@ -24,6 +24,10 @@ public:
   Acquisition acquire(const WaitPlan& plan, Instant start) override;
   Blocker blocker() const override;
   void export_to(CommandSpec& spec) override;
+  // The command is to run: it runs for the runs this one absorbed.
+  void all_held() override {
+    if (!hold_) lock_.take_absorbed();
+  }
   Lease* lease() override { return &lease_; }
   void release(Ending& ending) override;
   void abandon() override { lock_.release(); }

@@ -126,6 +126,9 @@ public:
   virtual Blocker blocker() const = 0;
   // Once acquired: what it gives the command (its environment, a descriptor).
   virtual void export_to(CommandSpec& spec) = 0;
+  // Every lock of the run is held: the command is to run (or --once-per to
+  // judge it). -p coalesce: the runs this one absorbed are its from now on.
+  virtual void all_held() {}
   // Its lease, when the job loop must renew it; null otherwise.
   virtual Lease* lease() { return nullptr; }
   // After the job: lets go of the lock, and notes what it found in `ending`.

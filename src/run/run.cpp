@@ -61,6 +61,7 @@ Exit Run::run() {
     lock->export_to(spec_);
     if (Lease* lease = lock->lease()) spec_.lease = lease;
   }
+  for (auto& lock : locks_) lock->all_held();
   if (auto done = claim_slot()) return finish(*done);
   const JobEnd job = run_job();
   const Conclusion c = release(job);

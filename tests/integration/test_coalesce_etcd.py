@@ -433,3 +433,58 @@ def test_with_holders_a_run_beside_a_dead_waiters_key_runs_for_what_it_absorbed(
     assert ticks(history) == ["h1", "h2", "next"], ticks(history)
     look = run([*cluster, "--inspect", "--check", str(hosts[0])])
     assert look.returncode == 0 and "never ran" not in look.stdout, look.stdout
+
+
+def test_a_waiter_that_gets_the_cluster_lock_but_not_the_local_one_says_its_absorbed_runs_never_ran(
+        cluster, hosts, tmp_path):
+    """The waiter takes the cluster lock, then its -w passes on the local
+    lock (a flock(1) holder on its host): the runs it absorbed never ran,
+    and it says so. Before, it took their notes with the cluster lock, said
+    it ran for them, then gave up: the ticks were lost unseen."""
+    from conftest import flock_holder, release
+    history = tmp_path / "history"
+    holder = start([*cluster, "--operation", "tick", str(hosts[0]), "--", *tick(history, "holder", "hold")])
+    expect_line(holder)
+    local = flock_holder(hosts[1] / ".state.lock")
+    try:
+        waiter = start([*cluster, *coalesce(hosts[1], "tick", "-v", "-w", "30"), *tick(history, "w")], stdin=None)
+        wait_until(lambda: "waiting for cluster lock" in (waiter.stderr.readline() or ""), "the waiter to queue")
+        for label, h in (("a", hosts[0]), ("b", hosts[1])):
+            assert "noop-coalesced" in run([*cluster, *coalesce(h), *tick(history, label)]).stderr
+        holder.stdin.close()
+        assert holder.wait(timeout=TIMEOUT) == 0
+        seen = expect_stderr(waiter, "acquired on etcd")  # it holds the cluster lock, and waits for the local one
+        assert not any("runs for them" in x for x in seen), seen
+        os.kill(waiter.pid, signal.SIGTERM)
+        assert waiter.wait(timeout=TIMEOUT) == -signal.SIGTERM
+        err = waiter.stderr.read()
+        assert ("the 2 later runs of tick this run absorbed in the queue of cluster lock " in err
+                and "never ran: this run ended before its command" in err), err
+        assert "runs for them" not in err, err
+    finally:
+        release(local)
+    assert ticks(history) == ["holder"]
+
+
+def test_keys_under_absorbed_that_are_not_notes_are_named_and_cleared(etcd, cluster, hosts, tmp_path):
+    """Whatever was put under looplock/NAME/absorbed/ by hand (another
+    shape of key, a value that is not a note, a note without its waiter):
+    --inspect names each with the etcdctl del that removes it, and the next
+    coalescing run that takes the lock deletes them. Before, only two-part
+    keys were seen, and a note without its waiter was "absorbed by pid 0"."""
+    history = tmp_path / "history"
+    root = f"looplock/{cluster[3]}/absorbed/"
+    junk = {f"{root}junk": "x", f"{root}a/b/c": "x", root: "x", f"{root}123/456": "not json",
+            f"{root}124/457": '{"operation":"tick","started_ms":1}'}
+    for key, value in junk.items():
+        assert etcd.ctl("put", key, value).returncode == 0
+    look = run([*cluster, "--inspect", "--check", str(hosts[0])])
+    assert look.returncode == 1, look.stdout
+    for key in junk:
+        assert f"(not a looplock note): key {key};" in look.stdout, (key, look.stdout)
+    assert "pid 0" not in look.stdout, look.stdout
+    r = run([*cluster, *coalesce(hosts[0]), *tick(history, "next")])
+    assert r.returncode == 0 and "pid 0" not in r.stderr, r.stderr
+    left = etcd.ctl("get", "--prefix", "--keys-only", root)
+    assert left.returncode == 0 and left.stdout.strip() == "", left.stdout
+    assert run([*cluster, "--inspect", "--check", str(hosts[0])]).returncode == 0
