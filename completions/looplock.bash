@@ -1,4 +1,5 @@
 # bash completion for looplock(1)                          -*- shell-script -*-
+# Made by `looplock --completions bash` from its option table: edit that.
 #
 # Completes looplock's options, the values of -p/--policy and --log-format
 # (also after a group of short options such as -qp), files and directories
@@ -9,10 +10,10 @@
 
 # Options that take a value (the next word, or "--opt=value"), and the short
 # options among them (a group like -qp ends with one).
-_looplock_value_opts='-p --policy -w --timeout -E --conflict-exit-code --skip-exit-code --agent --operation
-    --log-format --kill-after --max-time --warn-before --warn-signal --once-per --jitter --metrics-dir
-    --notify --notify-on --notify-timeout --notify-after --holders --tied-to --stale-after --incidents --etcd --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key --etcd-user
-    --etcd-password-file'
+_looplock_value_opts='-p --policy -w --timeout -E --conflict-exit-code --skip-exit-code --holders --kill-after
+    --max-time --agent --operation --warn-before --warn-signal --once-per --jitter --tied-to --log-format
+    --metrics-dir --notify --notify-on --notify-timeout --notify-after --stale-after --incidents --etcd
+    --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key --etcd-user --etcd-password-file --completions'
 _looplock_value_shorts=pwE
 
 # The option whose value a word is, for a word "-qp" (a group of short
@@ -119,11 +120,14 @@ _looplock()
             -p | --policy)
                 mapfile -t COMPREPLY < <(compgen -P "$prefix" -W 'mutation monitor single_flight blocking coalesce' -- "$val")
                 ;;
+            --warn-signal)
+                mapfile -t COMPREPLY < <(compgen -P "$prefix" -W 'USR1 USR2 HUP INT TERM QUIT ALRM WINCH' -- "$val")
+                ;;
             --log-format)
                 mapfile -t COMPREPLY < <(compgen -P "$prefix" -W 'text json' -- "$val")
                 ;;
-            --warn-signal)
-                mapfile -t COMPREPLY < <(compgen -P "$prefix" -W 'USR1 USR2 HUP INT TERM QUIT ALRM WINCH' -- "$val")
+            --completions)
+                mapfile -t COMPREPLY < <(compgen -P "$prefix" -W 'bash zsh fish' -- "$val")
                 ;;
             --metrics-dir)
                 compopt -o filenames 2>/dev/null
@@ -132,6 +136,9 @@ _looplock()
             --etcd-cacert | --etcd-cert | --etcd-key | --etcd-password-file)
                 compopt -o filenames 2>/dev/null
                 mapfile -t COMPREPLY < <(compgen -P "$prefix" -f -- "$val")
+                ;;
+            --tied-to)
+                mapfile -t COMPREPLY < <(compgen -P "$prefix" -W "$(cd /proc 2>/dev/null && printf '%s ' [0-9]*)" -- "$val")
                 ;;
             *)
                 # a number, a duration, a name or endpoints: nothing to offer
@@ -142,12 +149,13 @@ _looplock()
     fi
 
     if [[ $cur == -* ]]; then
-        local opts='-h --help -V --version -p --policy -w --timeout -n --nonblock -E --conflict-exit-code
-            --skip-exit-code -s --shared -x --exclusive --holders -o --close -F --no-fork --kill-after --max-time --agent
-            --operation --warn-before --warn-signal --once-per --jitter --metrics-dir -v --verbose -q --quiet
-            --notify --notify-on --notify-timeout --notify-after --hold --tied-to --release --force
-            --log-format --inspect --json --check --stale-after --incidents --etcd --lock-name --ttl --etcd-cacert --etcd-cert --etcd-key --etcd-user
-            --etcd-password-file'
+        local opts='-p --policy -w --timeout -n --nonblock -E --conflict-exit-code --skip-exit-code -s
+            --shared -x --exclusive --holders -o --close -F --no-fork --kill-after --max-time --agent
+            --operation --warn-before --warn-signal --once-per --jitter --hold --tied-to --release --force -v
+            --verbose -q --quiet --log-format --metrics-dir --notify --notify-on --notify-timeout
+            --notify-after --inspect --json --check --stale-after --incidents --etcd --lock-name --ttl
+            --etcd-cacert --etcd-cert --etcd-key --etcd-user --etcd-password-file --completions -h --help -V
+            --version'
         # --inspect takes no command: neither "--" nor -c.
         ((inspect)) || opts+=' -c --'
         mapfile -t COMPREPLY < <(compgen -W "$opts" -- "$cur")

@@ -3,6 +3,7 @@
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "cli/cluster_exec.hpp"
+#include "cli/completions.hpp"
 #include "cli/hold.hpp"
 #include "cli/inspect.hpp"
 #include "cli/release.hpp"
@@ -92,6 +93,10 @@ int main_program(int argc, char** argv, char** envp, LockKind* cluster) {
     Options& o = options.emplace(parse_options(args, penv));
     if (o.mode == Mode::Help) {
       write_stdout(help_text());
+      return exit_code::kOk;
+    }
+    if (o.mode == Mode::Completions) {
+      write_stdout(*completion_script(o.completions));
       return exit_code::kOk;
     }
     if (o.mode == Mode::Version) {

@@ -21,6 +21,14 @@ inline constexpr unsigned kInRelease = 4;  // looplock --release [VALUE], --rele
 // (--hold is a run: what applies to a run applies to it, but for the
 // conflicts options.cpp lists.)
 
+// What a shell completes for an option's value (cli/completions.hpp).
+enum class Completes { Text, Words, Dir, File, Pid, ShellCommand };
+// One value word, with what it means (empty: nothing shown).
+struct ValueWord {
+  std::string_view word{};
+  std::string_view about{};
+};
+
 struct OptionSpec {
   std::string_view name{};  // the long name: "policy"
   char letter = 0;         // the short one, or 0
@@ -32,6 +40,13 @@ struct OptionSpec {
   // --help's text, its lines separated by '\n'; empty: not listed (an
   // option declared only to point its users elsewhere, such as -u).
   std::string_view help{};
+  // The shells' completions: a one-line description ("how to wait for the
+  // lock"; empty: not completed), what the value is and, for Text, what to
+  // call it ("duration (ms, s, m, h, d)"); for Words, the words.
+  std::string_view brief{};
+  Completes completes = Completes::Text;
+  std::string_view hint{};
+  std::span<const ValueWord> words{};
 };
 
 std::span<const OptionSpec> option_table();

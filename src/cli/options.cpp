@@ -11,6 +11,7 @@
 #include "base/error.hpp"
 #include "base/exit_codes.hpp"
 #include "base/text.hpp"
+#include "cli/completions.hpp"
 #include "cli/option_table.hpp"
 #include "os/hold_process.hpp"
 #include "os/job_control.hpp"
@@ -947,6 +948,16 @@ Options parse_options(const std::vector<std::string>& argv, const Environment& e
   }
   if (r.count("version")) {
     o.mode = Mode::Version;
+    return o;
+  }
+  if (r.count("completions")) {
+    o.mode = Mode::Completions;
+    o.completions = text_of(r, "completions");
+    if (!completion_script(o.completions)) {
+      usage_error("invalid --completions " + quote(o.completions) + ": expected " + std::string(kCompletionShells),
+                  "Install its output where the shell looks, e.g. looplock --completions bash > "
+                  "~/.local/share/bash-completion/completions/looplock");
+    }
     return o;
   }
   o.mode = mode_of(r);

@@ -17,7 +17,7 @@
 
 namespace looplock {
 
-enum class Mode { Run, Hold, Release, Inspect, Help, Version };
+enum class Mode { Run, Hold, Release, Inspect, Help, Version, Completions };
 
 // The cluster lock's settings: --etcd and its options, what src/cluster/
 // reads (a lock on etcd taken before the local one).
@@ -125,6 +125,7 @@ struct Options {
   ClusterSettings cluster;   // --etcd and its options
   InspectSettings inspect;   // --inspect's
   HoldSettings hold;         // --hold, --tied-to, --release, --force
+  std::string completions;   // --completions SHELL
 };
 
 // What each lock of a run is asked for, whatever its kind (lock/lock.hpp),

@@ -96,6 +96,8 @@ Cluster:
                               $LOOPLOCK_ETCD_PASSWORD or --etcd-password-file
       --etcd-password-file FILE  file holding the etcd user's password
 Other:
+      --completions SHELL     print the completion script for SHELL (bash,
+                              zsh or fish)
   -h, --help                  show this help
   -V, --version               show the version
 

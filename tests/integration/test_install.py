@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LOOPLOCK, ROOT, SANITIZED, TIMEOUT
+from conftest import LOOPLOCK, ROOT, SANITIZED, TIMEOUT, run
 
 # What is installed and where is the release build's business (the
 # ASan+UBSan build has no man page); the sanitizers find nothing here.
@@ -468,6 +468,21 @@ def completion_options(name):
         longs = {w for w in words if w.startswith("--") and w != "--"}
         shorts = {w for w in words if re.fullmatch(r"-[A-Za-z]", w)}
     return longs, shorts
+
+
+@pytest.mark.parametrize("shell,name", [("bash", "looplock.bash"), ("zsh", "_looplock"), ("fish", "looplock.fish")])
+def test_the_committed_completions_are_what_looplock_completions_prints(shell, name):
+    """completions/ holds `looplock --completions SHELL`, made from the
+    option table (cross and package builds install it without running the
+    binary): regenerate it with scripts/completions after changing an option."""
+    r = run(["--completions", shell])
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout == (COMPLETIONS / name).read_text(), f"completions/{name} is stale: run scripts/completions"
+
+
+def test_completions_of_another_shell_is_a_usage_error():
+    r = run(["--completions", "ksh"])
+    assert r.returncode == 64 and "invalid --completions 'ksh': expected bash, zsh or fish" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("name", ["looplock.bash", "_looplock", "looplock.fish"])
