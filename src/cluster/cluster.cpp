@@ -377,6 +377,12 @@ Acquisition ClusterLock::acquire(const WaitPlan& plan, Instant start, ClusterHol
   const Deadline deadline = plan.kind == WaitPlan::Kind::Bounded ? Deadline(later(start, plan.timeout)) : std::nullopt;
   who_ = std::move(who);
   who_.acquired_at = sys::utc_now_iso8601();
+  // -p coalesce: what this acquisition absorbed (a wait --once-per extends
+  // acquires again).
+  absorbed_read_ = absorbed_settled_ = false;
+  absorbed_.reset();
+  absorbed_newest_ms_.reset();
+  taken_ = {};
   const Instant reach_by = deadline ? std::max(*deadline, now() + kMinAttempt) : now() + kReach;
 
   etcd::Result<long long> granted;
@@ -625,8 +631,10 @@ ClusterLock::Absorb ClusterLock::absorb_into(const Json& waiter, const etcd::Key
                      {"waiter", {{"host", text("host")}, {"pid", waiter.value("pid", Json(0))}, {"pid_start", text("pid_start")}}}};
   const std::string key = etcd::absorbed_prefix(name_, w.lease) + etcd::lease_hex(lease_);
   const auto bound = bounded_by(std::max(step_end, now() + kMinAttempt));
-  auto t = client_.txn(
-      etcd::absorb_txn_body(guards, etcd::absorbed_prefix(name_, lease_), key, dump_json(note), keys_), bound);
+  std::vector<std::string> mine;  // under every lease this run had (one expired before it queued again)
+  for (const long long l : own_leases_) mine.push_back(etcd::absorbed_prefix(name_, l));
+  if (guards.size() + mine.size() > 100) return Absorb::No;  // more than etcd takes in one transaction: it waits
+  auto t = client_.txn(etcd::absorb_txn_body(guards, mine, key, dump_json(note), keys_), bound);
   if (!t.ok()) {
     // Not known to be noted (etcd did not answer): the waiter may not count
     // this run, so it is not absorbed; it waits and runs itself. A note that
@@ -635,7 +643,8 @@ ClusterLock::Absorb ClusterLock::absorb_into(const Json& waiter, const etcd::Key
     return Absorb::No;
   }
   if (t.value.succeeded) return Absorb::Yes;
-  const bool absorbed_some = !t.value.ranges.empty() && t.value.ranges[0].count > 0;
+  const bool absorbed_some = std::any_of(t.value.ranges.begin(), t.value.ranges.end(),
+                                         [](const etcd::RangeResult& r) { return r.count > 0; });
   return absorbed_some ? Absorb::No : Absorb::ReadAgain;
 }
 
@@ -663,8 +672,8 @@ std::optional<long long> note_started_ms(const Json& note) {
 }  // namespace
 
 void ClusterLock::take_absorbed() {
-  if (who_.policy != "coalesce" || lease_ == 0 || adopted_ || absorbed_taken_) return;
-  absorbed_taken_ = true;
+  if (who_.policy != "coalesce" || lease_ == 0 || adopted_ || absorbed_read_) return;
+  absorbed_read_ = true;
   const Instant by = now() + kLookAtHolder;
   const std::string root = etcd::absorbed_root(name_);
   const std::string runs_key = etcd::runs_key(name_, who_.operation);
@@ -679,33 +688,42 @@ void ClusterLock::take_absorbed() {
   for (const auto& kv : t.value.ranges.back().kvs) {
     if (kv.key == runs_key) last = parse_run_entry(kv.value);
   }
-  const auto notes = sort_absorbed(root, t.value.ranges[0].kvs, queue);
-  const auto taken = choose_absorbed(notes, queue, last);
-  // Deleted by prefix, each waiter's at once (no note can come under this
-  // run's once it holds, nor under a waiter whose key is gone), in
-  // transactions etcd takes (at most 128 operations).
+  taken_ = choose_absorbed(sort_absorbed(root, t.value.ranges[0].kvs, queue), queue, last);
+}
+
+// The run does the work of what it absorbed (`runs`: its command starts;
+// else its slot's run did it, --once-per): the notes go, its own by
+// prefix under every lease it had (none can come under one once it holds),
+// those it found left behind by their waiter's prefix (its key is gone, or
+// it is proven dead here), each damaged one by its key, in transactions
+// etcd takes (at most 128 operations); with the lines that say so.
+void ClusterLock::settle_absorbed(bool runs) {
+  if (who_.policy != "coalesce" || lease_ == 0 || adopted_ || absorbed_settled_) return;
+  absorbed_settled_ = true;
   std::vector<std::string> prefixes;
   for (const long long l : own_leases_) prefixes.push_back(etcd::absorbed_prefix(name_, l));
-  for (const auto& [lease, found] : taken.left) prefixes.push_back(etcd::absorbed_prefix(name_, lease));
-  for (size_t at = 0; at < prefixes.size() + taken.damaged.size(); at += 64) {
+  for (const auto& [lease, found] : taken_.left) prefixes.push_back(etcd::absorbed_prefix(name_, lease));
+  const size_t all = prefixes.size() + taken_.damaged.size();
+  for (size_t at = 0; at < all; at += 64) {
     std::vector<std::string> part, keys;
-    for (size_t i = at; i < std::min(prefixes.size() + taken.damaged.size(), at + 64); ++i) {
+    for (size_t i = at; i < std::min(all, at + 64); ++i) {
       if (i < prefixes.size()) {
         part.push_back(prefixes[i]);
       } else {
-        keys.push_back(taken.damaged[i - prefixes.size()]);
+        keys.push_back(taken_.damaged[i - prefixes.size()]);
       }
     }
-    (void)client_.txn(etcd::delete_prefixes_txn_body(part, keys), bounded_by(std::max(by, now() + kMinAttempt)));
+    (void)client_.txn(etcd::delete_prefixes_txn_body(part, keys), bounded_by(now() + kLookAtHolder));
   }
-  if (taken.own > 0) {
+  if (!runs) return;
+  if (taken_.own > 0) {
     log_.verbose("coalesced",
-                 "this run absorbed " + std::to_string(taken.own) + " later run" + (taken.own == 1 ? "" : "s") + " of " +
-                     printable(who_.operation) + " while it waited in the queue of cluster lock " + printable(name_) +
-                     ": it runs for them",
-                 {{"coalesced", taken.own}});
+                 "this run absorbed " + std::to_string(taken_.own) + " later run" + (taken_.own == 1 ? "" : "s") +
+                     " of " + printable(who_.operation) + " while it waited in the queue of cluster lock " +
+                     printable(name_) + ": it runs for them",
+                 {{"coalesced", taken_.own}});
   }
-  for (const auto& [lease, found] : taken.left) say_left_behind(lease, found);
+  for (const auto& [lease, found] : taken_.left) say_left_behind(lease, found);
 }
 
 // Which notes this run takes: its own (also under a lease of its that
@@ -723,6 +741,7 @@ ClusterLock::Taken ClusterLock::choose_absorbed(const std::vector<AbsorbedNote>&
   };
   for (const auto& n : notes) {
     if (n.owner && n.owner == mine) {
+      if (n.damaged()) continue;  // under this run's own prefix: goes with it
       ++out.own;
       newest(n);
       continue;
@@ -733,7 +752,7 @@ ClusterLock::Taken ClusterLock::choose_absorbed(const std::vector<AbsorbedNote>&
       if (!v || dead_contender_note(*v).empty()) continue;
     }
     if (n.damaged()) {
-      if (!n.owner) out.damaged.push_back(n.kv.key);  // not a looplock note: deleted, nobody named
+      out.damaged.push_back(n.kv.key);  // not a looplock note: deleted, nobody named
       continue;
     }
     if (n.operation() != who_.operation) continue;
@@ -760,7 +779,8 @@ void ClusterLock::say_left_behind(long long lease, const std::vector<Json>& wait
             "pid " + std::to_string(pid) + (host.empty() ? "" : " on host " + printable(host)) + ", the waiter of " +
                 printable(who_.operation) + " in the queue of cluster lock " + printable(name_) +
                 ", left it without running the " + std::to_string(n) + " later run" + (n == 1 ? "" : "s") +
-                " it had absorbed (its looplock died: KILLed, or its host was lost): this run runs for them",
+                " it had absorbed (its looplock died: KILLed, or its host was lost; or etcd did not answer when it "
+            "ended): this run runs for them",
             {{"coalesced", n}, {"dead_waiter", waiter}});
 }
 
@@ -769,8 +789,9 @@ std::optional<long long> ClusterLock::newest_absorbed_start_ms() {
   return absorbed_newest_ms_;
 }
 
-// A coalescing waiter whose wait ended (its deadline, a signal): the runs
-// it absorbed under each lease it had, counted and their notes deleted, and
+// A coalescing waiter whose wait ended (its deadline, a signal), or that
+// held the cluster lock but never came to its command: the runs it
+// absorbed under each lease it had, counted and their notes deleted, and
 // its keys deleted, in one transaction, so that no run notes itself under
 // it afterwards (the run says none of them ran).
 void ClusterLock::count_absorbed() {
@@ -778,7 +799,7 @@ void ClusterLock::count_absorbed() {
   std::vector<std::string> prefixes;
   for (const long long l : own_leases_) prefixes.push_back(etcd::absorbed_prefix(name_, l));
   auto r = client_.txn(etcd::take_prefixes_txn_body(prefixes, keys_), {.at = now() + kAfterDeadline});
-  absorbed_taken_ = true;
+  absorbed_settled_ = true;
   if (!r.ok()) return;
   long long n = 0;
   for (const auto& range : r.value.ranges) n += range.count;
@@ -1094,7 +1115,7 @@ void ClusterLock::release(std::optional<Duration> bound_given) {
     lease_ = 0;
     return;
   }
-  if (who_.policy == "coalesce" && token_ != 0 && !absorbed_taken_) {
+  if (who_.policy == "coalesce" && token_ != 0 && !absorbed_settled_) {
     // It held the cluster lock but never came to its command (the local
     // lock, an error): the runs it absorbed did not run either.
     count_absorbed();

@@ -278,11 +278,16 @@ public:
   // This run's start (wall clock, ms): what a waiter that absorbs it is
   // told, with --once-per.
   void set_start_wall_ms(long long ms) { start_wall_ms_ = ms; }
-  // -p coalesce, once every lock is taken and the command is to run (or be
+  // -p coalesce, once every lock is taken (the command is to run, or be
   // judged by --once-per): the notes of the runs this run absorbed while it
-  // waited, and those a waiter of its operation that died left behind
-  // (named in a warning: this run runs for them), read and deleted. Once.
+  // waited, and those a waiter of its operation that died left behind, read
+  // (once). settle_absorbed(): the run does their work (`runs`: its command
+  // starts, which says so, naming a dead waiter in a warning; else its
+  // slot's run did it): their notes are deleted. One that held the cluster
+  // lock and did neither (the local lock, an error) says at its release
+  // that they never ran.
   void take_absorbed();
+  void settle_absorbed(bool runs);
   // Held, as the waiter that absorbed later runs (take_absorbed()): the
   // newest start among them (nullopt: none, an earlier version's notes, or
   // etcd did not say).
@@ -331,6 +336,7 @@ private:
   Taken choose_absorbed(const std::vector<AbsorbedNote>& notes, const std::vector<etcd::KeyValue>& queue,
                         const std::optional<RunEntry>& last);
   void say_left_behind(long long lease, const std::vector<Json>& waiters);
+  Taken taken_;  // take_absorbed()'s choice, which settle_absorbed() deletes
   void name_dead_waiter(const Json& waiter, long long lease, Instant step_end);
   // Whether the contender `mine` holds the lock: it is first, or (--holders
   // N) fewer than N contenders are ahead of it and none of them is
@@ -373,7 +379,8 @@ private:
   std::optional<Json> coalesced_into_;
   std::optional<int> absorbed_;
   std::optional<long long> absorbed_newest_ms_;  // take_absorbed()
-  bool absorbed_taken_ = false;                  // take_absorbed() or count_absorbed() ran
+  bool absorbed_read_ = false;                   // take_absorbed() ran (this acquisition)
+  bool absorbed_settled_ = false;                // settle_absorbed() or count_absorbed() ran (this acquisition)
   std::vector<long long> own_leases_;            // every lease granted to this run (one expired: queued again)
   std::vector<std::pair<long long, long long>> named_dead_;  // dead waiters named on arrival: lease, runs named
   int seat_signal_ = 0;

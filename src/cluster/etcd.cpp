@@ -291,14 +291,15 @@ Json delete_json(std::string_view key, bool prefix) {
 }  // namespace
 
 std::string absorb_txn_body(const std::vector<std::pair<std::string, long long>>& guards,
-                            std::string_view empty_prefix, std::string_view key, std::string_view value,
-                            const std::vector<std::string>& leave) {
+                            const std::vector<std::string>& empty_prefixes, std::string_view key,
+                            std::string_view value, const std::vector<std::string>& leave) {
   Json compare = Json::array();
   for (const auto& [k, revision] : guards) compare.push_back(create_revision_is(k, revision));
-  compare.push_back(create_revision_is(empty_prefix, 0, true));
+  for (const auto& p : empty_prefixes) compare.push_back(create_revision_is(p, 0, true));
   Json success = Json::array({Json{{"request_put", put_json(key, value, 0)}}});
   for (const auto& k : leave) success.push_back(delete_json(k, false));
-  Json failure = Json::array({Json{{"request_range", range_json({.key = std::string(empty_prefix), .prefix = true})}}});
+  Json failure = Json::array();
+  for (const auto& p : empty_prefixes) failure.push_back(Json{{"request_range", range_json({.key = p, .prefix = true})}});
   return dump_json(Json{{"compare", std::move(compare)}, {"success", std::move(success)}, {"failure", std::move(failure)}});
 }
 

@@ -159,11 +159,11 @@ std::string guarded_put_txn_body(std::string_view guard_key, long long guard_cre
 // -p coalesce, a run absorbed by a waiter: puts `value` at `key` (no lease)
 // and deletes the run's own keys (`leave`: it leaves the queue), only if
 // each of `guards` (a key, its create revision) is still that key (the
-// waiter still waits: cluster.cpp) and nothing is under `empty_prefix` (no
-// run noted itself under this one); else reads that prefix.
+// waiter still waits: cluster.cpp) and nothing is under any of
+// `empty_prefixes` (no run noted itself under this one); else reads them.
 std::string absorb_txn_body(const std::vector<std::pair<std::string, long long>>& guards,
-                            std::string_view empty_prefix, std::string_view key, std::string_view value,
-                            const std::vector<std::string>& leave);
+                            const std::vector<std::string>& empty_prefixes, std::string_view key,
+                            std::string_view value, const std::vector<std::string>& leave);
 // Reads, in one transaction: each of `prefixes`, first created first.
 std::string reads_txn_body(const std::vector<std::string>& prefixes);
 // Reads every key under each of `prefixes` and deletes them, and deletes

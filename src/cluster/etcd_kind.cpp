@@ -194,25 +194,26 @@ AbsorbedNotes read_absorbed(etcd::Client& client, const std::string& name, const
   std::vector<std::pair<long long, std::vector<const AbsorbedNote*>>> left;   // by the lease they were noted under
   std::vector<std::pair<size_t, size_t>> dead_here;                          // a contender proven dead here, its notes
   for (const auto& n : notes) {
-    if (n.owner) {
-      const size_t i = *n.owner;
-      auto at = std::find_if(out.by_waiter.begin(), out.by_waiter.end(), [&](const auto& w) { return w.first == queue[i].lease; });
-      if (at == out.by_waiter.end()) at = out.by_waiter.insert(out.by_waiter.end(), {queue[i].lease, 0});
-      ++at->second;
-      if (const auto v = parse_cluster_holder(queue[i].value); v && !dead_contender_note(*v).empty()) {
-        auto d = std::find_if(dead_here.begin(), dead_here.end(), [&](const auto& x) { return x.first == i; });
-        if (d == dead_here.end()) d = dead_here.insert(dead_here.end(), {i, 0});
-        ++d->second;
-      }
-      continue;
-    }
     if (n.damaged()) {
       out.warnings.push_back("a damaged note of cluster lock " + name + " (not a looplock note): key " + n.kv.key +
                              "; the next -p coalesce run that takes the lock deletes it (or: etcdctl del " +
                              shell_word(n.kv.key) + ")");
       continue;
     }
-    if (absorbed_covered(n, last_run(n.operation()))) continue;
+    const bool covered = absorbed_covered(n, last_run(n.operation()));
+    if (n.owner) {
+      const size_t i = *n.owner;
+      auto at = std::find_if(out.by_waiter.begin(), out.by_waiter.end(), [&](const auto& w) { return w.first == queue[i].lease; });
+      if (at == out.by_waiter.end()) at = out.by_waiter.insert(out.by_waiter.end(), {queue[i].lease, 0});
+      ++at->second;
+      if (const auto v = parse_cluster_holder(queue[i].value); v && !dead_contender_note(*v).empty() && !covered) {
+        auto d = std::find_if(dead_here.begin(), dead_here.end(), [&](const auto& x) { return x.first == i; });
+        if (d == dead_here.end()) d = dead_here.insert(dead_here.end(), {i, 0});
+        ++d->second;
+      }
+      continue;
+    }
+    if (covered) continue;
     auto at = std::find_if(left.begin(), left.end(), [&](const auto& l) { return l.first == n.waiter_lease; });
     if (at == left.end()) at = left.insert(left.end(), {n.waiter_lease, {}});
     at->second.push_back(&n);

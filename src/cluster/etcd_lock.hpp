@@ -28,6 +28,9 @@ public:
   void all_held() override {
     if (!hold_) lock_.take_absorbed();
   }
+  void settle_absorbed(bool runs) override {
+    if (!hold_) lock_.settle_absorbed(runs);
+  }
   Lease* lease() override { return &lease_; }
   void release(Ending& ending) override;
   void abandon() override { lock_.release(); }

@@ -127,8 +127,11 @@ public:
   // Once acquired: what it gives the command (its environment, a descriptor).
   virtual void export_to(CommandSpec& spec) = 0;
   // Every lock of the run is held: the command is to run (or --once-per to
-  // judge it). -p coalesce: the runs this one absorbed are its from now on.
+  // judge it). -p coalesce: the runs this one absorbed are read.
   virtual void all_held() {}
+  // -p coalesce: the run does the work of the runs it absorbed (`runs`: its
+  // command starts; else its slot's run did it, --once-per).
+  virtual void settle_absorbed(bool /*runs*/) {}
   // Its lease, when the job loop must renew it; null otherwise.
   virtual Lease* lease() { return nullptr; }
   // After the job: lets go of the lock, and notes what it found in `ending`.

@@ -148,6 +148,7 @@ bool OncePer::claim(const Locks& locks, const std::function<void()>& let_go) {
   const auto skip = [&](const RunEntry& run, const Blocker* holding, const Ledger& by) {
     for (const auto& lock : locks) {
       if (Ledger* l = lock->ledger()) l->end_claim();
+      lock->settle_absorbed(false);  // judged by their newest start: the slot's run did their work
     }
     let_go();
     return already_run(run, holding, by);

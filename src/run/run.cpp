@@ -63,6 +63,7 @@ Exit Run::run() {
   }
   for (auto& lock : locks_) lock->all_held();
   if (auto done = claim_slot()) return finish(*done);
+  for (auto& lock : locks_) lock->settle_absorbed(true);
   const JobEnd job = run_job();
   const Conclusion c = release(job);
   // --notify's ended, once every lock is released (never before a hand-off).
@@ -135,6 +136,11 @@ std::optional<Conclusion> Run::acquire(Lock& lock) {
   for (bool waited_for_run = false; got != Acquisition::Acquired; waited_for_run = true) {
     b = lock.blocker();
     if (got == Acquisition::Coalesced) break;
+    // A coalescing waiter ended by a signal, or that absorbed runs, gives
+    // up as any does (it says what it absorbed), never waits on for the
+    // slot's run nor skips as it: those runs' ticks are not its own.
+    const auto absorbed = b->fields.find("coalesced");
+    if (b->ended_by_signal != 0 || (absorbed != b->fields.end() && *absorbed != 0)) break;
     const OncePer::Step slot = once_per_.on_conflict(lock, *b, waited_for_run, wait_start_);
     if (slot.skipped) return skipped();
     if (!slot.more) break;

@@ -488,3 +488,32 @@ def test_keys_under_absorbed_that_are_not_notes_are_named_and_cleared(etcd, clus
     left = etcd.ctl("get", "--prefix", "--keys-only", root)
     assert left.returncode == 0 and left.stdout.strip() == "", left.stdout
     assert run([*cluster, "--inspect", "--check", str(hosts[0])]).returncode == 0
+
+
+@pytest.mark.parametrize("end", ["deadline", "term"])
+def test_with_once_per_a_waiter_that_absorbed_gives_up_as_any_and_never_waits_on_for_the_slot(cluster, hosts,
+                                                                                            tmp_path, end):
+    """--once-per: the slot's run holds the lock; a coalescing waiter that
+    absorbed a tick reaches its -w (or is TERMed). It gives up as any
+    coalescing waiter does: 75 (or it dies of TERM), counting the tick it
+    absorbed. Before, --once-per made it wait on for the slot's run and then
+    skip as "already run" (exit 0), and the tick (or the signal) was lost
+    unseen."""
+    history = tmp_path / "history"
+    args = ["--once-per", "1h"]
+    holder = start([*cluster, *args, *coalesce(hosts[0]), *tick(history, "holder", "hold")])
+    expect_line(holder)
+    bound = ["-w", "4"] if end == "deadline" else []
+    waiter = start([*cluster, *args, *coalesce(hosts[1], "tick", "-v", *bound), *tick(history, "w")], stdin=None)
+    wait_until(lambda: "waiting for cluster lock" in (waiter.stderr.readline() or ""), "the waiter to queue")
+    assert "noop-coalesced" in run([*cluster, *args, *coalesce(hosts[0]), *tick(history, "b")]).stderr
+    if end == "term":
+        os.kill(waiter.pid, signal.SIGTERM)
+    status = waiter.wait(timeout=TIMEOUT)
+    err = waiter.stderr.read()
+    assert status == (EX_TEMPFAIL if end == "deadline" else -signal.SIGTERM), err
+    assert "the 1 later run of it that it absorbed" in err and "noop-already-run" not in err, err
+    holder.stdin.close()
+    assert holder.wait(timeout=TIMEOUT) == 0
+    assert ticks(history) == ["holder"]
+    assert run([*cluster, "--inspect", "--check", str(hosts[0])]).returncode == 0

@@ -227,7 +227,7 @@ TEST_CASE("request bodies") {
   CHECK_FALSE(u.contains("failure"));
   // -p coalesce: a note put (no lease), and the run's keys deleted, only while
   // the guards are unchanged and nothing is noted under the run itself.
-  auto a = Json::parse(absorb_txn_body({{"h", 3}, {"w", 9}}, "a/", "n", "v", {"k"}));
+  auto a = Json::parse(absorb_txn_body({{"h", 3}, {"w", 9}}, {"a/"}, "n", "v", {"k"}));
   CHECK(a["compare"].size() == 3);
   CHECK(a["compare"][1] == Json::parse(R"({"key":"dw==","target":"CREATE","result":"EQUAL","create_revision":"9"})"));
   CHECK(a["compare"][2] ==
